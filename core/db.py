@@ -1,0 +1,74 @@
+"""Engines for the two journal backends, and the one way to open a write transaction."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import orjson
+from sqlalchemy import Connection, Engine, create_engine, event
+from sqlalchemy.engine import make_url
+from sqlalchemy.pool import ConnectionPoolEntry
+
+_WRITE = "sessionstore_write"
+
+
+def dumps_json(value: Any) -> str:
+    return orjson.dumps(value).decode()
+
+
+def make_engine(url: str, *, pool_size: int = 10) -> Engine:
+    """Build an engine; on SQLite: WAL, a long busy timeout, and immediate write transactions."""
+    parsed = make_url(url)
+    common: dict[str, Any] = {"json_serializer": dumps_json, "json_deserializer": orjson.loads}
+    if parsed.get_backend_name() == "sqlite":
+        if parsed.database and parsed.database != ":memory:":
+            Path(parsed.database).parent.mkdir(parents=True, exist_ok=True)
+        engine = create_engine(
+            url, connect_args={"timeout": 60, "check_same_thread": False}, **common
+        )
+        _configure_sqlite(engine)
+        return engine
+    return create_engine(
+        url, pool_pre_ping=True, pool_size=pool_size, max_overflow=2 * pool_size, **common
+    )
+
+
+def _configure_sqlite(engine: Engine) -> None:
+    @event.listens_for(engine, "connect")
+    def _on_connect(dbapi_conn: Any, _record: ConnectionPoolEntry) -> None:
+        # Take transaction control from the sqlite3 module so BEGIN IMMEDIATE is ours to emit.
+        dbapi_conn.isolation_level = None
+        cursor = dbapi_conn.cursor()
+        cursor.execute("PRAGMA journal_mode=WAL")
+        cursor.execute("PRAGMA busy_timeout=60000")
+        cursor.execute("PRAGMA foreign_keys=ON")
+        cursor.close()
+
+    @event.listens_for(engine, "begin")
+    def _on_begin(conn: Connection) -> None:
+        # Writers take the write lock up front: a deferred transaction that upgrades later
+        # gets SQLITE_BUSY at once, without the busy handler ("database is locked").
+        immediate = conn.get_execution_options().get(_WRITE, False)
+        conn.exec_driver_sql("BEGIN IMMEDIATE" if immediate else "BEGIN")
+
+
+def is_sqlite(engine: Engine) -> bool:
+    return engine.dialect.name == "sqlite"
+
+
+@contextmanager
+def write_transaction(engine: Engine) -> Iterator[Connection]:
+    """A read-write transaction. On SQLite it holds the database write lock from its start."""
+    with engine.connect() as conn:
+        conn = conn.execution_options(**{_WRITE: True})
+        with conn.begin():
+            yield conn
+
+
+@contextmanager
+def read_connection(engine: Engine) -> Iterator[Connection]:
+    with engine.connect() as conn, conn.begin():
+        yield conn

@@ -1,0 +1,125 @@
+"""One exception root. Each class's docstring is its default message."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class SessionStoreError(Exception):
+    """sessionstore failed."""
+
+    def __init__(self, message: str | None = None) -> None:
+        super().__init__(message or (self.__doc__ or "").strip())
+
+    @property
+    def message(self) -> str:
+        return str(self.args[0]) if self.args else ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"error": type(self).__name__, "message": self.message}
+
+
+class SessionNotFound(SessionStoreError):
+    """No such session (or not visible to this tenant)."""
+
+    def __init__(self, session_id: str, message: str | None = None) -> None:
+        self.session_id = session_id
+        super().__init__(message or f"session not found: {session_id}")
+
+
+class ConcurrencyConflict(SessionStoreError):
+    """The session's head is not the expected seq."""
+
+    def __init__(self, session_id: str, expected_seq: int, current_seq: int) -> None:
+        self.session_id = session_id
+        self.expected_seq = expected_seq
+        self.current_seq = current_seq
+        super().__init__(
+            f"session {session_id}: expected head {expected_seq}, current head is {current_seq}"
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            **super().to_dict(),
+            "expected_seq": self.expected_seq,
+            "current_seq": self.current_seq,
+        }
+
+
+class InvalidEvent(SessionStoreError):
+    """An event was rejected."""
+
+    def __init__(self, field: str, reason: str, *, index: int | None = None) -> None:
+        self.field = field
+        self.reason = reason
+        self.index = index
+        where = f"event[{index}]" if index is not None else "event"
+        super().__init__(f"invalid {where} at {field or '/'}: {reason}")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            **super().to_dict(),
+            "field": self.field,
+            "reason": self.reason,
+            "index": self.index,
+        }
+
+
+class WriteTooLarge(InvalidEvent):
+    """A write exceeds a documented size limit."""
+
+
+class BlobError(SessionStoreError):
+    """A blob operation failed."""
+
+
+class InvalidBlobHash(BlobError):
+    """A blob hash must be 64 lowercase hex characters."""
+
+    def __init__(self, value: str) -> None:
+        self.value = value
+        super().__init__(f"invalid blob hash {value[:80]!r}: expected 64 lowercase hex characters")
+
+
+class BlobNotFound(BlobError):
+    """No blob with that hash."""
+
+    def __init__(self, blob_hash: str) -> None:
+        self.blob_hash = blob_hash
+        super().__init__(f"blob not found: {blob_hash}")
+
+
+class BlobCorrupted(BlobError):
+    """A stored blob does not match its hash."""
+
+    def __init__(self, blob_hash: str, reason: str) -> None:
+        self.blob_hash = blob_hash
+        super().__init__(f"blob {blob_hash} is corrupted: {reason}")
+
+
+class ArtifactError(SessionStoreError):
+    """An artifact operation failed."""
+
+
+class ArtifactNotFound(ArtifactError):
+    """No such artifact."""
+
+
+class InvalidArtifactPath(ArtifactError):
+    """An artifact path was rejected by the sanitizer."""
+
+
+class QuotaExceeded(ArtifactError):
+    """An artifact write would exceed a quota."""
+
+
+class ResolveError(SessionStoreError):
+    """A URL could not be resolved."""
+
+
+class DeadLetterNotFound(SessionStoreError):
+    """No such dead letter."""
+
+
+class MoveFailed(SessionStoreError):
+    """A session move failed and was rolled back."""

@@ -1,0 +1,387 @@
+"""The event journal: sessions, append-only events, idempotency records and the manifest.
+
+All journal SQL lives here. Both backends share it; what differs is how a write transaction
+serializes against the others (see ``_serialize_writers``), which is what keeps the global
+position safe to follow (DESIGN invariant 4).
+"""
+
+from __future__ import annotations
+
+import base64
+import uuid
+from collections.abc import Iterator, Sequence
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import Connection, Engine, and_, delete, insert, select, text, update
+from sqlalchemy.exc import IntegrityError
+
+from core.db import is_sqlite, read_connection, write_transaction
+from core.errors import ConcurrencyConflict, InvalidEvent, SessionNotFound
+from core.models import BlobRefRow, EventRow, SessionRow, WriteRow, utcnow
+from core.records import AppendResult, ManifestEntry, Page, PreparedEvent, Session, StoredEvent
+
+_sessions = SessionRow.__table__  # type: ignore[attr-defined]
+_events = EventRow.__table__  # type: ignore[attr-defined]
+_writes = WriteRow.__table__  # type: ignore[attr-defined]
+_refs = BlobRefRow.__table__  # type: ignore[attr-defined]
+
+_EVENT_COLUMNS = (
+    _events.c.session_id,
+    _events.c.seq,
+    _events.c.position,
+    _events.c.type,
+    _events.c.payload,
+    _events.c.recorded_at,
+)
+MAX_READ_PAGE = 10_000
+
+
+def _to_session(row: Any) -> Session:
+    return Session(
+        id=row.id,
+        tenant_id=row.tenant_id,
+        head_seq=row.head_seq,
+        created_at=row.created_at,
+        updated_at=row.updated_at,
+        parent_id=row.parent_id,
+        forked_from_seq=row.forked_from_seq,
+        title=row.title,
+        cwd=row.cwd,
+        copy_status=row.copy_status,
+        copy_error=row.copy_error,
+    )
+
+
+def _to_event(row: Any) -> StoredEvent:
+    return StoredEvent(
+        session_id=row.session_id,
+        seq=row.seq,
+        position=row.position,
+        type=row.type,
+        payload=row.payload,
+        recorded_at=row.recorded_at,
+    )
+
+
+def _encode_cursor(created_at: datetime, session_id: str) -> str:
+    raw = f"{created_at.isoformat()}|{session_id}".encode()
+    return base64.urlsafe_b64encode(raw).decode()
+
+
+def _decode_cursor(cursor: str) -> tuple[datetime, str]:
+    try:
+        stamp, session_id = base64.urlsafe_b64decode(cursor.encode()).decode().split("|", 1)
+        return datetime.fromisoformat(stamp), session_id
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise InvalidEvent("cursor", f"not a cursor this store issued: {cursor!r}") from exc
+
+
+class Journal:
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+
+    # sessions ---------------------------------------------------------------------------
+
+    def create_session(
+        self,
+        *,
+        tenant_id: str,
+        title: str | None = None,
+        cwd: str | None = None,
+        session_id: str | None = None,
+    ) -> Session:
+        if not tenant_id or len(tenant_id) > 128:
+            raise InvalidEvent("tenant_id", "must be 1..128 characters")
+        now = utcnow()
+        values = {
+            "id": session_id or str(uuid.uuid4()),
+            "tenant_id": tenant_id,
+            "title": title,
+            "cwd": cwd,
+            "head_seq": 0,
+            "created_at": now,
+            "updated_at": now,
+        }
+        with write_transaction(self.engine) as conn:
+            conn.execute(insert(_sessions).values(values))
+        return self.get_session(str(values["id"]))
+
+    def get_session(self, session_id: str, *, tenant_id: str | None = None) -> Session:
+        with read_connection(self.engine) as conn:
+            return self.session_in(conn, session_id, tenant_id=tenant_id)
+
+    def session_in(
+        self, conn: Connection, session_id: str, *, tenant_id: str | None = None
+    ) -> Session:
+        row = conn.execute(select(_sessions).where(_sessions.c.id == session_id)).first()
+        if row is None or (tenant_id is not None and row.tenant_id != tenant_id):
+            raise SessionNotFound(session_id)
+        return _to_session(row)
+
+    def list_sessions(
+        self, *, tenant_id: str | None = None, limit: int = 100, cursor: str | None = None
+    ) -> Page:
+        limit = max(1, min(limit, MAX_READ_PAGE))
+        query = select(_sessions).order_by(_sessions.c.created_at, _sessions.c.id).limit(limit + 1)
+        if tenant_id is not None:
+            query = query.where(_sessions.c.tenant_id == tenant_id)
+        if cursor:
+            stamp, last_id = _decode_cursor(cursor)
+            query = query.where(
+                (_sessions.c.created_at > stamp)
+                | and_(_sessions.c.created_at == stamp, _sessions.c.id > last_id)
+            )
+        with read_connection(self.engine) as conn:
+            rows = conn.execute(query).all()
+        items = [_to_session(r) for r in rows[:limit]]
+        next_cursor = (
+            _encode_cursor(items[-1].created_at, items[-1].id) if len(rows) > limit else None
+        )
+        return Page(items=items, next_cursor=next_cursor)
+
+    # writes -----------------------------------------------------------------------------
+
+    def append(
+        self,
+        session_id: str,
+        events: Sequence[PreparedEvent],
+        *,
+        expected_seq: int | None = None,
+        idempotency_key: str | None = None,
+    ) -> AppendResult:
+        if idempotency_key is not None and not 0 < len(idempotency_key) <= 200:
+            raise InvalidEvent("idempotency_key", "must be 1..200 characters")
+        try:
+            with write_transaction(self.engine) as conn:
+                return self._append_in(conn, session_id, events, expected_seq, idempotency_key)
+        except IntegrityError as exc:
+            # The one place a unique-key violation becomes the domain's conflict.
+            head = self.get_session(session_id).head_seq
+            raise ConcurrencyConflict(session_id, expected_seq or head, head) from exc
+
+    def _append_in(
+        self,
+        conn: Connection,
+        session_id: str,
+        events: Sequence[PreparedEvent],
+        expected_seq: int | None,
+        idempotency_key: str | None,
+    ) -> AppendResult:
+        self._serialize_writers(conn)
+        if idempotency_key is not None:
+            prior = self._prior_write(conn, session_id, idempotency_key)
+            if prior is not None:
+                return prior
+        count = len(events)
+        now = utcnow()
+        claim = update(_sessions).where(_sessions.c.id == session_id)
+        if expected_seq is not None:
+            claim = claim.where(_sessions.c.head_seq == expected_seq)
+        row = conn.execute(
+            claim.values(head_seq=_sessions.c.head_seq + count, updated_at=now).returning(
+                _sessions.c.head_seq
+            )
+        ).first()
+        if row is None:
+            head = self.session_in(conn, session_id).head_seq  # raises SessionNotFound
+            raise ConcurrencyConflict(session_id, expected_seq or 0, head)
+        first_seq = row.head_seq - count + 1
+        positions = self.insert_events(
+            conn,
+            session_id,
+            [(first_seq + i, ev.type, ev.payload, ev.refs) for i, ev in enumerate(events)],
+            recorded_at=now,
+        )
+        if idempotency_key is not None:
+            conn.execute(
+                insert(_writes).values(
+                    session_id=session_id,
+                    idempotency_key=idempotency_key,
+                    first_seq=first_seq,
+                    last_seq=row.head_seq,
+                    positions=positions,
+                    created_at=now,
+                )
+            )
+        return AppendResult(session_id, first_seq, row.head_seq, positions)
+
+    def _serialize_writers(self, conn: Connection) -> None:
+        """Make positions commit in order: one writer at a time holds the events table.
+
+        SQLite's BEGIN IMMEDIATE already holds the database write lock. On PostgreSQL,
+        EXCLUSIVE mode blocks other writers until commit but never blocks readers.
+        """
+        if not is_sqlite(self.engine):
+            conn.execute(text("LOCK TABLE events IN EXCLUSIVE MODE"))
+
+    def insert_events(
+        self,
+        conn: Connection,
+        session_id: str,
+        rows: Sequence[tuple[int, str, dict[str, Any], Sequence[ManifestEntry]]],
+        *,
+        recorded_at: datetime,
+    ) -> list[int]:
+        """Insert (seq, type, payload, refs) rows and their manifest; return their positions.
+
+        Callers hold a write transaction that has serialized writers.
+        """
+        result = conn.execute(
+            insert(_events).returning(_events.c.position, sort_by_parameter_order=True),
+            [
+                {
+                    "session_id": session_id,
+                    "seq": seq,
+                    "type": kind,
+                    "payload": payload,
+                    "recorded_at": recorded_at,
+                }
+                for seq, kind, payload, _ in rows
+            ],
+        )
+        positions = [r.position for r in result]
+        manifest = [
+            {
+                "position": position,
+                "session_id": session_id,
+                "pointer": ref.pointer,
+                "hash": ref.hash,
+                "size": ref.size,
+                "encoding": ref.encoding,
+            }
+            for position, (_, _, _, refs) in zip(positions, rows, strict=True)
+            for ref in refs
+        ]
+        if manifest:
+            conn.execute(insert(_refs), manifest)
+        return positions
+
+    def _prior_write(self, conn: Connection, session_id: str, key: str) -> AppendResult | None:
+        row = conn.execute(
+            select(_writes).where(
+                _writes.c.session_id == session_id, _writes.c.idempotency_key == key
+            )
+        ).first()
+        if row is None:
+            return None
+        return AppendResult(session_id, row.first_seq, row.last_seq, list(row.positions), True)
+
+    def find_write(self, session_id: str, key: str) -> AppendResult | None:
+        with read_connection(self.engine) as conn:
+            return self._prior_write(conn, session_id, key)
+
+    # reads ------------------------------------------------------------------------------
+
+    def read(
+        self,
+        session_id: str,
+        *,
+        after_seq: int = 0,
+        upto_seq: int | None = None,
+        limit: int | None = None,
+        tenant_id: str | None = None,
+    ) -> list[StoredEvent]:
+        query = (
+            select(*_EVENT_COLUMNS)
+            .where(_events.c.session_id == session_id, _events.c.seq > after_seq)
+            .order_by(_events.c.seq)
+        )
+        if upto_seq is not None:
+            query = query.where(_events.c.seq <= upto_seq)
+        if limit is not None:
+            query = query.limit(max(0, limit))
+        with read_connection(self.engine) as conn:
+            if tenant_id is not None:
+                self.session_in(conn, session_id, tenant_id=tenant_id)
+            rows = conn.execute(query).all()
+            if not rows and tenant_id is None:
+                self.session_in(conn, session_id)
+        return [_to_event(r) for r in rows]
+
+    def iter_events(
+        self,
+        session_id: str,
+        *,
+        after_seq: int = 0,
+        upto_seq: int | None = None,
+        page_size: int = 2000,
+        tenant_id: str | None = None,
+    ) -> Iterator[StoredEvent]:
+        """All events of a session in seq order, fetched a page at a time."""
+        cursor = after_seq
+        while True:
+            page = self.read(
+                session_id,
+                after_seq=cursor,
+                upto_seq=upto_seq,
+                limit=page_size,
+                tenant_id=tenant_id,
+            )
+            yield from page
+            if len(page) < page_size:
+                return
+            cursor = page[-1].seq
+
+    def read_all(
+        self,
+        *,
+        after_position: int = 0,
+        limit: int = 1000,
+        tenant_id: str | None = None,
+        types: Sequence[str] | None = None,
+    ) -> list[StoredEvent]:
+        limit = max(0, min(limit, MAX_READ_PAGE))
+        query = (
+            select(*_EVENT_COLUMNS)
+            .where(_events.c.position > after_position)
+            .order_by(_events.c.position)
+            .limit(limit)
+        )
+        if tenant_id is not None:
+            query = query.join(_sessions, _sessions.c.id == _events.c.session_id).where(
+                _sessions.c.tenant_id == tenant_id
+            )
+        if types:
+            query = query.where(_events.c.type.in_(list(types)))
+        with read_connection(self.engine) as conn:
+            rows = conn.execute(query).all()
+        return [_to_event(r) for r in rows]
+
+    def manifest(self, positions: Sequence[int]) -> dict[int, list[ManifestEntry]]:
+        """Manifest rows of these event positions, keyed by position."""
+        found: dict[int, list[ManifestEntry]] = {}
+        if not positions:
+            return found
+        with read_connection(self.engine) as conn:
+            for chunk_start in range(0, len(positions), 900):
+                chunk = list(positions[chunk_start : chunk_start + 900])
+                rows = conn.execute(
+                    select(
+                        _refs.c.position,
+                        _refs.c.pointer,
+                        _refs.c.hash,
+                        _refs.c.size,
+                        _refs.c.encoding,
+                    )
+                    .where(_refs.c.position.in_(chunk))
+                    .order_by(_refs.c.position, _refs.c.id)
+                )
+                for r in rows:
+                    found.setdefault(r.position, []).append(
+                        ManifestEntry(r.pointer, r.hash, r.size, r.encoding)
+                    )
+        return found
+
+    def head_position(self) -> int:
+        with read_connection(self.engine) as conn:
+            value = conn.execute(
+                select(_events.c.position).order_by(_events.c.position.desc()).limit(1)
+            ).scalar()
+        return int(value or 0)
+
+    def delete_events_of(self, conn: Connection, session_id: str) -> None:
+        """Remove a whole session's events and manifest (only with the session itself)."""
+        conn.execute(delete(_refs).where(_refs.c.session_id == session_id))
+        conn.execute(delete(_writes).where(_writes.c.session_id == session_id))
+        conn.execute(delete(_events).where(_events.c.session_id == session_id))

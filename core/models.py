@@ -1,0 +1,226 @@
+"""The schema, as SQLModel tables. Alembic (migrations/) is the only thing that creates it."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    Column,
+    DateTime,
+    ForeignKey,
+    Index,
+    Integer,
+    LargeBinary,
+    String,
+    Text,
+    TypeDecorator,
+    UniqueConstraint,
+)
+from sqlalchemy.dialects.postgresql import JSONB
+from sqlalchemy.engine import Dialect
+from sqlmodel import Field, SQLModel
+
+# SQLite only aliases the rowid for exactly "INTEGER PRIMARY KEY".
+BigIntPK = BigInteger().with_variant(Integer(), "sqlite")
+JsonPayload = JSON().with_variant(JSONB(), "postgresql")
+
+
+class UTCDateTime(TypeDecorator[datetime]):
+    """Timezone-aware UTC datetimes on both backends (SQLite would hand back naive ones)."""
+
+    impl = DateTime(timezone=True)
+    cache_ok = True
+
+    def process_bind_param(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        if value is None:
+            return None
+        if value.tzinfo is None:
+            raise ValueError("naive datetime: sessionstore stores UTC-aware datetimes only")
+        value = value.astimezone(UTC)
+        return value.replace(tzinfo=None) if dialect.name == "sqlite" else value
+
+    def process_result_value(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        if value is None:
+            return None
+        return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+
+
+TZDateTime = UTCDateTime()
+
+SESSION_ID_LEN = 36
+HASH_LEN = 64
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+class SessionRow(SQLModel, table=True):
+    __tablename__ = "sessions"
+    __table_args__ = (Index("ix_sessions_tenant_created", "tenant_id", "created_at", "id"),)
+
+    id: str = Field(sa_column=Column(String(SESSION_ID_LEN), primary_key=True))
+    tenant_id: str = Field(sa_column=Column(String(128), nullable=False))
+    parent_id: str | None = Field(
+        default=None, sa_column=Column(String(SESSION_ID_LEN), nullable=True, index=True)
+    )
+    forked_from_seq: int | None = Field(default=None, sa_column=Column(BigInteger, nullable=True))
+    title: str | None = Field(default=None, sa_column=Column(Text, nullable=True))
+    cwd: str | None = Field(default=None, sa_column=Column(Text, nullable=True))
+    head_seq: int = Field(default=0, sa_column=Column(BigInteger, nullable=False, default=0))
+    # artifact copy of a fork: pending | copied | failed; NULL for sessions that are not forks
+    copy_status: str | None = Field(default=None, sa_column=Column(String(16), nullable=True))
+    copy_error: str | None = Field(default=None, sa_column=Column(Text, nullable=True))
+    created_at: datetime = Field(sa_column=Column(TZDateTime, nullable=False))
+    updated_at: datetime = Field(sa_column=Column(TZDateTime, nullable=False))
+
+
+class EventRow(SQLModel, table=True):
+    __tablename__ = "events"
+    __table_args__ = (
+        UniqueConstraint("session_id", "seq", name="uq_events_session_seq"),
+        Index("ix_events_type_recorded", "type", "recorded_at"),
+        Index("ix_events_recorded", "recorded_at"),
+        {"sqlite_autoincrement": True},
+    )
+
+    position: int | None = Field(
+        default=None, sa_column=Column(BigIntPK, primary_key=True, autoincrement=True)
+    )
+    session_id: str = Field(
+        sa_column=Column(String(SESSION_ID_LEN), ForeignKey("sessions.id"), nullable=False)
+    )
+    seq: int = Field(sa_column=Column(BigInteger, nullable=False))
+    type: str = Field(sa_column=Column(String(256), nullable=False))
+    payload: dict[str, Any] = Field(sa_column=Column(JsonPayload, nullable=False))
+    recorded_at: datetime = Field(sa_column=Column(TZDateTime, nullable=False))
+
+
+class WriteRow(SQLModel, table=True):
+    """The idempotency record of one write, stored in the write's own transaction."""
+
+    __tablename__ = "writes"
+
+    session_id: str = Field(
+        sa_column=Column(
+            String(SESSION_ID_LEN), ForeignKey("sessions.id"), primary_key=True, nullable=False
+        )
+    )
+    idempotency_key: str = Field(sa_column=Column(String(200), primary_key=True, nullable=False))
+    first_seq: int = Field(sa_column=Column(BigInteger, nullable=False))
+    last_seq: int = Field(sa_column=Column(BigInteger, nullable=False))
+    positions: list[int] = Field(sa_column=Column(JSON, nullable=False))
+    created_at: datetime = Field(sa_column=Column(TZDateTime, nullable=False))
+
+
+class BlobRow(SQLModel, table=True):
+    __tablename__ = "blobs"
+
+    hash: str = Field(sa_column=Column(String(HASH_LEN), primary_key=True))
+    size: int = Field(sa_column=Column(BigInteger, nullable=False))
+    stored_size: int = Field(sa_column=Column(BigInteger, nullable=False))
+    codec: str = Field(sa_column=Column(String(16), nullable=False))
+    created_at: datetime = Field(sa_column=Column(TZDateTime, nullable=False))
+    last_written_at: datetime = Field(sa_column=Column(TZDateTime, nullable=False, index=True))
+
+
+class BlobRefRow(SQLModel, table=True):
+    """The manifest: which event position references which blob, where, and how encoded."""
+
+    __tablename__ = "blob_refs"
+    __table_args__ = (
+        UniqueConstraint("position", "pointer", name="uq_blob_refs_position_pointer"),
+    )
+
+    id: int | None = Field(
+        default=None, sa_column=Column(BigIntPK, primary_key=True, autoincrement=True)
+    )
+    position: int = Field(
+        sa_column=Column(BigInteger, ForeignKey("events.position"), nullable=False)
+    )
+    session_id: str = Field(sa_column=Column(String(SESSION_ID_LEN), nullable=False, index=True))
+    pointer: str = Field(sa_column=Column(Text, nullable=False))
+    hash: str = Field(sa_column=Column(String(HASH_LEN), nullable=False, index=True))
+    size: int = Field(sa_column=Column(BigInteger, nullable=False))
+    encoding: str = Field(sa_column=Column(String(8), nullable=False))
+
+
+class ArtifactRow(SQLModel, table=True):
+    __tablename__ = "artifacts"
+    __table_args__ = (
+        UniqueConstraint("session_id", "kind", "local_id", name="uq_artifacts_session_kind_id"),
+        Index("ix_artifacts_kind_expires", "kind", "expires_at"),
+        Index("ix_artifacts_local_id", "local_id"),
+    )
+
+    id: int | None = Field(
+        default=None, sa_column=Column(BigIntPK, primary_key=True, autoincrement=True)
+    )
+    session_id: str = Field(
+        sa_column=Column(String(SESSION_ID_LEN), ForeignKey("sessions.id"), nullable=False)
+    )
+    # tool_output | agent_output | file | oversized
+    kind: str = Field(sa_column=Column(String(16), nullable=False))
+    local_id: str = Field(sa_column=Column(String(300), nullable=False))
+    name: str | None = Field(default=None, sa_column=Column(Text, nullable=True))
+    tool_type: str | None = Field(default=None, sa_column=Column(String(64), nullable=True))
+    size_bytes: int = Field(default=0, sa_column=Column(BigInteger, nullable=False, default=0))
+    media_type: str | None = Field(default=None, sa_column=Column(String(128), nullable=True))
+    created_at: datetime = Field(sa_column=Column(TZDateTime, nullable=False))
+    created_seq: int = Field(default=0, sa_column=Column(BigInteger, nullable=False, default=0))
+    expires_at: datetime | None = Field(default=None, sa_column=Column(TZDateTime, nullable=True))
+    summary: str | None = Field(default=None, sa_column=Column(Text, nullable=True))
+
+
+class CounterRow(SQLModel, table=True):
+    """Per-session id counters (artifact ids, agent-output ids), allocated atomically."""
+
+    __tablename__ = "counters"
+
+    session_id: str = Field(
+        sa_column=Column(
+            String(SESSION_ID_LEN), ForeignKey("sessions.id"), primary_key=True, nullable=False
+        )
+    )
+    name: str = Field(sa_column=Column(String(300), primary_key=True, nullable=False))
+    value: int = Field(sa_column=Column(BigInteger, nullable=False))
+
+
+class DeadLetterRow(SQLModel, table=True):
+    """A queued write that was rejected, kept verbatim for inspection and replay."""
+
+    __tablename__ = "dead_letters"
+
+    id: int | None = Field(
+        default=None, sa_column=Column(BigIntPK, primary_key=True, autoincrement=True)
+    )
+    idempotency_key: str = Field(sa_column=Column(String(200), nullable=False, index=True))
+    session_id: str = Field(sa_column=Column(String(SESSION_ID_LEN), nullable=False, index=True))
+    expected_seq: int | None = Field(default=None, sa_column=Column(BigInteger, nullable=True))
+    # the original events as JSON text: kept as text so nothing (NUL, NaN) is refused here
+    payload: str = Field(sa_column=Column(Text, nullable=False))
+    error_type: str = Field(sa_column=Column(String(64), nullable=False))
+    error: str = Field(sa_column=Column(Text, nullable=False))
+    created_at: datetime = Field(sa_column=Column(TZDateTime, nullable=False, index=True))
+
+
+class SnapshotRow(SQLModel, table=True):
+    """A fold state of one session at one seq, for one projection version."""
+
+    __tablename__ = "snapshots"
+
+    session_id: str = Field(
+        sa_column=Column(
+            String(SESSION_ID_LEN), ForeignKey("sessions.id"), primary_key=True, nullable=False
+        )
+    )
+    version: int = Field(sa_column=Column(Integer, primary_key=True, nullable=False))
+    seq: int = Field(sa_column=Column(BigInteger, primary_key=True, nullable=False))
+    state: bytes = Field(sa_column=Column(LargeBinary, nullable=False))
+    created_at: datetime = Field(sa_column=Column(TZDateTime, nullable=False))
+
+
+metadata = SQLModel.metadata

@@ -1,0 +1,159 @@
+"""The one configuration class. Built once by the caller and passed down; never at import."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from pydantic import Field, field_validator, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class Settings(BaseSettings):
+    """sessionstore configuration, read from ``SESSIONSTORE_*`` environment variables."""
+
+    model_config = SettingsConfigDict(env_prefix="SESSIONSTORE_", extra="ignore")
+
+    data_dir: Path = Field(
+        default=Path(".sessionstore"), description="Where the embedded defaults live."
+    )
+    database_url: str | None = Field(
+        default=None,
+        description="The journal, as a SQLAlchemy URL (sqlite:///… or postgresql+psycopg://…). "
+        "Default: SQLite in the data dir.",
+    )
+    blob_url: str | None = Field(
+        default=None, description="The blob store (file:///…). Default: file:// in the data dir."
+    )
+    artifact_root: Path | None = Field(
+        default=None, description="The artifact directories. Default: in the data dir."
+    )
+    broker_url: str | None = Field(
+        default=None,
+        description="The Celery broker (redis://…). Unset: an embedded SQLite-backed broker "
+        "in the data dir.",
+    )
+    result_backend: str | None = Field(
+        default=None,
+        description="The Celery result backend. Unset: the broker's Redis, or an embedded "
+        "SQLite result store.",
+    )
+
+    # journal limits
+    max_batch_events: int = Field(
+        default=1000, ge=1, description="Most events one append may carry."
+    )
+    max_event_depth: int = Field(
+        default=64, ge=2, description="Deepest nesting of objects/arrays inside one event."
+    )
+    max_write_bytes: int = Field(
+        default=64 * 1024 * 1024,
+        ge=1024,
+        description="Largest JSON size of one write (all its events) accepted at enqueue.",
+    )
+
+    # blob externalization
+    image_min_base64_chars: int = Field(
+        default=1024, ge=1, description="Image base64 at least this long is externalized."
+    )
+    inline_string_limit: int = Field(
+        default=16 * 1024,
+        ge=1,
+        description="Strings larger than this many UTF-8 bytes become blobs.",
+    )
+    gc_grace_seconds: float = Field(
+        default=3600.0,
+        ge=0,
+        description="GC deletes unreferenced blobs only when older than this.",
+    )
+
+    # artifacts
+    oversized_output_chars: int = Field(
+        default=12_000,
+        ge=1,
+        description="Tool outputs over this many characters become TTL artifacts.",
+    )
+    oversized_ttl_seconds: int = Field(
+        default=3600, ge=1, description="Default TTL of an oversized-output artifact."
+    )
+    output_spill_bytes: int = Field(
+        default=50 * 1024, ge=1, description="OutputSink tail window; beyond it output spills."
+    )
+    quota_file_bytes: int = Field(default=1024 * 1024, ge=1, description="Largest artifact file.")
+    quota_session_bytes: int = Field(
+        default=50 * 1024 * 1024, ge=1, description="Artifact bytes per session."
+    )
+    quota_tenant_bytes: int = Field(
+        default=500 * 1024 * 1024, ge=1, description="Artifact bytes per tenant."
+    )
+
+    # query layer
+    snapshot_every: int = Field(
+        default=500, ge=0, description="Store a state snapshot every N events (0 disables)."
+    )
+
+    # queue and maintenance
+    task_visibility_timeout: int = Field(
+        default=3600,
+        ge=10,
+        description="Seconds before an unacked Redis message is redelivered; longer than any task.",
+    )
+    task_max_retries: int = Field(
+        default=20, ge=0, description="Retries of a transient failure before dead-lettering."
+    )
+    gc_interval_seconds: float = Field(
+        default=3600.0, gt=0, description="Beat interval of blob GC."
+    )
+    expire_interval_seconds: float = Field(
+        default=300.0, gt=0, description="Beat interval of artifact TTL expiry."
+    )
+    reconcile_interval_seconds: float = Field(
+        default=60.0, gt=0, description="Beat interval of the fork-copy reconciler."
+    )
+    fork_copy_timeout_seconds: float = Field(
+        default=300.0,
+        gt=0,
+        description="A fork copy still pending after this long is re-enqueued.",
+    )
+
+    @field_validator("database_url", "blob_url", "broker_url", "result_backend")
+    @classmethod
+    def _blank_is_unset(cls, value: str | None) -> str | None:
+        return value or None
+
+    @model_validator(mode="after")
+    def _check_urls(self) -> Settings:
+        url = self.resolved_database_url
+        if not (url.startswith("sqlite") or url.startswith("postgresql")):
+            raise ValueError(
+                f"database_url must be sqlite:///… or postgresql+psycopg://…, got {url!r}"
+            )
+        if not self.resolved_blob_url.startswith("file://"):
+            raise ValueError(f"blob_url must be file:///…, got {self.resolved_blob_url!r}")
+        return self
+
+    @property
+    def resolved_database_url(self) -> str:
+        if self.database_url:
+            return self.database_url
+        return f"sqlite:///{(self.data_dir / 'journal.db').resolve()}"
+
+    @property
+    def resolved_blob_url(self) -> str:
+        if self.blob_url:
+            return self.blob_url
+        return (self.data_dir / "blobs").resolve().as_uri()
+
+    @property
+    def resolved_artifact_root(self) -> Path:
+        if self.artifact_root is not None:
+            return self.artifact_root.resolve()
+        return (self.data_dir / "artifacts").resolve()
+
+    @property
+    def is_embedded_broker(self) -> bool:
+        return self.broker_url is None
+
+    def with_overrides(self, **changes: Any) -> Settings:
+        """A validated copy with some fields changed (tests and the CLI use it)."""
+        return type(self).model_validate({**self.model_dump(), **changes})

@@ -1,0 +1,133 @@
+"""Shared fixtures: real SQLite files, real PostgreSQL databases and a real Redis.
+
+PostgreSQL: the schema is built once per run with ``alembic upgrade head`` into a template
+database; each test gets its own ``CREATE DATABASE … TEMPLATE`` copy, dropped afterwards.
+SQLite: a migrated template file, copied per test.
+
+Under CI (``CI=true``) or with ``SESSIONSTORE_REQUIRE_SERVICES=1``, a missing PostgreSQL or
+Redis fails the tests that need it instead of skipping them.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import psycopg
+import pytest
+import redis
+
+from core import SessionStore, Settings
+from core.migrate import upgrade
+
+PG_ADMIN_DSN = os.environ.get(
+    "SESSIONSTORE_TEST_PG_DSN", "postgresql://postgres@127.0.0.1:5432/postgres"
+)
+REDIS_URL = os.environ.get("SESSIONSTORE_TEST_REDIS_URL", "redis://127.0.0.1:6379/13")
+REQUIRE_SERVICES = (
+    os.environ.get("CI", "").lower() == "true"
+    or os.environ.get("SESSIONSTORE_REQUIRE_SERVICES") == "1"
+)
+BACKENDS = ["sqlite", "postgres"]
+
+
+def _unavailable(what: str, exc: Exception) -> None:
+    message = f"{what} is not reachable: {exc}"
+    if REQUIRE_SERVICES:
+        pytest.fail(f"{message} (required under CI / SESSIONSTORE_REQUIRE_SERVICES=1)")
+    pytest.skip(message)
+
+
+def pg_url_for(dbname: str) -> str:
+    base = PG_ADMIN_DSN.rsplit("/", 1)[0].replace("postgresql://", "postgresql+psycopg://", 1)
+    return f"{base}/{dbname}"
+
+
+def _admin() -> psycopg.Connection[tuple[object, ...]]:
+    return psycopg.connect(PG_ADMIN_DSN, autocommit=True, connect_timeout=5)
+
+
+@pytest.fixture(scope="session")
+def pg_template() -> Iterator[str]:
+    name = f"ss_tpl_{os.getpid()}_{uuid.uuid4().hex[:6]}"
+    try:
+        with _admin() as conn:
+            conn.execute(f'CREATE DATABASE "{name}"')
+    except psycopg.OperationalError as exc:
+        _unavailable("PostgreSQL", exc)
+    upgrade(pg_url_for(name))
+    yield name
+    with _admin() as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+def clone_pg_database(template: str) -> str:
+    name = f"ss_t_{uuid.uuid4().hex[:12]}"
+    with _admin() as conn:
+        conn.execute(f'CREATE DATABASE "{name}" TEMPLATE "{template}"')
+    return name
+
+
+def drop_pg_database(name: str) -> None:
+    with _admin() as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+@pytest.fixture
+def pg_url(pg_template: str) -> Iterator[str]:
+    name = clone_pg_database(pg_template)
+    yield pg_url_for(name)
+    drop_pg_database(name)
+
+
+@pytest.fixture(scope="session")
+def sqlite_template(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("sqlite-template") / "template.db"
+    upgrade(f"sqlite:///{path}")
+    return path
+
+
+@pytest.fixture
+def sqlite_url(sqlite_template: Path, tmp_path: Path) -> str:
+    path = tmp_path / "journal.db"
+    shutil.copyfile(sqlite_template, path)
+    return f"sqlite:///{path}"
+
+
+@pytest.fixture(params=BACKENDS)
+def backend(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+@pytest.fixture
+def database_url(backend: str, request: pytest.FixtureRequest) -> str:
+    """A migrated, empty database of the parametrized backend."""
+    fixture = "sqlite_url" if backend == "sqlite" else "pg_url"
+    return str(request.getfixturevalue(fixture))
+
+
+@pytest.fixture
+def settings(database_url: str, tmp_path: Path) -> Settings:
+    return Settings(data_dir=tmp_path / "data", database_url=database_url)
+
+
+@pytest.fixture
+def store(settings: Settings) -> Iterator[SessionStore]:
+    with SessionStore.from_settings(settings) as s:
+        yield s
+
+
+@pytest.fixture
+def redis_url() -> Iterator[str]:
+    client = redis.Redis.from_url(REDIS_URL, socket_connect_timeout=3)
+    try:
+        client.ping()
+    except redis.RedisError as exc:
+        _unavailable("Redis", exc)
+    client.flushdb()
+    yield REDIS_URL
+    client.flushdb()
+    client.close()
