@@ -97,6 +97,16 @@ class BlobCorrupted(BlobError):
         super().__init__(f"blob {blob_hash} is corrupted: {reason}")
 
 
+class BlobsMissing(BlobError):
+    """Blobs referenced by a write are not registered (garbage-collected in between)."""
+
+    def __init__(self, hashes: set[str]) -> None:
+        self.hashes = hashes
+        super().__init__(
+            f"{len(hashes)} referenced blob(s) are not registered: {sorted(hashes)[:3]}"
+        )
+
+
 class ArtifactError(SessionStoreError):
     """An artifact operation failed."""
 

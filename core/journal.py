@@ -17,14 +17,15 @@ from sqlalchemy import Connection, Engine, and_, delete, insert, select, text, u
 from sqlalchemy.exc import IntegrityError
 
 from core.db import is_sqlite, read_connection, write_transaction
-from core.errors import ConcurrencyConflict, InvalidEvent, SessionNotFound
-from core.models import BlobRefRow, EventRow, SessionRow, WriteRow, utcnow
+from core.errors import BlobsMissing, ConcurrencyConflict, InvalidEvent, SessionNotFound
+from core.models import BlobRefRow, BlobRow, EventRow, SessionRow, WriteRow, utcnow
 from core.records import AppendResult, ManifestEntry, Page, PreparedEvent, Session, StoredEvent
 
 _sessions = SessionRow.__table__  # type: ignore[attr-defined]
 _events = EventRow.__table__  # type: ignore[attr-defined]
 _writes = WriteRow.__table__  # type: ignore[attr-defined]
 _refs = BlobRefRow.__table__  # type: ignore[attr-defined]
+_blobs = BlobRow.__table__  # type: ignore[attr-defined]
 
 _EVENT_COLUMNS = (
     _events.c.session_id,
@@ -158,7 +159,8 @@ class Journal:
         except IntegrityError as exc:
             # The one place a unique-key violation becomes the domain's conflict.
             head = self.get_session(session_id).head_seq
-            raise ConcurrencyConflict(session_id, expected_seq or head, head) from exc
+            expected = expected_seq if expected_seq is not None else head
+            raise ConcurrencyConflict(session_id, expected, head) from exc
 
     def _append_in(
         self,
@@ -173,6 +175,7 @@ class Journal:
             prior = self._prior_write(conn, session_id, idempotency_key)
             if prior is not None:
                 return prior
+        self._require_blobs(conn, {ref.hash for ev in events for ref in ev.refs})
         count = len(events)
         now = utcnow()
         claim = update(_sessions).where(_sessions.c.id == session_id)
@@ -214,6 +217,23 @@ class Journal:
         """
         if not is_sqlite(self.engine):
             conn.execute(text("LOCK TABLE events IN EXCLUSIVE MODE"))
+
+    def _require_blobs(self, conn: Connection, hashes: set[str]) -> None:
+        """Blob before reference (invariants 2 and 6): every referenced blob is registered.
+
+        On PostgreSQL the rows are share-locked until this write commits, so GC (which takes
+        the row's update lock and re-checks references) cannot delete them in between; on
+        SQLite the write transaction already excludes GC. A missing row raises
+        ``BlobsMissing``, and the writer re-creates the blob and retries.
+        """
+        if not hashes:
+            return
+        query = select(_blobs.c.hash).where(_blobs.c.hash.in_(sorted(hashes)))
+        if not is_sqlite(self.engine):
+            query = query.with_for_update(read=True)
+        missing = hashes - set(conn.execute(query).scalars())
+        if missing:
+            raise BlobsMissing(missing)
 
     def insert_events(
         self,
