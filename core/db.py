@@ -31,9 +31,9 @@ def make_engine(url: str, *, pool_size: int = 10) -> Engine:
         )
         _configure_sqlite(engine)
         return engine
-    return create_engine(
-        url, pool_pre_ping=True, pool_size=pool_size, max_overflow=2 * pool_size, **common
-    )
+    # No pre-ping: it costs a round trip per transaction; a dropped connection is
+    # invalidated on first use and the write is retried (queue path) or reported.
+    return create_engine(url, pool_size=pool_size, max_overflow=2 * pool_size, **common)
 
 
 def _configure_sqlite(engine: Engine) -> None:

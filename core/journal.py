@@ -16,7 +16,7 @@ from typing import Any
 from sqlalchemy import Connection, Engine, and_, delete, insert, select, text, update
 from sqlalchemy.exc import IntegrityError
 
-from core.db import is_sqlite, read_connection, write_transaction
+from core.db import dumps_json, is_sqlite, read_connection, write_transaction
 from core.errors import BlobsMissing, ConcurrencyConflict, InvalidEvent, SessionNotFound
 from core.models import BlobRefRow, BlobRow, EventRow, SessionRow, WriteRow, utcnow
 from core.records import AppendResult, ManifestEntry, Page, PreparedEvent, Session, StoredEvent
@@ -36,6 +36,48 @@ _EVENT_COLUMNS = (
     _events.c.recorded_at,
 )
 MAX_READ_PAGE = 10_000
+WRITER_LOCK_KEY = 0x5E5510_0001  # PostgreSQL advisory lock serializing event inserts
+_PG_WRITER_LOCK = text("SELECT pg_advisory_xact_lock(:k)")
+_PG_NEXT_POSITIONS = text(
+    "SELECT nextval(pg_get_serial_sequence('events', 'position')) FROM generate_series(1, :n)"
+)
+_SQLITE_LAST_POSITION = text("SELECT seq FROM sqlite_sequence WHERE name = 'events'")
+
+# PostgreSQL append in one statement, so an append costs the same round trips as a raw
+# INSERT: take the writers' lock (the session-row claim depends on it, so positions are
+# allocated only while it is held, and it is held until commit), claim seqs on the session
+# row (only at the expected head, and only for a key not yet written), insert the batch in
+# seq order so positions follow seqs, and (keyed variant) record the write. No row back:
+# no session, the head moved, or the key was already written.
+_PG_APPEND_CTES = """
+WITH writer_lock AS MATERIALIZED (
+    SELECT pg_advisory_xact_lock(:lock_key)
+), claimed AS (
+    UPDATE sessions SET head_seq = head_seq + :n, updated_at = :now
+    WHERE id = :sid AND (CAST(:expected AS BIGINT) IS NULL OR head_seq = :expected)
+      AND EXISTS (SELECT 1 FROM writer_lock)
+      AND (CAST(:key AS TEXT) IS NULL OR NOT EXISTS (
+          SELECT 1 FROM writes WHERE session_id = :sid AND idempotency_key = :key))
+    RETURNING head_seq
+), inserted AS (
+    INSERT INTO events (session_id, seq, type, payload, recorded_at)
+    SELECT :sid, claimed.head_seq - :n + e.ord, e.type, e.payload, :now
+    FROM claimed,
+         unnest(CAST(:types AS text[]), CAST(:payloads AS jsonb[]))
+             WITH ORDINALITY AS e(type, payload, ord)
+    ORDER BY e.ord
+    RETURNING position, seq
+)"""
+_PG_APPEND = text(_PG_APPEND_CTES + "\nSELECT position, seq FROM inserted ORDER BY seq")
+_PG_APPEND_KEYED = text(
+    _PG_APPEND_CTES
+    + """, recorded AS (
+    INSERT INTO writes (session_id, idempotency_key, first_seq, last_seq, positions, created_at)
+    SELECT :sid, :key, min(seq), max(seq), to_json(array_agg(position ORDER BY seq)), :now
+    FROM inserted HAVING count(*) > 0
+)
+SELECT position, seq FROM inserted ORDER BY seq"""
+)
 
 
 def _to_session(row: Any) -> Session:
@@ -157,7 +199,12 @@ class Journal:
             with write_transaction(self.engine) as conn:
                 return self._append_in(conn, session_id, events, expected_seq, idempotency_key)
         except IntegrityError as exc:
-            # The one place a unique-key violation becomes the domain's conflict.
+            # The one place a unique-key violation becomes a domain answer: the same key
+            # committed by a concurrent writer is a replay; anything else is a conflict.
+            if idempotency_key is not None:
+                prior = self.find_write(session_id, idempotency_key)
+                if prior is not None:
+                    return prior
             head = self.get_session(session_id).head_seq
             expected = expected_seq if expected_seq is not None else head
             raise ConcurrencyConflict(session_id, expected, head) from exc
@@ -170,14 +217,40 @@ class Journal:
         expected_seq: int | None,
         idempotency_key: str | None,
     ) -> AppendResult:
-        self._serialize_writers(conn)
-        if idempotency_key is not None:
-            prior = self._prior_write(conn, session_id, idempotency_key)
-            if prior is not None:
-                return prior
         self._require_blobs(conn, {ref.hash for ev in events for ref in ev.refs})
-        count = len(events)
         now = utcnow()
+        if is_sqlite(self.engine):
+            written = self._write_generic(
+                conn, session_id, events, expected_seq, idempotency_key, now
+            )
+        else:
+            written = self._write_postgres(
+                conn, session_id, events, expected_seq, idempotency_key, now
+            )
+        if written is None:
+            prior = idempotency_key and self._prior_write(conn, session_id, idempotency_key)
+            if prior:
+                return prior
+            head = self.session_in(conn, session_id).head_seq  # raises SessionNotFound
+            raise ConcurrencyConflict(session_id, expected_seq or 0, head)
+        first_seq, positions = written
+        self._insert_manifest(conn, session_id, positions, [ev.refs for ev in events])
+        return AppendResult(session_id, first_seq, first_seq + len(events) - 1, positions)
+
+    def _write_generic(
+        self,
+        conn: Connection,
+        session_id: str,
+        events: Sequence[PreparedEvent],
+        expected_seq: int | None,
+        idempotency_key: str | None,
+        now: datetime,
+    ) -> tuple[int, list[int]] | None:
+        """Claim seqs on the session row, then insert the events and the write record."""
+        self._serialize_writers(conn)
+        if idempotency_key is not None and self._prior_write(conn, session_id, idempotency_key):
+            return None
+        count = len(events)
         claim = update(_sessions).where(_sessions.c.id == session_id)
         if expected_seq is not None:
             claim = claim.where(_sessions.c.head_seq == expected_seq)
@@ -187,13 +260,12 @@ class Journal:
             )
         ).first()
         if row is None:
-            head = self.session_in(conn, session_id).head_seq  # raises SessionNotFound
-            raise ConcurrencyConflict(session_id, expected_seq or 0, head)
+            return None
         first_seq = row.head_seq - count + 1
         positions = self.insert_events(
             conn,
             session_id,
-            [(first_seq + i, ev.type, ev.payload, ev.refs) for i, ev in enumerate(events)],
+            [(first_seq + i, ev.type, ev.payload, ()) for i, ev in enumerate(events)],
             recorded_at=now,
         )
         if idempotency_key is not None:
@@ -207,16 +279,45 @@ class Journal:
                     created_at=now,
                 )
             )
-        return AppendResult(session_id, first_seq, row.head_seq, positions)
+        return first_seq, positions
+
+    def _write_postgres(
+        self,
+        conn: Connection,
+        session_id: str,
+        events: Sequence[PreparedEvent],
+        expected_seq: int | None,
+        idempotency_key: str | None,
+        now: datetime,
+    ) -> tuple[int, list[int]] | None:
+        """The same write as one statement: a round trip per append, whatever the batch."""
+        sql = _PG_APPEND_KEYED if idempotency_key is not None else _PG_APPEND
+        rows = conn.execute(
+            sql,
+            {
+                "sid": session_id,
+                "n": len(events),
+                "expected": expected_seq,
+                "now": now,
+                "types": [ev.type for ev in events],
+                "payloads": [dumps_json(ev.payload) for ev in events],
+                "key": idempotency_key,
+                "lock_key": WRITER_LOCK_KEY,
+            },
+        ).all()
+        if not rows:
+            return None
+        return rows[0].seq, [r.position for r in rows]
 
     def _serialize_writers(self, conn: Connection) -> None:
-        """Make positions commit in order: one writer at a time holds the events table.
+        """Make positions commit in order: one event writer at a time, until its commit.
 
-        SQLite's BEGIN IMMEDIATE already holds the database write lock. On PostgreSQL,
-        EXCLUSIVE mode blocks other writers until commit but never blocks readers.
+        SQLite's BEGIN IMMEDIATE already holds the database write lock. On PostgreSQL every
+        event insert takes the same transaction-scoped advisory lock (the one-statement
+        append takes it inside its statement); readers never wait for it.
         """
         if not is_sqlite(self.engine):
-            conn.execute(text("LOCK TABLE events IN EXCLUSIVE MODE"))
+            conn.execute(_PG_WRITER_LOCK, {"k": WRITER_LOCK_KEY})
 
     def _require_blobs(self, conn: Connection, hashes: set[str]) -> None:
         """Blob before reference (invariants 2 and 6): every referenced blob is registered.
@@ -247,20 +348,31 @@ class Journal:
 
         Callers hold a write transaction that has serialized writers.
         """
-        result = conn.execute(
-            insert(_events).returning(_events.c.position, sort_by_parameter_order=True),
+        positions = self._allocate_positions(conn, len(rows))
+        conn.execute(
+            insert(_events),
             [
                 {
+                    "position": position,
                     "session_id": session_id,
                     "seq": seq,
                     "type": kind,
                     "payload": payload,
                     "recorded_at": recorded_at,
                 }
-                for seq, kind, payload, _ in rows
+                for position, (seq, kind, payload, _) in zip(positions, rows, strict=True)
             ],
         )
-        positions = [r.position for r in result]
+        self._insert_manifest(conn, session_id, positions, [refs for *_, refs in rows])
+        return positions
+
+    def _insert_manifest(
+        self,
+        conn: Connection,
+        session_id: str,
+        positions: Sequence[int],
+        refs_per_event: Sequence[Sequence[ManifestEntry]],
+    ) -> None:
         manifest = [
             {
                 "position": position,
@@ -270,12 +382,27 @@ class Journal:
                 "size": ref.size,
                 "encoding": ref.encoding,
             }
-            for position, (_, _, _, refs) in zip(positions, rows, strict=True)
+            for position, refs in zip(positions, refs_per_event, strict=True)
             for ref in refs
         ]
         if manifest:
             conn.execute(insert(_refs), manifest)
-        return positions
+
+    def _allocate_positions(self, conn: Connection, count: int) -> list[int]:
+        """Positions for ``count`` events, taken while this transaction serializes writers.
+
+        Allocating up front (instead of INSERT … RETURNING) lets the insert run as one
+        pipelined executemany; positions are still never reused and follow commit order.
+        """
+        if is_sqlite(self.engine):
+            last = conn.execute(_SQLITE_LAST_POSITION).scalar()
+            start = int(last or 0) + 1
+            return list(range(start, start + count))
+        values = conn.execute(
+            _PG_NEXT_POSITIONS,
+            {"n": count},
+        ).scalars()
+        return sorted(int(v) for v in values)
 
     def _prior_write(self, conn: Connection, session_id: str, key: str) -> AppendResult | None:
         row = conn.execute(

@@ -35,6 +35,14 @@ def check_batch(events: Sequence[Any], *, max_events: int, max_depth: int) -> No
         check_event(event, index=index, max_depth=max_depth)
 
 
+class _Bad(Exception):
+    """A rejection on its way up the walk; each frame prepends its key to the path."""
+
+    def __init__(self, reason: str) -> None:
+        self.reason = reason
+        self.tokens: list[str] = []
+
+
 def check_event(event: Any, *, index: int | None = None, max_depth: int) -> None:
     if not isinstance(event, dict):
         raise InvalidEvent(
@@ -50,46 +58,73 @@ def check_event(event: Any, *, index: int | None = None, max_depth: int) -> None
             "/type", f"must be 1..{MAX_TYPE_LENGTH} characters without NUL", index=index
         )
     try:
-        _walk(event, "", 1, max_depth)
-    except InvalidEvent as exc:
-        raise InvalidEvent(exc.field, exc.reason, index=index) from None
+        _walk(event, 1, max_depth)
+    except _Bad as bad:
+        path = "".join(f"/{token}" for token in reversed(bad.tokens))
+        raise InvalidEvent(path, bad.reason, index=index) from None
 
 
-def _walk(value: Any, path: str, depth: int, max_depth: int) -> None:
-    if isinstance(value, dict):
+# The walk runs on every event of every write: paths are only built on the way up from a
+# rejection, never on the happy path.
+def _walk(value: Any, depth: int, max_depth: int) -> None:
+    kind = type(value)
+    if kind not in _CONTAINERS:
+        # subclasses (OrderedDict, str enums, tuples) are walked as their JSON kind
+        kind = next((k for k, base in _CONTAINERS.items() if isinstance(value, base)), kind)
+    if kind is str:
+        if not value.isascii():
+            _check_text(value)
+    elif kind is dict:
         if depth > max_depth:
-            raise InvalidEvent(path, f"nested deeper than the limit of {max_depth} levels")
+            raise _Bad(f"nested deeper than the limit of {max_depth} levels")
         for key, item in value.items():
-            if not isinstance(key, str):
-                raise InvalidEvent(path, f"object key {key!r} is not a string")
-            child = f"{path}/{pointer_token(key)}"
-            if "\x00" in key:
-                raise InvalidEvent(child, "object keys cannot contain U+0000")
-            _check_text(key, child)
-            _walk(item, child, depth + 1, max_depth)
-    elif isinstance(value, list):
+            if type(key) is not str:
+                raise _Bad(f"object key {key!r} is not a string")
+            try:
+                if "\x00" in key:
+                    raise _Bad("object keys cannot contain U+0000")
+                if not key.isascii():
+                    _check_text(key)
+                if type(item) not in _PLAIN:
+                    _walk(item, depth + 1, max_depth)
+            except _Bad as bad:
+                bad.tokens.append(pointer_token(key))
+                raise
+    elif kind is list:
         if depth > max_depth:
-            raise InvalidEvent(path, f"nested deeper than the limit of {max_depth} levels")
+            raise _Bad(f"nested deeper than the limit of {max_depth} levels")
         for i, item in enumerate(value):
-            _walk(item, f"{path}/{i}", depth + 1, max_depth)
-    elif isinstance(value, str):
-        _check_text(value, path)
-    elif isinstance(value, bool) or value is None:
+            try:
+                if type(item) not in _PLAIN:
+                    _walk(item, depth + 1, max_depth)
+            except _Bad as bad:
+                bad.tokens.append(str(i))
+                raise
+    else:
+        _check_scalar(value)
+
+
+_PLAIN = frozenset({bool, type(None)})
+_CONTAINERS: dict[type, type | tuple[type, ...]] = {str: str, dict: dict, list: (list, tuple)}
+
+
+def _check_scalar(value: Any) -> None:
+    if isinstance(value, bool) or value is None:
         return
-    elif isinstance(value, int):
+    if isinstance(value, int):
         if not _INT64_MIN <= value <= _UINT64_MAX:
-            raise InvalidEvent(path, "integer outside the 64-bit range JSON consumers can read")
+            raise _Bad("integer outside the 64-bit range JSON consumers can read")
     elif isinstance(value, float):
         if not math.isfinite(value):
-            raise InvalidEvent(path, f"{value!r} is not a JSON number")
+            raise _Bad(f"{value!r} is not a JSON number")
+    elif isinstance(value, str):
+        _check_text(value)
     else:
-        raise InvalidEvent(path, f"{type(value).__name__} is not a JSON value")
+        raise _Bad(f"{type(value).__name__} is not a JSON value")
 
 
-def _check_text(text: str, path: str) -> None:
-    if text.isascii():
-        return
+def _check_text(text: str) -> None:
     try:
         text.encode("utf-8")
     except UnicodeEncodeError as exc:
-        raise InvalidEvent(path, f"string is not valid Unicode ({exc.reason})") from None
+        raise _Bad(f"string is not valid Unicode ({exc.reason})") from None

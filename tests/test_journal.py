@@ -1,0 +1,378 @@
+"""The journal contract, run against every backend (invariants 1, 3, 4, 5, 8)."""
+
+from __future__ import annotations
+
+import math
+import multiprocessing
+import os
+import random
+import signal
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from sqlalchemy import event, func, select, text
+
+from core import ConcurrencyConflict, InvalidEvent, SessionNotFound, SessionStore, Settings
+from core.models import EventRow, WriteRow
+
+MP = multiprocessing.get_context("spawn")
+
+
+def _msg(i: int = 0, **extra: Any) -> dict[str, Any]:
+    return {"type": "message", "id": f"e{i}", "message": {"role": "user", "content": f"hi {i}"}, **extra}
+
+
+def _count_events(store: SessionStore) -> int:
+    with store.engine.connect() as conn:
+        return int(conn.execute(select(func.count()).select_from(EventRow)).scalar_one())
+
+
+# child-process helpers (module level so spawn can import them) -----------------------------
+
+
+def _append_many(url: str, data_dir: str, session_id: str, count: int, start: Any) -> None:
+    start.wait()
+    with SessionStore.from_settings(Settings(database_url=url, data_dir=Path(data_dir))) as store:
+        for i in range(count):
+            store.append(session_id, [_msg(i)])
+
+
+def _append_then_die(url: str, data_dir: str, session_id: str, key: str) -> None:
+    with SessionStore.from_settings(Settings(database_url=url, data_dir=Path(data_dir))) as store:
+        store.append(session_id, [_msg(1), _msg(2)], idempotency_key=key)
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+class JournalContract:
+    """Each backend supplies ``store`` (and ``url``); everything else is shared."""
+
+    @pytest.fixture
+    def url(self) -> str:
+        raise NotImplementedError
+
+    @pytest.fixture
+    def store(self, url: str, tmp_path: Path) -> Iterator[SessionStore]:
+        settings = Settings(database_url=url, data_dir=tmp_path / "data")
+        with SessionStore.from_settings(settings) as store:
+            yield store
+
+    # sessions -------------------------------------------------------------------------
+
+    def test_create_and_get_session(self, store: SessionStore) -> None:
+        s = store.create_session(tenant_id="acme", title="t", cwd="/w")
+        got = store.get_session(s.id)
+        assert (got.tenant_id, got.title, got.cwd, got.head_seq) == ("acme", "t", "/w", 0)
+        assert got.created_at.tzinfo is not None
+        with pytest.raises(SessionNotFound):
+            store.get_session("missing")
+        with pytest.raises(SessionNotFound):
+            store.get_session(s.id, tenant_id="other")
+
+    def test_list_sessions_paginates_by_cursor(self, store: SessionStore) -> None:
+        ids = [store.create_session(tenant_id="acme").id for _ in range(7)]
+        store.create_session(tenant_id="other")
+        seen: list[str] = []
+        cursor = None
+        pages = 0
+        while True:
+            page = store.list_sessions(tenant_id="acme", limit=3, cursor=cursor)
+            seen += [s.id for s in page.items]
+            pages += 1
+            cursor = page.next_cursor
+            if cursor is None:
+                break
+        assert sorted(seen) == sorted(ids) and len(seen) == 7 and pages == 3
+        with pytest.raises(InvalidEvent, match="cursor"):
+            store.list_sessions(cursor="garbage!")
+
+    # append and read ------------------------------------------------------------------
+
+    def test_append_assigns_gapless_seqs_and_increasing_positions(self, store: SessionStore) -> None:
+        s = store.create_session(tenant_id="acme")
+        r1 = store.append(s.id, [_msg(1), _msg(2)])
+        r2 = store.append(s.id, [_msg(3)])
+        assert (r1.first_seq, r1.last_seq, r2.first_seq, r2.last_seq) == (1, 2, 3, 3)
+        assert r1.positions[0] < r1.positions[1] < r2.positions[0]
+        events = store.read(s.id)
+        assert [e.seq for e in events] == [1, 2, 3]
+        assert events[2].payload == _msg(3)
+        assert store.get_session(s.id).head_seq == 3
+
+    def test_read_windows(self, store: SessionStore) -> None:
+        s = store.create_session(tenant_id="acme")
+        store.append(s.id, [_msg(i) for i in range(10)])
+        assert [e.seq for e in store.read(s.id, after_seq=3, upto_seq=6)] == [4, 5, 6]
+        assert [e.seq for e in store.read(s.id, after_seq=8, limit=5)] == [9, 10]
+        assert store.read(s.id, after_seq=10) == []
+        with pytest.raises(SessionNotFound):
+            store.read("missing")
+        with pytest.raises(SessionNotFound):
+            store.read(s.id, tenant_id="intruder")
+
+    def test_read_all_filters_by_tenant_and_type(self, store: SessionStore) -> None:
+        a = store.create_session(tenant_id="a")
+        b = store.create_session(tenant_id="b")
+        store.append(a.id, [_msg(1), {"type": "label", "label": "x"}])
+        store.append(b.id, [_msg(2)])
+        assert [e.session_id for e in store.read_all(tenant_id="b")] == [b.id]
+        assert [e.type for e in store.read_all(types=["label"])] == ["label"]
+        everything = store.read_all()
+        assert [e.position for e in everything] == sorted(e.position for e in everything)
+        assert store.read_all(after_position=everything[-1].position) == []
+        assert len(store.read_all(limit=2)) == 2
+
+    def test_expected_seq_conflict_carries_current_head(self, store: SessionStore) -> None:
+        s = store.create_session(tenant_id="acme")
+        store.append(s.id, [_msg(1)], expected_seq=0)
+        with pytest.raises(ConcurrencyConflict) as info:
+            store.append(s.id, [_msg(2)], expected_seq=0)
+        assert info.value.current_seq == 1 and info.value.expected_seq == 0
+        assert store.append(s.id, [_msg(2)], expected_seq=1).last_seq == 2
+
+    def test_append_to_unknown_session(self, store: SessionStore) -> None:
+        with pytest.raises(SessionNotFound):
+            store.append("nope", [_msg(1)])
+
+    # idempotency (invariant 5) --------------------------------------------------------
+
+    def test_idempotency_key_replay_writes_nothing(self, store: SessionStore) -> None:
+        s = store.create_session(tenant_id="acme")
+        first = store.append(s.id, [_msg(1), _msg(2)], idempotency_key="k-1")
+        again = store.append(s.id, [_msg(1), _msg(2)], idempotency_key="k-1")
+        assert again.replayed and not first.replayed
+        assert (again.first_seq, again.last_seq, again.positions) == (
+            first.first_seq,
+            first.last_seq,
+            first.positions,
+        )
+        assert _count_events(store) == 2 and store.get_session(s.id).head_seq == 2
+
+    def test_idempotency_replay_after_writer_process_died(
+        self, store: SessionStore, url: str, tmp_path: Path
+    ) -> None:
+        s = store.create_session(tenant_id="acme")
+        child = MP.Process(target=_append_then_die, args=(url, str(tmp_path), s.id, "k-dead"))
+        child.start()
+        child.join(60)
+        assert child.exitcode == -signal.SIGKILL
+        replay = store.append(s.id, [_msg(1), _msg(2)], idempotency_key="k-dead")
+        assert replay.replayed and (replay.first_seq, replay.last_seq) == (1, 2)
+        assert _count_events(store) == 2
+
+    def test_idempotency_record_commits_with_the_events(self, store: SessionStore) -> None:
+        s = store.create_session(tenant_id="acme")
+        with pytest.raises(InvalidEvent):
+            store.append(s.id, [_msg(1), {"no": "type"}], idempotency_key="k-bad")
+        with store.engine.connect() as conn:
+            assert conn.execute(select(func.count()).select_from(WriteRow)).scalar_one() == 0
+        assert store.append(s.id, [_msg(1)], idempotency_key="k-bad").replayed is False
+
+    # bad input (invariant 8) ----------------------------------------------------------
+
+    @pytest.mark.parametrize(
+        ("event", "field", "reason"),
+        [
+            ("not an object", "", "JSON object"),
+            ({"message": "no type"}, "/type", "missing"),
+            ({"type": 7}, "/type", "string"),
+            ({"type": ""}, "/type", "characters"),
+            ({"type": "m", "x": math.nan}, "/x", "not a JSON number"),
+            ({"type": "m", "x": [1, math.inf]}, "/x/1", "not a JSON number"),
+            ({"type": "m", "blob": b"raw"}, "/blob", "bytes is not a JSON value"),
+            ({"type": "m", "tags": {"a", "b"}}, "/tags", "set is not a JSON value"),
+            ({"type": "m", "a/b": {1: "x"}}, "/a~1b", "not a string"),
+            ({"type": "m", "s": "bad \ud800 surrogate"}, "/s", "Unicode"),
+            ({"type": "m", "n": 2**70}, "/n", "64-bit"),
+            ({"type": "m", "k\x00": 1}, "/k\x00", "U+0000"),
+        ],
+    )
+    def test_bad_input_is_rejected_naming_the_field(
+        self, store: SessionStore, event: Any, field: str, reason: str
+    ) -> None:
+        s = store.create_session(tenant_id="acme")
+        with pytest.raises(InvalidEvent) as info:
+            store.append(s.id, [_msg(0), event])
+        assert info.value.field == field and reason in info.value.reason
+        assert info.value.index == 1
+        assert store.read(s.id) == [] and store.get_session(s.id).head_seq == 0
+
+    def test_nesting_limit(self, store: SessionStore) -> None:
+        s = store.create_session(tenant_id="acme")
+        limit = store.settings.max_event_depth
+        ok: dict[str, Any] = {"type": "m"}
+        node = ok
+        for _ in range(limit - 1):
+            node["x"] = {}
+            node = node["x"]
+        store.append(s.id, [ok])
+        node["x"] = {}
+        with pytest.raises(InvalidEvent, match="deeper than the limit"):
+            store.append(s.id, [ok])
+        assert store.get_session(s.id).head_seq == 1
+
+    def test_batch_limits(self, store: SessionStore) -> None:
+        s = store.create_session(tenant_id="acme")
+        too_many = [_msg(i) for i in range(store.settings.max_batch_events + 1)]
+        with pytest.raises(InvalidEvent, match="exceeds the limit"):
+            store.append(s.id, too_many)
+        with pytest.raises(InvalidEvent, match="at least one"):
+            store.append(s.id, [])
+        with pytest.raises(InvalidEvent, match="list of objects"):
+            store.append(s.id, _msg(1))  # type: ignore[arg-type]
+        assert _count_events(store) == 0
+
+    # concurrency (invariants 3 and 4) -------------------------------------------------
+
+    def test_threads_appending_to_one_session_get_gapless_seqs(self, store: SessionStore) -> None:
+        s = store.create_session(tenant_id="acme")
+        start = threading.Barrier(8)
+        errors: list[BaseException] = []
+
+        def writer() -> None:
+            start.wait()
+            try:
+                for i in range(500):
+                    store.append(s.id, [_msg(i)])
+            except BaseException as exc:  # surfaced by the assertion below
+                errors.append(exc)
+
+        threads = [threading.Thread(target=writer) for _ in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert errors == []
+        assert [e.seq for e in store.read(s.id)] == list(range(1, 4001))
+
+    def test_processes_appending_to_one_session_get_gapless_seqs(
+        self, store: SessionStore, url: str, tmp_path: Path
+    ) -> None:
+        s = store.create_session(tenant_id="acme")
+        start = MP.Event()
+        procs = [
+            MP.Process(target=_append_many, args=(url, str(tmp_path), s.id, 250, start))
+            for _ in range(4)
+        ]
+        for p in procs:
+            p.start()
+        start.set()
+        for p in procs:
+            p.join(120)
+        assert [p.exitcode for p in procs] == [0, 0, 0, 0]
+        assert [e.seq for e in store.read(s.id)] == list(range(1, 1001))
+
+    def test_racing_expected_seq_has_exactly_one_winner(self, store: SessionStore) -> None:
+        s = store.create_session(tenant_id="acme")
+        store.append(s.id, [_msg(0)])
+        start = threading.Barrier(10)
+        wins: list[int] = []
+        conflicts: list[ConcurrencyConflict] = []
+
+        def writer(i: int) -> None:
+            start.wait()
+            try:
+                wins.append(store.append(s.id, [_msg(i), _msg(i)], expected_seq=1).last_seq)
+            except ConcurrencyConflict as exc:
+                conflicts.append(exc)
+
+        threads = [threading.Thread(target=writer, args=(i,)) for i in range(10)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert wins == [3] and len(conflicts) == 9
+        assert all(c.current_seq == 3 and c.expected_seq == 1 for c in conflicts)
+
+    def test_follower_sees_every_event_once_in_position_order(self, store: SessionStore) -> None:
+        # Sleep inside each write transaction, after its inserts and before its commit: if
+        # positions could commit out of order, the follower would skip the slower one.
+        rng = random.Random(4)
+
+        @event.listens_for(store.engine, "commit")
+        def _slow_commit(conn: Any) -> None:
+            time.sleep(rng.uniform(0, 0.002))
+
+        sessions = [store.create_session(tenant_id="acme").id for _ in range(4)]
+        per_writer, done = 600, threading.Event()
+        seen: list[int] = []
+
+        def writer(session_id: str) -> None:
+            for i in range(per_writer // 3):
+                store.append(session_id, [_msg(i), _msg(i), _msg(i)])
+
+        def follower() -> None:
+            last = 0
+            while True:
+                finished = done.is_set()
+                page = store.read_all(after_position=last, limit=200)
+                seen.extend(e.position for e in page)
+                if page:
+                    last = page[-1].position
+                elif finished:
+                    return
+
+        tail = threading.Thread(target=follower)
+        tail.start()
+        writers = [threading.Thread(target=writer, args=(sid,)) for sid in sessions]
+        for t in writers:
+            t.start()
+        for t in writers:
+            t.join()
+        done.set()
+        tail.join()
+        all_positions = [e.position for e in store.read_all(limit=10_000)]
+        assert len(all_positions) == 4 * per_writer
+        assert seen == all_positions  # every event, once, in position order
+
+    # append-only (invariant 1) --------------------------------------------------------
+
+    def test_no_code_path_updates_or_deletes_single_events(self, store: SessionStore) -> None:
+        statements: list[str] = []
+
+        @event.listens_for(store.engine, "before_cursor_execute")
+        def _record(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
+            statements.append(statement.upper())
+
+        s = store.create_session(tenant_id="acme")
+        store.append(s.id, [_msg(1)])
+        store.append(s.id, [_msg(2)], idempotency_key="k")
+        store.append(s.id, [_msg(2)], idempotency_key="k")
+        store.read(s.id)
+        store.read_all()
+        touching = [q for q in statements if ("UPDATE EVENTS" in q or "DELETE FROM EVENTS" in q)]
+        assert touching == []
+
+
+class TestSQLiteJournal(JournalContract):
+    @pytest.fixture
+    def url(self, sqlite_url: str) -> str:
+        return sqlite_url
+
+    def test_wal_mode_and_busy_timeout(self, store: SessionStore) -> None:
+        with store.engine.connect() as conn:
+            assert conn.execute(text("PRAGMA journal_mode")).scalar() == "wal"
+            assert conn.execute(text("PRAGMA busy_timeout")).scalar() == 60000
+
+
+@pytest.mark.postgres
+class TestPostgresJournal(JournalContract):
+    @pytest.fixture
+    def url(self, pg_url: str) -> str:
+        return pg_url
+
+    def test_payload_is_jsonb(self, store: SessionStore) -> None:
+        s = store.create_session(tenant_id="acme")
+        store.append(s.id, [{"type": "message", "message": {"role": "assistant"}}])
+        with store.engine.connect() as conn:
+            role = conn.execute(
+                text("SELECT payload->'message'->>'role' FROM events WHERE session_id = :s"),
+                {"s": s.id},
+            ).scalar()
+            kind = conn.execute(
+                text("SELECT pg_typeof(payload)::text FROM events LIMIT 1")
+            ).scalar()
+        assert (role, kind) == ("assistant", "jsonb")
