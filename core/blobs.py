@@ -1,0 +1,618 @@
+"""Content-addressed blob store: the ``blobs`` registry table plus a storage backend.
+
+A blob is addressed by the SHA-256 of its raw bytes. The filesystem backend keeps it at
+``<root>/<h[0:2]>/<h[2:4]>/<hash>.blob.gz`` (gzip) or ``<hash>.blob`` (identity, for media
+that is already compressed or data that gzip shrinks by under 10%).
+
+Invariants 2 and 6 (DESIGN.md) shape ``put``: the file is written durably (temporary file,
+fsync, rename, directory fsync), and then, inside ONE write transaction, the ``blobs`` row is
+upserted first (taking its row lock, refreshing ``last_written_at``) and the file is checked
+again and re-created if GC removed it meanwhile. GC removes a file only while it holds that
+row's lock (``remove_file``), so once a put commits, its blob is registered and on disk.
+
+Invariant 9: only a 64-character lowercase hex string is ever turned into a path.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import logging
+import os
+import re
+import tempfile
+import zlib
+from abc import ABC, abstractmethod
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import Any, Literal
+from urllib.parse import urlparse
+from urllib.request import url2pathname
+
+from sqlalchemy import Connection, Engine, exists, func, select, update
+from sqlalchemy.dialects.postgresql import insert as pg_insert
+from sqlalchemy.dialects.sqlite import insert as sqlite_insert
+from sqlalchemy.exc import OperationalError
+
+from core.db import is_sqlite, read_connection, write_transaction
+from core.errors import BlobCorrupted, BlobError, BlobNotFound, InvalidBlobHash
+from core.models import BlobRefRow, BlobRow, utcnow
+
+log = logging.getLogger(__name__)
+
+BLOB_REF_PREFIX = "blob:sha256:"
+_HASH_RE = re.compile(r"[0-9a-f]{64}")
+
+Codec = Literal["gzip", "identity"]
+SUFFIXES: dict[Codec, str] = {"gzip": ".blob.gz", "identity": ".blob"}
+# A blob file GC has moved aside under its row lock, until the row delete commits.
+QUARANTINE_SUFFIX = ".gc"
+# Compression must save at least this share of the bytes to be worth a decode on every read.
+MIN_COMPRESSION_SAVING = 0.10
+DEFAULT_GZIP_LEVEL = 6
+_MEDIA_MAGIC = (b"\x89PNG\r\n\x1a\n", b"\xff\xd8\xff", b"GIF87a", b"GIF89a")
+_GZIP_WBITS = 31  # zlib container = gzip, with a zero mtime so output is deterministic
+_DEADLOCK_RETRIES = 3
+
+_blobs = BlobRow.__table__  # type: ignore[attr-defined]
+_refs = BlobRefRow.__table__  # type: ignore[attr-defined]
+
+
+# hashes and refs ------------------------------------------------------------------------
+
+
+def is_valid_hash(value: object) -> bool:
+    """True only for a 64-character lowercase hex string."""
+    return isinstance(value, str) and _HASH_RE.fullmatch(value) is not None
+
+
+def check_hash(value: str) -> str:
+    if not is_valid_hash(value):
+        raise InvalidBlobHash(str(value))
+    return value
+
+
+def make_ref(blob_hash: str) -> str:
+    return BLOB_REF_PREFIX + check_hash(blob_hash)
+
+
+def looks_like_ref(value: object) -> bool:
+    """Has the ref prefix; says nothing about whether the rest is a valid hash."""
+    return isinstance(value, str) and value.startswith(BLOB_REF_PREFIX)
+
+
+def parse_ref(value: object) -> str | None:
+    """The hash of a well-formed ``blob:sha256:<64 lowercase hex>`` string, else None."""
+    if not looks_like_ref(value):
+        return None
+    candidate = str(value)[len(BLOB_REF_PREFIX) :]
+    return candidate if is_valid_hash(candidate) else None
+
+
+def sha256_hex(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+# codecs ---------------------------------------------------------------------------------
+
+
+def is_media(data: bytes) -> bool:
+    """PNG, JPEG, GIF or WebP: already compressed, so gzip would only cost time."""
+    if data.startswith(_MEDIA_MAGIC):
+        return True
+    return data[:4] == b"RIFF" and data[8:12] == b"WEBP"
+
+
+def encode_blob(data: bytes, *, level: int = DEFAULT_GZIP_LEVEL) -> tuple[Codec, bytes]:
+    if is_media(data):
+        return "identity", data
+    compressed = zlib.compress(data, level, wbits=_GZIP_WBITS)
+    if len(compressed) > len(data) * (1 - MIN_COMPRESSION_SAVING):
+        return "identity", data
+    return "gzip", compressed
+
+
+def decode_blob(codec: Codec, stored: bytes) -> bytes:
+    if codec == "identity":
+        return stored
+    return zlib.decompress(stored, wbits=_GZIP_WBITS)
+
+
+# records --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class PutResult:
+    hash: str
+    size: int
+    stored_size: int
+    codec: Codec
+    written: bool  # False when the content was already stored (a re-put)
+
+    @property
+    def ref(self) -> str:
+        return BLOB_REF_PREFIX + self.hash
+
+
+@dataclass(frozen=True, slots=True)
+class BlobInfo:
+    hash: str
+    size: int
+    stored_size: int
+    codec: str
+    created_at: datetime
+    last_written_at: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class BlobFile:
+    """A blob file found on disk, registered or not (for the orphan sweep)."""
+
+    hash: str
+    codec: Codec
+    path: Path
+    stored_size: int
+    modified_at: float
+
+
+@dataclass(frozen=True, slots=True)
+class BlobStats:
+    blob_count: int
+    raw_bytes: int  # sum of the blobs' uncompressed sizes, each blob once
+    stored_bytes: int  # what the blobs occupy in the store
+    referenced_bytes: int  # what the journal's refs stand for, counting every reference
+    saved_by_dedup: int
+    saved_by_compression: int
+
+    def to_dict(self) -> dict[str, int]:
+        return {
+            "blob_count": self.blob_count,
+            "raw_bytes": self.raw_bytes,
+            "stored_bytes": self.stored_bytes,
+            "referenced_bytes": self.referenced_bytes,
+            "saved_by_dedup": self.saved_by_dedup,
+            "saved_by_compression": self.saved_by_compression,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class _Stored:
+    """How one blob is (or is about to be) stored; ``payload`` only if this put encoded it."""
+
+    codec: Codec
+    stored_size: int
+    payload: bytes | None
+    written: bool
+
+
+# the registry table ---------------------------------------------------------------------
+
+
+class BlobIndex:
+    """SQL for the ``blobs`` table, shared by every storage backend."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+        self._upsert = _upsert_statement(engine)
+
+    def upsert(self, conn: Connection, rows: Sequence[dict[str, Any]]) -> None:
+        """Register or refresh rows, taking their row locks in hash order."""
+        if rows:
+            conn.execute(self._upsert, sorted(rows, key=lambda r: str(r["hash"])))
+
+    def refresh(self, conn: Connection, hashes: Sequence[str]) -> dict[str, int]:
+        """Refresh ``last_written_at`` of registered blobs; return their sizes by hash."""
+        found: dict[str, int] = {}
+        for blob_hash in sorted(set(hashes)):  # one row at a time, in hash order: no deadlock
+            row = conn.execute(
+                update(_blobs)
+                .where(_blobs.c.hash == blob_hash)
+                .values(last_written_at=utcnow())
+                .returning(_blobs.c.size)
+            ).first()
+            if row is not None:
+                found[blob_hash] = int(row.size)
+        return found
+
+    def registered(self, blob_hash: str) -> bool:
+        with read_connection(self.engine) as conn:
+            query = select(_blobs.c.hash).where(_blobs.c.hash == blob_hash)
+            return conn.execute(query).first() is not None
+
+    def info(self, blob_hash: str) -> BlobInfo | None:
+        with read_connection(self.engine) as conn:
+            row = conn.execute(select(_blobs).where(_blobs.c.hash == blob_hash)).first()
+        if row is None:
+            return None
+        return BlobInfo(
+            row.hash, row.size, row.stored_size, row.codec, row.created_at, row.last_written_at
+        )
+
+    def stats(self) -> BlobStats:
+        referenced = exists().where(_refs.c.hash == _blobs.c.hash)
+        with read_connection(self.engine) as conn:
+            count, raw, stored = conn.execute(
+                select(
+                    func.count(),
+                    func.coalesce(func.sum(_blobs.c.size), 0),
+                    func.coalesce(func.sum(_blobs.c.stored_size), 0),
+                )
+            ).one()
+            ref_bytes = conn.execute(select(func.coalesce(func.sum(_refs.c.size), 0))).scalar()
+            unique_ref_bytes = conn.execute(
+                select(func.coalesce(func.sum(_blobs.c.size), 0)).where(referenced)
+            ).scalar()
+        return BlobStats(
+            blob_count=int(count),
+            raw_bytes=int(raw),
+            stored_bytes=int(stored),
+            referenced_bytes=int(ref_bytes or 0),
+            saved_by_dedup=max(0, int(ref_bytes or 0) - int(unique_ref_bytes or 0)),
+            saved_by_compression=int(raw) - int(stored),
+        )
+
+
+def _upsert_statement(engine: Engine) -> Any:
+    # Built once: one cached statement, run with a parameter list (no per-call compile).
+    insert = sqlite_insert(_blobs) if is_sqlite(engine) else pg_insert(_blobs)
+    return insert.on_conflict_do_update(
+        index_elements=[_blobs.c.hash],
+        set_={
+            "last_written_at": insert.excluded.last_written_at,
+            "stored_size": insert.excluded.stored_size,
+            "codec": insert.excluded.codec,
+        },
+    )
+
+
+def _is_deadlock(exc: OperationalError) -> bool:
+    return type(exc.orig).__name__ in {"DeadlockDetected", "SerializationFailure"}
+
+
+# the interface --------------------------------------------------------------------------
+
+
+class BlobStore(ABC):
+    """Content-addressed bytes. Subclasses supply the storage primitives only."""
+
+    def __init__(self, index: BlobIndex, *, gzip_level: int = DEFAULT_GZIP_LEVEL) -> None:
+        self.index = index
+        self.gzip_level = gzip_level
+
+    # storage primitives -----------------------------------------------------------------
+
+    @abstractmethod
+    def _find(self, blob_hash: str) -> tuple[Codec, int] | None:
+        """Codec and stored size of the stored object, or None."""
+
+    @abstractmethod
+    def _write(self, blob_hash: str, codec: Codec, payload: bytes) -> None:
+        """Store durably and atomically: a reader sees all of it or nothing."""
+
+    @abstractmethod
+    def _read(self, blob_hash: str) -> tuple[Codec, bytes] | None:
+        """The stored (encoded) bytes, unverified, or None."""
+
+    @abstractmethod
+    def remove_file(self, blob_hash: str) -> bool:
+        """Delete the stored object; True if there was one.
+
+        Only GC calls this, inside the transaction that holds the blob row's FOR UPDATE lock
+        and deletes that row, after re-checking it is unreferenced (invariant 6).
+        """
+
+    @abstractmethod
+    def quarantine_file(self, blob_hash: str) -> list[Path]:
+        """Move the stored object aside, for GC under the blob row's lock.
+
+        GC deletes the row and commits, then ``purge_quarantined``; if the commit fails it
+        calls ``restore_quarantined``. A crash in between leaves a quarantined file whose
+        row still exists: reads put it back, and the next GC restores or purges it. So a
+        registered blob never loses its file for good (invariant 6).
+        """
+
+    @abstractmethod
+    def purge_quarantined(self, moved: Sequence[Path]) -> None:
+        """Delete files ``quarantine_file`` moved aside (after the row delete committed)."""
+
+    @abstractmethod
+    def restore_quarantined(self, moved: Sequence[Path]) -> None:
+        """Put files ``quarantine_file`` moved aside back in place."""
+
+    @abstractmethod
+    def iter_quarantined(self) -> Iterator[tuple[str, Path]]:
+        """(hash, path) of every file left quarantined (by a GC that did not finish)."""
+
+    @abstractmethod
+    def iter_files(self) -> Iterator[BlobFile]:
+        """Every stored object, registered or not (temporary files excluded)."""
+
+    # the API ----------------------------------------------------------------------------
+
+    def put(self, data: bytes) -> PutResult:
+        return self.put_many([data])[0]
+
+    def put_many(self, items: Sequence[bytes]) -> list[PutResult]:
+        """Store each item (identical content once) and register all in one transaction."""
+        if not items:
+            return []
+        hashes = [sha256_hex(bytes(data)) for data in items]
+        unique = dict(zip(hashes, (bytes(d) for d in items), strict=True))
+        # Encoding and the durable write happen before the transaction, so the database
+        # write lock is not held through compression and fsync; the transaction re-checks.
+        staged = {h: self._stage(h, data) for h, data in unique.items()}
+        for attempt in range(1, _DEADLOCK_RETRIES + 1):
+            try:
+                staged = self._register(unique, staged)
+                break
+            except OperationalError as exc:
+                if attempt == _DEADLOCK_RETRIES or not _is_deadlock(exc):
+                    raise
+                log.warning("blob registration deadlocked; retrying", extra={"attempt": attempt})
+        return [
+            PutResult(h, len(unique[h]), staged[h].stored_size, staged[h].codec, staged[h].written)
+            for h in hashes
+        ]
+
+    def get(self, blob_hash: str) -> bytes:
+        """The verified content; ``BlobCorrupted`` rather than wrong bytes."""
+        check_hash(blob_hash)
+        found = self._read(blob_hash)
+        if found is None:
+            raise BlobNotFound(blob_hash)
+        codec, stored = found
+        try:
+            data = decode_blob(codec, stored)
+        except zlib.error as exc:
+            raise BlobCorrupted(blob_hash, f"cannot decode {codec} data: {exc}") from exc
+        if sha256_hex(data) != blob_hash:
+            raise BlobCorrupted(blob_hash, "content does not match its hash")
+        return data
+
+    def exists(self, blob_hash: str) -> bool:
+        """Registered in the ``blobs`` table and present in storage."""
+        check_hash(blob_hash)
+        return self._find(blob_hash) is not None and self.index.registered(blob_hash)
+
+    def info(self, blob_hash: str) -> BlobInfo | None:
+        return self.index.info(check_hash(blob_hash))
+
+    def refresh(self, hashes: Iterable[str]) -> dict[str, int]:
+        """Refresh ``last_written_at`` of stored blobs, as a re-put would; sizes by hash.
+
+        Hashes that are unregistered or whose object is gone are left out of the result.
+        """
+        wanted = [check_hash(h) for h in hashes]
+        if not wanted:
+            return {}
+        with write_transaction(self.index.engine) as conn:
+            sizes = self.index.refresh(conn, wanted)
+            return {h: size for h, size in sizes.items() if self._find(h) is not None}
+
+    def stats(self) -> BlobStats:
+        return self.index.stats()
+
+    # put internals ----------------------------------------------------------------------
+
+    def _stage(self, blob_hash: str, data: bytes) -> _Stored:
+        found = self._find(blob_hash)
+        if found is not None:
+            return _Stored(found[0], found[1], None, written=False)
+        codec, payload = encode_blob(data, level=self.gzip_level)
+        self._write(blob_hash, codec, payload)
+        return _Stored(codec, len(payload), payload, written=True)
+
+    def _register(self, unique: dict[str, bytes], staged: dict[str, _Stored]) -> dict[str, _Stored]:
+        """Row locks first, then make sure every object exists, then commit (invariant 6)."""
+        now = utcnow()
+        with write_transaction(self.index.engine) as conn:
+            self.index.upsert(conn, [_row(h, unique[h], staged[h], now) for h in staged])
+            final = {h: self._ensure(h, unique[h], staged[h]) for h in sorted(staged)}
+            changed = [_row(h, unique[h], s, now) for h, s in final.items() if s is not staged[h]]
+            if changed:
+                self.index.upsert(conn, changed)
+        return final
+
+    def _ensure(self, blob_hash: str, data: bytes, staged: _Stored) -> _Stored:
+        if self._find(blob_hash) is not None:
+            return staged
+        # GC removed the object between our write and our row lock: write it again.
+        log.warning(
+            "blob vanished before registration; re-creating", extra={"blob_hash": blob_hash}
+        )
+        if staged.payload is not None:
+            codec, payload = staged.codec, staged.payload
+        else:
+            codec, payload = encode_blob(data, level=self.gzip_level)
+        self._write(blob_hash, codec, payload)
+        return _Stored(codec, len(payload), payload, written=True)
+
+
+def _row(blob_hash: str, data: bytes, stored: _Stored, now: datetime) -> dict[str, Any]:
+    return {
+        "hash": blob_hash,
+        "size": len(data),
+        "stored_size": stored.stored_size,
+        "codec": stored.codec,
+        "created_at": now,
+        "last_written_at": now,
+    }
+
+
+# the filesystem backend -----------------------------------------------------------------
+
+
+class FileBlobStore(BlobStore):
+    def __init__(
+        self, root: Path, index: BlobIndex, *, gzip_level: int = DEFAULT_GZIP_LEVEL
+    ) -> None:
+        super().__init__(index, gzip_level=gzip_level)
+        self.root = Path(root)
+        self._root = os.fspath(self.root)
+
+    def path_for(self, blob_hash: str, codec: Codec) -> Path:
+        return Path(self._fspath(blob_hash, codec))
+
+    def _fspath(self, blob_hash: str, codec: Codec) -> str:
+        """The one place a hash becomes a path; it validates first (invariant 9)."""
+        check_hash(blob_hash)
+        name = blob_hash + SUFFIXES[codec]
+        return os.path.join(self._root, blob_hash[0:2], blob_hash[2:4], name)
+
+    def _find(self, blob_hash: str) -> tuple[Codec, int] | None:
+        for codec in SUFFIXES:
+            try:
+                return codec, os.stat(self._fspath(blob_hash, codec)).st_size
+            except FileNotFoundError:
+                continue
+        return None
+
+    def _read(self, blob_hash: str) -> tuple[Codec, bytes] | None:
+        found = self._read_stored(blob_hash)
+        if found is None and self._unquarantine(blob_hash):
+            # A GC died between moving this file aside and deleting its row: put it back.
+            # (Should that GC still commit, the file is merely an orphan, swept later.)
+            found = self._read_stored(blob_hash)
+        return found
+
+    def _read_stored(self, blob_hash: str) -> tuple[Codec, bytes] | None:
+        for codec in SUFFIXES:
+            try:
+                with open(self._fspath(blob_hash, codec), "rb") as handle:
+                    return codec, handle.read()
+            except FileNotFoundError:
+                continue
+        return None
+
+    def quarantine_file(self, blob_hash: str) -> list[Path]:
+        moved: list[Path] = []
+        for codec in SUFFIXES:
+            aside = self._aside(blob_hash, codec)
+            try:
+                os.replace(self.path_for(blob_hash, codec), aside)
+            except FileNotFoundError:
+                continue
+            moved.append(aside)
+        return moved
+
+    def purge_quarantined(self, moved: Sequence[Path]) -> None:
+        for path in moved:
+            path.unlink(missing_ok=True)
+        for directory in {path.parent for path in moved}:
+            _fsync_dir(directory)
+
+    def restore_quarantined(self, moved: Sequence[Path]) -> None:
+        for path in moved:
+            with contextlib.suppress(FileNotFoundError):
+                os.replace(path, path.with_name(path.name[: -len(QUARANTINE_SUFFIX)]))
+
+    def _aside(self, blob_hash: str, codec: Codec) -> Path:
+        path = self.path_for(blob_hash, codec)
+        return path.with_name(path.name + QUARANTINE_SUFFIX)
+
+    def _unquarantine(self, blob_hash: str) -> bool:
+        moved = [self._aside(blob_hash, c) for c in SUFFIXES if self._aside(blob_hash, c).exists()]
+        self.restore_quarantined(moved)
+        return bool(moved)
+
+    def iter_quarantined(self) -> Iterator[tuple[str, Path]]:
+        if not self.root.is_dir():
+            return
+        for path in self.root.glob(f"??/??/*{QUARANTINE_SUFFIX}"):
+            name = path.name[: -len(QUARANTINE_SUFFIX)]
+            for suffix in SUFFIXES.values():
+                if name.endswith(suffix) and is_valid_hash(name[: -len(suffix)]):
+                    yield name[: -len(suffix)], path
+
+    def _write(self, blob_hash: str, codec: Codec, payload: bytes) -> None:
+        path = self.path_for(blob_hash, codec)
+        created = _make_dirs(self.root, path.parent)
+        fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".part", dir=path.parent)
+        try:
+            with open(fd, "wb") as handle:
+                handle.write(payload)
+                handle.flush()
+                os.fsync(handle.fileno())
+            os.replace(tmp, path)  # atomic: readers see the old state or the whole file
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+        # The rename (and any new directory) is durable only once its directory is synced.
+        for directory in [path.parent, *(d.parent for d in created)]:
+            _fsync_dir(directory)
+        log.debug(
+            "blob written", extra={"blob_hash": blob_hash, "codec": codec, "bytes": len(payload)}
+        )
+
+    def remove_file(self, blob_hash: str) -> bool:
+        removed = False
+        for codec in SUFFIXES:
+            path = self.path_for(blob_hash, codec)
+            try:
+                path.unlink()
+            except FileNotFoundError:
+                continue
+            removed = True
+            _fsync_dir(path.parent)
+        return removed
+
+    def iter_files(self) -> Iterator[BlobFile]:
+        if not self.root.is_dir():
+            return
+        for first in _subdirs(self.root):
+            for second in _subdirs(first):
+                yield from _blob_files(second)
+
+
+def _make_dirs(root: Path, directory: Path) -> list[Path]:
+    """Create ``directory`` (under ``root``); return the directories this call created."""
+    created: list[Path] = []
+    for candidate in [root, directory.parent, directory]:
+        try:
+            candidate.mkdir(parents=True)
+            created.append(candidate)
+        except FileExistsError:
+            pass
+    return created
+
+
+def _fsync_dir(directory: Path) -> None:
+    fd = os.open(directory, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _subdirs(directory: Path) -> list[Path]:
+    with os.scandir(directory) as entries:
+        return sorted(
+            Path(e.path) for e in entries if e.is_dir(follow_symlinks=False) and len(e.name) == 2
+        )
+
+
+def _blob_files(directory: Path) -> Iterator[BlobFile]:
+    with os.scandir(directory) as entries:
+        for entry in entries:
+            parsed = _parse_file_name(entry.name)
+            if parsed is None or not entry.is_file(follow_symlinks=False):
+                continue
+            stat = entry.stat(follow_symlinks=False)
+            yield BlobFile(parsed[0], parsed[1], Path(entry.path), stat.st_size, stat.st_mtime)
+
+
+def _parse_file_name(name: str) -> tuple[str, Codec] | None:
+    for codec, suffix in SUFFIXES.items():
+        if name.endswith(suffix) and is_valid_hash(name[: -len(suffix)]):
+            return name[: -len(suffix)], codec
+    return None
+
+
+def open_blob_store(url: str, engine: Engine) -> BlobStore:
+    """The blob backend for a URL (only ``file://`` so far)."""
+    parsed = urlparse(url)
+    if parsed.scheme != "file" or parsed.netloc not in ("", "localhost"):
+        raise BlobError(f"unsupported blob URL {url!r}: expected file:///absolute/path")
+    return FileBlobStore(Path(url2pathname(parsed.path)), BlobIndex(engine))

@@ -1,0 +1,277 @@
+"""The persistence pipeline: strip transient fields and externalize payloads into blobs.
+
+Applied to every event before it reaches the journal (invariant 7, lossless by default):
+
+- image blocks (``type == "image"`` items of arrays under ``content``/``images``, at any
+  depth) whose ``data`` has at least ``image_min_base64_chars`` characters become a blob of
+  the decoded bytes when re-encoding reproduces the exact string, else a UTF-8 blob;
+- a ``data:image/…;base64,…`` string under the key ``image_url`` becomes a UTF-8 blob;
+- any other string over ``inline_string_limit`` UTF-8 bytes, or containing U+0000 (which
+  PostgreSQL ``jsonb`` cannot hold), becomes a UTF-8 blob;
+- ``partialJson`` and ``jsonlEvents`` are dropped at any depth, and nothing else is.
+
+An image block whose ``data`` is already a ref keeps it if the blob is stored (its manifest
+row says ``base64``, so rehydration yields the image's base64), and is ``InvalidEvent``
+otherwise. Strings that merely look like refs anywhere else are ordinary strings.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from core.blobs import BLOB_REF_PREFIX, BlobStore, looks_like_ref, make_ref, parse_ref
+from core.errors import InvalidEvent
+from core.records import BlobEncoding, ManifestEntry, PreparedEvent
+from core.validation import pointer_token
+
+TRANSIENT_FIELDS = frozenset({"partialJson", "jsonlEvents"})
+IMAGE_ARRAY_KEYS = frozenset({"content", "images"})
+DATA_URL_KEY = "image_url"
+_UTF8_MAX_BYTES_PER_CHAR = 4
+
+
+@dataclass(frozen=True, slots=True)
+class _Slot:
+    """A value to externalize, found by the walk; its ref is filled in after the put."""
+
+    event: int
+    pointer: str
+    data: bytes
+    encoding: BlobEncoding
+
+
+@dataclass(frozen=True, slots=True)
+class InputRef:
+    """A ref the producer sent in an image block's ``data``."""
+
+    event: int
+    pointer: str
+    hash: str
+
+
+@dataclass(slots=True)
+class PersistedBatch:
+    """Journal-ready events, plus what ``SessionStore.append`` needs to retry."""
+
+    events: list[PreparedEvent]
+    # bytes of every blob this batch put, so a blob GC'd before the append can be re-put
+    blobs: dict[str, bytes] = field(default_factory=dict)
+    input_refs: list[InputRef] = field(default_factory=list)
+
+    def input_ref_for(self, hashes: set[str]) -> InputRef | None:
+        """The first producer-sent ref among ``hashes`` (those cannot be re-put)."""
+        return next((r for r in self.input_refs if r.hash in hashes), None)
+
+
+# Where a value sits, as a chain of (parent, key) links: rendering a JSON pointer for every
+# node of every event would dominate the walk, and only externalized values need one.
+_Path = tuple[Any, str | int] | None
+
+
+def _pointer(path: _Path) -> str:
+    tokens: list[str] = []
+    while path is not None:
+        path, key = path
+        tokens.append(pointer_token(key))
+    return "".join(f"/{token}" for token in reversed(tokens))
+
+
+_SCALARS = frozenset({int, float, bool, type(None)})
+
+
+@dataclass
+class PersistPlan:
+    """A walked batch: the payloads to store and the values each walker will externalize."""
+
+    events: Sequence[dict[str, Any]]
+    walkers: list[_Walker]
+    payloads: list[dict[str, Any]]
+
+    @property
+    def puts_blobs(self) -> bool:
+        return any(w.slots or w.input_refs for w in self.walkers)
+
+
+class _Walker:
+    """One pass over one event: builds the stored payload, records what to externalize."""
+
+    def __init__(self, event: int, *, image_min: int, inline_limit: int) -> None:
+        self.event = event
+        self.image_min = image_min
+        self.inline_limit = inline_limit
+        self.slots: list[_Slot] = []
+        self.input_refs: list[InputRef] = []
+
+    def value(self, value: Any, path: _Path) -> Any:
+        kind = type(value)
+        if kind in _SCALARS:
+            return value
+        if isinstance(value, str):
+            return self.string(value, path)
+        if isinstance(value, dict):
+            return self.obj(value, path)
+        if isinstance(value, (list, tuple)):
+            return [self.value(item, (path, i)) for i, item in enumerate(value)]
+        return value
+
+    def obj(
+        self, value: dict[str, Any], path: _Path, *, image_block: bool = False
+    ) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for key, item in value.items():
+            if key in TRANSIENT_FIELDS:
+                continue
+            if type(item) in _SCALARS:
+                out[key] = item
+            elif image_block and key == "data" and isinstance(item, str):
+                out[key] = self.image_data(item, (path, key))
+            elif key == DATA_URL_KEY and _is_image_data_url(item):
+                out[key] = self.externalize(item.encode(), "utf8", (path, key))
+            elif key in IMAGE_ARRAY_KEYS and isinstance(item, list):
+                child = (path, key)
+                out[key] = [self.array_item(x, (child, i)) for i, x in enumerate(item)]
+            else:
+                out[key] = self.value(item, (path, key))
+        return out
+
+    def array_item(self, item: Any, path: _Path) -> Any:
+        if isinstance(item, dict) and item.get("type") == "image":
+            return self.obj(item, path, image_block=True)
+        return self.value(item, path)
+
+    def image_data(self, text: str, path: _Path) -> str:
+        if looks_like_ref(text):
+            blob_hash = parse_ref(text)
+            if blob_hash is None:
+                raise InvalidEvent(
+                    _pointer(path),
+                    f"malformed blob ref: expected {BLOB_REF_PREFIX}<64 lowercase hex>",
+                )
+            self.input_refs.append(InputRef(self.event, _pointer(path), blob_hash))
+            return text
+        if len(text) < self.image_min:
+            return self.string(text, path)
+        raw = canonical_base64(text)
+        if raw is None:
+            return self.externalize(text.encode(), "utf8", path)
+        return self.externalize(raw, "base64", path)
+
+    def string(self, text: str, path: _Path) -> str:
+        if "\x00" in text or _utf8_len_exceeds(text, self.inline_limit):
+            return self.externalize(text.encode(), "utf8", path)
+        return text
+
+    def externalize(self, data: bytes, encoding: BlobEncoding, path: _Path) -> str:
+        self.slots.append(_Slot(self.event, _pointer(path), data, encoding))
+        return ""  # placeholder until the put returns the hash
+
+
+def canonical_base64(text: str) -> bytes | None:
+    """The decoded bytes, only if encoding them again gives back exactly ``text``."""
+    try:
+        raw = base64.b64decode(text, validate=True)
+    except (binascii.Error, ValueError):
+        return None
+    return raw if base64.b64encode(raw) == text.encode("ascii") else None
+
+
+def _is_image_data_url(value: Any) -> bool:
+    return isinstance(value, str) and value.startswith("data:image/") and ";base64," in value
+
+
+def _utf8_len_exceeds(text: str, limit: int) -> bool:
+    # Character counts bound the UTF-8 size, which skips encoding nearly every string.
+    if len(text) * _UTF8_MAX_BYTES_PER_CHAR <= limit:
+        return False
+    if len(text) > limit:
+        return True
+    return len(text.encode()) > limit
+
+
+def set_at_pointer(document: Any, pointer: str, value: Any) -> None:
+    """Replace the value at an RFC 6901 pointer (which must exist) inside ``document``."""
+    *parents, last = parse_pointer(pointer)
+    target = document
+    for token in parents:
+        target = target[int(token)] if isinstance(target, list) else target[token]
+    if isinstance(target, list):
+        target[int(last)] = value
+    else:
+        target[last] = value
+
+
+def parse_pointer(pointer: str) -> list[str]:
+    if not pointer.startswith("/"):
+        raise ValueError(f"not a JSON pointer to a member: {pointer!r}")
+    return [t.replace("~1", "/").replace("~0", "~") for t in pointer[1:].split("/")]
+
+
+class Persister:
+    """Turns validated raw events into ``PreparedEvent``s, putting their blobs first."""
+
+    def __init__(
+        self, blobs: BlobStore, *, image_min_base64_chars: int, inline_string_limit: int
+    ) -> None:
+        self.blobs = blobs
+        self.image_min = image_min_base64_chars
+        self.inline_limit = inline_string_limit
+
+    def persist(self, events: Sequence[dict[str, Any]]) -> PersistedBatch:
+        """Externalize a batch; nothing is written if a producer-sent ref is bad."""
+        return self.put(self.plan(events))
+
+    def plan(self, events: Sequence[dict[str, Any]]) -> PersistPlan:
+        """Walk the batch: what to externalize, without storing anything yet."""
+        walkers = [self._walk(i, event) for i, event in enumerate(events)]
+        return PersistPlan(events, [w for w, _ in walkers], [payload for _, payload in walkers])
+
+    def put(self, plan: PersistPlan) -> PersistedBatch:
+        """Store the plan's blobs and put their refs (and manifest entries) in place."""
+        events, payloads = plan.events, plan.payloads
+        input_refs = [ref for walker in plan.walkers for ref in walker.input_refs]
+        ref_sizes = self._check_input_refs(input_refs)
+        slots = [slot for walker in plan.walkers for slot in walker.slots]
+        results = self.blobs.put_many([slot.data for slot in slots])
+        refs: list[list[ManifestEntry]] = [[] for _ in events]
+        for slot, result in zip(slots, results, strict=True):
+            set_at_pointer(payloads[slot.event], slot.pointer, make_ref(result.hash))
+            refs[slot.event].append(
+                ManifestEntry(slot.pointer, result.hash, result.size, slot.encoding)
+            )
+        for ref in input_refs:
+            refs[ref.event].append(
+                ManifestEntry(ref.pointer, ref.hash, ref_sizes[ref.hash], "base64")
+            )
+        prepared = [
+            PreparedEvent(type=str(event["type"]), payload=payload, refs=tuple(event_refs))
+            for event, payload, event_refs in zip(events, payloads, refs, strict=True)
+        ]
+        put = {r.hash: slot.data for slot, r in zip(slots, results, strict=True)}
+        return PersistedBatch(prepared, put, input_refs)
+
+    def _walk(self, index: int, event: dict[str, Any]) -> tuple[_Walker, dict[str, Any]]:
+        walker = _Walker(index, image_min=self.image_min, inline_limit=self.inline_limit)
+        try:
+            return walker, walker.obj(event, None)
+        except InvalidEvent as exc:
+            raise InvalidEvent(exc.field, exc.reason, index=index) from None
+
+    def _check_input_refs(self, input_refs: list[InputRef]) -> dict[str, int]:
+        """Sizes of the referenced blobs, refreshed so GC's grace window starts again."""
+        if not input_refs:
+            return {}
+        sizes = self.blobs.refresh({r.hash for r in input_refs})
+        for ref in input_refs:
+            if ref.hash not in sizes:
+                raise missing_ref_error(ref)
+        return sizes
+
+
+def missing_ref_error(ref: InputRef) -> InvalidEvent:
+    return InvalidEvent(
+        ref.pointer, f"references blob {ref.hash}, which is not stored", index=ref.event
+    )

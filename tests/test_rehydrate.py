@@ -1,0 +1,264 @@
+"""Rehydration: exact, lazy, and tolerant of missing blobs; a hypothesis round trip."""
+
+from __future__ import annotations
+
+import base64
+import logging
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from core import SessionStore, Settings
+from core.blobs import FileBlobStore, make_ref, sha256_hex
+from core.persist import TRANSIENT_FIELDS
+from core.rehydrate import LazyBlob, materialize
+
+PNG = b"\x89PNG\r\n\x1a\n"
+IMAGE_MIN = 64
+INLINE_LIMIT = 256
+
+
+def canonical(value: Any) -> bytes:
+    """Byte-level identity that ignores key order (PostgreSQL jsonb does not keep it)."""
+    return orjson.dumps(value, option=orjson.OPT_SORT_KEYS)
+
+
+def strip_transient(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: strip_transient(v) for k, v in value.items() if k not in TRANSIENT_FIELDS}
+    if isinstance(value, list):
+        return [strip_transient(v) for v in value]
+    return value
+
+
+# strategies: sessions with images, data URLs, large and NUL strings, nested content --------
+
+texts = st.text(st.characters(codec="utf-8"), max_size=40)
+large_texts = st.builds(
+    lambda unit, n: unit * n,  # around the UTF-8 byte limit for 1- to 4-byte characters
+    st.sampled_from(["a", "é", "€", "😀"]),
+    st.integers(min_value=INLINE_LIMIT // 4 - 2, max_value=INLINE_LIMIT + 2),
+)
+nul_texts = st.builds(lambda a, b: f"{a}\x00{b}", texts, texts)
+image_bytes = st.builds(lambda tail: PNG + tail, st.binary(min_size=30, max_size=600))
+image_data = st.one_of(
+    image_bytes.map(lambda b: base64.b64encode(b).decode()),  # canonical: a base64 blob
+    image_bytes.map(lambda b: base64.b64encode(b).decode() + "\n"),  # not canonical: utf8
+    st.text(alphabet="ABCD+/=", min_size=IMAGE_MIN - 2, max_size=IMAGE_MIN + 2),
+)
+data_urls = st.builds(
+    lambda kind, b: f"data:{kind};base64,{base64.b64encode(b).decode()}",
+    st.sampled_from(["image/png", "image/webp", "text/plain", "application/json"]),
+    st.binary(max_size=100),
+)
+image_blocks = st.fixed_dictionaries(
+    {"type": st.just("image"), "data": image_data},
+    optional={"mimeType": st.just("image/png"), "partialJson": texts},
+)
+scalars = st.one_of(
+    texts, large_texts, nul_texts, st.integers(-(2**53), 2**53), st.booleans(), st.none()
+)
+keys = st.one_of(
+    st.sampled_from(["text", "a/b", "m~n", "image_url", "partialJson", "jsonlEvents", "x"]),
+    st.text(st.characters(codec="utf-8", exclude_characters="\x00"), max_size=8),
+)
+
+
+def _containers(children: st.SearchStrategy[Any]) -> st.SearchStrategy[Any]:
+    return st.one_of(
+        st.lists(children, max_size=4),
+        st.dictionaries(keys, children, max_size=4),
+        st.fixed_dictionaries({"content": st.lists(st.one_of(image_blocks, children), max_size=3)}),
+        st.fixed_dictionaries({"images": st.lists(image_blocks, max_size=2)}),
+        st.fixed_dictionaries({"image_url": data_urls}),
+    )
+
+
+json_values = st.recursive(scalars, _containers, max_leaves=12)
+events = st.builds(
+    lambda kind, body: {**body, "type": kind},
+    st.sampled_from(["message", "custom", "compaction"]),
+    st.dictionaries(keys, json_values, max_size=4),
+)
+sessions = st.lists(events, min_size=1, max_size=4)
+
+
+@pytest.fixture
+def small_store(database_url: str, tmp_path: Path) -> Iterator[SessionStore]:
+    settings_ = Settings(
+        data_dir=tmp_path / "data",
+        database_url=database_url,
+        image_min_base64_chars=IMAGE_MIN,
+        inline_string_limit=INLINE_LIMIT,
+    )
+    with SessionStore.from_settings(settings_) as store:
+        yield store
+
+
+@settings(
+    max_examples=40,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+@given(session_events=sessions)
+def test_round_trip_is_byte_identical(
+    small_store: SessionStore, session_events: list[dict[str, Any]]
+) -> None:
+    session = small_store.create_session(tenant_id="acme")
+    small_store.append(session.id, session_events)
+    expected = [canonical(strip_transient(e)) for e in session_events]
+    exact = small_store.read(session.id, rehydrate=True)
+    assert [canonical(e.payload) for e in exact] == expected
+    lazy = small_store.read(session.id, rehydrate="lazy")
+    assert [canonical(materialize(e.payload)) for e in lazy] == expected
+    stored = small_store.read(session.id)
+    assert all("\x00" not in orjson.dumps(e.payload).decode() for e in stored)
+
+
+# exact and lazy reads -------------------------------------------------------------------
+
+
+def image_event(raw: bytes) -> dict[str, Any]:
+    data = base64.b64encode(raw).decode()
+    return {
+        "type": "message",
+        "message": {"role": "user", "content": [{"type": "image", "data": data}]},
+    }
+
+
+def big_event(text: str) -> dict[str, Any]:
+    return {"type": "message", "message": {"role": "assistant", "content": [text]}}
+
+
+class CountingGets:
+    def __init__(self, store: SessionStore, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.calls: list[str] = []
+        real_get = store.blobs.get
+
+        def get(blob_hash: str) -> bytes:
+            self.calls.append(blob_hash)
+            return real_get(blob_hash)
+
+        monkeypatch.setattr(store.blobs, "get", get)
+
+
+@pytest.fixture
+def filled(store: SessionStore) -> tuple[str, list[dict[str, Any]]]:
+    session = store.create_session(tenant_id="acme")
+    evs = [big_event("a" * 20_000), image_event(PNG + bytes(3000)), big_event("b" * 20_000)]
+    store.append(session.id, evs)
+    return session.id, evs
+
+
+def test_exact_rehydration_with_windows(
+    store: SessionStore, filled: tuple[str, list[dict[str, Any]]]
+) -> None:
+    session_id, evs = filled
+    assert [e.payload for e in store.read(session_id, rehydrate=True)] == evs
+    window = store.read(session_id, after_seq=1, limit=1, rehydrate=True)
+    assert [e.payload for e in window] == evs[1:2]
+    assert [e.payload for e in store.rehydrate(store.read_all())] == evs
+
+
+def test_metadata_only_reads_never_touch_the_blob_store(
+    store: SessionStore,
+    filled: tuple[str, list[dict[str, Any]]],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    session_id, evs = filled
+    gets = CountingGets(store, monkeypatch)
+    manifests: list[int] = []
+    real_manifest = store.journal.manifest
+    monkeypatch.setattr(
+        store.journal, "manifest", lambda p: manifests.append(1) or real_manifest(p)
+    )
+    plain = store.read(session_id)
+    assert manifests == [] and gets.calls == []
+    assert plain[0].payload["message"]["content"][0] == make_ref(sha256_hex(b"a" * 20_000))
+
+    lazy = store.read(session_id, rehydrate="lazy")
+    assert gets.calls == []
+    value = lazy[0].payload["message"]["content"][0]
+    assert isinstance(value, LazyBlob)
+    assert (value.hash, value.size, value.encoding) == (sha256_hex(b"a" * 20_000), 20_000, "utf8")
+    assert value.pointer == "/message/content/0"
+    assert gets.calls == []
+    assert value.load() == "a" * 20_000
+    assert value.load() == "a" * 20_000  # loaded once
+    assert gets.calls == [value.hash]
+    assert materialize(lazy[1].payload) == evs[1]
+
+
+def test_rehydration_does_not_modify_the_stored_event(
+    store: SessionStore, filled: tuple[str, list[dict[str, Any]]]
+) -> None:
+    session_id, _ = filled
+    plain = store.read(session_id)
+    before = orjson.dumps([e.payload for e in plain])
+    store.rehydrate(plain)
+    store.rehydrate(plain, lazy=True)
+    assert orjson.dumps([e.payload for e in plain]) == before
+
+
+def test_a_blob_read_once_per_call_for_repeated_refs(
+    store: SessionStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    session = store.create_session(tenant_id="acme")
+    store.append(session.id, [big_event("r" * 20_000)] * 5)
+    gets = CountingGets(store, monkeypatch)
+    assert len(store.read(session.id, rehydrate=True)) == 5
+    assert len(gets.calls) == 1
+
+
+# missing and damaged blobs --------------------------------------------------------------
+
+
+def warnings_about(caplog: pytest.LogCaptureFixture, blob_hash: str) -> list[logging.LogRecord]:
+    return [r for r in caplog.records if getattr(r, "blob_hash", None) == blob_hash]
+
+
+def test_missing_blob_keeps_the_ref_warns_and_the_read_continues(
+    store: SessionStore,
+    filled: tuple[str, list[dict[str, Any]]],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    session_id, evs = filled
+    gone = sha256_hex(b"a" * 20_000)
+    store.blobs.remove_file(gone)
+    with caplog.at_level(logging.WARNING, logger="core.rehydrate"):
+        events = store.read(session_id, rehydrate=True)
+    assert events[0].payload["message"]["content"][0] == make_ref(gone)
+    assert [e.payload for e in events[1:]] == evs[1:]
+    [record] = warnings_about(caplog, gone)
+    assert record.levelno == logging.WARNING
+    assert (record.session_id, record.seq, record.pointer) == (session_id, 1, "/message/content/0")  # type: ignore[attr-defined]
+
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="core.rehydrate"):
+        lazy = store.read(session_id, rehydrate="lazy")
+        assert lazy[0].payload["message"]["content"][0].load() == make_ref(gone)
+    assert len(warnings_about(caplog, gone)) == 1
+
+
+def test_corrupted_blob_is_never_returned(
+    store: SessionStore,
+    filled: tuple[str, list[dict[str, Any]]],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    session_id, _ = filled
+    damaged = sha256_hex(PNG + bytes(3000))
+    assert isinstance(store.blobs, FileBlobStore)
+    path = store.blobs.path_for(damaged, "identity")  # PNG: never gzipped
+    raw = bytearray(path.read_bytes())
+    raw[len(raw) // 2] ^= 0x01
+    path.write_bytes(bytes(raw))
+    with caplog.at_level(logging.WARNING, logger="core.rehydrate"):
+        events = store.read(session_id, rehydrate=True)
+    assert events[1].payload["message"]["content"][0]["data"] == make_ref(damaged)
+    assert events[0].payload["message"]["content"][0] == "a" * 20_000
+    assert warnings_about(caplog, damaged)[0].levelno == logging.ERROR
