@@ -1,0 +1,137 @@
+"""Durable file writes for artifacts: temporary file, fsync, rename.
+
+A reader never sees a half-written artifact, and a write that is rolled back (quota
+rejection, failed commit) leaves the previous content in place.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import uuid
+from pathlib import Path
+
+from core.artifacts.paths import STAGING_DIR
+
+
+def _fsync_dir(directory: Path) -> None:
+    # Make the rename itself durable; some platforms cannot open a directory.
+    with contextlib.suppress(OSError):
+        fd = os.open(directory, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+def write_temp(session_root: Path, data: bytes) -> Path:
+    """Write ``data`` to a fresh, fsynced file in the session's staging directory."""
+    staging = session_root / STAGING_DIR
+    staging.mkdir(parents=True, exist_ok=True)
+    tmp = staging / f"{uuid.uuid4().hex}.tmp"
+    with open(tmp, "wb") as handle:
+        handle.write(data)
+        handle.flush()
+        os.fsync(handle.fileno())
+    return tmp
+
+
+def write_atomic(session_root: Path, target: Path, data: bytes) -> None:
+    """Replace ``target`` with ``data`` atomically (staged under the same session root)."""
+    tmp = write_temp(session_root, data)
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        os.replace(tmp, target)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    _fsync_dir(target.parent)
+
+
+class StagedReplace:
+    """Publish a staged file in place of ``target`` now; keep the old one until ``commit``.
+
+    Used inside a database transaction: ``publish`` renames the new content into place
+    while the quota lock is held, ``commit`` (after the transaction committed) drops the
+    backup, and ``rollback`` (after a failure) puts the previous content back.
+    """
+
+    def __init__(self, session_root: Path, target: Path, data: bytes) -> None:
+        self.session_root = session_root
+        self.target = target
+        self._tmp: Path | None = write_temp(session_root, data)
+        self._backup: Path | None = None
+        self._published = False
+
+    def publish(self) -> None:
+        assert self._tmp is not None
+        self.target.parent.mkdir(parents=True, exist_ok=True)
+        if self.target.exists():
+            self._backup = self.session_root / STAGING_DIR / f"{uuid.uuid4().hex}.bak"
+            _link_or_copy(self.target, self._backup)
+        os.replace(self._tmp, self.target)
+        self._tmp = None
+        self._published = True
+        _fsync_dir(self.target.parent)
+
+    def commit(self) -> None:
+        if self._backup is not None:
+            self._backup.unlink(missing_ok=True)
+            self._backup = None
+
+    def rollback(self) -> None:
+        if self._tmp is not None:
+            self._tmp.unlink(missing_ok=True)
+            self._tmp = None
+        if not self._published:
+            return
+        if self._backup is not None:
+            os.replace(self._backup, self.target)
+            self._backup = None
+        else:
+            self.target.unlink(missing_ok=True)
+        self._published = False
+
+
+def _link_or_copy(source: Path, backup: Path) -> None:
+    # A hard link keeps the target in place (no window where readers miss the file).
+    try:
+        os.link(source, backup)
+    except OSError:
+        shutil.copy2(source, backup)
+
+
+class StagedDelete:
+    """Move a file aside now, remove it on ``commit``, restore it on ``rollback``."""
+
+    def __init__(self, session_root: Path, target: Path) -> None:
+        self.target = target
+        self._aside: Path | None = None
+        if target.exists():
+            staging = session_root / STAGING_DIR
+            staging.mkdir(parents=True, exist_ok=True)
+            self._aside = staging / f"{uuid.uuid4().hex}.del"
+            os.replace(target, self._aside)
+
+    def commit(self) -> None:
+        if self._aside is not None:
+            self._aside.unlink(missing_ok=True)
+            self._aside = None
+
+    def rollback(self) -> None:
+        if self._aside is not None:
+            self.target.parent.mkdir(parents=True, exist_ok=True)
+            os.replace(self._aside, self.target)
+            self._aside = None
+
+
+def prune_empty_dirs(start: Path, stop: Path) -> None:
+    """Remove empty directories from ``start`` up to (not including) ``stop``."""
+    current = start
+    while current != stop and stop in current.parents:
+        try:
+            current.rmdir()
+        except OSError:
+            return
+        current = current.parent

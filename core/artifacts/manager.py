@@ -1,0 +1,267 @@
+"""ArtifactManager: the artifacts of one session.
+
+Ids come from the ``counters`` table inside a write transaction, so they are distinct
+across threads and processes, never reused, and continue where a previous manager (or a
+previous process) stopped. The metadata row is the authority for what exists; files are
+written atomically next to it.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections.abc import Callable
+from pathlib import Path
+
+from sqlalchemy import Engine
+
+from core.artifacts import rows
+from core.artifacts.files import SessionFiles
+from core.artifacts.fsio import write_atomic
+from core.artifacts.oversized import OversizedOutputs
+from core.artifacts.paths import (
+    agent_output_names,
+    sanitize_agent_name,
+    sanitize_tool_type,
+    tool_log_name,
+)
+from core.artifacts.records import (
+    AGENT_OUTPUT,
+    FILE,
+    OVERSIZED,
+    TOOL_OUTPUT,
+    AgentOutputSlot,
+    AllocatedPath,
+    ArtifactInfo,
+    ArtifactStats,
+    OversizedStored,
+)
+from core.artifacts.scope import SessionScope
+from core.artifacts.sink import OutputSink
+from core.db import read_connection, write_transaction
+from core.errors import ArtifactError, ArtifactNotFound
+from core.models import utcnow
+from core.settings import Settings
+
+logger = logging.getLogger(__name__)
+
+TOOL_COUNTER = "artifact"
+AGENT_COUNTER = "agent"
+# <id>.jsonl must stay under the 255-byte file-name limit, with room to spare.
+MAX_AGENT_ID_CHARS = 200
+_AGENT_ID = re.compile(r"^\d+-[A-Za-z0-9_-]+(\.\d+-[A-Za-z0-9_-]+)*$")
+
+
+def agent_counter(parent_id: str | None) -> str:
+    """Top-level outputs share one counter; each parent numbers its own children."""
+    return AGENT_COUNTER if parent_id is None else f"{AGENT_COUNTER}:{parent_id}"
+
+
+def stats_by_kind(engine: Engine, *, tenant_id: str | None = None) -> dict[str, ArtifactStats]:
+    """Count and bytes of artifacts per kind (all tenants unless one is named)."""
+    with read_connection(engine) as conn:
+        return {
+            kind: rows.stats(conn, kind, tenant_id=tenant_id)
+            for kind in (TOOL_OUTPUT, AGENT_OUTPUT, FILE, OVERSIZED)
+        }
+
+
+def _encode(content: str | bytes) -> bytes:
+    return content.encode("utf-8", "surrogatepass") if isinstance(content, str) else content
+
+
+class ArtifactManager:
+    """Tool-output logs, agent outputs, path-addressed files and oversized outputs."""
+
+    def __init__(self, engine: Engine, settings: Settings, session_id: str) -> None:
+        self._scope = SessionScope.create(engine, settings, session_id)
+        self.files = SessionFiles(self._scope)
+        self._oversized = OversizedOutputs(engine, settings)
+
+    @property
+    def session_id(self) -> str:
+        return self._scope.session_id
+
+    def directory(self) -> Path:
+        """The session's artifact directory (created lazily by the first write)."""
+        return self._scope.directory()
+
+    # tool-output logs --------------------------------------------------------------------
+
+    def allocate_path(self, tool_type: str) -> AllocatedPath:
+        """Reserve the next tool-output id; the caller writes ``path``, then ``finalize``s."""
+        return self._allocate_tool(tool_type, size=0)
+
+    def save(self, content: str | bytes, tool_type: str) -> str:
+        """Store a whole tool output; returns its id (``artifact://<id>``)."""
+        data = _encode(content)
+        slot = self._allocate_tool(tool_type, size=len(data))
+        try:
+            write_atomic(slot.path.parent, slot.path, data)
+        except BaseException:
+            self.discard_tool_output(slot.id)
+            raise
+        return slot.id
+
+    def _allocate_tool(self, tool_type: str, *, size: int) -> AllocatedPath:
+        tool = sanitize_tool_type(tool_type)
+        artifact_id, directory = self._allocate(
+            TOOL_COUNTER,
+            str,
+            lambda local_id: {
+                "kind": TOOL_OUTPUT,
+                "name": tool_log_name(local_id, tool),
+                "tool_type": tool,
+                "media_type": "text/plain",
+                "size_bytes": size,
+            },
+        )
+        directory.mkdir(parents=True, exist_ok=True)
+        return AllocatedPath(artifact_id, directory / tool_log_name(artifact_id, tool))
+
+    def finalize_tool_output(self, artifact_id: str) -> int:
+        """Record the size of a tool-output file the caller wrote; returns it."""
+        info = self._require(TOOL_OUTPUT, artifact_id)
+        size = (self.directory() / (info.name or "")).stat().st_size
+        self._set_size(TOOL_OUTPUT, artifact_id, size)
+        return size
+
+    def discard_tool_output(self, artifact_id: str) -> None:
+        """Remove a tool output whose content could not be written (its id stays used)."""
+        with write_transaction(self._scope.engine) as conn:
+            info = rows.session_info(conn, self.session_id)
+            row = rows.get_artifact(conn, self.session_id, TOOL_OUTPUT, artifact_id)
+            rows.delete_artifact(conn, self.session_id, TOOL_OUTPUT, artifact_id)
+        if row is not None and row.name:
+            (self._scope.dir_for(info.tenant_id) / row.name).unlink(missing_ok=True)
+
+    def output_sink(
+        self, tool_type: str, *, head_bytes: int = 0, max_columns: int = 0
+    ) -> OutputSink:
+        """A bounded sink for streaming tool output that spills into this session."""
+        return OutputSink(
+            target=self,
+            tool_type=tool_type,
+            spill_bytes=self._scope.settings.output_spill_bytes,
+            head_bytes=head_bytes,
+            max_columns=max_columns,
+        )
+
+    # agent outputs -------------------------------------------------------------------------
+
+    def allocate_agent_output(self, name: str, *, parent_id: str | None = None) -> AgentOutputSlot:
+        """Reserve ``<n>-<name>`` (or ``<parent>.<n>-<name>``) for an agent's output."""
+        agent = sanitize_agent_name(name)
+        prefix = "" if parent_id is None else f"{parent_id}."
+        output_id, directory = self._allocate(
+            agent_counter(parent_id),
+            lambda n: f"{prefix}{n}-{agent}",
+            lambda local_id: {
+                "kind": AGENT_OUTPUT,
+                "name": agent_output_names(local_id)[0],
+                "tool_type": agent,
+                "media_type": "text/markdown",
+            },
+            parent_id=parent_id,
+        )
+        md_name, jsonl_name = agent_output_names(output_id)
+        return AgentOutputSlot(output_id, directory / md_name, directory / jsonl_name)
+
+    def write_agent_output(
+        self, output_id: str, content: str | bytes, *, jsonl: str | bytes | None = None
+    ) -> int:
+        """Write (or rewrite) an allocated agent output; returns its size in bytes."""
+        self._require(AGENT_OUTPUT, output_id)
+        directory = self.directory()
+        md_name, jsonl_name = agent_output_names(output_id)
+        body = _encode(content)
+        write_atomic(directory, directory / md_name, body)
+        size = len(body)
+        if jsonl is not None:
+            sidecar = _encode(jsonl)
+            write_atomic(directory, directory / jsonl_name, sidecar)
+            size += len(sidecar)
+        self._set_size(AGENT_OUTPUT, output_id, size)
+        return size
+
+    def save_agent_output(
+        self,
+        name: str,
+        content: str | bytes,
+        *,
+        parent_id: str | None = None,
+        jsonl: str | bytes | None = None,
+    ) -> str:
+        """Allocate and write an agent output in one call; returns its id (``agent://<id>``)."""
+        slot = self.allocate_agent_output(name, parent_id=parent_id)
+        self.write_agent_output(slot.id, content, jsonl=jsonl)
+        return slot.id
+
+    # oversized outputs ---------------------------------------------------------------------
+
+    def store_oversized(
+        self, content: str, tool_name: str, ttl_s: int | None = None
+    ) -> OversizedStored | None:
+        return self._oversized.store(self.session_id, content, tool_name, ttl_s)
+
+    def retrieve(self, artifact_id: str) -> str | None:
+        return self._oversized.retrieve(artifact_id, session_id=self.session_id)
+
+    def cleanup_oversized(self) -> int:
+        return self._oversized.cleanup_session(self.session_id)
+
+    # listing -------------------------------------------------------------------------------
+
+    def list(self, kind: str | None = None) -> list[ArtifactInfo]:
+        with read_connection(self._scope.engine) as conn:
+            return rows.list_artifacts(conn, self.session_id, kind)
+
+    # internals -----------------------------------------------------------------------------
+
+    def _allocate(
+        self,
+        counter: str,
+        make_id: Callable[[int], str],
+        make_values: Callable[[str], dict[str, object]],
+        *,
+        parent_id: str | None = None,
+    ) -> tuple[str, Path]:
+        """Allocate an id and insert its row in one write transaction."""
+        with write_transaction(self._scope.engine) as conn:
+            info = rows.session_info(conn, self.session_id)
+            if parent_id is not None and not _AGENT_ID.match(parent_id):
+                raise ArtifactNotFound(f"agent output not found: {parent_id}")
+            if parent_id is not None and not rows.get_artifact(
+                conn, self.session_id, AGENT_OUTPUT, parent_id
+            ):
+                raise ArtifactNotFound(f"agent output not found: {parent_id}")
+            local_id = make_id(rows.next_id(conn, self.session_id, counter))
+            if len(local_id) > MAX_AGENT_ID_CHARS:
+                raise ArtifactError(f"artifact id too long (nesting too deep): {local_id[:60]}…")
+            rows.insert_artifact(
+                conn,
+                {
+                    "session_id": self.session_id,
+                    "local_id": local_id,
+                    "size_bytes": 0,
+                    "created_at": utcnow(),
+                    "created_seq": info.head_seq,
+                    **make_values(local_id),
+                },
+            )
+        logger.debug(
+            "artifact id allocated",
+            extra={"session_id": self.session_id, "counter": counter, "local_id": local_id},
+        )
+        return local_id, self._scope.dir_for(info.tenant_id)
+
+    def _require(self, kind: str, local_id: str) -> ArtifactInfo:
+        with read_connection(self._scope.engine) as conn:
+            info = rows.get_artifact(conn, self.session_id, kind, local_id)
+        if info is None:
+            raise ArtifactNotFound(f"{kind} not found: {local_id}")
+        return info
+
+    def _set_size(self, kind: str, local_id: str, size: int) -> None:
+        with write_transaction(self._scope.engine) as conn:
+            rows.set_size(conn, self.session_id, kind, local_id, size)

@@ -1,0 +1,186 @@
+"""Oversized tool outputs: stored as ``art_<16 hex>`` artifacts with a TTL.
+
+A tool output over ``oversized_output_chars`` is kept on disk and the model gets a compact
+hint instead. ``retrieve`` answers None once the TTL passed or the file is gone; expiry
+itself (``expire``) is run by the maintenance beat.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import secrets
+from datetime import datetime, timedelta
+
+from sqlalchemy import Engine
+from sqlalchemy.exc import IntegrityError
+
+from core.artifacts import rows
+from core.artifacts.fsio import write_atomic
+from core.artifacts.paths import oversized_name, sanitize_tool_type, session_dir
+from core.artifacts.records import (
+    OVERSIZED,
+    ArtifactRef,
+    ArtifactStats,
+    ExpireReport,
+    OversizedHint,
+    OversizedStored,
+)
+from core.db import read_connection, write_transaction
+from core.errors import ArtifactError
+from core.models import utcnow
+from core.settings import Settings
+
+logger = logging.getLogger(__name__)
+
+SUMMARY_CHARS = 200
+OVERSIZED_ID = re.compile(r"^art_[0-9a-f]{16}$")
+_NEWLINES = re.compile(r"[\r\n]")
+
+
+def new_oversized_id() -> str:
+    return "art_" + secrets.token_hex(8)
+
+
+def summarize(content: str) -> str:
+    """The first 200 characters, with newlines turned into spaces."""
+    return _NEWLINES.sub(" ", content[:SUMMARY_CHARS])
+
+
+def _hint(ref: ArtifactRef, chars: int) -> OversizedHint:
+    text = (
+        f"The {ref.tool_name} output was {chars:,} characters ({ref.size_bytes:,} bytes), "
+        f"too large to show. The full text is stored as {ref.artifact_id} for "
+        f"{ref.ttl_s} s: resolve {ref.artifact_id}, with offset/limit to page through it."
+    )
+    return OversizedHint(ref.artifact_id, ref.summary, text, ref.size_bytes)
+
+
+class OversizedOutputs:
+    """Oversized outputs of every session; each call names its session."""
+
+    def __init__(self, engine: Engine, settings: Settings) -> None:
+        self.engine = engine
+        self.settings = settings
+        self.root = settings.resolved_artifact_root
+
+    def store(
+        self, session_id: str, content: str, tool_name: str, ttl_s: int | None = None
+    ) -> OversizedStored | None:
+        """Store ``content`` if it is over the threshold; None when it is small enough."""
+        if len(content) <= self.settings.oversized_output_chars:
+            return None
+        ttl = self.settings.oversized_ttl_seconds if ttl_s is None else ttl_s
+        if ttl <= 0:
+            raise ArtifactError(f"ttl_s must be positive, got {ttl}")
+        data = content.encode("utf-8", "surrogatepass")
+        ref, tenant_id = self._insert(session_id, sanitize_tool_type(tool_name), data, content, ttl)
+        directory = session_dir(self.root, tenant_id, session_id)
+        try:
+            write_atomic(directory, directory / oversized_name(ref.artifact_id), data)
+        except BaseException:
+            with write_transaction(self.engine) as conn:
+                rows.delete_artifact(conn, session_id, OVERSIZED, ref.artifact_id)
+            raise
+        logger.info(
+            "oversized output stored",
+            extra={"session_id": session_id, "artifact_id": ref.artifact_id, "size": len(data)},
+        )
+        return OversizedStored(ref, _hint(ref, len(content)))
+
+    def _insert(
+        self, session_id: str, tool: str, data: bytes, content: str, ttl: int
+    ) -> tuple[ArtifactRef, str]:
+        for _ in range(3):
+            now = utcnow()
+            ref = ArtifactRef(
+                artifact_id=new_oversized_id(),
+                session_id=session_id,
+                tool_name=tool,
+                size_bytes=len(data),
+                summary=summarize(content),
+                created_at=now,
+                ttl_s=ttl,
+                expires_at=now + timedelta(seconds=ttl),
+            )
+            try:
+                with write_transaction(self.engine) as conn:
+                    info = rows.session_info(conn, session_id)
+                    rows.insert_artifact(conn, self._values(ref, info.head_seq))
+                return ref, info.tenant_id
+            except IntegrityError:
+                # A 64-bit random id collided within the session: draw another.
+                continue
+        raise ArtifactError("could not allocate an oversized-output id")
+
+    @staticmethod
+    def _values(ref: ArtifactRef, head_seq: int) -> dict[str, object]:
+        return {
+            "session_id": ref.session_id,
+            "kind": OVERSIZED,
+            "local_id": ref.artifact_id,
+            "name": oversized_name(ref.artifact_id),
+            "tool_type": ref.tool_name,
+            "size_bytes": ref.size_bytes,
+            "media_type": "text/plain",
+            "created_at": ref.created_at,
+            "created_seq": head_seq,
+            "expires_at": ref.expires_at,
+            "summary": ref.summary,
+        }
+
+    def retrieve(
+        self, artifact_id: str, *, session_id: str, tenant_id: str | None = None
+    ) -> str | None:
+        """The stored text; None if unknown here, expired, or its file is missing."""
+        if not OVERSIZED_ID.match(artifact_id):
+            return None
+        with read_connection(self.engine) as conn:
+            info = rows.session_info(conn, session_id, tenant_id=tenant_id)
+            row = rows.get_artifact(conn, session_id, OVERSIZED, artifact_id)
+        if row is None or (row.expires_at is not None and row.expires_at <= utcnow()):
+            return None
+        path = session_dir(self.root, info.tenant_id, session_id) / oversized_name(artifact_id)
+        try:
+            return path.read_bytes().decode("utf-8", "surrogatepass")
+        except FileNotFoundError:
+            return None
+
+    def cleanup_session(self, session_id: str) -> int:
+        """Remove every oversized output of a session; returns how many."""
+        with write_transaction(self.engine) as conn:
+            info = rows.session_info(conn, session_id)
+            ids = rows.local_ids(conn, session_id, OVERSIZED)
+            for artifact_id in ids:
+                rows.delete_artifact(conn, session_id, OVERSIZED, artifact_id)
+        directory = session_dir(self.root, info.tenant_id, session_id)
+        for artifact_id in ids:
+            (directory / oversized_name(artifact_id)).unlink(missing_ok=True)
+        return len(ids)
+
+    def stats(self, *, tenant_id: str | None = None) -> ArtifactStats:
+        """How many oversized outputs are stored, and their bytes (all tenants by default)."""
+        with read_connection(self.engine) as conn:
+            return rows.stats(conn, OVERSIZED, tenant_id=tenant_id)
+
+    def expire(
+        self, *, now: datetime | None = None, apply: bool = False, limit: int = 1000
+    ) -> ExpireReport:
+        """Oversized outputs past their TTL; with ``apply``, remove them (rows, then files)."""
+        moment = now or utcnow()
+        with read_connection(self.engine) as conn:
+            expired = rows.expired_oversized(conn, moment, limit)
+        if not apply:
+            return ExpireReport([(s, a) for s, _, a in expired], 0, False)
+        deleted = 0
+        for session_id, tenant_id, artifact_id in expired:
+            with write_transaction(self.engine) as conn:
+                deleted += rows.delete_artifact(conn, session_id, OVERSIZED, artifact_id)
+            # Row first: a missing file without a row is invisible, a row without a file
+            # already reads as expired.
+            path = session_dir(self.root, tenant_id, session_id) / oversized_name(artifact_id)
+            path.unlink(missing_ok=True)
+        logger.info(
+            "oversized outputs expired", extra={"expired": len(expired), "deleted": deleted}
+        )
+        return ExpireReport([(s, a) for s, _, a in expired], deleted, True)

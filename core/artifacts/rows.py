@@ -1,0 +1,277 @@
+"""All artifact SQL: the ``artifacts`` and ``counters`` tables, quota locks and usage sums.
+
+Callers pass a connection inside a transaction from ``core.db``; nothing here commits.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import Connection, and_, case, delete, func, select, text, update
+from sqlalchemy.dialects import postgresql, sqlite
+
+from core.artifacts.records import FILE, OVERSIZED, ArtifactInfo, ArtifactStats
+from core.errors import SessionNotFound
+from core.models import ArtifactRow, BlobRefRow, CounterRow, SessionRow
+
+_artifacts = ArtifactRow.__table__  # type: ignore[attr-defined]
+_counters = CounterRow.__table__  # type: ignore[attr-defined]
+_sessions = SessionRow.__table__  # type: ignore[attr-defined]
+_refs = BlobRefRow.__table__  # type: ignore[attr-defined]
+
+_QUOTA_LOCK_PREFIX = "sessionstore.artifact-quota:"
+
+
+@dataclass(frozen=True, slots=True)
+class SessionInfo:
+    session_id: str
+    tenant_id: str
+    head_seq: int
+
+
+def _insert(conn: Connection) -> Any:
+    """The dialect's INSERT, which has ``on_conflict_do_update`` on both backends."""
+    return postgresql.insert if conn.dialect.name == "postgresql" else sqlite.insert
+
+
+def _to_info(row: Any) -> ArtifactInfo:
+    return ArtifactInfo(
+        session_id=row.session_id,
+        kind=row.kind,
+        local_id=row.local_id,
+        name=row.name,
+        tool_type=row.tool_type,
+        size_bytes=row.size_bytes,
+        media_type=row.media_type,
+        created_at=row.created_at,
+        created_seq=row.created_seq,
+        expires_at=row.expires_at,
+        summary=row.summary,
+    )
+
+
+# --- sessions -------------------------------------------------------------------------------
+
+
+def session_info(conn: Connection, session_id: str, *, tenant_id: str | None = None) -> SessionInfo:
+    """The session's tenant and head; another tenant's session is not found."""
+    row = conn.execute(
+        select(_sessions.c.tenant_id, _sessions.c.head_seq).where(_sessions.c.id == session_id)
+    ).first()
+    if row is None or (tenant_id is not None and row.tenant_id != tenant_id):
+        raise SessionNotFound(session_id)
+    return SessionInfo(session_id, row.tenant_id, int(row.head_seq))
+
+
+def lock_quota(conn: Connection, session_id: str) -> SessionInfo:
+    """Serialize quota-bearing writes of the session's tenant until the transaction ends.
+
+    SQLite's BEGIN IMMEDIATE already holds the database write lock. On PostgreSQL a
+    transaction-scoped advisory lock per tenant makes read-usage/check/write/commit atomic
+    against every other writer of that tenant. The tenant is re-read after locking so a
+    concurrent tenant move cannot leave us holding the wrong tenant's lock.
+    """
+    info = session_info(conn, session_id)
+    if conn.dialect.name != "postgresql":
+        return info
+    while True:
+        conn.execute(
+            text("SELECT pg_advisory_xact_lock(hashtext(:key))"),
+            {"key": _QUOTA_LOCK_PREFIX + info.tenant_id},
+        )
+        current = session_info(conn, session_id)
+        if current.tenant_id == info.tenant_id:
+            return current
+        info = current
+
+
+# --- counters ---------------------------------------------------------------------------------
+
+
+def next_id(conn: Connection, session_id: str, name: str) -> int:
+    """Allocate the next id of a per-session counter (0, 1, …) atomically.
+
+    The counter row holds how many ids were handed out. The upsert takes the row lock, so
+    concurrent allocators in other transactions or processes wait and get distinct ids.
+    """
+    ins = _insert(conn)(_counters).values(session_id=session_id, name=name, value=1)
+    stmt = ins.on_conflict_do_update(
+        index_elements=[_counters.c.session_id, _counters.c.name],
+        set_={"value": _counters.c.value + 1},
+    ).returning(_counters.c.value)
+    return int(conn.execute(stmt).scalar_one()) - 1
+
+
+def set_counter_floor(conn: Connection, session_id: str, name: str, next_value: int) -> None:
+    """Make the counter hand out ids >= ``next_value`` from now on (never lowers it).
+
+    A fork uses this to continue numbering after its parent's.
+    """
+    ins = _insert(conn)(_counters).values(session_id=session_id, name=name, value=next_value)
+    raised = case(
+        (_counters.c.value < ins.excluded.value, ins.excluded.value), else_=_counters.c.value
+    )
+    conn.execute(
+        ins.on_conflict_do_update(
+            index_elements=[_counters.c.session_id, _counters.c.name], set_={"value": raised}
+        )
+    )
+
+
+def counter_values(conn: Connection, session_id: str) -> dict[str, int]:
+    """Every counter of a session: name -> how many ids were handed out."""
+    rows = conn.execute(
+        select(_counters.c.name, _counters.c.value).where(_counters.c.session_id == session_id)
+    )
+    return {r.name: int(r.value) for r in rows}
+
+
+# --- artifact rows ---------------------------------------------------------------------------
+
+
+def insert_artifact(conn: Connection, values: dict[str, Any]) -> None:
+    conn.execute(_artifacts.insert().values(values))
+
+
+def upsert_artifact(conn: Connection, values: dict[str, Any]) -> None:
+    """Insert a row, or replace the one with the same (session, kind, local id)."""
+    ins = _insert(conn)(_artifacts).values(values)
+    keys = ("session_id", "kind", "local_id")
+    changed = {k: ins.excluded[k] for k in values if k not in keys}
+    conn.execute(
+        ins.on_conflict_do_update(index_elements=[_artifacts.c[k] for k in keys], set_=changed)
+    )
+
+
+def set_size(conn: Connection, session_id: str, kind: str, local_id: str, size: int) -> None:
+    conn.execute(update(_artifacts).where(_key(session_id, kind, local_id)).values(size_bytes=size))
+
+
+def _key(session_id: str, kind: str, local_id: str) -> Any:
+    return and_(
+        _artifacts.c.session_id == session_id,
+        _artifacts.c.kind == kind,
+        _artifacts.c.local_id == local_id,
+    )
+
+
+def get_artifact(
+    conn: Connection, session_id: str, kind: str, local_id: str
+) -> ArtifactInfo | None:
+    row = conn.execute(select(_artifacts).where(_key(session_id, kind, local_id))).first()
+    return _to_info(row) if row is not None else None
+
+
+def list_artifacts(
+    conn: Connection, session_id: str, kind: str | None = None, *, prefix: str | None = None
+) -> list[ArtifactInfo]:
+    query = select(_artifacts).where(_artifacts.c.session_id == session_id)
+    if kind is not None:
+        query = query.where(_artifacts.c.kind == kind)
+    if prefix is not None:
+        query = query.where(
+            (_artifacts.c.local_id == prefix)
+            | _artifacts.c.local_id.startswith(prefix + "/", autoescape=True)
+        )
+    rows = conn.execute(query.order_by(_artifacts.c.kind, _artifacts.c.id))
+    return [_to_info(r) for r in rows]
+
+
+def local_ids(conn: Connection, session_id: str, kind: str) -> list[str]:
+    rows = conn.execute(
+        select(_artifacts.c.local_id)
+        .where(_artifacts.c.session_id == session_id, _artifacts.c.kind == kind)
+        .order_by(_artifacts.c.id)
+    )
+    return [str(r) for r in rows.scalars()]
+
+
+def delete_artifact(conn: Connection, session_id: str, kind: str, local_id: str) -> bool:
+    result = conn.execute(delete(_artifacts).where(_key(session_id, kind, local_id)))
+    return bool(result.rowcount)
+
+
+# --- path-addressed files: usage and conflicts ------------------------------------------------
+
+
+def session_file_usage(conn: Connection, session_id: str) -> int:
+    value = conn.execute(
+        select(func.coalesce(func.sum(_artifacts.c.size_bytes), 0)).where(
+            _artifacts.c.session_id == session_id, _artifacts.c.kind == FILE
+        )
+    ).scalar_one()
+    return int(value)
+
+
+def tenant_file_usage(conn: Connection, tenant_id: str) -> int:
+    value = conn.execute(
+        select(func.coalesce(func.sum(_artifacts.c.size_bytes), 0))
+        .select_from(_artifacts.join(_sessions, _sessions.c.id == _artifacts.c.session_id))
+        .where(_sessions.c.tenant_id == tenant_id, _artifacts.c.kind == FILE)
+    ).scalar_one()
+    return int(value)
+
+
+def file_conflict(conn: Connection, session_id: str, path: str) -> str | None:
+    """A stored file that is an ancestor or a descendant of ``path``, if any.
+
+    ``a`` and ``a/b`` cannot both exist: one would have to be a file and a directory.
+    """
+    parts = path.split("/")
+    ancestors = ["/".join(parts[:i]) for i in range(1, len(parts))]
+    clash = (_artifacts.c.local_id.startswith(path + "/", autoescape=True)) | (
+        _artifacts.c.local_id.in_(ancestors)
+    )
+    row = conn.execute(
+        select(_artifacts.c.local_id)
+        .where(_artifacts.c.session_id == session_id, _artifacts.c.kind == FILE, clash)
+        .limit(1)
+    ).first()
+    return str(row.local_id) if row is not None else None
+
+
+# --- oversized outputs ------------------------------------------------------------------------
+
+
+def expired_oversized(conn: Connection, now: datetime, limit: int) -> list[tuple[str, str, str]]:
+    """(session id, tenant id, artifact id) of oversized outputs expired at ``now``."""
+    rows = conn.execute(
+        select(_artifacts.c.session_id, _sessions.c.tenant_id, _artifacts.c.local_id)
+        .select_from(_artifacts.join(_sessions, _sessions.c.id == _artifacts.c.session_id))
+        .where(_artifacts.c.kind == OVERSIZED, _artifacts.c.expires_at <= now)
+        .order_by(_artifacts.c.expires_at)
+        .limit(limit)
+    )
+    return [(r.session_id, r.tenant_id, r.local_id) for r in rows]
+
+
+def stats(conn: Connection, kind: str, *, tenant_id: str | None = None) -> ArtifactStats:
+    query = select(func.count(), func.coalesce(func.sum(_artifacts.c.size_bytes), 0)).where(
+        _artifacts.c.kind == kind
+    )
+    if tenant_id is not None:
+        query = query.select_from(
+            _artifacts.join(_sessions, _sessions.c.id == _artifacts.c.session_id)
+        ).where(_sessions.c.tenant_id == tenant_id)
+    count, total = conn.execute(query).one()
+    return ArtifactStats(int(count), int(total))
+
+
+# --- blobs visible to a tenant ----------------------------------------------------------------
+
+
+def blob_encoding_for_tenant(conn: Connection, blob_hash: str, tenant_id: str) -> str | None:
+    """How a blob was encoded where the tenant's events reference it; None: not referenced.
+
+    The manifest is authoritative (DESIGN): a blob is readable by a tenant only through a
+    reference in one of that tenant's sessions.
+    """
+    row = conn.execute(
+        select(_refs.c.encoding)
+        .select_from(_refs.join(_sessions, _sessions.c.id == _refs.c.session_id))
+        .where(_refs.c.hash == blob_hash, _sessions.c.tenant_id == tenant_id)
+        .limit(1)
+    ).first()
+    return str(row.encoding) if row is not None else None

@@ -1,0 +1,205 @@
+"""ArtifactManager: tool-output ids and logs, agent outputs, counters, metadata rows."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from core import SessionNotFound, SessionStore
+from core.artifacts import agent_counter, counter_values, set_counter_floor
+from core.db import read_connection, write_transaction
+from core.errors import ArtifactError, ArtifactNotFound
+
+# Backend-independent behavior: one backend is enough.
+SQLITE_ONLY = pytest.mark.parametrize("backend", ["sqlite"])
+
+
+def test_tool_outputs_get_sequential_ids_and_log_files(store: SessionStore) -> None:
+    session = store.create_session(tenant_id="acme")
+    manager = store.artifacts(session.id)
+    assert manager.save("first", "bash") == "0"
+    assert manager.save(b"second", "mcp/server:tool") == "1"
+    directory = manager.directory()
+    assert (directory / "0.bash.log").read_text() == "first"
+    assert (directory / "1.mcp_server_tool.log").read_text() == "second"
+    rows = manager.list("tool_output")
+    assert [(r.local_id, r.tool_type, r.size_bytes, r.media_type) for r in rows] == [
+        ("0", "bash", 5, "text/plain"),
+        ("1", "mcp_server_tool", 6, "text/plain"),
+    ]
+
+
+def test_numbering_continues_on_resume(store: SessionStore) -> None:
+    session = store.create_session(tenant_id="acme")
+    store.artifacts(session.id).save("a", "bash")
+    store.artifacts(session.id).save("b", "bash")
+    resumed = store.artifacts(session.id)  # a new manager object, as after a restart
+    assert resumed.save("c", "read") == "2"
+    assert resumed.save_agent_output("explore", "x") == "0-explore"
+    assert store.artifacts(session.id).save_agent_output("explore", "y") == "1-explore"
+
+
+def test_ids_are_per_session(store: SessionStore) -> None:
+    a = store.artifacts(store.create_session(tenant_id="acme").id)
+    b = store.artifacts(store.create_session(tenant_id="acme").id)
+    assert (a.save("x", "t"), b.save("y", "t"), a.save("z", "t")) == ("0", "0", "1")
+
+
+def test_ids_are_never_reused_after_a_discard(store: SessionStore) -> None:
+    manager = store.artifacts(store.create_session(tenant_id="acme").id)
+    slot = manager.allocate_path("bash")
+    manager.discard_tool_output(slot.id)
+    assert manager.save("x", "bash") == "1"
+
+
+@SQLITE_ONLY
+def test_allocate_path_then_finalize_records_the_size(store: SessionStore) -> None:
+    manager = store.artifacts(store.create_session(tenant_id="acme").id)
+    slot = manager.allocate_path("python")
+    assert slot.path.name == "0.python.log" and slot.path.parent.is_dir()
+    slot.path.write_text("ünïcode")
+    assert manager.finalize_tool_output(slot.id) == len("ünïcode".encode())
+    assert manager.list()[0].size_bytes == len("ünïcode".encode())
+    with pytest.raises(ArtifactNotFound):
+        manager.finalize_tool_output("99")
+
+
+def test_concurrent_threads_get_distinct_ids(store: SessionStore) -> None:
+    manager = store.artifacts(store.create_session(tenant_id="acme").id)
+    ids: list[str] = []
+    lock = threading.Lock()
+
+    def work() -> None:
+        for _ in range(5):
+            artifact_id = manager.save("x", "bash")
+            with lock:
+                ids.append(artifact_id)
+
+    threads = [threading.Thread(target=work) for _ in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sorted(ids, key=int) == [str(i) for i in range(30)]
+
+
+def test_rows_record_the_head_seq_at_creation(store: SessionStore) -> None:
+    session = store.create_session(tenant_id="acme")
+    manager = store.artifacts(session.id)
+    manager.save("before", "bash")
+    store.append(session.id, [{"type": "custom", "n": 1}, {"type": "custom", "n": 2}])
+    manager.save("after", "bash")
+    manager.files.put("f.txt", "x")
+    manager.save_agent_output("a", "y")
+    seqs = {(r.kind, r.local_id): r.created_seq for r in manager.list()}
+    assert seqs == {
+        ("tool_output", "0"): 0,
+        ("tool_output", "1"): 2,
+        ("file", "f.txt"): 2,
+        ("agent_output", "0-a"): 2,
+    }
+
+
+def test_unknown_or_foreign_session(store: SessionStore) -> None:
+    session = store.create_session(tenant_id="acme")
+    with pytest.raises(SessionNotFound):
+        store.artifacts("no-such-session")
+    with pytest.raises(SessionNotFound):
+        store.artifacts(session.id, tenant_id="globex")
+    assert store.artifacts(session.id, tenant_id="acme").session_id == session.id
+
+
+@SQLITE_ONLY
+def test_directory_is_created_lazily(store: SessionStore) -> None:
+    manager = store.artifacts(store.create_session(tenant_id="acme").id)
+    assert not manager.directory().exists()
+    manager.save("x", "bash")
+    assert manager.directory().is_dir()
+    assert manager.directory().parent.name == "acme"
+
+
+# --- agent outputs ---------------------------------------------------------------------------
+
+
+def test_agent_output_ids_and_nesting(store: SessionStore) -> None:
+    manager = store.artifacts(store.create_session(tenant_id="acme").id)
+    top = manager.save_agent_output("Explore", "# found things")
+    assert top == "0-Explore"
+    assert manager.save_agent_output("code review", "ok") == "1-code_review"
+    child = manager.save_agent_output("grep", "{}", parent_id=top)
+    assert child == "0-Explore.0-grep"
+    assert manager.save_agent_output("grep", "{}", parent_id=top) == "0-Explore.1-grep"
+    grandchild = manager.save_agent_output("..", "deep", parent_id=child)
+    assert grandchild == "0-Explore.0-grep.0-agent"
+    assert manager.save_agent_output("next", "z") == "2-next"  # top level unaffected
+    directory = manager.directory()
+    assert (directory / "0-Explore.md").read_text() == "# found things"
+    assert (directory / "0-Explore.0-grep.0-agent.md").read_text() == "deep"
+
+
+@SQLITE_ONLY
+def test_agent_output_jsonl_sidecar(store: SessionStore) -> None:
+    manager = store.artifacts(store.create_session(tenant_id="acme").id)
+    output_id = manager.save_agent_output("task", "result", jsonl='{"a":1}\n{"b":2}\n')
+    directory = manager.directory()
+    assert (directory / f"{output_id}.md").read_text() == "result"
+    assert (directory / f"{output_id}.jsonl").read_text() == '{"a":1}\n{"b":2}\n'
+    assert manager.list("agent_output")[0].size_bytes == len("result") + 16
+    plain = manager.save_agent_output("task", "only markdown")
+    assert not (directory / f"{plain}.jsonl").exists()
+
+
+@SQLITE_ONLY
+def test_agent_output_allocate_then_write(store: SessionStore) -> None:
+    manager = store.artifacts(store.create_session(tenant_id="acme").id)
+    slot = manager.allocate_agent_output("worker")
+    assert (slot.id, slot.md_path.name, slot.jsonl_path.name) == (
+        "0-worker",
+        "0-worker.md",
+        "0-worker.jsonl",
+    )
+    assert manager.write_agent_output(slot.id, "v1") == 2
+    assert manager.write_agent_output(slot.id, "version 2") == 9
+    assert slot.md_path.read_text() == "version 2"
+    with pytest.raises(ArtifactNotFound):
+        manager.write_agent_output("7-nobody", "x")
+
+
+def test_agent_output_parent_must_exist(store: SessionStore) -> None:
+    manager = store.artifacts(store.create_session(tenant_id="acme").id)
+    for parent in ("0-ghost", "../x", ""):
+        with pytest.raises(ArtifactNotFound, match="agent output not found"):
+            manager.save_agent_output("child", "x", parent_id=parent)
+    assert manager.save_agent_output("first", "x") == "0-first"  # nothing was consumed
+
+
+@SQLITE_ONLY
+def test_agent_output_nesting_depth_is_bounded(store: SessionStore) -> None:
+    manager = store.artifacts(store.create_session(tenant_id="acme").id)
+    parent = manager.save_agent_output("a" * 64, "x")
+    with pytest.raises(ArtifactError, match="too long"):
+        for _ in range(5):
+            parent = manager.save_agent_output("a" * 64, "x", parent_id=parent)
+    assert len(parent) <= 200
+
+
+# --- counters (a fork continues the parent's numbering) ---------------------------------------
+
+
+def test_set_counter_floor_continues_numbering(store: SessionStore) -> None:
+    parent = store.artifacts(store.create_session(tenant_id="acme").id)
+    for _ in range(3):
+        parent.save("x", "bash")
+    parent.save_agent_output("a", "x")
+    child_session = store.create_session(tenant_id="acme")
+    with write_transaction(store.engine) as conn:
+        for name, value in counter_values(conn, parent.session_id).items():
+            set_counter_floor(conn, child_session.id, name, value)
+        set_counter_floor(conn, child_session.id, "artifact", 1)  # never lowers
+    with read_connection(store.engine) as conn:
+        assert counter_values(conn, child_session.id) == {"artifact": 3, agent_counter(None): 1}
+    child = store.artifacts(child_session.id)
+    assert child.save("y", "bash") == "3"
+    assert child.save_agent_output("b", "y") == "1-b"
+    assert agent_counter("0-a") == "agent:0-a"

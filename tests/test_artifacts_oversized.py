@@ -1,0 +1,135 @@
+"""Oversized tool outputs: threshold, ArtifactRef and hint, TTL, cleanup, stats, expiry."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+from sqlalchemy import text
+
+from core import SessionNotFound, SessionStore
+from core.artifacts.oversized import OVERSIZED_ID
+from core.artifacts.paths import oversized_name
+from core.errors import ArtifactError
+from core.models import utcnow
+
+# Backend-independent behavior: one backend is enough.
+SQLITE_ONLY = pytest.mark.parametrize("backend", ["sqlite"])
+
+
+@pytest.fixture
+def sid(store: SessionStore) -> str:
+    return store.create_session(tenant_id="acme").id
+
+
+def test_threshold_boundary(store: SessionStore, sid: str) -> None:
+    assert store.store_oversized(sid, "x" * 12_000, "bash") is None  # not over the limit
+    stored = store.store_oversized(sid, "x" * 12_001, "bash")
+    assert stored is not None and stored.ref.size_bytes == 12_001
+    # characters, not bytes: 12,000 two-byte characters are not oversized
+    assert store.store_oversized(sid, "é" * 12_000, "bash") is None
+
+
+def test_ref_and_hint(store: SessionStore, sid: str) -> None:
+    content = "first line\nsecond\r\nthird " + "é" * 20_000
+    before = utcnow()
+    stored = store.store_oversized(sid, content, "mcp/fetch")
+    assert stored is not None
+    ref, hint = stored  # a (ref, hint) pair
+    assert OVERSIZED_ID.match(ref.artifact_id)
+    assert ref.size_bytes == len(content.encode())
+    assert ref.summary == ("first line second  third " + "é" * 200)[:200]
+    assert len(ref.summary) == 200 and "\n" not in ref.summary and "\r" not in ref.summary
+    assert ref.ttl_s == 3600 and ref.tool_name == "mcp_fetch"
+    assert before <= ref.created_at <= utcnow()
+    assert ref.expires_at == ref.created_at + timedelta(seconds=3600)
+    assert hint.artifact_reference == ref.artifact_id
+    assert hint.summary == ref.summary and hint.size_bytes == ref.size_bytes
+    assert ref.artifact_id in hint.hint and "20,025 characters" in hint.hint
+    assert set(hint.to_dict()) == {"artifact_reference", "summary", "hint", "size_bytes"}
+    assert ref.to_dict()["artifact_id"] == ref.artifact_id
+    assert store.retrieve(ref.artifact_id, session_id=sid) == content
+
+
+@SQLITE_ONLY
+def test_short_content_summary(store: SessionStore) -> None:
+    small = SessionStore(store.settings.with_overrides(oversized_output_chars=3), store.engine)
+    sid = small.create_session(tenant_id="acme").id
+    stored = small.store_oversized(sid, "a\nb\nc", "bash")
+    assert stored is not None and stored.ref.summary == "a b c"
+
+
+def test_custom_ttl_and_expiry(store: SessionStore, sid: str) -> None:
+    stored = store.store_oversized(sid, "y" * 13_000, "bash", ttl_s=60)
+    assert stored is not None and stored.ref.ttl_s == 60
+    art = stored.ref.artifact_id
+    assert store.expire_artifacts().expired == []
+    later = utcnow() + timedelta(seconds=61)
+    report = store.oversized.expire(now=later)
+    assert report.expired == [(sid, art)] and report.deleted == 0 and not report.applied
+    assert store.retrieve(art, session_id=sid) is not None  # a dry run removes nothing
+    applied = store.oversized.expire(now=later, apply=True)
+    assert applied.deleted == 1 and applied.applied
+    assert store.retrieve(art, session_id=sid) is None
+    path = store.artifacts(sid).directory() / oversized_name(art)
+    assert not path.exists()
+
+
+def test_retrieve_is_none_once_expired(store: SessionStore, sid: str) -> None:
+    stored = store.store_oversized(sid, "z" * 13_000, "bash", ttl_s=1)
+    assert stored is not None
+    with store.engine.begin() as conn:  # age the row instead of sleeping
+        conn.execute(
+            text("UPDATE artifacts SET expires_at = created_at WHERE local_id = :id"),
+            {"id": stored.ref.artifact_id},
+        )
+    assert store.retrieve(stored.ref.artifact_id, session_id=sid) is None
+
+
+@SQLITE_ONLY
+def test_retrieve_is_none_when_the_file_is_missing(store: SessionStore, sid: str) -> None:
+    stored = store.store_oversized(sid, "w" * 13_000, "bash")
+    assert stored is not None
+    (store.artifacts(sid).directory() / oversized_name(stored.ref.artifact_id)).unlink()
+    assert store.retrieve(stored.ref.artifact_id, session_id=sid) is None
+
+
+@SQLITE_ONLY
+def test_retrieve_unknown_or_malformed_ids(store: SessionStore, sid: str) -> None:
+    assert store.retrieve("art_0123456789abcdef", session_id=sid) is None
+    assert store.retrieve("../../etc/passwd", session_id=sid) is None
+    with pytest.raises(SessionNotFound):
+        store.retrieve("art_0123456789abcdef", session_id=sid, tenant_id="globex")
+
+
+@SQLITE_ONLY
+def test_invalid_ttl(store: SessionStore, sid: str) -> None:
+    with pytest.raises(ArtifactError, match="ttl_s must be positive"):
+        store.store_oversized(sid, "x" * 13_000, "bash", ttl_s=0)
+
+
+def test_cleanup_session_and_stats(store: SessionStore, sid: str) -> None:
+    other = store.create_session(tenant_id="globex").id
+    sizes = [13_000, 14_000]
+    ids = [store.store_oversized(sid, "a" * n, "bash") for n in sizes]
+    store.store_oversized(other, "b" * 15_000, "bash")
+    stats = store.oversized.stats()
+    assert (stats.count, stats.total_bytes) == (3, 42_000)
+    assert store.oversized.stats(tenant_id="acme").total_bytes == 27_000
+    assert store.artifact_stats()["oversized"].count == 3
+    assert store.artifacts(sid).cleanup_oversized() == 2
+    for stored in ids:
+        assert stored is not None
+        assert store.retrieve(stored.ref.artifact_id, session_id=sid) is None
+    assert not any((store.artifacts(sid).directory() / "oversized").iterdir())
+    assert store.oversized.stats().count == 1
+    assert store.oversized.cleanup_session(sid) == 0
+
+
+@SQLITE_ONLY
+def test_manager_shortcuts(store: SessionStore, sid: str) -> None:
+    manager = store.artifacts(sid)
+    assert manager.store_oversized("short", "bash") is None
+    stored = manager.store_oversized("q" * 12_001, "bash")
+    assert stored is not None
+    assert manager.retrieve(stored.ref.artifact_id) == "q" * 12_001
