@@ -1,0 +1,537 @@
+"""Analysts' queries over the journal: filtered event listings, a follower, and stats.
+
+Listings are cursor-paginated by global position; stats are aggregated by the database.
+Nothing here reads a whole table into memory.
+
+Following relies on DESIGN invariant 4: writers are serialized, so positions become visible
+in order, and once position ``h`` is visible no smaller position can still appear. A follower
+can therefore move its cursor to the head it saw, even past rows its filter rejected.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from decimal import Decimal
+from typing import Any
+
+from sqlalchemy import (
+    Connection,
+    Engine,
+    LargeBinary,
+    Numeric,
+    Select,
+    String,
+    Text,
+    and_,
+    case,
+    cast,
+    desc,
+    func,
+    select,
+)
+from sqlalchemy.sql.elements import ColumnElement
+
+from core.artifacts import stats_by_kind
+from core.blobs import BlobIndex
+from core.db import is_sqlite, read_connection
+from core.models import BlobRefRow, BlobRow, EventRow, SessionRow
+from core.records import Page
+
+_events = EventRow.__table__  # type: ignore[attr-defined]
+_sessions = SessionRow.__table__  # type: ignore[attr-defined]
+_refs = BlobRefRow.__table__  # type: ignore[attr-defined]
+_blobs = BlobRow.__table__  # type: ignore[attr-defined]
+
+MAX_PAGE = 10_000
+_TOKEN_FIELDS = ("input", "output", "cacheRead", "cacheWrite", "totalTokens")
+
+
+@dataclass(frozen=True, slots=True)
+class EventFilter:
+    """Which events to list. Roles match ``message`` events by ``message.role``.
+
+    ``since`` is inclusive and ``until`` exclusive, on the time the journal recorded the event.
+    """
+
+    tenant_id: str | None = None
+    session_id: str | None = None
+    types: tuple[str, ...] = ()
+    roles: tuple[str, ...] = ()
+    since: datetime | None = None
+    until: datetime | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ListedEvent:
+    position: int
+    session_id: str
+    tenant_id: str
+    seq: int
+    type: str
+    recorded_at: datetime
+    payload: dict[str, Any]
+
+    @property
+    def role(self) -> str | None:
+        message = self.payload.get("message") if self.type == "message" else None
+        role = message.get("role") if isinstance(message, dict) else None
+        return role if isinstance(role, str) else None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "position": self.position,
+            "session_id": self.session_id,
+            "tenant_id": self.tenant_id,
+            "seq": self.seq,
+            "type": self.type,
+            "role": self.role,
+            "recorded_at": self.recorded_at.isoformat(),
+            "payload": self.payload,
+        }
+
+
+# SQL per dialect ------------------------------------------------------------------------
+
+
+def _json_text(engine: Engine, *path: str) -> ColumnElement[Any]:
+    if is_sqlite(engine):
+        return func.json_extract(_events.c.payload, "$." + ".".join(path))
+    return func.jsonb_extract_path_text(_events.c.payload, *path)
+
+
+def _json_number(engine: Engine, *path: str) -> ColumnElement[Any]:
+    """The value at ``path`` if it is a JSON number (booleans and strings are not)."""
+    if is_sqlite(engine):
+        where = "$." + ".".join(path)
+        kind = func.json_type(_events.c.payload, where)
+        return case((kind.in_(["integer", "real"]), func.json_extract(_events.c.payload, where)))
+    node = func.jsonb_extract_path(_events.c.payload, *path)
+    return case(
+        (
+            func.jsonb_typeof(node) == "number",
+            cast(func.jsonb_extract_path_text(_events.c.payload, *path), Numeric),
+        )
+    )
+
+
+def _payload_bytes(engine: Engine) -> ColumnElement[Any]:
+    """Size of the payload's JSON text as the backend stores or renders it."""
+    if is_sqlite(engine):
+        return func.length(cast(_events.c.payload, LargeBinary))
+    return func.octet_length(cast(_events.c.payload, Text))
+
+
+def _day(engine: Engine) -> ColumnElement[Any]:
+    if is_sqlite(engine):
+        return func.substr(cast(_events.c.recorded_at, String), 1, 10)
+    return func.to_char(func.timezone("UTC", _events.c.recorded_at), "YYYY-MM-DD")
+
+
+def _tenant_sessions(tenant_id: str) -> Select[Any]:
+    return select(_sessions.c.id).where(_sessions.c.tenant_id == tenant_id)
+
+
+def _scope(
+    engine: Engine,
+    flt: EventFilter,
+    *,
+    after: int | None = None,
+    upto: int | None = None,
+) -> list[ColumnElement[bool]]:
+    clauses: list[ColumnElement[bool]] = []
+    if after is not None:
+        clauses.append(_events.c.position > after)
+    if upto is not None:
+        clauses.append(_events.c.position <= upto)
+    if flt.tenant_id is not None:
+        clauses.append(_events.c.session_id.in_(_tenant_sessions(flt.tenant_id)))
+    if flt.session_id is not None:
+        clauses.append(_events.c.session_id == flt.session_id)
+    if flt.types:
+        clauses.append(_events.c.type.in_(list(flt.types)))
+    if flt.roles:
+        clauses.append(
+            and_(
+                _events.c.type == "message",
+                _json_text(engine, "message", "role").in_(list(flt.roles)),
+            )
+        )
+    if flt.since is not None:
+        clauses.append(_events.c.recorded_at >= flt.since)
+    if flt.until is not None:
+        clauses.append(_events.c.recorded_at < flt.until)
+    return clauses
+
+
+# listing --------------------------------------------------------------------------------
+
+
+def _listing(
+    conn: Connection,
+    engine: Engine,
+    flt: EventFilter,
+    *,
+    after: int,
+    upto: int | None,
+    limit: int,
+) -> list[ListedEvent]:
+    query = (
+        select(
+            _events.c.position,
+            _events.c.session_id,
+            _sessions.c.tenant_id,
+            _events.c.seq,
+            _events.c.type,
+            _events.c.recorded_at,
+            _events.c.payload,
+        )
+        .join(_sessions, _sessions.c.id == _events.c.session_id)
+        .where(*_scope(engine, flt, after=after, upto=upto))
+        .order_by(_events.c.position)
+        .limit(limit)
+    )
+    return [ListedEvent(*row) for row in conn.execute(query)]
+
+
+def list_events(
+    engine: Engine,
+    flt: EventFilter | None = None,
+    *,
+    after_position: int = 0,
+    limit: int = 100,
+) -> Page:
+    """One page of matching events by position; ``next_cursor`` is the position to continue
+    after (pass it back as ``after_position``), or None at the end."""
+    limit = max(1, min(limit, MAX_PAGE))
+    with read_connection(engine) as conn:
+        rows = _listing(
+            conn, engine, flt or EventFilter(), after=after_position, upto=None, limit=limit + 1
+        )
+    items = rows[:limit]
+    return Page(items=items, next_cursor=str(items[-1].position) if len(rows) > limit else None)
+
+
+def iter_events(
+    engine: Engine,
+    flt: EventFilter | None = None,
+    *,
+    after_position: int = 0,
+    page_size: int = 1000,
+) -> Iterator[ListedEvent]:
+    """Every matching event after ``after_position``, a page at a time."""
+    cursor: str | None = str(after_position)
+    while cursor is not None:
+        page = list_events(engine, flt, after_position=int(cursor), limit=page_size)
+        yield from page.items
+        cursor = page.next_cursor
+
+
+def _head(conn: Connection) -> int:
+    return int(conn.execute(select(func.coalesce(func.max(_events.c.position), 0))).scalar_one())
+
+
+def head_position(engine: Engine) -> int:
+    """The largest position committed so far (0 for an empty journal)."""
+    with read_connection(engine) as conn:
+        return _head(conn)
+
+
+def follow_events(
+    engine: Engine,
+    flt: EventFilter | None = None,
+    *,
+    after_position: int,
+    poll_interval: float = 0.5,
+    page_size: int = 1000,
+    should_stop: Callable[[], bool] = lambda: False,
+    sleep: Callable[[float], None] = time.sleep,
+) -> Iterator[ListedEvent]:
+    """Matching events after ``after_position``, then new ones as they commit, each once.
+
+    Polls every ``poll_interval`` seconds while idle; stops when ``should_stop()`` is true
+    (checked between polls) or when the consumer stops iterating.
+    """
+    flt = flt or EventFilter()
+    position = after_position
+    while True:
+        with read_connection(engine) as conn:
+            head = _head(conn)
+            rows = _listing(conn, engine, flt, after=position, upto=head, limit=page_size)
+        yield from rows
+        if len(rows) == page_size:
+            position = rows[-1].position
+            continue
+        # everything up to ``head`` is visible now and was scanned (invariant 4)
+        position = max(position, head)
+        if should_stop():
+            return
+        sleep(poll_interval)
+
+
+# stats ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class SessionSize:
+    session_id: str
+    tenant_id: str
+    events: int
+    payload_bytes: int
+    blob_bytes: int
+
+    @property
+    def total_bytes(self) -> int:
+        return self.payload_bytes + self.blob_bytes
+
+
+@dataclass(frozen=True, slots=True)
+class TokenTotals:
+    """Sums of ``message.usage`` over message events (every branch)."""
+
+    input: int | float = 0
+    output: int | float = 0
+    cache_read: int | float = 0
+    cache_write: int | float = 0
+    total_tokens: int | float = 0
+    cost: int | float = 0
+
+
+@dataclass(frozen=True, slots=True)
+class BlobSummary:
+    """``referenced_bytes``: what the refs stand for, each reference counted;
+    ``unique_bytes``: the distinct blobs they point at. Their ratio is the dedup ratio."""
+
+    references: int
+    referenced_bytes: int
+    unique_blobs: int
+    unique_bytes: int
+
+    @property
+    def dedup_ratio(self) -> float | None:
+        return self.referenced_bytes / self.unique_bytes if self.unique_bytes else None
+
+
+@dataclass(frozen=True, slots=True)
+class Stats:
+    events: int
+    sessions: int
+    active_sessions: int
+    events_by_type: dict[str, int]
+    events_by_day: list[tuple[str, int]]
+    top_by_events: list[SessionSize]
+    top_by_bytes: list[SessionSize]
+    tokens: TokenTotals
+    blobs: BlobSummary
+    artifact_bytes: dict[str, int] = field(default_factory=dict)
+    artifact_count: dict[str, int] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        def size(s: SessionSize) -> dict[str, Any]:
+            return {
+                "session_id": s.session_id,
+                "tenant_id": s.tenant_id,
+                "events": s.events,
+                "payload_bytes": s.payload_bytes,
+                "blob_bytes": s.blob_bytes,
+                "total_bytes": s.total_bytes,
+            }
+
+        return {
+            "events": self.events,
+            "sessions": self.sessions,
+            "active_sessions": self.active_sessions,
+            "events_by_type": self.events_by_type,
+            "events_by_day": [{"day": d, "events": n} for d, n in self.events_by_day],
+            "top_sessions_by_events": [size(s) for s in self.top_by_events],
+            "top_sessions_by_bytes": [size(s) for s in self.top_by_bytes],
+            "tokens": {
+                "input": self.tokens.input,
+                "output": self.tokens.output,
+                "cache_read": self.tokens.cache_read,
+                "cache_write": self.tokens.cache_write,
+                "total_tokens": self.tokens.total_tokens,
+                "cost": self.tokens.cost,
+            },
+            "blobs": {
+                "references": self.blobs.references,
+                "referenced_bytes": self.blobs.referenced_bytes,
+                "unique_blobs": self.blobs.unique_blobs,
+                "unique_bytes": self.blobs.unique_bytes,
+                "dedup_ratio": self.blobs.dedup_ratio,
+            },
+            "artifacts": {
+                "bytes": sum(self.artifact_bytes.values()),
+                "count": sum(self.artifact_count.values()),
+                "bytes_by_kind": self.artifact_bytes,
+                "count_by_kind": self.artifact_count,
+            },
+        }
+
+
+def _plain(value: Any) -> int | float:
+    """Database sums (Decimal on PostgreSQL) as int when integral, else float."""
+    if value is None:
+        return 0
+    if isinstance(value, Decimal):
+        return int(value) if value == value.to_integral_value() else float(value)
+    return value if isinstance(value, (int, float)) else float(value)
+
+
+def stats(
+    engine: Engine,
+    *,
+    tenant_id: str | None = None,
+    since: datetime | None = None,
+    until: datetime | None = None,
+    top: int = 10,
+) -> Stats:
+    """Journal stats over events recorded in [since, until); blob and artifact figures are
+    current totals (not time-filtered), scoped to the tenant when one is given."""
+    flt = EventFilter(tenant_id=tenant_id, since=since, until=until)
+    scope = _scope(engine, flt)
+    top = max(1, min(top, 1000))
+    with read_connection(engine) as conn:
+        by_type = {
+            t: int(n)
+            for t, n in conn.execute(
+                select(_events.c.type, func.count())
+                .where(*scope)
+                .group_by(_events.c.type)
+                .order_by(_events.c.type)
+            )
+        }
+        day = _day(engine).label("day")
+        by_day = [
+            (str(d), int(n))
+            for d, n in conn.execute(
+                select(day, func.count()).where(*scope).group_by(day).order_by(day)
+            )
+        ]
+        sessions_query = select(func.count()).select_from(_sessions)
+        if tenant_id is not None:
+            sessions_query = sessions_query.where(_sessions.c.tenant_id == tenant_id)
+        sessions = int(conn.execute(sessions_query).scalar_one())
+        active = int(
+            conn.execute(
+                select(func.count(func.distinct(_events.c.session_id))).where(*scope)
+            ).scalar_one()
+        )
+        by_events = _top_sessions(conn, engine, scope, top, by_bytes=False)
+        by_bytes = _top_sessions(conn, engine, scope, top, by_bytes=True)
+        tokens = _token_totals(conn, engine, scope)
+        blobs = _blob_summary(conn, engine, tenant_id)
+    artifacts = stats_by_kind(engine, tenant_id=tenant_id)
+    return Stats(
+        events=sum(by_type.values()),
+        sessions=sessions,
+        active_sessions=active,
+        events_by_type=by_type,
+        events_by_day=by_day,
+        top_by_events=by_events,
+        top_by_bytes=by_bytes,
+        tokens=tokens,
+        blobs=blobs,
+        artifact_bytes={kind: s.total_bytes for kind, s in artifacts.items()},
+        artifact_count={kind: s.count for kind, s in artifacts.items()},
+    )
+
+
+def _top_sessions(
+    conn: Connection,
+    engine: Engine,
+    scope: Sequence[ColumnElement[bool]],
+    top: int,
+    *,
+    by_bytes: bool,
+) -> list[SessionSize]:
+    per_session = (
+        select(
+            _events.c.session_id.label("session_id"),
+            func.count().label("events"),
+            func.coalesce(func.sum(_payload_bytes(engine)), 0).label("payload_bytes"),
+        )
+        .where(*scope)
+        .group_by(_events.c.session_id)
+        .subquery()
+    )
+    blob_bytes = (
+        select(_refs.c.session_id.label("session_id"), func.sum(_refs.c.size).label("bytes"))
+        .join(_events, _events.c.position == _refs.c.position)
+        .where(*scope)
+        .group_by(_refs.c.session_id)
+        .subquery()
+    )
+    blob_total = func.coalesce(blob_bytes.c.bytes, 0)
+    order = (
+        desc(per_session.c.payload_bytes + blob_total) if by_bytes else desc(per_session.c.events)
+    )
+    query = (
+        select(
+            per_session.c.session_id,
+            _sessions.c.tenant_id,
+            per_session.c.events,
+            per_session.c.payload_bytes,
+            blob_total,
+        )
+        .join(_sessions, _sessions.c.id == per_session.c.session_id)
+        .outerjoin(blob_bytes, blob_bytes.c.session_id == per_session.c.session_id)
+        .order_by(order, per_session.c.session_id)
+        .limit(top)
+    )
+    return [
+        SessionSize(sid, tenant, int(n), int(_plain(pb)), int(_plain(bb)))
+        for sid, tenant, n, pb, bb in conn.execute(query)
+    ]
+
+
+def _token_totals(
+    conn: Connection, engine: Engine, scope: Sequence[ColumnElement[bool]]
+) -> TokenTotals:
+    sums = [
+        func.sum(_json_number(engine, "message", "usage", name)).label(name)
+        for name in _TOKEN_FIELDS
+    ]
+    cost = func.sum(
+        func.coalesce(
+            _json_number(engine, "message", "usage", "cost"),
+            _json_number(engine, "message", "usage", "cost", "total"),
+        )
+    )
+    row = conn.execute(select(*sums, cost).where(_events.c.type == "message", *scope)).one()
+    return TokenTotals(*(_plain(v) for v in row))
+
+
+def _blob_summary(conn: Connection, engine: Engine, tenant_id: str | None) -> BlobSummary:
+    """Store-wide, from the blob registry's own stats; per tenant, from its sessions' refs
+    only (blobs are shared across tenants, so store-wide totals are not a tenant's to see)."""
+    if tenant_id is None:
+        registry = BlobIndex(engine).stats()
+        references, unique = conn.execute(
+            select(func.count(), func.count(func.distinct(_refs.c.hash)))
+        ).one()
+        return BlobSummary(
+            int(references),
+            registry.referenced_bytes,
+            int(unique),
+            registry.referenced_bytes - registry.saved_by_dedup,
+        )
+    refs = (
+        select(_refs.c.hash, _refs.c.size)
+        .where(_refs.c.session_id.in_(_tenant_sessions(tenant_id)))
+        .subquery()
+    )
+    references, referenced = conn.execute(
+        select(func.count(), func.coalesce(func.sum(refs.c.size), 0))
+    ).one()
+    hashes = select(refs.c.hash).distinct().subquery()
+    unique, unique_bytes = conn.execute(
+        select(func.count(), func.coalesce(func.sum(_blobs.c.size), 0)).select_from(
+            _blobs.join(hashes, hashes.c.hash == _blobs.c.hash)
+        )
+    ).one()
+    return BlobSummary(
+        int(references), int(_plain(referenced)), int(unique), int(_plain(unique_bytes))
+    )

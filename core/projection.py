@@ -1,0 +1,377 @@
+"""The fold: one session's events, in seq order, into a ``Fold``; and its snapshot codec.
+
+``apply(fold, event)`` is deterministic and does no I/O. It mutates and returns ``fold``:
+copying a state per event would make a rebuild quadratic. What it keeps is bounded by what
+must survive arbitrary history (the entry tree, counters, small indexes); message *content*
+is not kept. ``core.session_state`` reads the content of the few entries that make up the
+current context afterwards, which is what keeps a snapshot of a 100,000-event session small.
+
+Bump ``PROJECTION_VERSION`` whenever the fold or the codec changes meaning: snapshots of
+other versions are then ignored and rebuilt lazily.
+"""
+
+from __future__ import annotations
+
+import struct
+import zlib
+from collections.abc import Callable, Iterable
+from dataclasses import asdict, astuple, dataclass, field
+from typing import Any
+
+import orjson
+
+from core.entry_tree import ROOT, EntryTree
+from core.records import StoredEvent
+
+PROJECTION_VERSION = 1
+
+# Entries that contribute to the conversation context.
+CONTEXT_TYPES = frozenset({"message", "custom_message", "branch_summary"})
+_NUMBERS = (int, float)
+
+
+def _number(value: Any) -> int | float | None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return value
+
+
+@dataclass(slots=True)
+class Usage:
+    """Token usage summed from message ``usage`` objects."""
+
+    input: int | float = 0
+    output: int | float = 0
+    cache_read: int | float = 0
+    cache_write: int | float = 0
+    total_tokens: int | float = 0
+    cost: int | float = 0
+
+    def add(self, usage: dict[str, Any]) -> None:
+        # Unrolled: it runs for every assistant message of every rebuild. ``type(v) in
+        # _NUMBERS`` is ``_number`` without the call; it rejects bool as ``_number`` does.
+        value: Any = usage.get("input")
+        if type(value) in _NUMBERS:
+            self.input += value
+        value = usage.get("output")
+        if type(value) in _NUMBERS:
+            self.output += value
+        value = usage.get("cacheRead")
+        if type(value) in _NUMBERS:
+            self.cache_read += value
+        value = usage.get("cacheWrite")
+        if type(value) in _NUMBERS:
+            self.cache_write += value
+        value = usage.get("totalTokens")
+        if type(value) in _NUMBERS:
+            self.total_tokens += value
+        value = usage.get("cost")
+        if type(value) is dict:
+            value = value.get("total")
+        if type(value) in _NUMBERS:
+            self.cost += value
+
+
+@dataclass(slots=True)
+class Counters:
+    """Totals over every event of the session, on every branch."""
+
+    events: int = 0
+    entries: int = 0
+    messages: int = 0
+    tool_calls: int = 0
+    tool_results: int = 0
+    tool_errors: int = 0
+    by_type: dict[str, int] = field(default_factory=dict)
+    by_role: dict[str, int] = field(default_factory=dict)
+    usage: Usage = field(default_factory=Usage)
+
+
+@dataclass(slots=True)
+class Header:
+    """The ``session`` header event of a coding-agent session file, if one was appended."""
+
+    session_id: str | None = None
+    version: int | None = None
+    cwd: str | None = None
+    parent_session: str | None = None
+    timestamp: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ModelChange:
+    ordinal: int
+    entry_id: str
+    seq: int
+    provider: str | None
+    model_id: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class ThinkingLevelChange:
+    ordinal: int
+    entry_id: str
+    seq: int
+    level: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class CompactionMark:
+    ordinal: int
+    first_kept_entry_id: str | None
+    tokens_before: int | float | None
+
+
+@dataclass(slots=True)
+class Fold:
+    """What the fold keeps between events; everything here goes into a snapshot."""
+
+    seq: int = 0
+    tree: EntryTree = field(default_factory=EntryTree)
+    counters: Counters = field(default_factory=Counters)
+    header: Header = field(default_factory=Header)
+    name: str | None = None
+    model_changes: list[ModelChange] = field(default_factory=list)
+    thinking_changes: list[ThinkingLevelChange] = field(default_factory=list)
+    compactions: list[CompactionMark] = field(default_factory=list)
+    # customType -> ordinals of its ``custom`` entries, oldest first
+    custom: dict[str, list[int]] = field(default_factory=dict)
+    # targetId -> label
+    labels: dict[str, str] = field(default_factory=dict)
+
+
+# applying events ----------------------------------------------------------------------
+
+
+def apply(fold: Fold, event: StoredEvent) -> Fold:
+    """Fold one event into ``fold`` (in place) and return it. Unknown types only count."""
+    if event.seq <= fold.seq:
+        raise ValueError(f"events must be applied in seq order: {event.seq} after {fold.seq}")
+    fold.seq = event.seq
+    counters = fold.counters
+    counters.events += 1
+    kind = event.type
+    counters.by_type[kind] = counters.by_type.get(kind, 0) + 1
+    payload = event.payload
+    if not isinstance(payload, dict):
+        return fold
+    handler = _HANDLERS.get(kind)
+    if handler is not None:
+        handler(fold, payload, event.seq)
+    elif isinstance(payload.get("id"), str) and "parentId" in payload:
+        # an entry type this projection does not know yet: keep its place in the tree
+        _add_entry(fold, payload, event.seq, kind)
+    return fold
+
+
+def fold_events(events: Iterable[StoredEvent], fold: Fold | None = None) -> Fold:
+    fold = fold if fold is not None else Fold()
+    for event in events:
+        apply(fold, event)
+    return fold
+
+
+def _add_entry(fold: Fold, payload: dict[str, Any], seq: int, kind: str) -> int:
+    """Place an entry in the tree. Entries of the known types join it even without an id or
+    parentId: version-1 sessions were linear and had neither."""
+    tree = fold.tree
+    entry_id = payload.get("id")
+    if not isinstance(entry_id, str):
+        entry_id = f"seq:{seq}"
+    parent_id = payload.get("parentId", ...)
+    if parent_id is ...:
+        parent = tree.leaf  # no parentId at all: a linear (version-1) entry
+    elif isinstance(parent_id, str):
+        parent = tree.resolve(parent_id)
+    else:
+        parent = ROOT
+    fold.counters.entries += 1
+    return tree.add(entry_id, parent, seq, kind)
+
+
+def _on_message(fold: Fold, payload: dict[str, Any], seq: int) -> None:
+    _add_entry(fold, payload, seq, "message")
+    counters = fold.counters
+    counters.messages += 1
+    message = payload.get("message")
+    if not isinstance(message, dict):
+        message = {}
+    role = message.get("role")
+    role = role if isinstance(role, str) else "unknown"
+    counters.by_role[role] = counters.by_role.get(role, 0) + 1
+    usage = message.get("usage")
+    if isinstance(usage, dict):
+        counters.usage.add(usage)
+    if role == "assistant":
+        content = message.get("content")
+        if isinstance(content, list):
+            for block in content:
+                if isinstance(block, dict) and block.get("type") == "toolCall":
+                    counters.tool_calls += 1
+    elif role == "toolResult":
+        counters.tool_results += 1
+        if message.get("isError") is True:
+            counters.tool_errors += 1
+
+
+def _text(value: Any) -> str | None:
+    return value if isinstance(value, str) else None
+
+
+def _on_compaction(fold: Fold, payload: dict[str, Any], seq: int) -> None:
+    ordinal = _add_entry(fold, payload, seq, "compaction")
+    fold.compactions.append(
+        CompactionMark(
+            ordinal, _text(payload.get("firstKeptEntryId")), _number(payload.get("tokensBefore"))
+        )
+    )
+
+
+def _on_model_change(fold: Fold, payload: dict[str, Any], seq: int) -> None:
+    ordinal = _add_entry(fold, payload, seq, "model_change")
+    fold.model_changes.append(
+        ModelChange(
+            ordinal,
+            fold.tree.id_at(ordinal),
+            seq,
+            _text(payload.get("provider")),
+            _text(payload.get("modelId")),
+        )
+    )
+
+
+def _on_thinking_level(fold: Fold, payload: dict[str, Any], seq: int) -> None:
+    ordinal = _add_entry(fold, payload, seq, "thinking_level_change")
+    fold.thinking_changes.append(
+        ThinkingLevelChange(
+            ordinal, fold.tree.id_at(ordinal), seq, _text(payload.get("thinkingLevel"))
+        )
+    )
+
+
+def _on_session_info(fold: Fold, payload: dict[str, Any], seq: int) -> None:
+    _add_entry(fold, payload, seq, "session_info")
+    name = payload.get("name")
+    if isinstance(name, str):
+        fold.name = name
+
+
+def _on_label(fold: Fold, payload: dict[str, Any], seq: int) -> None:
+    _add_entry(fold, payload, seq, "label")
+    target = payload.get("targetId")
+    if not isinstance(target, str):
+        return
+    label = payload.get("label")
+    if isinstance(label, str) and label:
+        fold.labels[target] = label
+    else:
+        fold.labels.pop(target, None)  # an empty or absent label clears it
+
+
+def _on_custom(fold: Fold, payload: dict[str, Any], seq: int) -> None:
+    ordinal = _add_entry(fold, payload, seq, "custom")
+    custom_type = payload.get("customType")
+    fold.custom.setdefault(custom_type if isinstance(custom_type, str) else "", []).append(ordinal)
+
+
+def _on_header(fold: Fold, payload: dict[str, Any], seq: int) -> None:
+    header = fold.header
+    version = payload.get("version")
+    header.session_id = _text(payload.get("id")) or header.session_id
+    header.version = version if isinstance(version, int) and not isinstance(version, bool) else None
+    header.cwd = _text(payload.get("cwd")) or header.cwd
+    header.parent_session = _text(payload.get("parentSession")) or header.parent_session
+    header.timestamp = _text(payload.get("timestamp")) or header.timestamp
+
+
+def _plain_entry(kind: str) -> Callable[[Fold, dict[str, Any], int], None]:
+    def handler(fold: Fold, payload: dict[str, Any], seq: int) -> None:
+        _add_entry(fold, payload, seq, kind)
+
+    return handler
+
+
+_HANDLERS: dict[str, Callable[[Fold, dict[str, Any], int], None]] = {
+    "message": _on_message,
+    "compaction": _on_compaction,
+    "model_change": _on_model_change,
+    "thinking_level_change": _on_thinking_level,
+    "session_info": _on_session_info,
+    "label": _on_label,
+    "custom": _on_custom,
+    "custom_message": _plain_entry("custom_message"),
+    "branch_summary": _plain_entry("branch_summary"),
+    "session": _on_header,
+}
+
+
+# snapshot codec -------------------------------------------------------------------------
+
+_MAGIC = b"SSF1"
+_LENGTH = struct.Struct("<I")
+
+
+class SnapshotFormatError(ValueError):
+    """Snapshot bytes this projection cannot read."""
+
+
+def encode_fold(fold: Fold) -> bytes:
+    """Snapshot bytes: magic, the length of the JSON metadata, the metadata, id chunks."""
+    tree_meta, chunks = fold.tree.encode()
+    meta = {
+        "version": PROJECTION_VERSION,
+        "seq": fold.seq,
+        "tree": tree_meta,
+        "id_chunks": [len(c) for c in chunks],
+        "counters": asdict(fold.counters),
+        "header": asdict(fold.header),
+        "name": fold.name,
+        "model_changes": [list(astuple(c)) for c in fold.model_changes],
+        "thinking_changes": [list(astuple(c)) for c in fold.thinking_changes],
+        "compactions": [list(astuple(c)) for c in fold.compactions],
+        "custom": fold.custom,
+        "labels": fold.labels,
+    }
+    encoded = orjson.dumps(meta)
+    return b"".join((_MAGIC, _LENGTH.pack(len(encoded)), encoded, *chunks))
+
+
+def decode_fold(data: bytes) -> Fold:
+    if data[:4] != _MAGIC:
+        raise SnapshotFormatError("not a sessionstore fold snapshot")
+    try:
+        (length,) = _LENGTH.unpack_from(data, 4)
+        start = 4 + _LENGTH.size
+        meta = orjson.loads(data[start : start + length])
+        if meta.get("version") != PROJECTION_VERSION:
+            raise SnapshotFormatError(f"snapshot of projection version {meta.get('version')}")
+        counters = meta["counters"]
+        return Fold(
+            seq=meta["seq"],
+            tree=EntryTree.decode(meta["tree"], _chunks(data, start + length, meta["id_chunks"])),
+            counters=Counters(
+                **{k: v for k, v in counters.items() if k != "usage"},
+                usage=Usage(**counters["usage"]),
+            ),
+            header=Header(**meta["header"]),
+            name=meta["name"],
+            model_changes=[ModelChange(*c) for c in meta["model_changes"]],
+            thinking_changes=[ThinkingLevelChange(*c) for c in meta["thinking_changes"]],
+            compactions=[CompactionMark(*c) for c in meta["compactions"]],
+            custom=meta["custom"],
+            labels=meta["labels"],
+        )
+    except SnapshotFormatError:
+        raise
+    except (KeyError, TypeError, ValueError, struct.error, zlib.error) as exc:
+        raise SnapshotFormatError(f"unreadable snapshot: {exc}") from exc
+
+
+def _chunks(data: bytes, offset: int, sizes: list[int]) -> list[bytes]:
+    chunks = []
+    for size in sizes:
+        chunks.append(data[offset : offset + size])
+        offset += size
+    if offset != len(data):
+        raise SnapshotFormatError("snapshot length does not match its chunks")
+    return chunks

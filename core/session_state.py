@@ -1,0 +1,436 @@
+"""``SessionState``: what a session looks like at one seq, built from a ``Fold``.
+
+Two pure steps, with the I/O between them done by ``core.snapshots``:
+
+1. ``plan_context(fold)`` picks, from the fold alone, the entries whose content the state
+   shows: the conversation context on the active branch (the latest compaction's summary, the
+   entries it kept, everything after it; or the whole branch when nothing was compacted), and
+   the latest ``custom`` entry of each type on the branch.
+2. ``build_state(fold, plan, events, …)`` turns those entries' events into messages and
+   pairs tool calls with their results.
+
+Blob refs (``blob:sha256:…``) inside the content stay as they are unless the caller
+rehydrated the events before step 2.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from core.entry_tree import EntryTree
+from core.projection import (
+    CONTEXT_TYPES,
+    CompactionMark,
+    Counters,
+    Fold,
+    ModelChange,
+    ThinkingLevelChange,
+    fold_events,
+)
+from core.records import Session, StoredEvent
+
+
+@dataclass(frozen=True, slots=True)
+class Message:
+    """One message of the context, in the order the model sees it.
+
+    ``role`` is the message's own role (``user``, ``assistant``, ``toolResult``,
+    ``bashExecution``, …) or, for context entries that are not messages, ``custom``
+    (``custom_message``), ``branchSummary`` or ``compactionSummary``. ``data`` is the message
+    object (or the whole entry for the others), unchanged.
+    """
+
+    entry_id: str
+    seq: int
+    role: str
+    content: Any
+    timestamp: Any
+    data: dict[str, Any]
+
+    @property
+    def text(self) -> str:
+        """The text blocks (or the string content) joined by newlines."""
+        if isinstance(self.content, str):
+            return self.content
+        if not isinstance(self.content, list):
+            return ""
+        return "\n".join(
+            block["text"]
+            for block in self.content
+            if isinstance(block, dict)
+            and block.get("type") == "text"
+            and isinstance(block.get("text"), str)
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "entry_id": self.entry_id,
+            "seq": self.seq,
+            "role": self.role,
+            "content": self.content,
+            "timestamp": self.timestamp,
+            "data": self.data,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class ToolCall:
+    """A ``toolCall`` block of an assistant message, with its ``toolResult`` if there is one.
+
+    A result whose call is not in the context (compacted away) appears with ``call_seq`` None.
+    """
+
+    id: str | None
+    name: str | None
+    arguments: Any
+    call_entry_id: str | None
+    call_seq: int | None
+    result_entry_id: str | None = None
+    result_seq: int | None = None
+    is_error: bool | None = None
+    result: Any = None
+
+    @property
+    def done(self) -> bool:
+        return self.result_seq is not None
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+@dataclass(frozen=True, slots=True)
+class Compaction:
+    """The compaction in effect on the active branch."""
+
+    entry_id: str
+    seq: int
+    summary: Any
+    first_kept_entry_id: str | None
+    tokens_before: int | float | None
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+@dataclass(frozen=True, slots=True)
+class CustomEntry:
+    entry_id: str
+    seq: int
+    custom_type: str
+    data: Any
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+@dataclass(frozen=True, slots=True)
+class ArtifactInfo:
+    kind: str
+    local_id: str
+    name: str | None
+    tool_type: str | None
+    size: int
+    media_type: str | None
+    created_seq: int
+    expires_at: datetime | None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            **dataclasses.asdict(self),
+            "expires_at": self.expires_at.isoformat() if self.expires_at else None,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class SessionInfo:
+    """Who and where: the session row, the header event and the settings entries."""
+
+    title: str | None
+    name: str | None
+    cwd: str | None
+    parent_id: str | None
+    forked_from_seq: int | None
+    parent_session: str | None
+    header_session_id: str | None
+    header_version: int | None
+    model: ModelChange | None
+    thinking_level: str | None
+    model_changes: list[ModelChange]
+    thinking_level_changes: list[ThinkingLevelChange]
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+@dataclass(frozen=True, slots=True)
+class SessionState:
+    """A session at ``seq``: equal for equal inputs, whether or not a snapshot was used."""
+
+    session_id: str
+    tenant_id: str
+    seq: int
+    info: SessionInfo
+    tree: EntryTree
+    leaf_id: str | None
+    messages: list[Message]
+    tool_calls: list[ToolCall]
+    compaction: Compaction | None
+    labels: dict[str, str]
+    custom: dict[str, CustomEntry]
+    counters: Counters
+    artifacts: list[ArtifactInfo] = field(default_factory=list)
+
+    @property
+    def branch(self) -> list[str]:
+        """Entry ids of the active branch, root first, ending at the leaf."""
+        return self.tree.branch_ids()
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "session_id": self.session_id,
+            "tenant_id": self.tenant_id,
+            "seq": self.seq,
+            "info": self.info.to_dict(),
+            "entries": len(self.tree),
+            "leaf_id": self.leaf_id,
+            "branch": self.branch,
+            "messages": [m.to_dict() for m in self.messages],
+            "tool_calls": [t.to_dict() for t in self.tool_calls],
+            "compaction": self.compaction.to_dict() if self.compaction else None,
+            "labels": self.labels,
+            "custom": {k: v.to_dict() for k, v in self.custom.items()},
+            "counters": dataclasses.asdict(self.counters),
+            "artifacts": [a.to_dict() for a in self.artifacts],
+        }
+
+
+# step 1: plan ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class ContextPlan:
+    compaction: CompactionMark | None
+    context: list[int]  # ordinals, in context order
+    custom: dict[str, int]  # customType -> ordinal of its latest entry on the branch
+    model: ModelChange | None
+    thinking: ThinkingLevelChange | None
+
+    def seqs(self, tree: EntryTree) -> list[int]:
+        """The seqs whose events ``build_state`` needs, ascending."""
+        ordinals = [*self.context, *self.custom.values()]
+        if self.compaction is not None:
+            ordinals.append(self.compaction.ordinal)
+        return sorted({tree.seq_at(o) for o in ordinals})
+
+
+def plan_context(fold: Fold) -> ContextPlan:
+    tree = fold.tree
+    on_branch = tree.on_branch
+    compaction = next((c for c in reversed(fold.compactions) if on_branch(c.ordinal)), None)
+    if compaction is None:
+        context = tree.select(CONTEXT_TYPES)
+    else:
+        kept_from = _find_on_branch(tree, compaction.first_kept_entry_id, compaction.ordinal)
+        kept = (
+            [] if kept_from is None else tree.select(CONTEXT_TYPES, kept_from, compaction.ordinal)
+        )
+        context = kept + tree.select(CONTEXT_TYPES, compaction.ordinal + 1)
+    custom: dict[str, int] = {}
+    for custom_type, ordinals in fold.custom.items():
+        latest = next((o for o in reversed(ordinals) if on_branch(o)), None)
+        if latest is not None:
+            custom[custom_type] = latest
+    return ContextPlan(
+        compaction=compaction,
+        context=context,
+        custom=custom,
+        model=next((c for c in reversed(fold.model_changes) if on_branch(c.ordinal)), None),
+        thinking=next((c for c in reversed(fold.thinking_changes) if on_branch(c.ordinal)), None),
+    )
+
+
+def _find_on_branch(tree: EntryTree, entry_id: str | None, before: int) -> int | None:
+    """The branch ordinal below ``before`` with this id; the kept part is usually short."""
+    if entry_id is None:
+        return None
+    for ordinal in tree.branch_reversed(before):
+        if tree.id_at(ordinal) == entry_id:
+            return ordinal
+    return None
+
+
+# step 2: build --------------------------------------------------------------------------
+
+
+def build_state(
+    fold: Fold,
+    plan: ContextPlan,
+    events: Mapping[int, StoredEvent],
+    *,
+    session: Session,
+    artifacts: list[ArtifactInfo] | None = None,
+) -> SessionState:
+    """The state, given the events of ``plan.seqs(fold.tree)`` keyed by seq."""
+    tree = fold.tree
+    messages: list[Message] = []
+    compaction = None
+    if plan.compaction is not None:
+        mark = plan.compaction
+        entry = events[tree.seq_at(mark.ordinal)].payload
+        compaction = Compaction(
+            tree.id_at(mark.ordinal),
+            tree.seq_at(mark.ordinal),
+            entry.get("summary"),
+            mark.first_kept_entry_id,
+            mark.tokens_before,
+        )
+        messages.append(_summary(tree, mark.ordinal, entry, "compactionSummary"))
+    for ordinal in plan.context:
+        messages.append(_message(tree, ordinal, events[tree.seq_at(ordinal)].payload))
+    custom = {
+        custom_type: CustomEntry(
+            tree.id_at(o), tree.seq_at(o), custom_type, events[tree.seq_at(o)].payload.get("data")
+        )
+        for custom_type, o in plan.custom.items()
+    }
+    header = fold.header
+    model = plan.model or _model_of_last_assistant(messages)
+    info = SessionInfo(
+        title=fold.name or session.title,
+        name=fold.name,
+        cwd=header.cwd or session.cwd,
+        parent_id=session.parent_id,
+        forked_from_seq=session.forked_from_seq,
+        parent_session=header.parent_session,
+        header_session_id=header.session_id,
+        header_version=header.version,
+        model=model,
+        thinking_level=plan.thinking.level if plan.thinking else None,
+        model_changes=list(fold.model_changes),
+        thinking_level_changes=list(fold.thinking_changes),
+    )
+    return SessionState(
+        session_id=session.id,
+        tenant_id=session.tenant_id,
+        seq=fold.seq,
+        info=info,
+        tree=tree,
+        leaf_id=tree.leaf_id,
+        messages=messages,
+        tool_calls=pair_tool_calls(messages),
+        compaction=compaction,
+        labels=dict(fold.labels),
+        custom=custom,
+        counters=fold.counters,
+        artifacts=list(artifacts or ()),
+    )
+
+
+def _message(tree: EntryTree, ordinal: int, entry: dict[str, Any]) -> Message:
+    kind = tree.kind_at(ordinal)
+    if kind == "branch_summary":
+        return _summary(tree, ordinal, entry, "branchSummary")
+    if kind == "custom_message":
+        return Message(
+            tree.id_at(ordinal),
+            tree.seq_at(ordinal),
+            "custom",
+            entry.get("content"),
+            entry.get("timestamp"),
+            entry,
+        )
+    message = entry.get("message")
+    if not isinstance(message, dict):
+        message = {}
+    role = message.get("role")
+    return Message(
+        tree.id_at(ordinal),
+        tree.seq_at(ordinal),
+        role if isinstance(role, str) else "unknown",
+        message.get("content"),
+        entry.get("timestamp"),
+        message,
+    )
+
+
+def _summary(tree: EntryTree, ordinal: int, entry: dict[str, Any], role: str) -> Message:
+    return Message(
+        tree.id_at(ordinal),
+        tree.seq_at(ordinal),
+        role,
+        entry.get("summary"),
+        entry.get("timestamp"),
+        entry,
+    )
+
+
+def _model_of_last_assistant(messages: list[Message]) -> ModelChange | None:
+    """Without a ``model_change`` on the branch, the model that answered last is current."""
+    for message in reversed(messages):
+        if message.role == "assistant" and isinstance(message.data.get("model"), str):
+            provider = message.data.get("provider")
+            return ModelChange(
+                -1,
+                message.entry_id,
+                message.seq,
+                provider if isinstance(provider, str) else None,
+                message.data["model"],
+            )
+    return None
+
+
+def pair_tool_calls(messages: Iterable[Message]) -> list[ToolCall]:
+    """Tool calls in call order, each with its first result; orphan results at their place."""
+    calls: dict[str | int, ToolCall] = {}
+    for message in messages:
+        if message.role == "assistant" and isinstance(message.content, list):
+            for block in message.content:
+                if isinstance(block, dict) and block.get("type") == "toolCall":
+                    call_id = block.get("id")
+                    call_id = call_id if isinstance(call_id, str) else None
+                    name = block.get("name")
+                    key = call_id if call_id is not None and call_id not in calls else len(calls)
+                    calls[key] = ToolCall(
+                        call_id,
+                        name if isinstance(name, str) else None,
+                        block.get("arguments"),
+                        message.entry_id,
+                        message.seq,
+                    )
+        elif message.role == "toolResult":
+            _attach_result(calls, message)
+    return list(calls.values())
+
+
+def _attach_result(calls: dict[str | int, ToolCall], message: Message) -> None:
+    call_id = message.data.get("toolCallId")
+    call_id = call_id if isinstance(call_id, str) else None
+    is_error = message.data.get("isError")
+    result = {
+        "result_entry_id": message.entry_id,
+        "result_seq": message.seq,
+        "is_error": is_error if isinstance(is_error, bool) else None,
+        "result": message.content,
+    }
+    if call_id is not None:
+        call = calls.get(call_id)
+        if call is not None and not call.done:
+            calls[call_id] = dataclasses.replace(call, **result)
+            return
+    name = message.data.get("toolName")
+    key: str | int = call_id if call_id is not None and call_id not in calls else len(calls)
+    calls[key] = ToolCall(
+        call_id, name if isinstance(name, str) else None, None, None, None, **result
+    )
+
+
+def state_from_events(events: Iterable[StoredEvent], *, session: Session) -> SessionState:
+    """A state built in memory from events already at hand (tests, imports, tooling)."""
+    by_seq = {event.seq: event for event in events}
+    fold = fold_events(by_seq[seq] for seq in sorted(by_seq))
+    plan = plan_context(fold)
+    return build_state(fold, plan, by_seq, session=session)

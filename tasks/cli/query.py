@@ -1,0 +1,392 @@
+"""``sessionstore events``, ``stats`` and ``state``: the analysts' commands."""
+
+from __future__ import annotations
+
+import csv
+import sys
+import time
+from collections.abc import Iterable, Iterator
+from datetime import UTC, datetime
+from enum import StrEnum
+from typing import Annotated, Any
+
+import orjson
+import typer
+from rich.table import Table
+
+from core import analytics
+from core.analytics import EventFilter, ListedEvent
+from core.store import SessionStore
+from tasks.cli.common import JsonOption, app, console, open_store, print_json
+
+PAGE = 1000
+DEFAULT_LIMIT = 100
+# (name, max width) of the table columns before the summary
+_COLUMNS = (
+    ("position", 8),
+    ("session", 10),
+    ("tenant", 8),
+    ("seq", 5),
+    ("type", 9),
+    ("role", 9),
+    ("recorded", 14),
+)
+CSV_COLUMNS = ("position", "session_id", "tenant_id", "seq", "type", "role", "recorded_at")
+
+
+class Output(StrEnum):
+    table = "table"
+    jsonl = "jsonl"
+    csv = "csv"
+
+
+def _when(value: str | None, option: str) -> datetime | None:
+    if value is None:
+        return None
+    try:
+        parsed = datetime.fromisoformat(value)
+    except ValueError:
+        raise typer.BadParameter(
+            f"not an ISO 8601 date or time: {value!r}", param_hint=option
+        ) from None
+    return parsed.replace(tzinfo=UTC) if parsed.tzinfo is None else parsed
+
+
+def _summary(event: ListedEvent, width: int = 80) -> str:
+    payload = event.payload
+    message = payload.get("message")
+    if event.type == "message" and isinstance(message, dict):
+        content = message.get("content")
+        if isinstance(content, list):
+            parts = [
+                str(b.get("text") or b.get("name") or b.get("type"))
+                for b in content
+                if isinstance(b, dict)
+            ]
+            text = " | ".join(parts)
+        else:
+            text = str(content if content is not None else message.get("output", ""))
+    else:
+        text = ", ".join(f"{k}={v}" for k, v in payload.items() if k not in {"type", "id"})
+    text = " ".join(text.split())
+    return text if len(text) <= width else text[: width - 1] + "…"
+
+
+class _Printer:
+    """Writes events in one output format, as they come (tables are printed at the end)."""
+
+    def __init__(self, output: Output, *, streaming: bool) -> None:
+        self.output = output
+        self.streaming = streaming
+        self.table: Table | None = None
+        self.csv: Any = None
+        if output is Output.csv:
+            self.csv = csv.writer(sys.stdout, lineterminator="\n")
+            self.csv.writerow((*CSV_COLUMNS, "payload"))
+        elif output is Output.table and not streaming:
+            self.table = Table()
+            for name, width in _COLUMNS:
+                self.table.add_column(name, width=width, no_wrap=True, overflow="ellipsis")
+            self.table.add_column("summary", ratio=1, min_width=20, overflow="fold")
+
+    def write(self, event: ListedEvent) -> None:
+        if self.output is Output.jsonl:
+            sys.stdout.write(orjson.dumps(event.to_dict(), default=str).decode() + "\n")
+        elif self.csv is not None:
+            row = event.to_dict()
+            self.csv.writerow(
+                (*(row[c] for c in CSV_COLUMNS), orjson.dumps(event.payload, default=str).decode())
+            )
+        elif self.table is not None:
+            self.table.add_row(*self._cells(event), _summary(event))
+        else:
+            console.print(" ".join(self._cells(event)), _summary(event, 120), markup=False)
+        if self.streaming:
+            sys.stdout.flush()
+
+    @staticmethod
+    def _cells(event: ListedEvent) -> list[str]:
+        return [
+            str(event.position),
+            event.session_id,
+            event.tenant_id,
+            str(event.seq),
+            event.type,
+            event.role or "",
+            event.recorded_at.strftime("%m-%d %H:%M:%S"),
+        ]
+
+    def close(self) -> None:
+        if self.table is not None:
+            console.print(self.table)
+        sys.stdout.flush()
+
+
+@app.command("events")
+def events(
+    tenant: str | None = typer.Option(None, help="Only this tenant's events."),
+    session: str | None = typer.Option(None, help="Only this session's events."),
+    types: Annotated[
+        list[str] | None, typer.Option("--type", help="Event type (repeatable).")
+    ] = None,
+    roles: Annotated[
+        list[str] | None,
+        typer.Option("--role", help="Message role (repeatable): matches message events only."),
+    ] = None,
+    since: str | None = typer.Option(None, help="Recorded at or after (ISO 8601; UTC if no zone)."),
+    until: str | None = typer.Option(None, help="Recorded before (ISO 8601; UTC if no zone)."),
+    after_position: int | None = typer.Option(
+        None, "--after-position", min=0, help="Start after this global position (the cursor)."
+    ),
+    limit: int | None = typer.Option(
+        None, min=1, help=f"Most events to print [default: {DEFAULT_LIMIT}; none with --follow]."
+    ),
+    output: Annotated[Output, typer.Option("--output", "-o", help="Output format.")] = Output.table,
+    follow: bool = typer.Option(
+        False, "--follow", "-f", help="Keep printing events as they commit, like tail -f."
+    ),
+    poll_interval: float = typer.Option(
+        0.5, "--poll-interval", min=0.01, help="With --follow: seconds between polls when idle."
+    ),
+    timeout: float | None = typer.Option(
+        None, min=0, help="With --follow: stop after this many seconds."
+    ),
+    as_json: bool = JsonOption,
+) -> None:
+    """List events by global position, filtered; or follow new ones with --follow.
+
+    Without --follow, one page is printed and the cursor of the next is shown
+    (pass it to --after-position). --follow starts at the current head unless
+    --after-position is given, and runs until --limit events, --timeout or Ctrl-C.
+    """
+    flt = EventFilter(
+        tenant_id=tenant,
+        session_id=session,
+        types=tuple(types or ()),
+        roles=tuple(roles or ()),
+        since=_when(since, "--since"),
+        until=_when(until, "--until"),
+    )
+    with open_store() as store:
+        if follow:
+            printer = _Printer(Output.jsonl if as_json else output, streaming=True)
+            _follow(store, flt, printer, after_position, limit, poll_interval, timeout)
+        else:
+            _list(store, flt, after_position or 0, limit or DEFAULT_LIMIT, output, as_json)
+
+
+def _list(
+    store: SessionStore,
+    flt: EventFilter,
+    after_position: int,
+    limit: int,
+    output: Output,
+    as_json: bool,
+) -> None:
+    items: list[ListedEvent] = []
+    printer = None if as_json else _Printer(output, streaming=False)
+    cursor: str | None = str(after_position)
+    remaining = limit
+    while cursor is not None and remaining > 0:
+        page = analytics.list_events(
+            store.engine, flt, after_position=int(cursor), limit=min(remaining, PAGE)
+        )
+        for event in page.items:
+            if printer is not None:
+                printer.write(event)
+            else:
+                items.append(event)
+        remaining -= len(page.items)
+        cursor = page.next_cursor
+    if printer is None:
+        print_json({"items": [e.to_dict() for e in items], "next_cursor": cursor})
+        return
+    printer.close()
+    if cursor is not None:
+        typer.echo(f"more: --after-position {cursor}", err=True)
+
+
+def _follow(
+    store: SessionStore,
+    flt: EventFilter,
+    printer: _Printer,
+    after_position: int | None,
+    limit: int | None,
+    poll_interval: float,
+    timeout: float | None,
+) -> None:
+    start = analytics.head_position(store.engine) if after_position is None else after_position
+    deadline = None if timeout is None else time.monotonic() + timeout
+
+    def expired() -> bool:
+        return deadline is not None and time.monotonic() >= deadline
+
+    def nap(seconds: float) -> None:
+        time.sleep(
+            seconds if deadline is None else max(0.0, min(seconds, deadline - time.monotonic()))
+        )
+
+    # The readiness line: every event committed after it is printed (scripts wait for it).
+    typer.echo(f"following from position {start}", err=True)
+    printed = 0
+    stream = analytics.follow_events(
+        store.engine,
+        flt,
+        after_position=start,
+        poll_interval=poll_interval,
+        should_stop=expired,
+        sleep=nap,
+    )
+    try:
+        for event in stream:
+            printer.write(event)
+            printed += 1
+            if (limit is not None and printed >= limit) or expired():
+                break
+    except KeyboardInterrupt:
+        pass  # Ctrl-C is how a follow normally ends
+    finally:
+        printer.close()
+
+
+# stats ----------------------------------------------------------------------------------
+
+
+def _bytes(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(n) < 1024 or unit == "GiB":
+            return f"{n:,.0f} {unit}" if unit == "B" else f"{n:,.1f} {unit}"
+        n /= 1024
+    return str(n)
+
+
+def _pairs_table(title: str, rows: Iterable[tuple[str, str]], *headers: str) -> Table:
+    table = Table(*headers, title=title, title_justify="left")
+    for row in rows:
+        table.add_row(*row)
+    return table
+
+
+@app.command("stats")
+def stats(
+    tenant: str | None = typer.Option(None, help="Only this tenant."),
+    since: str | None = typer.Option(None, help="Events recorded at or after (ISO 8601)."),
+    until: str | None = typer.Option(None, help="Events recorded before (ISO 8601)."),
+    top: int = typer.Option(10, min=1, max=1000, help="How many top sessions to list."),
+    as_json: bool = JsonOption,
+) -> None:
+    """Events per type and per day, sessions, top sessions, tokens, blob dedup, artifacts."""
+    with open_store() as store:
+        result = store.stats(
+            tenant_id=tenant,
+            since=_when(since, "--since"),
+            until=_when(until, "--until"),
+            top=top,
+        )
+    data = result.to_dict()
+    if as_json:
+        print_json(data)
+        return
+    tokens, blobs, artifacts = data["tokens"], data["blobs"], data["artifacts"]
+    ratio = blobs["dedup_ratio"]
+    console.print(
+        _pairs_table(
+            "Summary",
+            [
+                ("events", f"{data['events']:,}"),
+                ("sessions", f"{data['sessions']:,} ({data['active_sessions']:,} with events)"),
+                ("tokens in / out", f"{tokens['input']:,} / {tokens['output']:,}"),
+                ("cache read / write", f"{tokens['cache_read']:,} / {tokens['cache_write']:,}"),
+                ("total tokens", f"{tokens['total_tokens']:,}"),
+                ("cost", f"{tokens['cost']:,.4f}"),
+                ("blob refs", f"{blobs['references']:,} -> {blobs['unique_blobs']:,} blobs"),
+                ("blob dedup ratio", f"{ratio:.2f}x" if ratio else "n/a"),
+                ("artifact bytes", f"{_bytes(artifacts['bytes'])} in {artifacts['count']:,}"),
+            ],
+            "",
+            "",
+        )
+    )
+    console.print(
+        _pairs_table(
+            "Events per type",
+            ((t, f"{n:,}") for t, n in data["events_by_type"].items()),
+            "type",
+            "events",
+        )
+    )
+    console.print(
+        _pairs_table(
+            "Events per day (UTC)",
+            ((d["day"], f"{d['events']:,}") for d in data["events_by_day"]),
+            "day",
+            "events",
+        )
+    )
+    for key, title in (
+        ("top_sessions_by_events", "Top sessions by events"),
+        ("top_sessions_by_bytes", "Top sessions by bytes"),
+    ):
+        table = Table("session", "tenant", "events", "payload", "blobs", title=title)
+        table.title_justify = "left"
+        for s in data[key]:
+            table.add_row(
+                s["session_id"],
+                s["tenant_id"],
+                f"{s['events']:,}",
+                _bytes(s["payload_bytes"]),
+                _bytes(s["blob_bytes"]),
+            )
+        console.print(table)
+
+
+# state ----------------------------------------------------------------------------------
+
+
+@app.command("state")
+def state(
+    session_id: str,
+    at_seq: int | None = typer.Option(None, "--at-seq", min=0, help="State after this seq."),
+    tenant: str | None = typer.Option(None, help="Fail unless the session is this tenant's."),
+    messages: int = typer.Option(10, min=0, help="How many of the last messages to show."),
+    as_json: bool = JsonOption,
+) -> None:
+    """A session's state rebuilt from its journal (snapshot + fold)."""
+    with open_store() as store:
+        result = store.state(session_id, at_seq=at_seq, tenant_id=tenant, rehydrate=False)
+    if as_json:
+        print_json(result.to_dict())
+        return
+    info, counters = result.info, result.counters
+    model = info.model
+    console.print(
+        _pairs_table(
+            f"Session {result.session_id} at seq {result.seq}",
+            [
+                ("tenant", result.tenant_id),
+                ("title", info.title or ""),
+                ("cwd", info.cwd or ""),
+                ("model", f"{model.provider}/{model.model_id}" if model else ""),
+                ("thinking level", info.thinking_level or ""),
+                ("entries / branch", f"{len(result.tree):,} / {len(result.branch):,}"),
+                ("leaf", result.leaf_id or ""),
+                ("context messages", f"{len(result.messages):,}"),
+                ("events", f"{counters.events:,}"),
+                ("messages by role", ", ".join(f"{k}={v}" for k, v in counters.by_role.items())),
+                ("tool calls", f"{counters.tool_calls:,} ({counters.tool_errors:,} errors)"),
+                ("tokens", f"{counters.usage.total_tokens:,} (cost {counters.usage.cost:,.4f})"),
+                ("artifacts", f"{len(result.artifacts):,}"),
+            ],
+            "",
+            "",
+        )
+    )
+    table = Table("seq", "role", "text", title="Last messages", title_justify="left")
+    for message in _tail(result.messages, messages):
+        text = " ".join(message.text.split()) or str(message.content)[:200]
+        table.add_row(str(message.seq), message.role, text[:200])
+    console.print(table)
+
+
+def _tail(items: list[Any], n: int) -> Iterator[Any]:
+    yield from items[len(items) - n :] if n else ()

@@ -1,0 +1,286 @@
+"""Analysts' queries on both backends: listing filters and cursors, following, stats, the
+artifacts index of a state, and (PostgreSQL) the BI views."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+from sqlalchemy import text
+
+from core import SessionStore, Settings, migrate
+from core.analytics import EventFilter, follow_events, head_position, iter_events
+from core.records import Session
+from tests.test_projection import SessionBuilder
+
+BIG = "x" * 40_000  # over inline_string_limit: becomes a blob
+
+
+def _acme_and_globex(store: SessionStore) -> tuple[Session, Session, Session]:
+    """Two acme sessions and one globex session with realistic entries."""
+    a1 = store.create_session(tenant_id="acme")
+    a2 = store.create_session(tenant_id="acme")
+    g1 = store.create_session(tenant_id="globex")
+    for session, turns in ((a1, 3), (g1, 2), (a2, 1)):
+        b = SessionBuilder()
+        b.header()
+        for i in range(turns):
+            b.turn(f"task {i}")
+        b.model_change("openai", "gpt-5")
+        store.append(session.id, b.events)
+    return a1, a2, g1
+
+
+def _positions(store: SessionStore, flt: EventFilter, **kwargs: Any) -> list[int]:
+    return [e.position for e in store.list_events(flt, limit=10_000, **kwargs).items]
+
+
+def test_list_events_filters(store: SessionStore) -> None:
+    a1, a2, g1 = _acme_and_globex(store)
+    everything = store.read_all(limit=10_000)
+    assert _positions(store, EventFilter()) == [e.position for e in everything]
+
+    acme = _positions(store, EventFilter(tenant_id="acme"))
+    assert acme == [e.position for e in everything if e.session_id in {a1.id, a2.id}]
+    assert {e.tenant_id for e in store.list_events(EventFilter(tenant_id="globex")).items} == {
+        "globex"
+    }
+    assert _positions(store, EventFilter(session_id=g1.id)) == [
+        e.position for e in store.read(g1.id)
+    ]
+    types = store.list_events(EventFilter(types=("model_change", "session")), limit=100).items
+    assert sorted({e.type for e in types}) == ["model_change", "session"] and len(types) == 6
+
+    tool_results = store.list_events(EventFilter(roles=("toolResult",)), limit=100).items
+    assert len(tool_results) == 6 and {e.role for e in tool_results} == {"toolResult"}
+    both = EventFilter(tenant_id="acme", roles=("user", "assistant"), types=("message",))
+    assert len(_positions(store, both)) == 4 * 3  # 4 turns in acme, 3 such messages each
+
+    now = datetime.now(UTC)
+    assert _positions(store, EventFilter(since=now - timedelta(hours=1))) == [
+        e.position for e in everything
+    ]
+    assert _positions(store, EventFilter(since=now + timedelta(hours=1))) == []
+    assert _positions(store, EventFilter(until=now - timedelta(hours=1))) == []
+    assert len(_positions(store, EventFilter(until=now + timedelta(hours=1)))) == len(everything)
+
+    middle = everything[len(everything) // 2].position
+    assert _positions(store, EventFilter(), after_position=middle) == [
+        e.position for e in everything if e.position > middle
+    ]
+
+
+def test_cursor_pagination_visits_each_event_once(store: SessionStore) -> None:
+    _acme_and_globex(store)
+    flt = EventFilter(tenant_id="acme")
+    seen: list[int] = []
+    cursor = 0
+    pages = 0
+    while True:
+        page = store.list_events(flt, after_position=cursor, limit=4)
+        seen += [e.position for e in page.items]
+        pages += 1
+        if page.next_cursor is None:
+            break
+        cursor = int(page.next_cursor)
+    assert seen == _positions(store, flt)
+    assert pages == -(-len(seen) // 4)
+    assert [e.position for e in iter_events(store.engine, flt, page_size=3)] == seen
+
+
+def test_follow_sees_later_commits_exactly_once(store: SessionStore) -> None:
+    session = store.create_session(tenant_id="acme")
+    other = store.create_session(tenant_id="globex")
+    store.append(session.id, [{"type": "before"}])
+    start = head_position(store.engine)
+    batches = iter(
+        [
+            [(session, [{"type": "a"}, {"type": "b"}])],
+            [],
+            [(other, [{"type": "hidden"}]), (session, [{"type": "c"}])],
+            [(session, [{"type": "d"}] * 3)],
+        ]
+    )
+    polls = 0
+
+    def sleep(_: float) -> None:
+        nonlocal polls
+        polls += 1
+        for target, events in next(batches, []):
+            store.append(target.id, events)
+
+    seen = [
+        e.type
+        for e in follow_events(
+            store.engine,
+            EventFilter(tenant_id="acme"),
+            after_position=start,
+            poll_interval=0,
+            page_size=2,
+            should_stop=lambda: polls >= 6,
+            sleep=sleep,
+        )
+    ]
+    assert seen == ["a", "b", "c", "d", "d", "d"]
+
+
+def test_stats(store: SessionStore) -> None:
+    a1, a2, g1 = _acme_and_globex(store)
+    store.append(a2.id, [{"type": "blobby", "value": BIG}])
+    store.append(g1.id, [{"type": "blobby", "value": BIG}, {"type": "blobby", "value": BIG}])
+    store.artifacts(a1.id).save("log line\n" * 100, "bash")
+
+    everything = store.stats()
+    assert everything.events == len(store.read_all(limit=10_000))
+    assert everything.events_by_type["message"] == 6 * 4
+    assert everything.events_by_type["blobby"] == 3
+    assert [n for _, n in everything.events_by_day] == [everything.events]
+    assert (everything.sessions, everything.active_sessions) == (3, 3)
+    assert [s.session_id for s in everything.top_by_events] == [a1.id, g1.id, a2.id]
+    assert everything.top_by_bytes[0].session_id == g1.id  # two blob refs
+    assert everything.top_by_bytes[0].blob_bytes == 2 * len(BIG)
+    assert everything.blobs.references == 3 and everything.blobs.unique_blobs == 1
+    assert everything.blobs.dedup_ratio == pytest.approx(3.0)
+    assert everything.artifact_bytes["tool_output"] == len("log line\n" * 100)
+    assert everything.to_dict()["artifacts"]["bytes"] == len("log line\n" * 100)
+
+    states = [store.state(s.id) for s in (a1, a2, g1)]
+    usage = [s.counters.usage for s in states]
+    assert everything.tokens.input == sum(u.input for u in usage)
+    assert everything.tokens.total_tokens == sum(u.total_tokens for u in usage)
+    assert everything.tokens.cost == pytest.approx(sum(u.cost for u in usage))
+
+    acme = store.stats(tenant_id="acme", top=1)
+    assert (acme.sessions, acme.events_by_type["message"]) == (2, 4 * 4)
+    assert [s.session_id for s in acme.top_by_events] == [a1.id]
+    assert acme.blobs.references == 1 and acme.blobs.dedup_ratio == pytest.approx(1.0)
+    assert acme.artifact_bytes["tool_output"] == everything.artifact_bytes["tool_output"]
+    assert store.stats(tenant_id="globex").artifact_bytes["tool_output"] == 0
+    assert store.stats(since=datetime.now(UTC) + timedelta(hours=1)).events == 0
+
+
+def test_state_lists_artifacts_created_up_to_at_seq(store: SessionStore) -> None:
+    session = store.create_session(tenant_id="acme")
+    store.append(session.id, [{"type": "x"}] * 3)
+    first = store.artifacts(session.id).save("one", "bash")
+    store.append(session.id, [{"type": "x"}] * 2)
+    store.artifacts(session.id).save("second output", "read")
+
+    (early,) = store.state(session.id, at_seq=4).artifacts
+    assert (early.kind, early.local_id, early.size, early.created_seq) == (
+        "tool_output",
+        first,
+        3,
+        3,
+    )
+    assert [a.tool_type for a in store.state(session.id).artifacts] == ["bash", "read"]
+    assert store.state(session.id, at_seq=2).artifacts == []
+
+
+def test_state_blob_values_are_lazy(store: SessionStore) -> None:
+    session = store.create_session(tenant_id="acme")
+    b = SessionBuilder()
+    b.user(BIG)
+    store.append(session.id, b.events)
+    (lazy,) = store.state(session.id).messages
+    assert lazy.content != BIG and lazy.content.size == len(BIG)
+    assert lazy.content.load() == BIG
+    (as_stored,) = store.state(session.id, rehydrate=False).messages
+    assert isinstance(as_stored.content, str) and as_stored.content.startswith("blob:sha256:")
+    (exact,) = store.state(session.id, rehydrate=True).messages
+    assert exact.content == BIG
+
+
+# PostgreSQL: the BI views ---------------------------------------------------------------
+
+
+@pytest.fixture
+def pg_store(pg_url: str, tmp_path: Path) -> Iterator[SessionStore]:
+    """The BI views exist on PostgreSQL only."""
+    settings = Settings(data_dir=tmp_path / "data", database_url=pg_url)
+    with SessionStore.from_settings(settings) as store:
+        yield store
+
+
+def test_bi_views_flatten_messages_and_pair_tool_calls(pg_store: SessionStore) -> None:
+    store = pg_store
+    session = store.create_session(tenant_id="acme")
+    b = SessionBuilder()
+    b.user("please list")
+    _, (call,) = b.assistant("listing", tools=[("bash", {"command": "ls"})], usage=(11, 7))
+    b.tool_result(call, "bash", "a.txt", error=True)
+    b.assistant("there is a.txt", usage=(20, 3))
+    b._entry("message", message={"role": "bashExecution", "command": "ls", "output": "a.txt"})
+    b.compaction(b.leaf or "")
+    store.append(session.id, b.events)
+
+    with store.engine.connect() as conn:
+        rows = conn.execute(
+            text(
+                "SELECT seq, role, text, thinking, tool_name, tool_call_names, is_error, "
+                "command, model, input_tokens, output_tokens, cost "
+                "FROM bi_messages WHERE tenant_id = :t AND session_id = :s ORDER BY position"
+            ),
+            {"t": "acme", "s": session.id},
+        ).all()
+        calls = conn.execute(
+            text(
+                "SELECT tool_call_id, tool_name, arguments, result_seq, is_error FROM bi_tool_calls"
+            )
+        ).all()
+        (summary,) = conn.execute(
+            text("SELECT events, messages, tool_calls, input_tokens, cost FROM bi_sessions")
+        ).all()
+        event_types = conn.execute(text("SELECT type, entry_id FROM bi_events ORDER BY seq")).all()
+        documented = conn.execute(
+            text("SELECT col_description('bi_messages'::regclass, 10)")
+        ).scalar()
+
+    assert [(r.seq, r.role) for r in rows] == [
+        (1, "user"),
+        (2, "assistant"),
+        (3, "toolResult"),
+        (4, "assistant"),
+        (5, "bashExecution"),
+    ]
+    assert [r.text for r in rows] == ["please list", "listing", "a.txt", "there is a.txt", "a.txt"]
+    assert rows[1].thinking == "let me see" and rows[1].tool_call_names == "bash"
+    assert (rows[2].tool_name, rows[2].is_error) == ("bash", True)
+    assert rows[4].command == "ls"
+    assert (rows[1].model, rows[1].input_tokens, rows[1].output_tokens) == (
+        "claude-sonnet-4-5",
+        11,
+        7,
+    )
+    assert float(rows[1].cost) == pytest.approx(0.375)
+    assert calls == [(call, "bash", {"command": "ls"}, 3, True)]
+    assert (summary.events, summary.messages, summary.tool_calls, summary.input_tokens) == (
+        6,
+        5,
+        1,
+        31,
+    )
+    assert [t for t, _ in event_types][-1] == "compaction"
+    assert documented  # columns carry COMMENTs for BI tools
+
+
+def test_bi_views_migration_downgrades_and_upgrades(pg_store: SessionStore) -> None:
+    url = pg_store.settings.resolved_database_url
+    pg_store.close()
+
+    def views() -> set[str]:
+        with pg_store.engine.connect() as conn:
+            return set(
+                conn.execute(text("SELECT viewname FROM pg_views WHERE viewname LIKE 'bi_%'"))
+                .scalars()
+                .all()
+            )
+
+    assert views() == {"bi_events", "bi_messages", "bi_tool_calls", "bi_sessions"}
+    migrate.downgrade(url, "0001")
+    assert views() == set()
+    migrate.upgrade(url)
+    assert len(views()) == 4
