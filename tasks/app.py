@@ -1,0 +1,211 @@
+"""The Celery app, configured from ``Settings`` by a factory.
+
+``celery -A tasks.app worker`` works: the module attribute ``app`` is created on first
+access (PEP 562), and even then its configuration (and ``Settings``) is only built when
+Celery first reads it. Tests and the embedded mode call ``create_app(settings)``.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from celery import Celery, shared_task
+from celery.schedules import crontab, schedule
+
+from core.settings import Settings
+from tasks.results import polling_redis_url
+
+TASK_MODULES = ["tasks.writes", "tasks.maintenance", "tasks.forks"]
+QUEUE = "sessionstore"
+_REDIS = ("redis://", "rediss://")
+
+
+def sessionstore_task(**options: Any) -> Callable[[Callable[..., Any]], Any]:
+    """``shared_task`` with a type (Celery ships none): tasks register on every app."""
+    decorator: Callable[[Callable[..., Any]], Any] = shared_task(**options)
+    return decorator
+
+
+class _SettingsHolder:
+    """Builds ``Settings()`` from the environment only when first needed."""
+
+    def __init__(self, settings: Settings | None) -> None:
+        self._settings = settings
+
+    def get(self) -> Settings:
+        if self._settings is None:
+            self._settings = Settings()
+        return self._settings
+
+
+def settings_of(app: Celery) -> Settings:
+    holder: _SettingsHolder = app.sessionstore_settings
+    return holder.get()
+
+
+def embedded_broker_dir(settings: Settings) -> Path:
+    return (settings.data_dir / "queue").resolve()
+
+
+def _broker(settings: Settings) -> tuple[str, dict[str, Any]]:
+    if settings.broker_url:
+        options: dict[str, Any] = {}
+        if settings.broker_url.startswith(_REDIS):
+            # kombu returns a dead worker's unacked messages in periodic sweeps, by default
+            # only every ~100 s and blocked for 5 minutes if the worker died holding the
+            # sweep mutex: tie both to the visibility timeout instead.
+            visibility = settings.task_visibility_timeout
+            options = {
+                "unacked_restore_interval": max(1, min(60, visibility // 10)),
+                "unacked_restore_throttle": 1,
+                "unacked_mutex_expire": max(5, min(60, visibility // 2)),
+                "socket_keepalive": True,
+                "socket_connect_timeout": 10,
+            }
+        return settings.broker_url, options
+    # Embedded: kombu's filesystem transport in the data dir. Real messages, acks and
+    # retries across processes, no server; not crash-durable like Redis with AOF.
+    folder = embedded_broker_dir(settings)
+    for sub in ("in", "processed", "control"):
+        (folder / sub).mkdir(parents=True, exist_ok=True)
+    return "filesystem://localhost//", {
+        "data_folder_in": str(folder / "in"),
+        "data_folder_out": str(folder / "in"),
+        "processed_folder": str(folder / "processed"),
+        "control_folder": str(folder / "control"),
+        "store_processed": False,
+        "polling_interval": 0.02,
+    }
+
+
+def _result_backend(settings: Settings) -> str:
+    url = settings.result_backend
+    if not url and settings.broker_url and settings.broker_url.startswith(_REDIS):
+        url = settings.broker_url
+    if url and url.startswith(_REDIS):
+        return polling_redis_url(url)
+    if url:
+        return url
+    return f"db+sqlite:///{(settings.data_dir / 'results.db').resolve()}"
+
+
+def _every(seconds: float) -> schedule:
+    return schedule(run_every=seconds)
+
+
+def beat_schedule(settings: Settings) -> dict[str, dict[str, Any]]:
+    """Periodic jobs; each expires after one period, so a backlog never piles up."""
+
+    def job(task: str, every: float | crontab) -> dict[str, Any]:
+        run_every = every if isinstance(every, crontab) else _every(every)
+        expires = every if isinstance(every, (int, float)) else None
+        options: dict[str, Any] = {"queue": QUEUE}
+        if expires:
+            options["expires"] = expires
+        return {"task": task, "schedule": run_every, "options": options}
+
+    return {
+        "gc-blobs": job("sessionstore.gc_blobs", _parse_schedule(settings.gc_schedule)),
+        "expire-artifacts": job(
+            "sessionstore.expire_artifacts", _parse_schedule(settings.expire_schedule)
+        ),
+        "reconcile-forks": job(
+            "sessionstore.reconcile_forks", _parse_schedule(settings.reconcile_schedule)
+        ),
+    }
+
+
+def _parse_schedule(value: str) -> float | crontab:
+    """Seconds (``"300"``) or a five-field crontab (``"0 3 * * *"``)."""
+    fields = value.split()
+    if len(fields) == 5:
+        minute, hour, day_of_month, month_of_year, day_of_week = fields
+        return crontab(minute, hour, day_of_week, day_of_month, month_of_year)
+    return float(value)
+
+
+def celery_config(settings: Settings) -> dict[str, Any]:
+    broker_url, transport_options = _broker(settings)
+    visibility = settings.task_visibility_timeout
+    # The longest task must finish well inside the visibility timeout, or Redis would
+    # hand its message to a second worker while the first is still running it.
+    hard_limit = max(5, min(900, visibility // 2))
+    return {
+        "broker_url": broker_url,
+        "result_backend": _result_backend(settings),
+        # Ack after the task ran, so a crash mid-task redelivers it (writes are idempotent).
+        "task_acks_late": True,
+        # A pool process killed mid-task (SIGKILL, OOM) requeues its message.
+        "task_reject_on_worker_lost": True,
+        # One message reserved per process: a crash strands at most that many.
+        "worker_prefetch_multiplier": 1,
+        # Unacked messages come back after this long; same value for broker and results.
+        "broker_transport_options": {"visibility_timeout": visibility, **transport_options},
+        "result_backend_transport_options": {"visibility_timeout": visibility},
+        # Hard/soft time limits below the visibility timeout (see above).
+        "task_time_limit": hard_limit,
+        "task_soft_time_limit": int(hard_limit * 0.8),
+        # Publishing survives a broker restart: up to ~2 minutes of retries.
+        "task_publish_retry": True,
+        "task_publish_retry_policy": {
+            "max_retries": 60,
+            "interval_start": 0.0,
+            "interval_step": 0.5,
+            "interval_max": 2.0,
+        },
+        # Keep reconnecting to the broker, including at startup.
+        "broker_connection_retry_on_startup": True,
+        "broker_connection_max_retries": None,
+        # Running tasks are cancelled (and redelivered) when the broker connection drops.
+        "worker_cancel_long_running_tasks_on_connection_loss": True,
+        # Soft shutdown: on a warm stop, running tasks get this long to finish first.
+        "worker_soft_shutdown_timeout": 10.0,
+        "worker_enable_soft_shutdown_on_idle": True,
+        # Task events on, for flower and `celery events`.
+        "worker_send_task_events": True,
+        "task_send_sent_event": True,
+        # JSON only: producers in any language can send tasks by name.
+        "task_serializer": "json",
+        "result_serializer": "json",
+        "accept_content": ["json"],
+        "result_expires": 24 * 3600,
+        "task_default_queue": QUEUE,
+        "timezone": "UTC",
+        "enable_utc": True,
+        "beat_schedule": beat_schedule(settings),
+        "worker_hijack_root_logger": False,
+    }
+
+
+def create_app(settings: Settings | None = None) -> Celery:
+    """A new app; ``settings`` defaults to ``Settings()`` read when first configured."""
+    # Task modules register (shared_task) before any app finalizes; imported here, not at
+    # module top, because they import this module.
+    for module in TASK_MODULES:
+        importlib.import_module(module)
+    app = Celery("sessionstore", include=TASK_MODULES, set_as_current=False)
+    holder = _SettingsHolder(settings)
+    app.sessionstore_settings = holder
+    app.add_defaults(lambda: celery_config(holder.get()))
+    return app
+
+
+_default: Celery | None = None
+
+
+def get_app() -> Celery:
+    """The process's default app (environment settings), created on first use."""
+    global _default
+    if _default is None:
+        _default = create_app()
+        _default.set_default()
+    return _default
+
+
+def __getattr__(name: str) -> Celery:
+    if name in ("app", "celery"):
+        return get_app()
+    raise AttributeError(name)

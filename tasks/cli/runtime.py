@@ -1,0 +1,29 @@
+"""``sessionstore worker`` and ``sessionstore beat``: Celery with our app and settings.
+
+Any further arguments go to Celery as they are (e.g. ``sessionstore worker -c 4 -l info``).
+"""
+
+from __future__ import annotations
+
+import typer
+
+from tasks.app import get_app
+from tasks.cli.common import app, load_settings
+
+_PASS_THROUGH = {"allow_extra_args": True, "ignore_unknown_options": True}
+
+
+@app.command("worker", context_settings=_PASS_THROUGH)
+def worker(ctx: typer.Context) -> None:
+    """Run a Celery worker for the sessionstore queue."""
+    load_settings()  # fail early, in one line, on bad configuration
+    get_app().worker_main(["worker", "--loglevel=INFO", *ctx.args])
+
+
+@app.command("beat", context_settings=_PASS_THROUGH)
+def beat(ctx: typer.Context) -> None:
+    """Run Celery beat: blob GC, artifact expiry and the fork-copy reconciler."""
+    settings = load_settings()
+    schedule = settings.data_dir.resolve() / "celerybeat-schedule"
+    schedule.parent.mkdir(parents=True, exist_ok=True)
+    get_app().start(["beat", "--loglevel=INFO", f"--schedule={schedule}", *ctx.args])

@@ -1,0 +1,193 @@
+"""``sessionstore append`` and ``sessionstore dead-letters``."""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Iterable, Iterator
+from contextlib import ExitStack
+from pathlib import Path
+from typing import Any
+
+import typer
+from rich.table import Table
+
+from core.errors import InvalidEvent
+from core.records import AppendResult
+from tasks.app import get_app, settings_of
+from tasks.cli.common import JsonOption, app, console, open_store, print_json
+from tasks.embedded import embedded_worker
+from tasks.producer import enqueue_append
+
+dead_app = typer.Typer(
+    no_args_is_help=True, help="Rejected queued writes: list, show, replay, discard."
+)
+app.add_typer(dead_app, name="dead-letters")
+
+
+def _read_jsonl(stream: Iterable[str], source: str) -> Iterator[tuple[int, Any]]:
+    """(line number, event) for each non-blank line; a bad line names its number."""
+    for number, line in enumerate(stream, start=1):
+        if not line.strip():
+            continue
+        try:
+            yield number, json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise InvalidEvent("", f"{source} line {number}: not valid JSON ({exc.msg})") from None
+
+
+def _batches(lines: Iterator[tuple[int, Any]], size: int) -> Iterator[tuple[list[int], list[Any]]]:
+    numbers: list[int] = []
+    events: list[Any] = []
+    for number, event in lines:
+        numbers.append(number)
+        events.append(event)
+        if len(events) == size:
+            yield numbers, events
+            numbers, events = [], []
+    if events:
+        yield numbers, events
+
+
+def _with_line(exc: InvalidEvent, numbers: list[int], source: str) -> InvalidEvent:
+    if exc.index is None or exc.index >= len(numbers):
+        return exc
+    return InvalidEvent(exc.field, f"{source} line {numbers[exc.index]}: {exc.reason}")
+
+
+@app.command("append")
+def append(
+    session_id: str = typer.Argument(..., help="The session to append to."),
+    source: str = typer.Argument("-", help="A JSONL file of events, or - for stdin."),
+    enqueue: bool = typer.Option(False, "--enqueue", help="Go through the queue (a worker)."),
+    key: str | None = typer.Option(None, help="Idempotency key (per batch: KEY:N)."),
+    expected_seq: int | None = typer.Option(None, help="Fail unless the head is this seq."),
+    batch_size: int = typer.Option(100, min=1, help="Events per write."),
+    as_json: bool = JsonOption,
+) -> None:
+    """Append events from a JSONL file or stdin, one write per batch."""
+    with ExitStack() as stack:
+        stream = sys.stdin if source == "-" else stack.enter_context(Path(source).open())
+        store = stack.enter_context(open_store())
+        name = "stdin" if source == "-" else source
+        writer = _queue_writer(stack) if enqueue else store.append
+        results: list[AppendResult] = []
+        expected = expected_seq
+        for n, (numbers, events) in enumerate(_batches(_read_jsonl(stream, name), batch_size)):
+            try:
+                result = writer(
+                    session_id,
+                    events,
+                    expected_seq=expected,
+                    idempotency_key=f"{key}:{n}" if key else None,
+                )
+            except InvalidEvent as exc:
+                raise _with_line(exc, numbers, name) from None
+            results.append(result)
+            expected = result.last_seq if expected is not None else None
+    _report(results, as_json)
+
+
+def _queue_writer(stack: ExitStack) -> Any:
+    celery_app = get_app()
+    if settings_of(celery_app).is_embedded_broker:
+        stack.enter_context(embedded_worker(celery_app))
+
+    def write(session_id: str, events: list[Any], **options: Any) -> AppendResult:
+        return enqueue_append(session_id, events, app=celery_app, **options).get(timeout=120)
+
+    return write
+
+
+def _report(results: list[AppendResult], as_json: bool) -> None:
+    if as_json:
+        print_json([r.to_dict() for r in results])
+        return
+    if not results:
+        console.print("no events in the input")
+        return
+    count = sum(r.last_seq - r.first_seq + 1 for r in results)
+    replayed = sum(1 for r in results if r.replayed)
+    console.print(
+        f"appended {count} events in {len(results)} write(s): seq {results[0].first_seq}"
+        f"..{results[-1].last_seq}" + (f" ({replayed} replayed)" if replayed else "")
+    )
+
+
+@dead_app.command("list")
+def dead_list(
+    after_id: int = typer.Option(0, help="Cursor: list letters after this id."),
+    limit: int = typer.Option(50, min=1, max=1000),
+    as_json: bool = JsonOption,
+) -> None:
+    """List dead letters, oldest first."""
+    with open_store() as store:
+        letters = store.dead_letters.list(after_id=after_id, limit=limit)
+    if as_json:
+        print_json([letter.to_dict() for letter in letters])
+        return
+    table = Table("id", "session", "key", "error", "when")
+    for letter in letters:
+        table.add_row(
+            str(letter.id),
+            letter.session_id,
+            letter.idempotency_key,
+            f"{letter.error_type}: {letter.error}"[:90],
+            letter.created_at.strftime("%Y-%m-%d %H:%M:%S"),
+        )
+    console.print(table)
+
+
+@dead_app.command("show")
+def dead_show(letter_id: int, as_json: bool = JsonOption) -> None:
+    """Show one dead letter with its original events."""
+    with open_store() as store:
+        letter = store.dead_letters.get(letter_id)
+    if as_json:
+        print_json(letter.to_dict(with_payload=True))
+        return
+    for field, value in letter.to_dict().items():
+        console.print(f"[bold]{field}[/]: {value}", highlight=False)
+    console.print("[bold]events[/]:")
+    console.print_json(letter.payload)
+
+
+@dead_app.command("replay")
+def dead_replay(
+    letter_id: int,
+    fixed: Path | None = typer.Option(
+        None, "--file", help="Replay these events instead (a JSON array or JSONL file)."
+    ),
+    as_json: bool = JsonOption,
+) -> None:
+    """Append a dead letter under its original key (so it lands once), then remove it."""
+    events = _load_fixed(fixed) if fixed else None
+    with open_store() as store:
+        result = store.dead_letters.replay(letter_id, store.append, events=events)
+    if as_json:
+        print_json(result.to_dict())
+    else:
+        console.print(
+            f"replayed dead letter {letter_id}: seq {result.first_seq}..{result.last_seq}"
+        )
+
+
+def _load_fixed(path: Path) -> list[Any]:
+    text = path.read_text()
+    try:
+        loaded = json.loads(text)
+    except json.JSONDecodeError:
+        return [event for _, event in _read_jsonl(text.splitlines(), str(path))]
+    return loaded if isinstance(loaded, list) else [loaded]
+
+
+@dead_app.command("discard")
+def dead_discard(
+    letter_id: int, yes: bool = typer.Option(False, "--yes", help="Do not ask.")
+) -> None:
+    """Delete a dead letter for good."""
+    if not yes and not typer.confirm(f"discard dead letter {letter_id}?"):
+        raise typer.Abort()
+    with open_store() as store:
+        store.dead_letters.discard(letter_id)
+    console.print(f"discarded dead letter {letter_id}")

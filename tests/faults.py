@@ -1,0 +1,39 @@
+"""Fault injection for worker subprocesses, loaded with ``celery worker -I tests.faults``.
+
+With ``SS_FAULT_DIR`` set and a file ``armed`` in it, the first transaction that inserts
+events hangs right after its commit (when its connection goes back to the pool): the write
+has landed but the task has neither stored its result nor been acked. A SIGKILL now is
+the worst case for at-least-once delivery: the message comes back for a write that landed.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import event
+from sqlalchemy.engine import Engine
+from sqlalchemy.pool import Pool
+
+FAULT_DIR = os.environ.get("SS_FAULT_DIR")
+
+
+@event.listens_for(Engine, "before_cursor_execute")
+def _note_event_insert(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
+    if FAULT_DIR and "INTO events" in statement:
+        conn.info["inserted_events"] = True
+
+
+@event.listens_for(Pool, "checkin")
+def _hang_once_after_commit(dbapi_connection: Any, record: Any) -> None:
+    if not FAULT_DIR or record is None or not record.info.pop("inserted_events", False):
+        return
+    folder = Path(FAULT_DIR)
+    try:
+        (folder / "armed").rename(folder / "claimed")  # atomic: one transaction wins
+    except FileNotFoundError:
+        return
+    (folder / "committed").write_text(str(os.getpid()))
+    time.sleep(60)

@@ -1,0 +1,231 @@
+"""Test machinery: a cuttable TCP proxy, a private redis-server, and celery worker processes."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, suppress
+from pathlib import Path
+
+import redis
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def wait_for(predicate: Callable[[], bool], timeout: float, what: str, step: float = 0.1) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(step)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+
+class TcpProxy:
+    """Forwards 127.0.0.1:<port> to an upstream; ``cut()`` drops every connection and refuses
+    new ones until ``restore()``: the database is "unavailable" to whoever uses the proxy."""
+
+    def __init__(self, upstream: tuple[str, int]) -> None:
+        self.upstream = upstream
+        self.port = free_port()
+        self._conns: list[socket.socket] = []
+        self._lock = threading.Lock()
+        self._listener: socket.socket | None = None
+        self._open = threading.Event()
+        self.restore()
+
+    def restore(self) -> None:
+        listener = socket.socket()
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listener.bind(("127.0.0.1", self.port))
+        listener.listen(64)
+        self._listener = listener
+        self._open.set()
+        threading.Thread(target=self._accept, args=(listener,), daemon=True).start()
+
+    def cut(self) -> None:
+        self._open.clear()
+        if self._listener is not None:
+            with suppress(OSError):
+                self._listener.shutdown(socket.SHUT_RDWR)
+            self._listener.close()
+            self._listener = None
+        with self._lock:
+            for conn in self._conns:
+                with suppress(OSError):
+                    conn.shutdown(socket.SHUT_RDWR)
+                conn.close()
+            self._conns.clear()
+
+    close = cut
+
+    def _accept(self, listener: socket.socket) -> None:
+        while self._open.is_set():
+            try:
+                client, _ = listener.accept()
+            except OSError:
+                return
+            try:
+                upstream = socket.create_connection(self.upstream, timeout=5)
+            except OSError:
+                client.close()
+                continue
+            upstream.settimeout(None)
+            with self._lock:
+                self._conns += [client, upstream]
+            for a, b in ((client, upstream), (upstream, client)):
+                threading.Thread(target=self._pump, args=(a, b), daemon=True).start()
+
+    @staticmethod
+    def _pump(src: socket.socket, dst: socket.socket) -> None:
+        try:
+            while chunk := src.recv(65536):
+                dst.sendall(chunk)
+        except OSError:
+            pass
+        finally:
+            for s in (src, dst):
+                with suppress(OSError):
+                    s.shutdown(socket.SHUT_RDWR)
+
+
+class RedisServer:
+    """A private, persistent redis-server (AOF, fsync always) that a test may kill -9."""
+
+    def __init__(self, workdir: Path) -> None:
+        self.port = free_port()
+        self.dir = workdir
+        self.proc: subprocess.Popen[bytes] | None = None
+        binary = shutil.which("redis-server")
+        if binary is None:
+            raise RuntimeError("redis-server is not installed")
+        self.binary = binary
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def start(self) -> None:
+        self.proc = subprocess.Popen(
+            [
+                self.binary,
+                "--port",
+                str(self.port),
+                "--bind",
+                "127.0.0.1",
+                "--dir",
+                str(self.dir),
+                "--appendonly",
+                "yes",
+                "--appendfsync",
+                "always",
+                "--save",
+                "",
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        client = redis.Redis.from_url(self.url)
+
+        def up() -> bool:
+            try:
+                return bool(client.ping())
+            except redis.RedisError:
+                return False
+
+        wait_for(up, 20, "redis-server to accept connections")
+        client.close()
+
+    def kill(self) -> None:
+        if self.proc is not None:
+            self.proc.send_signal(signal.SIGKILL)
+            self.proc.wait(10)
+            self.proc = None
+
+
+@contextmanager
+def redis_server(workdir: Path) -> Iterator[RedisServer]:
+    server = RedisServer(workdir)
+    server.start()
+    try:
+        yield server
+    finally:
+        server.kill()
+
+
+class WorkerProcess:
+    """``celery -A tasks.app worker`` as a subprocess (its own process group)."""
+
+    def __init__(
+        self, env: dict[str, str], log: Path, *, concurrency: int = 2, include: str | None = None
+    ) -> None:
+        self.log = log
+        args = [
+            sys.executable,
+            "-m",
+            "celery",
+            "-A",
+            "tasks.app",
+            "worker",
+            "--pool",
+            "prefork",
+            "-c",
+            str(concurrency),
+            "-l",
+            "info",
+            "-n",
+            f"w{time.monotonic_ns()}@%h",
+            "--without-mingle",
+            "--without-gossip",
+        ]
+        if include:
+            args += ["-I", include]
+        with log.open("ab") as out:
+            self.proc = subprocess.Popen(
+                args,
+                cwd=ROOT,
+                env={**os.environ, **env},
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+
+    def kill(self) -> None:
+        """SIGKILL the whole worker: main process and pool children, no goodbye."""
+        with suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        self.proc.wait(20)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            with suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                self.kill()
+
+
+def settings_env(
+    *, database_url: str, broker_url: str, data_dir: Path, visibility_timeout: int = 3600
+) -> dict[str, str]:
+    return {
+        "SESSIONSTORE_DATABASE_URL": database_url,
+        "SESSIONSTORE_BROKER_URL": broker_url,
+        "SESSIONSTORE_RESULT_BACKEND": broker_url,
+        "SESSIONSTORE_DATA_DIR": str(data_dir),
+        "SESSIONSTORE_TASK_VISIBILITY_TIMEOUT": str(visibility_timeout),
+    }
