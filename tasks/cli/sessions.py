@@ -1,13 +1,18 @@
-"""``sessionstore sessions``: list and show."""
+"""``sessionstore sessions``: list, show, fork, move, delete and copy-artifacts."""
 
 from __future__ import annotations
 
 import typer
 from rich.table import Table
 
+from core.records import Session
+from tasks.app import get_app
 from tasks.cli.common import JsonOption, app, console, open_store, print_json
+from tasks.runtime import attach_fork_copier
 
-sessions_app = typer.Typer(no_args_is_help=True, help="Sessions: list, show.")
+sessions_app = typer.Typer(
+    no_args_is_help=True, help="Sessions: list, show, fork, move, delete, copy-artifacts."
+)
 app.add_typer(sessions_app, name="sessions")
 
 
@@ -24,13 +29,14 @@ def list_sessions(
     if as_json:
         print_json({"items": [s.to_dict() for s in page.items], "next_cursor": page.next_cursor})
         return
-    table = Table("id", "tenant", "head", "parent", "title", "created")
+    table = Table("id", "tenant", "head", "parent", "copy", "title", "created")
     for s in page.items:
         table.add_row(
             s.id,
             s.tenant_id,
             str(s.head_seq),
             s.parent_id or "",
+            s.copy_status or "",
             s.title or "",
             s.created_at.strftime("%Y-%m-%d %H:%M:%S"),
         )
@@ -49,3 +55,86 @@ def show(session_id: str, as_json: bool = JsonOption) -> None:
         return
     for key, value in session.to_dict().items():
         console.print(f"[bold]{key}[/]: {value if value is not None else ''}")
+
+
+# --- fork, move and delete (issue 6) ---
+
+
+def _print_session(session: Session, as_json: bool, headline: str) -> None:
+    if as_json:
+        print_json(session.to_dict())
+        return
+    console.print(headline)
+    for key, value in session.to_dict().items():
+        console.print(f"[bold]{key}[/]: {value if value is not None else ''}")
+
+
+@sessions_app.command("fork")
+def fork(
+    session_id: str,
+    at_seq: int | None = typer.Option(None, min=0, help="Fork point (default: the head)."),
+    inline: bool = typer.Option(
+        False, "--inline", help="Copy the artifacts in this process instead of the queue."
+    ),
+    as_json: bool = JsonOption,
+) -> None:
+    """Fork a session at its head or an earlier seq; its artifacts are copied by a worker
+    (status pending, then copied) unless --inline."""
+    with open_store() as store:
+        if not inline:
+            attach_fork_copier(store, get_app())
+        session = store.fork(session_id, at_seq=at_seq)
+    _print_session(session, as_json, f"forked {session_id} at seq {session.forked_from_seq}")
+
+
+@sessions_app.command("move")
+def move(
+    session_id: str,
+    tenant: str | None = typer.Option(None, help="The tenant to move the session to."),
+    cwd: str | None = typer.Option(None, help="The new working directory."),
+    as_json: bool = JsonOption,
+) -> None:
+    """Move a session (metadata and artifact directory together) to a tenant and/or cwd."""
+    if tenant is None and cwd is None:
+        raise typer.BadParameter("give --tenant and/or --cwd")
+    with open_store() as store:
+        session = store.move(session_id, tenant_id=tenant, cwd=cwd)
+    _print_session(session, as_json, f"moved {session_id}")
+
+
+@sessions_app.command("delete")
+def delete(
+    session_id: str,
+    yes: bool = typer.Option(False, "--yes", "-y", help="Do not ask for confirmation."),
+    as_json: bool = JsonOption,
+) -> None:
+    """Delete a session: events, manifest rows, artifacts and directory (blobs stay for GC)."""
+    if not yes:
+        typer.confirm(f"delete session {session_id} and all its events and artifacts?", abort=True)
+    with open_store() as store:
+        report = store.delete_session(session_id)
+    if as_json:
+        print_json(report.to_dict())
+        return
+    console.print(
+        f"deleted {session_id}: {report.events} events, {report.artifacts} artifacts"
+        + (f"; {len(report.forks)} fork(s) keep their own copies" if report.forks else "")
+        + ("" if report.directory_removed else "; the artifact directory could not be removed")
+    )
+
+
+@sessions_app.command("copy-artifacts")
+def copy_artifacts(fork_id: str, as_json: bool = JsonOption) -> None:
+    """Run a fork's artifact copy now, in this process (also retries a failed copy)."""
+    with open_store() as store:
+        report = store.copy_fork_artifacts(fork_id)
+    if as_json:
+        print_json(report.to_dict())
+        return
+    console.print(
+        f"{fork_id}: {report.status or 'not a fork'}; copied {report.copied} "
+        f"({report.bytes_copied:,} B), already present {report.already_present}"
+        + (f"\nerror: {report.error}" if report.error else ""),
+        markup=False,
+        highlight=False,
+    )

@@ -1,0 +1,77 @@
+"""``sessionstore.copy_artifacts`` and the ``sessionstore.reconcile_forks`` beat job.
+
+The copy itself is ``SessionStore.copy_fork_artifacts`` (core); it is idempotent, so a
+redelivered or re-enqueued task, or two at once, are harmless. The reconciler re-enqueues
+copies still pending after ``fork_copy_timeout_seconds``: that covers a crash between the
+fork's commit and its enqueue, a lost message, and a worker killed mid-copy.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from celery import Celery, Task
+from celery.result import AsyncResult
+
+from core.errors import SessionNotFound
+from tasks.app import QUEUE, get_app, sessionstore_task, settings_of
+from tasks.locks import dedup_window, periodic_run
+from tasks.runtime import store_for
+from tasks.writes import backoff_seconds, is_transient
+
+logger = logging.getLogger(__name__)
+
+COPY_TASK = "sessionstore.copy_artifacts"
+RECONCILE_TASK = "sessionstore.reconcile_forks"
+RECONCILE_BATCH = 1000
+
+
+def enqueue_copy_artifacts(
+    fork_id: str, app: Celery | None = None, *, expires: float | None = None
+) -> AsyncResult:
+    """Enqueue the artifact copy of a fork (by task name: any Celery client can)."""
+    app = app or get_app()
+    return app.send_task(COPY_TASK, kwargs={"fork_id": fork_id}, queue=QUEUE, expires=expires)
+
+
+@sessionstore_task(name=COPY_TASK, bind=True, max_retries=None)
+def copy_artifacts(self: Task, fork_id: str) -> dict[str, Any]:
+    store = store_for(self.app)
+    try:
+        report = store.copy_fork_artifacts(fork_id)
+    except SessionNotFound:
+        logger.info("fork gone before its artifact copy ran", extra={"fork_id": fork_id})
+        return {"fork_id": fork_id, "status": None}
+    except Exception as exc:
+        settings = settings_of(self.app)
+        if is_transient(exc) and self.request.retries < settings.task_max_retries:
+            delay = backoff_seconds(self.request.retries, settings.task_visibility_timeout)
+            logger.warning(
+                "transient failure, retrying the fork's artifact copy",
+                extra={"fork_id": fork_id, "retry_in_s": round(delay, 2), "error": repr(exc)},
+            )
+            raise self.retry(exc=exc, countdown=delay) from exc
+        raise
+    return report.to_dict()
+
+
+@sessionstore_task(name=RECONCILE_TASK, bind=True)
+def reconcile_forks(self: Task) -> dict[str, Any]:
+    settings = settings_of(self.app)
+    window = dedup_window(settings.reconcile_schedule)
+    with periodic_run(self.app, "reconcile_forks", window, max_run_s=max(60.0, window)) as run:
+        if not run:
+            return {"skipped": True, "requeued": 0}
+        timeout = settings.fork_copy_timeout_seconds
+        fork_ids = store_for(self.app).pending_forks(older_than_s=timeout, limit=RECONCILE_BATCH)
+        for fork_id in fork_ids:
+            # Expiring after one timeout keeps a backlog from piling up while no worker
+            # runs: the next reconcile sends a fresh one.
+            enqueue_copy_artifacts(fork_id, self.app, expires=timeout)
+    if fork_ids:
+        logger.warning(
+            "re-enqueued fork artifact copies still pending",
+            extra={"count": len(fork_ids), "older_than_s": timeout, "fork_ids": fork_ids[:20]},
+        )
+    return {"skipped": False, "requeued": len(fork_ids), "fork_ids": fork_ids}

@@ -1,0 +1,327 @@
+"""Fork: events and state at the fork point, forks of forks, counters, quotas and resume
+(issue 6), on SQLite and PostgreSQL."""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import pytest
+from sqlalchemy import func, select
+
+from core import SessionNotFound, SessionStore, Settings
+from core.errors import QuotaExceeded
+from core.models import BlobRefRow, EventRow
+from core.records import Session
+from core.samples import EntryBuilder, screenshot_png
+from core.session_state import SessionState
+from core.sessions import InvalidForkPoint
+from core.snapshots import list_snapshots
+
+BIG_OUTPUT = "collected 412 items\n" + "tests/test_upload.py::test_retry PASSED\n" * 600
+
+
+def build_session(store: SessionStore, session_id: str, turns: int = 6) -> list[int]:
+    """A coding-agent session with screenshots and big tool outputs (blobs), a branch and a
+    tool-output artifact per turn; returns the head after each turn."""
+    b = EntryBuilder()
+    artifacts = store.artifacts(session_id)
+    store.append(session_id, [b.session_info("fix the upload test"), b.thinking_level("high")])
+    heads: list[int] = []
+    branch_point = ""
+    for turn in range(turns):
+        call = f"call_{turn}"
+        user = b.user(f"turn {turn}: look at the failure", images=[screenshot_png(turn % 3)])
+        branch_point = branch_point or user["id"]
+        events = [
+            user,
+            b.assistant(
+                f"running the tests ({turn})", tool_calls=[(call, "bash", {"cmd": "pytest"})]
+            ),
+            b.tool_result(call, "bash", BIG_OUTPUT + str(turn)),
+        ]
+        if turn == turns // 2:
+            b.branch_from(branch_point)
+            events.append(b.assistant("trying another approach"))
+        heads.append(store.append(session_id, events).last_seq)
+        artifacts.save(f"full output of turn {turn}\n" + BIG_OUTPUT, "bash")
+    return heads
+
+
+def comparable(state: SessionState) -> dict[str, Any]:
+    """The state without what names the session itself."""
+    data = state.to_dict()
+    data.pop("session_id")
+    data["info"].pop("parent_id")
+    data["info"].pop("forked_from_seq")
+    return data
+
+
+def defer_copies(store: SessionStore) -> list[Session]:
+    """Leave fork copies pending (as if the queue had them); returns the forks handed over."""
+    handed: list[Session] = []
+    store.fork_copier = handed.append
+    return handed
+
+
+def _count(store: SessionStore, table: Any, session_id: str) -> int:
+    with store.engine.connect() as conn:
+        query = select(func.count()).select_from(table).where(table.c.session_id == session_id)
+        return int(conn.execute(query).scalar_one())
+
+
+# --- events and state at the fork point ---------------------------------------------------------
+
+
+@pytest.mark.parametrize("where", ["head", "earlier"])
+def test_fork_rebuilds_the_parents_state_at_the_fork_point(store: SessionStore, where: str) -> None:
+    parent = store.create_session(tenant_id="acme", title="upload", cwd="/work/upload")
+    heads = build_session(store, parent.id)
+    at_seq = None if where == "head" else heads[2]
+    point = heads[-1] if at_seq is None else at_seq
+    expected = comparable(store.state(parent.id, at_seq=point, rehydrate=True))
+    blobs_before = store.blob_stats().blob_count
+    last_parent_position = store.read(parent.id)[-1].position
+
+    fork = store.fork(parent.id, at_seq=at_seq)
+
+    assert (fork.parent_id, fork.forked_from_seq, fork.head_seq) == (parent.id, point, point)
+    assert (fork.tenant_id, fork.title, fork.cwd) == ("acme", "upload", "/work/upload")
+    assert comparable(store.state(fork.id, rehydrate=True)) == expected
+    # Same payloads and manifest, new positions after everything that was there; no blob copied.
+    parent_events = store.read(parent.id, upto_seq=point)
+    fork_events = store.read(fork.id)
+    assert [(e.seq, e.type, e.payload) for e in fork_events] == [
+        (e.seq, e.type, e.payload) for e in parent_events
+    ]
+    assert {e.recorded_at for e in fork_events} == {fork.created_at}
+    positions = [e.position for e in fork_events]
+    assert positions == sorted(positions) and positions[0] > last_parent_position
+    assert [e.payload for e in store.read(fork.id, rehydrate=True)] == [
+        e.payload for e in store.read(parent.id, upto_seq=point, rehydrate=True)
+    ]
+    refs = _count(store, BlobRefRow.__table__, fork.id)  # type: ignore[attr-defined]
+    assert refs > 0
+    assert store.blob_stats().blob_count == blobs_before
+
+    # Later parent events are invisible to the fork.
+    store.append(parent.id, [EntryBuilder().user("only in the parent")])
+    assert store.get_session(fork.id).head_seq == point
+    assert comparable(store.state(fork.id, rehydrate=True)) == expected
+
+
+def test_forks_of_forks(store: SessionStore) -> None:
+    parent = store.create_session(tenant_id="acme")
+    heads = build_session(store, parent.id, turns=4)
+    first = store.fork(parent.id, at_seq=heads[1])
+    b = EntryBuilder(counter=1000)
+    store.append(first.id, [b.user("only in the first fork"), b.assistant("sure")])
+    store.artifacts(first.id).save("first fork's own output", "bash")
+    first_head = store.get_session(first.id).head_seq
+    expected = comparable(store.state(first.id, rehydrate=True))
+
+    second = store.fork(first.id)
+    third = store.fork(second.id, at_seq=heads[0])
+
+    assert comparable(store.state(second.id, rehydrate=True)) == expected
+    assert store.get_session(second.id).head_seq == first_head
+    assert comparable(store.state(third.id, rehydrate=True)) == comparable(
+        store.state(parent.id, at_seq=heads[0], rehydrate=True)
+    )
+    assert store.resolve("artifact://2", session_id=second.id).content == (
+        "first fork's own output"
+    )
+
+
+def test_fork_points_outside_the_session_are_refused(store: SessionStore) -> None:
+    parent = store.create_session(tenant_id="acme")
+    store.append(parent.id, [EntryBuilder().user("one")])
+    for at_seq in (-1, 2):
+        with pytest.raises(InvalidForkPoint, match="the head is 1"):
+            store.fork(parent.id, at_seq=at_seq)
+    with pytest.raises(SessionNotFound):
+        store.fork("no-such-session")
+    with pytest.raises(SessionNotFound):
+        store.fork(parent.id, tenant_id="globex")
+    assert store.list_sessions().items == [store.get_session(parent.id)]
+
+
+def test_fork_at_zero_is_an_empty_session_of_the_same_tenant(store: SessionStore) -> None:
+    parent = store.create_session(tenant_id="acme")
+    build_session(store, parent.id, turns=1)
+    fork = store.fork(parent.id, at_seq=0)
+    assert (fork.head_seq, fork.forked_from_seq, fork.copy_status) == (0, 0, "copied")
+    assert store.read(fork.id) == []
+    assert store.append(fork.id, [EntryBuilder().user("fresh start")]).first_seq == 1
+
+
+def test_fork_copies_the_parents_snapshots_up_to_the_fork_point(settings: Settings) -> None:
+    with SessionStore.from_settings(settings.with_overrides(snapshot_every=5)) as store:
+        parent = store.create_session(tenant_id="acme")
+        heads = build_session(store, parent.id, turns=6)
+        for head in heads:
+            store.state(parent.id, at_seq=head)  # each read stores the last boundary it passed
+        fork = store.fork(parent.id, at_seq=heads[3])
+        parent_seqs = [seq for _, seq, _ in list_snapshots(store.engine, parent.id)]
+        fork_seqs = [seq for _, seq, _ in list_snapshots(store.engine, fork.id)]
+        assert fork_seqs == [s for s in parent_seqs if s <= heads[3]] and fork_seqs
+        assert comparable(store.state(fork.id, rehydrate=True)) == comparable(
+            store.state(parent.id, at_seq=heads[3], rehydrate=True)
+        )
+
+
+def test_concurrent_appends_to_the_parent_never_leak_into_a_fork(store: SessionStore) -> None:
+    parent = store.create_session(tenant_id="acme")
+    b = EntryBuilder()
+    store.append(parent.id, [b.user("start")])
+    done = threading.Event()
+
+    def writer() -> None:
+        for i in range(150):
+            store.append(parent.id, [b.user(f"message {i}")])
+        done.set()
+
+    thread = threading.Thread(target=writer)
+    thread.start()
+    forks: list[Session] = []
+    while not done.is_set() or not forks:
+        forks.append(store.fork(parent.id))
+    thread.join()
+    parent_payloads = [e.payload for e in store.read(parent.id)]
+    for fork in forks:
+        events = store.read(fork.id)
+        assert [e.seq for e in events] == list(range(1, fork.head_seq + 1))
+        assert [e.payload for e in events] == parent_payloads[: fork.head_seq]
+
+
+# --- artifacts: ids, status, quota ------------------------------------------------------------
+
+
+def test_fork_counters_continue_after_the_ids_at_the_fork_point(store: SessionStore) -> None:
+    parent = store.create_session(tenant_id="acme")
+    artifacts = store.artifacts(parent.id)
+    b = EntryBuilder()
+    for i in range(3):
+        artifacts.save(f"output {i}", "bash")
+    review = artifacts.save_agent_output("review", "# review")
+    artifacts.save_agent_output("fixer", "# fix")
+    artifacts.save_agent_output("child", "# nested", parent_id=review)
+    point = store.append(parent.id, [b.user("fork here")]).last_seq
+    store.append(parent.id, [b.user("later")])
+    artifacts.save("after the fork point", "bash")  # id 3, created at seq point + 1
+    artifacts.save_agent_output("late", "# late")  # 2-late
+
+    fork = store.fork(parent.id, at_seq=point)
+    mine = store.artifacts(fork.id)
+
+    assert sorted(a.local_id for a in mine.list()) == sorted(
+        ["0", "1", "2", "0-review", "1-fixer", "0-review.0-child"]
+    )
+    assert mine.save("fork's own", "bash") == "3"
+    assert mine.save_agent_output("other", "# other") == "2-other"
+    assert mine.save_agent_output("kid", "# kid", parent_id=review) == "0-review.1-kid"
+    # Resolving: inherited ids are the parent's content, the new ones the fork's.
+    assert store.resolve("artifact://2", session_id=fork.id).content == "output 2"
+    assert store.resolve("artifact://3", session_id=fork.id).content == "fork's own"
+    assert store.resolve("artifact://3", session_id=parent.id).content == "after the fork point"
+    assert store.resolve("agent://0-review.0-child", session_id=fork.id).content == "# nested"
+
+
+def test_a_fork_without_artifacts_is_copied_at_once(store: SessionStore) -> None:
+    parent = store.create_session(tenant_id="acme")
+    store.append(parent.id, [EntryBuilder().user("no artifacts here")])
+    handed = defer_copies(store)
+    fork = store.fork(parent.id)
+    assert (fork.copy_status, handed) == ("copied", [])
+
+
+def test_inherited_artifacts_are_copied_in_process_without_a_queue(store: SessionStore) -> None:
+    parent = store.create_session(tenant_id="acme")
+    build_session(store, parent.id, turns=2)
+    fork = store.fork(parent.id)  # no fork_copier: the store copies right after the commit
+    assert (fork.copy_status, fork.copy_error) == ("copied", None)
+    assert store.artifacts(fork.id).directory().is_dir()
+
+
+def test_a_failing_copier_leaves_the_fork_pending_and_usable(store: SessionStore) -> None:
+    parent = store.create_session(tenant_id="acme")
+    build_session(store, parent.id, turns=2)
+
+    def broken(fork: Session) -> None:
+        raise ConnectionError("broker unreachable")
+
+    store.fork_copier = broken
+    fork = store.fork(parent.id)
+    assert store.get_session(fork.id).copy_status == "pending"
+    assert store.resolve("artifact://1", session_id=fork.id).content.startswith("full output")
+    assert store.pending_forks(older_than_s=0) == [fork.id]
+    report = store.copy_fork_artifacts(fork.id)
+    assert (report.status, report.copied) == ("copied", 2)
+    assert store.copy_fork_artifacts(fork.id).copied == 0  # safe to run again
+    assert store.pending_forks(older_than_s=0) == []
+
+
+def test_a_fork_that_would_exceed_the_tenant_quota_is_refused(
+    settings: Settings,
+) -> None:
+    with SessionStore.from_settings(settings.with_overrides(quota_tenant_bytes=1500)) as store:
+        parent = store.create_session(tenant_id="acme")
+        store.append(parent.id, [EntryBuilder().user("hi")])
+        store.artifacts(parent.id).files.put("notes/plan.md", "x" * 1000)
+        with pytest.raises(QuotaExceeded, match="tenant quota exceeded"):
+            store.fork(parent.id)
+        assert len(store.list_sessions().items) == 1
+        assert _count(store, EventRow.__table__, parent.id) == 1  # type: ignore[attr-defined]
+
+
+# --- resume -----------------------------------------------------------------------------------
+
+
+def test_reopening_continues_seq_artifact_ids_and_agent_output_ids(settings: Settings) -> None:
+    with SessionStore.from_settings(settings) as store:
+        session = store.create_session(tenant_id="acme")
+        build_session(store, session.id, turns=2)
+        first_agent = store.artifacts(session.id).save_agent_output("review", "# first")
+        fork = store.fork(session.id)
+        head = store.get_session(session.id).head_seq
+    with SessionStore.from_settings(settings) as reopened:
+        for sid in (session.id, fork.id):
+            result = reopened.append(sid, [EntryBuilder(counter=500).user("back again")])
+            assert result.first_seq == head + 1
+            artifacts = reopened.artifacts(sid)
+            assert artifacts.save("after reopening", "bash") == "2"
+            assert artifacts.save_agent_output("review", "# second") == "1-review"
+            # Nothing was overwritten.
+            assert reopened.resolve("artifact://0", session_id=sid).content.startswith(
+                "full output of turn 0"
+            )
+            assert reopened.resolve(f"agent://{first_agent}", session_id=sid).content == "# first"
+
+
+def test_a_failed_copy_keeps_serving_unchanged_inherited_artifacts_and_a_retry_completes(
+    store: SessionStore,
+) -> None:
+    parent = store.create_session(tenant_id="acme")
+    build_session(store, parent.id, turns=1)
+    stored = store.store_oversized(parent.id, "z" * 13_000, "grep")
+    assert stored is not None
+    oversized = stored.ref.artifact_id
+    defer_copies(store)
+    fork = store.fork(parent.id)
+    # A real filesystem failure: a file sits where the fork's oversized/ directory goes.
+    fork_dir = store.artifacts(fork.id).directory()
+    fork_dir.mkdir(parents=True)
+    (fork_dir / "oversized").write_text("in the way")
+
+    report = store.copy_fork_artifacts(fork.id)
+
+    assert (report.status, report.copied) == ("failed", 1)
+    failed = store.get_session(fork.id)
+    assert failed.copy_error is not None and f"oversized {oversized}" in failed.copy_error
+    assert store.resolve(oversized, session_id=fork.id).content == "z" * 13_000  # from the parent
+    assert store.pending_forks(older_than_s=0) == []  # the reconciler leaves failed copies alone
+
+    (fork_dir / "oversized").unlink()
+    retried = store.copy_fork_artifacts(fork.id)
+    assert (retried.status, retried.copied, retried.already_present) == ("copied", 1, 1)
+    assert (fork_dir / "oversized" / f"{oversized}.txt").read_text() == "z" * 13_000

@@ -1,0 +1,230 @@
+"""The fork's artifact copy through the queue: a real worker, real Redis, real PostgreSQL.
+
+- with a worker, inherited artifacts arrive byte-identical, as independent files;
+- with the worker stopped, the pending fork resolves its inherited artifacts from the
+  parent, and the parent's later writes never show through;
+- a lost copy task is recovered by the reconciler.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+from celery import Celery
+from celery.contrib.testing.worker import start_worker
+
+from core import SessionStore, Settings
+from core.artifacts import session_dir
+from core.artifacts.paths import agent_output_names
+from core.errors import ResolveNotFound
+from core.samples import EntryBuilder
+from tasks.app import create_app
+from tasks.forks import COPY_TASK, RECONCILE_TASK
+from tasks.runtime import attach_fork_copier
+from tests.support import wait_for
+from tests.test_fork import BIG_OUTPUT, defer_copies
+
+pytestmark = [pytest.mark.postgres, pytest.mark.redis]
+
+
+@pytest.fixture
+def queue_settings(pg_url: str, redis_url: str, tmp_path: Path) -> Settings:
+    return Settings(
+        data_dir=tmp_path / "data",
+        database_url=pg_url,
+        broker_url=redis_url,
+        result_backend=redis_url,
+        fork_copy_timeout_seconds=0.5,
+    )
+
+
+@pytest.fixture
+def app(queue_settings: Settings) -> Celery:
+    return create_app(queue_settings)
+
+
+@pytest.fixture
+def store(queue_settings: Settings, app: Celery) -> Iterator[SessionStore]:
+    with SessionStore.from_settings(queue_settings) as s:
+        yield attach_fork_copier(s, app)
+
+
+@contextmanager
+def running_worker(app: Celery) -> Iterator[None]:
+    with start_worker(
+        app, pool="threads", concurrency=2, perform_ping_check=False, shutdown_timeout=30
+    ):
+        yield
+
+
+def _parent(store: SessionStore) -> tuple[str, dict[str, str]]:
+    """A session with every kind of artifact; returns its id and the inherited URLs."""
+    sid = store.create_session(tenant_id="acme").id
+    b = EntryBuilder()
+    artifacts = store.artifacts(sid)
+    store.append(sid, [b.user("start")])
+    tool = artifacts.save(BIG_OUTPUT, "bash")
+    store.append(sid, [b.assistant("ran the tests")])
+    review = artifacts.save_agent_output("review", "# review\nlooks good", jsonl='{"step": 1}\n')
+    nested = artifacts.save_agent_output("check", '{"ok": true, "n": [1, 2]}', parent_id=review)
+    artifacts.files.put("src/app/notes.md", "# notes\n")
+    stored = store.store_oversized(sid, "y" * 13_000, "grep")
+    assert stored is not None
+    store.append(sid, [b.user("fork after this")])
+    urls = {
+        f"artifact://{tool}": BIG_OUTPUT,
+        f"agent://{review}": "# review\nlooks good",
+        f"agent://{nested}": '{"ok": true, "n": [1, 2]}',
+        stored.ref.artifact_id: "y" * 13_000,
+    }
+    return sid, urls
+
+
+def _directory(store: SessionStore, session_id: str) -> Path:
+    tenant = store.get_session(session_id).tenant_id
+    return session_dir(store.settings.resolved_artifact_root, tenant, session_id)
+
+
+def _files(directory: Path) -> dict[str, Path]:
+    return {
+        str(p.relative_to(directory)): p
+        for p in directory.rglob("*")
+        if p.is_file() and ".tmp" not in p.parts
+    }
+
+
+def _wait_copied(store: SessionStore, fork_id: str, timeout: float = 60) -> None:
+    wait_for(
+        lambda: store.get_session(fork_id).copy_status != "pending", timeout, "the fork's copy"
+    )
+
+
+def test_a_worker_copies_inherited_artifacts_byte_identical(
+    app: Celery, store: SessionStore
+) -> None:
+    sid, urls = _parent(store)
+    with running_worker(app):
+        fork = store.fork(sid)
+        assert fork.copy_status == "pending"
+        _wait_copied(store, fork.id)
+    assert store.get_session(fork.id).copy_status == "copied"
+
+    parent_files = _files(_directory(store, sid))
+    fork_files = _files(_directory(store, fork.id))
+    assert set(fork_files) == set(parent_files)
+    assert "0-review.jsonl" in fork_files  # the agent output's sidecar came along
+    for name, path in fork_files.items():
+        assert path.read_bytes() == parent_files[name].read_bytes(), name
+        # An independent file: no hard link shared with the parent.
+        assert path.stat().st_nlink == 1
+        assert path.stat().st_ino != parent_files[name].stat().st_ino
+    for url, content in urls.items():
+        assert store.resolve(url, session_id=fork.id).content == content
+
+    # New artifacts in the fork continue the numbering; the parent's later writes stay there.
+    mine = store.artifacts(fork.id)
+    assert mine.save("the fork's own output", "bash") == "1"
+    assert mine.save_agent_output("fixer", "# fix") == "1-fixer"
+    store.artifacts(sid).files.put("src/app/notes.md", "# rewritten in the parent\n")
+    assert mine.files.get("src/app/notes.md") == b"# notes\n"
+
+
+def test_a_pending_fork_resolves_inherited_artifacts_with_the_worker_stopped(
+    app: Celery, store: SessionStore
+) -> None:
+    sid, urls = _parent(store)
+    fork = store.fork(sid)  # enqueued to Redis; no worker is consuming
+
+    time.sleep(1.0)
+    assert store.get_session(fork.id).copy_status == "pending"
+    assert not _directory(store, fork.id).exists()
+    for url, content in urls.items():
+        assert store.resolve(url, session_id=fork.id).content == content
+    assert store.resolve("agent://0-review.0-check/n/1", session_id=fork.id).content == "2"
+    # The fork's own new artifact gets the next id and lives in its own directory.
+    assert store.artifacts(fork.id).save("fork's own", "bash") == "1"
+    assert store.resolve("artifact://1", session_id=fork.id).content == "fork's own"
+    assert store.resolve("artifact://0", session_id=fork.id).content == BIG_OUTPUT
+
+    with running_worker(app):
+        _wait_copied(store, fork.id)
+    assert store.get_session(fork.id).copy_status == "copied"
+    for url, content in urls.items():
+        assert store.resolve(url, session_id=fork.id).content == content
+    assert store.artifacts(fork.id).files.get("src/app/notes.md") == b"# notes\n"
+
+
+def test_parent_rewrites_after_the_fork_never_show_through(
+    app: Celery, store: SessionStore
+) -> None:
+    sid, urls = _parent(store)
+    fork = store.fork(sid)
+    time.sleep(0.1)  # past the fork's creation, for any filesystem clock granularity
+    # Same size: the row stays identical; only the file is newer than the fork.
+    store.artifacts(sid).write_agent_output("0-review", "# REVIEW\nLOOKS GOOD")
+
+    with pytest.raises(ResolveNotFound):
+        store.resolve("agent://0-review", session_id=fork.id)
+    with running_worker(app):
+        _wait_copied(store, fork.id)
+
+    after = store.get_session(fork.id)
+    assert after.copy_status == "failed"
+    assert after.copy_error is not None and "agent_output 0-review" in after.copy_error
+    fork_dir = _directory(store, fork.id)
+    assert not (fork_dir / agent_output_names("0-review")[0]).exists()
+    with pytest.raises(ResolveNotFound):  # still never the parent's new content
+        store.resolve("agent://0-review", session_id=fork.id)
+    # The fork stays usable: everything else arrived, and it takes new events and artifacts.
+    for url, content in urls.items():
+        if url != "agent://0-review":
+            assert store.resolve(url, session_id=fork.id).content == content
+    assert store.append(fork.id, [EntryBuilder(counter=50).user("go on")]).first_seq == 4
+    assert store.artifacts(fork.id).save("more", "bash") == "1"
+
+
+def test_a_lost_copy_task_is_recovered_by_the_reconciler(app: Celery, store: SessionStore) -> None:
+    sid, urls = _parent(store)
+    handed = defer_copies(store)  # the process died between the commit and the enqueue
+    fork = store.fork(sid)
+    assert [f.id for f in handed] == [fork.id]
+    with running_worker(app):
+        time.sleep(1.0)
+        assert store.get_session(fork.id).copy_status == "pending"  # nobody knows about it
+        assert store.pending_forks(older_than_s=0.5) == [fork.id]
+        outcome = app.send_task(RECONCILE_TASK)
+        wait_for(outcome.ready, 30, "the reconciler")
+        assert outcome.result["requeued"] == 1 and outcome.result["fork_ids"] == [fork.id]
+        _wait_copied(store, fork.id)
+        again = app.send_task(RECONCILE_TASK)  # same period: skipped, one run per period
+        wait_for(again.ready, 30, "the second reconciler run")
+        assert again.result == {"skipped": True, "requeued": 0}
+    assert store.get_session(fork.id).copy_status == "copied"
+    for url, content in urls.items():
+        assert store.resolve(url, session_id=fork.id).content == content
+
+
+def test_the_copy_task_is_idempotent_and_never_overwrites(app: Celery, store: SessionStore) -> None:
+    sid, _ = _parent(store)
+    defer_copies(store)
+    fork = store.fork(sid)
+    # The fork writes its own version of an inherited file before the copy runs.
+    store.artifacts(fork.id).files.put("src/app/notes.md", "# the fork's notes\n")
+    with running_worker(app):
+        results = [app.send_task(COPY_TASK, kwargs={"fork_id": fork.id}) for _ in range(3)]
+        for result in results:
+            wait_for(result.ready, 30, "a copy task")
+    reports = [r.result for r in results]
+    assert all(r["status"] == "copied" for r in reports)
+    assert (
+        sum(r["copied"] for r in reports) == 4
+    )  # each file once: tool, agent (+jsonl), nested, oversized
+    assert store.artifacts(fork.id).files.get("src/app/notes.md") == b"# the fork's notes\n"
+    with running_worker(app):
+        gone = app.send_task(COPY_TASK, kwargs={"fork_id": "no-such-fork"})
+        wait_for(gone.ready, 30, "a copy of a missing fork")
+    assert gone.result == {"fork_id": "no-such-fork", "status": None}
