@@ -1,0 +1,718 @@
+"""Maintenance: blob GC (invariant 6), expiry of oversized-output artifacts, and the run log.
+
+Blob GC never holds the mark set in memory. It walks the ``blobs`` table in hash order, one
+page at a time, and asks the manifest index per blob whether any ``blob_refs`` row names it
+(``referenced``). So its cost follows the number of registered blobs and candidates, and the
+journal's size only through the depth of one index.
+
+A candidate (unreferenced, ``last_written_at`` before the cutoff) is swept like this, one
+chunk per write transaction:
+
+1. lock its row: ``FOR UPDATE SKIP LOCKED`` on PostgreSQL (a writer that holds the row is
+   about to refresh or reference it, so it is skipped, not waited for); SQLite's
+   ``BEGIN IMMEDIATE`` already excludes every writer;
+2. re-check in a NEW statement (so PostgreSQL takes a fresh snapshot, seeing every append
+   that committed before the lock was granted) that it is still unreferenced and still old;
+3. remove the file while the lock is held, delete the row, commit.
+
+An append share-locks its blobs' rows and fails with ``BlobsMissing`` once a row is gone,
+and a put upserts the row and re-creates a missing file under the same lock: a writer
+racing GC re-creates the blob instead of referencing a missing file.
+
+Files never registered (a crash between the durable write and the registration) are swept
+when older than the grace window, each under a placeholder row that stands in for the row
+lock; temporary ``.tmp-*.part`` files only when much older (a slow write may still own one).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from itertools import islice
+from pathlib import Path
+from typing import Any, TypeVar
+
+from sqlalchemy import (
+    Connection,
+    Engine,
+    String,
+    any_,
+    bindparam,
+    delete,
+    func,
+    insert,
+    literal,
+    select,
+)
+from sqlalchemy.dialects.postgresql import ARRAY
+from sqlalchemy.dialects.postgresql import insert as pg_insert
+from sqlalchemy.dialects.sqlite import insert as sqlite_insert
+from sqlalchemy.exc import SQLAlchemyError
+
+from core.artifacts import OversizedOutputs
+from core.artifacts.records import OVERSIZED
+from core.blobs import SUFFIXES, BlobStore, FileBlobStore, is_valid_hash
+from core.db import is_sqlite, read_connection, write_transaction
+from core.models import ArtifactRow, BlobRefRow, BlobRow, MaintenanceRunRow, utcnow
+
+log = logging.getLogger(__name__)
+
+_blobs = BlobRow.__table__  # type: ignore[attr-defined]
+_refs = BlobRefRow.__table__  # type: ignore[attr-defined]
+_artifacts = ArtifactRow.__table__  # type: ignore[attr-defined]
+_runs = MaintenanceRunRow.__table__  # type: ignore[attr-defined]
+
+# (phase, done so far, total or None when unknown); phases: blobs, files, artifacts
+Progress = Callable[[str, int, int | None], None]
+
+DEFAULT_BATCH = 1000
+# Candidates swept per write transaction: bounds how long a writer can wait on GC's locks.
+SWEEP_CHUNK = 100
+# A temporary file is swept only after this long, whatever the grace: a slow put owns it.
+TEMP_MIN_AGE_S = 3600.0
+TEMP_PREFIX, TEMP_SUFFIX = ".tmp-", ".part"
+MAX_ERRORS_KEPT = 50
+SAMPLE_SIZE = 20
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_T = TypeVar("_T")
+
+# "Does any manifest row name this blob?": one probe of the manifest's hash index per blob.
+# A scalar subquery with LIMIT 1 rather than EXISTS, because PostgreSQL may run an EXISTS
+# as a hashed subplan that reads the whole manifest for every page: cost by journal size.
+_first_ref = select(literal(1)).where(_refs.c.hash == _blobs.c.hash).limit(1).scalar_subquery()
+_referenced = _first_ref.is_not(None)
+
+
+# reports --------------------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class GcReport:
+    """What one GC run found and did. On a dry run, ``deleted`` and the byte counts say what
+    an ``apply`` run would delete (``to_dict`` names it ``would_delete``)."""
+
+    applied: bool
+    grace_s: float
+    cutoff: datetime
+    scanned: int = 0  # registered blobs looked at
+    referenced: int = 0  # registered blobs the manifest names: the distinct referenced hashes
+    young: int = 0  # unreferenced, but written inside the grace window: kept
+    candidates: int = 0  # unreferenced and older than the cutoff
+    deleted: int = 0
+    blob_bytes: int = 0  # stored bytes of the deleted blobs
+    skipped: int = 0  # candidates a writer held, refreshed or referenced before the sweep
+    orphans: int = 0  # files never registered, older than the cutoff
+    orphan_bytes: int = 0
+    temp_files: int = 0  # stale temporary files of interrupted writes
+    temp_bytes: int = 0
+    errors: list[str] = field(default_factory=list)
+    error_count: int = 0
+    complete: bool = True  # False when the time budget or a database error cut it short
+    seconds: float = 0.0
+    phase_seconds: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def would_delete(self) -> int:
+        return 0 if self.applied else self.deleted
+
+    @property
+    def bytes_freed(self) -> int:
+        return self.blob_bytes + self.orphan_bytes + self.temp_bytes
+
+    def error(self, message: str) -> None:
+        self.error_count += 1
+        if len(self.errors) < MAX_ERRORS_KEPT:  # bounded, however many files fail
+            self.errors.append(message)
+
+    def counts(self) -> dict[str, int]:
+        """The figures a dry run predicts and an apply run then reports."""
+        return {
+            "scanned": self.scanned,
+            "referenced": self.referenced,
+            "young": self.young,
+            "candidates": self.candidates,
+            "deleted": self.deleted,
+            "skipped": self.skipped,
+            "bytes_freed": self.bytes_freed,
+            "blob_bytes": self.blob_bytes,
+            "orphans": self.orphans,
+            "orphan_bytes": self.orphan_bytes,
+            "temp_files": self.temp_files,
+            "temp_bytes": self.temp_bytes,
+        }
+
+    def to_dict(self) -> dict[str, Any]:
+        # Same order as counts(), with "deleted" named for what a dry run means by it.
+        deleted_key = "deleted" if self.applied else "would_delete"
+        counts = {deleted_key if k == "deleted" else k: v for k, v in self.counts().items()}
+        return {
+            "applied": self.applied,
+            "grace_s": self.grace_s,
+            "cutoff": self.cutoff.isoformat(),
+            **counts,
+            "errors": list(self.errors),
+            "error_count": self.error_count,
+            "complete": self.complete,
+            "seconds": round(self.seconds, 3),
+            "phase_seconds": {k: round(v, 3) for k, v in self.phase_seconds.items()},
+        }
+
+
+@dataclass(slots=True)
+class ExpireRunReport:
+    """Oversized outputs expired at ``now``; on a dry run ``deleted`` is what would go."""
+
+    applied: bool
+    now: datetime
+    expired: int = 0
+    deleted: int = 0
+    bytes_freed: int = 0
+    sample: list[tuple[str, str]] = field(default_factory=list)  # (session_id, artifact_id)
+    errors: list[str] = field(default_factory=list)
+    seconds: float = 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "applied": self.applied,
+            "now": self.now.isoformat(),
+            "expired": self.expired,
+            "deleted" if self.applied else "would_delete": self.deleted,
+            "bytes_freed": self.bytes_freed,
+            "sample": [list(s) for s in self.sample],
+            "errors": list(self.errors),
+            "seconds": round(self.seconds, 3),
+        }
+
+
+# blob GC --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Candidate:
+    hash: str
+    stored_size: int
+
+
+@dataclass(frozen=True, slots=True)
+class ScannedPage:
+    last_hash: str | None  # None: the table has no blob after the page's start
+    scanned: int
+    referenced: int
+    young: int
+    candidates: list[Candidate]
+
+
+class BlobGc:
+    """One GC run over one blob store; ``run()`` does all of it, in bounded memory."""
+
+    def __init__(
+        self,
+        engine: Engine,
+        blobs: BlobStore,
+        *,
+        apply: bool,
+        grace_s: float,
+        batch_size: int = DEFAULT_BATCH,
+        progress: Progress | None = None,
+        time_budget_s: float | None = None,
+        now: datetime | None = None,
+    ) -> None:
+        if grace_s < 0 or batch_size < 1:
+            raise ValueError("grace must be >= 0 and batch_size >= 1")
+        self.engine = engine
+        self.blobs = blobs
+        self.apply = apply
+        self.batch_size = batch_size
+        self.progress = progress
+        self.now = now or utcnow()
+        self.cutoff = self.now - timedelta(seconds=grace_s)
+        self.report = GcReport(applied=apply, grace_s=grace_s, cutoff=self.cutoff)
+        self._started = time.monotonic()
+        self._deadline = None if time_budget_s is None else self._started + time_budget_s
+
+    def run(self) -> GcReport:
+        try:
+            if self.apply:
+                self.recover_quarantined()
+            for phase, sweep in (
+                ("blobs", self._sweep_registered),
+                ("files", self._sweep_files),
+            ):
+                started = time.monotonic()
+                sweep()
+                self.report.phase_seconds[phase] = time.monotonic() - started
+        except SQLAlchemyError as exc:
+            # The database went away mid-run: what was committed stays done; report it.
+            self.report.complete = False
+            self.report.error(f"database error, run stopped: {exc}")
+            log.error("blob GC stopped by a database error", extra={"error": repr(exc)})
+        self.report.seconds = time.monotonic() - self._started
+        log.info("blob GC finished", extra={"gc": self.report.to_dict()})
+        return self.report
+
+    def _out_of_time(self) -> bool:
+        if self._deadline is not None and time.monotonic() > self._deadline:
+            self.report.complete = False
+            return True
+        return False
+
+    def _tick(self, phase: str, done: int, total: int | None) -> None:
+        if self.progress is not None:
+            self.progress(phase, done, total)
+
+    # registered blobs -------------------------------------------------------------------
+
+    def _sweep_registered(self) -> None:
+        total = self._count_blobs()
+        after = ""
+        self._tick("blobs", 0, total)
+        while not self._out_of_time():
+            page = self.scan_page(after)
+            if page.last_hash is None:
+                break
+            self._account(page)
+            for chunk in _chunks(page.candidates, SWEEP_CHUNK):
+                if self.apply:
+                    self.sweep(chunk)
+                else:
+                    self._would_sweep(chunk)
+            self._tick("blobs", self.report.scanned, total)
+            after = page.last_hash
+
+    def _count_blobs(self) -> int:
+        with read_connection(self.engine) as conn:
+            return int(conn.execute(select(func.count()).select_from(_blobs)).scalar_one())
+
+    def scan_page(self, after: str) -> ScannedPage:
+        """The next ``batch_size`` registered blobs after hash ``after`` (keyset paging)."""
+        query = (
+            select(
+                _blobs.c.hash,
+                _blobs.c.stored_size,
+                _blobs.c.last_written_at,
+                _referenced.label("referenced"),
+            )
+            .where(_blobs.c.hash > after)
+            .order_by(_blobs.c.hash)
+            .limit(self.batch_size)
+        )
+        with read_connection(self.engine) as conn:
+            rows = conn.execute(query).all()
+        unreferenced = [r for r in rows if not r.referenced]
+        old = [r for r in unreferenced if r.last_written_at < self.cutoff]
+        return ScannedPage(
+            last_hash=rows[-1].hash if rows else None,
+            scanned=len(rows),
+            referenced=len(rows) - len(unreferenced),
+            young=len(unreferenced) - len(old),
+            candidates=[Candidate(r.hash, int(r.stored_size)) for r in old],
+        )
+
+    def _account(self, page: ScannedPage) -> None:
+        self.report.scanned += page.scanned
+        self.report.referenced += page.referenced
+        self.report.young += page.young
+        self.report.candidates += len(page.candidates)
+
+    def _would_sweep(self, chunk: Sequence[Candidate]) -> None:
+        self.report.deleted += len(chunk)
+        self.report.blob_bytes += sum(c.stored_size for c in chunk)
+
+    def sweep(self, chunk: Sequence[Candidate]) -> None:
+        """Delete the candidates that are still garbage under their row locks (invariant 6).
+
+        Files are moved aside under the lock and deleted only after the row delete commits;
+        a failed commit puts them back, and a crash leaves them for ``recover_quarantined``.
+        """
+        hashes = sorted(c.hash for c in chunk)
+        moved: list[Path] = []
+        eligible: list[tuple[str, int]] = []
+        removed: list[tuple[str, int]] = []
+        try:
+            with write_transaction(self.engine) as conn:
+                locked = self._lock(conn, hashes)
+                eligible = self._recheck(conn, locked)
+                removed, moved = self._quarantine(eligible)
+                if removed:
+                    conn.execute(delete(_blobs).where(_blobs.c.hash.in_([h for h, _ in removed])))
+        except BaseException:
+            self.blobs.restore_quarantined(moved)
+            raise
+        self.blobs.purge_quarantined(moved)
+        self.report.skipped += len(chunk) - len(eligible)
+        self.report.deleted += len(removed)
+        self.report.blob_bytes += sum(size for _, size in removed)
+
+    def recover_quarantined(self) -> None:
+        """Files a GC moved aside and never purged: back if still registered, else gone."""
+        found = list(self.blobs.iter_quarantined())
+        if not found:
+            return
+        registered = self._registered_among({h for h, _ in found})
+        keep = [path for h, path in found if h in registered]
+        self.blobs.restore_quarantined(keep)
+        self.blobs.purge_quarantined([path for h, path in found if h not in registered])
+        log.warning(
+            "recovered files of an interrupted GC",
+            extra={"restored": len(keep), "purged": len(found) - len(keep)},
+        )
+
+    def _lock(self, conn: Connection, hashes: list[str]) -> list[str]:
+        query = select(_blobs.c.hash).where(_blobs.c.hash.in_(hashes)).order_by(_blobs.c.hash)
+        if not is_sqlite(self.engine):
+            # Hash order, like every other blob-row locker; SKIP LOCKED never waits at all.
+            query = query.with_for_update(skip_locked=True)
+        return list(conn.execute(query).scalars())
+
+    def _recheck(self, conn: Connection, locked: list[str]) -> list[tuple[str, int]]:
+        """Still unreferenced and still old, seen by a statement that began after the lock."""
+        if not locked:
+            return []
+        query = (
+            select(_blobs.c.hash, _blobs.c.stored_size)
+            .where(
+                _blobs.c.hash.in_(locked),
+                _blobs.c.last_written_at < self.cutoff,
+                ~_referenced,
+            )
+            .order_by(_blobs.c.hash)
+        )
+        return [(r.hash, int(r.stored_size)) for r in conn.execute(query)]
+
+    def _quarantine(
+        self, eligible: list[tuple[str, int]]
+    ) -> tuple[list[tuple[str, int]], list[Path]]:
+        removed: list[tuple[str, int]] = []
+        moved: list[Path] = []
+        for blob_hash, size in eligible:
+            try:
+                aside = self.blobs.quarantine_file(blob_hash)
+            except OSError as exc:
+                # The file may still be there: keep its row, so it stays a valid blob.
+                self.report.error(f"blob {blob_hash}: cannot remove: {exc}")
+                continue
+            if not aside:
+                log.warning("registered blob had no file", extra={"blob_hash": blob_hash})
+            moved += aside
+            removed.append((blob_hash, size if aside else 0))
+        return removed, moved
+
+    # files on disk: never registered, or temporary --------------------------------------
+
+    def _sweep_files(self) -> None:
+        seen = 0
+        self._tick("files", 0, None)
+        for chunk in _chunks(self._files(), self.batch_size):
+            if self._out_of_time():
+                return
+            seen += len(chunk)
+            hashes = {f.hash for f in chunk if f.hash is not None}
+            registered = self._registered_among(hashes)
+            unregistered = [f for f in chunk if f.hash is not None and f.hash not in registered]
+            self._sweep_orphans(_stat_all(unregistered))
+            self._sweep_temps(_stat_all([f for f in chunk if f.hash is None]))
+            self._tick("files", seen, None)
+
+    def _files(self) -> Iterator[FoundFile]:
+        if isinstance(self.blobs, FileBlobStore):
+            return file_tree(self.blobs.root)  # stats only what it must (see file_tree)
+        return (
+            FoundFile(f.hash, str(f.path), f.stored_size, f.modified_at)
+            for f in self.blobs.iter_files()
+        )
+
+    def _registered_among(self, hashes: set[str]) -> set[str]:
+        if not hashes:
+            return set()
+        if is_sqlite(self.engine):
+            match = _blobs.c.hash.in_(sorted(hashes))
+        else:
+            # One array parameter, not a thousand: the IN list's binding cost dominated.
+            match = _blobs.c.hash == any_(bindparam("hashes", sorted(hashes), ARRAY(String)))
+        query = select(_blobs.c.hash).where(match)
+        with read_connection(self.engine) as conn:
+            return set(conn.execute(query).scalars())
+
+    def _sweep_orphans(self, files: list[FoundFile]) -> None:
+        cutoff_ts = self.cutoff.timestamp()
+        old = [f for f in files if f.mtime is not None and f.mtime < cutoff_ts]
+        for blob_hash, group in _by_hash(old):
+            if not self.apply or self._remove_orphan(blob_hash):
+                self.report.orphans += len(group)
+                self.report.orphan_bytes += sum(f.size or 0 for f in group)
+
+    def _remove_orphan(self, blob_hash: str) -> bool:
+        """Remove an unregistered blob's file under a placeholder row.
+
+        The placeholder takes the key's lock: a put registering this hash meanwhile waits
+        for it (then re-creates the file), and if a put registered it first, the insert
+        finds its row and the file is left alone. The placeholder never commits.
+        """
+        with write_transaction(self.engine) as conn:
+            if conn.execute(self._placeholder(blob_hash)).first() is None:
+                return False  # registered since the scan: not an orphan
+            try:
+                removed = self.blobs.remove_file(blob_hash)
+            except OSError as exc:
+                self.report.error(f"orphan {blob_hash}: cannot remove: {exc}")
+                removed = False
+            conn.execute(delete(_blobs).where(_blobs.c.hash == blob_hash))
+        return removed
+
+    def _placeholder(self, blob_hash: str) -> Any:
+        insert_ = sqlite_insert if is_sqlite(self.engine) else pg_insert
+        values = {
+            "hash": blob_hash,
+            "size": 0,
+            "stored_size": 0,
+            "codec": "identity",
+            "created_at": _EPOCH,
+            "last_written_at": _EPOCH,
+        }
+        return (
+            insert_(_blobs)
+            .values(values)
+            .on_conflict_do_nothing(index_elements=[_blobs.c.hash])
+            .returning(_blobs.c.hash)
+        )
+
+    def _sweep_temps(self, files: list[FoundFile]) -> None:
+        # A put owns its temporary file until the rename, however long it takes: a far
+        # longer wait than the grace window before calling one abandoned.
+        age = max(self.report.grace_s, TEMP_MIN_AGE_S)
+        limit = (self.now - timedelta(seconds=age)).timestamp()
+        for f in files:
+            if f.mtime is None or f.mtime >= limit:
+                continue
+            if self.apply:
+                try:
+                    os.unlink(f.path)
+                except FileNotFoundError:
+                    continue
+                except OSError as exc:
+                    self.report.error(f"temp file {f.path}: cannot remove: {exc}")
+                    continue
+            self.report.temp_files += 1
+            self.report.temp_bytes += f.size or 0
+
+
+@dataclass(frozen=True, slots=True)
+class FoundFile:
+    """A file in the blob store: a blob's (``hash``) or a temporary one (``hash`` None)."""
+
+    hash: str | None
+    path: str
+    size: int | None = None  # None until stat'ed
+    mtime: float | None = None
+
+
+def file_tree(root: Path) -> Iterator[FoundFile]:
+    """Blob and temporary files in FileBlobStore's two fan-out levels, in one walk.
+
+    Names only, no stat: most blob files are registered and need none, so the caller stats
+    just the rest. (``iter_files`` stats every file and skips temporary ones.)
+    """
+    for first in _subdirs(str(root)):
+        for second in _subdirs(first):
+            with os.scandir(second) as entries:
+                for entry in entries:
+                    found = _classify(entry.name, entry.path)
+                    if found is not None:
+                        yield found
+
+
+def _classify(name: str, path: str) -> FoundFile | None:
+    if name.startswith(TEMP_PREFIX) and name.endswith(TEMP_SUFFIX):
+        return FoundFile(None, path)
+    for suffix in SUFFIXES.values():
+        if name.endswith(suffix) and is_valid_hash(name[: -len(suffix)]):
+            return FoundFile(name[: -len(suffix)], path)
+    return None
+
+
+def _stat_all(files: list[FoundFile]) -> list[FoundFile]:
+    """The files with size and mtime filled in; files gone meanwhile are left out."""
+    out: list[FoundFile] = []
+    for f in files:
+        if f.mtime is not None:
+            out.append(f)
+            continue
+        try:
+            stat = os.stat(f.path, follow_symlinks=False)
+        except FileNotFoundError:
+            continue
+        out.append(FoundFile(f.hash, f.path, stat.st_size, stat.st_mtime))
+    return out
+
+
+def _subdirs(directory: str) -> list[str]:
+    try:
+        with os.scandir(directory) as entries:
+            return sorted(
+                e.path for e in entries if len(e.name) == 2 and e.is_dir(follow_symlinks=False)
+            )
+    except FileNotFoundError:
+        return []
+
+
+def _chunks(items: Iterable[_T], size: int) -> Iterator[list[_T]]:
+    iterator = iter(items)
+    while chunk := list(islice(iterator, size)):
+        yield chunk
+
+
+def _by_hash(files: Iterable[FoundFile]) -> list[tuple[str, list[FoundFile]]]:
+    grouped: dict[str, list[FoundFile]] = {}
+    for f in files:
+        if f.hash is not None:
+            grouped.setdefault(f.hash, []).append(f)
+    return sorted(grouped.items())
+
+
+def gc_blobs(
+    engine: Engine,
+    blobs: BlobStore,
+    *,
+    apply: bool,
+    grace_s: float,
+    batch_size: int = DEFAULT_BATCH,
+    progress: Progress | None = None,
+    time_budget_s: float | None = None,
+) -> GcReport:
+    """Collect unreferenced blobs older than ``grace_s``; a dry run unless ``apply``."""
+    return BlobGc(
+        engine,
+        blobs,
+        apply=apply,
+        grace_s=grace_s,
+        batch_size=batch_size,
+        progress=progress,
+        time_budget_s=time_budget_s,
+    ).run()
+
+
+# artifact expiry ------------------------------------------------------------------------
+
+
+def expire_artifacts(
+    engine: Engine,
+    oversized: OversizedOutputs,
+    *,
+    apply: bool,
+    batch_size: int = DEFAULT_BATCH,
+    progress: Progress | None = None,
+    now: datetime | None = None,
+) -> ExpireRunReport:
+    """Oversized outputs past ``expires_at``; with ``apply``, remove them, a batch at a time.
+
+    The moment is fixed at the start, so the set only shrinks while it runs (new outputs
+    expire later) and a dry run's count is what an apply run then deletes.
+    """
+    started = time.monotonic()
+    moment = now or utcnow()
+    count, size = _expired_totals(engine, moment)
+    report = ExpireRunReport(applied=apply, now=moment, expired=count, bytes_freed=size)
+    report.sample = oversized.expire(now=moment, limit=SAMPLE_SIZE).expired
+    if not apply:
+        report.deleted = count
+    else:
+        _expire_batches(oversized, report, batch_size, progress)
+    report.seconds = time.monotonic() - started
+    log.info("artifact expiry finished", extra={"expire": report.to_dict()})
+    return report
+
+
+def _expire_batches(
+    oversized: OversizedOutputs,
+    report: ExpireRunReport,
+    batch_size: int,
+    progress: Progress | None,
+) -> None:
+    while True:
+        try:
+            batch = oversized.expire(now=report.now, apply=True, limit=batch_size)
+        except OSError as exc:
+            # Rows go before files, so the failed one is no longer listed: carry on.
+            report.errors.append(f"cannot remove an expired file: {exc}")
+            if len(report.errors) >= MAX_ERRORS_KEPT:
+                return
+            continue
+        report.deleted += batch.deleted
+        if progress is not None:
+            progress("artifacts", report.deleted, report.expired)
+        if batch.deleted == 0 or len(batch.expired) < batch_size:
+            return
+
+
+def _expired_totals(engine: Engine, moment: datetime) -> tuple[int, int]:
+    query = select(func.count(), func.coalesce(func.sum(_artifacts.c.size_bytes), 0)).where(
+        _artifacts.c.kind == OVERSIZED, _artifacts.c.expires_at <= moment
+    )
+    with read_connection(engine) as conn:
+        count, size = conn.execute(query).one()
+    return int(count), int(size)
+
+
+# the run log ----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class MaintenanceRun:
+    id: int
+    job: str
+    started_at: datetime
+    finished_at: datetime
+    ran: bool
+    report: dict[str, Any]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "job": self.job,
+            "started_at": self.started_at.isoformat(),
+            "finished_at": self.finished_at.isoformat(),
+            "ran": self.ran,
+            "report": self.report,
+        }
+
+
+class MaintenanceRuns:
+    """The ``maintenance_runs`` table: one row per execution of a periodic job."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+
+    def record(
+        self,
+        *,
+        job: str,
+        started_at: datetime,
+        finished_at: datetime,
+        ran: bool,
+        report: dict[str, Any],
+    ) -> None:
+        values = {
+            "job": job,
+            "started_at": started_at,
+            "finished_at": finished_at,
+            "ran": ran,
+            "report": report,
+        }
+        with write_transaction(self.engine) as conn:
+            conn.execute(insert(_runs).values(values))
+
+    def recent(self, *, job: str | None = None, limit: int = 100) -> list[MaintenanceRun]:
+        """The latest runs first."""
+        query = select(_runs).order_by(_runs.c.started_at.desc(), _runs.c.id.desc())
+        if job is not None:
+            query = query.where(_runs.c.job == job)
+        with read_connection(self.engine) as conn:
+            rows = conn.execute(query.limit(max(1, limit))).all()
+        return [
+            MaintenanceRun(r.id, r.job, r.started_at, r.finished_at, bool(r.ran), dict(r.report))
+            for r in rows
+        ]

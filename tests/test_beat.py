@@ -1,0 +1,247 @@
+"""The maintenance beat: schedule from settings, one run per period, real worker and beats.
+
+The worker is a real Celery worker (threads pool) on real Redis and PostgreSQL; the beat
+test runs two ``celery beat`` processes at once and counts executions in
+``maintenance_runs``.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from collections.abc import Iterator
+from contextlib import suppress
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+from celery import Celery
+from celery.contrib.testing.worker import start_worker
+from celery.schedules import crontab, schedule
+from sqlalchemy import update
+
+from core import SessionStore, Settings
+from core.maintenance import MaintenanceRun
+from core.models import BlobRow, utcnow
+from tasks.app import beat_schedule, create_app
+from tasks.locks import PREFIX
+from tests.support import ROOT, settings_env, wait_for
+
+BEAT_SECONDS = float(os.environ.get("SESSIONSTORE_BEAT_TEST_SECONDS", "14"))
+PERIOD_S = 2
+_JOBS = ("gc_blobs", "expire_artifacts")
+_blobs = BlobRow.__table__  # type: ignore[attr-defined]
+
+
+def test_the_schedule_comes_from_settings() -> None:
+    settings = Settings(gc_schedule="0 3 * * *", expire_schedule="30", reconcile_schedule="45")
+    jobs = beat_schedule(settings)
+    assert {j["task"] for j in jobs.values()} == {
+        "sessionstore.gc_blobs",
+        "sessionstore.expire_artifacts",
+        "sessionstore.reconcile_forks",
+    }
+    gc = jobs["gc-blobs"]
+    assert isinstance(gc["schedule"], crontab) and gc["schedule"].hour == {3}
+    expire = jobs["expire-artifacts"]
+    assert isinstance(expire["schedule"], schedule) and expire["schedule"].seconds == 30
+    # Interval jobs expire after one period: a backlog never piles up.
+    assert expire["options"]["expires"] == 30.0 and jobs["reconcile-forks"]["options"]["expires"]
+
+
+def test_the_maintenance_tasks_are_registered() -> None:
+    app = create_app(Settings())
+    app.loader.import_default_modules()
+    assert {"sessionstore.gc_blobs", "sessionstore.expire_artifacts"} <= set(app.tasks)
+
+
+# a real worker ----------------------------------------------------------------------------
+
+
+@pytest.fixture
+def beat_settings(pg_url: str, redis_url: str, tmp_path: Path) -> Settings:
+    return Settings(
+        data_dir=tmp_path / "data",
+        database_url=pg_url,
+        broker_url=redis_url,
+        result_backend=redis_url,
+        gc_grace_seconds=600,
+    )
+
+
+@pytest.fixture
+def bstore(beat_settings: Settings) -> Iterator[SessionStore]:
+    with SessionStore.from_settings(beat_settings) as s:
+        yield s
+
+
+@pytest.fixture
+def app(beat_settings: Settings) -> Celery:
+    return create_app(beat_settings)
+
+
+@pytest.fixture
+def worker(app: Celery) -> Iterator[None]:
+    with start_worker(
+        app, pool="threads", concurrency=2, perform_ping_check=False, shutdown_timeout=30
+    ):
+        yield
+
+
+def _send(app: Celery, name: str, **kwargs: Any) -> dict[str, Any]:
+    result: dict[str, Any] = app.send_task(name, kwargs=kwargs, queue="sessionstore").get(
+        timeout=60
+    )
+    return result
+
+
+@pytest.mark.postgres
+@pytest.mark.redis
+def test_a_second_run_in_the_same_period_is_skipped(
+    app: Celery, bstore: SessionStore, worker: None
+) -> None:
+    blob_hash = bstore.blobs.put(b"garbage " * 100).hash
+    with bstore.engine.begin() as conn:
+        old = utcnow() - timedelta(hours=1)
+        conn.execute(update(_blobs).where(_blobs.c.hash == blob_hash).values(last_written_at=old))
+
+    first = _send(app, "sessionstore.gc_blobs")
+    second = _send(app, "sessionstore.gc_blobs")
+    expired = _send(app, "sessionstore.expire_artifacts")
+
+    assert first["ran"] and first["report"]["deleted"] == 1 and first["report"]["applied"]
+    assert not second["ran"] and second["report"] is None
+    assert expired["ran"] and expired["report"]["deleted"] == 0
+    assert not bstore.blobs.index.registered(blob_hash)
+    runs = bstore.maintenance_runs.recent()
+    assert [(r.job, r.ran) for r in reversed(runs)] == [
+        ("gc_blobs", True),
+        ("gc_blobs", False),
+        ("expire_artifacts", True),
+    ]
+    assert runs[-1].report["report"]["deleted"] == 1
+
+
+@pytest.mark.postgres
+@pytest.mark.redis
+def test_an_overlapping_run_is_skipped(
+    app: Celery, bstore: SessionStore, worker: None, redis_url: str
+) -> None:
+    client = redis.Redis.from_url(redis_url)
+    running = client.lock(f"{PREFIX}:gc_blobs:running", timeout=60, thread_local=False)
+    assert running.acquire(blocking=False)  # another run of the job is still going
+    try:
+        assert not _send(app, "sessionstore.gc_blobs")["ran"]
+    finally:
+        running.release()
+        client.close()
+    assert _send(app, "sessionstore.gc_blobs")["ran"]  # the next period's run goes ahead
+
+
+# two beat processes -----------------------------------------------------------------------
+
+
+class BeatProcess:
+    """``celery -A tasks.app beat`` as a subprocess, with its own schedule file."""
+
+    def __init__(self, env: dict[str, str], workdir: Path) -> None:
+        workdir.mkdir(parents=True, exist_ok=True)
+        self.log = workdir / "beat.log"
+        args = [
+            sys.executable,
+            "-m",
+            "celery",
+            "-A",
+            "tasks.app",
+            "beat",
+            "-s",
+            str(workdir / "schedule"),
+            "--pidfile=",
+            "--max-interval",
+            "1",
+            "-l",
+            "info",
+        ]
+        with self.log.open("ab") as out:
+            self.proc = subprocess.Popen(
+                args,
+                cwd=ROOT,
+                env={**os.environ, **env},
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+
+    def sent(self, task: str) -> int:
+        """How many times this beat sent ``task`` ("Sending due task <entry> (<task>)")."""
+        lines = self.log.read_text(errors="replace").splitlines()
+        return sum(1 for line in lines if "Sending due task" in line and f"({task})" in line)
+
+    def stop(self) -> None:
+        with suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, signal.SIGTERM)
+        try:
+            self.proc.wait(20)
+        except subprocess.TimeoutExpired:
+            with suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(20)
+
+
+def _runs_by_job(runs: list[MaintenanceRun]) -> dict[str, list[MaintenanceRun]]:
+    grouped: dict[str, list[MaintenanceRun]] = {}
+    for run in runs:
+        grouped.setdefault(run.job, []).append(run)
+    return grouped
+
+
+@pytest.mark.slow
+@pytest.mark.postgres
+@pytest.mark.redis
+def test_two_beat_processes_run_each_job_once_per_period(
+    beat_settings: Settings, bstore: SessionStore, tmp_path: Path
+) -> None:
+    schedules = {"gc_schedule": str(PERIOD_S), "expire_schedule": str(PERIOD_S)}
+    settings = beat_settings.with_overrides(**schedules, reconcile_schedule="3600")
+    env = settings_env(
+        database_url=settings.resolved_database_url,
+        broker_url=str(settings.broker_url),
+        data_dir=settings.data_dir,
+    )
+    env |= {
+        "SESSIONSTORE_GC_SCHEDULE": str(PERIOD_S),
+        "SESSIONSTORE_EXPIRE_SCHEDULE": str(PERIOD_S),
+        "SESSIONSTORE_RECONCILE_SCHEDULE": "3600",
+    }
+    app = create_app(settings)
+    with start_worker(
+        app, pool="threads", concurrency=2, perform_ping_check=False, shutdown_timeout=30
+    ):
+        beats = [BeatProcess(env, tmp_path / f"beat{i}") for i in range(2)]
+        try:
+            wait_for(lambda: all(b.sent("sessionstore.gc_blobs") for b in beats), 60, "both beats")
+            time.sleep(BEAT_SECONDS)
+        finally:
+            for beat in beats:
+                beat.stop()
+        time.sleep(PERIOD_S)  # let the worker finish what the beats sent last
+
+    sent = {job: sum(b.sent(f"sessionstore.{job}") for b in beats) for job in _JOBS}
+    by_job = _runs_by_job(bstore.maintenance_runs.recent(limit=10_000))
+    for job in _JOBS:
+        ran = [r for r in by_job[job] if r.ran]
+        per_slot = Counter(r.report["slot"] for r in ran)
+        slots = [r.report["slot"] for r in by_job[job]]
+        periods = max(slots) - min(slots) + 1
+        assert max(per_slot.values()) == 1, f"{job} ran twice in one period: {per_slot}"
+        # Two beats sent about twice per period; one run per period went ahead.
+        assert len(by_job[job]) >= sent[job] - 2
+        assert len(ran) <= periods and len(ran) >= BEAT_SECONDS / PERIOD_S - 2
+        assert len(by_job[job]) - len(ran) >= BEAT_SECONDS / PERIOD_S / 2
+        assert all(r.report["report"]["applied"] for r in ran)

@@ -1,0 +1,135 @@
+"""Artifact TTL expiry: expired oversized outputs go (rows and files), the rest stay."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+from sqlalchemy import func, select, update
+
+from core import SessionStore, Settings
+from core.artifacts.paths import oversized_name
+from core.maintenance import expire_artifacts
+from core.models import ArtifactRow, utcnow
+
+EXECUTABLE = Path(sys.executable).with_name("sessionstore")
+SQLITE_ONLY = pytest.mark.parametrize("backend", ["sqlite"])
+_artifacts = ArtifactRow.__table__  # type: ignore[attr-defined]
+
+
+def _oversized(store: SessionStore, sid: str, marker: str) -> str:
+    stored = store.store_oversized(sid, f"{marker:>5} " * 4000, "bash")
+    assert stored is not None
+    return stored.ref.artifact_id
+
+
+def _expire_now(store: SessionStore, artifact_id: str) -> None:
+    """Age the row past its TTL instead of sleeping through it."""
+    with store.engine.begin() as conn:
+        conn.execute(
+            update(_artifacts)
+            .where(_artifacts.c.local_id == artifact_id)
+            .values(expires_at=utcnow() - timedelta(seconds=1))
+        )
+
+
+def _path(store: SessionStore, sid: str, artifact_id: str) -> Path:
+    return store.artifacts(sid).directory() / oversized_name(artifact_id)
+
+
+def _rows(store: SessionStore) -> int:
+    with store.engine.connect() as conn:
+        return int(conn.execute(select(func.count()).select_from(_artifacts)).scalar_one())
+
+
+def _run(store: SessionStore, *, apply: bool, **kwargs: Any) -> Any:
+    return expire_artifacts(store.engine, store.oversized, apply=apply, **kwargs)
+
+
+def test_expired_gone_unexpired_kept(store: SessionStore) -> None:
+    sid = store.create_session(tenant_id="acme").id
+    expired = [_oversized(store, sid, f"old{i}") for i in range(2)]
+    kept = _oversized(store, sid, "fresh")
+    for artifact_id in expired:
+        _expire_now(store, artifact_id)
+    # Expired means unreadable at once, before any expiry run removed it.
+    assert all(store.retrieve(a, session_id=sid) is None for a in expired)
+
+    dry = _run(store, apply=False)
+    assert (dry.expired, dry.deleted, dry.applied) == (2, 2, False)
+    assert dry.to_dict()["would_delete"] == 2 and dry.bytes_freed == 2 * len(" old0 " * 4000)
+    assert sorted(dry.sample) == sorted((sid, a) for a in expired)
+    assert _rows(store) == 3 and all(_path(store, sid, a).exists() for a in expired)
+
+    applied = _run(store, apply=True)
+
+    assert (applied.expired, applied.deleted, applied.applied) == (2, 2, True)
+    assert applied.bytes_freed == dry.bytes_freed and applied.errors == []
+    assert _rows(store) == 1
+    assert not any(_path(store, sid, a).exists() for a in expired)
+    assert all(store.retrieve(a, session_id=sid) is None for a in expired)
+    assert store.retrieve(kept, session_id=sid) == "fresh " * 4000
+    assert _run(store, apply=True).deleted == 0
+
+
+@SQLITE_ONLY
+def test_expiry_runs_in_batches_until_none_is_left(store: SessionStore) -> None:
+    sid = store.create_session(tenant_id="acme").id
+    ids = [_oversized(store, sid, f"a{i}") for i in range(12)]
+    for artifact_id in ids:
+        _expire_now(store, artifact_id)
+    ticks: list[tuple[str, int, int | None]] = []
+    report = _run(store, apply=True, batch_size=5, progress=lambda *a: ticks.append(a))
+    assert report.deleted == 12 and _rows(store) == 0
+    assert ticks == [("artifacts", 5, 12), ("artifacts", 10, 12), ("artifacts", 12, 12)]
+
+
+@SQLITE_ONLY
+def test_a_fixed_moment_spares_what_expires_later(store: SessionStore) -> None:
+    sid = store.create_session(tenant_id="acme").id
+    soon = store.store_oversized(sid, "s" * 13_000, "bash", ttl_s=60)
+    later = store.store_oversized(sid, "l" * 13_000, "bash", ttl_s=600)
+    assert soon is not None and later is not None
+    report = _run(store, apply=True, now=utcnow() + timedelta(seconds=120))
+    assert report.deleted == 1
+    assert store.retrieve(later.ref.artifact_id, session_id=sid) == "l" * 13_000
+
+
+def _cli(settings: Settings, *argv: str) -> subprocess.CompletedProcess[str]:
+    env = {
+        **os.environ,
+        "SESSIONSTORE_DATABASE_URL": settings.resolved_database_url,
+        "SESSIONSTORE_DATA_DIR": str(settings.data_dir),
+        "COLUMNS": "200",
+    }
+    return subprocess.run(
+        [str(EXECUTABLE), *argv], env=env, capture_output=True, text=True, timeout=120
+    )
+
+
+def test_cli_dry_run_then_apply(store: SessionStore, settings: Settings) -> None:
+    sid = store.create_session(tenant_id="acme").id
+    expired = [_oversized(store, sid, f"cli{i}") for i in range(3)]
+    kept = _oversized(store, sid, "kept")
+    for artifact_id in expired:
+        _expire_now(store, artifact_id)
+
+    human = _cli(settings, "expire")
+    assert human.returncode == 0, human.stderr
+    assert "would_delete" in human.stdout and "dry run" in human.stdout
+    dry = _cli(settings, "expire", "--json")
+    assert dry.returncode == 0, dry.stderr
+    assert _rows(store) == 4
+    applied = _cli(settings, "expire", "--json", "--apply", "--batch-size", "2")
+    assert applied.returncode == 0, applied.stderr
+
+    dry_report, applied_report = json.loads(dry.stdout), json.loads(applied.stdout)
+    assert dry_report["would_delete"] == applied_report["deleted"] == 3
+    assert dry_report["bytes_freed"] == applied_report["bytes_freed"]
+    assert _rows(store) == 1 and store.retrieve(kept, session_id=sid) == " kept " * 4000

@@ -1,0 +1,531 @@
+"""Blob GC (invariant 6): what it keeps and deletes, dry runs, the CLI, and GC racing writers.
+
+Every test runs against real SQLite files and real PostgreSQL databases; the race test runs
+four writer processes against a GC loop with grace 0 and then rehydrates every blob ref.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import multiprocessing
+import os
+import random
+import subprocess
+import sys
+import threading
+import time
+from collections import Counter
+from collections.abc import Iterator
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+from sqlalchemy import delete, select, update
+from sqlalchemy import event as sa_event
+
+from core import InvalidEvent, SessionStore, Settings
+from core.blobs import FileBlobStore, sha256_hex
+from core.errors import BlobsMissing
+from core.maintenance import TEMP_MIN_AGE_S, BlobGc, GcReport
+from core.models import BlobRefRow, BlobRow, utcnow
+from core.records import ManifestEntry, PreparedEvent
+
+MP = multiprocessing.get_context("spawn")
+EXECUTABLE = Path(sys.executable).with_name("sessionstore")
+INLINE_LIMIT = 256  # small, so modest strings become blobs
+GRACE = 600.0
+OLD = timedelta(hours=2)
+_blobs = BlobRow.__table__  # type: ignore[attr-defined]
+_refs = BlobRefRow.__table__  # type: ignore[attr-defined]
+
+RACE_SECONDS = float(os.environ.get("SESSIONSTORE_GC_RACE_SECONDS", "20"))
+RACE_WRITERS = 4
+RACE_WINDOW_S = 1.0  # the rotating set: which keys writers use changes every window
+RACE_KEYS_PER_WINDOW = 12
+PNG = b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.fixture
+def gc_settings(database_url: str, tmp_path: Path) -> Settings:
+    return Settings(
+        data_dir=tmp_path / "data", database_url=database_url, inline_string_limit=INLINE_LIMIT
+    )
+
+
+@pytest.fixture
+def gstore(gc_settings: Settings) -> Iterator[SessionStore]:
+    with SessionStore.from_settings(gc_settings) as s:
+        yield s
+
+
+def _text(key: str) -> str:
+    return f"blob content for {key}; " * 20  # over INLINE_LIMIT bytes
+
+
+def _png(key: str) -> bytes:
+    return PNG + hashlib.sha256(key.encode()).digest() * 40  # base64 > 1024 chars
+
+
+def _text_event(key: str) -> dict[str, Any]:
+    return {"type": "custom", "customType": "gc", "key": key, "kind": "text", "data": _text(key)}
+
+
+def _image_event(key: str, data: str) -> dict[str, Any]:
+    block = {"type": "image", "mimeType": "image/png", "data": data}
+    return {
+        "type": "message",
+        "key": key,
+        "kind": "image",
+        "message": {"role": "user", "content": [block]},
+    }
+
+
+def _age(store: SessionStore, blob_hash: str, by: timedelta = OLD) -> None:
+    with store.engine.begin() as conn:
+        conn.execute(
+            update(_blobs).where(_blobs.c.hash == blob_hash).values(last_written_at=utcnow() - by)
+        )
+
+
+def _age_file(path: Path, by: timedelta = OLD) -> None:
+    stamp = time.time() - by.total_seconds()
+    os.utime(path, (stamp, stamp))
+
+
+def _file_of(store: SessionStore, blob_hash: str) -> Path | None:
+    blobs = store.blobs
+    assert isinstance(blobs, FileBlobStore)
+    for codec in ("gzip", "identity"):
+        path = blobs.path_for(blob_hash, codec)  # type: ignore[arg-type]
+        if path.exists():
+            return path
+    return None
+
+
+def _registered(store: SessionStore) -> set[str]:
+    with store.engine.connect() as conn:
+        return set(conn.execute(select(_blobs.c.hash)).scalars())
+
+
+def _orphan(store: SessionStore, data: bytes) -> str:
+    """A durable blob file whose registration never committed (a crash in between)."""
+    blob_hash = store.blobs.put(data).hash
+    with store.engine.begin() as conn:
+        conn.execute(delete(_blobs).where(_blobs.c.hash == blob_hash))
+    return blob_hash
+
+
+def _temp_file(store: SessionStore, name: str, age: timedelta) -> Path:
+    blobs = store.blobs
+    assert isinstance(blobs, FileBlobStore)
+    directory = blobs.root / "ab" / "cd"
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / f".tmp-{name}.part"
+    path.write_bytes(b"half a blob")
+    _age_file(path, age)
+    return path
+
+
+def _state(store: SessionStore) -> tuple[set[tuple[str, str]], set[tuple[str, float, int]]]:
+    """Every blob row and every file under the blob root, with what GC could change."""
+    with store.engine.connect() as conn:
+        rows = {
+            (r.hash, r.last_written_at.isoformat())
+            for r in conn.execute(select(_blobs.c.hash, _blobs.c.last_written_at))
+        }
+    blobs = store.blobs
+    assert isinstance(blobs, FileBlobStore)
+    files = {
+        (str(p), p.stat().st_mtime, p.stat().st_size) for p in blobs.root.rglob("*") if p.is_file()
+    }
+    return rows, files
+
+
+# what GC keeps and deletes --------------------------------------------------------------
+
+
+def test_referenced_and_young_kept_old_unreferenced_and_orphans_swept(
+    gstore: SessionStore,
+) -> None:
+    sid = gstore.create_session(tenant_id="acme").id
+    gstore.append(sid, [_text_event("referenced")])
+    referenced = sha256_hex(_text("referenced").encode())
+    _age(gstore, referenced)
+    unreferenced = gstore.blobs.put(b"old and unreferenced " * 20).hash
+    _age(gstore, unreferenced)
+    young = gstore.blobs.put(b"young and unreferenced " * 20).hash
+    old_orphan = _orphan(gstore, b"old orphan " * 30)
+    old_orphan_file = _file_of(gstore, old_orphan)
+    assert old_orphan_file is not None
+    _age_file(old_orphan_file)
+    young_orphan = _orphan(gstore, b"young orphan " * 30)
+    stale_temp = _temp_file(gstore, "stale", timedelta(seconds=TEMP_MIN_AGE_S + 60))
+    # Older than the grace window, but a write may still own it: kept.
+    recent_temp = _temp_file(gstore, "recent", timedelta(seconds=GRACE * 2))
+    unreferenced_size = _file_of(gstore, unreferenced).stat().st_size  # type: ignore[union-attr]
+
+    report = gstore.gc_blobs(apply=True, grace=GRACE)
+
+    assert (report.scanned, report.referenced, report.young) == (3, 1, 1)
+    assert (report.candidates, report.deleted, report.skipped) == (1, 1, 0)
+    assert (report.orphans, report.temp_files, report.error_count) == (1, 1, 0)
+    assert report.blob_bytes == unreferenced_size
+    assert report.bytes_freed == unreferenced_size + report.orphan_bytes + len(b"half a blob")
+    assert _registered(gstore) == {referenced, young}
+    assert _file_of(gstore, unreferenced) is None
+    assert _file_of(gstore, referenced) is not None and _file_of(gstore, young) is not None
+    assert _file_of(gstore, old_orphan) is None
+    assert _file_of(gstore, young_orphan) is not None
+    assert not stale_temp.exists() and recent_temp.exists()
+    assert gstore.read(sid, rehydrate=True)[0].payload["data"] == _text("referenced")
+    again = gstore.gc_blobs(apply=True, grace=GRACE)
+    assert (again.deleted, again.orphans, again.temp_files) == (0, 0, 0)
+
+
+def test_default_grace_comes_from_settings(gstore: SessionStore) -> None:
+    blob_hash = gstore.blobs.put(b"an hour and a bit " * 20).hash
+    _age(gstore, blob_hash, timedelta(minutes=30))
+    assert gstore.gc_blobs(apply=True).deleted == 0  # default grace: 3600 s
+    assert gstore.gc_blobs(apply=True, grace=60).deleted == 1
+
+
+def test_a_collected_blob_is_put_again_by_the_next_writer(gstore: SessionStore) -> None:
+    data = _text("comes back")
+    blob_hash = gstore.blobs.put(data.encode()).hash
+    _age(gstore, blob_hash)
+    assert gstore.gc_blobs(apply=True, grace=GRACE).deleted == 1
+    sid = gstore.create_session(tenant_id="acme").id
+    gstore.append(sid, [_text_event("comes back")])
+    assert _file_of(gstore, blob_hash) is not None
+    assert gstore.read(sid, rehydrate=True)[0].payload["data"] == data
+
+
+def test_pages_and_progress_cover_every_blob(gstore: SessionStore) -> None:
+    hashes = [gstore.blobs.put(f"blob {i} ".encode() * 40).hash for i in range(23)]
+    for h in hashes[:17]:
+        _age(gstore, h)
+    calls: list[tuple[str, int, int | None]] = []
+    report = gstore.gc_blobs(
+        apply=True, grace=GRACE, batch_size=4, progress=lambda *a: calls.append(a)
+    )
+    assert (report.scanned, report.candidates, report.deleted, report.young) == (23, 17, 17, 6)
+    blob_ticks = [(done, total) for phase, done, total in calls if phase == "blobs"]
+    assert blob_ticks[0] == (0, 23) and blob_ticks[-1] == (23, 23)
+    assert [d for d, _ in blob_ticks] == sorted(d for d, _ in blob_ticks)
+    assert {phase for phase, *_ in calls} == {"blobs", "files"}
+    assert _registered(gstore) == set(hashes[17:])
+
+
+# the sweep re-checks under the lock -----------------------------------------------------
+
+
+def test_a_candidate_referenced_after_the_scan_is_kept(gstore: SessionStore) -> None:
+    """The scan saw it unreferenced; a writer referenced it before the sweep locked it."""
+    data = _text("late ref").encode()
+    put = gstore.blobs.put(data)
+    _age(gstore, put.hash)
+    gc = BlobGc(gstore.engine, gstore.blobs, apply=True, grace_s=GRACE)
+    page = gc.scan_page("")
+    assert [c.hash for c in page.candidates] == [put.hash]
+    # A journal-level append adds the ref without refreshing last_written_at, so only the
+    # reference re-check can save the blob.
+    sid = gstore.create_session(tenant_id="acme").id
+    entry = ManifestEntry("/data", put.hash, put.size, "utf8")
+    gstore.journal.append(
+        sid, [PreparedEvent("custom", {"type": "custom", "data": put.ref}, (entry,))]
+    )
+
+    gc.sweep(page.candidates)
+
+    assert (gc.report.deleted, gc.report.skipped) == (0, 1)
+    assert gstore.read(sid, rehydrate=True)[0].payload["data"] == data.decode()
+
+
+def test_a_candidate_put_again_after_the_scan_is_kept(gstore: SessionStore) -> None:
+    data = b"refreshed " * 40
+    blob_hash = gstore.blobs.put(data).hash
+    _age(gstore, blob_hash)
+    gc = BlobGc(gstore.engine, gstore.blobs, apply=True, grace_s=GRACE)
+    page = gc.scan_page("")
+    gstore.blobs.put(data)  # a re-put restarts the grace window
+    gc.sweep(page.candidates)
+    assert (gc.report.deleted, gc.report.skipped) == (0, 1)
+    assert gstore.blobs.get(blob_hash) == data
+
+
+def test_an_orphan_registered_after_the_scan_is_kept(gstore: SessionStore) -> None:
+    data = b"orphan no more " * 30
+    blob_hash = _orphan(gstore, data)
+    gc = BlobGc(gstore.engine, gstore.blobs, apply=True, grace_s=0)
+    gstore.blobs.put(data)  # registered between the scan and the removal
+    assert gc._remove_orphan(blob_hash) is False
+    assert gstore.blobs.get(blob_hash) == data and blob_hash in _registered(gstore)
+
+
+@pytest.mark.postgres
+@pytest.mark.parametrize("backend", ["postgres"])
+def test_gc_skips_a_blob_an_append_holds_and_never_waits(gstore: SessionStore) -> None:
+    blob_hash = gstore.blobs.put(b"held by a writer " * 20).hash
+    _age(gstore, blob_hash)
+    with gstore.engine.connect() as writer, writer.begin():
+        # What Journal._require_blobs does inside an append, until the append commits.
+        writer.execute(
+            select(_blobs.c.hash).where(_blobs.c.hash == blob_hash).with_for_update(read=True)
+        )
+        started = time.monotonic()
+        report = gstore.gc_blobs(apply=True, grace=GRACE)
+        assert time.monotonic() - started < 5
+    assert (report.candidates, report.deleted, report.skipped) == (1, 0, 1)
+    assert gstore.gc_blobs(apply=True, grace=GRACE).deleted == 1  # released: collected
+
+
+# dry runs --------------------------------------------------------------------------------
+
+
+def _mixed_store(store: SessionStore) -> None:
+    """Referenced, unreferenced old and young blobs, orphans and temp files, over pages."""
+    sid = store.create_session(tenant_id="acme").id
+    store.append(sid, [_text_event(f"ref {i}") for i in range(6)])
+    for i in range(6):
+        _age(store, sha256_hex(_text(f"ref {i}").encode()))
+    for i in range(14):
+        blob_hash = store.blobs.put(f"loose {i} ".encode() * 30).hash
+        if i % 3:
+            _age(store, blob_hash)
+    for i in range(3):
+        path = _file_of(store, _orphan(store, f"orphan {i} ".encode() * 30))
+        assert path is not None
+        _age_file(path)
+    _temp_file(store, "stale", timedelta(seconds=TEMP_MIN_AGE_S * 2))
+
+
+def test_dry_run_changes_nothing_and_predicts_apply(gstore: SessionStore) -> None:
+    _mixed_store(gstore)
+    before = _state(gstore)
+    dry = gstore.gc_blobs(grace=GRACE, batch_size=5)
+    assert _state(gstore) == before
+    assert not dry.applied and dry.would_delete == dry.deleted == 9
+    assert (dry.orphans, dry.temp_files) == (3, 1)
+
+    applied = gstore.gc_blobs(apply=True, grace=GRACE, batch_size=5)
+
+    assert applied.counts() == dry.counts()
+    assert applied.to_dict()["deleted"] == dry.to_dict()["would_delete"]
+    rows_after, files_after = _state(gstore)
+    assert len(before[0]) - len(rows_after) == 9
+    assert len(before[1]) - len(files_after) == 9 + 3 + 1
+
+
+def _cli(settings: Settings, *argv: str) -> subprocess.CompletedProcess[str]:
+    env = {
+        **os.environ,
+        "SESSIONSTORE_DATABASE_URL": settings.resolved_database_url,
+        "SESSIONSTORE_DATA_DIR": str(settings.data_dir),
+        "SESSIONSTORE_INLINE_STRING_LIMIT": str(INLINE_LIMIT),
+        "COLUMNS": "200",
+    }
+    return subprocess.run(
+        [str(EXECUTABLE), *argv], env=env, capture_output=True, text=True, timeout=120
+    )
+
+
+def _comparable(report: dict[str, Any]) -> dict[str, Any]:
+    drop = {"applied", "cutoff", "seconds", "phase_seconds"}
+    out = {k: v for k, v in report.items() if k not in drop}
+    out["deleted"] = out.pop("deleted", None) or out.pop("would_delete", None)
+    return out
+
+
+def test_cli_dry_run_then_apply(gstore: SessionStore, gc_settings: Settings) -> None:
+    _mixed_store(gstore)
+    before = _state(gstore)
+    human = _cli(gc_settings, "gc", "--grace", str(GRACE))
+    assert human.returncode == 0, human.stderr
+    assert "would_delete" in human.stdout and "dry run: nothing was deleted" in human.stdout
+    dry = _cli(gc_settings, "gc", "--grace", str(GRACE), "--json", "--batch-size", "4")
+    assert dry.returncode == 0, dry.stderr
+    assert _state(gstore) == before
+
+    applied = _cli(gc_settings, "gc", "--grace", str(GRACE), "--json", "--apply")
+
+    assert applied.returncode == 0, applied.stderr
+    dry_report, applied_report = json.loads(dry.stdout), json.loads(applied.stdout)
+    assert dry_report["would_delete"] == 9 and not dry_report["applied"]
+    assert applied_report["deleted"] == 9 and applied_report["applied"]
+    assert _comparable(dry_report) == _comparable(applied_report)
+    assert len(before[0]) - len(_state(gstore)[0]) == 9
+
+
+# GC racing writers ------------------------------------------------------------------------
+
+
+def _race_key(rng: random.Random) -> str:
+    return f"{int(time.time() / RACE_WINDOW_S)}-{rng.randrange(RACE_KEYS_PER_WINDOW)}"
+
+
+def _race_step(store: SessionStore, sid: str, rng: random.Random, stats: Counter[str]) -> None:
+    """One writer action on a key of the current window: put only (a GC candidate until
+    someone references it), or an append that puts and references the same content."""
+    key = _race_key(rng)
+    action = rng.randrange(5)
+    if action == 0:
+        store.blobs.put(_text(key).encode())
+    elif action == 1:
+        store.blobs.put(_png(key))
+    elif action == 2:
+        store.append(sid, [_text_event(key)])
+    elif action == 3:
+        store.append(sid, [_image_event(key, base64.b64encode(_png(key)).decode())])
+    else:  # the producer puts the image and sends its ref
+        store.append(sid, [_image_event(key, store.blobs.put(_png(key)).ref)])
+    stats[f"action{action}"] += 1
+
+
+def _race_writer(settings_json: str, stop_at: float, results: Any) -> None:
+    settings = Settings.model_validate_json(settings_json)
+    stats: Counter[str] = Counter()
+    errors: list[str] = []
+    with SessionStore.from_settings(settings) as store:
+        sid = store.create_session(tenant_id="race").id
+        rng = random.Random(os.getpid())
+        while time.time() < stop_at:
+            try:
+                _race_step(store, sid, rng, stats)
+            except BlobsMissing:
+                stats["gave_up_after_reputs"] += 1  # nothing was written: not a loss
+            except InvalidEvent as exc:
+                if "which is not stored" not in exc.message:
+                    errors.append(repr(exc))
+                stats["producer_ref_collected"] += 1  # GC took it before the append
+            except Exception as exc:
+                errors.append(repr(exc))
+    results.put((sid, dict(stats), errors))
+
+
+def _gc_loop(store: SessionStore, stop: threading.Event, totals: Counter[str]) -> None:
+    while not stop.is_set():
+        report: GcReport = store.gc_blobs(apply=True, grace=0)
+        totals["runs"] += 1
+        for key in ("deleted", "skipped", "orphans", "error_count"):
+            totals[key] += getattr(report, key)
+
+
+def _missing_refs(store: SessionStore, session_ids: list[str]) -> list[str]:
+    """Every manifest row must rehydrate to the value its writer sent."""
+    problems: list[str] = []
+    for sid in session_ids:
+        for event in store.read(sid, rehydrate=True):
+            key, payload = event.payload["key"], event.payload
+            if payload["kind"] == "text":
+                ok = payload["data"] == _text(key)
+            else:
+                expected = base64.b64encode(_png(key)).decode()
+                ok = payload["message"]["content"][0]["data"] == expected
+            if not ok:
+                problems.append(f"{sid}#{event.seq} ({key}) did not rehydrate")
+    with store.engine.connect() as conn:
+        referenced = list(conn.execute(select(_refs.c.hash).distinct()).scalars())
+    registered = _registered(store)
+    for blob_hash in referenced:
+        if blob_hash not in registered or _file_of(store, blob_hash) is None:
+            problems.append(f"blob {blob_hash} is referenced but missing")
+    return problems
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(RACE_SECONDS * 6 + 240)
+def test_gc_racing_writers_loses_nothing(gstore: SessionStore, gc_settings: Settings) -> None:
+    stop_at = time.time() + RACE_SECONDS
+    results = MP.Queue()
+    writers = [
+        MP.Process(target=_race_writer, args=(gc_settings.model_dump_json(), stop_at, results))
+        for _ in range(RACE_WRITERS)
+    ]
+    totals: Counter[str] = Counter()
+    stop = threading.Event()
+    for w in writers:
+        w.start()
+    gc_thread = threading.Thread(target=_gc_loop, args=(gstore, stop, totals))
+    gc_thread.start()
+    try:
+        outcomes = [results.get(timeout=RACE_SECONDS * 5 + 120) for _ in writers]
+    finally:
+        stop.set()
+        gc_thread.join(timeout=120)
+        for w in writers:
+            w.join(timeout=30)
+            if w.is_alive():
+                w.kill()
+    stats = sum((Counter(s) for _, s, _ in outcomes), Counter())
+    print(f"\nGC race: gc={dict(totals)} writers={dict(stats)}")
+    assert [e for _, _, errs in outcomes for e in errs] == []
+    assert totals["error_count"] == 0
+    # The race really happened: GC ran often and collected blobs writers kept putting.
+    assert totals["runs"] >= 5 and totals["deleted"] >= 20
+    assert stats["action2"] + stats["action3"] + stats["action4"] >= 50
+    gstore.gc_blobs(apply=True, grace=0)  # a last pass with no writer left
+    assert _missing_refs(gstore, [sid for sid, _, _ in outcomes]) == []
+
+
+def test_race_check_detects_a_missing_blob(gstore: SessionStore) -> None:
+    """The race test's verification itself can fail: remove a referenced blob's file."""
+    sid = gstore.create_session(tenant_id="acme").id
+    gstore.append(sid, [_text_event("k")])
+    path = _file_of(gstore, sha256_hex(_text("k").encode()))
+    assert path is not None
+    path.unlink()
+    assert len(_missing_refs(gstore, [sid])) == 2
+
+
+def test_a_gc_that_dies_before_its_commit_never_costs_a_registered_blob_its_file(
+    gstore: SessionStore,
+) -> None:
+    """Invariant 6 across a crash: GC moves files aside under the row lock and deletes them
+    only after the row delete commits. Here the run 'dies' in between: the rows are back
+    (rolled back), and the files must come back too: on read, and at the next GC."""
+    blobs = gstore.blobs
+    assert isinstance(blobs, FileBlobStore)
+    read_back, healed = b"read after an interrupted gc " * 40, b"healed by the next gc " * 40
+    r1, r2 = blobs.put(read_back), blobs.put(healed)
+    moved = blobs.quarantine_file(r1.hash) + blobs.quarantine_file(r2.hash)
+    assert len(moved) == 2 and not blobs.path_for(r1.hash, r1.codec).exists()
+    # (the killed GC's transaction rolled back: both rows are still registered)
+
+    assert blobs.get(r1.hash) == read_back  # a read puts the file back
+    assert blobs.path_for(r1.hash, r1.codec).exists()
+
+    report = gstore.gc_blobs(apply=True, grace=3600)  # recovery runs first; both are young
+    assert report.deleted == 0
+    assert blobs.path_for(r2.hash, r2.codec).exists() and blobs.get(r2.hash) == healed
+    assert list(blobs.iter_quarantined()) == []
+
+
+def test_a_quarantined_file_whose_row_was_deleted_is_purged(gstore: SessionStore) -> None:
+    blobs = gstore.blobs
+    assert isinstance(blobs, FileBlobStore)
+    result = blobs.put(b"garbage whose row delete committed " * 30)
+    moved = blobs.quarantine_file(result.hash)
+    with gstore.engine.begin() as conn:
+        conn.execute(delete(BlobRow).where(BlobRow.hash == result.hash))  # type: ignore[arg-type]
+    gstore.gc_blobs(apply=True, grace=0)
+    assert not moved[0].exists() and not blobs.path_for(result.hash, result.codec).exists()
+
+
+def test_a_failed_row_delete_puts_the_files_back(gstore: SessionStore) -> None:
+    blobs = gstore.blobs
+    assert isinstance(blobs, FileBlobStore)
+    result = blobs.put(b"collectable " * 50)
+
+    @sa_event.listens_for(gstore.engine, "before_cursor_execute")
+    def _fail_row_delete(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
+        if statement.lstrip().upper().startswith("DELETE FROM BLOBS"):
+            raise RuntimeError("the row delete failed")
+
+    with pytest.raises(RuntimeError):
+        BlobGc(gstore.engine, blobs, apply=True, grace_s=0, batch_size=10).run()
+    assert blobs.path_for(result.hash, result.codec).exists()  # moved aside, then put back
+    assert blobs.get(result.hash) == b"collectable " * 50
+    assert list(blobs.iter_quarantined()) == []
