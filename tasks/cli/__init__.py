@@ -4,33 +4,33 @@ from __future__ import annotations
 
 import sys
 
-import click
-import typer
-
 from core.errors import SessionStoreError
 from tasks.cli.common import app, err_console
 
 
 def _register() -> None:
     # Each module adds its commands to ``app`` when imported.
-    from tasks.cli import db, sessions  # noqa: F401
+    from tasks.cli import config, db, demo, maintenance, query, read, runtime, sessions, writes  # noqa: F401
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Entry point: user errors become one line on stderr and a non-zero exit, no traceback."""
+    """Entry point: user errors become one line on stderr and a non-zero exit, no traceback.
+
+    Typer runs standalone, so usage errors get its short message and exit code 2; our own
+    errors (and bad files or values) are reported here as one line with exit code 1.
+    """
     _register()
-    command = typer.main.get_command(app)
     try:
-        command.main(args=argv, prog_name="sessionstore", standalone_mode=False)
-    except click.exceptions.Abort:
-        err_console.print("aborted")
-        sys.exit(130)
-    except click.ClickException as exc:
-        exc.show()
-        sys.exit(exc.exit_code)
+        app(args=argv, prog_name="sessionstore")
+    except SystemExit as exc:
+        if exc.code not in (0, None):  # click ends every successful run with exit(0)
+            raise
     except SessionStoreError as exc:
-        err_console.print(f"error: {exc.message}", markup=False, highlight=False)
-        sys.exit(1)
+        _fail(exc.message)
     except (OSError, ValueError) as exc:
-        err_console.print(f"error: {exc}", markup=False, highlight=False)
-        sys.exit(1)
+        _fail(str(exc))
+
+
+def _fail(message: str) -> None:
+    err_console.print(f"error: {message}", markup=False, highlight=False, soft_wrap=True)
+    sys.exit(1)

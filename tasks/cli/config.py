@@ -1,0 +1,33 @@
+"""``sessionstore settings``: the effective configuration, or the documented table."""
+
+from __future__ import annotations
+
+import typer
+
+from core.settings import settings_markdown
+from tasks.app import celery_config
+from tasks.cli.common import JsonOption, app, console, load_settings, print_json
+
+
+@app.command("settings")
+def settings(
+    markdown: bool = typer.Option(False, "--markdown", help="The README's table of variables."),
+    as_json: bool = JsonOption,
+) -> None:
+    """Show the effective settings (from SESSIONSTORE_* variables) and derived URLs."""
+    if markdown:
+        typer.echo(settings_markdown())
+        return
+    current = load_settings()
+    values = {
+        **current.model_dump(mode="json"),
+        "resolved_database_url": current.resolved_database_url,
+        "resolved_blob_url": current.resolved_blob_url,
+        "resolved_artifact_root": str(current.resolved_artifact_root),
+        "celery_broker_url": celery_config(current)["broker_url"],
+    }
+    if as_json:
+        print_json(values)
+        return
+    for key, value in values.items():
+        console.print(f"[bold]{key}[/]: {value}", highlight=False)

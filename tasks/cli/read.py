@@ -1,0 +1,47 @@
+"""``sessionstore read URL``: artifact://, agent://, art_… and blob:sha256:… resolution."""
+
+from __future__ import annotations
+
+import sys
+
+import typer
+
+from tasks.cli.common import JsonOption, app, open_store, print_json
+
+
+@app.command("read")
+def read(
+    url: str = typer.Argument(
+        ..., help="artifact://N, agent://ID[/path|?q=…], art_…, blob:sha256:…"
+    ),
+    session_id: str = typer.Option(..., "--session", "-s", help="The session the URL is in."),
+    tenant: str | None = typer.Option(None, help="Read as this tenant (isolation check)."),
+    offset: int | None = typer.Option(None, min=1, help="First line (1-based), plain reads."),
+    limit: int | None = typer.Option(None, min=1, help="Number of lines, plain reads."),
+    as_json: bool = JsonOption,
+) -> None:
+    """Print what a URL resolves to."""
+    with open_store() as store:
+        found = store.resolve(
+            url, session_id=session_id, tenant_id=tenant, offset=offset, limit=limit
+        )
+    if as_json:
+        content = found.content
+        print_json(
+            {
+                "url": found.url,
+                "content_type": found.content_type,
+                "size": found.size,
+                "notes": list(found.notes),
+                "content": content if isinstance(content, str) else None,
+            }
+        )
+        return
+    if isinstance(found.content, bytes):
+        sys.stdout.buffer.write(found.content)
+    else:
+        sys.stdout.write(found.content)
+        if not found.content.endswith("\n"):
+            sys.stdout.write("\n")
+    for note in found.notes:
+        typer.echo(f"# {note}", err=True)

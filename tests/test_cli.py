@@ -1,0 +1,136 @@
+"""Acceptance tests: the real ``sessionstore`` executable in a subprocess, embedded defaults."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from core import SessionStore, Settings
+
+EXE = shutil.which("sessionstore") or str(Path(sys.executable).parent / "sessionstore")
+
+
+def run(data_dir: Path, *args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SESSIONSTORE_")}
+    env["SESSIONSTORE_DATA_DIR"] = str(data_dir)
+    return subprocess.run(
+        [EXE, *args], capture_output=True, text=True, env=env, input=stdin, timeout=120, check=False
+    )
+
+
+def assert_user_error(result: subprocess.CompletedProcess[str], *needles: str) -> None:
+    assert result.returncode != 0
+    assert "Traceback" not in result.stderr and "Traceback" not in result.stdout
+    for needle in needles:
+        assert needle in result.stderr, result.stderr
+
+
+@pytest.fixture
+def data_dir(tmp_path: Path) -> Path:
+    folder = tmp_path / "data"
+    assert run(folder, "db", "upgrade").returncode == 0
+    return folder
+
+
+@pytest.fixture
+def session_id(data_dir: Path) -> str:
+    with SessionStore.from_settings(Settings(data_dir=data_dir)) as store:
+        return store.create_session(tenant_id="acme").id
+
+
+def _jsonl(*events: object) -> str:
+    return "".join(json.dumps(e) + "\n" for e in events)
+
+
+@pytest.mark.smoke
+def test_db_commands(data_dir: Path) -> None:
+    assert run(data_dir, "db", "check").returncode == 0
+    current = json.loads(run(data_dir, "db", "current", "--json").stdout)
+    assert current["current"] == current["head"] is not None
+
+
+def test_append_from_file_and_stdin_then_read_back(
+    data_dir: Path, session_id: str, tmp_path: Path
+) -> None:
+    source = tmp_path / "events.jsonl"
+    source.write_text(_jsonl({"type": "message", "n": 1}, {"type": "label", "label": "x"}) + "\n")
+    first = run(data_dir, "append", session_id, str(source), "--json")
+    assert first.returncode == 0, first.stderr
+    assert json.loads(first.stdout)[0]["last_seq"] == 2
+    second = run(data_dir, "append", session_id, "-", stdin=_jsonl({"type": "custom", "n": 3}))
+    assert second.returncode == 0 and "seq 3..3" in second.stdout
+    shown = json.loads(run(data_dir, "sessions", "show", session_id, "--json").stdout)
+    assert shown["head_seq"] == 3
+    listed = json.loads(run(data_dir, "sessions", "list", "--json").stdout)
+    assert [s["id"] for s in listed["items"]] == [session_id]
+
+
+@pytest.mark.smoke
+def test_invalid_jsonl_line_names_its_line(data_dir: Path, session_id: str, tmp_path: Path) -> None:
+    source = tmp_path / "bad.jsonl"
+    source.write_text('{"type": "message"}\n{"type": "message"}\n{not json\n')
+    assert_user_error(run(data_dir, "append", session_id, str(source)), "line 3", "not valid JSON")
+    invalid = tmp_path / "invalid.jsonl"
+    invalid.write_text('{"type": "message"}\n\n{"type": 7}\n')
+    assert_user_error(run(data_dir, "append", session_id, str(invalid)), "line 3", "/type")
+    shown = json.loads(run(data_dir, "sessions", "show", session_id, "--json").stdout)
+    assert shown["head_seq"] == 0  # nothing of a rejected batch was written
+
+
+def test_unknown_session_and_bad_urls_are_one_line_errors(data_dir: Path, session_id: str) -> None:
+    assert_user_error(
+        run(data_dir, "sessions", "show", "no-such-session"), "session not found: no-such-session"
+    )
+    assert_user_error(
+        run(data_dir, "append", "no-such-session", "-", stdin=_jsonl({"type": "m"})),
+        "session not found",
+    )
+    assert_user_error(
+        run(data_dir, "read", "artifact://abc", "--session", session_id),
+        "artifact:// ID must be numeric, got: abc",
+    )
+    assert_user_error(run(data_dir, "read", "ftp://x", "--session", session_id))
+    assert_user_error(run(data_dir, "append", session_id, "/no/such/file.jsonl"), "No such file")
+
+
+def test_usage_errors_exit_2_without_traceback(data_dir: Path) -> None:
+    result = run(data_dir, "events", "--limit", "0")
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+
+
+def test_enqueue_dead_letter_and_replay_through_the_cli(
+    data_dir: Path, session_id: str, tmp_path: Path
+) -> None:
+    ok = run(
+        data_dir, "append", session_id, "-", "--enqueue", stdin=_jsonl({"type": "message", "n": 1})
+    )
+    assert ok.returncode == 0, ok.stderr
+    poison = run(
+        data_dir,
+        "append",
+        session_id,
+        "-",
+        "--enqueue",
+        stdin=_jsonl({"type": "message"}, {"type": ["not", "a", "string"]}),
+    )
+    assert_user_error(poison, "dead letter")
+    letters = json.loads(run(data_dir, "dead-letters", "list", "--json").stdout)
+    assert len(letters) == 1 and letters[0]["error_type"] == "InvalidEvent"
+    letter_id = str(letters[0]["id"])
+    shown = json.loads(run(data_dir, "dead-letters", "show", letter_id, "--json").stdout)
+    assert shown["events"][1] == {"type": ["not", "a", "string"]}
+    fixed = tmp_path / "fixed.jsonl"
+    fixed.write_text(_jsonl({"type": "message"}, {"type": "label", "label": "fixed"}))
+    replay = run(data_dir, "dead-letters", "replay", letter_id, "--file", str(fixed), "--json")
+    assert replay.returncode == 0, replay.stderr
+    assert json.loads(replay.stdout)["last_seq"] == 3
+    assert_user_error(run(data_dir, "dead-letters", "replay", letter_id), "no dead letter")
+    assert (
+        json.loads(run(data_dir, "sessions", "show", session_id, "--json").stdout)["head_seq"] == 3
+    )
