@@ -12,7 +12,6 @@ from __future__ import annotations
 import argparse
 import sqlite3
 import statistics
-import sys
 import tempfile
 import time
 import uuid
@@ -24,10 +23,8 @@ from typing import Any
 import orjson
 import psycopg
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from core import SessionStore, Settings  # noqa: E402
-from core.migrate import upgrade  # noqa: E402
+from core import SessionStore, Settings
+from core.migrate import upgrade
 
 ADMIN = "postgresql://postgres@127.0.0.1:5432/postgres"
 RAW_PG = """
@@ -153,7 +150,9 @@ def pg_raw_copy(conn: psycopg.Connection[Any], batch: int, n: int) -> float:
                     "COPY raw_events (session_id, seq, type, payload, recorded_at) FROM STDIN"
                 ) as copy:
                     for i in range(start, start + batch):
-                        copy.write_row((sid, i + 1, "message", orjson.dumps(event(i)).decode(), now))
+                        copy.write_row(
+                            (sid, i + 1, "message", orjson.dumps(event(i)).decode(), now)
+                        )
                 conn.commit()
 
     return timed(run)
@@ -223,7 +222,9 @@ def run_postgres(repeats: int, n: int) -> list[str]:
                 for batch in (1, 10, 100):
                     m = scaled(batch, n)
                     ours = median_rate(m, [bench_store(store, batch, m) for _ in range(repeats)])
-                    raw = median_rate(m, [pg_raw_executemany(conn, batch, m) for _ in range(repeats)])
+                    raw = median_rate(
+                        m, [pg_raw_executemany(conn, batch, m) for _ in range(repeats)]
+                    )
                     cp = median_rate(m, [pg_raw_copy(conn, batch, m) for _ in range(repeats)])
                     lines.append(
                         f"| PostgreSQL | {batch} | {ours:,.0f} | {raw:,.0f} | {cp:,.0f} "
@@ -256,9 +257,12 @@ def run_sqlite(repeats: int, n: int) -> list[str]:
             for batch in (1, 10, 100):
                 m = scaled(batch, n)
                 ours = median_rate(m, [bench_store(store, batch, m) for _ in range(repeats)])
-                raw = median_rate(m, [sqlite_raw_executemany(path, batch, m) for _ in range(repeats)])
+                raw = median_rate(
+                    m, [sqlite_raw_executemany(path, batch, m) for _ in range(repeats)]
+                )
+                ratio = ours / raw
                 lines.append(
-                    f"| SQLite | {batch} | {ours:,.0f} | {raw:,.0f} | n/a | {ours / raw:.2f}x | n/a |"
+                    f"| SQLite | {batch} | {ours:,.0f} | {raw:,.0f} | n/a | {ratio:.2f}x | n/a |"
                 )
                 print(lines[-1], flush=True)
     return lines

@@ -118,13 +118,49 @@ class ArtifactNotFound(ArtifactError):
 class InvalidArtifactPath(ArtifactError):
     """An artifact path was rejected by the sanitizer."""
 
+    def __init__(self, path: str = "", reason: str = "") -> None:
+        self.path = path
+        self.reason = reason
+        super().__init__(f"invalid artifact path {path[:300]!r}: {reason}" if reason else None)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**super().to_dict(), "path": self.path, "reason": self.reason}
+
 
 class QuotaExceeded(ArtifactError):
     """An artifact write would exceed a quota."""
 
+    def __init__(
+        self, scope: str = "", *, limit: int = 0, used: int = 0, requested: int = 0
+    ) -> None:
+        self.scope = scope
+        self.limit = limit
+        self.used = used
+        self.requested = requested
+        message = (
+            f"{scope} quota exceeded: {used} bytes used + {requested} bytes requested "
+            f"> limit {limit} bytes"
+            if scope
+            else None
+        )
+        super().__init__(message)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            **super().to_dict(),
+            "scope": self.scope,
+            "limit": self.limit,
+            "used": self.used,
+            "requested": self.requested,
+        }
+
 
 class ResolveError(SessionStoreError):
     """A URL could not be resolved."""
+
+
+class ResolveNotFound(ResolveError):
+    """The URL names nothing visible to this caller."""
 
 
 class DeadLetterNotFound(SessionStoreError):

@@ -1,7 +1,7 @@
 """The event journal: sessions, append-only events, idempotency records and the manifest.
 
 All journal SQL lives here. Both backends share it; what differs is how a write transaction
-serializes against the others (see ``_serialize_writers``), which is what keeps the global
+serializes against the others (see ``serialize_writers``), which is what keeps the global
 position safe to follow (DESIGN invariant 4).
 """
 
@@ -10,15 +10,34 @@ from __future__ import annotations
 import base64
 import uuid
 from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Connection, Engine, and_, delete, insert, select, text, update
+from sqlalchemy import (
+    Connection,
+    Engine,
+    String,
+    and_,
+    delete,
+    func,
+    insert,
+    literal,
+    select,
+    text,
+    update,
+)
 from sqlalchemy.exc import IntegrityError
 
 from core.db import dumps_json, is_sqlite, read_connection, write_transaction
-from core.errors import BlobsMissing, ConcurrencyConflict, InvalidEvent, SessionNotFound
-from core.models import BlobRefRow, BlobRow, EventRow, SessionRow, WriteRow, utcnow
+from core.errors import (
+    BlobsMissing,
+    ConcurrencyConflict,
+    InvalidEvent,
+    SessionNotFound,
+    SessionStoreError,
+)
+from core.models import BlobRefRow, BlobRow, EventRow, SessionRow, TZDateTime, WriteRow, utcnow
 from core.records import AppendResult, ManifestEntry, Page, PreparedEvent, Session, StoredEvent
 
 _sessions = SessionRow.__table__  # type: ignore[attr-defined]
@@ -61,10 +80,9 @@ WITH writer_lock AS MATERIALIZED (
     RETURNING head_seq
 ), inserted AS (
     INSERT INTO events (session_id, seq, type, payload, recorded_at)
-    SELECT :sid, claimed.head_seq - :n + e.ord, e.type, e.payload, :now
+    SELECT :sid, claimed.head_seq - :n + e.ord, e.payload ->> 'type', e.payload, :now
     FROM claimed,
-         unnest(CAST(:types AS text[]), CAST(:payloads AS jsonb[]))
-             WITH ORDINALITY AS e(type, payload, ord)
+         jsonb_array_elements(CAST(:payloads AS jsonb)) WITH ORDINALITY AS e(payload, ord)
     ORDER BY e.ord
     RETURNING position, seq
 )"""
@@ -195,8 +213,9 @@ class Journal:
     ) -> AppendResult:
         if idempotency_key is not None and not 0 < len(idempotency_key) <= 200:
             raise InvalidEvent("idempotency_key", "must be 1..200 characters")
+        single_statement = not is_sqlite(self.engine) and not any(ev.refs for ev in events)
         try:
-            with write_transaction(self.engine) as conn:
+            with self._append_connection(single_statement) as conn:
                 return self._append_in(conn, session_id, events, expected_seq, idempotency_key)
         except IntegrityError as exc:
             # The one place a unique-key violation becomes a domain answer: the same key
@@ -208,6 +227,21 @@ class Journal:
             head = self.get_session(session_id).head_seq
             expected = expected_seq if expected_seq is not None else head
             raise ConcurrencyConflict(session_id, expected, head) from exc
+
+    @contextmanager
+    def _append_connection(self, single_statement: bool) -> Iterator[Connection]:
+        """A write transaction, or (PostgreSQL, no blob refs) an autocommit connection.
+
+        Without refs the PostgreSQL append is one statement: atomic on its own, so running
+        it in autocommit saves the BEGIN and COMMIT round trips. Its advisory lock is still
+        released only after the commit is visible, so positions still commit in order.
+        """
+        if not single_statement:
+            with write_transaction(self.engine) as conn:
+                yield conn
+            return
+        with self.engine.connect() as conn:
+            yield conn.execution_options(isolation_level="AUTOCOMMIT")
 
     def _append_in(
         self,
@@ -247,7 +281,7 @@ class Journal:
         now: datetime,
     ) -> tuple[int, list[int]] | None:
         """Claim seqs on the session row, then insert the events and the write record."""
-        self._serialize_writers(conn)
+        self.serialize_writers(conn)
         if idempotency_key is not None and self._prior_write(conn, session_id, idempotency_key):
             return None
         count = len(events)
@@ -299,8 +333,9 @@ class Journal:
                 "n": len(events),
                 "expected": expected_seq,
                 "now": now,
-                "types": [ev.type for ev in events],
-                "payloads": [dumps_json(ev.payload) for ev in events],
+                # One JSON document for the whole batch: a text[]/jsonb[] parameter would
+                # be escaped element by element on the client, a regex per string.
+                "payloads": dumps_json([ev.payload for ev in events]),
                 "key": idempotency_key,
                 "lock_key": WRITER_LOCK_KEY,
             },
@@ -309,7 +344,7 @@ class Journal:
             return None
         return rows[0].seq, [r.position for r in rows]
 
-    def _serialize_writers(self, conn: Connection) -> None:
+    def serialize_writers(self, conn: Connection) -> None:
         """Make positions commit in order: one event writer at a time, until its commit.
 
         SQLite's BEGIN IMMEDIATE already holds the database write lock. On PostgreSQL every
@@ -329,7 +364,10 @@ class Journal:
         """
         if not hashes:
             return
-        query = select(_blobs.c.hash).where(_blobs.c.hash.in_(sorted(hashes)))
+        # Locked in hash order, as BlobIndex.refresh does: no lock-order deadlock with puts.
+        query = (
+            select(_blobs.c.hash).where(_blobs.c.hash.in_(sorted(hashes))).order_by(_blobs.c.hash)
+        )
         if not is_sqlite(self.engine):
             query = query.with_for_update(read=True)
         missing = hashes - set(conn.execute(query).scalars())
@@ -403,6 +441,66 @@ class Journal:
             {"n": count},
         ).scalars()
         return sorted(int(v) for v in values)
+
+    def copy_events(
+        self,
+        conn: Connection,
+        parent_id: str,
+        fork_id: str,
+        upto: int,
+        *,
+        recorded_at: datetime,
+    ) -> None:
+        """A fork's events 1..upto and their manifest rows, copied inside the database.
+
+        Callers hold a write transaction that has serialized writers.
+
+        Two INSERT … SELECT statements: the payloads never travel to Python and back, which
+        keeps the writers' lock (every append of every session waits for it) short. The
+        positions come from the position sequence (SQLite: AUTOINCREMENT) in seq order, as
+        the one-statement append's do, while this transaction holds the writers' lock
+        (invariant 4). ``recorded_at`` is the fork's time: when these rows were recorded.
+        """
+        conn.execute(
+            insert(_events).from_select(
+                ["session_id", "seq", "type", "payload", "recorded_at"],
+                select(
+                    literal(fork_id, String),
+                    _events.c.seq,
+                    _events.c.type,
+                    _events.c.payload,
+                    literal(recorded_at, TZDateTime),
+                )
+                .where(_events.c.session_id == parent_id, _events.c.seq <= upto)
+                .order_by(_events.c.seq),
+            )
+        )
+        copied = conn.execute(
+            select(func.count()).where(_events.c.session_id == fork_id)
+        ).scalar_one()
+        if copied != upto:
+            raise SessionStoreError(f"session {parent_id}: {copied} events up to seq {upto}")
+        parent, child = _events.alias("parent"), _events.alias("child")
+        conn.execute(
+            insert(_refs).from_select(
+                ["position", "session_id", "pointer", "hash", "size", "encoding"],
+                select(
+                    child.c.position,
+                    literal(fork_id, String),
+                    _refs.c.pointer,
+                    _refs.c.hash,
+                    _refs.c.size,
+                    _refs.c.encoding,
+                )
+                .select_from(
+                    _refs.join(parent, parent.c.position == _refs.c.position).join(
+                        child, (child.c.session_id == fork_id) & (child.c.seq == parent.c.seq)
+                    )
+                )
+                .where(_refs.c.session_id == parent_id, parent.c.seq <= upto)
+                .order_by(child.c.position, _refs.c.id),
+            )
+        )
 
     def _prior_write(self, conn: Connection, session_id: str, key: str) -> AppendResult | None:
         row = conn.execute(

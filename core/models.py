@@ -8,6 +8,7 @@ from typing import Any
 from sqlalchemy import (
     JSON,
     BigInteger,
+    Boolean,
     Column,
     DateTime,
     ForeignKey,
@@ -221,6 +222,23 @@ class SnapshotRow(SQLModel, table=True):
     seq: int = Field(sa_column=Column(BigInteger, primary_key=True, nullable=False))
     state: bytes = Field(sa_column=Column(LargeBinary, nullable=False))
     created_at: datetime = Field(sa_column=Column(TZDateTime, nullable=False))
+
+
+class MaintenanceRunRow(SQLModel, table=True):
+    """One execution of a periodic maintenance job: whether it ran or skipped, and its report."""
+
+    __tablename__ = "maintenance_runs"
+    __table_args__ = (Index("ix_maintenance_runs_job_started", "job", "started_at"),)
+
+    id: int | None = Field(
+        default=None, sa_column=Column(BigIntPK, primary_key=True, autoincrement=True)
+    )
+    job: str = Field(sa_column=Column(String(64), nullable=False))
+    started_at: datetime = Field(sa_column=Column(TZDateTime, nullable=False))
+    finished_at: datetime = Field(sa_column=Column(TZDateTime, nullable=False))
+    # False: another process had this period's slot (or was still running the job)
+    ran: bool = Field(sa_column=Column(Boolean, nullable=False))
+    report: dict[str, Any] = Field(sa_column=Column(JsonPayload, nullable=False))
 
 
 metadata = SQLModel.metadata

@@ -47,7 +47,7 @@ class Settings(BaseSettings):
         default=64, ge=2, description="Deepest nesting of objects/arrays inside one event."
     )
     max_write_bytes: int = Field(
-        default=64 * 1024 * 1024,
+        default=32 * 1024 * 1024,
         ge=1024,
         description="Largest JSON size of one write (all its events) accepted at enqueue.",
     )
@@ -101,14 +101,15 @@ class Settings(BaseSettings):
     task_max_retries: int = Field(
         default=20, ge=0, description="Retries of a transient failure before dead-lettering."
     )
-    gc_interval_seconds: float = Field(
-        default=3600.0, gt=0, description="Beat interval of blob GC."
+    gc_schedule: str = Field(
+        default="3600",
+        description="Beat schedule of blob GC: seconds, or a crontab like '0 3 * * *'.",
     )
-    expire_interval_seconds: float = Field(
-        default=300.0, gt=0, description="Beat interval of artifact TTL expiry."
+    expire_schedule: str = Field(
+        default="300", description="Beat schedule of artifact TTL expiry (seconds or crontab)."
     )
-    reconcile_interval_seconds: float = Field(
-        default=60.0, gt=0, description="Beat interval of the fork-copy reconciler."
+    reconcile_schedule: str = Field(
+        default="60", description="Beat schedule of the fork-copy reconciler (seconds or crontab)."
     )
     fork_copy_timeout_seconds: float = Field(
         default=300.0,
@@ -120,6 +121,22 @@ class Settings(BaseSettings):
     @classmethod
     def _blank_is_unset(cls, value: str | None) -> str | None:
         return value or None
+
+    @field_validator("gc_schedule", "expire_schedule", "reconcile_schedule")
+    @classmethod
+    def _check_schedule(cls, value: str) -> str:
+        fields = value.split()
+        if len(fields) == 5:
+            return value
+        try:
+            seconds = float(value)
+        except ValueError:
+            raise ValueError(
+                f"schedule must be seconds or a five-field crontab, got {value!r}"
+            ) from None
+        if seconds <= 0:
+            raise ValueError("schedule seconds must be positive")
+        return value
 
     @model_validator(mode="after")
     def _check_urls(self) -> Settings:
@@ -157,3 +174,14 @@ class Settings(BaseSettings):
     def with_overrides(self, **changes: Any) -> Settings:
         """A validated copy with some fields changed (tests and the CLI use it)."""
         return type(self).model_validate({**self.model_dump(), **changes})
+
+
+def settings_markdown() -> str:
+    """The configuration table of the README, generated from ``Settings`` (a test keeps the
+    README in sync with it)."""
+    rows = ["| variable | default | what it sets |", "|---|---|---|"]
+    for name, info in Settings.model_fields.items():
+        default = info.default
+        shown = "—" if default is None else f"`{default}`"
+        rows.append(f"| `SESSIONSTORE_{name.upper()}` | {shown} | {info.description or ''} |")
+    return "\n".join(rows)

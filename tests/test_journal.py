@@ -23,7 +23,12 @@ MP = multiprocessing.get_context("spawn")
 
 
 def _msg(i: int = 0, **extra: Any) -> dict[str, Any]:
-    return {"type": "message", "id": f"e{i}", "message": {"role": "user", "content": f"hi {i}"}, **extra}
+    return {
+        "type": "message",
+        "id": f"e{i}",
+        "message": {"role": "user", "content": f"hi {i}"},
+        **extra,
+    }
 
 
 def _count_events(store: SessionStore) -> int:
@@ -91,7 +96,9 @@ class JournalContract:
 
     # append and read ------------------------------------------------------------------
 
-    def test_append_assigns_gapless_seqs_and_increasing_positions(self, store: SessionStore) -> None:
+    def test_append_assigns_gapless_seqs_and_increasing_positions(
+        self, store: SessionStore
+    ) -> None:
         s = store.create_session(tenant_id="acme")
         r1 = store.append(s.id, [_msg(1), _msg(2)])
         r2 = store.append(s.id, [_msg(3)])
@@ -254,16 +261,16 @@ class JournalContract:
         s = store.create_session(tenant_id="acme")
         start = MP.Event()
         procs = [
-            MP.Process(target=_append_many, args=(url, str(tmp_path), s.id, 250, start))
+            MP.Process(target=_append_many, args=(url, str(tmp_path), s.id, 1000, start))
             for _ in range(4)
         ]
         for p in procs:
             p.start()
         start.set()
         for p in procs:
-            p.join(120)
+            p.join(300)
         assert [p.exitcode for p in procs] == [0, 0, 0, 0]
-        assert [e.seq for e in store.read(s.id)] == list(range(1, 1001))
+        assert [e.seq for e in store.read(s.id)] == list(range(1, 4001))
 
     def test_racing_expected_seq_has_exactly_one_winner(self, store: SessionStore) -> None:
         s = store.create_session(tenant_id="acme")
