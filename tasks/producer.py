@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import orjson
@@ -35,9 +35,22 @@ class WriteRejected(SessionStoreError):
 class AppendHandle:
     """What ``enqueue_append`` returns: the key (also the task id) and the eventual result."""
 
-    def __init__(self, result: AsyncResult, idempotency_key: str) -> None:
+    def __init__(
+        self, result: AsyncResult, idempotency_key: str, send: Callable[[], AsyncResult]
+    ) -> None:
         self.result = result
         self.idempotency_key = idempotency_key
+        self._send = send
+
+    def resend(self) -> None:
+        """Publish the same write again, under the same key (and task id): idempotent.
+
+        The producer's half of at-least-once: kombu's Redis transport pops a message before
+        it records it as unacked, so a worker killed in that instant loses a message the
+        broker had accepted. A write not confirmed in time is simply sent again.
+        """
+        self.result.forget()  # get() waits for the new run, not a stale stored result
+        self.result = self._send()
 
     @property
     def id(self) -> str:
@@ -110,15 +123,14 @@ def enqueue_append(
             "", f"write of {size:,} bytes exceeds the limit of {settings.max_write_bytes:,} bytes"
         )
     key = idempotency_key or str(uuid.uuid4())
-    result = app.send_task(
-        APPEND_TASK,
-        kwargs={
-            "session_id": session_id,
-            "events": list(events),
-            "expected_seq": expected_seq,
-            "idempotency_key": key,
-        },
-        task_id=key,
-        queue=QUEUE,
-    )
-    return AppendHandle(result, key)
+    kwargs = {
+        "session_id": session_id,
+        "events": list(events),
+        "expected_seq": expected_seq,
+        "idempotency_key": key,
+    }
+
+    def send() -> AsyncResult:
+        return app.send_task(APPEND_TASK, kwargs=kwargs, task_id=key, queue=QUEUE)
+
+    return AppendHandle(send(), key, send)
