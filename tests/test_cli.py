@@ -12,6 +12,9 @@ from pathlib import Path
 import pytest
 
 from core import SessionStore, Settings
+from tasks.app import create_app
+from tasks.producer import enqueue_append
+from tests.support import wait_for
 
 EXE = shutil.which("sessionstore") or str(Path(sys.executable).parent / "sessionstore")
 
@@ -134,3 +137,38 @@ def test_enqueue_dead_letter_and_replay_through_the_cli(
     assert (
         json.loads(run(data_dir, "sessions", "show", session_id, "--json").stdout)["head_seq"] == 3
     )
+
+
+@pytest.mark.redis
+def test_worker_and_beat_commands_run_celery_with_our_app(
+    data_dir: Path, session_id: str, redis_url: str, tmp_path: Path
+) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SESSIONSTORE_")}
+    env.update(
+        SESSIONSTORE_DATA_DIR=str(data_dir),
+        SESSIONSTORE_BROKER_URL=redis_url,
+        SESSIONSTORE_EXPIRE_SCHEDULE="1",
+    )
+    log = tmp_path / "worker.log"
+    with log.open("wb") as out:
+        worker = subprocess.Popen(
+            [EXE, "worker", "--pool", "solo", "--without-mingle"],
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+        beat = subprocess.Popen([EXE, "beat"], env=env, stdout=out, stderr=subprocess.STDOUT)
+    try:
+        app = create_app(Settings(data_dir=data_dir, broker_url=redis_url))
+        wait_for(lambda: bool(app.control.ping(timeout=0.5)), 60, "the worker to answer a ping")
+        handle = enqueue_append(session_id, [{"type": "message", "n": 1}], app=app)
+        assert handle.get(timeout=30).last_seq == 1
+        wait_for(
+            lambda: "sessionstore.expire_artifacts" in log.read_text(errors="replace"),
+            60,
+            "beat to send the expiry job",
+        )
+    finally:
+        for proc in (beat, worker):
+            proc.terminate()
+            proc.wait(30)
