@@ -37,13 +37,13 @@ from sqlalchemy.sql.elements import ColumnElement
 from core.artifacts import stats_by_kind
 from core.blobs import BlobIndex
 from core.db import is_sqlite, read_connection
-from core.models import BlobRefRow, BlobRow, EventRow, SessionRow
+from core.models import BlobRefRow, BlobRow, EventRow, SessionRow, table_of
 from core.records import Page
 
-_events = EventRow.__table__  # type: ignore[attr-defined]
-_sessions = SessionRow.__table__  # type: ignore[attr-defined]
-_refs = BlobRefRow.__table__  # type: ignore[attr-defined]
-_blobs = BlobRow.__table__  # type: ignore[attr-defined]
+_events = table_of(EventRow)
+_sessions = table_of(SessionRow)
+_refs = table_of(BlobRefRow)
+_blobs = table_of(BlobRow)
 
 MAX_PAGE = 10_000
 _TOKEN_FIELDS = ("input", "output", "cacheRead", "cacheWrite", "totalTokens")

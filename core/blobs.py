@@ -38,7 +38,7 @@ from sqlalchemy.exc import OperationalError
 
 from core.db import is_sqlite, read_connection, write_transaction
 from core.errors import BlobCorrupted, BlobError, BlobNotFound, InvalidBlobHash
-from core.models import BlobRefRow, BlobRow, utcnow
+from core.models import BlobRefRow, BlobRow, table_of, utcnow
 
 log = logging.getLogger(__name__)
 
@@ -56,8 +56,8 @@ _MEDIA_MAGIC = (b"\x89PNG\r\n\x1a\n", b"\xff\xd8\xff", b"GIF87a", b"GIF89a")
 _GZIP_WBITS = 31  # zlib container = gzip, with a zero mtime so output is deterministic
 _DEADLOCK_RETRIES = 3
 
-_blobs = BlobRow.__table__  # type: ignore[attr-defined]
-_refs = BlobRefRow.__table__  # type: ignore[attr-defined]
+_blobs = table_of(BlobRow)
+_refs = table_of(BlobRefRow)
 
 
 # hashes and refs ------------------------------------------------------------------------

@@ -12,10 +12,10 @@ from sqlalchemy import Engine, delete, insert, select
 
 from core.db import read_connection, write_transaction
 from core.errors import DeadLetterNotFound, SessionStoreError
-from core.models import DeadLetterRow, utcnow
+from core.models import DeadLetterRow, table_of, utcnow
 from core.records import AppendResult
 
-_letters = DeadLetterRow.__table__  # type: ignore[attr-defined]
+_letters = table_of(DeadLetterRow)
 
 
 @dataclass(frozen=True, slots=True)

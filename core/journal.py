@@ -37,14 +37,23 @@ from core.errors import (
     SessionNotFound,
     SessionStoreError,
 )
-from core.models import BlobRefRow, BlobRow, EventRow, SessionRow, TZDateTime, WriteRow, utcnow
+from core.models import (
+    BlobRefRow,
+    BlobRow,
+    EventRow,
+    SessionRow,
+    TZDateTime,
+    WriteRow,
+    table_of,
+    utcnow,
+)
 from core.records import AppendResult, ManifestEntry, Page, PreparedEvent, Session, StoredEvent
 
-_sessions = SessionRow.__table__  # type: ignore[attr-defined]
-_events = EventRow.__table__  # type: ignore[attr-defined]
-_writes = WriteRow.__table__  # type: ignore[attr-defined]
-_refs = BlobRefRow.__table__  # type: ignore[attr-defined]
-_blobs = BlobRow.__table__  # type: ignore[attr-defined]
+_sessions = table_of(SessionRow)
+_events = table_of(EventRow)
+_writes = table_of(WriteRow)
+_refs = table_of(BlobRefRow)
+_blobs = table_of(BlobRow)
 
 _EVENT_COLUMNS = (
     _events.c.session_id,

@@ -52,19 +52,20 @@ from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.exc import SQLAlchemyError
+from sqlalchemy.sql.elements import ColumnElement
 
 from core.artifacts import OversizedOutputs
 from core.artifacts.records import OVERSIZED
 from core.blobs import SUFFIXES, BlobStore, FileBlobStore, is_valid_hash
 from core.db import is_sqlite, read_connection, write_transaction
-from core.models import ArtifactRow, BlobRefRow, BlobRow, MaintenanceRunRow, utcnow
+from core.models import ArtifactRow, BlobRefRow, BlobRow, MaintenanceRunRow, table_of, utcnow
 
 log = logging.getLogger(__name__)
 
-_blobs = BlobRow.__table__  # type: ignore[attr-defined]
-_refs = BlobRefRow.__table__  # type: ignore[attr-defined]
-_artifacts = ArtifactRow.__table__  # type: ignore[attr-defined]
-_runs = MaintenanceRunRow.__table__  # type: ignore[attr-defined]
+_blobs = table_of(BlobRow)
+_refs = table_of(BlobRefRow)
+_artifacts = table_of(ArtifactRow)
+_runs = table_of(MaintenanceRunRow)
 
 # (phase, done so far, total or None when unknown); phases: blobs, files, artifacts
 Progress = Callable[[str, int, int | None], None]
@@ -428,6 +429,7 @@ class BlobGc:
     def _registered_among(self, hashes: set[str]) -> set[str]:
         if not hashes:
             return set()
+        match: ColumnElement[bool]
         if is_sqlite(self.engine):
             match = _blobs.c.hash.in_(sorted(hashes))
         else:

@@ -16,6 +16,7 @@ from sqlalchemy import (
     Integer,
     LargeBinary,
     String,
+    Table,
     Text,
     TypeDecorator,
     UniqueConstraint,
@@ -242,3 +243,9 @@ class MaintenanceRunRow(SQLModel, table=True):
 
 
 metadata = SQLModel.metadata
+
+
+def table_of(model: type[SQLModel]) -> Table:
+    """A model's Core table, typed (SQLModel leaves ``__table__`` untyped)."""
+    table: Table = model.__table__  # type: ignore[attr-defined]
+    return table

@@ -65,6 +65,7 @@ from core.models import (
     EventRow,
     SessionRow,
     SnapshotRow,
+    table_of,
     utcnow,
 )
 from core.records import Session
@@ -77,13 +78,13 @@ PENDING = "pending"
 COPIED = "copied"
 FAILED = "failed"
 
-_sessions = SessionRow.__table__  # type: ignore[attr-defined]
-_artifacts = ArtifactRow.__table__  # type: ignore[attr-defined]
-_counters = CounterRow.__table__  # type: ignore[attr-defined]
-_snapshots = SnapshotRow.__table__  # type: ignore[attr-defined]
-_letters = DeadLetterRow.__table__  # type: ignore[attr-defined]
-_events = EventRow.__table__  # type: ignore[attr-defined]
-_refs = BlobRefRow.__table__  # type: ignore[attr-defined]
+_sessions = table_of(SessionRow)
+_artifacts = table_of(ArtifactRow)
+_counters = table_of(CounterRow)
+_snapshots = table_of(SnapshotRow)
+_letters = table_of(DeadLetterRow)
+_events = table_of(EventRow)
+_refs = table_of(BlobRefRow)
 
 _EVENT_PAGE = 2000
 _MAX_ANCESTORS = 64  # forks of forks walked to find an inherited file

@@ -29,7 +29,7 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from core.db import is_sqlite, read_connection, write_transaction
 from core.journal import Journal
-from core.models import ArtifactRow, SnapshotRow, utcnow
+from core.models import ArtifactRow, SnapshotRow, table_of, utcnow
 from core.projection import (
     PROJECTION_VERSION,
     Fold,
@@ -43,8 +43,8 @@ from core.session_state import ArtifactInfo, SessionState, build_state, plan_con
 
 log = logging.getLogger(__name__)
 
-_snapshots = SnapshotRow.__table__  # type: ignore[attr-defined]
-_artifacts = ArtifactRow.__table__  # type: ignore[attr-defined]
+_snapshots = table_of(SnapshotRow)
+_artifacts = table_of(ArtifactRow)
 
 # Context entries a few seqs apart are read with one range query rather than many.
 _MAX_GAP = 64

@@ -121,6 +121,17 @@ def store(settings: Settings) -> Iterator[SessionStore]:
 
 
 @pytest.fixture
+def queue_settings(pg_url: str, redis_url: str, tmp_path: Path) -> Settings:
+    """The production shape: PostgreSQL journal, Redis broker and result backend."""
+    return Settings(
+        data_dir=tmp_path / "data",
+        database_url=pg_url,
+        broker_url=redis_url,
+        result_backend=redis_url,
+    )
+
+
+@pytest.fixture
 def redis_url() -> Iterator[str]:
     client = redis.Redis.from_url(REDIS_URL, socket_connect_timeout=3)
     try:

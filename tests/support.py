@@ -15,6 +15,8 @@ from contextlib import contextmanager, suppress
 from pathlib import Path
 
 import redis
+from celery import Celery
+from celery.contrib.testing.worker import start_worker
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -166,36 +168,14 @@ def redis_server(workdir: Path) -> Iterator[RedisServer]:
         server.kill()
 
 
-class WorkerProcess:
-    """``celery -A tasks.app worker`` as a subprocess (its own process group)."""
+class CeleryProcess:
+    """``celery -A tasks.app ARGS`` as a subprocess in its own process group, logging to a file."""
 
-    def __init__(
-        self, env: dict[str, str], log: Path, *, concurrency: int = 2, include: str | None = None
-    ) -> None:
+    def __init__(self, args: list[str], env: dict[str, str], log: Path) -> None:
         self.log = log
-        args = [
-            sys.executable,
-            "-m",
-            "celery",
-            "-A",
-            "tasks.app",
-            "worker",
-            "--pool",
-            "prefork",
-            "-c",
-            str(concurrency),
-            "-l",
-            "info",
-            "-n",
-            f"w{time.monotonic_ns()}@%h",
-            "--without-mingle",
-            "--without-gossip",
-        ]
-        if include:
-            args += ["-I", include]
         with log.open("ab") as out:
             self.proc = subprocess.Popen(
-                args,
+                [sys.executable, "-m", "celery", "-A", "tasks.app", *args],
                 cwd=ROOT,
                 env={**os.environ, **env},
                 stdout=out,
@@ -204,7 +184,7 @@ class WorkerProcess:
             )
 
     def kill(self) -> None:
-        """SIGKILL the whole worker: main process and pool children, no goodbye."""
+        """SIGKILL the whole group: main process and pool children, no goodbye."""
         with suppress(ProcessLookupError):
             os.killpg(self.proc.pid, signal.SIGKILL)
         self.proc.wait(20)
@@ -217,6 +197,60 @@ class WorkerProcess:
                 self.proc.wait(30)
             except subprocess.TimeoutExpired:
                 self.kill()
+
+
+class WorkerProcess(CeleryProcess):
+    """A prefork worker."""
+
+    def __init__(
+        self, env: dict[str, str], log: Path, *, concurrency: int = 2, include: str | None = None
+    ) -> None:
+        args = [
+            "worker",
+            "--pool",
+            "prefork",
+            "-c",
+            str(concurrency),
+            "-l",
+            "info",
+            "-n",
+            f"w{time.monotonic_ns()}@%h",
+            "--without-mingle",
+            "--without-gossip",
+        ]
+        super().__init__([*args, "-I", include] if include else args, env, log)
+
+
+class BeatProcess(CeleryProcess):
+    """A beat process with its own schedule file."""
+
+    def __init__(self, env: dict[str, str], workdir: Path) -> None:
+        workdir.mkdir(parents=True, exist_ok=True)
+        args = [
+            "beat",
+            "-s",
+            str(workdir / "schedule"),
+            "--pidfile=",
+            "--max-interval",
+            "1",
+            "-l",
+            "info",
+        ]
+        super().__init__(args, env, workdir / "beat.log")
+
+    def sent(self, task: str) -> int:
+        """How many times this beat sent ``task`` ("Sending due task <entry> (<task>)")."""
+        lines = self.log.read_text(errors="replace").splitlines()
+        return sum(1 for line in lines if "Sending due task" in line and f"({task})" in line)
+
+
+@contextmanager
+def thread_worker(app: Celery, *, concurrency: int = 2) -> Iterator[None]:
+    """A real worker in this process (threads pool), started as celery.contrib.testing does."""
+    with start_worker(
+        app, pool="threads", concurrency=concurrency, perform_ping_check=False, shutdown_timeout=30
+    ):
+        yield
 
 
 def settings_env(

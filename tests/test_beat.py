@@ -8,13 +8,9 @@ test runs two ``celery beat`` processes at once and counts executions in
 from __future__ import annotations
 
 import os
-import signal
-import subprocess
-import sys
 import time
 from collections import Counter
 from collections.abc import Iterator
-from contextlib import suppress
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -22,7 +18,6 @@ from typing import Any
 import pytest
 import redis
 from celery import Celery
-from celery.contrib.testing.worker import start_worker
 from celery.schedules import crontab, schedule
 from sqlalchemy import update
 
@@ -31,7 +26,7 @@ from core.maintenance import MaintenanceRun
 from core.models import BlobRow, utcnow
 from tasks.app import beat_schedule, create_app
 from tasks.locks import PREFIX
-from tests.support import ROOT, settings_env, wait_for
+from tests.support import BeatProcess, settings_env, thread_worker, wait_for
 
 BEAT_SECONDS = float(os.environ.get("SESSIONSTORE_BEAT_TEST_SECONDS", "14"))
 PERIOD_S = 2
@@ -65,14 +60,8 @@ def test_the_maintenance_tasks_are_registered() -> None:
 
 
 @pytest.fixture
-def beat_settings(pg_url: str, redis_url: str, tmp_path: Path) -> Settings:
-    return Settings(
-        data_dir=tmp_path / "data",
-        database_url=pg_url,
-        broker_url=redis_url,
-        result_backend=redis_url,
-        gc_grace_seconds=600,
-    )
+def beat_settings(queue_settings: Settings) -> Settings:
+    return queue_settings.with_overrides(gc_grace_seconds=600)
 
 
 @pytest.fixture
@@ -88,9 +77,7 @@ def app(beat_settings: Settings) -> Celery:
 
 @pytest.fixture
 def worker(app: Celery) -> Iterator[None]:
-    with start_worker(
-        app, pool="threads", concurrency=2, perform_ping_check=False, shutdown_timeout=30
-    ):
+    with thread_worker(app, concurrency=2):
         yield
 
 
@@ -147,53 +134,6 @@ def test_an_overlapping_run_is_skipped(
 # two beat processes -----------------------------------------------------------------------
 
 
-class BeatProcess:
-    """``celery -A tasks.app beat`` as a subprocess, with its own schedule file."""
-
-    def __init__(self, env: dict[str, str], workdir: Path) -> None:
-        workdir.mkdir(parents=True, exist_ok=True)
-        self.log = workdir / "beat.log"
-        args = [
-            sys.executable,
-            "-m",
-            "celery",
-            "-A",
-            "tasks.app",
-            "beat",
-            "-s",
-            str(workdir / "schedule"),
-            "--pidfile=",
-            "--max-interval",
-            "1",
-            "-l",
-            "info",
-        ]
-        with self.log.open("ab") as out:
-            self.proc = subprocess.Popen(
-                args,
-                cwd=ROOT,
-                env={**os.environ, **env},
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
-
-    def sent(self, task: str) -> int:
-        """How many times this beat sent ``task`` ("Sending due task <entry> (<task>)")."""
-        lines = self.log.read_text(errors="replace").splitlines()
-        return sum(1 for line in lines if "Sending due task" in line and f"({task})" in line)
-
-    def stop(self) -> None:
-        with suppress(ProcessLookupError):
-            os.killpg(self.proc.pid, signal.SIGTERM)
-        try:
-            self.proc.wait(20)
-        except subprocess.TimeoutExpired:
-            with suppress(ProcessLookupError):
-                os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait(20)
-
-
 def _runs_by_job(runs: list[MaintenanceRun]) -> dict[str, list[MaintenanceRun]]:
     grouped: dict[str, list[MaintenanceRun]] = {}
     for run in runs:
@@ -220,9 +160,7 @@ def test_two_beat_processes_run_each_job_once_per_period(
         "SESSIONSTORE_RECONCILE_SCHEDULE": "3600",
     }
     app = create_app(settings)
-    with start_worker(
-        app, pool="threads", concurrency=2, perform_ping_check=False, shutdown_timeout=30
-    ):
+    with thread_worker(app, concurrency=2):
         beats = [BeatProcess(env, tmp_path / f"beat{i}") for i in range(2)]
         try:
             wait_for(lambda: all(b.sent("sessionstore.gc_blobs") for b in beats), 60, "both beats")

@@ -10,12 +10,10 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
 from celery import Celery
-from celery.contrib.testing.worker import start_worker
 
 from core import SessionStore, Settings
 from core.artifacts import session_dir
@@ -25,21 +23,15 @@ from core.samples import EntryBuilder
 from tasks.app import create_app
 from tasks.forks import COPY_TASK, RECONCILE_TASK
 from tasks.runtime import attach_fork_copier
-from tests.support import wait_for
+from tests.support import thread_worker, wait_for
 from tests.test_fork import BIG_OUTPUT, defer_copies
 
 pytestmark = [pytest.mark.postgres, pytest.mark.redis]
 
 
 @pytest.fixture
-def queue_settings(pg_url: str, redis_url: str, tmp_path: Path) -> Settings:
-    return Settings(
-        data_dir=tmp_path / "data",
-        database_url=pg_url,
-        broker_url=redis_url,
-        result_backend=redis_url,
-        fork_copy_timeout_seconds=0.5,
-    )
+def queue_settings(queue_settings: Settings) -> Settings:
+    return queue_settings.with_overrides(fork_copy_timeout_seconds=0.5)
 
 
 @pytest.fixture
@@ -51,14 +43,6 @@ def app(queue_settings: Settings) -> Celery:
 def store(queue_settings: Settings, app: Celery) -> Iterator[SessionStore]:
     with SessionStore.from_settings(queue_settings) as s:
         yield attach_fork_copier(s, app)
-
-
-@contextmanager
-def running_worker(app: Celery) -> Iterator[None]:
-    with start_worker(
-        app, pool="threads", concurrency=2, perform_ping_check=False, shutdown_timeout=30
-    ):
-        yield
 
 
 def _parent(store: SessionStore) -> tuple[str, dict[str, str]]:
@@ -107,7 +91,7 @@ def test_a_worker_copies_inherited_artifacts_byte_identical(
     app: Celery, store: SessionStore
 ) -> None:
     sid, urls = _parent(store)
-    with running_worker(app):
+    with thread_worker(app):
         fork = store.fork(sid)
         assert fork.copy_status == "pending"
         _wait_copied(store, fork.id)
@@ -150,7 +134,7 @@ def test_a_pending_fork_resolves_inherited_artifacts_with_the_worker_stopped(
     assert store.resolve("artifact://1", session_id=fork.id).content == "fork's own"
     assert store.resolve("artifact://0", session_id=fork.id).content == BIG_OUTPUT
 
-    with running_worker(app):
+    with thread_worker(app):
         _wait_copied(store, fork.id)
     assert store.get_session(fork.id).copy_status == "copied"
     for url, content in urls.items():
@@ -169,7 +153,7 @@ def test_parent_rewrites_after_the_fork_never_show_through(
 
     with pytest.raises(ResolveNotFound):
         store.resolve("agent://0-review", session_id=fork.id)
-    with running_worker(app):
+    with thread_worker(app):
         _wait_copied(store, fork.id)
 
     after = store.get_session(fork.id)
@@ -192,7 +176,7 @@ def test_a_lost_copy_task_is_recovered_by_the_reconciler(app: Celery, store: Ses
     handed = defer_copies(store)  # the process died between the commit and the enqueue
     fork = store.fork(sid)
     assert [f.id for f in handed] == [fork.id]
-    with running_worker(app):
+    with thread_worker(app):
         time.sleep(1.0)
         assert store.get_session(fork.id).copy_status == "pending"  # nobody knows about it
         assert store.pending_forks(older_than_s=0.5) == [fork.id]
@@ -214,7 +198,7 @@ def test_the_copy_task_is_idempotent_and_never_overwrites(app: Celery, store: Se
     fork = store.fork(sid)
     # The fork writes its own version of an inherited file before the copy runs.
     store.artifacts(fork.id).files.put("src/app/notes.md", "# the fork's notes\n")
-    with running_worker(app):
+    with thread_worker(app):
         results = [app.send_task(COPY_TASK, kwargs={"fork_id": fork.id}) for _ in range(3)]
         for result in results:
             wait_for(result.ready, 30, "a copy task")
@@ -224,7 +208,7 @@ def test_the_copy_task_is_idempotent_and_never_overwrites(app: Celery, store: Se
         sum(r["copied"] for r in reports) == 4
     )  # each file once: tool, agent (+jsonl), nested, oversized
     assert store.artifacts(fork.id).files.get("src/app/notes.md") == b"# the fork's notes\n"
-    with running_worker(app):
+    with thread_worker(app):
         gone = app.send_task(COPY_TASK, kwargs={"fork_id": "no-such-fork"})
         wait_for(gone.ready, 30, "a copy of a missing fork")
     assert gone.result == {"fork_id": "no-such-fork", "status": None}

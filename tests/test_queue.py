@@ -14,7 +14,6 @@ from typing import Any
 
 import pytest
 from celery import Celery
-from celery.contrib.testing.worker import start_worker
 from sqlalchemy import func, select, text
 
 from core import SessionStore, Settings
@@ -24,7 +23,14 @@ from tasks import WriteRejected, enqueue_append
 from tasks.app import create_app
 from tasks.embedded import embedded_worker
 from tasks.writes import backoff_seconds, is_transient
-from tests.support import TcpProxy, WorkerProcess, redis_server, settings_env, wait_for
+from tests.support import (
+    TcpProxy,
+    WorkerProcess,
+    redis_server,
+    settings_env,
+    thread_worker,
+    wait_for,
+)
 
 pytestmark = [pytest.mark.postgres, pytest.mark.redis]
 
@@ -52,16 +58,6 @@ def _assert_gapless(store: SessionStore, session_ids: list[str]) -> None:
 
 
 @pytest.fixture
-def queue_settings(pg_url: str, redis_url: str, tmp_path: Path) -> Settings:
-    return Settings(
-        data_dir=tmp_path / "data",
-        database_url=pg_url,
-        broker_url=redis_url,
-        result_backend=redis_url,
-    )
-
-
-@pytest.fixture
 def store(queue_settings: Settings) -> Iterator[SessionStore]:
     with SessionStore.from_settings(queue_settings) as s:
         yield s
@@ -74,9 +70,7 @@ def app(queue_settings: Settings) -> Celery:
 
 @pytest.fixture
 def worker(app: Celery) -> Iterator[None]:
-    with start_worker(
-        app, pool="threads", concurrency=4, perform_ping_check=False, shutdown_timeout=30
-    ):
+    with thread_worker(app, concurrency=4):
         yield
 
 
@@ -187,9 +181,7 @@ def test_database_unavailable_for_seconds_then_every_write_lands(
     app = create_app(queue_settings.with_overrides(database_url=proxied))
     sid = store.create_session(tenant_id="acme").id
     try:
-        with start_worker(
-            app, pool="threads", concurrency=2, perform_ping_check=False, shutdown_timeout=30
-        ):
+        with thread_worker(app, concurrency=2):
             first = [enqueue_append(sid, [_event(f"a{i}")], app=app) for i in range(20)]
             for h in first:
                 h.get(timeout=30)

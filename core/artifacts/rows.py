@@ -14,12 +14,12 @@ from sqlalchemy.dialects import postgresql, sqlite
 
 from core.artifacts.records import FILE, OVERSIZED, ArtifactInfo, ArtifactStats
 from core.errors import SessionNotFound
-from core.models import ArtifactRow, BlobRefRow, CounterRow, SessionRow
+from core.models import ArtifactRow, BlobRefRow, CounterRow, SessionRow, table_of
 
-_artifacts = ArtifactRow.__table__  # type: ignore[attr-defined]
-_counters = CounterRow.__table__  # type: ignore[attr-defined]
-_sessions = SessionRow.__table__  # type: ignore[attr-defined]
-_refs = BlobRefRow.__table__  # type: ignore[attr-defined]
+_artifacts = table_of(ArtifactRow)
+_counters = table_of(CounterRow)
+_sessions = table_of(SessionRow)
+_refs = table_of(BlobRefRow)
 
 _QUOTA_LOCK_PREFIX = "sessionstore.artifact-quota:"
 

@@ -51,8 +51,9 @@ class DemoSession:
 
     def send(self, *events: dict[str, Any]) -> None:
         self.tally.events += len(events)
-        self.tally.bytes_in += len(orjson.dumps(list(events)))
-        self.tally.images_sent += orjson.dumps(list(events)).count(b'"type":"image"')
+        encoded = orjson.dumps(list(events))
+        self.tally.bytes_in += len(encoded)
+        self.tally.images_sent += encoded.count(b'"type":"image"')
         self.tally.handles.append(
             enqueue_append(self.session_id, list(events), app=self.celery_app)
         )
