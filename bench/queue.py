@@ -10,7 +10,9 @@ while the worker drains them; a run ends when every write's result is stored, wh
 task does only after its transaction committed. In the same run, ``bench.noop`` (a Celery
 task with the same arguments and a result of the same size, no database) gives the floor.
 Medians of ``--repeats`` runs, queue and no-op interleaved. ``--profile`` adds where the
-time goes: publish alone, in-task time from the worker's log, and the append itself.
+time goes: publish alone, in-task time from the worker's log, the append itself, and the
+CPU each process group spends per write (producer, worker main and pool processes, Redis,
+PostgreSQL; read from /proc), which bounds the rate the machine's cores can reach.
 """
 
 # `python bench/queue.py` puts bench/ first on sys.path, where this file would shadow the
@@ -36,13 +38,12 @@ import uuid
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass
+from functools import partial
 from typing import Any, TypeVar
 
-import orjson
 import psycopg
 import redis
 from celery import Celery
-from psycopg.adapt import PyFormat, Transformer
 from sqlalchemy import func, select
 
 from bench.append import event
@@ -117,7 +118,7 @@ def worker_env(settings: Settings) -> dict[str, str]:
 
 
 @contextmanager
-def celery_worker(app: Celery, env: dict[str, str], log: Path, level: str) -> Iterator[None]:
+def celery_worker(app: Celery, env: dict[str, str], log: Path, level: str) -> Iterator[int]:
     """``celery worker`` with 2 prefork processes, ready when it answers a ping."""
     node = f"bench-{uuid.uuid4().hex[:6]}@localhost"
     args = [sys.executable, "-m", "celery", "-A", "tasks.app", "worker", "--pool", "prefork"]
@@ -132,7 +133,7 @@ def celery_worker(app: Celery, env: dict[str, str], log: Path, level: str) -> It
         while not app.control.ping(destination=[node], timeout=0.5):
             if proc.poll() is not None or time.monotonic() > deadline:
                 raise RuntimeError(f"worker did not start; see {log}")
-        yield
+        yield proc.pid
     finally:
         with suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGTERM)
@@ -284,6 +285,50 @@ def check_journal(store: SessionStore, expected: int) -> None:
 
 # --- profile ------------------------------------------------------------------------------
 
+_TICKS = os.sysconf("SC_CLK_TCK")
+CPU_GROUPS = ("producer", "worker main process", "worker pool processes", "Redis", "PostgreSQL")
+
+
+def _proc_stat(pid: int) -> tuple[str, int, float] | None:
+    """(command name, parent pid, CPU seconds used) of a live process, from /proc."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            stat = f.read()
+    except OSError:
+        return None
+    name = stat[stat.index("(") + 1 : stat.rindex(")")]
+    fields = stat[stat.rindex(")") + 2 :].split()
+    return name, int(fields[1]), (int(fields[11]) + int(fields[12])) / _TICKS
+
+
+def cpu_by_group(worker_pid: int) -> dict[str, float]:
+    """CPU seconds used so far by each process group of a run (Linux)."""
+    out = dict.fromkeys(CPU_GROUPS, 0.0)
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or (stat := _proc_stat(int(entry))) is None:
+            continue
+        name, parent, seconds = stat
+        pid = int(entry)
+        if pid == os.getpid():
+            out["producer"] += seconds
+        elif pid == worker_pid:
+            out["worker main process"] += seconds
+        elif parent == worker_pid:
+            out["worker pool processes"] += seconds
+        elif name.startswith("redis-server"):
+            out["Redis"] += seconds
+        elif name.startswith("postgres"):
+            out["PostgreSQL"] += seconds
+    return out
+
+
+def cpu_per_write(worker_pid: int, run: Callable[[], Run], writes: int) -> dict[str, float]:
+    """CPU ms per write of each group during ``run`` (everything else should be idle)."""
+    before = cpu_by_group(worker_pid)
+    run()
+    after = cpu_by_group(worker_pid)
+    return {g: (after[g] - before[g]) * 1e3 / writes for g in CPU_GROUPS}
+
 
 def p50_ms(samples: Sequence[float]) -> str:
     return f"{statistics.median(samples) * 1e3:.2f}" if samples else "-"
@@ -310,10 +355,10 @@ def in_task_times(log: Path) -> dict[str, list[float]]:
 def phase_timers(store: SessionStore) -> Iterator[dict[str, list[float]]]:
     """Time the stages of ``SessionStore.append`` by wrapping them on this instance only."""
     stages = {
-        "idempotency pre-check (`find_write`, own transaction)": (store.journal, "find_write"),
         "validate (`check_batch`)": (store, "_check"),
-        "externalize (`Persister.persist`)": (store._persister, "persist"),
-        "journal append (BEGIN, one statement, COMMIT)": (store.journal, "append"),
+        "plan what to externalize (`Persister.plan`)": (store._persister, "plan"),
+        "put blobs (`Persister.put`)": (store._persister, "put"),
+        "journal append (one statement)": (store.journal, "append"),
     }
     samples: dict[str, list[float]] = {label: [] for label in stages}
 
@@ -336,19 +381,6 @@ def phase_timers(store: SessionStore) -> Iterator[dict[str, list[float]]]:
             delattr(obj, name)
 
 
-def array_dump_s(url: str, batch: int) -> tuple[float, float]:
-    """psycopg dumping the batch's payloads as the text[] parameter the append sends,
-    vs the same list in binary format."""
-    payloads = [orjson.dumps(event(i)).decode() for i in range(batch)]
-    with psycopg.connect(url.replace("+psycopg", "")) as conn:
-        transformer = Transformer(conn)
-        out = []
-        for fmt in (PyFormat.TEXT, PyFormat.BINARY):
-            dumper = transformer.get_dumper(payloads, fmt)
-            out.append(statistics.median(timed_each(dumper.dump, [payloads] * 30)))
-    return out[0], out[1]
-
-
 def profile_direct(
     app: Celery, store: SessionStore, sessions: list[str], payloads: list[list[dict[str, Any]]]
 ) -> dict[str, str]:
@@ -366,9 +398,6 @@ def profile_direct(
         )
     out["`SessionStore.append`, one process, no Celery"] = p50_ms(total)
     out |= {f"- {label}": p50_ms(samples) for label, samples in phases.items()}
-    text_s, binary_s = array_dump_s(str(store.settings.database_url), len(payloads[0]))
-    out["  - of which psycopg's text[] dump of the payloads"] = f"{text_s * 1e3:.2f}"
-    out["  - (the same list dumped in binary format)"] = f"{binary_s * 1e3:.2f}"
     return out
 
 
@@ -381,16 +410,31 @@ def profile(settings: Settings, store: SessionStore, workdir: Path, writes: int)
     columns: dict[int, dict[str, str]] = {}
     try:
         log = workdir / "worker-info.log"
-        with celery_worker(app, worker_env(settings), log, "INFO"):
+        with celery_worker(app, worker_env(settings), log, "INFO") as worker_pid:
             for batch, payloads in plan.items():
-                run_queue(app, client, sessions, payloads)
-                run_noop(app, client, sessions, payloads)
+                cpu = {
+                    kind: cpu_per_write(
+                        worker_pid, partial(fn, app, client, sessions, payloads), len(payloads)
+                    )
+                    for kind, fn in (("queue", run_queue), ("no-op", run_noop))
+                }
                 times = in_task_times(log)
                 log.write_text("")
                 columns[batch] = {
                     "worker: `sessionstore.append` in-task": p50_ms(times[APPEND_TASK]),
                     "worker: `bench.noop` in-task": p50_ms(times[NOOP_TASK]),
                 }
+                for kind, groups in cpu.items():
+                    columns[batch] |= {
+                        f"CPU ms per write, {kind}: {group}": f"{ms:.2f}"
+                        for group, ms in groups.items()
+                    }
+                    total = sum(groups.values())
+                    ceiling = (os.cpu_count() or 1) * 1e3 / total * batch
+                    columns[batch][f"CPU ms per write, {kind}: **total**"] = f"**{total:.2f}**"
+                    columns[batch][f"{kind}: ev/s if all {os.cpu_count()} cores did only this"] = (
+                        f"{ceiling:,.0f}"
+                    )
         for batch, payloads in plan.items():
             columns[batch] |= profile_direct(app, store, sessions, payloads)
             client.delete(QUEUE)

@@ -31,6 +31,14 @@ from core.validation import pointer_token
 TRANSIENT_FIELDS = frozenset({"partialJson", "jsonlEvents"})
 IMAGE_ARRAY_KEYS = frozenset({"content", "images"})
 DATA_URL_KEY = "image_url"
+# An event's compact JSON without any of these (and no string over the inline limit) has
+# nothing to strip or externalize: it is stored as it is, without a walk. Image blocks are
+# found by their exact `"type":"image"` member; orjson writes keys and ASCII text verbatim.
+_WALK_MARKERS = (
+    *(f'"{name}"'.encode() for name in sorted(TRANSIENT_FIELDS)),
+    f'"{DATA_URL_KEY}"'.encode(),
+    b'"type":"image"',
+)
 _UTF8_MAX_BYTES_PER_CHAR = 4
 
 
@@ -90,6 +98,8 @@ class PersistPlan:
     events: Sequence[dict[str, Any]]
     walkers: list[_Walker]
     payloads: list[dict[str, Any]]
+    # per event: its stored JSON when it needed no walk (the payload is the event itself)
+    encoded: list[bytes | None]
 
     @property
     def puts_blobs(self) -> bool:
@@ -220,14 +230,38 @@ class Persister:
         self.image_min = image_min_base64_chars
         self.inline_limit = inline_string_limit
 
-    def persist(self, events: Sequence[dict[str, Any]]) -> PersistedBatch:
+    def persist(
+        self, events: Sequence[dict[str, Any]], encoded: Sequence[bytes | None] | None = None
+    ) -> PersistedBatch:
         """Externalize a batch; nothing is written if a producer-sent ref is bad."""
-        return self.put(self.plan(events))
+        return self.put(self.plan(events, encoded))
 
-    def plan(self, events: Sequence[dict[str, Any]]) -> PersistPlan:
-        """Walk the batch: what to externalize, without storing anything yet."""
-        walkers = [self._walk(i, event) for i, event in enumerate(events)]
-        return PersistPlan(events, [w for w, _ in walkers], [payload for _, payload in walkers])
+    def plan(
+        self, events: Sequence[dict[str, Any]], encoded: Sequence[bytes | None] | None = None
+    ) -> PersistPlan:
+        """Walk the batch: what to externalize, without storing anything yet.
+
+        ``encoded``: the events' JSON from validation (``check_batch``), where it has it; an
+        event whose JSON shows nothing to strip or externalize is not walked at all.
+        """
+        walkers, payloads, stored = [], [], []
+        for i, event in enumerate(events):
+            as_json = encoded[i] if encoded is not None else None
+            if as_json is not None and self._nothing_to_do(as_json):
+                walker, payload = _Walker(i, image_min=0, inline_limit=0), event
+            else:
+                walker, payload = self._walk(i, event)
+                as_json = None
+            walkers.append(walker)
+            payloads.append(payload)
+            stored.append(as_json)
+        return PersistPlan(events, walkers, payloads, stored)
+
+    def _nothing_to_do(self, as_json: bytes) -> bool:
+        # Every string is shorter than the JSON around it, so a small event has no large one.
+        if len(as_json) > self.inline_limit:
+            return False
+        return not any(marker in as_json for marker in _WALK_MARKERS)
 
     def put(self, plan: PersistPlan) -> PersistedBatch:
         """Store the plan's blobs and put their refs (and manifest entries) in place."""
@@ -247,8 +281,12 @@ class Persister:
                 ManifestEntry(ref.pointer, ref.hash, ref_sizes[ref.hash], "base64")
             )
         prepared = [
-            PreparedEvent(type=str(event["type"]), payload=payload, refs=tuple(event_refs))
-            for event, payload, event_refs in zip(events, payloads, refs, strict=True)
+            PreparedEvent(
+                type=str(event["type"]), payload=payload, refs=tuple(event_refs), encoded=as_json
+            )
+            for event, payload, event_refs, as_json in zip(
+                events, payloads, refs, plan.encoded, strict=True
+            )
         ]
         put = {r.hash: slot.data for slot, r in zip(slots, results, strict=True)}
         return PersistedBatch(prepared, put, input_refs)

@@ -36,6 +36,8 @@ class PreparedEvent:
     type: str
     payload: dict[str, Any]
     refs: tuple[ManifestEntry, ...] = ()
+    # the payload as compact JSON, when validation already produced it
+    encoded: bytes | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -93,8 +93,7 @@ class SessionStore:
         idempotency_key: str | None = None,
     ) -> AppendResult:
         """Validate, externalize (blobs are stored before the events commit), then append."""
-        self._check(events)
-        plan = self._persister.plan(events)
+        plan = self._persister.plan(events, self._check(events))
         if idempotency_key is not None and plan.puts_blobs:
             # A replay (e.g. a Celery redelivery) must not put the batch's blobs again. A
             # batch without blobs needs no pre-check: the append itself answers a replay.
@@ -162,16 +161,15 @@ class SessionStore:
         manifest = self.journal.manifest([e.position for e in events])
         return Rehydrator(self.blobs).events(events, manifest, lazy=lazy)
 
-    def _check(self, events: Sequence[Any]) -> None:
-        check_batch(
+    def _check(self, events: Sequence[Any]) -> list[bytes | None]:
+        return check_batch(
             events,
             max_events=self.settings.max_batch_events,
             max_depth=self.settings.max_event_depth,
         )
 
     def _persist(self, events: Sequence[Any]) -> PersistedBatch:
-        self._check(events)
-        return self._persister.persist(events)
+        return self._persister.persist(events, self._check(events))
 
     def _append_batch(
         self,

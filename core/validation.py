@@ -10,6 +10,8 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
+import orjson
+
 from core.errors import InvalidEvent, WriteTooLarge
 
 _INT64_MIN = -(2**63)
@@ -22,7 +24,8 @@ def pointer_token(key: str | int) -> str:
     return str(key).replace("~", "~0").replace("/", "~1")
 
 
-def check_batch(events: Sequence[Any], *, max_events: int, max_depth: int) -> None:
+def check_batch(events: Sequence[Any], *, max_events: int, max_depth: int) -> list[bytes | None]:
+    """Reject a bad batch; per event, its JSON when the fast check proved it plain."""
     if isinstance(events, (str, bytes, dict)) or not isinstance(events, Sequence):
         raise InvalidEvent("", f"events must be a list of objects, got {type(events).__name__}")
     if not events:
@@ -31,8 +34,9 @@ def check_batch(events: Sequence[Any], *, max_events: int, max_depth: int) -> No
         raise WriteTooLarge(
             "", f"batch of {len(events)} events exceeds the limit of {max_events} per write"
         )
-    for index, event in enumerate(events):
-        check_event(event, index=index, max_depth=max_depth)
+    return [
+        check_event(event, index=index, max_depth=max_depth) for index, event in enumerate(events)
+    ]
 
 
 class _Bad(Exception):
@@ -43,7 +47,9 @@ class _Bad(Exception):
         self.tokens: list[str] = []
 
 
-def check_event(event: Any, *, index: int | None = None, max_depth: int) -> None:
+def check_event(event: Any, *, index: int | None = None, max_depth: int) -> bytes | None:
+    """Reject a bad event. Returns its JSON if ``plain_json`` accepted it (no walk needed),
+    else None after the full walk (which names the offending field)."""
     if not isinstance(event, dict):
         raise InvalidEvent(
             "", f"an event must be a JSON object, got {type(event).__name__}", index=index
@@ -57,11 +63,53 @@ def check_event(event: Any, *, index: int | None = None, max_depth: int) -> None
         raise InvalidEvent(
             "/type", f"must be 1..{MAX_TYPE_LENGTH} characters without NUL", index=index
         )
+    encoded = plain_json(event, max_depth=max_depth)
+    if encoded is not None:
+        return encoded
     try:
         _walk(event, 1, max_depth)
     except _Bad as bad:
         path = "".join(f"/{token}" for token in reversed(bad.tokens))
         raise InvalidEvent(path, bad.reason, index=index) from None
+    return None
+
+
+# orjson encodes these natively, but the walk rejects them: make orjson refuse them too.
+_STRICT = orjson.OPT_PASSTHROUGH_DATETIME | orjson.OPT_PASSTHROUGH_DATACLASS
+_NUL = b"\\u0000"
+
+
+def plain_json(value: Any, *, max_depth: int) -> bytes | None:
+    """``value`` as compact JSON if it certainly passes the walk below, else None.
+
+    The fast path for ordinary events, all in C: orjson refuses non-string keys, lone
+    surrogates, integers outside 64 bits and non-JSON types; decoding the result again and
+    comparing catches what it would coerce (NaN and infinities become null, tuples and
+    UUIDs and enums of other kinds change type). A U+0000 anywhere, or more nesting than
+    allowed, is left to the walk, which reports it with its path.
+    """
+    try:
+        encoded = orjson.dumps(value, option=_STRICT)
+    except TypeError:  # orjson.JSONEncodeError included
+        return None
+    if _NUL in encoded:
+        return None
+    copy = orjson.loads(encoded)
+    if copy != value:
+        return None
+    # Each level needs an opening bracket, so few brackets bound the depth.
+    if encoded.count(b"{") + encoded.count(b"[") > max_depth and _depth(copy) > max_depth:
+        return None
+    return encoded
+
+
+def _depth(value: Any) -> int:
+    """Nesting of objects/arrays in decoded JSON (only exact dicts and lists)."""
+    children = value.values() if type(value) is dict else value
+    return 1 + max((_depth(v) for v in children if type(v) in _NESTED), default=0)
+
+
+_NESTED = frozenset({dict, list})
 
 
 # The walk runs on every event of every write: paths are only built on the way up from a
