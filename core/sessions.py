@@ -505,6 +505,29 @@ def copy_unfinished(engine: Engine, session_id: str) -> bool:
     return status in (PENDING, FAILED)
 
 
+def read_artifact_file(engine: Engine, root: Path, own: Path, row: ArtifactInfo) -> bytes | None:
+    """The bytes of ``row``'s file at ``own`` (the session's own copy); for a fork whose
+    artifact copy is unfinished, what it inherited instead. None: neither is there.
+
+    The own file wins, and is read again when the fallback comes up empty: the copy may
+    have completed in between (files are copied before the status changes).
+    """
+    data = _read_bytes(own)
+    if data is not None:
+        return data
+    with read_connection(engine) as conn:
+        source = inherited_source(conn, root, row.session_id, row)
+    data = _read_bytes(source) if source is not None else None
+    return data if data is not None else _read_bytes(own)
+
+
+def _read_bytes(path: Path) -> bytes | None:
+    try:
+        return path.read_bytes()
+    except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
+        return None
+
+
 def inherited_source(
     conn: Connection, root: Path, session_id: str, row: ArtifactInfo
 ) -> Path | None:

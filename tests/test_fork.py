@@ -4,13 +4,14 @@
 from __future__ import annotations
 
 import threading
+import time
 from typing import Any
 
 import pytest
 from sqlalchemy import func, select
 
 from core import SessionNotFound, SessionStore, Settings
-from core.errors import QuotaExceeded
+from core.errors import ArtifactNotFound, QuotaExceeded
 from core.models import BlobRefRow, EventRow
 from core.records import Session
 from core.samples import EntryBuilder, screenshot_png
@@ -259,6 +260,35 @@ def test_a_failing_copier_leaves_the_fork_pending_and_usable(store: SessionStore
     assert (report.status, report.copied) == ("copied", 2)
     assert store.copy_fork_artifacts(fork.id).copied == 0  # safe to run again
     assert store.pending_forks(older_than_s=0) == []
+
+
+def test_a_pending_fork_reads_inherited_files_and_oversized_outputs(store: SessionStore) -> None:
+    parent = store.create_session(tenant_id="acme")
+    build_session(store, parent.id, turns=1)
+    store.artifacts(parent.id).files.put("notes/plan.md", "the plan")
+    stored = store.store_oversized(parent.id, "z" * 13_000, "grep")
+    assert stored is not None
+    oversized = stored.ref.artifact_id
+    handed = defer_copies(store)
+    fork = store.fork(parent.id)
+    assert [f.id for f in handed] == [fork.id]
+    assert not store.artifacts(fork.id).directory().exists()  # nothing copied yet
+
+    files = store.artifacts(fork.id).files
+    assert files.get("notes/plan.md") == b"the plan"
+    assert store.retrieve(oversized, session_id=fork.id) == "z" * 13_000
+    with pytest.raises(ArtifactNotFound):
+        files.get("notes/other.md")
+
+    # The parent rewrites its file after the fork: the fork never sees the new content.
+    time.sleep(0.01)
+    store.artifacts(parent.id).files.put("notes/plan.md", "the new plan")
+    with pytest.raises(ArtifactNotFound):
+        files.get("notes/plan.md")
+
+    report = store.copy_fork_artifacts(fork.id)  # the rewritten file cannot be copied
+    assert (report.status, report.copied) == ("failed", 2)
+    assert store.retrieve(oversized, session_id=fork.id) == "z" * 13_000  # its own copy now
 
 
 def test_a_fork_that_would_exceed_the_tenant_quota_is_refused(

@@ -126,11 +126,13 @@ class SessionFiles:
             row = rows.get_artifact(conn, self._session_id, FILE, rel)
         if row is None:
             raise ArtifactNotFound(f"no file at {rel!r}")
-        directory = self._scope.dir_for(info.tenant_id) / FILES_DIR
-        try:
-            return contained_path(directory, rel).read_bytes()
-        except FileNotFoundError as exc:
-            raise ArtifactNotFound(f"no file at {rel!r}") from exc
+        from core.sessions import read_artifact_file  # builds on this package
+
+        own = contained_path(self._scope.dir_for(info.tenant_id) / FILES_DIR, rel)
+        data = read_artifact_file(self._scope.engine, self._scope.root, own, row)
+        if data is None:
+            raise ArtifactNotFound(f"no file at {rel!r}")
+        return data
 
     def stat(self, path: str) -> ArtifactInfo:
         rel = sanitize_path(path)

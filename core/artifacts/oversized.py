@@ -140,11 +140,11 @@ class OversizedOutputs:
             row = rows.get_artifact(conn, session_id, OVERSIZED, artifact_id)
         if row is None or (row.expires_at is not None and row.expires_at <= utcnow()):
             return None
-        path = session_dir(self.root, info.tenant_id, session_id) / oversized_name(artifact_id)
-        try:
-            return path.read_bytes().decode("utf-8", "surrogatepass")
-        except FileNotFoundError:
-            return None
+        from core.sessions import read_artifact_file  # builds on this package
+
+        own = session_dir(self.root, info.tenant_id, session_id) / oversized_name(artifact_id)
+        data = read_artifact_file(self.engine, self.root, own, row)
+        return data.decode("utf-8", "surrogatepass") if data is not None else None
 
     def cleanup_session(self, session_id: str) -> int:
         """Remove every oversized output of a session; returns how many."""

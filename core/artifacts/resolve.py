@@ -130,21 +130,12 @@ class _Resolver:
         return row, ids
 
     def _read(self, row: ArtifactInfo) -> str | None:
-        content = _read_text(self.directory / (row.name or ""))
-        return content if content is not None else self._read_inherited(row)
+        # core.sessions builds on this package: imported where used.
+        from core.sessions import read_artifact_file
 
-    # A fork whose artifact copy is unfinished reads what it inherited from the ancestor
-    # that holds the identical row (core.sessions, which builds on this package: imported
-    # where used). The fork's own file wins, and is looked at again whenever the fallback
-    # comes up empty: the copy may have completed in between (files before status).
-
-    def _read_inherited(self, row: ArtifactInfo) -> str | None:
-        from core.sessions import inherited_source
-
-        with read_connection(self.engine) as conn:
-            source = inherited_source(conn, self.root, self.session_id, row)
-        content = _read_text(source) if source is not None else None
-        return content if content is not None else _read_text(self.directory / (row.name or ""))
+        own = self.directory / (row.name or "")
+        data = read_artifact_file(self.engine, self.root, own, row)
+        return data.decode("utf-8", "replace") if data is not None else None
 
     def _require_directory(self) -> None:
         from core.sessions import copy_unfinished
@@ -253,13 +244,6 @@ class _Resolver:
         return _text(
             url, base64.b64encode(data).decode("ascii"), "application/octet-stream", [note]
         )
-
-
-def _read_text(path: Path) -> str | None:
-    try:
-        return path.read_bytes().decode("utf-8", "replace")
-    except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
-        return None
 
 
 def _reject_constant(name: str) -> Any:
