@@ -62,7 +62,11 @@ def utcnow() -> datetime:
 
 class SessionRow(SQLModel, table=True):
     __tablename__ = "sessions"
-    __table_args__ = (Index("ix_sessions_tenant_created", "tenant_id", "created_at", "id"),)
+    __table_args__ = (
+        Index("ix_sessions_tenant_created", "tenant_id", "created_at", "id"),
+        # the fork reconciler's scan: pending copies, oldest first
+        Index("ix_sessions_copy_status_created", "copy_status", "created_at"),
+    )
 
     id: str = Field(sa_column=Column(String(SESSION_ID_LEN), primary_key=True))
     tenant_id: str = Field(sa_column=Column(String(128), nullable=False))

@@ -39,6 +39,7 @@ from typing import Any, NamedTuple, Protocol
 from sqlalchemy import (
     Connection,
     Engine,
+    Select,
     String,
     delete,
     func,
@@ -313,13 +314,7 @@ class SessionLifecycle:
 
     def pending_forks(self, *, older_than_s: float, limit: int = 1000) -> list[str]:
         """Forks whose copy has been pending for longer than ``older_than_s``, oldest first."""
-        cutoff = utcnow() - timedelta(seconds=older_than_s)
-        query = (
-            select(_sessions.c.id)
-            .where(_sessions.c.copy_status == PENDING, _sessions.c.created_at <= cutoff)
-            .order_by(_sessions.c.created_at)
-            .limit(limit)
-        )
+        query = pending_forks_query(utcnow() - timedelta(seconds=older_than_s), limit)
         with read_connection(self.engine) as conn:
             return [str(v) for v in conn.execute(query).scalars()]
 
@@ -503,6 +498,17 @@ def copy_unfinished(engine: Engine, session_id: str) -> bool:
             select(_sessions.c.copy_status).where(_sessions.c.id == session_id)
         ).scalar()
     return status in (PENDING, FAILED)
+
+
+def pending_forks_query(cutoff: datetime, limit: int) -> Select[tuple[str]]:
+    """Forks with a pending copy created before ``cutoff``, oldest first (indexed by
+    ``ix_sessions_copy_status_created``)."""
+    return (
+        select(_sessions.c.id)
+        .where(_sessions.c.copy_status == PENDING, _sessions.c.created_at <= cutoff)
+        .order_by(_sessions.c.created_at)
+        .limit(limit)
+    )
 
 
 def read_artifact_file(engine: Engine, root: Path, own: Path, row: ArtifactInfo) -> bytes | None:

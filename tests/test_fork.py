@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import threading
 import time
+from datetime import UTC, datetime
 from typing import Any
 
 import pytest
@@ -16,7 +17,7 @@ from core.models import BlobRefRow, EventRow
 from core.records import Session
 from core.samples import EntryBuilder, screenshot_png
 from core.session_state import SessionState
-from core.sessions import InvalidForkPoint
+from core.sessions import InvalidForkPoint, pending_forks_query
 from core.snapshots import list_snapshots
 
 BIG_OUTPUT = "collected 412 items\n" + "tests/test_upload.py::test_retry PASSED\n" * 600
@@ -289,6 +290,18 @@ def test_a_pending_fork_reads_inherited_files_and_oversized_outputs(store: Sessi
     report = store.copy_fork_artifacts(fork.id)  # the rewritten file cannot be copied
     assert (report.status, report.copied) == ("failed", 2)
     assert store.retrieve(oversized, session_id=fork.id) == "z" * 13_000  # its own copy now
+
+
+def test_the_reconcilers_scan_is_indexed(store: SessionStore) -> None:
+    query = pending_forks_query(datetime.now(UTC), 100)
+    sql = str(query.compile(store.engine, compile_kwargs={"literal_binds": True}))
+    with store.engine.connect() as conn:
+        if store.engine.dialect.name == "sqlite":
+            plan = " ".join(str(r[-1]) for r in conn.exec_driver_sql(f"EXPLAIN QUERY PLAN {sql}"))
+        else:  # on an empty table a scan is cheapest: ask whether the index can serve it
+            conn.exec_driver_sql("SET LOCAL enable_seqscan = off")
+            plan = " ".join(str(r[0]) for r in conn.exec_driver_sql(f"EXPLAIN {sql}"))
+    assert "ix_sessions_copy_status_created" in plan, plan
 
 
 def test_a_fork_that_would_exceed_the_tenant_quota_is_refused(
