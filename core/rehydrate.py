@@ -96,6 +96,15 @@ class LazyBlob:
             self._value = _fetch(self._blobs, entry, self._where) or self.ref
         return self._value
 
+    def __eq__(self, other: object) -> bool:
+        """Same content, decoded the same way; never loads (compare ``load()`` for that)."""
+        if not isinstance(other, LazyBlob):
+            return NotImplemented
+        return (self.hash, self.encoding) == (other.hash, other.encoding)
+
+    def __hash__(self) -> int:
+        return hash((self.hash, self.encoding))
+
     def __repr__(self) -> str:
         return f"LazyBlob(hash={self.hash[:12]}…, size={self.size}, encoding={self.encoding})"
 

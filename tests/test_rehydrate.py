@@ -187,6 +187,14 @@ def test_metadata_only_reads_never_touch_the_blob_store(
     assert isinstance(value, LazyBlob)
     assert (value.hash, value.size, value.encoding) == (sha256_hex(b"a" * 20_000), 20_000, "utf8")
     assert value.pointer == "/message/content/0"
+    # Lazy reads compare by content address, without loading anything.
+    again = store.read(session_id, rehydrate="lazy")
+    assert [e.payload for e in again] == [e.payload for e in lazy]
+    assert (
+        again[0].payload["message"]["content"][0] == value
+        and len({value, again[0].payload["message"]["content"][0]}) == 1
+    )
+    assert value != value.ref  # never equal to a plain string (that would need a load)
     assert gets.calls == []
     assert value.load() == "a" * 20_000
     assert value.load() == "a" * 20_000  # loaded once
