@@ -55,6 +55,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.sql.elements import ColumnElement
 
 from core.artifacts import OversizedOutputs
+from core.artifacts.fsio import sweep_staging
 from core.artifacts.records import OVERSIZED
 from core.blobs import SUFFIXES, BlobStore, FileBlobStore, is_valid_hash
 from core.db import is_sqlite, read_connection, write_transaction
@@ -173,6 +174,9 @@ class ExpireRunReport:
     deleted: int = 0
     bytes_freed: int = 0
     sample: list[tuple[str, str]] = field(default_factory=list)  # (session_id, artifact_id)
+    # temporary files killed processes left in staging directories (removed when applied)
+    stale_temp_files: int = 0
+    stale_temp_bytes: int = 0
     errors: list[str] = field(default_factory=list)
     seconds: float = 0.0
 
@@ -183,6 +187,8 @@ class ExpireRunReport:
             "expired": self.expired,
             "deleted" if self.applied else "would_delete": self.deleted,
             "bytes_freed": self.bytes_freed,
+            "stale_temp_files": self.stale_temp_files,
+            "stale_temp_bytes": self.stale_temp_bytes,
             "sample": [list(s) for s in self.sample],
             "errors": list(self.errors),
             "seconds": round(self.seconds, 3),
@@ -609,7 +615,9 @@ def expire_artifacts(
     progress: Progress | None = None,
     now: datetime | None = None,
 ) -> ExpireRunReport:
-    """Oversized outputs past ``expires_at``; with ``apply``, remove them, a batch at a time.
+    """Oversized outputs past ``expires_at``; with ``apply``, remove them, a batch at a time,
+    and the temporary files killed processes left in staging directories
+    (``staging_max_age_seconds``).
 
     The moment is fixed at the start, so the set only shrinks while it runs (new outputs
     expire later) and a dry run's count is what an apply run then deletes.
@@ -623,6 +631,15 @@ def expire_artifacts(
         report.deleted = count
     else:
         _expire_batches(oversized, report, batch_size, progress)
+    try:
+        report.stale_temp_files, report.stale_temp_bytes = sweep_staging(
+            oversized.root,
+            older_than_s=oversized.settings.staging_max_age_seconds,
+            apply=apply,
+            now=moment.timestamp(),
+        )
+    except OSError as exc:
+        report.errors.append(f"cannot sweep staging directories: {exc}")
     report.seconds = time.monotonic() - started
     log.info("artifact expiry finished", extra={"expire": report.to_dict()})
     return report

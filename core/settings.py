@@ -76,6 +76,12 @@ class Settings(BaseSettings):
     oversized_ttl_seconds: int = Field(
         default=3600, ge=1, description="Default TTL of an oversized-output artifact."
     )
+    staging_max_age_seconds: float = Field(
+        default=6 * 3600.0,
+        ge=60,
+        description="Artifact expiry also removes temporary files a killed process left "
+        "this long ago.",
+    )
     output_spill_bytes: int = Field(
         default=50 * 1024, ge=1, description="OutputSink tail window; beyond it output spills."
     )

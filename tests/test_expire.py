@@ -133,3 +133,27 @@ def test_cli_dry_run_then_apply(store: SessionStore, settings: Settings) -> None
     assert dry_report["would_delete"] == applied_report["deleted"] == 3
     assert dry_report["bytes_freed"] == applied_report["bytes_freed"]
     assert _rows(store) == 1 and store.retrieve(kept, session_id=sid) == " kept " * 4000
+
+
+def test_expiry_sweeps_temporary_files_killed_processes_left(store: SessionStore) -> None:
+    sid = store.create_session(tenant_id="acme").id
+    store.artifacts(sid).files.put("notes.md", "kept")
+    staging = store.artifacts(sid).directory() / ".tmp"
+    staging.mkdir(exist_ok=True)  # files.put staged its write there
+    leftovers = {"a1.copy": b"12345", "b2.tmp": b"123"}
+    rollback_copies = {"c3.bak": b"old", "d4.del": b"gone"}  # left for an operator
+    for name, data in {**leftovers, **rollback_copies}.items():
+        (staging / name).write_bytes(data)
+    later = utcnow() + timedelta(seconds=store.settings.staging_max_age_seconds + 1)
+
+    fresh = _run(store, apply=True)  # just written: could be an operation still running
+    assert fresh.stale_temp_files == 0 and len(list(staging.iterdir())) == 4
+
+    dry = _run(store, apply=False, now=later)
+    assert (dry.stale_temp_files, dry.stale_temp_bytes) == (2, 8)
+    assert len(list(staging.iterdir())) == 4
+
+    applied = _run(store, apply=True, now=later)
+    assert applied.to_dict()["stale_temp_files"] == 2 and applied.errors == []
+    assert sorted(p.name for p in staging.iterdir()) == sorted(rollback_copies)
+    assert store.artifacts(sid).files.get("notes.md") == b"kept"

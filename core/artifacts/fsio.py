@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
+import time
 import uuid
 from pathlib import Path
 
@@ -135,3 +136,50 @@ def prune_empty_dirs(start: Path, stop: Path) -> None:
         except OSError:
             return
         current = current.parent
+
+
+# Temporary files in a staging directory belong to the live operation that wrote them, which
+# renames or removes them; only a killed process leaves one behind. (``.bak``/``.del`` hold
+# previous content for a rollback and are left for an operator.)
+TEMP_SUFFIXES = (".tmp", ".copy")
+
+
+def sweep_staging(
+    root: Path, *, older_than_s: float, apply: bool, now: float | None = None
+) -> tuple[int, int]:
+    """Temporary files left in the sessions' staging directories under ``root``, older
+    than ``older_than_s``: (files, bytes), removed when ``apply``.
+
+    Age is the inode change time: a fork copy sets its file's modification time back to
+    the source's, but cannot set the change time.
+    """
+    cutoff = (time.time() if now is None else now) - older_than_s
+    files = size = 0
+    for tenant in _subdirs(root):
+        for session in _subdirs(tenant):
+            try:
+                entries = list(os.scandir(os.path.join(session, STAGING_DIR)))
+            except (FileNotFoundError, NotADirectoryError):
+                continue
+            for entry in entries:
+                if not entry.name.endswith(TEMP_SUFFIXES):
+                    continue
+                try:
+                    info = entry.stat(follow_symlinks=False)
+                    if info.st_ctime > cutoff or not entry.is_file(follow_symlinks=False):
+                        continue
+                    if apply:
+                        os.unlink(entry.path)
+                except FileNotFoundError:  # its operation finished meanwhile
+                    continue
+                files += 1
+                size += info.st_size
+    return files, size
+
+
+def _subdirs(directory: Path | str) -> list[str]:
+    try:
+        with os.scandir(directory) as entries:
+            return [e.path for e in entries if e.is_dir(follow_symlinks=False)]
+    except (FileNotFoundError, NotADirectoryError):
+        return []
