@@ -14,7 +14,7 @@ import pytest
 from sqlalchemy import func, select
 
 from core import SessionNotFound, SessionStore, Settings
-from core.artifacts import session_dir
+from core.artifacts import fsio, session_dir
 from core.artifacts.paths import encode_component
 from core.errors import MoveFailed, QuotaExceeded
 from core.models import (
@@ -274,3 +274,36 @@ def test_cli_fork_show_move_delete(store: SessionStore, settings: Settings) -> N
         sorted([queued["id"], inline["id"]]),
     )
     assert store.get_session(inline["id"]).parent_id == sid
+
+
+@pytest.mark.parametrize("kind", ["tool output", "agent output", "oversized output"])
+def test_an_artifact_write_racing_a_move_lands_in_the_moved_directory(
+    store: SessionStore, monkeypatch: pytest.MonkeyPatch, kind: str
+) -> None:
+    sid = store.create_session(tenant_id="acme").id
+    store.artifacts(sid).files.put("notes.md", "the directory exists")
+    old_dir = session_dir(store.settings.resolved_artifact_root, "acme", sid)
+    # The move lands after the content is staged and before the write takes its lock.
+    staged_init = fsio.StagedFile.__init__
+    moves: list[Any] = []
+
+    def stage_then_move(self: fsio.StagedFile, session_root: Path, data: bytes) -> None:
+        staged_init(self, session_root, data)
+        if not moves:
+            moves.append(store.move(sid, tenant_id="globex"))
+
+    monkeypatch.setattr(fsio.StagedFile, "__init__", stage_then_move)
+    content = "z" * 13_000
+    artifacts = store.artifacts(sid)
+    if kind == "tool output":
+        url = f"artifact://{artifacts.save(content, 'bash')}"
+    elif kind == "agent output":
+        url = f"agent://{artifacts.save_agent_output('review', content)}"
+    else:
+        stored = store.store_oversized(sid, content, "grep")
+        assert stored is not None
+        url = stored.ref.artifact_id
+    assert moves and store.get_session(sid).tenant_id == "globex"
+    assert store.resolve(url, session_id=sid).content == content
+    assert not old_dir.exists()  # nothing was written where the session used to be
+    assert not list((store.artifacts(sid).directory() / ".tmp").glob("*.tmp"))

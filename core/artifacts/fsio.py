@@ -38,16 +38,34 @@ def write_temp(session_root: Path, data: bytes) -> Path:
     return tmp
 
 
-def write_atomic(session_root: Path, target: Path, data: bytes) -> None:
-    """Replace ``target`` with ``data`` atomically (staged under the same session root)."""
-    tmp = write_temp(session_root, data)
-    try:
+class StagedFile:
+    """New content, written and fsynced in a session's staging directory before any lock is
+    taken, then renamed into place (``publish``) while the session is locked.
+
+    The staged file lives inside the session directory, so a move in between carries it
+    along: ``publish`` takes the session directory as read under the lock, never the one
+    seen when staging, and a file can never land in a directory the session has left.
+    """
+
+    def __init__(self, session_root: Path, data: bytes) -> None:
+        self._name = write_temp(session_root, data).name
+        self._roots = [session_root]
+        self.published: Path | None = None
+
+    def publish(self, session_root: Path, target: Path) -> None:
+        self._roots.append(session_root)
         target.parent.mkdir(parents=True, exist_ok=True)
-        os.replace(tmp, target)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    _fsync_dir(target.parent)
+        os.replace(session_root / STAGING_DIR / self._name, target)
+        self.published = target
+        _fsync_dir(target.parent)
+
+    def discard(self) -> None:
+        """Undo: the staged file, or the published one (its transaction did not commit)."""
+        if self.published is not None:
+            self.published.unlink(missing_ok=True)
+            self.published = None
+        for root in self._roots:
+            (root / STAGING_DIR / self._name).unlink(missing_ok=True)
 
 
 class StagedReplace:

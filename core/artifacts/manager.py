@@ -10,14 +10,15 @@ from __future__ import annotations
 
 import logging
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 
-from sqlalchemy import Engine
+from sqlalchemy import Connection, Engine
 
 from core.artifacts import rows
 from core.artifacts.files import SessionFiles
-from core.artifacts.fsio import write_atomic
+from core.artifacts.fsio import StagedFile
 from core.artifacts.oversized import OversizedOutputs
 from core.artifacts.paths import (
     agent_output_names,
@@ -95,29 +96,29 @@ class ArtifactManager:
     def save(self, content: str | bytes, tool_type: str) -> str:
         """Store a whole tool output; returns its id (``artifact://<id>``)."""
         data = _encode(content)
-        slot = self._allocate_tool(tool_type, size=len(data))
-        try:
-            write_atomic(slot.path.parent, slot.path, data)
-        except BaseException:
-            self.discard_tool_output(slot.id)
-            raise
-        return slot.id
+        tool = sanitize_tool_type(tool_type)
+        with self._staged(data) as staged, self._locked() as (conn, info, directory):
+            artifact_id = self._allocate_in(
+                conn, info, TOOL_COUNTER, str, self._tool_values(tool, len(data))
+            )
+            staged.publish(directory, directory / tool_log_name(artifact_id, tool))
+        return artifact_id
 
     def _allocate_tool(self, tool_type: str, *, size: int) -> AllocatedPath:
         tool = sanitize_tool_type(tool_type)
-        artifact_id, directory = self._allocate(
-            TOOL_COUNTER,
-            str,
-            lambda local_id: {
-                "kind": TOOL_OUTPUT,
-                "name": tool_log_name(local_id, tool),
-                "tool_type": tool,
-                "media_type": "text/plain",
-                "size_bytes": size,
-            },
-        )
+        artifact_id, directory = self._allocate(TOOL_COUNTER, str, self._tool_values(tool, size))
         directory.mkdir(parents=True, exist_ok=True)
         return AllocatedPath(artifact_id, directory / tool_log_name(artifact_id, tool))
+
+    @staticmethod
+    def _tool_values(tool: str, size: int) -> Callable[[str], dict[str, object]]:
+        return lambda local_id: {
+            "kind": TOOL_OUTPUT,
+            "name": tool_log_name(local_id, tool),
+            "tool_type": tool,
+            "media_type": "text/plain",
+            "size_bytes": size,
+        }
 
     def finalize_tool_output(self, artifact_id: str) -> int:
         """Record the size of a tool-output file the caller wrote; returns it."""
@@ -172,16 +173,21 @@ class ArtifactManager:
     ) -> int:
         """Write (or rewrite) an allocated agent output; returns its size in bytes."""
         self._require(AGENT_OUTPUT, output_id)
-        directory = self.directory()
         md_name, jsonl_name = agent_output_names(output_id)
         body = _encode(content)
-        write_atomic(directory, directory / md_name, body)
-        size = len(body)
-        if jsonl is not None:
-            sidecar = _encode(jsonl)
-            write_atomic(directory, directory / jsonl_name, sidecar)
-            size += len(sidecar)
-        self._set_size(AGENT_OUTPUT, output_id, size)
+        sidecar = _encode(jsonl) if jsonl is not None else None
+        with (
+            self._staged(body) as staged_md,
+            self._staged(sidecar) if sidecar is not None else nullcontext() as staged_jsonl,
+            self._locked() as (conn, _info, directory),
+        ):
+            if rows.get_artifact(conn, self.session_id, AGENT_OUTPUT, output_id) is None:
+                raise ArtifactNotFound(f"{AGENT_OUTPUT} not found: {output_id}")
+            if staged_jsonl is not None:  # the sidecar first: the markdown marks it complete
+                staged_jsonl.publish(directory, directory / jsonl_name)
+            staged_md.publish(directory, directory / md_name)
+            size = len(body) + (len(sidecar) if sidecar is not None else 0)
+            rows.set_size(conn, self.session_id, AGENT_OUTPUT, output_id, size)
         return size
 
     def save_agent_output(
@@ -229,31 +235,64 @@ class ArtifactManager:
         """Allocate an id and insert its row in one write transaction."""
         with write_transaction(self._scope.engine) as conn:
             info = rows.session_info(conn, self.session_id)
-            if parent_id is not None and not _AGENT_ID.match(parent_id):
-                raise ArtifactNotFound(f"agent output not found: {parent_id}")
-            if parent_id is not None and not rows.get_artifact(
-                conn, self.session_id, AGENT_OUTPUT, parent_id
-            ):
-                raise ArtifactNotFound(f"agent output not found: {parent_id}")
-            local_id = make_id(rows.next_id(conn, self.session_id, counter))
-            if len(local_id) > MAX_AGENT_ID_CHARS:
-                raise ArtifactError(f"artifact id too long (nesting too deep): {local_id[:60]}…")
-            rows.insert_artifact(
-                conn,
-                {
-                    "session_id": self.session_id,
-                    "local_id": local_id,
-                    "size_bytes": 0,
-                    "created_at": utcnow(),
-                    "created_seq": info.head_seq,
-                    **make_values(local_id),
-                },
+            local_id = self._allocate_in(
+                conn, info, counter, make_id, make_values, parent_id=parent_id
             )
+        return local_id, self._scope.dir_for(info.tenant_id)
+
+    def _allocate_in(
+        self,
+        conn: Connection,
+        info: rows.SessionInfo,
+        counter: str,
+        make_id: Callable[[int], str],
+        make_values: Callable[[str], dict[str, object]],
+        *,
+        parent_id: str | None = None,
+    ) -> str:
+        if parent_id is not None and not _AGENT_ID.match(parent_id):
+            raise ArtifactNotFound(f"agent output not found: {parent_id}")
+        if parent_id is not None and not rows.get_artifact(
+            conn, self.session_id, AGENT_OUTPUT, parent_id
+        ):
+            raise ArtifactNotFound(f"agent output not found: {parent_id}")
+        local_id = make_id(rows.next_id(conn, self.session_id, counter))
+        if len(local_id) > MAX_AGENT_ID_CHARS:
+            raise ArtifactError(f"artifact id too long (nesting too deep): {local_id[:60]}…")
+        rows.insert_artifact(
+            conn,
+            {
+                "session_id": self.session_id,
+                "local_id": local_id,
+                "size_bytes": 0,
+                "created_at": utcnow(),
+                "created_seq": info.head_seq,
+                **make_values(local_id),
+            },
+        )
         logger.debug(
             "artifact id allocated",
             extra={"session_id": self.session_id, "counter": counter, "local_id": local_id},
         )
-        return local_id, self._scope.dir_for(info.tenant_id)
+        return local_id
+
+    @contextmanager
+    def _locked(self) -> Iterator[tuple[Connection, rows.SessionInfo, Path]]:
+        """A write transaction holding the session's tenant lock, which a move also takes,
+        with the session's directory as of now: files published inside cannot miss a move."""
+        with write_transaction(self._scope.engine) as conn:
+            info = rows.lock_quota(conn, self.session_id)
+            yield conn, info, self._scope.dir_for(info.tenant_id)
+
+    @contextmanager
+    def _staged(self, data: bytes) -> Iterator[StagedFile]:
+        """``data`` written and fsynced before the lock; discarded unless the block commits."""
+        staged = StagedFile(self.directory(), data)
+        try:
+            yield staged
+        except BaseException:
+            staged.discard()
+            raise
 
     def _require(self, kind: str, local_id: str) -> ArtifactInfo:
         with read_connection(self._scope.engine) as conn:

@@ -16,7 +16,7 @@ from sqlalchemy import Engine
 from sqlalchemy.exc import IntegrityError
 
 from core.artifacts import rows
-from core.artifacts.fsio import write_atomic
+from core.artifacts.fsio import StagedFile
 from core.artifacts.paths import oversized_name, sanitize_tool_type, session_dir
 from core.artifacts.records import (
     OVERSIZED,
@@ -74,13 +74,15 @@ class OversizedOutputs:
         if ttl <= 0:
             raise ArtifactError(f"ttl_s must be positive, got {ttl}")
         data = content.encode("utf-8", "surrogatepass")
-        ref, tenant_id = self._insert(session_id, sanitize_tool_type(tool_name), data, content, ttl)
-        directory = session_dir(self.root, tenant_id, session_id)
+        with read_connection(self.engine) as conn:
+            tenant_id = rows.session_info(conn, session_id).tenant_id
+        staged = StagedFile(session_dir(self.root, tenant_id, session_id), data)
         try:
-            write_atomic(directory, directory / oversized_name(ref.artifact_id), data)
+            ref = self._insert(
+                session_id, sanitize_tool_type(tool_name), staged, content, ttl, len(data)
+            )
         except BaseException:
-            with write_transaction(self.engine) as conn:
-                rows.delete_artifact(conn, session_id, OVERSIZED, ref.artifact_id)
+            staged.discard()
             raise
         logger.info(
             "oversized output stored",
@@ -89,15 +91,17 @@ class OversizedOutputs:
         return OversizedStored(ref, _hint(ref, len(content)))
 
     def _insert(
-        self, session_id: str, tool: str, data: bytes, content: str, ttl: int
-    ) -> tuple[ArtifactRef, str]:
+        self, session_id: str, tool: str, staged: StagedFile, content: str, ttl: int, size: int
+    ) -> ArtifactRef:
+        """The row, and the staged file published, under the session's tenant lock (which a
+        move takes too: the file lands in the directory the session has at commit)."""
         for _ in range(3):
             now = utcnow()
             ref = ArtifactRef(
                 artifact_id=new_oversized_id(),
                 session_id=session_id,
                 tool_name=tool,
-                size_bytes=len(data),
+                size_bytes=size,
                 summary=summarize(content),
                 created_at=now,
                 ttl_s=ttl,
@@ -105,9 +109,11 @@ class OversizedOutputs:
             )
             try:
                 with write_transaction(self.engine) as conn:
-                    info = rows.session_info(conn, session_id)
+                    info = rows.lock_quota(conn, session_id)
                     rows.insert_artifact(conn, self._values(ref, info.head_seq))
-                return ref, info.tenant_id
+                    directory = session_dir(self.root, info.tenant_id, session_id)
+                    staged.publish(directory, directory / oversized_name(ref.artifact_id))
+                return ref
             except IntegrityError:
                 # A 64-bit random id collided within the session: draw another.
                 continue
