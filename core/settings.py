@@ -78,7 +78,7 @@ class Settings(BaseSettings):
     )
     staging_max_age_seconds: float = Field(
         default=6 * 3600.0,
-        ge=60,
+        ge=3600,
         description="Artifact expiry also removes temporary files a killed process left "
         "this long ago.",
     )

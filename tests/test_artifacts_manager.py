@@ -7,7 +7,7 @@ import threading
 import pytest
 
 from core import SessionNotFound, SessionStore
-from core.artifacts import agent_counter, counter_values, set_counter_floor
+from core.artifacts import agent_counter, counter_values, rows, set_counter_floor
 from core.db import read_connection, write_transaction
 from core.errors import ArtifactError, ArtifactNotFound
 
@@ -148,6 +148,31 @@ def test_agent_output_jsonl_sidecar(store: SessionStore) -> None:
     assert manager.list("agent_output")[0].size_bytes == len("result") + 16
     plain = manager.save_agent_output("task", "only markdown")
     assert not (directory / f"{plain}.jsonl").exists()
+
+
+def test_a_failed_rewrite_keeps_the_previous_agent_output(
+    store: SessionStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    manager = store.artifacts(store.create_session(tenant_id="acme").id)
+    output_id = manager.save_agent_output("task", "version 1", jsonl='{"v":1}\n')
+
+    def fail(*args: object, **kwargs: object) -> None:
+        raise ConnectionError("database went away mid-write")
+
+    monkeypatch.setattr(rows, "set_size", fail)  # after both files were renamed into place
+    with pytest.raises(ConnectionError):
+        manager.write_agent_output(output_id, "version 2", jsonl='{"v":2}\n')
+    monkeypatch.undo()
+
+    directory = manager.directory()
+    assert (directory / f"{output_id}.md").read_text() == "version 1"
+    assert (directory / f"{output_id}.jsonl").read_text() == '{"v":1}\n'
+    assert store.resolve(f"agent://{output_id}", session_id=manager.session_id).content == (
+        "version 1"
+    )
+    assert [p.name for p in (directory / ".tmp").iterdir()] == []  # nothing left staged
+    assert manager.write_agent_output(output_id, "version 3") == len("version 3")
+    assert (directory / f"{output_id}.md").read_text() == "version 3"
 
 
 @SQLITE_ONLY

@@ -307,3 +307,29 @@ def test_an_artifact_write_racing_a_move_lands_in_the_moved_directory(
     assert store.resolve(url, session_id=sid).content == content
     assert not old_dir.exists()  # nothing was written where the session used to be
     assert not list((store.artifacts(sid).directory() / ".tmp").glob("*.tmp"))
+
+
+def test_a_move_between_reading_the_directory_and_staging_loses_nothing(
+    store: SessionStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Staging re-creates the path the session just left; the write still lands in the new
+    directory and the re-created leftovers are removed (a move back must not find them)."""
+    sid = store.create_session(tenant_id="acme").id
+    store.artifacts(sid).files.put("notes.md", "the directory exists")
+    old_dir = session_dir(store.settings.resolved_artifact_root, "acme", sid)
+    write_temp = fsio.write_temp
+    moves: list[Any] = []
+
+    def move_then_stage(session_root: Path, data: bytes) -> Path:
+        if not moves:
+            moves.append(store.move(sid, tenant_id="globex"))
+        return write_temp(session_root, data)
+
+    monkeypatch.setattr(fsio, "write_temp", move_then_stage)
+    artifact_id = store.artifacts(sid).save("z" * 100, "bash")
+    monkeypatch.undo()
+
+    assert moves and store.resolve(f"artifact://{artifact_id}", session_id=sid).content == "z" * 100
+    assert not old_dir.exists()
+    assert store.move(sid, tenant_id="acme").tenant_id == "acme"  # and back again
+    assert store.resolve(f"artifact://{artifact_id}", session_id=sid).content == "z" * 100

@@ -39,33 +39,56 @@ def write_temp(session_root: Path, data: bytes) -> Path:
 
 
 class StagedFile:
-    """New content, written and fsynced in a session's staging directory before any lock is
+    """Content written and fsynced in a session's staging directory before any lock is
     taken, then renamed into place (``publish``) while the session is locked.
 
     The staged file lives inside the session directory, so a move in between carries it
     along: ``publish`` takes the session directory as read under the lock, never the one
-    seen when staging, and a file can never land in a directory the session has left.
+    seen when staging, and a file can never land in a directory the session has left. (If
+    the move landed between reading the directory and staging, the staging re-created the
+    old path: the file is taken from there and the empty leftovers are removed.)
+
+    A rewrite keeps the previous content aside until ``commit``; ``discard`` puts it back.
+    A new file that was published stays on ``discard``: its commit may have happened (a
+    lost reply), and an unreferenced file is harmless where a lost one is not.
     """
 
     def __init__(self, session_root: Path, data: bytes) -> None:
         self._name = write_temp(session_root, data).name
-        self._roots = [session_root]
-        self.published: Path | None = None
+        self._staged_in = session_root
+        self._target: Path | None = None
+        self._backup: Path | None = None
 
     def publish(self, session_root: Path, target: Path) -> None:
-        self._roots.append(session_root)
+        staged = session_root / STAGING_DIR / self._name
+        if not staged.exists():  # staged under a path the session had just left
+            staged = self._staged_in / STAGING_DIR / self._name
         target.parent.mkdir(parents=True, exist_ok=True)
-        os.replace(session_root / STAGING_DIR / self._name, target)
-        self.published = target
+        if target.exists():
+            self._backup = session_root / STAGING_DIR / f"{uuid.uuid4().hex}.bak"
+            _link_or_copy(target, self._backup)
+        os.replace(staged, target)
+        self._target = target
         _fsync_dir(target.parent)
+        self._prune(session_root)
+
+    def commit(self) -> None:
+        if self._backup is not None:
+            self._backup.unlink(missing_ok=True)
+            self._backup = None
 
     def discard(self) -> None:
-        """Undo: the staged file, or the published one (its transaction did not commit)."""
-        if self.published is not None:
-            self.published.unlink(missing_ok=True)
-            self.published = None
-        for root in self._roots:
-            (root / STAGING_DIR / self._name).unlink(missing_ok=True)
+        """Undo after a failure: the staged file goes, a replaced file comes back."""
+        if self._target is not None and self._backup is not None:
+            os.replace(self._backup, self._target)
+            self._backup = None
+        (self._staged_in / STAGING_DIR / self._name).unlink(missing_ok=True)
+
+    def _prune(self, session_root: Path) -> None:
+        # Empty directories staging re-created where the session no longer lives.
+        if self._staged_in != session_root:
+            root = self._staged_in.parent.parent  # <root>/<tenant>/<session>
+            prune_empty_dirs(self._staged_in / STAGING_DIR, root)
 
 
 class StagedReplace:

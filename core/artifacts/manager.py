@@ -293,6 +293,7 @@ class ArtifactManager:
         except BaseException:
             staged.discard()
             raise
+        staged.commit()
 
     def _require(self, kind: str, local_id: str) -> ArtifactInfo:
         with read_connection(self._scope.engine) as conn:

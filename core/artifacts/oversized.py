@@ -84,6 +84,7 @@ class OversizedOutputs:
         except BaseException:
             staged.discard()
             raise
+        staged.commit()
         logger.info(
             "oversized output stored",
             extra={"session_id": session_id, "artifact_id": ref.artifact_id, "size": len(data)},
