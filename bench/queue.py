@@ -9,10 +9,11 @@ and 100 ~1 KB events (``bench.append.event``), the producer streams ``enqueue_ap
 while the worker drains them; a run ends when every write's result is stored, which the
 task does only after its transaction committed. In the same run, ``bench.noop`` (a Celery
 task with the same arguments and a result of the same size, no database) gives the floor.
-Medians of ``--repeats`` runs, queue and no-op interleaved. ``--profile`` adds where the
-time goes: publish alone, in-task time from the worker's log, the append itself, and the
-CPU each process group spends per write (producer, worker main and pool processes, Redis,
-PostgreSQL; read from /proc), which bounds the rate the machine's cores can reach.
+Medians of ``--repeats`` runs, queue and no-op interleaved. Each run also records, from
+/proc, the CPU each process group spends per write (producer, worker main and pool
+processes, Redis, PostgreSQL), which bounds the rate the machine's cores can reach.
+``--profile`` adds where the time goes: publish alone, in-task time from the worker's log,
+and the append itself.
 """
 
 # `python bench/queue.py` puts bench/ first on sys.path, where this file would shadow the
@@ -37,7 +38,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager, suppress
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import partial
 from typing import Any, TypeVar
 
@@ -71,6 +72,7 @@ class Run:
     events: int
     elapsed_s: float  # first enqueue -> last result stored
     enqueue_s: float  # first enqueue -> last enqueue returned
+    cpu_ms: dict[str, float] = field(default_factory=dict)  # per write, by process group
 
     @property
     def rate(self) -> float:
@@ -142,6 +144,46 @@ def celery_worker(app: Celery, env: dict[str, str], log: Path, level: str) -> It
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait(10)
+
+
+# --- CPU accounting (/proc) ------------------------------------------------------------
+
+_TICKS = os.sysconf("SC_CLK_TCK")
+CPU_GROUPS = ("producer", "worker main process", "worker pool processes", "Redis", "PostgreSQL")
+
+
+def _proc_stat(pid: int) -> tuple[str, int, float] | None:
+    """(command name, parent pid, CPU seconds used) of a live process, from /proc."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            stat = f.read()
+    except OSError:
+        return None
+    name = stat[stat.index("(") + 1 : stat.rindex(")")]
+    fields = stat[stat.rindex(")") + 2 :].split()
+    return name, int(fields[1]), (int(fields[11]) + int(fields[12])) / _TICKS
+
+
+def cpu_by_group(worker_pid: int) -> dict[str, float]:
+    """CPU seconds used so far by each process group of a run (Linux; everything else on
+    the machine should be idle)."""
+    out = dict.fromkeys(CPU_GROUPS, 0.0)
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or (stat := _proc_stat(int(entry))) is None:
+            continue
+        name, parent, seconds = stat
+        pid = int(entry)
+        if pid == os.getpid():
+            out["producer"] += seconds
+        elif pid == worker_pid:
+            out["worker main process"] += seconds
+        elif parent == worker_pid:
+            out["worker pool processes"] += seconds
+        elif name.startswith("redis-server"):
+            out["Redis"] += seconds
+        elif name.startswith("postgres"):
+            out["PostgreSQL"] += seconds
+    return out
 
 
 # --- one run ----------------------------------------------------------------------------
@@ -220,12 +262,22 @@ def median_run(runs: list[Run]) -> Run:
 # --- the benchmark ----------------------------------------------------------------------
 
 
+def with_cpu(worker_pid: int, run: Callable[[], Run], writes: int) -> Run:
+    """``run()``, with the CPU each process group spent on it, per write."""
+    before = cpu_by_group(worker_pid)
+    result = run()
+    after = cpu_by_group(worker_pid)
+    result.cpu_ms = {g: (after[g] - before[g]) * 1e3 / writes for g in CPU_GROUPS}
+    return result
+
+
 def measure(
     app: Celery,
     client: redis.Redis,
     sessions: list[str],
     plan: dict[int, int],
     repeats: int,
+    worker_pid: int,
 ) -> dict[int, tuple[Run, Run]]:
     """batch -> (median queue run, median no-op run)."""
     out: dict[int, tuple[Run, Run]] = {}
@@ -234,10 +286,13 @@ def measure(
         warm = payloads[: max(20, writes // 10)]
         run_queue(app, client, sessions, warm)
         run_noop(app, client, sessions, warm)
-        queue_runs, noop_runs = [], []
+        queue_runs: list[Run] = []
+        noop_runs: list[Run] = []
         for _ in range(repeats):
-            queue_runs.append(run_queue(app, client, sessions, payloads))
-            noop_runs.append(run_noop(app, client, sessions, payloads))
+            for runs, fn in ((queue_runs, run_queue), (noop_runs, run_noop)):
+                runs.append(
+                    with_cpu(worker_pid, partial(fn, app, client, sessions, payloads), writes)
+                )
         out[batch] = (median_run(queue_runs), median_run(noop_runs))
         q, n = out[batch]
         print(
@@ -274,6 +329,24 @@ def table(results: dict[int, tuple[Run, Run]], plan: dict[int, int]) -> list[str
     return lines
 
 
+def cpu_table(results: dict[int, tuple[Run, Run]]) -> list[str]:
+    """CPU per write of the median runs, and the rate it allows with every core busy."""
+    cores = os.cpu_count() or 1
+    lines = [
+        "| batch | run | "
+        + " | ".join(CPU_GROUPS)
+        + f" | total | ev/s if {cores} cores did only this |",
+        "|---|---|" + "---|" * (len(CPU_GROUPS) + 2),
+    ]
+    for batch, pair in results.items():
+        for kind, run in zip(("queue", "no-op"), pair, strict=True):
+            total = sum(run.cpu_ms.values())
+            cells = " | ".join(f"{run.cpu_ms[g]:.2f}" for g in CPU_GROUPS)
+            ceiling = cores * 1e3 / total * batch if total else float("nan")
+            lines.append(f"| {batch} | {kind} | {cells} | **{total:.2f}** | {ceiling:,.0f} |")
+    return lines
+
+
 def check_journal(store: SessionStore, expected: int) -> None:
     with store.engine.connect() as conn:
         count = conn.execute(select(func.count()).select_from(EventRow)).scalar_one()
@@ -284,50 +357,6 @@ def check_journal(store: SessionStore, expected: int) -> None:
 
 
 # --- profile ------------------------------------------------------------------------------
-
-_TICKS = os.sysconf("SC_CLK_TCK")
-CPU_GROUPS = ("producer", "worker main process", "worker pool processes", "Redis", "PostgreSQL")
-
-
-def _proc_stat(pid: int) -> tuple[str, int, float] | None:
-    """(command name, parent pid, CPU seconds used) of a live process, from /proc."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            stat = f.read()
-    except OSError:
-        return None
-    name = stat[stat.index("(") + 1 : stat.rindex(")")]
-    fields = stat[stat.rindex(")") + 2 :].split()
-    return name, int(fields[1]), (int(fields[11]) + int(fields[12])) / _TICKS
-
-
-def cpu_by_group(worker_pid: int) -> dict[str, float]:
-    """CPU seconds used so far by each process group of a run (Linux)."""
-    out = dict.fromkeys(CPU_GROUPS, 0.0)
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit() or (stat := _proc_stat(int(entry))) is None:
-            continue
-        name, parent, seconds = stat
-        pid = int(entry)
-        if pid == os.getpid():
-            out["producer"] += seconds
-        elif pid == worker_pid:
-            out["worker main process"] += seconds
-        elif parent == worker_pid:
-            out["worker pool processes"] += seconds
-        elif name.startswith("redis-server"):
-            out["Redis"] += seconds
-        elif name.startswith("postgres"):
-            out["PostgreSQL"] += seconds
-    return out
-
-
-def cpu_per_write(worker_pid: int, run: Callable[[], Run], writes: int) -> dict[str, float]:
-    """CPU ms per write of each group during ``run`` (everything else should be idle)."""
-    before = cpu_by_group(worker_pid)
-    run()
-    after = cpu_by_group(worker_pid)
-    return {g: (after[g] - before[g]) * 1e3 / writes for g in CPU_GROUPS}
 
 
 def p50_ms(samples: Sequence[float]) -> str:
@@ -410,31 +439,16 @@ def profile(settings: Settings, store: SessionStore, workdir: Path, writes: int)
     columns: dict[int, dict[str, str]] = {}
     try:
         log = workdir / "worker-info.log"
-        with celery_worker(app, worker_env(settings), log, "INFO") as worker_pid:
+        with celery_worker(app, worker_env(settings), log, "INFO"):
             for batch, payloads in plan.items():
-                cpu = {
-                    kind: cpu_per_write(
-                        worker_pid, partial(fn, app, client, sessions, payloads), len(payloads)
-                    )
-                    for kind, fn in (("queue", run_queue), ("no-op", run_noop))
-                }
+                run_queue(app, client, sessions, payloads)
+                run_noop(app, client, sessions, payloads)
                 times = in_task_times(log)
                 log.write_text("")
                 columns[batch] = {
                     "worker: `sessionstore.append` in-task": p50_ms(times[APPEND_TASK]),
                     "worker: `bench.noop` in-task": p50_ms(times[NOOP_TASK]),
                 }
-                for kind, groups in cpu.items():
-                    columns[batch] |= {
-                        f"CPU ms per write, {kind}: {group}": f"{ms:.2f}"
-                        for group, ms in groups.items()
-                    }
-                    total = sum(groups.values())
-                    ceiling = (os.cpu_count() or 1) * 1e3 / total * batch
-                    columns[batch][f"CPU ms per write, {kind}: **total**"] = f"**{total:.2f}**"
-                    columns[batch][f"{kind}: ev/s if all {os.cpu_count()} cores did only this"] = (
-                        f"{ceiling:,.0f}"
-                    )
         for batch, payloads in plan.items():
             columns[batch] |= profile_direct(app, store, sessions, payloads)
             client.delete(QUEUE)
@@ -476,12 +490,15 @@ def main() -> None:
         app = create_app(settings)
         with SessionStore.from_settings(settings) as store:
             sessions = [store.create_session(tenant_id="bench").id for _ in range(SESSIONS)]
-            with celery_worker(app, worker_env(settings), workdir / "worker.log", "WARNING"):
-                results = measure(app, client, sessions, plan, args.repeats)
+            log = workdir / "worker.log"
+            with celery_worker(app, worker_env(settings), log, "WARNING") as worker_pid:
+                results = measure(app, client, sessions, plan, args.repeats, worker_pid)
             warm = sum(len(p) for b, w in plan.items() for p in batches(b, max(20, w // 10)))
             total = warm + args.repeats * sum(b * w for b, w in plan.items())
             check_journal(store, total)
             lines = table(results, plan)
+            lines += ["", "CPU ms per write, by process group (median runs):", ""]
+            lines += cpu_table(results)
             if args.profile:
                 lines += ["", "Where the time goes:", ""]
                 lines += profile(settings, store, workdir, plan[1] // 2)
