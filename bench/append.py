@@ -80,7 +80,7 @@ def event(i: int) -> dict[str, Any]:
     }
 
 
-def timed(fn: Callable[[], None]) -> float:
+def timed(fn: Callable[[], object]) -> float:
     t0 = time.perf_counter()
     fn()
     return time.perf_counter() - t0

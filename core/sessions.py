@@ -99,7 +99,7 @@ _NO_HARD_LINKS = {errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EMLINK}
 class ForkCopier(Protocol):
     """Hands a committed fork's artifact copy to whatever runs it (the queue)."""
 
-    def __call__(self, fork: Session) -> None: ...
+    def __call__(self, fork: Session, /) -> None: ...
 
 
 class InvalidForkPoint(SessionStoreError):
