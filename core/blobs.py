@@ -513,7 +513,7 @@ class FileBlobStore(BlobStore):
         return path.with_name(path.name + QUARANTINE_SUFFIX)
 
     def _unquarantine(self, blob_hash: str) -> bool:
-        moved = [self._aside(blob_hash, c) for c in SUFFIXES if self._aside(blob_hash, c).exists()]
+        moved = [p for p in (self._aside(blob_hash, c) for c in SUFFIXES) if p.exists()]
         self.restore_quarantined(moved)
         return bool(moved)
 
@@ -521,10 +521,9 @@ class FileBlobStore(BlobStore):
         if not self.root.is_dir():
             return
         for path in self.root.glob(f"??/??/*{QUARANTINE_SUFFIX}"):
-            name = path.name[: -len(QUARANTINE_SUFFIX)]
-            for suffix in SUFFIXES.values():
-                if name.endswith(suffix) and is_valid_hash(name[: -len(suffix)]):
-                    yield name[: -len(suffix)], path
+            parsed = parse_blob_name(path.name[: -len(QUARANTINE_SUFFIX)])
+            if parsed is not None:
+                yield parsed[0], path
 
     def _write(self, blob_hash: str, codec: Codec, payload: bytes) -> None:
         path = self.path_for(blob_hash, codec)
@@ -559,11 +558,8 @@ class FileBlobStore(BlobStore):
         return removed
 
     def iter_files(self) -> Iterator[BlobFile]:
-        if not self.root.is_dir():
-            return
-        for first in _subdirs(self.root):
-            for second in _subdirs(first):
-                yield from _blob_files(second)
+        for leaf in fanout_dirs(self.root):
+            yield from _blob_files(leaf)
 
 
 def _make_dirs(root: Path, directory: Path) -> list[Path]:
@@ -586,24 +582,34 @@ def _fsync_dir(directory: Path) -> None:
         os.close(fd)
 
 
-def _subdirs(directory: Path) -> list[Path]:
-    with os.scandir(directory) as entries:
-        return sorted(
-            Path(e.path) for e in entries if e.is_dir(follow_symlinks=False) and len(e.name) == 2
-        )
+def fanout_dirs(root: Path | str) -> Iterator[str]:
+    """The leaf directories of the two fan-out levels (``<h[0:2]>/<h[2:4]>``) under ``root``."""
+    for first in _subdirs(root):
+        yield from _subdirs(first)
 
 
-def _blob_files(directory: Path) -> Iterator[BlobFile]:
+def _subdirs(directory: Path | str) -> list[str]:
+    try:
+        with os.scandir(directory) as entries:
+            return sorted(
+                e.path for e in entries if len(e.name) == 2 and e.is_dir(follow_symlinks=False)
+            )
+    except (FileNotFoundError, NotADirectoryError):
+        return []
+
+
+def _blob_files(directory: str) -> Iterator[BlobFile]:
     with os.scandir(directory) as entries:
         for entry in entries:
-            parsed = _parse_file_name(entry.name)
+            parsed = parse_blob_name(entry.name)
             if parsed is None or not entry.is_file(follow_symlinks=False):
                 continue
             stat = entry.stat(follow_symlinks=False)
             yield BlobFile(parsed[0], parsed[1], Path(entry.path), stat.st_size, stat.st_mtime)
 
 
-def _parse_file_name(name: str) -> tuple[str, Codec] | None:
+def parse_blob_name(name: str) -> tuple[str, Codec] | None:
+    """(hash, codec) of a blob file's name; None for any other name."""
     for codec, suffix in SUFFIXES.items():
         if name.endswith(suffix) and is_valid_hash(name[: -len(suffix)]):
             return name[: -len(suffix)], codec

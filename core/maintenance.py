@@ -57,7 +57,7 @@ from sqlalchemy.sql.elements import ColumnElement
 from core.artifacts import OversizedOutputs
 from core.artifacts.fsio import sweep_staging
 from core.artifacts.records import OVERSIZED
-from core.blobs import SUFFIXES, BlobStore, FileBlobStore, is_valid_hash
+from core.blobs import BlobStore, FileBlobStore, fanout_dirs, parse_blob_name
 from core.db import is_sqlite, read_connection, write_transaction
 from core.models import ArtifactRow, BlobRefRow, BlobRow, MaintenanceRunRow, table_of, utcnow
 
@@ -524,22 +524,19 @@ def file_tree(root: Path) -> Iterator[FoundFile]:
     Names only, no stat: most blob files are registered and need none, so the caller stats
     just the rest. (``iter_files`` stats every file and skips temporary ones.)
     """
-    for first in _subdirs(str(root)):
-        for second in _subdirs(first):
-            with os.scandir(second) as entries:
-                for entry in entries:
-                    found = _classify(entry.name, entry.path)
-                    if found is not None:
-                        yield found
+    for leaf in fanout_dirs(root):
+        with os.scandir(leaf) as entries:
+            for entry in entries:
+                found = _classify(entry.name, entry.path)
+                if found is not None:
+                    yield found
 
 
 def _classify(name: str, path: str) -> FoundFile | None:
     if name.startswith(TEMP_PREFIX) and name.endswith(TEMP_SUFFIX):
         return FoundFile(None, path)
-    for suffix in SUFFIXES.values():
-        if name.endswith(suffix) and is_valid_hash(name[: -len(suffix)]):
-            return FoundFile(name[: -len(suffix)], path)
-    return None
+    parsed = parse_blob_name(name)
+    return FoundFile(parsed[0], path) if parsed is not None else None
 
 
 def _stat_all(files: list[FoundFile]) -> list[FoundFile]:
@@ -555,16 +552,6 @@ def _stat_all(files: list[FoundFile]) -> list[FoundFile]:
             continue
         out.append(FoundFile(f.hash, f.path, stat.st_size, stat.st_mtime))
     return out
-
-
-def _subdirs(directory: str) -> list[str]:
-    try:
-        with os.scandir(directory) as entries:
-            return sorted(
-                e.path for e in entries if len(e.name) == 2 and e.is_dir(follow_symlinks=False)
-            )
-    except FileNotFoundError:
-        return []
 
 
 def _chunks(items: Iterable[_T], size: int) -> Iterator[list[_T]]:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -34,10 +35,15 @@ DATA_URL_KEY = "image_url"
 # An event's compact JSON without any of these (and no string over the inline limit) has
 # nothing to strip or externalize: it is stored as it is, without a walk. Image blocks are
 # found by their exact `"type":"image"` member; orjson writes keys and ASCII text verbatim.
-_WALK_MARKERS = (
-    *(f'"{name}"'.encode() for name in sorted(TRANSIENT_FIELDS)),
-    f'"{DATA_URL_KEY}"'.encode(),
-    b'"type":"image"',
+_WALK_MARKERS = re.compile(
+    b"|".join(
+        re.escape(marker)
+        for marker in (
+            *(f'"{name}"'.encode() for name in sorted(TRANSIENT_FIELDS)),
+            f'"{DATA_URL_KEY}"'.encode(),
+            b'"type":"image"',
+        )
+    )
 )
 _UTF8_MAX_BYTES_PER_CHAR = 4
 
@@ -96,7 +102,7 @@ class PersistPlan:
     """A walked batch: the payloads to store and the values each walker will externalize."""
 
     events: Sequence[dict[str, Any]]
-    walkers: list[_Walker]
+    walkers: list[_Walker]  # of the walked events only (slots and refs name their event)
     payloads: list[dict[str, Any]]
     # per event: its stored JSON when it needed no walk (the payload is the event itself)
     encoded: list[bytes | None]
@@ -248,12 +254,12 @@ class Persister:
         for i, event in enumerate(events):
             as_json = encoded[i] if encoded is not None else None
             if as_json is not None and self._nothing_to_do(as_json):
-                walker, payload = _Walker(i, image_min=0, inline_limit=0), event
+                payloads.append(event)
             else:
                 walker, payload = self._walk(i, event)
+                walkers.append(walker)
+                payloads.append(payload)
                 as_json = None
-            walkers.append(walker)
-            payloads.append(payload)
             stored.append(as_json)
         return PersistPlan(events, walkers, payloads, stored)
 
@@ -261,7 +267,7 @@ class Persister:
         # Every string is shorter than the JSON around it, so a small event has no large one.
         if len(as_json) > self.inline_limit:
             return False
-        return not any(marker in as_json for marker in _WALK_MARKERS)
+        return _WALK_MARKERS.search(as_json) is None
 
     def put(self, plan: PersistPlan) -> PersistedBatch:
         """Store the plan's blobs and put their refs (and manifest entries) in place."""

@@ -51,6 +51,7 @@ from sqlalchemy import (
 )
 
 from core.artifacts import rows
+from core.artifacts.fsio import fsync_dir
 from core.artifacts.manager import TOOL_COUNTER, agent_counter
 from core.artifacts.paths import STAGING_DIR, agent_output_names, contained_path, session_dir
 from core.artifacts.records import AGENT_OUTPUT, FILE, TOOL_OUTPUT, ArtifactInfo
@@ -772,7 +773,7 @@ def _copy_file(source: Path, target: Path, staging: Path, not_after: float) -> i
             return None
     finally:
         tmp.unlink(missing_ok=True)
-    _fsync_dir(target.parent)
+    fsync_dir(target.parent)
     return times.st_size
 
 
@@ -789,19 +790,6 @@ def _publish_new(tmp: Path, target: Path) -> bool:
             return False
         os.replace(tmp, target)
     return True
-
-
-def _fsync_dir(directory: Path) -> None:
-    try:
-        fd = os.open(directory, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
 
 
 def _summarize(reasons: list[str], total: int) -> str:
@@ -854,8 +842,8 @@ class _DirectoryMove:
         self.target.parent.mkdir(parents=True, exist_ok=True)
         os.rename(self.source, self.target)
         self._moved = True
-        _fsync_dir(self.source.parent)
-        _fsync_dir(self.target.parent)
+        fsync_dir(self.source.parent)
+        fsync_dir(self.target.parent)
 
     def undo(self) -> None:
         if not self._moved:

@@ -287,8 +287,10 @@ def test_an_artifact_write_racing_a_move_lands_in_the_moved_directory(
     staged_init = fsio.StagedFile.__init__
     moves: list[Any] = []
 
-    def stage_then_move(self: fsio.StagedFile, session_root: Path, data: bytes) -> None:
-        staged_init(self, session_root, data)
+    def stage_then_move(
+        self: fsio.StagedFile, session_root: Path, data: bytes, **options: Any
+    ) -> None:
+        staged_init(self, session_root, data, **options)
         if not moves:
             moves.append(store.move(sid, tenant_id="globex"))
 

@@ -17,7 +17,7 @@ from pathlib import Path
 from sqlalchemy import Connection
 
 from core.artifacts import rows
-from core.artifacts.fsio import StagedDelete, StagedReplace, prune_empty_dirs
+from core.artifacts.fsio import StagedDelete, StagedFile, prune_empty_dirs, staged_file
 from core.artifacts.paths import FILES_DIR, contained_path, file_name, sanitize_path
 from core.artifacts.records import FILE, ArtifactInfo, FileWriteResult, Usage
 from core.artifacts.scope import SessionScope
@@ -57,14 +57,11 @@ class SessionFiles:
         media = _media_type(rel, data, media_type)
         directory = self._scope.directory()
         target = contained_path(directory / FILES_DIR, rel)
-        staged = StagedReplace(directory, target, body)
-        try:
-            with write_transaction(self._scope.engine) as conn:
-                result = self._put_locked(conn, directory, rel, len(body), media, staged)
-        except BaseException:
-            staged.rollback()
-            raise
-        staged.commit()
+        with (
+            staged_file(directory, body, keep_new=False) as staged,
+            write_transaction(self._scope.engine) as conn,
+        ):
+            result = self._put_locked(conn, directory, rel, len(body), media, staged, target)
         logger.debug(
             "artifact file written", extra={"session_id": self._session_id, **result.to_dict()}
         )
@@ -77,7 +74,8 @@ class SessionFiles:
         rel: str,
         size: int,
         media_type: str,
-        staged: StagedReplace,
+        staged: StagedFile,
+        target: Path,
     ) -> FileWriteResult:
         info = rows.lock_quota(conn, self._session_id)
         if self._scope.dir_for(info.tenant_id) != directory:
@@ -108,8 +106,8 @@ class SessionFiles:
                 "created_seq": info.head_seq,
             },
         )
-        self._clear_stale_dir(staged.target)
-        staged.publish()
+        self._clear_stale_dir(target)
+        staged.publish(directory, target)
         return FileWriteResult(
             path=rel,
             size_bytes=size,

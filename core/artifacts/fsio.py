@@ -11,12 +11,14 @@ import os
 import shutil
 import time
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from core.artifacts.paths import STAGING_DIR
 
 
-def _fsync_dir(directory: Path) -> None:
+def fsync_dir(directory: Path) -> None:
     # Make the rename itself durable; some platforms cannot open a directory.
     with contextlib.suppress(OSError):
         fd = os.open(directory, os.O_RDONLY)
@@ -49,13 +51,16 @@ class StagedFile:
     old path: the file is taken from there and the empty leftovers are removed.)
 
     A rewrite keeps the previous content aside until ``commit``; ``discard`` puts it back.
-    A new file that was published stays on ``discard``: its commit may have happened (a
-    lost reply), and an unreferenced file is harmless where a lost one is not.
+    A new file that was published is removed by ``discard`` only if ``keep_new`` is false
+    (files under a quota: usage must equal the bytes on disk); otherwise it stays, as its
+    commit may have happened (a lost reply), and an unreferenced file is harmless where a
+    lost one is not.
     """
 
-    def __init__(self, session_root: Path, data: bytes) -> None:
+    def __init__(self, session_root: Path, data: bytes, *, keep_new: bool = True) -> None:
         self._name = write_temp(session_root, data).name
         self._staged_in = session_root
+        self._keep_new = keep_new
         self._target: Path | None = None
         self._backup: Path | None = None
 
@@ -69,7 +74,7 @@ class StagedFile:
             _link_or_copy(target, self._backup)
         os.replace(staged, target)
         self._target = target
-        _fsync_dir(target.parent)
+        fsync_dir(target.parent)
         self._prune(session_root)
 
     def commit(self) -> None:
@@ -82,6 +87,9 @@ class StagedFile:
         if self._target is not None and self._backup is not None:
             os.replace(self._backup, self._target)
             self._backup = None
+        elif self._target is not None and not self._keep_new:
+            self._target.unlink(missing_ok=True)
+        self._target = None
         (self._staged_in / STAGING_DIR / self._name).unlink(missing_ok=True)
 
     def _prune(self, session_root: Path) -> None:
@@ -91,49 +99,17 @@ class StagedFile:
             prune_empty_dirs(self._staged_in / STAGING_DIR, root)
 
 
-class StagedReplace:
-    """Publish a staged file in place of ``target`` now; keep the old one until ``commit``.
-
-    Used inside a database transaction: ``publish`` renames the new content into place
-    while the quota lock is held, ``commit`` (after the transaction committed) drops the
-    backup, and ``rollback`` (after a failure) puts the previous content back.
-    """
-
-    def __init__(self, session_root: Path, target: Path, data: bytes) -> None:
-        self.session_root = session_root
-        self.target = target
-        self._tmp: Path | None = write_temp(session_root, data)
-        self._backup: Path | None = None
-        self._published = False
-
-    def publish(self) -> None:
-        assert self._tmp is not None
-        self.target.parent.mkdir(parents=True, exist_ok=True)
-        if self.target.exists():
-            self._backup = self.session_root / STAGING_DIR / f"{uuid.uuid4().hex}.bak"
-            _link_or_copy(self.target, self._backup)
-        os.replace(self._tmp, self.target)
-        self._tmp = None
-        self._published = True
-        _fsync_dir(self.target.parent)
-
-    def commit(self) -> None:
-        if self._backup is not None:
-            self._backup.unlink(missing_ok=True)
-            self._backup = None
-
-    def rollback(self) -> None:
-        if self._tmp is not None:
-            self._tmp.unlink(missing_ok=True)
-            self._tmp = None
-        if not self._published:
-            return
-        if self._backup is not None:
-            os.replace(self._backup, self.target)
-            self._backup = None
-        else:
-            self.target.unlink(missing_ok=True)
-        self._published = False
+@contextmanager
+def staged_file(session_root: Path, data: bytes, *, keep_new: bool = True) -> Iterator[StagedFile]:
+    """A ``StagedFile`` for a block that publishes it inside a transaction: committed when
+    the block (and so the transaction) succeeds, discarded when it raises."""
+    staged = StagedFile(session_root, data, keep_new=keep_new)
+    try:
+        yield staged
+    except BaseException:
+        staged.discard()
+        raise
+    staged.commit()
 
 
 def _link_or_copy(source: Path, backup: Path) -> None:

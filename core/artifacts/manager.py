@@ -18,7 +18,7 @@ from sqlalchemy import Connection, Engine
 
 from core.artifacts import rows
 from core.artifacts.files import SessionFiles
-from core.artifacts.fsio import StagedFile
+from core.artifacts.fsio import staged_file
 from core.artifacts.oversized import OversizedOutputs
 from core.artifacts.paths import (
     agent_output_names,
@@ -97,7 +97,10 @@ class ArtifactManager:
         """Store a whole tool output; returns its id (``artifact://<id>``)."""
         data = _encode(content)
         tool = sanitize_tool_type(tool_type)
-        with self._staged(data) as staged, self._locked() as (conn, info, directory):
+        with (
+            staged_file(self.directory(), data) as staged,
+            self._locked() as (conn, info, directory),
+        ):
             artifact_id = self._allocate_in(
                 conn, info, TOOL_COUNTER, str, self._tool_values(tool, len(data))
             )
@@ -176,9 +179,10 @@ class ArtifactManager:
         md_name, jsonl_name = agent_output_names(output_id)
         body = _encode(content)
         sidecar = _encode(jsonl) if jsonl is not None else None
+        staging = self.directory()
         with (
-            self._staged(body) as staged_md,
-            self._staged(sidecar) if sidecar is not None else nullcontext() as staged_jsonl,
+            staged_file(staging, body) as staged_md,
+            staged_file(staging, sidecar) if sidecar is not None else nullcontext() as staged_jsonl,
             self._locked() as (conn, _info, directory),
         ):
             if rows.get_artifact(conn, self.session_id, AGENT_OUTPUT, output_id) is None:
@@ -283,17 +287,6 @@ class ArtifactManager:
         with write_transaction(self._scope.engine) as conn:
             info = rows.lock_quota(conn, self.session_id)
             yield conn, info, self._scope.dir_for(info.tenant_id)
-
-    @contextmanager
-    def _staged(self, data: bytes) -> Iterator[StagedFile]:
-        """``data`` written and fsynced before the lock; discarded unless the block commits."""
-        staged = StagedFile(self.directory(), data)
-        try:
-            yield staged
-        except BaseException:
-            staged.discard()
-            raise
-        staged.commit()
 
     def _require(self, kind: str, local_id: str) -> ArtifactInfo:
         with read_connection(self._scope.engine) as conn:

@@ -16,7 +16,7 @@ from sqlalchemy import Engine
 from sqlalchemy.exc import IntegrityError
 
 from core.artifacts import rows
-from core.artifacts.fsio import StagedFile
+from core.artifacts.fsio import StagedFile, staged_file
 from core.artifacts.paths import oversized_name, sanitize_tool_type, session_dir
 from core.artifacts.records import (
     OVERSIZED,
@@ -76,15 +76,10 @@ class OversizedOutputs:
         data = content.encode("utf-8", "surrogatepass")
         with read_connection(self.engine) as conn:
             tenant_id = rows.session_info(conn, session_id).tenant_id
-        staged = StagedFile(session_dir(self.root, tenant_id, session_id), data)
-        try:
+        with staged_file(session_dir(self.root, tenant_id, session_id), data) as staged:
             ref = self._insert(
                 session_id, sanitize_tool_type(tool_name), staged, content, ttl, len(data)
             )
-        except BaseException:
-            staged.discard()
-            raise
-        staged.commit()
         logger.info(
             "oversized output stored",
             extra={"session_id": session_id, "artifact_id": ref.artifact_id, "size": len(data)},
