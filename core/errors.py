@@ -169,3 +169,47 @@ class DeadLetterNotFound(SessionStoreError):
 
 class MoveFailed(SessionStoreError):
     """A session move failed and was rolled back."""
+
+
+class StorageUnavailable(SessionStoreError):
+    """A backend (database, broker, blob or artifact storage) is unreachable or busy; retry.
+
+    Transient by definition: callers retry on this type alone. ``component`` names the
+    backend (``database``, ``broker``, ``blobs``, ``artifacts``).
+    """
+
+    def __init__(self, component: str = "database", message: str | None = None) -> None:
+        self.component = component
+        super().__init__(message or f"{component} is unavailable")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**super().to_dict(), "component": self.component}
+
+
+class SchemaNotCurrent(SessionStoreError):
+    """The database schema is missing or behind the code: run `sessionstore db upgrade`."""
+
+
+class DatabaseMissing(SessionStoreError):
+    """The embedded database file does not exist (read-only commands never create one)."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        super().__init__(f"no database at {path}")
+
+
+class ImportConflict(SessionStoreError):
+    """An already-imported part of a session file changed; nothing was written."""
+
+    def __init__(self, path: str, line: int, reason: str) -> None:
+        self.path = path
+        self.line = line
+        self.reason = reason
+        super().__init__(f"{path}:{line}: {reason}")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**super().to_dict(), "path": self.path, "line": self.line, "reason": self.reason}
+
+
+class ImportFormatError(InvalidEvent):
+    """A session file could not be read in the requested format."""
