@@ -39,6 +39,7 @@ from sqlalchemy.exc import OperationalError
 from core.db import is_sqlite, read_connection, write_transaction
 from core.errors import BlobCorrupted, BlobError, BlobNotFound, InvalidBlobHash
 from core.models import BlobRefRow, BlobRow, table_of, utcnow
+from core.translate import translated
 
 log = logging.getLogger(__name__)
 
@@ -334,6 +335,7 @@ class BlobStore(ABC):
     def put(self, data: bytes) -> PutResult:
         return self.put_many([data])[0]
 
+    @translated
     def put_many(self, items: Sequence[bytes]) -> list[PutResult]:
         """Store each item (identical content once) and register all in one transaction."""
         if not items:
@@ -356,6 +358,7 @@ class BlobStore(ABC):
             for h in hashes
         ]
 
+    @translated
     def get(self, blob_hash: str) -> bytes:
         """The verified content; ``BlobCorrupted`` rather than wrong bytes."""
         check_hash(blob_hash)

@@ -2,16 +2,13 @@
 
 from __future__ import annotations
 
-import sqlite3
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import orjson
-import psycopg
 from sqlalchemy import Connection, Engine, create_engine, event
-from sqlalchemy import exc as sa_exc
 from sqlalchemy.engine import make_url
 from sqlalchemy.pool import ConnectionPoolEntry
 
@@ -75,31 +72,3 @@ def write_transaction(engine: Engine) -> Iterator[Connection]:
 def read_connection(engine: Engine) -> Iterator[Connection]:
     with engine.connect() as conn, conn.begin():
         yield conn
-
-
-_TRANSIENT_SQLSTATES = {
-    "40001",  # serialization_failure
-    "40P01",  # deadlock_detected
-    "55P03",  # lock_not_available
-    "57P01",  # admin_shutdown
-    "57P02",  # crash_shutdown
-    "57P03",  # cannot_connect_now
-    "53300",  # too_many_connections
-}
-
-
-def is_transient_db_error(exc: BaseException) -> bool:
-    """A database failure that may succeed on retry (connection loss, serialization, busy)."""
-    if isinstance(exc, sa_exc.DBAPIError):
-        if exc.connection_invalidated:
-            return True
-        orig = exc.orig
-        if isinstance(orig, psycopg.OperationalError):
-            return True
-        if getattr(orig, "sqlstate", None) in _TRANSIENT_SQLSTATES:
-            return True
-        if isinstance(orig, sqlite3.OperationalError):
-            text_ = str(orig).lower()
-            return "locked" in text_ or "busy" in text_
-        return isinstance(exc, sa_exc.OperationalError)
-    return isinstance(exc, (sa_exc.TimeoutError, psycopg.OperationalError))

@@ -49,6 +49,7 @@ from core.models import (
     utcnow,
 )
 from core.records import AppendResult, ManifestEntry, Page, PreparedEvent, Session, StoredEvent
+from core.translate import translated
 
 _sessions = table_of(SessionRow)
 _events = table_of(EventRow)
@@ -160,6 +161,7 @@ class Journal:
 
     # sessions ---------------------------------------------------------------------------
 
+    @translated
     def create_session(
         self,
         *,
@@ -184,6 +186,7 @@ class Journal:
             conn.execute(insert(_sessions).values(values))
         return self.get_session(str(values["id"]))
 
+    @translated
     def get_session(self, session_id: str, *, tenant_id: str | None = None) -> Session:
         with read_connection(self.engine) as conn:
             return self.session_in(conn, session_id, tenant_id=tenant_id)
@@ -196,6 +199,7 @@ class Journal:
             raise SessionNotFound(session_id)
         return _to_session(row)
 
+    @translated
     def list_sessions(
         self, *, tenant_id: str | None = None, limit: int = 100, cursor: str | None = None
     ) -> Page:
@@ -219,6 +223,7 @@ class Journal:
 
     # writes -----------------------------------------------------------------------------
 
+    @translated
     def append(
         self,
         session_id: str,
@@ -528,12 +533,14 @@ class Journal:
             return None
         return AppendResult(session_id, row.first_seq, row.last_seq, list(row.positions), True)
 
+    @translated
     def find_write(self, session_id: str, key: str) -> AppendResult | None:
         with read_connection(self.engine) as conn:
             return self._prior_write(conn, session_id, key)
 
     # reads ------------------------------------------------------------------------------
 
+    @translated
     def read(
         self,
         session_id: str,
@@ -584,6 +591,7 @@ class Journal:
                 return
             cursor = page[-1].seq
 
+    @translated
     def read_all(
         self,
         *,

@@ -211,6 +211,11 @@ class DeadLetterRow(SQLModel, table=True):
     error_type: str = Field(sa_column=Column(String(64), nullable=False))
     error: str = Field(sa_column=Column(Text, nullable=False))
     created_at: datetime = Field(sa_column=Column(TZDateTime, nullable=False, index=True))
+    # a message that could not be decoded (or bound to the task): its body byte for byte,
+    # with what the broker said it was
+    raw_body: bytes | None = Field(default=None, sa_column=Column(LargeBinary, nullable=True))
+    content_type: str | None = Field(default=None, sa_column=Column(String(128), nullable=True))
+    content_encoding: str | None = Field(default=None, sa_column=Column(String(64), nullable=True))
 
 
 class SnapshotRow(SQLModel, table=True):

@@ -176,3 +176,61 @@ def _check_text(text: str) -> None:
         text.encode("utf-8")
     except UnicodeEncodeError as exc:
         raise _Bad(f"string is not valid Unicode ({exc.reason})") from None
+
+
+_INT64_MAX = 2**63 - 1
+MAX_ID_LENGTH = 36
+MAX_KEY_LENGTH = 200
+
+
+def check_write(
+    session_id: Any,
+    events: Any,
+    *,
+    expected_seq: Any = None,
+    idempotency_key: Any = None,
+    max_events: int,
+    max_depth: int,
+    max_bytes: int,
+) -> int:
+    """Everything a worker would refuse about a write, checked before it is published.
+
+    Returns the write's JSON size. Raises ``InvalidEvent`` (or ``WriteTooLarge``) naming
+    the field: the producer and the worker run this same function, so a write accepted
+    here is one the journal can store.
+    """
+    _check_id(session_id, "session_id", MAX_ID_LENGTH)
+    if idempotency_key is not None:
+        _check_id(idempotency_key, "idempotency_key", MAX_KEY_LENGTH)
+    if expected_seq is not None and (
+        type(expected_seq) is not int or not 0 <= expected_seq <= _INT64_MAX
+    ):
+        raise InvalidEvent("expected_seq", f"must be an integer in 0..2^63-1, not {expected_seq!r}")
+    encoded = check_batch(events, max_events=max_events, max_depth=max_depth)
+    size = 2 + len(encoded) - 1
+    for part, event in zip(encoded, events, strict=True):
+        size += len(part) if part is not None else len(_json_bytes(event))
+    if size > max_bytes:
+        raise WriteTooLarge("", f"write of {size:,} bytes exceeds the limit of {max_bytes:,} bytes")
+    return size
+
+
+def _check_id(value: Any, field: str, max_length: int) -> None:
+    if type(value) is not str:
+        raise InvalidEvent(field, f"must be a string, got {type(value).__name__}")
+    if not 0 < len(value) <= max_length:
+        raise InvalidEvent(field, f"must be 1..{max_length} characters")
+    if "\x00" in value:
+        raise InvalidEvent(field, "cannot contain U+0000")
+    try:
+        _check_text(value)
+    except _Bad as bad:
+        raise InvalidEvent(field, bad.reason) from None
+
+
+def _json_bytes(event: Any) -> bytes:
+    """An event the walk accepted, as JSON (subclasses and NUL included)."""
+    try:
+        return orjson.dumps(event)
+    except TypeError as exc:  # the walk accepts only JSON kinds: a subclass orjson refuses
+        raise InvalidEvent("", f"cannot be encoded as JSON ({exc})") from None

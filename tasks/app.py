@@ -24,7 +24,11 @@ _REDIS = ("redis://", "rediss://")
 
 
 def sessionstore_task(**options: Any) -> Callable[[Callable[..., Any]], Any]:
-    """``shared_task`` with a type (Celery ships none): tasks register on every app."""
+    """``shared_task`` with a type (Celery ships none): tasks register on every app.
+
+    Every task's messages pass the consumer's check before the pool (``tasks.consumer``).
+    """
+    options.setdefault("Strategy", "tasks.consumer:checked_strategy")
     decorator: Callable[[Callable[..., Any]], Any] = shared_task(**options)
     return decorator
 
@@ -177,6 +181,8 @@ def celery_config(settings: Settings) -> dict[str, Any]:
         "enable_utc": True,
         "beat_schedule": beat_schedule(settings),
         "worker_hijack_root_logger": False,
+        # Messages that fail before a task runs are dead-lettered, not logged and acked.
+        "worker_consumer": "tasks.consumer:Consumer",
     }
 
 

@@ -11,28 +11,21 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from celery import Celery, Task
-from celery.result import AsyncResult
+from celery import Task
 
 from core.errors import SessionNotFound
-from tasks.app import QUEUE, get_app, sessionstore_task, settings_of
+from tasks.app import sessionstore_task, settings_of
+from tasks.enqueue import COPY_TASK, enqueue_copy_artifacts
 from tasks.locks import dedup_window, periodic_run
+from tasks.retry import backoff_seconds, is_transient
 from tasks.runtime import store_for
-from tasks.writes import backoff_seconds, is_transient
 
 logger = logging.getLogger(__name__)
 
-COPY_TASK = "sessionstore.copy_artifacts"
 RECONCILE_TASK = "sessionstore.reconcile_forks"
 RECONCILE_BATCH = 1000
 
-
-def enqueue_copy_artifacts(
-    fork_id: str, app: Celery | None = None, *, expires: float | None = None
-) -> AsyncResult:
-    """Enqueue the artifact copy of a fork (by task name: any Celery client can)."""
-    app = app or get_app()
-    return app.send_task(COPY_TASK, kwargs={"fork_id": fork_id}, queue=QUEUE, expires=expires)
+__all__ = ["COPY_TASK", "copy_artifacts", "enqueue_copy_artifacts", "reconcile_forks"]
 
 
 @sessionstore_task(name=COPY_TASK, bind=True, max_retries=None)

@@ -6,8 +6,9 @@ Two guards apply to every periodic job:
 - a *running* lock with an owner token is held for the whole run, so a run that outlasts
   its period never overlaps the next one. Only its owner can release it.
 
-With a Redis broker both live in Redis; the embedded setup (no Redis) uses a file lock and
-slot files in the data dir, which is enough for one machine.
+With a Redis broker both live in Redis, reached through the app's own broker connection
+(no driver imported here); the embedded setup (no Redis) uses a file lock and slot files in
+the data dir, which is enough for one machine.
 """
 
 from __future__ import annotations
@@ -20,8 +21,8 @@ import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
-import redis
 from celery import Celery
 
 from core.settings import Settings
@@ -54,7 +55,7 @@ def periodic_run(
     settings = settings_of(app)
     slot = period_slot(window_s, now)
     if settings.broker_url and settings.broker_url.startswith(("redis://", "rediss://")):
-        guard = _redis_guard(settings.broker_url, job, slot, window_s, max_run_s)
+        guard = _redis_guard(app, job, slot, window_s, max_run_s)
     else:
         guard = _file_guard(settings, job, slot)
     with guard as claimed:
@@ -68,27 +69,36 @@ def periodic_run(
 
 @contextmanager
 def _redis_guard(
-    url: str, job: str, slot: int, window_s: float, max_run_s: float
+    app: Celery, job: str, slot: int, window_s: float, max_run_s: float
 ) -> Iterator[bool]:
-    client = redis.Redis.from_url(url)
+    with app.connection_for_write() as connection:
+        # kombu's Redis channel carries a redis-py client on the broker's URL.
+        client = connection.default_channel.client
+        with _redis_locks(client, job, slot, window_s, max_run_s) as claimed:
+            yield claimed
+
+
+@contextmanager
+def _redis_locks(
+    client: Any, job: str, slot: int, window_s: float, max_run_s: float
+) -> Iterator[bool]:
     running = client.lock(
         f"{PREFIX}:{job}:running", timeout=max_run_s, blocking=False, thread_local=False
     )
+    if not running.acquire(token=uuid.uuid4().hex):
+        yield False
+        return
     try:
-        if not running.acquire(token=uuid.uuid4().hex):
-            yield False
-            return
-        try:
-            expiry = max(1, int(window_s * 2))
-            claimed = bool(client.set(f"{PREFIX}:{job}:slot:{slot}", "1", nx=True, ex=expiry))
-            yield claimed
-        finally:
-            try:
-                running.release()
-            except redis.exceptions.LockError:
-                logger.warning("periodic lock expired before the run ended", extra={"job": job})
+        expiry = max(1, int(window_s * 2))
+        yield bool(client.set(f"{PREFIX}:{job}:slot:{slot}", "1", nx=True, ex=expiry))
     finally:
-        client.close()
+        try:
+            running.release()
+        except Exception as exc:  # redis-py's LockNotOwnedError: it expired mid-run
+            logger.warning(
+                "periodic lock expired before the run ended",
+                extra={"job": job, "error": repr(exc)},
+            )
 
 
 @contextmanager

@@ -1,22 +1,30 @@
-"""The producer API: enqueue a write; any Celery client can also ``send_task`` it by name."""
+"""The producer API: enqueue a write; any Celery client can also ``send_task`` it by name.
+
+Delivery contract (exactly once, end to end): a write is durable once its handle reports
+an outcome (``get`` returns, or raises ``WriteRejected``). Until then the producer owns it:
+``Producer`` remembers every write it sent and ``resend_unconfirmed`` publishes again, under
+the same (session, key), those without an outcome after a timeout; the journal dedupes.
+"""
 
 from __future__ import annotations
 
+import threading
 import time
 import uuid
 from collections.abc import Callable, Sequence
 from typing import Any
 
-import orjson
 from celery import Celery, states
 from celery.exceptions import TimeoutError as CeleryTimeoutError
 from celery.result import AsyncResult
 
-from core.errors import InvalidEvent, SessionStoreError, WriteTooLarge
+from core.errors import SessionStoreError
 from core.records import AppendResult
+from core.validation import check_write
 from tasks.app import QUEUE, get_app, settings_of
+from tasks.outcomes import APPEND_TASK, write_task_id
 
-APPEND_TASK = "sessionstore.append"
+__all__ = ["APPEND_TASK", "AppendHandle", "Producer", "WriteRejected", "enqueue_append"]
 
 
 class WriteRejected(SessionStoreError):
@@ -24,6 +32,7 @@ class WriteRejected(SessionStoreError):
 
     def __init__(self, outcome: dict[str, Any]) -> None:
         self.dead_letter_id = int(outcome["dead_letter_id"])
+        self.session_id = str(outcome.get("session_id"))
         self.error_type = str(outcome.get("error_type"))
         self.reason = str(outcome.get("error"))
         super().__init__(
@@ -33,51 +42,62 @@ class WriteRejected(SessionStoreError):
 
 
 class AppendHandle:
-    """What ``enqueue_append`` returns: the key (also the task id) and the eventual result."""
+    """What ``enqueue_append`` returns: the write's (session, key) and its eventual outcome."""
 
     def __init__(
-        self, result: AsyncResult, idempotency_key: str, send: Callable[[], AsyncResult]
+        self,
+        result: AsyncResult,
+        session_id: str,
+        idempotency_key: str,
+        send: Callable[[], AsyncResult],
     ) -> None:
         self.result = result
+        self.session_id = session_id
         self.idempotency_key = idempotency_key
+        self.sent_at = time.monotonic()
         self._send = send
-
-    def resend(self) -> None:
-        """Publish the same write again, under the same key (and task id): idempotent.
-
-        The producer's half of at-least-once: kombu's Redis transport pops a message before
-        it records it as unacked, so a worker killed in that instant loses a message the
-        broker had accepted. A write not confirmed in time is simply sent again.
-        """
-        self.result.forget()  # get() waits for the new run, not a stale stored result
-        self.result = self._send()
 
     @property
     def id(self) -> str:
         return self.idempotency_key
+
+    @property
+    def task_id(self) -> str:
+        """Derived from (session, key), so no two sessions share one."""
+        return str(self.result.id)
+
+    def resend(self) -> None:
+        """Publish the same write again, under the same (session, key): idempotent.
+
+        The producer's half of exactly-once: kombu's Redis transport pops a message before
+        it records it as unacked, so a worker killed in that instant loses a message the
+        broker had accepted. A write not confirmed in time is simply sent again.
+        """
+        if self.outcome() is not None:
+            return  # it has an outcome: nothing to resend
+        self.result = self._send()
+        self.sent_at = time.monotonic()
+
+    def outcome(self) -> dict[str, Any] | None:
+        """The stored outcome (committed or dead-lettered), or None while there is none."""
+        meta = self.result.backend.get_task_meta(self.task_id)
+        if meta["status"] == states.SUCCESS and isinstance(meta["result"], dict):
+            return meta["result"]
+        return None
 
     def get(self, timeout: float | None = 30.0) -> AppendResult:
         """Wait for the write; raises ``WriteRejected`` if it was dead-lettered.
 
         Polls the stored result (safe from any thread; see ``tasks.results``).
         """
-        outcome = self._wait(timeout)
-        if outcome.get("status") == "dead_lettered":
-            raise WriteRejected(outcome)
-        return AppendResult(
-            session_id=outcome["session_id"],
-            first_seq=outcome["first_seq"],
-            last_seq=outcome["last_seq"],
-            positions=list(outcome["positions"]),
-            replayed=bool(outcome.get("replayed")),
-        )
+        return to_result(self._wait(timeout))
 
     def _wait(self, timeout: float | None) -> dict[str, Any]:
         backend = self.result.backend
         deadline = None if timeout is None else time.monotonic() + timeout
         delay = 0.005
         while True:
-            meta = backend.get_task_meta(self.idempotency_key)
+            meta = backend.get_task_meta(self.task_id)
             state = meta["status"]
             if state == states.SUCCESS:
                 outcome: dict[str, Any] = meta["result"]
@@ -92,11 +112,17 @@ class AppendHandle:
             delay = min(delay * 1.5, 0.1)
 
 
-def _encoded_size(events: Sequence[Any]) -> int:
-    try:
-        return len(orjson.dumps(events))
-    except TypeError:  # not JSON: the worker dead-letters it with the reason
-        return len(repr(events).encode())
+def to_result(outcome: dict[str, Any]) -> AppendResult:
+    """An outcome document as the library's result; ``WriteRejected`` for a dead letter."""
+    if outcome.get("status") == "dead_lettered":
+        raise WriteRejected(outcome)
+    return AppendResult(
+        session_id=outcome["session_id"],
+        first_seq=outcome["first_seq"],
+        last_seq=outcome["last_seq"],
+        positions=list(outcome["positions"]),
+        replayed=bool(outcome.get("replayed")),
+    )
 
 
 def enqueue_append(
@@ -107,30 +133,112 @@ def enqueue_append(
     idempotency_key: str | None = None,
     app: Celery | None = None,
 ) -> AppendHandle:
-    """Enqueue one write (a batch of events). The key defaults to a new UUID and is the
-    task id, so enqueueing the same key twice writes once."""
+    """Enqueue one write (a batch of events); the key defaults to a new UUID.
+
+    The write is validated here exactly as the worker will (depth, strings, keys, ids,
+    integer ranges, size, JSON): a bad write raises ``InvalidEvent`` naming the offending
+    JSON path, and nothing is published. Enqueueing the same (session, key) twice writes
+    once.
+    """
     app = app or get_app()
     settings = settings_of(app)
-    if isinstance(events, (str, bytes, dict)) or not isinstance(events, Sequence):
-        raise InvalidEvent("", "events must be a list of event objects")
-    if len(events) > settings.max_batch_events:
-        raise WriteTooLarge(
-            "", f"{len(events)} events exceed the limit of {settings.max_batch_events} per write"
-        )
-    size = _encoded_size(events)
-    if size > settings.max_write_bytes:
-        raise WriteTooLarge(
-            "", f"write of {size:,} bytes exceeds the limit of {settings.max_write_bytes:,} bytes"
-        )
-    key = idempotency_key or str(uuid.uuid4())
+    key = str(uuid.uuid4()) if idempotency_key is None else idempotency_key
+    check_write(
+        session_id,
+        events,
+        expected_seq=expected_seq,
+        idempotency_key=key,
+        max_events=settings.max_batch_events,
+        max_depth=settings.max_event_depth,
+        max_bytes=settings.max_write_bytes,
+    )
     kwargs = {
         "session_id": session_id,
         "events": list(events),
         "expected_seq": expected_seq,
         "idempotency_key": key,
     }
+    task_id = write_task_id(session_id, key)
 
     def send() -> AsyncResult:
-        return app.send_task(APPEND_TASK, kwargs=kwargs, task_id=key, queue=QUEUE)
+        return app.send_task(APPEND_TASK, kwargs=kwargs, task_id=task_id, queue=QUEUE)
 
-    return AppendHandle(send(), key, send)
+    return AppendHandle(send(), session_id, key, send)
+
+
+class Producer:
+    """Sends writes and remembers which are confirmed, for exactly-once delivery.
+
+    ``append`` enqueues and records the write as pending; ``confirmed`` lists those with an
+    outcome; ``resend_unconfirmed`` re-publishes those still without one after
+    ``confirm_timeout`` seconds (same keys: the journal dedupes). After a crash of the
+    producer itself, its pending writes are lost with it: re-send what your own log says
+    you sent but did not see confirmed, under the same (session, key).
+    """
+
+    def __init__(self, app: Celery | None = None, *, confirm_timeout: float = 30.0) -> None:
+        self.app = app or get_app()
+        self.confirm_timeout = confirm_timeout
+        self._pending: dict[tuple[str, str], AppendHandle] = {}
+        self._outcomes: dict[tuple[str, str], dict[str, Any]] = {}
+        self._lock = threading.Lock()
+
+    def append(
+        self,
+        session_id: str,
+        events: Sequence[Any],
+        *,
+        expected_seq: int | None = None,
+        idempotency_key: str | None = None,
+    ) -> AppendHandle:
+        handle = enqueue_append(
+            session_id,
+            events,
+            expected_seq=expected_seq,
+            idempotency_key=idempotency_key,
+            app=self.app,
+        )
+        with self._lock:
+            self._pending[(session_id, handle.idempotency_key)] = handle
+        return handle
+
+    def poll(self) -> int:
+        """Record the outcomes that arrived; returns how many writes are still pending."""
+        with self._lock:
+            pending = list(self._pending.items())
+        for ident, handle in pending:
+            outcome = handle.outcome()
+            if outcome is not None:
+                with self._lock:
+                    self._outcomes[ident] = outcome
+                    self._pending.pop(ident, None)
+        with self._lock:
+            return len(self._pending)
+
+    def resend_unconfirmed(self, *, older_than: float | None = None) -> int:
+        """Re-publish writes without an outcome ``older_than`` seconds after their send."""
+        self.poll()
+        cutoff = time.monotonic() - (self.confirm_timeout if older_than is None else older_than)
+        with self._lock:
+            stale = [h for h in self._pending.values() if h.sent_at <= cutoff]
+        for handle in stale:
+            handle.resend()
+        return len(stale)
+
+    def confirmed(self) -> dict[tuple[str, str], dict[str, Any]]:
+        """(session, key) -> outcome, for every write confirmed so far."""
+        with self._lock:
+            return dict(self._outcomes)
+
+    def unconfirmed(self) -> list[AppendHandle]:
+        with self._lock:
+            return list(self._pending.values())
+
+    def drain(self, *, timeout: float, resend_every: float | None = None) -> None:
+        """Wait until every write is confirmed, resending the stale ones meanwhile."""
+        deadline = time.monotonic() + timeout
+        while self.poll():
+            if time.monotonic() >= deadline:
+                raise CeleryTimeoutError(f"{len(self._pending)} writes not confirmed in time")
+            self.resend_unconfirmed(older_than=resend_every)
+            time.sleep(0.2)

@@ -10,6 +10,7 @@ from celery import Celery
 from core.records import Session
 from core.store import SessionStore
 from tasks.app import settings_of
+from tasks.enqueue import enqueue_copy_artifacts
 
 _stores: dict[int, SessionStore] = {}
 _lock = threading.Lock()
@@ -29,8 +30,6 @@ def attach_fork_copier(store: SessionStore, app: Celery) -> SessionStore:
     """Make ``store.fork`` enqueue ``sessionstore.copy_artifacts`` on ``app``; returns it."""
 
     def copier(fork: Session) -> None:
-        from tasks.forks import enqueue_copy_artifacts  # tasks.forks builds on this module
-
         enqueue_copy_artifacts(fork.id, app)
 
     store.fork_copier = copier

@@ -1,97 +1,87 @@
 """``sessionstore.append``: the queue path of a write. Retries and dead-lettering live here;
-the write itself is ``SessionStore.append``, the same core code as the library path."""
+the write itself is ``SessionStore.append``, the same core code as the library path.
+
+Every run ends in exactly one outcome: committed, retried (a transient failure, typed
+``StorageUnavailable`` by core), or dead-lettered. If the dead letter itself cannot be
+written the message goes back to the queue after a backoff; it is never acked without one
+of the three. What the task returns, and all Celery stores, is a small JSON document:
+nothing from the write's values (which may be unencodable) is ever serialized.
+"""
 
 from __future__ import annotations
 
 import logging
-import random
-from typing import Any
+import time
+from typing import Any, NoReturn
 
-import redis.exceptions
 from celery import Task
-from kombu.exceptions import OperationalError as KombuOperationalError
+from celery.exceptions import Reject
 
-from core.db import is_transient_db_error
+from core.validation import check_write
 from tasks.app import sessionstore_task, settings_of
+from tasks.outcomes import APPEND_TASK, write_task_id
+from tasks.retry import backoff_seconds, is_transient
 from tasks.runtime import store_for
 
 logger = logging.getLogger(__name__)
 
-BACKOFF_BASE_S = 0.5
-BACKOFF_CAP_S = 60.0
 
-
-def is_transient(exc: BaseException) -> bool:
-    """A failure worth retrying: the database or Redis was unreachable or busy."""
-    if is_transient_db_error(exc):
-        return True
-    return isinstance(
-        exc,
-        (
-            redis.exceptions.ConnectionError,
-            redis.exceptions.TimeoutError,
-            KombuOperationalError,
-            ConnectionError,
-            TimeoutError,
-        ),
-    )
-
-
-def backoff_seconds(retries: int, visibility_timeout: int) -> float:
-    """Exponential backoff with full jitter, capped well below the visibility timeout.
-
-    A retried task waits in the worker unacked until its ETA; an ETA past the visibility
-    timeout would let Redis deliver the message a second time.
-    """
-    cap = min(BACKOFF_CAP_S, visibility_timeout / 4)
-    return random.uniform(0, min(cap, BACKOFF_BASE_S * 2**retries))
-
-
-@sessionstore_task(name="sessionstore.append", bind=True, max_retries=None)
+@sessionstore_task(name=APPEND_TASK, bind=True, max_retries=None)
 def append(
     self: Task,
-    session_id: str,
+    session_id: Any,
     events: Any,
-    expected_seq: int | None = None,
-    idempotency_key: str | None = None,
+    expected_seq: Any = None,
+    idempotency_key: Any = None,
 ) -> dict[str, Any]:
     settings = settings_of(self.app)
-    key = idempotency_key or str(self.request.id)
-    store = store_for(self.app)
+    key = str(self.request.id) if idempotency_key is None else idempotency_key
     try:
-        result = store.append(session_id, events, expected_seq=expected_seq, idempotency_key=key)
+        # The producer ran this already; other clients may not have (send_task by name).
+        check_write(
+            session_id,
+            events,
+            expected_seq=expected_seq,
+            idempotency_key=key,
+            max_events=settings.max_batch_events,
+            max_depth=settings.max_event_depth,
+            max_bytes=settings.max_write_bytes,
+        )
+        result = store_for(self.app).append(
+            session_id, events, expected_seq=expected_seq, idempotency_key=key
+        )
     except Exception as exc:
         if is_transient(exc) and self.request.retries < settings.task_max_retries:
-            delay = backoff_seconds(self.request.retries, settings.task_visibility_timeout)
-            logger.warning(
-                "transient failure, retrying write",
-                extra={
-                    "session_id": session_id,
-                    "key": key,
-                    "retry_in_s": round(delay, 2),
-                    "error": repr(exc),
-                },
-            )
-            raise self.retry(exc=exc, countdown=delay) from exc
-        return _dead_letter(
-            self, settings.task_visibility_timeout, key, session_id, events, expected_seq, exc
-        )
-    return {"status": "ok", **result.to_dict()}
+            _retry_later(self, "transient failure, retrying write", exc)
+        outcome = _dead_letter(self, key, session_id, events, expected_seq, exc)
+    else:
+        outcome = {"status": "ok", "idempotency_key": key, **result.to_dict()}
+    _store_under_write_id(self, outcome)
+    return outcome
+
+
+def _retry_later(task: Task, what: str, exc: BaseException) -> NoReturn:
+    """Retry with backoff; if the retry cannot even be published, requeue the message."""
+    settings = settings_of(task.app)
+    delay = backoff_seconds(task.request.retries, settings.task_visibility_timeout)
+    logger.warning(
+        what, extra={"task_id": task.request.id, "retry_in_s": round(delay, 2), "error": repr(exc)}
+    )
+    try:
+        # No exc: Celery would store it, and a driver's exception may not encode.
+        task.retry(countdown=delay, max_retries=None)
+    except Reject:  # Celery could not publish the retry (broker away) and would drop it
+        time.sleep(min(delay, 5.0))
+        raise Reject("retry could not be published", requeue=True) from None
+    raise AssertionError("unreachable: Task.retry always raises")
 
 
 def _dead_letter(
-    task: Task,
-    visibility_timeout: int,
-    key: str,
-    session_id: str,
-    events: Any,
-    expected_seq: int | None,
-    error: Exception,
+    task: Task, key: Any, session_id: Any, events: Any, expected_seq: Any, error: Exception
 ) -> dict[str, Any]:
     """Keep a rejected write (bad input, or retries exhausted); never drop it."""
-    store = store_for(task.app)
     try:
-        letter = store.dead_letters.record(
+        letter = store_for(task.app).dead_letters.record(
             idempotency_key=key,
             session_id=session_id,
             events=events,
@@ -99,16 +89,13 @@ def _dead_letter(
             error=error,
         )
     except Exception as exc:
-        if not is_transient(exc):
-            raise
-        # The database is away: keep the message alive (unbounded retries) until it is back.
-        delay = backoff_seconds(task.request.retries, visibility_timeout)
-        raise task.retry(exc=exc, countdown=delay, max_retries=None) from exc
+        # No outcome without the letter: back to the queue, later (the database is away).
+        _retry_later(task, "could not dead-letter a write; retrying", exc)
     logger.error(
         "write dead-lettered",
         extra={
-            "session_id": session_id,
-            "key": key,
+            "session_id": letter.session_id,
+            "key": letter.idempotency_key,
             "dead_letter_id": letter.id,
             "error_type": letter.error_type,
             "error": letter.error,
@@ -117,7 +104,22 @@ def _dead_letter(
     return {
         "status": "dead_lettered",
         "dead_letter_id": letter.id,
-        "session_id": session_id,
+        "session_id": letter.session_id,
+        "idempotency_key": letter.idempotency_key,
         "error_type": letter.error_type,
-        "error": letter.error,
+        "error": letter.error[:1000],
     }
+
+
+def _store_under_write_id(task: Task, outcome: dict[str, Any]) -> None:
+    """A client that chose its own task id still finds the outcome by (session, key)."""
+    session_id, key = outcome.get("session_id"), outcome.get("idempotency_key")
+    if not isinstance(session_id, str) or not isinstance(key, str):
+        return
+    derived = write_task_id(session_id, key)
+    if derived == task.request.id:
+        return
+    try:
+        task.backend.store_result(derived, outcome, "SUCCESS")
+    except Exception as exc:  # the write's outcome is in the journal; only a lookup is lost
+        logger.warning("could not store an outcome by key", extra={"error": repr(exc)})

@@ -17,12 +17,13 @@ from celery import Celery
 from sqlalchemy import func, select, text
 
 from core import SessionStore, Settings
-from core.errors import DeadLetterNotFound, WriteTooLarge
+from core.errors import DeadLetterNotFound, InvalidEvent, WriteTooLarge
 from core.models import EventRow
-from tasks import WriteRejected, enqueue_append
+from tasks import AppendHandle, WriteRejected, enqueue_append
 from tasks.app import create_app
+from tasks.outcomes import write_task_id
 from tasks.embedded import embedded_worker
-from tasks.writes import backoff_seconds, is_transient
+from tasks.retry import backoff_seconds, is_transient
 from tests.support import (
     TcpProxy,
     WorkerProcess,
@@ -37,6 +38,17 @@ pytestmark = [pytest.mark.postgres, pytest.mark.redis]
 
 def _event(marker: str) -> dict[str, Any]:
     return {"type": "message", "marker": marker, "message": {"role": "user", "content": marker}}
+
+
+def send_raw(app: Celery, session_id: Any, events: Any, *, key: str, **extra: Any) -> AppendHandle:
+    """What a client that skips ``enqueue_append`` does: ``send_task`` by name."""
+    kwargs = {"session_id": session_id, "events": events, "idempotency_key": key, **extra}
+    task_id = write_task_id(str(session_id), key)
+
+    def send() -> Any:
+        return app.send_task("sessionstore.append", kwargs=kwargs, task_id=task_id)
+
+    return AppendHandle(send(), str(session_id), key, send)
 
 
 def _markers(store: SessionStore) -> list[str]:
@@ -103,13 +115,14 @@ def test_same_key_enqueued_twice_writes_once(
     sid = store.create_session(tenant_id="acme").id
     batch = [_event("a"), _event("b"), _event("c")]
     first = enqueue_append(sid, batch, idempotency_key="write-1", app=app)
-    assert first.id == "write-1" and first.result.id == "write-1"
+    assert first.id == "write-1" and first.result.id == write_task_id(sid, "write-1")
     r1 = first.get(timeout=30)
-    r2 = enqueue_append(sid, batch, idempotency_key="write-1", app=app)
-    wait_for(lambda: r2.result.ready(), 30, "the second delivery")
     assert (r1.first_seq, r1.last_seq) == (1, 3)
-    first.resend()  # a producer re-sending an unconfirmed write
+    first.result.forget()  # as if the outcome never reached the producer
+    first.resend()  # a producer re-sending an unconfirmed write: the journal dedupes
     assert first.get(timeout=30).replayed
+    again = enqueue_append(sid, batch, idempotency_key="write-1", app=app)
+    assert again.get(timeout=30) == first.get(timeout=1)
     assert _markers(store) == ["a", "b", "c"]
 
 
@@ -133,7 +146,9 @@ def test_poison_write_is_dead_lettered_and_the_next_writes_land(
     app: Celery, store: SessionStore, worker: None
 ) -> None:
     sid = store.create_session(tenant_id="acme").id
-    poison = enqueue_append(sid, [_event("ok"), {"type": 42}], idempotency_key="poison", app=app)
+    with pytest.raises(InvalidEvent, match="/type"):  # refused at the door, nothing sent
+        enqueue_append(sid, [_event("ok"), {"type": 42}], idempotency_key="poison", app=app)
+    poison = send_raw(app, sid, [_event("ok"), {"type": 42}], key="poison")
     after = [enqueue_append(sid, [_event(f"after-{i}")], app=app) for i in range(5)]
     with pytest.raises(WriteRejected) as info:
         poison.get(timeout=30)

@@ -1,0 +1,180 @@
+"""The worker's consumer hooks: no message is acked without an outcome.
+
+A message can fail before any task function runs: its body cannot be decoded, it is no
+task at all, its arguments do not fit the task, or it is nested so deep that the prefork
+pool cannot hand it to a child (the child dies on it, and on every redelivery). Celery
+logs and acks such messages. Here, in the worker's main process and before the pool, they
+are dead-lettered byte for byte with their content type, encoding and a reason; only then
+acked. If the dead letter cannot be written the message is rejected and requeued after a
+backoff, never acked.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+import orjson
+from celery import Celery, Task
+from celery.worker.consumer import Consumer as CeleryConsumer
+from celery.worker.strategy import default as default_strategy
+
+from tasks.app import settings_of
+from tasks.retry import backoff_seconds
+from tasks.runtime import store_for
+
+logger = logging.getLogger(__name__)
+
+JSON = "application/json"
+# args, kwargs and the events list sit above an event's own nesting
+ENVELOPE_DEPTH = 3
+_failures = {"consecutive": 0}
+
+
+def keep_undeliverable(app: Celery, message: Any, reason: str, connection_errors: Any) -> None:
+    """Dead-letter ``message`` verbatim, then ack it; or requeue it after a backoff."""
+    headers = message.headers if isinstance(message.headers, dict) else {}
+    task_id = str(headers.get("id") or "")
+    body = message.body
+    raw = body.encode("utf-8", "surrogatepass") if isinstance(body, str) else bytes(body or b"")
+    try:
+        letter = store_for(app).dead_letters.record_raw(
+            body=raw,
+            content_type=message.content_type,
+            content_encoding=message.content_encoding,
+            reason=reason,
+            message_id=task_id,
+            session_id=_session_hint(body),
+        )
+    except Exception as exc:
+        _failures["consecutive"] += 1
+        delay = backoff_seconds(_failures["consecutive"], settings_of(app).task_visibility_timeout)
+        logger.error(
+            "could not dead-letter an undeliverable message; requeued",
+            extra={"task_id": task_id, "reason": reason, "error": repr(exc), "retry_in_s": delay},
+        )
+        time.sleep(delay)  # the database is away: do not spin on the message
+        message.reject_log_error(logger, connection_errors, requeue=True)
+        return
+    _failures["consecutive"] = 0
+    logger.error(
+        "undeliverable message dead-lettered",
+        extra={"task_id": task_id, "dead_letter_id": letter.id, "reason": reason},
+    )
+    if task_id:
+        outcome = {
+            "status": "dead_lettered",
+            "dead_letter_id": letter.id,
+            "session_id": letter.session_id,
+            "idempotency_key": letter.idempotency_key,
+            "error_type": letter.error_type,
+            "error": letter.error[:1000],
+        }
+        try:
+            app.backend.store_result(task_id, outcome, "SUCCESS")
+        except Exception as exc:  # the letter is kept; only the producer's wait is lost
+            logger.warning("could not store an outcome", extra={"error": repr(exc)})
+    message.ack_log_error(logger, connection_errors)
+
+
+def _session_hint(body: Any) -> str:
+    """The session id, when the body is a readable task message that names one."""
+    try:
+        decoded = json.loads(body)
+        session_id = decoded[1]["session_id"]
+    except Exception:
+        return ""
+    return session_id if isinstance(session_id, str) else ""
+
+
+def undeliverable_reason(task: Task, message: Any, max_depth: int) -> str | None:
+    """Why ``message`` must not reach the pool, or None if the task can take it."""
+    if message.content_type != JSON:
+        return f"content type {message.content_type!r} is not accepted (JSON only)"
+    body = message.body
+    try:
+        if isinstance(body, bytes) and message.content_encoding not in (None, "utf-8", "utf8"):
+            body = body.decode(message.content_encoding)
+        decoded = _loads(body)
+    except (ValueError, LookupError, RecursionError) as exc:
+        return f"undecodable body ({type(exc).__name__}: {str(exc)[:200]})"
+    if not (
+        isinstance(decoded, list)
+        and len(decoded) == 3
+        and isinstance(decoded[0], list)
+        and isinstance(decoded[1], dict)
+    ):
+        return "not a task message: the body must be [args, kwargs, embed]"
+    args, kwargs = decoded[0], decoded[1]
+    try:
+        task.__header__(*args, **kwargs)
+    except TypeError as exc:
+        return f"arguments do not fit {task.name}: {exc}"
+    raw = body.encode("utf-8", "surrogatepass") if isinstance(body, str) else bytes(body)
+    brackets = raw.count(b"[") + raw.count(b"{")  # a cheap bound before walking the value
+    if brackets > max_depth and _depth(decoded) > max_depth + ENVELOPE_DEPTH:
+        return f"nested deeper than the limit of {max_depth} levels"
+    return None
+
+
+def _loads(body: Any) -> Any:
+    try:
+        return orjson.loads(body)
+    except orjson.JSONDecodeError:
+        # orjson is strict (no NaN, no lone surrogates); kombu's json is not. The task
+        # reports those with a path: only a body neither can read stays here.
+        return json.loads(body)
+
+
+def _depth(value: Any) -> int:
+    """Nesting depth without recursion (the value may be deeper than the stack allows)."""
+    deepest = 0
+    stack: list[tuple[Any, int]] = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, dict):
+            item = list(item.values())
+        if isinstance(item, list):
+            deepest = max(deepest, depth)
+            stack.extend((child, depth + 1) for child in item)
+    return deepest
+
+
+def checked_strategy(task: Task, app: Celery, consumer: Any, **kwargs: Any) -> Callable[..., Any]:
+    """Celery's default strategy, behind a check in the worker's main process."""
+    handler = default_strategy(task, app, consumer, **kwargs)
+    max_depth = settings_of(app).max_event_depth
+
+    def task_message_handler(
+        message: Any, body: Any, ack: Any, reject: Any, callbacks: Any, **kw: Any
+    ) -> Any:
+        if body is None:  # protocol 2: the body is still as the broker delivered it
+            reason = undeliverable_reason(task, message, max_depth)
+            if reason is not None:
+                keep_undeliverable(app, message, reason, consumer.connection_errors)
+                return None
+        return handler(message, body, ack, reject, callbacks, **kw)
+
+    return task_message_handler
+
+
+class Consumer(CeleryConsumer):  # type: ignore[misc]
+    """Celery's consumer, except that what it would log and drop is dead-lettered."""
+
+    def on_decode_error(self, message: Any, exc: Exception) -> None:
+        reason = f"undecodable message ({type(exc).__name__}: {str(exc)[:200]})"
+        keep_undeliverable(self.app, message, reason, self.connection_errors)
+
+    def on_unknown_message(self, body: Any, message: Any) -> None:
+        keep_undeliverable(self.app, message, "not a task message", self.connection_errors)
+
+    def on_unknown_task(self, body: Any, message: Any, exc: Exception) -> None:
+        reason = f"unknown task ({str(exc)[:200]})"
+        keep_undeliverable(self.app, message, reason, self.connection_errors)
+
+    def on_invalid_task(self, body: Any, message: Any, exc: Exception) -> None:
+        reason = f"invalid task message ({type(exc).__name__}: {str(exc)[:200]})"
+        keep_undeliverable(self.app, message, reason, self.connection_errors)

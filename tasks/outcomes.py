@@ -1,0 +1,33 @@
+"""Where a queued write's outcome lives: keyed as the journal keys writes.
+
+The journal scopes an idempotency key to its session, so the outcome of a write is found
+by (session, key). The Celery task id of a write is derived from both: two sessions that
+use the same key never share a task id, a stored result, or an answer.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any
+
+from celery import Celery, states
+
+APPEND_TASK = "sessionstore.append"
+_PREFIX = "ssw-"
+
+
+def write_task_id(session_id: str, idempotency_key: str) -> str:
+    """The task id of the write (session, key): stable, and distinct across sessions."""
+    digest = hashlib.sha256()
+    for part in (session_id, idempotency_key):
+        raw = part.encode("utf-8", "surrogatepass")
+        digest.update(len(raw).to_bytes(8, "big") + raw)  # length-prefixed: unambiguous
+    return _PREFIX + digest.hexdigest()[:40]
+
+
+def stored_outcome(app: Celery, session_id: str, idempotency_key: str) -> dict[str, Any] | None:
+    """The outcome the worker stored for (session, key), or None while it has none."""
+    meta = app.backend.get_task_meta(write_task_id(session_id, idempotency_key))
+    if meta["status"] == states.SUCCESS and isinstance(meta["result"], dict):
+        return meta["result"]
+    return None

@@ -1,0 +1,30 @@
+"""When a task retries, and how long it waits: decided from the typed errors alone."""
+
+from __future__ import annotations
+
+import random
+
+from core.errors import StorageUnavailable
+from core.translate import translate
+
+BACKOFF_BASE_S = 0.5
+BACKOFF_CAP_S = 60.0
+
+
+def is_transient(exc: BaseException) -> bool:
+    """A failure worth retrying: storage (database, broker, blobs) unreachable or busy.
+
+    Errors reach tasks typed by ``core``'s storage boundary; ``translate`` is applied
+    once more for the few raised outside it (the broker, a connection refused early).
+    """
+    return isinstance(translate(exc), StorageUnavailable)
+
+
+def backoff_seconds(retries: int, visibility_timeout: int) -> float:
+    """Exponential backoff with full jitter, capped well below the visibility timeout.
+
+    A retried task waits in the worker unacked until its ETA; an ETA past the visibility
+    timeout would let Redis deliver the message a second time.
+    """
+    cap = min(BACKOFF_CAP_S, visibility_timeout / 4)
+    return random.uniform(0, min(cap, BACKOFF_BASE_S * 2**retries))
