@@ -21,8 +21,8 @@ from core.errors import DeadLetterNotFound, InvalidEvent, WriteTooLarge
 from core.models import EventRow
 from tasks import AppendHandle, WriteRejected, enqueue_append
 from tasks.app import create_app
-from tasks.outcomes import write_task_id
 from tasks.embedded import embedded_worker
+from tasks.outcomes import write_task_id
 from tasks.retry import backoff_seconds, is_transient
 from tests.support import (
     TcpProxy,
