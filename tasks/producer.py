@@ -12,24 +12,11 @@ from celery import Celery, states
 from celery.exceptions import TimeoutError as CeleryTimeoutError
 from celery.result import AsyncResult
 
-from core.errors import InvalidEvent, SessionStoreError, WriteTooLarge
+from core.errors import InvalidEvent, WriteRejected, WriteTooLarge
 from core.records import AppendResult
 from tasks.app import QUEUE, get_app, settings_of
 
 APPEND_TASK = "sessionstore.append"
-
-
-class WriteRejected(SessionStoreError):
-    """The worker rejected the write; it is kept as a dead letter."""
-
-    def __init__(self, outcome: dict[str, Any]) -> None:
-        self.dead_letter_id = int(outcome["dead_letter_id"])
-        self.error_type = str(outcome.get("error_type"))
-        self.reason = str(outcome.get("error"))
-        super().__init__(
-            f"write rejected ({self.error_type}: {self.reason}); "
-            f"kept as dead letter {self.dead_letter_id}"
-        )
 
 
 class AppendHandle:
