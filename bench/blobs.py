@@ -33,7 +33,7 @@ import orjson
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from core import SessionStore, Settings
-from core.blobs import DEFAULT_GZIP_LEVEL, BlobStore, sha256_hex
+from core.blobs.store import DEFAULT_GZIP_LEVEL, BlobStore, sha256_hex
 from core.migrate import upgrade
 
 PNG = b"\x89PNG\r\n\x1a\n"

@@ -37,7 +37,7 @@ import psycopg
 from core import SessionStore, Settings
 from core.migrate import upgrade
 from core.records import Session
-from core.samples import EntryBuilder
+from tasks.cli.samples import EntryBuilder
 
 ADMIN = "postgresql://postgres@127.0.0.1:5432/postgres"
 BATCH = 100

@@ -35,8 +35,8 @@ import psycopg
 
 from core import SessionStore, Settings
 from core.migrate import upgrade
+from core.query.snapshots import fold_at, list_snapshots, session_state
 from core.records import PreparedEvent
-from core.snapshots import fold_at, list_snapshots, session_state
 
 ROOT = Path(__file__).resolve().parent
 RESULTS = ROOT / "RESULTS.md"

@@ -213,3 +213,37 @@ class ImportConflict(SessionStoreError):
 
 class ImportFormatError(InvalidEvent):
     """A session file could not be read in the requested format."""
+
+
+class InvalidForkPoint(SessionStoreError):
+    """A fork point must be a seq from 0 to the session's head."""
+
+    def __init__(self, session_id: str, at_seq: int, head_seq: int) -> None:
+        self.session_id = session_id
+        self.at_seq = at_seq
+        self.head_seq = head_seq
+        super().__init__(
+            f"session {session_id}: cannot fork at seq {at_seq}; the head is {head_seq}"
+        )
+
+
+class ForkCopiesInProgress(SessionStoreError):
+    """New forks of the session kept starting their artifact copies; retry."""
+
+
+class SnapshotFormatError(SessionStoreError):
+    """A stored snapshot could not be decoded (it is ignored and rebuilt from events)."""
+
+
+class WriteRejected(SessionStoreError):
+    """The worker rejected the write; it is kept as a dead letter."""
+
+    def __init__(self, outcome: dict[str, Any]) -> None:
+        self.dead_letter_id = int(outcome["dead_letter_id"])
+        self.session_id = str(outcome.get("session_id"))
+        self.error_type = str(outcome.get("error_type"))
+        self.reason = str(outcome.get("error"))
+        super().__init__(
+            f"write rejected ({self.error_type}: {self.reason}); "
+            f"kept as dead letter {self.dead_letter_id}"
+        )

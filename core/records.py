@@ -8,6 +8,11 @@ from typing import Any, Literal
 
 BlobEncoding = Literal["base64", "utf8"]
 
+# A fork's artifact copy status (``sessions.copy_status``); None for a session that is no fork.
+COPY_PENDING = "pending"
+COPY_DONE = "copied"
+COPY_FAILED = "failed"
+
 
 @dataclass(frozen=True, slots=True)
 class StoredEvent:

@@ -2,7 +2,7 @@
 
 Each run is guarded by ``periodic_run``: one run per schedule period, however many beat
 processes send the job, and never two at once. Every execution, run or skipped, is recorded
-in ``maintenance_runs``. The work itself is ``core.maintenance``.
+in ``maintenance_runs``. The work itself is ``core.maintenance.gc``.
 """
 
 from __future__ import annotations
@@ -15,7 +15,6 @@ from typing import Any
 
 from celery import Task
 
-from core.maintenance import expire_artifacts as expire_oversized
 from core.models import utcnow
 from core.store import SessionStore
 from tasks.app import sessionstore_task, settings_of
@@ -54,7 +53,7 @@ def expire_artifacts(self: Task, apply: bool = True) -> dict[str, Any]:
     """Remove oversized-output artifacts past their TTL (files and rows)."""
 
     def work(store: SessionStore) -> dict[str, Any]:
-        return expire_oversized(store.engine, store.oversized, apply=apply).to_dict()
+        return store.expire_artifacts(apply=apply).to_dict()
 
     return _run_periodic(self, EXPIRE_JOB, settings_of(self.app).expire_schedule, work)
 

@@ -18,27 +18,13 @@ from celery import Celery, states
 from celery.exceptions import TimeoutError as CeleryTimeoutError
 from celery.result import AsyncResult
 
-from core.errors import SessionStoreError
+from core.errors import WriteRejected
+from core.journal.validation import check_write
 from core.records import AppendResult
-from core.validation import check_write
 from tasks.app import QUEUE, get_app, settings_of
 from tasks.outcomes import APPEND_TASK, write_task_id
 
 __all__ = ["APPEND_TASK", "AppendHandle", "Producer", "WriteRejected", "enqueue_append"]
-
-
-class WriteRejected(SessionStoreError):
-    """The worker rejected the write; it is kept as a dead letter."""
-
-    def __init__(self, outcome: dict[str, Any]) -> None:
-        self.dead_letter_id = int(outcome["dead_letter_id"])
-        self.session_id = str(outcome.get("session_id"))
-        self.error_type = str(outcome.get("error_type"))
-        self.reason = str(outcome.get("error"))
-        super().__init__(
-            f"write rejected ({self.error_type}: {self.reason}); "
-            f"kept as dead letter {self.dead_letter_id}"
-        )
 
 
 class AppendHandle:

@@ -17,7 +17,7 @@ from typing import Any, NoReturn
 from celery import Task
 from celery.exceptions import Reject
 
-from core.validation import check_write
+from core.journal.validation import check_write
 from tasks.app import sessionstore_task, settings_of
 from tasks.outcomes import APPEND_TASK, write_task_id
 from tasks.retry import backoff_seconds, is_transient

@@ -12,7 +12,7 @@ import pytest
 from sqlalchemy import text
 
 from core import SessionStore, Settings, migrate
-from core.analytics import EventFilter, follow_events, head_position, iter_events
+from core.query.analytics import EventFilter, follow_events, head_position, iter_events
 from core.records import Session
 from tests.test_projection import SessionBuilder
 

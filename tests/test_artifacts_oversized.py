@@ -63,7 +63,7 @@ def test_custom_ttl_and_expiry(store: SessionStore, sid: str) -> None:
     stored = store.store_oversized(sid, "y" * 13_000, "bash", ttl_s=60)
     assert stored is not None and stored.ref.ttl_s == 60
     art = stored.ref.artifact_id
-    assert store.expire_artifacts().expired == []
+    assert store.expire_artifacts().expired == 0
     later = utcnow() + timedelta(seconds=61)
     report = store.oversized.expire(now=later)
     assert report.expired == [(sid, art)] and report.deleted == 0 and not report.applied

@@ -22,7 +22,7 @@ from celery.schedules import crontab, schedule
 from sqlalchemy import update
 
 from core import SessionStore, Settings
-from core.maintenance import MaintenanceRun
+from core.maintenance.runs import MaintenanceRun
 from core.models import BlobRow, utcnow
 from tasks.app import beat_schedule, create_app
 from tasks.locks import PREFIX

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from core.blobs import BlobIndex, FileBlobStore, PutResult, sha256_hex
+from core.blobs.store import BlobIndex, FileBlobStore, PutResult, sha256_hex
 from core.db import make_engine
 from core.errors import BlobNotFound
 

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from sqlalchemy import Engine
 
-from core.blobs import (
+from core.blobs.store import (
     BLOB_REF_PREFIX,
     BlobIndex,
     BlobStore,

@@ -15,7 +15,7 @@ from sqlalchemy import func, select, update
 
 from core import SessionStore, Settings
 from core.artifacts.paths import oversized_name
-from core.maintenance import expire_artifacts
+from core.maintenance.expiry import expire_artifacts
 from core.models import ArtifactRow, utcnow
 
 EXECUTABLE = Path(sys.executable).with_name("sessionstore")

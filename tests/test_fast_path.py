@@ -22,9 +22,9 @@ from hypothesis import HealthCheck, given
 from hypothesis import settings as hsettings
 from hypothesis import strategies as st
 
-from core import validation
+from core.blobs.externalize import Persister
 from core.errors import InvalidEvent
-from core.persist import Persister
+from core.journal import validation
 from tests.test_rehydrate import IMAGE_MIN, INLINE_LIMIT
 from tests.test_rehydrate import events as rich_events
 

@@ -12,13 +12,13 @@ import pytest
 from sqlalchemy import func, select
 
 from core import SessionNotFound, SessionStore, Settings
-from core.errors import ArtifactNotFound, QuotaExceeded
+from core.errors import ArtifactNotFound, InvalidForkPoint, QuotaExceeded
 from core.models import BlobRefRow, EventRow
+from core.query.snapshots import list_snapshots
+from core.query.state import SessionState
 from core.records import Session
-from core.samples import EntryBuilder, screenshot_png
-from core.session_state import SessionState
-from core.sessions import InvalidForkPoint, pending_forks_query
-from core.snapshots import list_snapshots
+from core.sessions.fork_copy import pending_forks_query
+from tasks.cli.samples import EntryBuilder, screenshot_png
 
 BIG_OUTPUT = "collected 412 items\n" + "tests/test_upload.py::test_retry PASSED\n" * 600
 

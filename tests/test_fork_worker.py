@@ -19,8 +19,8 @@ from core import SessionStore, Settings
 from core.artifacts import session_dir
 from core.artifacts.paths import agent_output_names
 from core.errors import ResolveNotFound
-from core.samples import EntryBuilder
 from tasks.app import create_app
+from tasks.cli.samples import EntryBuilder
 from tasks.forks import COPY_TASK, RECONCILE_TASK
 from tasks.runtime import attach_fork_copier
 from tests.support import thread_worker, wait_for

@@ -27,8 +27,8 @@ from core.models import (
     SnapshotRow,
     WriteRow,
 )
-from core.samples import EntryBuilder
-from core.sessions import _DirectoryMove
+from core.sessions.moves import _DirectoryMove
+from tasks.cli.samples import EntryBuilder
 from tests.test_fork import build_session, comparable, defer_copies
 
 EXECUTABLE = Path(sys.executable).with_name("sessionstore")

@@ -13,10 +13,10 @@ import pytest
 from sqlalchemy import func, select
 
 from core import InvalidEvent, SessionStore, Settings
-from core.blobs import BLOB_REF_PREFIX, FileBlobStore, make_ref, parse_ref, sha256_hex
+from core.blobs.externalize import TRANSIENT_FIELDS, canonical_base64
+from core.blobs.store import BLOB_REF_PREFIX, FileBlobStore, make_ref, parse_ref, sha256_hex
 from core.errors import BlobsMissing
 from core.models import BlobRefRow, BlobRow, EventRow
-from core.persist import TRANSIENT_FIELDS, canonical_base64
 from core.records import ManifestEntry, StoredEvent
 
 PNG = b"\x89PNG\r\n\x1a\n"

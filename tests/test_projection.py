@@ -10,10 +10,10 @@ from typing import Any
 import pytest
 
 from core import SessionStore
-from core.entry_tree import EntryTree
-from core.projection import Fold, apply, decode_fold, encode_fold, fold_events
+from core.query.entry_tree import EntryTree
+from core.query.projection import Fold, apply, decode_fold, encode_fold, fold_events
+from core.query.state import SessionState, state_from_events
 from core.records import Session, StoredEvent
-from core.session_state import SessionState, state_from_events
 
 T0 = datetime(2026, 1, 5, 9, 0, tzinfo=UTC)
 

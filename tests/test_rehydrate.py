@@ -14,9 +14,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from core import SessionStore, Settings
-from core.blobs import FileBlobStore, make_ref, sha256_hex
-from core.persist import TRANSIENT_FIELDS
-from core.rehydrate import LazyBlob, materialize
+from core.blobs.externalize import TRANSIENT_FIELDS
+from core.blobs.rehydrate import LazyBlob, materialize
+from core.blobs.store import FileBlobStore, make_ref, sha256_hex
 
 PNG = b"\x89PNG\r\n\x1a\n"
 IMAGE_MIN = 64
@@ -238,7 +238,7 @@ def test_missing_blob_keeps_the_ref_warns_and_the_read_continues(
     session_id, evs = filled
     gone = sha256_hex(b"a" * 20_000)
     store.blobs.remove_file(gone)
-    with caplog.at_level(logging.WARNING, logger="core.rehydrate"):
+    with caplog.at_level(logging.WARNING, logger="core.blobs.rehydrate"):
         events = store.read(session_id, rehydrate=True)
     assert events[0].payload["message"]["content"][0] == make_ref(gone)
     assert [e.payload for e in events[1:]] == evs[1:]
@@ -247,7 +247,7 @@ def test_missing_blob_keeps_the_ref_warns_and_the_read_continues(
     assert (record.session_id, record.seq, record.pointer) == (session_id, 1, "/message/content/0")  # type: ignore[attr-defined]
 
     caplog.clear()
-    with caplog.at_level(logging.WARNING, logger="core.rehydrate"):
+    with caplog.at_level(logging.WARNING, logger="core.blobs.rehydrate"):
         lazy = store.read(session_id, rehydrate="lazy")
         assert lazy[0].payload["message"]["content"][0].load() == make_ref(gone)
     assert len(warnings_about(caplog, gone)) == 1
@@ -265,7 +265,7 @@ def test_corrupted_blob_is_never_returned(
     raw = bytearray(path.read_bytes())
     raw[len(raw) // 2] ^= 0x01
     path.write_bytes(bytes(raw))
-    with caplog.at_level(logging.WARNING, logger="core.rehydrate"):
+    with caplog.at_level(logging.WARNING, logger="core.blobs.rehydrate"):
         events = store.read(session_id, rehydrate=True)
     assert events[1].payload["message"]["content"][0]["data"] == make_ref(damaged)
     assert events[0].payload["message"]["content"][0] == "a" * 20_000

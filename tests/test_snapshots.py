@@ -10,12 +10,13 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from sqlalchemy import insert
 
-from core import SessionStore, Settings, entry_tree
+from core import SessionStore, Settings
 from core.db import write_transaction
 from core.models import SnapshotRow, utcnow
-from core.projection import PROJECTION_VERSION, decode_fold, encode_fold, fold_events
-from core.session_state import build_state, plan_context
-from core.snapshots import list_snapshots
+from core.query import entry_tree
+from core.query.projection import PROJECTION_VERSION, decode_fold, encode_fold, fold_events
+from core.query.snapshots import list_snapshots
+from core.query.state import build_state, plan_context
 from tests.test_projection import SESSION, SessionBuilder, stored
 
 OPS = (
@@ -235,7 +236,7 @@ def test_snapshots_of_another_version_or_unreadable_are_ignored(
                     },
                 ],
             )
-        with caplog.at_level("WARNING", logger="core.snapshots"):
+        with caplog.at_level("WARNING", logger="core.query.snapshots"):
             assert store.state(session.id, at_seq=15, rehydrate=False) == store.state(
                 session.id, at_seq=15, rehydrate=False
             )

@@ -18,6 +18,7 @@ from sqlalchemy import Connection
 
 from core.artifacts import rows
 from core.artifacts.fsio import StagedDelete, StagedFile, prune_empty_dirs, staged_file
+from core.artifacts.inherited import read_artifact_file
 from core.artifacts.paths import FILES_DIR, contained_path, file_name, sanitize_path
 from core.artifacts.records import FILE, ArtifactInfo, FileWriteResult, Usage
 from core.artifacts.scope import SessionScope
@@ -124,7 +125,6 @@ class SessionFiles:
             row = rows.get_artifact(conn, self._session_id, FILE, rel)
         if row is None:
             raise ArtifactNotFound(f"no file at {rel!r}")
-        from core.sessions import read_artifact_file  # builds on this package
 
         own = contained_path(self._scope.dir_for(info.tenant_id) / FILES_DIR, rel)
         data = read_artifact_file(self._scope.engine, self._scope.root, own, row)

@@ -17,6 +17,7 @@ from sqlalchemy.exc import IntegrityError
 
 from core.artifacts import rows
 from core.artifacts.fsio import StagedFile, staged_file
+from core.artifacts.inherited import read_artifact_file
 from core.artifacts.paths import oversized_name, sanitize_tool_type, session_dir
 from core.artifacts.records import (
     OVERSIZED,
@@ -142,7 +143,6 @@ class OversizedOutputs:
             row = rows.get_artifact(conn, session_id, OVERSIZED, artifact_id)
         if row is None or (row.expires_at is not None and row.expires_at <= utcnow()):
             return None
-        from core.sessions import read_artifact_file  # builds on this package
 
         own = session_dir(self.root, info.tenant_id, session_id) / oversized_name(artifact_id)
         data = read_artifact_file(self.engine, self.root, own, row)

@@ -20,6 +20,7 @@ from urllib.parse import parse_qsl, urlsplit
 from sqlalchemy import Engine
 
 from core.artifacts import rows
+from core.artifacts.inherited import copy_unfinished, read_artifact_file
 from core.artifacts.jsonquery import apply_query, path_to_query
 from core.artifacts.oversized import OVERSIZED_ID
 from core.artifacts.paths import session_dir
@@ -130,15 +131,12 @@ class _Resolver:
         return row, ids
 
     def _read(self, row: ArtifactInfo) -> str | None:
-        # core.sessions builds on this package: imported where used.
-        from core.sessions import read_artifact_file
 
         own = self.directory / (row.name or "")
         data = read_artifact_file(self.engine, self.root, own, row)
         return data.decode("utf-8", "replace") if data is not None else None
 
     def _require_directory(self) -> None:
-        from core.sessions import copy_unfinished
 
         if self.directory.is_dir() or copy_unfinished(self.engine, self.session_id):
             return

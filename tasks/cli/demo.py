@@ -21,10 +21,10 @@ from sqlalchemy import func, select
 
 from core import migrate
 from core.models import EventRow
-from core.samples import SUBAGENT_REPORT, EntryBuilder, grep_output, pytest_log, screenshot_png
 from core.store import SessionStore
 from tasks.app import create_app
 from tasks.cli.common import app, console, load_settings
+from tasks.cli.samples import SUBAGENT_REPORT, EntryBuilder, grep_output, pytest_log, screenshot_png
 from tasks.embedded import embedded_worker
 from tasks.producer import AppendHandle, enqueue_append
 from tasks.runtime import attach_fork_copier

@@ -17,7 +17,6 @@ from rich.progress import (
 )
 from rich.table import Table
 
-from core.maintenance import expire_artifacts
 from tasks.cli.common import JsonOption, app, console, err_console, open_store, print_json
 
 ApplyOption = typer.Option(False, "--apply", help="Delete for real (default: a dry run).")
@@ -101,9 +100,7 @@ def expire(
 ) -> None:
     """Remove oversized-output artifacts past their TTL (files and rows)."""
     with open_store() as store, _bars(not as_json) as bars:
-        report = expire_artifacts(
-            store.engine, store.oversized, apply=apply, batch_size=batch_size, progress=bars
-        )
+        report = store.expire_artifacts(apply=apply, batch_size=batch_size, progress=bars)
     result = report.to_dict()
     if as_json:
         print_json(result)

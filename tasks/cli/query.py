@@ -14,8 +14,8 @@ import orjson
 import typer
 from rich.table import Table
 
-from core import analytics
-from core.analytics import EventFilter, ListedEvent
+from core.query import analytics
+from core.query.analytics import EventFilter, ListedEvent
 from core.store import SessionStore
 from tasks.cli.common import JsonOption, app, console, open_store, print_json
 

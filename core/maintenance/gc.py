@@ -1,4 +1,4 @@
-"""Maintenance: blob GC (invariant 6), expiry of oversized-output artifacts, and the run log.
+"""Blob GC (invariant 6).
 
 Blob GC never holds the mark set in memory. It walks the ``blobs`` table in hash order, one
 page at a time, and asks the manifest index per blob whether any ``blob_refs`` row names it
@@ -29,7 +29,7 @@ from __future__ import annotations
 import logging
 import os
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from itertools import islice
@@ -44,7 +44,6 @@ from sqlalchemy import (
     bindparam,
     delete,
     func,
-    insert,
     literal,
     select,
 )
@@ -54,22 +53,16 @@ from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.sql.elements import ColumnElement
 
-from core.artifacts import OversizedOutputs
-from core.artifacts.fsio import sweep_staging
-from core.artifacts.records import OVERSIZED
-from core.blobs import BlobStore, FileBlobStore, fanout_dirs, parse_blob_name
+from core.blobs.store import BlobStore, FileBlobStore, fanout_dirs, parse_blob_name
 from core.db import is_sqlite, read_connection, write_transaction
-from core.models import ArtifactRow, BlobRefRow, BlobRow, MaintenanceRunRow, table_of, utcnow
+from core.maintenance.runs import Progress
+from core.models import BlobRefRow, BlobRow, table_of, utcnow
 
 log = logging.getLogger(__name__)
 
 _blobs = table_of(BlobRow)
 _refs = table_of(BlobRefRow)
-_artifacts = table_of(ArtifactRow)
-_runs = table_of(MaintenanceRunRow)
 
-# (phase, done so far, total or None when unknown); phases: blobs, files, artifacts
-Progress = Callable[[str, int, int | None], None]
 
 DEFAULT_BATCH = 1000
 # Candidates swept per write transaction: bounds how long a writer can wait on GC's locks.
@@ -161,37 +154,6 @@ class GcReport:
             "complete": self.complete,
             "seconds": round(self.seconds, 3),
             "phase_seconds": {k: round(v, 3) for k, v in self.phase_seconds.items()},
-        }
-
-
-@dataclass(slots=True)
-class ExpireRunReport:
-    """Oversized outputs expired at ``now``; on a dry run ``deleted`` is what would go."""
-
-    applied: bool
-    now: datetime
-    expired: int = 0
-    deleted: int = 0
-    bytes_freed: int = 0
-    sample: list[tuple[str, str]] = field(default_factory=list)  # (session_id, artifact_id)
-    # temporary files killed processes left in staging directories (removed when applied)
-    stale_temp_files: int = 0
-    stale_temp_bytes: int = 0
-    errors: list[str] = field(default_factory=list)
-    seconds: float = 0.0
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "applied": self.applied,
-            "now": self.now.isoformat(),
-            "expired": self.expired,
-            "deleted" if self.applied else "would_delete": self.deleted,
-            "bytes_freed": self.bytes_freed,
-            "stale_temp_files": self.stale_temp_files,
-            "stale_temp_bytes": self.stale_temp_bytes,
-            "sample": [list(s) for s in self.sample],
-            "errors": list(self.errors),
-            "seconds": round(self.seconds, 3),
         }
 
 
@@ -588,137 +550,3 @@ def gc_blobs(
         progress=progress,
         time_budget_s=time_budget_s,
     ).run()
-
-
-# artifact expiry ------------------------------------------------------------------------
-
-
-def expire_artifacts(
-    engine: Engine,
-    oversized: OversizedOutputs,
-    *,
-    apply: bool,
-    batch_size: int = DEFAULT_BATCH,
-    progress: Progress | None = None,
-    now: datetime | None = None,
-) -> ExpireRunReport:
-    """Oversized outputs past ``expires_at``; with ``apply``, remove them, a batch at a time,
-    and the temporary files killed processes left in staging directories
-    (``staging_max_age_seconds``).
-
-    The moment is fixed at the start, so the set only shrinks while it runs (new outputs
-    expire later) and a dry run's count is what an apply run then deletes.
-    """
-    started = time.monotonic()
-    moment = now or utcnow()
-    count, size = _expired_totals(engine, moment)
-    report = ExpireRunReport(applied=apply, now=moment, expired=count, bytes_freed=size)
-    report.sample = oversized.expire(now=moment, limit=SAMPLE_SIZE).expired
-    if not apply:
-        report.deleted = count
-    else:
-        _expire_batches(oversized, report, batch_size, progress)
-    try:
-        report.stale_temp_files, report.stale_temp_bytes = sweep_staging(
-            oversized.root,
-            older_than_s=oversized.settings.staging_max_age_seconds,
-            apply=apply,
-            now=moment.timestamp(),
-        )
-    except OSError as exc:
-        report.errors.append(f"cannot sweep staging directories: {exc}")
-    report.seconds = time.monotonic() - started
-    log.info("artifact expiry finished", extra={"expire": report.to_dict()})
-    return report
-
-
-def _expire_batches(
-    oversized: OversizedOutputs,
-    report: ExpireRunReport,
-    batch_size: int,
-    progress: Progress | None,
-) -> None:
-    while True:
-        try:
-            batch = oversized.expire(now=report.now, apply=True, limit=batch_size)
-        except OSError as exc:
-            # Rows go before files, so the failed one is no longer listed: carry on.
-            report.errors.append(f"cannot remove an expired file: {exc}")
-            if len(report.errors) >= MAX_ERRORS_KEPT:
-                return
-            continue
-        report.deleted += batch.deleted
-        if progress is not None:
-            progress("artifacts", report.deleted, report.expired)
-        if batch.deleted == 0 or len(batch.expired) < batch_size:
-            return
-
-
-def _expired_totals(engine: Engine, moment: datetime) -> tuple[int, int]:
-    query = select(func.count(), func.coalesce(func.sum(_artifacts.c.size_bytes), 0)).where(
-        _artifacts.c.kind == OVERSIZED, _artifacts.c.expires_at <= moment
-    )
-    with read_connection(engine) as conn:
-        count, size = conn.execute(query).one()
-    return int(count), int(size)
-
-
-# the run log ----------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class MaintenanceRun:
-    id: int
-    job: str
-    started_at: datetime
-    finished_at: datetime
-    ran: bool
-    report: dict[str, Any]
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "id": self.id,
-            "job": self.job,
-            "started_at": self.started_at.isoformat(),
-            "finished_at": self.finished_at.isoformat(),
-            "ran": self.ran,
-            "report": self.report,
-        }
-
-
-class MaintenanceRuns:
-    """The ``maintenance_runs`` table: one row per execution of a periodic job."""
-
-    def __init__(self, engine: Engine) -> None:
-        self.engine = engine
-
-    def record(
-        self,
-        *,
-        job: str,
-        started_at: datetime,
-        finished_at: datetime,
-        ran: bool,
-        report: dict[str, Any],
-    ) -> None:
-        values = {
-            "job": job,
-            "started_at": started_at,
-            "finished_at": finished_at,
-            "ran": ran,
-            "report": report,
-        }
-        with write_transaction(self.engine) as conn:
-            conn.execute(insert(_runs).values(values))
-
-    def recent(self, *, job: str | None = None, limit: int = 100) -> list[MaintenanceRun]:
-        """The latest runs first."""
-        query = select(_runs).order_by(_runs.c.started_at.desc(), _runs.c.id.desc())
-        if job is not None:
-            query = query.where(_runs.c.job == job)
-        with read_connection(self.engine) as conn:
-            rows = conn.execute(query.limit(max(1, limit))).all()
-        return [
-            MaintenanceRun(r.id, r.job, r.started_at, r.finished_at, bool(r.ran), dict(r.report))
-            for r in rows
-        ]

@@ -3,7 +3,7 @@
 ``apply(fold, event)`` is deterministic and does no I/O. It mutates and returns ``fold``:
 copying a state per event would make a rebuild quadratic. What it keeps is bounded by what
 must survive arbitrary history (the entry tree, counters, small indexes); message *content*
-is not kept. ``core.session_state`` reads the content of the few entries that make up the
+is not kept. ``core.query.state`` reads the content of the few entries that make up the
 current context afterwards, which is what keeps a snapshot of a 100,000-event session small.
 
 Bump ``PROJECTION_VERSION`` whenever the fold or the codec changes meaning: snapshots of
@@ -20,7 +20,8 @@ from typing import Any
 
 import orjson
 
-from core.entry_tree import ROOT, EntryTree
+from core.errors import SnapshotFormatError
+from core.query.entry_tree import ROOT, EntryTree
 from core.records import StoredEvent
 
 PROJECTION_VERSION = 1
@@ -309,10 +310,6 @@ _HANDLERS: dict[str, Callable[[Fold, dict[str, Any], int], None]] = {
 
 _MAGIC = b"SSF1"
 _LENGTH = struct.Struct("<I")
-
-
-class SnapshotFormatError(ValueError):
-    """Snapshot bytes this projection cannot read."""
 
 
 def encode_fold(fold: Fold) -> bytes:

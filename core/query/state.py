@@ -1,6 +1,6 @@
 """``SessionState``: what a session looks like at one seq, built from a ``Fold``.
 
-Two pure steps, with the I/O between them done by ``core.snapshots``:
+Two pure steps, with the I/O between them done by ``core.query.snapshots``:
 
 1. ``plan_context(fold)`` picks, from the fold alone, the entries whose content the state
    shows: the conversation context on the active branch (the latest compaction's summary, the
@@ -21,8 +21,8 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from core.entry_tree import EntryTree
-from core.projection import (
+from core.query.entry_tree import EntryTree
+from core.query.projection import (
     CONTEXT_TYPES,
     CompactionMark,
     Counters,

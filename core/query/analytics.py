@@ -35,7 +35,7 @@ from sqlalchemy import (
 from sqlalchemy.sql.elements import ColumnElement
 
 from core.artifacts import stats_by_kind
-from core.blobs import BlobIndex
+from core.blobs.store import BlobIndex
 from core.db import is_sqlite, read_connection
 from core.models import BlobRefRow, BlobRow, EventRow, SessionRow, table_of
 from core.records import Page

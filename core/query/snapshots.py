@@ -28,18 +28,18 @@ from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.exc import SQLAlchemyError
 
 from core.db import is_sqlite, read_connection, write_transaction
-from core.journal import Journal
+from core.errors import SnapshotFormatError
+from core.journal.journal import Journal
 from core.models import ArtifactRow, SnapshotRow, table_of, utcnow
-from core.projection import (
+from core.query.projection import (
     PROJECTION_VERSION,
     Fold,
-    SnapshotFormatError,
     apply,
     decode_fold,
     encode_fold,
 )
+from core.query.state import ArtifactInfo, SessionState, build_state, plan_context
 from core.records import StoredEvent
-from core.session_state import ArtifactInfo, SessionState, build_state, plan_context
 
 log = logging.getLogger(__name__)
 

@@ -16,14 +16,15 @@ from __future__ import annotations
 import base64
 import dataclasses
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Literal
 
 import orjson
 
-from core.blobs import BLOB_REF_PREFIX, BlobStore
+from core.blobs.externalize import parse_pointer, set_at_pointer
+from core.blobs.store import BLOB_REF_PREFIX, BlobStore
 from core.errors import BlobCorrupted, BlobNotFound, InvalidBlobHash
-from core.persist import parse_pointer, set_at_pointer
+from core.journal import Journal
 from core.records import BlobEncoding, ManifestEntry, StoredEvent
 
 log = logging.getLogger(__name__)
@@ -125,6 +126,26 @@ class Rehydrator:
 
     def __init__(self, blobs: BlobStore) -> None:
         self.blobs = blobs
+
+    def read(
+        self, journal: Journal, events: Sequence[StoredEvent], *, lazy: bool = False
+    ) -> list[StoredEvent]:
+        """``events`` with their externalized values restored from the journal's manifest."""
+        if not events:
+            return list(events)
+        return self.events(events, journal.manifest([e.position for e in events]), lazy=lazy)
+
+    def loader(
+        self, journal: Journal, mode: RehydrateMode
+    ) -> Callable[[list[StoredEvent]], list[StoredEvent]] | None:
+        """What ``state`` calls on the events it shows, for a ``rehydrate`` mode (None: off)."""
+        if not mode:
+            return None
+
+        def load(events: list[StoredEvent]) -> list[StoredEvent]:
+            return self.read(journal, events, lazy=mode == "lazy")
+
+        return load
 
     def events(
         self,

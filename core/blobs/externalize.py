@@ -24,10 +24,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from core.blobs import BLOB_REF_PREFIX, BlobStore, looks_like_ref, make_ref, parse_ref
+from core.blobs.store import BLOB_REF_PREFIX, BlobStore, looks_like_ref, make_ref, parse_ref
 from core.errors import InvalidEvent
+from core.journal.validation import pointer_token
 from core.records import BlobEncoding, ManifestEntry, PreparedEvent
-from core.validation import pointer_token
 
 TRANSIENT_FIELDS = frozenset({"partialJson", "jsonlEvents"})
 IMAGE_ARRAY_KEYS = frozenset({"content", "images"})

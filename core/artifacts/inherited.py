@@ -1,0 +1,131 @@
+"""Reading a fork's inherited artifacts while its artifact copy is unfinished.
+
+Until a fork's copy completes (pending, or failed and not yet retried) it reads the files
+it inherited from the ancestor that still holds the identical artifact row and a file not
+modified since the fork, so a parent's later rewrite never shows through.
+"""
+
+from __future__ import annotations
+
+import stat
+from dataclasses import replace
+from pathlib import Path
+from typing import NamedTuple
+
+from sqlalchemy import Connection, Engine, select
+
+from core.artifacts import rows
+from core.artifacts.paths import session_dir
+from core.artifacts.records import ArtifactInfo
+from core.db import read_connection
+from core.errors import SessionNotFound
+from core.journal import Journal
+from core.models import SessionRow, table_of
+from core.records import COPY_FAILED, COPY_PENDING, Session
+
+_MAX_ANCESTORS = 64  # forks of forks walked to find an inherited file
+_UNFINISHED = (COPY_PENDING, COPY_FAILED)
+_sessions = table_of(SessionRow)
+
+
+def copy_unfinished(engine: Engine, session_id: str) -> bool:
+    """Whether the session is a fork whose artifact copy is pending or failed."""
+    with read_connection(engine) as conn:
+        status = conn.execute(
+            select(_sessions.c.copy_status).where(_sessions.c.id == session_id)
+        ).scalar()
+    return status in _UNFINISHED
+
+
+class Found(NamedTuple):
+    """Where an inherited artifact's bytes are: ``path`` (None: nowhere), whether they are
+    still the content the fork inherited, and the time the source must not be newer than."""
+
+    path: Path | None
+    inherited: bool
+    not_after: float = 0.0
+
+
+def read_artifact_file(engine: Engine, root: Path, own: Path, row: ArtifactInfo) -> bytes | None:
+    """The bytes of ``row``'s file at ``own`` (the session's own copy); for a fork whose
+    artifact copy is unfinished, what it inherited instead. None: neither is there.
+
+    The own file wins, and is read again when the fallback comes up empty: the copy may
+    have completed in between (files are copied before the status changes).
+    """
+    data = _read_bytes(own)
+    if data is not None:
+        return data
+    with read_connection(engine) as conn:
+        source = inherited_source(conn, root, row.session_id, row)
+    data = _read_bytes(source) if source is not None else None
+    return data if data is not None else _read_bytes(own)
+
+
+def _read_bytes(path: Path) -> bytes | None:
+    try:
+        return path.read_bytes()
+    except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
+        return None
+
+
+def inherited_source(
+    conn: Connection, root: Path, session_id: str, row: ArtifactInfo
+) -> Path | None:
+    """Where a fork reads an inherited artifact from until its copy completes (pending, or
+    failed and not yet retried: the fork stays as usable as its ancestors allow).
+
+    Only an ancestor that still holds the identical row (same name, size, creation) and a
+    file not modified since the fork is used, so a parent that rewrote or removed the
+    artifact after the fork never shows through. None: not an unfinished fork, not
+    inherited, or no longer available.
+    """
+    journal = Journal(conn.engine)
+    session = _session_or_none(conn, journal, session_id)
+    if session is None or session.copy_status not in _UNFINISHED:
+        return None
+    return ancestor_file(conn, journal, root, session, row).path
+
+
+def ancestor_file(
+    conn: Connection, journal: Journal, root: Path, session: Session, row: ArtifactInfo
+) -> Found:
+    """The file holding the content ``session`` inherited for one of its rows.
+
+    The ancestor must hold the identical row, and its file must not be newer than the fork
+    that inherited it (a same-size rewrite keeps the row). Walks up through ancestors whose
+    own copy is unfinished: a fork of a pending fork reads from the grandparent. Copies keep
+    the source's modification time, so a finished copy passes the same test.
+    """
+    current = session
+    for _ in range(_MAX_ANCESTORS):
+        parent = _session_or_none(conn, journal, current.parent_id) if current.parent_id else None
+        if parent is None:
+            return Found(None, False)
+        held = rows.get_artifact(conn, parent.id, row.kind, row.local_id)
+        if held is None or replace(held, session_id=row.session_id) != row or not held.name:
+            return Found(None, False)
+        path = session_dir(root, parent.tenant_id, parent.id) / held.name
+        modified, forked_at = _modified_at(path), current.created_at.timestamp()
+        if modified is not None:
+            return Found(path, True, forked_at) if modified <= forked_at else Found(None, False)
+        if parent.copy_status not in _UNFINISHED:
+            break
+        current = parent
+    return Found(None, True)
+
+
+def _modified_at(path: Path) -> float | None:
+    """The file's modification time (POSIX seconds); None if there is no such file."""
+    try:
+        st = path.stat()
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    return st.st_mtime if stat.S_ISREG(st.st_mode) else None
+
+
+def _session_or_none(conn: Connection, journal: Journal, session_id: str) -> Session | None:
+    try:
+        return journal.session_in(conn, session_id)
+    except SessionNotFound:
+        return None

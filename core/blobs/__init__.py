@@ -1,0 +1,26 @@
+"""Content-addressed, compressed blobs shared by all sessions: the store, externalization
+of large values into blobs on write, and rehydration from the manifest on read."""
+
+from core.blobs.store import (
+    BlobIndex,
+    BlobStats,
+    BlobStore,
+    FileBlobStore,
+    PutResult,
+    make_ref,
+    open_blob_store,
+    parse_ref,
+    sha256_hex,
+)
+
+__all__ = [
+    "BlobIndex",
+    "BlobStats",
+    "BlobStore",
+    "FileBlobStore",
+    "PutResult",
+    "make_ref",
+    "open_blob_store",
+    "parse_ref",
+    "sha256_hex",
+]

@@ -1,0 +1,131 @@
+"""TTL expiry of oversized-output artifacts: the one expiry path.
+
+The beat job, the CLI and ``SessionStore.expire_artifacts`` all expire through
+``expire_artifacts``: bounded batches until nothing is due, no cap on the total.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import Engine, func, select
+
+from core.artifacts import OversizedOutputs
+from core.artifacts.fsio import sweep_staging
+from core.artifacts.records import OVERSIZED
+from core.db import read_connection
+from core.maintenance.runs import Progress
+from core.models import ArtifactRow, table_of, utcnow
+
+log = logging.getLogger(__name__)
+
+_artifacts = table_of(ArtifactRow)
+
+DEFAULT_BATCH = 1000
+MAX_ERRORS_KEPT = 50
+SAMPLE_SIZE = 20
+
+
+@dataclass(slots=True)
+class ExpireRunReport:
+    """Oversized outputs expired at ``now``; on a dry run ``deleted`` is what would go."""
+
+    applied: bool
+    now: datetime
+    expired: int = 0
+    deleted: int = 0
+    bytes_freed: int = 0
+    sample: list[tuple[str, str]] = field(default_factory=list)  # (session_id, artifact_id)
+    # temporary files killed processes left in staging directories (removed when applied)
+    stale_temp_files: int = 0
+    stale_temp_bytes: int = 0
+    errors: list[str] = field(default_factory=list)
+    seconds: float = 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "applied": self.applied,
+            "now": self.now.isoformat(),
+            "expired": self.expired,
+            "deleted" if self.applied else "would_delete": self.deleted,
+            "bytes_freed": self.bytes_freed,
+            "stale_temp_files": self.stale_temp_files,
+            "stale_temp_bytes": self.stale_temp_bytes,
+            "sample": [list(s) for s in self.sample],
+            "errors": list(self.errors),
+            "seconds": round(self.seconds, 3),
+        }
+
+
+def expire_artifacts(
+    engine: Engine,
+    oversized: OversizedOutputs,
+    *,
+    apply: bool,
+    batch_size: int = DEFAULT_BATCH,
+    progress: Progress | None = None,
+    now: datetime | None = None,
+) -> ExpireRunReport:
+    """Oversized outputs past ``expires_at``; with ``apply``, remove them, a batch at a time,
+    and the temporary files killed processes left in staging directories
+    (``staging_max_age_seconds``).
+
+    The moment is fixed at the start, so the set only shrinks while it runs (new outputs
+    expire later) and a dry run's count is what an apply run then deletes.
+    """
+    started = time.monotonic()
+    moment = now or utcnow()
+    count, size = _expired_totals(engine, moment)
+    report = ExpireRunReport(applied=apply, now=moment, expired=count, bytes_freed=size)
+    report.sample = oversized.expire(now=moment, limit=SAMPLE_SIZE).expired
+    if not apply:
+        report.deleted = count
+    else:
+        _expire_batches(oversized, report, batch_size, progress)
+    try:
+        report.stale_temp_files, report.stale_temp_bytes = sweep_staging(
+            oversized.root,
+            older_than_s=oversized.settings.staging_max_age_seconds,
+            apply=apply,
+            now=moment.timestamp(),
+        )
+    except OSError as exc:
+        report.errors.append(f"cannot sweep staging directories: {exc}")
+    report.seconds = time.monotonic() - started
+    log.info("artifact expiry finished", extra={"expire": report.to_dict()})
+    return report
+
+
+def _expire_batches(
+    oversized: OversizedOutputs,
+    report: ExpireRunReport,
+    batch_size: int,
+    progress: Progress | None,
+) -> None:
+    while True:
+        try:
+            batch = oversized.expire(now=report.now, apply=True, limit=batch_size)
+        except OSError as exc:
+            # Rows go before files, so the failed one is no longer listed: carry on.
+            report.errors.append(f"cannot remove an expired file: {exc}")
+            if len(report.errors) >= MAX_ERRORS_KEPT:
+                return
+            continue
+        report.deleted += batch.deleted
+        if progress is not None:
+            progress("artifacts", report.deleted, report.expired)
+        if batch.deleted == 0 or len(batch.expired) < batch_size:
+            return
+
+
+def _expired_totals(engine: Engine, moment: datetime) -> tuple[int, int]:
+    query = select(func.count(), func.coalesce(func.sum(_artifacts.c.size_bytes), 0)).where(
+        _artifacts.c.kind == OVERSIZED, _artifacts.c.expires_at <= moment
+    )
+    with read_connection(engine) as conn:
+        count, size = conn.execute(query).one()
+    return int(count), int(size)

@@ -1,0 +1,336 @@
+"""A fork's artifact copy: the inherited files, copied after the fork committed.
+
+The copy never overwrites: each file is staged in the fork's directory and published with
+``link`` (which fails if the name exists), then the staged name is removed, so every file
+has one name afterwards and the parent's later writes never show through. Running the copy
+twice, or two copies at once, is safe. A Celery task runs it in the queue setup.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import errno
+import logging
+import os
+import shutil
+import uuid
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from pathlib import Path
+from typing import Any, Protocol
+
+from sqlalchemy import Connection, Select, select, update
+
+from core.artifacts import rows
+from core.artifacts.fsio import fsync_dir
+from core.artifacts.inherited import ancestor_file
+from core.artifacts.paths import STAGING_DIR, agent_output_names, contained_path, session_dir
+from core.artifacts.records import AGENT_OUTPUT, ArtifactInfo
+from core.db import read_connection, write_transaction
+from core.errors import SessionNotFound
+from core.journal import Journal
+from core.models import SessionRow, table_of, utcnow
+from core.records import COPY_DONE, COPY_FAILED, COPY_PENDING, Session
+from core.sessions.queries import children, session_or_none
+from core.settings import Settings
+
+log = logging.getLogger(__name__)
+
+_sessions = table_of(SessionRow)
+_MAX_REASONS = 5
+_NO_HARD_LINKS = {errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EMLINK}
+
+
+class ForkCopier(Protocol):
+    """Hands a committed fork's artifact copy to whatever runs it (the queue)."""
+
+    def __call__(self, fork: Session, /) -> None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class CopyReport:
+    """One run of a fork's artifact copy; ``status`` is the fork's copy status afterwards
+    (None if the fork is gone)."""
+
+    fork_id: str
+    status: str | None
+    copied: int = 0
+    bytes_copied: int = 0
+    already_present: int = 0
+    missing_at_source: int = 0
+    error: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+@dataclass(frozen=True, slots=True)
+class _CopyItem:
+    row: ArtifactInfo
+    source: Path
+    target: Path
+    not_after: float  # the source must not be modified after this (its fork's creation)
+
+
+class _SourceChanged(OSError):
+    """The parent rewrote the artifact after the fork."""
+
+
+@dataclass(slots=True)
+class _CopyPlan:
+    fork: Session
+    directory: Path
+    items: list[_CopyItem] = field(default_factory=list)
+    present: int = 0
+    missing: int = 0
+    lost: list[str] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class _CopyOutcome:
+    copied: int = 0
+    bytes: int = 0
+    present: int = 0
+    errors: list[str] = field(default_factory=list)
+
+
+class ForkCopies:
+    """Runs and tracks the artifact copies of forks."""
+
+    def __init__(self, journal: Journal, settings: Settings) -> None:
+        self.journal = journal
+        self.engine = journal.engine
+        self.settings = settings
+        self.root = settings.resolved_artifact_root
+
+    def hand_over(self, fork: Session, copier: ForkCopier | None) -> Session:
+        """Start a new fork's pending copy: through ``copier`` (the queue), or here and now."""
+        if fork.copy_status != COPY_PENDING:
+            return fork
+        if copier is None:
+            self.copy_artifacts(fork.id)
+            return self.journal.get_session(fork.id)
+        try:
+            copier(fork)
+        except Exception as exc:
+            # The fork is committed and usable; the reconciler re-enqueues its copy.
+            log.warning(
+                "could not hand the fork's artifact copy over; the reconciler will retry",
+                extra={"fork_id": fork.id, "error": repr(exc)},
+            )
+        return fork
+
+    def copy_artifacts(self, fork_id: str) -> CopyReport:
+        """Copy a fork's inherited artifact files into its own directory (idempotent).
+
+        Runs for ``pending`` and ``failed`` forks (a re-run retries a failed copy); anything
+        else is reported as it is. Copy errors end as status ``failed`` with the reason.
+        """
+        with read_connection(self.engine) as conn:
+            fork = self.journal.session_in(conn, fork_id)
+            if fork.copy_status not in (COPY_PENDING, COPY_FAILED):
+                return CopyReport(fork_id, fork.copy_status)
+            plan = _plan_copy(conn, self.journal, self.root, fork)
+        outcome = _run_copy(plan)
+        return self._finish_copy(plan, outcome)
+
+    def _finish_copy(self, plan: _CopyPlan, outcome: _CopyOutcome) -> CopyReport:
+        reasons = plan.lost + outcome.errors
+        status = COPY_FAILED if reasons else COPY_DONE
+        error = _summarize(reasons, len(plan.items) + len(plan.lost)) if reasons else None
+        with write_transaction(self.engine) as conn:
+            changed = conn.execute(
+                update(_sessions)
+                .where(
+                    _sessions.c.id == plan.fork.id,
+                    _sessions.c.copy_status.in_([COPY_PENDING, COPY_FAILED]),
+                )
+                .values(copy_status=status, copy_error=error)
+            ).rowcount
+            current = session_or_none(conn, self.journal, plan.fork.id)
+        self._drop_stale_directory(plan, current)
+        report = CopyReport(
+            fork_id=plan.fork.id,
+            status=current.copy_status if current is not None else None,
+            copied=outcome.copied,
+            bytes_copied=outcome.bytes,
+            already_present=plan.present + outcome.present,
+            missing_at_source=plan.missing,
+            error=error,
+        )
+        _log_copy(plan, report, changed=bool(changed))
+        return report
+
+    def _drop_stale_directory(self, plan: _CopyPlan, current: Session | None) -> None:
+        """A fork deleted (or moved) while this copy ran: what we wrote is nobody's."""
+        if current is not None and session_dir(self.root, current.tenant_id, current.id) == (
+            plan.directory
+        ):
+            return
+        if plan.directory.exists():
+            shutil.rmtree(plan.directory, ignore_errors=True)
+
+    def pending_forks(self, *, older_than_s: float, limit: int = 1000) -> list[str]:
+        """Forks whose copy has been pending for longer than ``older_than_s``, oldest first."""
+        query = pending_forks_query(utcnow() - timedelta(seconds=older_than_s), limit)
+        with read_connection(self.engine) as conn:
+            return [str(v) for v in conn.execute(query).scalars()]
+
+    def settle(self, session_id: str, *, include_self: bool) -> None:
+        """Finish the copies that read from this session's directory (and, for a move, its
+        own: a copy running during the rename would write into the old directory)."""
+        with read_connection(self.engine) as conn:
+            fork_ids = children(conn, session_id, statuses=(COPY_PENDING, COPY_FAILED))
+            own = self.journal.session_in(conn, session_id).copy_status
+        if include_self and own == COPY_PENDING:
+            fork_ids.append(session_id)
+        for fork_id in fork_ids:
+            try:
+                self.copy_artifacts(fork_id)
+            except SessionNotFound:
+                continue
+
+    # move -----------------------------------------------------------------------------------
+
+
+def pending_forks_query(cutoff: datetime, limit: int) -> Select[tuple[str]]:
+    """Forks with a pending copy created before ``cutoff``, oldest first (indexed by
+    ``ix_sessions_copy_status_created``)."""
+    return (
+        select(_sessions.c.id)
+        .where(_sessions.c.copy_status == COPY_PENDING, _sessions.c.created_at <= cutoff)
+        .order_by(_sessions.c.created_at)
+        .limit(limit)
+    )
+
+
+def _plan_copy(conn: Connection, journal: Journal, root: Path, fork: Session) -> _CopyPlan:
+    plan = _CopyPlan(fork, session_dir(root, fork.tenant_id, fork.id))
+    for row in rows.list_artifacts(conn, fork.id):
+        if not row.name:
+            continue
+        target = contained_path(plan.directory, row.name)
+        if target.exists():
+            plan.present += 1
+            continue
+        found = ancestor_file(conn, journal, root, fork, row)
+        if found.path is not None:
+            plan.items.append(_CopyItem(row, found.path, target, found.not_after))
+        elif found.inherited:
+            plan.missing += 1  # the ancestor has no file either (none was ever written)
+        elif _was_inherited(row, fork):
+            plan.lost.append(f"{row.kind} {row.local_id}: changed or removed in the parent")
+    return plan
+
+
+def _was_inherited(row: ArtifactInfo, fork: Session) -> bool:
+    """A row the fork got at its creation (not one it allocated since), still unexpired."""
+    point = fork.forked_from_seq or 0
+    expired = row.expires_at is not None and row.expires_at <= utcnow()
+    return row.created_seq <= point and row.created_at <= fork.created_at and not expired
+
+
+def _run_copy(plan: _CopyPlan) -> _CopyOutcome:
+    outcome = _CopyOutcome()
+    staging = plan.directory / STAGING_DIR
+    for item in plan.items:
+        where = f"{item.row.kind} {item.row.local_id}"
+        try:
+            size = _copy_item(item, staging)
+        except _SourceChanged:
+            outcome.errors.append(f"{where}: changed in the parent after the fork")
+        except FileNotFoundError as exc:
+            if item.target.exists():
+                outcome.present += 1
+            else:
+                outcome.errors.append(f"{where}: vanished during the copy ({exc.filename})")
+        except OSError as exc:
+            outcome.errors.append(f"{where}: {exc}")
+        else:
+            if size is None:
+                outcome.present += 1
+            else:
+                outcome.copied += 1
+                outcome.bytes += size
+    return outcome
+
+
+def _copy_item(item: _CopyItem, staging: Path) -> int | None:
+    """Copy one artifact (an agent output's JSONL sidecar first: the markdown file marks it
+    complete); bytes copied, or None if the fork already had it."""
+    extra = 0
+    if item.row.kind == AGENT_OUTPUT:
+        sidecar = agent_output_names(item.row.local_id)[1]
+        source = item.source.with_name(sidecar)
+        if source.is_file():
+            target = item.target.with_name(sidecar)
+            extra = _copy_file(source, target, staging, item.not_after) or 0
+    size = _copy_file(item.source, item.target, staging, item.not_after)
+    return None if size is None else size + extra
+
+
+def _copy_file(source: Path, target: Path, staging: Path, not_after: float) -> int | None:
+    """An independent, fsynced copy at ``target`` unless a file is there already.
+
+    Content and modification time come from one open file: the parent replaces files by
+    rename, so the inode we read is the one we checked.
+    """
+    if target.exists():
+        return None
+    staging.mkdir(parents=True, exist_ok=True)
+    tmp = staging / f"{uuid.uuid4().hex}.copy"
+    try:
+        with open(source, "rb") as src:
+            times = os.fstat(src.fileno())
+            if times.st_mtime > not_after:
+                raise _SourceChanged(str(source))
+            with open(tmp, "wb") as dst:
+                shutil.copyfileobj(src, dst, 1 << 20)
+                dst.flush()
+                os.fsync(dst.fileno())
+        # The source's times: "not modified since the fork" must hold for the copy too.
+        os.utime(tmp, ns=(times.st_atime_ns, times.st_mtime_ns))
+        target.parent.mkdir(parents=True, exist_ok=True)
+        if not _publish_new(tmp, target):
+            return None
+    finally:
+        tmp.unlink(missing_ok=True)
+    fsync_dir(target.parent)
+    return times.st_size
+
+
+def _publish_new(tmp: Path, target: Path) -> bool:
+    """Give the staged copy its name unless the name exists (never overwrite)."""
+    try:
+        os.link(tmp, target)  # the staged name is removed right after: one name per file
+    except FileExistsError:
+        return False
+    except OSError as exc:
+        if exc.errno not in _NO_HARD_LINKS:
+            raise
+        if target.exists():  # a filesystem without hard links: check, then rename
+            return False
+        os.replace(tmp, target)
+    return True
+
+
+def _summarize(reasons: list[str], total: int) -> str:
+    shown = "; ".join(reasons[:_MAX_REASONS])
+    more = f"; and {len(reasons) - _MAX_REASONS} more" if len(reasons) > _MAX_REASONS else ""
+    return f"{len(reasons)} of {total} inherited artifacts were not copied: {shown}{more}"
+
+
+def _log_copy(plan: _CopyPlan, report: CopyReport, *, changed: bool) -> None:
+    extra = {
+        "fork_id": report.fork_id,
+        "parent_id": plan.fork.parent_id,
+        "status": report.status,
+        "copied": report.copied,
+        "bytes": report.bytes_copied,
+        "already_present": report.already_present,
+        "missing_at_source": report.missing_at_source,
+    }
+    if report.error and changed:
+        log.warning("fork artifact copy failed: %s", report.error, extra=extra)
+    else:
+        log.info("fork artifact copy finished", extra=extra)

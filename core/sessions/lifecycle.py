@@ -1,0 +1,121 @@
+"""Delete a session: its events, manifest rows, idempotency records, snapshots, artifact
+rows, counters and dead letters in one transaction, then its directory.
+
+A delete first finishes the fork copies that read from the session's directory, then
+re-checks under the tenant's quota lock, which a fork also holds. (Sessions are created by
+the journal, which owns their rows.)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import shutil
+from dataclasses import dataclass, replace
+from typing import Any
+
+from sqlalchemy import delete, func, select
+
+from core.artifacts import rows
+from core.artifacts.paths import session_dir
+from core.db import write_transaction
+from core.errors import ForkCopiesInProgress
+from core.journal import Journal
+from core.models import ArtifactRow, CounterRow, DeadLetterRow, SessionRow, table_of
+from core.query.snapshots import delete_snapshots
+from core.sessions.fork_copy import ForkCopies
+from core.sessions.queries import SETTLE_ATTEMPTS, Unsettled, children
+from core.settings import Settings
+
+log = logging.getLogger(__name__)
+
+_sessions = table_of(SessionRow)
+_artifacts = table_of(ArtifactRow)
+_counters = table_of(CounterRow)
+_letters = table_of(DeadLetterRow)
+
+
+@dataclass(frozen=True, slots=True)
+class DeleteReport:
+    session_id: str
+    tenant_id: str
+    events: int
+    artifacts: int
+    forks: list[str]
+    directory_removed: bool
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+class SessionLifecycle:
+    """Deletes sessions (with everything that is theirs)."""
+
+    def __init__(self, journal: Journal, settings: Settings) -> None:
+        self.journal = journal
+        self.engine = journal.engine
+        self.settings = settings
+        self.root = settings.resolved_artifact_root
+        self.copies = ForkCopies(journal, settings)
+
+    def delete(self, session_id: str, *, tenant_id: str | None = None) -> DeleteReport:
+        """Remove a session with its events, manifest rows, idempotency records, snapshots,
+        artifact rows, counters and dead letters, then its directory. Blobs stay for GC;
+        forks keep working (their events are their own, their copies are finished first)."""
+        self.journal.get_session(session_id, tenant_id=tenant_id)
+        for _ in range(SETTLE_ATTEMPTS):
+            self.copies.settle(session_id, include_self=False)
+            try:
+                report = self._delete_once(session_id, tenant_id)
+            except Unsettled:
+                continue
+            return self._remove_directory(report)
+        raise ForkCopiesInProgress(
+            f"session {session_id}: fork copies kept starting; retry the delete"
+        )
+
+    def _delete_once(self, session_id: str, tenant_id: str | None) -> DeleteReport:
+        with write_transaction(self.engine) as conn:
+            rows.lock_quota(conn, session_id)
+            session = self.journal.session_in(conn, session_id, tenant_id=tenant_id)
+            if children(conn, session_id):
+                raise Unsettled
+            artifacts = conn.execute(
+                select(func.count()).where(_artifacts.c.session_id == session_id)
+            ).scalar_one()
+            forks = children(conn, session_id, statuses=None)
+            self.journal.delete_events_of(conn, session_id)
+            delete_snapshots(conn, session_id)
+            for table in (_artifacts, _counters, _letters, _sessions):
+                column = table.c.id if table is _sessions else table.c.session_id
+                conn.execute(delete(table).where(column == session_id))
+        return DeleteReport(
+            session_id, session.tenant_id, session.head_seq, int(artifacts), forks, False
+        )
+
+    def _remove_directory(self, report: DeleteReport) -> DeleteReport:
+        # After the commit: a crash here leaves an orphan directory no session names, never
+        # a session without its files.
+        directory = session_dir(self.root, report.tenant_id, report.session_id)
+        removed = True
+        try:
+            shutil.rmtree(directory)
+        except FileNotFoundError:
+            pass
+        except OSError as exc:
+            removed = False
+            log.warning(
+                "session deleted; its artifact directory could not be removed",
+                extra={"session_id": report.session_id, "path": str(directory), "error": str(exc)},
+            )
+        log.info(
+            "session deleted",
+            extra={
+                "session_id": report.session_id,
+                "tenant_id": report.tenant_id,
+                "events": report.events,
+                "artifacts": report.artifacts,
+                "forks": len(report.forks),
+            },
+        )
+        return replace(report, directory_removed=removed)

@@ -1,0 +1,108 @@
+"""The write path, one way: validate → externalize (blobs durable first) → journal append.
+
+Shared step for step by the library (``SessionStore.append``) and the queue (the
+``sessionstore.append`` task calls the same method).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+from core.blobs.externalize import PersistedBatch, Persister, missing_ref_error
+from core.blobs.store import BlobStore
+from core.errors import BlobsMissing
+from core.journal import Journal, check_batch
+from core.records import AppendResult, PreparedEvent
+from core.settings import Settings
+
+log = logging.getLogger(__name__)
+
+# An append re-puts blobs GC collected under it at most this many times before giving up.
+_APPEND_ATTEMPTS = 3
+
+
+class Writer:
+    """Appends batches of raw events to sessions of one journal and blob store."""
+
+    def __init__(self, journal: Journal, blobs: BlobStore, settings: Settings) -> None:
+        self.journal = journal
+        self.blobs = blobs
+        self.settings = settings
+        self.persister = Persister(
+            blobs,
+            image_min_base64_chars=settings.image_min_base64_chars,
+            inline_string_limit=settings.inline_string_limit,
+        )
+
+    def validate(self, events: Sequence[Any]) -> list[bytes | None]:
+        """Check a batch (raises ``InvalidEvent``); the events' JSON where it was computed."""
+        return check_batch(
+            events,
+            max_events=self.settings.max_batch_events,
+            max_depth=self.settings.max_event_depth,
+        )
+
+    def prepare(self, events: Sequence[Any]) -> list[PreparedEvent]:
+        """Validate a batch, put its blobs, and turn it into journal-ready events."""
+        return self.persister.persist(events, self.validate(events)).events
+
+    def append(
+        self,
+        session_id: str,
+        events: Sequence[Any],
+        *,
+        expected_seq: int | None = None,
+        idempotency_key: str | None = None,
+    ) -> AppendResult:
+        encoded = self.validate(events)
+        plan = self.persister.plan(events, encoded)
+        if idempotency_key is not None and plan.puts_blobs:
+            # A replay (e.g. a Celery redelivery) must not put the batch's blobs again. A
+            # batch without blobs needs no pre-check: the append itself answers a replay.
+            prior = self.journal.find_write(session_id, idempotency_key)
+            if prior is not None:
+                return prior
+        batch = self.persister.put(plan)
+        return self._append_batch(
+            session_id, batch, expected_seq=expected_seq, idempotency_key=idempotency_key
+        )
+
+    def _append_batch(
+        self,
+        session_id: str,
+        batch: PersistedBatch,
+        *,
+        expected_seq: int | None,
+        idempotency_key: str | None,
+    ) -> AppendResult:
+        """Append; if GC took a blob of ours in between, put it again and retry."""
+        attempt = 1
+        while True:
+            try:
+                return self.journal.append(
+                    session_id,
+                    batch.events,
+                    expected_seq=expected_seq,
+                    idempotency_key=idempotency_key,
+                )
+            except BlobsMissing as exc:
+                if attempt >= _APPEND_ATTEMPTS:
+                    raise
+                self._reput_missing(session_id, batch, exc, attempt)
+                attempt += 1
+
+    def _reput_missing(
+        self, session_id: str, batch: PersistedBatch, exc: BlobsMissing, attempt: int
+    ) -> None:
+        ref = batch.input_ref_for(exc.hashes)
+        if ref is not None:  # the producer's ref: we never had its bytes
+            raise missing_ref_error(ref) from exc
+        if not exc.hashes <= batch.blobs.keys():
+            raise exc
+        log.warning(
+            "blobs collected before the append committed; putting them again",
+            extra={"session_id": session_id, "hashes": sorted(exc.hashes), "attempt": attempt},
+        )
+        self.blobs.put_many([batch.blobs[h] for h in sorted(exc.hashes)])
