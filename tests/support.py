@@ -13,10 +13,14 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
 from pathlib import Path
+from typing import Any
 
 import redis
 from celery import Celery
 from celery.contrib.testing.worker import start_worker
+
+from tasks import AppendHandle
+from tasks.outcomes import write_task_id
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -263,3 +267,14 @@ def settings_env(
         "SESSIONSTORE_DATA_DIR": str(data_dir),
         "SESSIONSTORE_TASK_VISIBILITY_TIMEOUT": str(visibility_timeout),
     }
+
+
+def send_raw(app: Celery, session_id: Any, events: Any, *, key: str, **extra: Any) -> AppendHandle:
+    """What a client that skips ``enqueue_append`` does: ``send_task`` by name."""
+    kwargs = {"session_id": session_id, "events": events, "idempotency_key": key, **extra}
+    task_id = write_task_id(str(session_id), key)
+
+    def send() -> Any:
+        return app.send_task("sessionstore.append", kwargs=kwargs, task_id=task_id)
+
+    return AppendHandle(send(), str(session_id), key, send)

@@ -19,7 +19,7 @@ from sqlalchemy import func, select, text
 from core import SessionStore, Settings
 from core.errors import DeadLetterNotFound, InvalidEvent, WriteTooLarge
 from core.models import EventRow
-from tasks import AppendHandle, WriteRejected, enqueue_append
+from tasks import WriteRejected, enqueue_append
 from tasks.app import create_app
 from tasks.embedded import embedded_worker
 from tasks.outcomes import write_task_id
@@ -28,6 +28,7 @@ from tests.support import (
     TcpProxy,
     WorkerProcess,
     redis_server,
+    send_raw,
     settings_env,
     thread_worker,
     wait_for,
@@ -38,17 +39,6 @@ pytestmark = [pytest.mark.postgres, pytest.mark.redis]
 
 def _event(marker: str) -> dict[str, Any]:
     return {"type": "message", "marker": marker, "message": {"role": "user", "content": marker}}
-
-
-def send_raw(app: Celery, session_id: Any, events: Any, *, key: str, **extra: Any) -> AppendHandle:
-    """What a client that skips ``enqueue_append`` does: ``send_task`` by name."""
-    kwargs = {"session_id": session_id, "events": events, "idempotency_key": key, **extra}
-    task_id = write_task_id(str(session_id), key)
-
-    def send() -> Any:
-        return app.send_task("sessionstore.append", kwargs=kwargs, task_id=task_id)
-
-    return AppendHandle(send(), str(session_id), key, send)
 
 
 def _markers(store: SessionStore) -> list[str]:

@@ -11,6 +11,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
 from core import SessionStore, Settings
 from core.errors import InvalidEvent, StorageUnavailable
 from core.translate import is_unavailable
@@ -91,7 +92,7 @@ def test_database_data_error_gives_invalid_event(store: SessionStore, backend: s
     """The driver's own DataError, straight from the database, through the boundary."""
     sid = store.create_session(tenant_id="acme").id
     if backend == "postgres":
-        with pytest.raises(InvalidEvent, match="NUL|0x00"):  # PostgreSQL text refuses NUL
+        with pytest.raises(InvalidEvent, match=r"NUL|0x00"):  # PostgreSQL text refuses NUL
             store.append("s\x00", [{"type": "note"}], idempotency_key="k")
         with pytest.raises(InvalidEvent, match="out of range"):
             store.append(sid, [{"type": "note"}], expected_seq=2**63 + 1)

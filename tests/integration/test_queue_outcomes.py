@@ -1,0 +1,259 @@
+"""Every message a worker receives ends committed, retried or dead-lettered (issue 15).
+
+Real prefork workers (``celery worker`` subprocesses), real Redis, real PostgreSQL; the
+journal-facing cases run on SQLite too.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+from celery import Celery
+from sqlalchemy import event
+from sqlalchemy.engine import Connection, Engine
+
+from core import SessionStore, Settings
+from core.errors import InvalidEvent, WriteRejected
+from tasks import enqueue_append
+from tasks.app import QUEUE, create_app
+from tasks.outcomes import stored_outcome, write_task_id
+from tests.support import WorkerProcess, send_raw, settings_env, thread_worker, wait_for
+
+pytestmark = [pytest.mark.postgres, pytest.mark.redis]
+
+
+def deep(levels: int) -> Any:
+    value: Any = "bottom"
+    for _ in range(levels):
+        value = {"d": value}
+    return value
+
+
+def note(marker: str) -> dict[str, Any]:
+    return {"type": "note", "marker": marker}
+
+
+def child_deaths(log: Path) -> int:
+    text = log.read_text(errors="replace")
+    return text.count("WorkerLostError") + text.count("exited with 'signal")
+
+
+def queue_drained(url: str) -> bool:
+    client = redis.Redis.from_url(url)
+    try:
+        return client.llen(QUEUE) == 0 and client.hlen("unacked") == 0
+    finally:
+        client.close()
+
+
+@pytest.fixture
+def store(queue_settings: Settings) -> Iterator[SessionStore]:
+    with SessionStore.from_settings(queue_settings) as s:
+        yield s
+
+
+@pytest.fixture
+def app(queue_settings: Settings) -> Celery:
+    return create_app(queue_settings)
+
+
+@pytest.fixture
+def prefork(queue_settings: Settings, tmp_path: Path) -> Iterator[Path]:
+    """A prefork worker subprocess; yields its log."""
+    env = settings_env(
+        database_url=str(queue_settings.database_url),
+        broker_url=str(queue_settings.broker_url),
+        data_dir=tmp_path / "w",
+    )
+    log = tmp_path / "worker.log"
+    worker = WorkerProcess(env, log)
+    try:
+        yield log
+    finally:
+        worker.stop()
+
+
+@pytest.mark.slow
+def test_poison_pill_900_levels_refused_at_enqueue_and_dead_lettered_raw(
+    app: Celery, store: SessionStore, prefork: Path, redis_url: str
+) -> None:
+    sid = store.create_session(tenant_id="acme").id
+    pill = [{"type": "note", "value": deep(900)}]
+    with pytest.raises(InvalidEvent) as info:
+        enqueue_append(sid, pill, idempotency_key="pill", app=app)
+    assert info.value.field.startswith("/value/d/d/d")  # the JSON path of the offence
+    assert queue_drained(redis_url)  # nothing was published
+
+    raw = send_raw(app, sid, pill, key="pill")
+    behind = [enqueue_append(sid, [note(f"after-{i}")], app=app) for i in range(5)]
+    with pytest.raises(WriteRejected) as rejected:
+        raw.get(timeout=60)
+    assert rejected.value.session_id == sid
+    assert sorted(h.get(timeout=60).last_seq for h in behind) == [1, 2, 3, 4, 5]
+    letters = store.dead_letters.list()
+    assert len(letters) == 1 and "nested deeper" in letters[0].error
+    assert letters[0].raw_body is not None and letters[0].content_type == "application/json"
+    assert child_deaths(prefork) == 0
+    wait_for(lambda: queue_drained(redis_url), 20, "the queue to drain")
+
+
+@pytest.mark.slow
+def test_messages_that_never_reach_the_task_are_dead_lettered_verbatim(
+    app: Celery, store: SessionStore, prefork: Path, redis_url: str
+) -> None:
+    sid = store.create_session(tenant_id="acme").id
+    wrong_arity = app.send_task("sessionstore.append", args=[sid, [note("x")], None, "k", 5, 6])
+    unknown_field = app.send_task(
+        "sessionstore.append", kwargs={"session_id": sid, "events": [note("y")], "colour": 1}
+    )
+    garbage = [
+        (b"\xff\xfe not json", "application/json", "binary", {"task": "sessionstore.append"}),
+        (b"\x00\x01\x02", "application/x-garbage", "binary", {}),
+        (b'{"no": "task"}', "application/json", "utf-8", {}),
+        (b"[1, 2", "application/json", "utf-8", {"task": "sessionstore.nope", "id": "t-1"}),
+    ]
+    with app.connection_for_write() as conn:
+        producer = conn.Producer()
+        for body, content_type, encoding, headers in garbage:
+            producer.publish(
+                body,
+                exchange="",
+                routing_key=QUEUE,
+                content_type=content_type,
+                content_encoding=encoding,
+                headers=headers,
+            )
+    ok = enqueue_append(sid, [note("fine")], app=app)
+    assert ok.get(timeout=60).last_seq == 1
+    wait_for(lambda: len(store.dead_letters.list()) >= 6, 60, "six dead letters")
+    letters = store.dead_letters.list()
+    assert len(letters) == 6
+    reasons = " | ".join(letter.error for letter in letters)
+    assert "arguments do not fit" in reasons and "colour" in reasons
+    raw = {letter.raw_body: letter for letter in letters}
+    for body, content_type, encoding, _ in garbage:
+        assert raw[body].content_type == content_type
+        assert raw[body].content_encoding == encoding
+    for result in (wrong_arity, unknown_field):
+        meta = app.backend.get_task_meta(result.id)
+        assert meta["result"]["status"] == "dead_lettered"
+    assert child_deaths(prefork) == 0
+    wait_for(lambda: queue_drained(redis_url), 20, "the queue to drain")
+
+
+@pytest.mark.parametrize(
+    ("case", "session", "events", "extra"),
+    [
+        ("lone surrogate in a string", None, [{"type": "n", "t": "a\ud800"}], {}),
+        ("lone surrogate in a key", None, [{"type": "n", "k\udc00": 1}], {}),
+        ("lone surrogate in the session id", "s\ud800", [note("a")], {}),
+        ("NUL in the session id", "s\x00", [note("a")], {}),
+        ("NUL in a key", None, [{"type": "n", "a\x00": 1}], {}),
+        ("expected_seq above 2^63", None, [note("a")], {"expected_seq": 2**63 + 5}),
+        ("integer beyond 64 bits", None, [{"type": "n", "v": 2**80}], {}),
+        ("events not a list", None, {"type": "n"}, {}),
+    ],
+)
+def test_bad_write_sent_by_name_is_dead_lettered_once(
+    app: Celery,
+    store: SessionStore,
+    case: str,
+    session: str | None,
+    events: Any,
+    extra: dict[str, Any],
+) -> None:
+    sid = store.create_session(tenant_id="acme").id
+    target = session if session is not None else sid
+    kwargs = {"expected_seq": extra.get("expected_seq")}
+    with pytest.raises(InvalidEvent):  # the door refuses it ...
+        enqueue_append(target, events, idempotency_key="bad", app=app, **kwargs)
+    with thread_worker(app):  # ... a client that skips the door gets a dead letter
+        handle = send_raw(app, target, events, key="bad", **extra)
+        with pytest.raises(WriteRejected) as info:
+            handle.get(timeout=30)
+    assert info.value.error_type == "InvalidEvent", case
+    letters = store.dead_letters.list()
+    assert len(letters) == 1 and letters[0].id == info.value.dead_letter_id
+    assert store.read(sid) == []
+
+
+def test_same_key_in_two_sessions_gives_two_outcomes(app: Celery, store: SessionStore) -> None:
+    a = store.create_session(tenant_id="acme").id
+    b = store.create_session(tenant_id="acme").id
+    assert write_task_id(a, "k") != write_task_id(b, "k")
+    with thread_worker(app):
+        in_a = enqueue_append(a, [note("a1"), note("a2")], idempotency_key="k", app=app)
+        # B's write expects a head it does not have: rejected, in B only
+        in_b = enqueue_append(b, [note("b1")], idempotency_key="k", expected_seq=7, app=app)
+        result_a = in_a.get(timeout=30)
+        with pytest.raises(WriteRejected) as rejected:
+            in_b.get(timeout=30)
+    assert (result_a.session_id, result_a.last_seq) == (a, 2)
+    assert rejected.value.session_id == b and rejected.value.error_type == "ConcurrencyConflict"
+    assert in_a.get(timeout=1) == result_a  # A still reports A's success
+    later_a = stored_outcome(app, a, "k")
+    later_b = stored_outcome(app, b, "k")
+    assert later_a is not None and later_a["status"] == "ok" and later_a["session_id"] == a
+    assert later_b is not None and later_b["status"] == "dead_lettered"
+    assert later_b["session_id"] == b
+    assert [e.seq for e in store.read(b)] == []
+
+
+# disk full (SQLite) --------------------------------------------------------------------
+
+_FULL = threading.Event()
+
+
+def _cap_pages(conn: Connection) -> None:
+    """While ``_FULL`` is set, a SQLite database cannot grow: "database or disk is full"."""
+    if conn.dialect.name != "sqlite":
+        return
+    if _FULL.is_set():
+        pages = conn.exec_driver_sql("PRAGMA page_count").scalar()
+        conn.exec_driver_sql(f"PRAGMA max_page_count = {pages}")
+    else:
+        conn.exec_driver_sql("PRAGMA max_page_count = 1073741823")
+
+
+@pytest.fixture
+def page_cap() -> Iterator[threading.Event]:
+    event.listen(Engine, "begin", _cap_pages)
+    try:
+        yield _FULL
+    finally:
+        _FULL.clear()
+        event.remove(Engine, "begin", _cap_pages)
+
+
+@pytest.mark.slow
+def test_sqlite_disk_full_is_retried_not_acked_and_lands_once_space_is_back(
+    sqlite_url: str, redis_url: str, tmp_path: Path, page_cap: threading.Event
+) -> None:
+    settings = Settings(
+        data_dir=tmp_path / "data",
+        database_url=sqlite_url,
+        broker_url=redis_url,
+        result_backend=redis_url,
+        task_visibility_timeout=20,  # retries back off at most 5 s
+    )
+    app = create_app(settings)
+    with SessionStore.from_settings(settings) as store, thread_worker(app):
+        sid = store.create_session(tenant_id="acme").id
+        page_cap.set()
+        big = "x" * 20_000  # needs new pages
+        handles = [
+            enqueue_append(sid, [{"type": "n", "i": i, "p": big}], app=app) for i in range(3)
+        ]
+        wait_for(lambda: all(h.result.state == "RETRY" for h in handles), 30, "the writes to retry")
+        assert store.read(sid) == [] and store.dead_letters.list() == []
+        assert all(h.outcome() is None for h in handles)  # no outcome, so not acked
+        page_cap.clear()
+        results = [h.get(timeout=60) for h in handles]
+        events = store.read(sid)
+    assert sorted(r.last_seq for r in results) == [1, 2, 3]
+    assert sorted(e.payload["i"] for e in events) == [0, 1, 2]  # each once
