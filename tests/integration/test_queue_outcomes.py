@@ -245,7 +245,7 @@ def test_sqlite_disk_full_is_retried_not_acked_and_lands_once_space_is_back(
     with SessionStore.from_settings(settings) as store, thread_worker(app):
         sid = store.create_session(tenant_id="acme").id
         page_cap.set()
-        big = "x" * 20_000  # needs new pages
+        big = [f"{n:050d}" for n in range(400)]  # 20 kB of short strings: new pages
         handles = [
             enqueue_append(sid, [{"type": "n", "i": i, "p": big}], app=app) for i in range(3)
         ]
