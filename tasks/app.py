@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Callable
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -186,13 +187,21 @@ def celery_config(settings: Settings) -> dict[str, Any]:
     }
 
 
+class SessionStoreCelery(Celery):  # type: ignore[misc]
+    """Celery, with a ``celery worker`` that fails loudly (``tasks.worker``)."""
+
+    @cached_property
+    def Worker(self) -> Any:
+        return self.subclass_with_self("tasks.worker:Worker")
+
+
 def create_app(settings: Settings | None = None) -> Celery:
     """A new app; ``settings`` defaults to ``Settings()`` read when first configured."""
     # Task modules register (shared_task) before any app finalizes; imported here, not at
     # module top, because they import this module.
     for module in TASK_MODULES:
         importlib.import_module(module)
-    app = Celery("sessionstore", include=TASK_MODULES, set_as_current=False)
+    app = SessionStoreCelery("sessionstore", include=TASK_MODULES, set_as_current=False)
     holder = _SettingsHolder(settings)
     app.sessionstore_settings = holder
     app.add_defaults(lambda: celery_config(holder.get()))
