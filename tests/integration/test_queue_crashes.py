@@ -100,3 +100,51 @@ def test_broker_killed_ten_times_worker_survives_or_fails_loudly(
     counts = markers(store)
     assert set(counts) == set(sent) and set(counts.values()) == {1}
     assert len(sent) > 100
+
+
+def _ready_count(log: Path) -> int:
+    return log.read_text(errors="replace").count(" ready.") if log.exists() else 0
+
+
+@pytest.mark.parametrize("run", range(5))
+def test_crash_loop_every_write_exactly_once(
+    run: int, store: SessionStore, queue_settings: Settings, tmp_path: Path
+) -> None:
+    """1,000 writes while the worker is SIGKILLed every ~2 s of its life; the producer
+    re-sends what is unconfirmed. Five runs (parametrized): each must be exact."""
+    settings = queue_settings.with_overrides(task_visibility_timeout=10)
+    env = settings_env(
+        database_url=str(settings.database_url),
+        broker_url=str(settings.broker_url),
+        data_dir=tmp_path / "w",
+        visibility_timeout=10,
+    )
+    producer = Producer(create_app(settings), confirm_timeout=12)
+    sessions = [store.create_session(tenant_id="acme").id for _ in range(4)]
+    keys = [f"r{run}-{i}" for i in range(1000)]
+    log = tmp_path / "worker.log"
+    worker = WorkerProcess(env, log)
+    kills = 0
+    try:
+        for i, key in enumerate(keys):
+            producer.append(sessions[i % 4], [note(key)], idempotency_key=key)
+        deadline = time.monotonic() + 150
+        while producer.poll() and time.monotonic() < deadline:
+            up = kills + 1  # workers started so far, each logs "ready" once
+            wait_for(lambda n=up: _ready_count(log) >= n, 60, "the worker to be ready")
+            time.sleep(2)
+            if producer.poll() == 0:
+                break
+            worker.kill()
+            kills += 1
+            worker = WorkerProcess(env, log)
+            producer.resend_unconfirmed()
+        producer.drain(timeout=90, resend_every=12)
+    finally:
+        worker.stop()
+    counts = markers(store)
+    assert kills >= 3, "the worker must have been killed mid-stream"
+    assert set(counts) == set(keys), f"lost: {len(set(keys) - set(counts))}"
+    assert set(counts.values()) == {1}, "a write landed twice"
+    for sid in sessions:
+        assert [e.seq for e in store.read(sid)] == list(range(1, 251))
