@@ -10,9 +10,12 @@ from pathlib import Path
 from typing import Any
 
 import typer
+from rich.console import Console
+from rich.progress import Progress
 from rich.table import Table
 
 from core.errors import InvalidEvent
+from core.journal.dead_letters import KEEP, Keep
 from core.records import AppendResult
 from tasks.app import get_app, settings_of
 from tasks.cli.common import JsonOption, app, console, open_store, print_json
@@ -20,7 +23,7 @@ from tasks.embedded import embedded_worker
 from tasks.producer import enqueue_append
 
 dead_app = typer.Typer(
-    no_args_is_help=True, help="Rejected queued writes: list, show, replay, discard."
+    no_args_is_help=True, help="Rejected queued writes: list, show, export, replay, discard."
 )
 app.add_typer(dead_app, name="dead-letters")
 
@@ -126,7 +129,12 @@ def dead_list(
     if as_json:
         print_json([letter.to_dict() for letter in letters])
         return
-    table = Table("id", "session", "key", "error", "when")
+    table = Table("id")
+    # full ids, never cut or wrapped: an operator copies them into commands
+    table.add_column("session", no_wrap=True)
+    table.add_column("key", no_wrap=True)
+    table.add_column("error", max_width=60)
+    table.add_column("when", no_wrap=True)
     for letter in letters:
         table.add_row(
             str(letter.id),
@@ -135,7 +143,8 @@ def dead_list(
             f"{letter.error_type}: {letter.error}"[:90],
             letter.created_at.strftime("%Y-%m-%d %H:%M:%S"),
         )
-    console.print(table)
+    ids = max((len(x.session_id) + len(x.idempotency_key) for x in letters), default=0)
+    Console(width=max(console.width, ids + 110)).print(table)
 
 
 @dead_app.command("show")
@@ -152,18 +161,61 @@ def dead_show(letter_id: int, as_json: bool = JsonOption) -> None:
     console.print_json(letter.payload)
 
 
+@dead_app.command("export")
+def dead_export(
+    out: Path = typer.Argument(..., help="The JSONL file to write (- for stdout)."),
+    as_json: bool = JsonOption,
+) -> None:
+    """Write every dead letter, with its events (and raw body), as one JSON line each."""
+    count = 0
+    with ExitStack() as stack:
+        stream = sys.stdout if str(out) == "-" else stack.enter_context(out.open("w"))
+        store = stack.enter_context(open_store())
+        progress = stack.enter_context(
+            Progress(*Progress.get_default_columns(), console=Console(stderr=True))
+        )
+        bar = progress.add_task("exporting dead letters", total=None)
+        for letter in store.dead_letters.iter_all():
+            stream.write(json.dumps(letter.to_dict(with_payload=True), ensure_ascii=True) + "\n")
+            count += 1
+            progress.advance(bar)
+    if as_json:
+        print_json({"exported": count, "file": str(out)})
+    elif str(out) != "-":
+        console.print(f"exported {count} dead letter(s) to {out}")
+
+
 @dead_app.command("replay")
 def dead_replay(
     letter_id: int,
     fixed: Path | None = typer.Option(
         None, "--file", help="Replay these events instead (a JSON array or JSONL file)."
     ),
+    expected_seq: int | None = typer.Option(
+        None, "--expected-seq", min=0, help="Replay expecting this head instead of the letter's."
+    ),
+    no_expected_seq: bool = typer.Option(
+        False, "--no-expected-seq", help="Replay without any expected head (append at the end)."
+    ),
     as_json: bool = JsonOption,
 ) -> None:
-    """Append a dead letter under its original key (so it lands once), then remove it."""
+    """Append a dead letter under its original key (so it lands once), then remove it.
+
+    A write rejected on a conflict can be replayed at another head (--expected-seq) or
+    at whatever the head is now (--no-expected-seq).
+    """
+    if expected_seq is not None and no_expected_seq:
+        raise InvalidEvent("expected_seq", "give --expected-seq or --no-expected-seq, not both")
     events = _load_fixed(fixed) if fixed else None
+    override: int | Keep | None = KEEP
+    if no_expected_seq:
+        override = None
+    elif expected_seq is not None:
+        override = expected_seq
     with open_store() as store:
-        result = store.dead_letters.replay(letter_id, store.append, events=events)
+        result = store.dead_letters.replay(
+            letter_id, store.append, events=events, expected_seq=override
+        )
     if as_json:
         print_json(result.to_dict())
     else:

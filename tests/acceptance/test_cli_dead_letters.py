@@ -1,0 +1,80 @@
+"""``sessionstore append --enqueue`` refuses bad writes at the door; ``dead-letters`` lets an
+operator list (full ids), export (JSONL) and replay (overriding ``expected_seq``)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from core import SessionStore, Settings
+from core.errors import ConcurrencyConflict
+from tests.test_cli import assert_user_error, run
+
+
+def _letter(data_dir: Path) -> tuple[str, int]:
+    """A session with two events and a dead letter rejected on a conflict (head 5)."""
+    with SessionStore.from_settings(Settings(data_dir=data_dir)) as store:
+        sid = store.create_session(tenant_id="acme").id
+        store.append(sid, [{"type": "n", "i": 1}, {"type": "n", "i": 2}])
+        letter = store.dead_letters.record(
+            idempotency_key="conflicted-write-key-that-is-long-" + "x" * 40,
+            session_id=sid,
+            events=[{"type": "n", "i": 3}],
+            expected_seq=5,
+            error=ConcurrencyConflict(sid, 5, 2),
+        )
+        return sid, letter.id
+
+
+def test_enqueue_refuses_a_bad_write_before_publishing(tmp_path: Path) -> None:
+    data_dir = tmp_path / "data"
+    assert run(data_dir, "db", "upgrade").returncode == 0
+    with SessionStore.from_settings(Settings(data_dir=data_dir)) as store:
+        sid = store.create_session(tenant_id="acme").id
+    deep: object = 1
+    for _ in range(100):
+        deep = [deep]
+    bad = json.dumps({"type": "n", "v": deep}) + "\n"
+    result = run(data_dir, "append", sid, "-", "--enqueue", stdin=bad)
+    assert_user_error(result, "nested deeper", "stdin line 1")
+    queued = list((data_dir / "queue" / "in").glob("*"))
+    assert queued == []  # nothing was published
+
+
+def test_list_export_and_replay_with_expected_seq_override(tmp_path: Path) -> None:
+    data_dir = tmp_path / "data"
+    assert run(data_dir, "db", "upgrade").returncode == 0
+    sid, letter_id = _letter(data_dir)
+
+    listed = run(data_dir, "dead-letters", "list")
+    assert listed.returncode == 0
+    assert sid in listed.stdout  # whole ids, on one line
+    assert "conflicted-write-key-that-is-long-" + "x" * 40 in listed.stdout
+
+    out = tmp_path / "letters.jsonl"
+    exported = run(data_dir, "dead-letters", "export", str(out), "--json")
+    assert exported.returncode == 0 and json.loads(exported.stdout)["exported"] == 1
+    (line,) = out.read_text().splitlines()
+    record = json.loads(line)
+    assert (record["id"], record["session_id"], record["expected_seq"]) == (letter_id, sid, 5)
+    assert record["events"] == [{"type": "n", "i": 3}]
+
+    again = run(data_dir, "dead-letters", "replay", str(letter_id), "--json")
+    assert_user_error(again, "expected head 5")  # as recorded: still a conflict
+    replayed = run(
+        data_dir, "dead-letters", "replay", str(letter_id), "--no-expected-seq", "--json"
+    )
+    assert replayed.returncode == 0, replayed.stderr
+    assert json.loads(replayed.stdout)["first_seq"] == 3
+    assert json.loads(run(data_dir, "dead-letters", "list", "--json").stdout) == []
+
+
+def test_replay_at_an_explicit_head(tmp_path: Path) -> None:
+    data_dir = tmp_path / "data"
+    assert run(data_dir, "db", "upgrade").returncode == 0
+    _, letter_id = _letter(data_dir)
+    replayed = run(
+        data_dir, "dead-letters", "replay", str(letter_id), "--expected-seq", "2", "--json"
+    )
+    assert replayed.returncode == 0, replayed.stderr
+    assert json.loads(replayed.stdout)["last_seq"] == 3
