@@ -46,8 +46,7 @@ def keep_undeliverable(app: Celery, message: Any, reason: str, connection_errors
             content_type=message.content_type,
             content_encoding=message.content_encoding,
             reason=reason,
-            message_id=task_id,
-            session_id=_session_hint(body),
+            **_hints(body, task_id),
         )
     except Exception as exc:
         _failures["consecutive"] += 1
@@ -80,14 +79,18 @@ def keep_undeliverable(app: Celery, message: Any, reason: str, connection_errors
     message.ack_log_error(logger, connection_errors)
 
 
-def _session_hint(body: Any) -> str:
-    """The session id, when the body is a readable task message that names one."""
+def _hints(body: Any, task_id: str) -> dict[str, str]:
+    """The write's session and key when the body is readable enough to name them, so the
+    letter is found by (session, key) like any other; else the task id."""
+    hints = {"message_id": task_id, "session_id": ""}
     try:
-        decoded = json.loads(body)
-        session_id = decoded[1]["session_id"]
-    except Exception:
-        return ""
-    return session_id if isinstance(session_id, str) else ""
+        kwargs = json.loads(body)[1]
+    except Exception:  # undecodable, too deep, or not [args, kwargs, embed]
+        return hints
+    for field, name in (("message_id", "idempotency_key"), ("session_id", "session_id")):
+        if isinstance(kwargs, dict) and isinstance(kwargs.get(name), str):
+            hints[field] = kwargs[name]
+    return hints
 
 
 def undeliverable_reason(task: Task, message: Any, max_depth: int) -> str | None:

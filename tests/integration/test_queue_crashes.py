@@ -125,25 +125,31 @@ def test_crash_loop_every_write_exactly_once(
     log = tmp_path / "worker.log"
     worker = WorkerProcess(env, log)
     kills = 0
-    try:
+
+    def produce() -> None:  # a steady stream of ~50 writes/s, so kills land mid-stream
         for i, key in enumerate(keys):
             producer.append(sessions[i % 4], [note(key)], idempotency_key=key)
+            time.sleep(0.02)
+
+    thread = threading.Thread(target=produce)
+    thread.start()
+    try:
         deadline = time.monotonic() + 150
-        while producer.poll() and time.monotonic() < deadline:
+        while (thread.is_alive() or producer.poll()) and time.monotonic() < deadline:
             up = kills + 1  # workers started so far, each logs "ready" once
             wait_for(lambda n=up: _ready_count(log) >= n, 60, "the worker to be ready")
             time.sleep(2)
-            if producer.poll() == 0:
-                break
             worker.kill()
             kills += 1
             worker = WorkerProcess(env, log)
             producer.resend_unconfirmed()
+        thread.join(30)
         producer.drain(timeout=90, resend_every=12)
     finally:
+        thread.join(30)
         worker.stop()
     counts = markers(store)
-    assert kills >= 3, "the worker must have been killed mid-stream"
+    assert kills >= 5, "the worker must have been killed mid-stream"
     assert set(counts) == set(keys), f"lost: {len(set(keys) - set(counts))}"
     assert set(counts.values()) == {1}, "a write landed twice"
     for sid in sessions:
