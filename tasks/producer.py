@@ -21,6 +21,7 @@ from celery.result import AsyncResult
 from core.errors import WriteRejected
 from core.journal.validation import check_write
 from core.records import AppendResult
+from core.settings import Settings
 from tasks.app import QUEUE, get_app, settings_of
 from tasks.outcomes import APPEND_TASK, write_task_id
 
@@ -111,6 +112,21 @@ def to_result(outcome: dict[str, Any]) -> AppendResult:
     )
 
 
+def validate_write(
+    settings: Settings, session_id: Any, events: Any, expected_seq: Any, key: Any
+) -> None:
+    """The one check of a queued write, run by the producer and again by the worker."""
+    check_write(
+        session_id,
+        events,
+        expected_seq=expected_seq,
+        idempotency_key=key,
+        max_events=settings.max_batch_events,
+        max_depth=settings.max_event_depth,
+        max_bytes=settings.max_write_bytes,
+    )
+
+
 def enqueue_append(
     session_id: str,
     events: Sequence[Any],
@@ -127,17 +143,8 @@ def enqueue_append(
     once.
     """
     app = app or get_app()
-    settings = settings_of(app)
     key = str(uuid.uuid4()) if idempotency_key is None else idempotency_key
-    check_write(
-        session_id,
-        events,
-        expected_seq=expected_seq,
-        idempotency_key=key,
-        max_events=settings.max_batch_events,
-        max_depth=settings.max_event_depth,
-        max_bytes=settings.max_write_bytes,
-    )
+    validate_write(settings_of(app), session_id, events, expected_seq, key)
     kwargs = {
         "session_id": session_id,
         "events": list(events),

@@ -17,9 +17,9 @@ from typing import Any, NoReturn
 from celery import Task
 from celery.exceptions import Reject
 
-from core.journal.validation import check_write
 from tasks.app import sessionstore_task, settings_of
 from tasks.outcomes import APPEND_TASK, write_task_id
+from tasks.producer import validate_write
 from tasks.retry import backoff_seconds, is_transient
 from tasks.runtime import store_for
 
@@ -38,15 +38,7 @@ def append(
     key = str(self.request.id) if idempotency_key is None else idempotency_key
     try:
         # The producer ran this already; other clients may not have (send_task by name).
-        check_write(
-            session_id,
-            events,
-            expected_seq=expected_seq,
-            idempotency_key=key,
-            max_events=settings.max_batch_events,
-            max_depth=settings.max_event_depth,
-            max_bytes=settings.max_write_bytes,
-        )
+        validate_write(settings, session_id, events, expected_seq, key)
         result = store_for(self.app).append(
             session_id, events, expected_seq=expected_seq, idempotency_key=key
         )
