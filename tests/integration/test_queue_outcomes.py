@@ -22,7 +22,14 @@ from core.errors import InvalidEvent, WriteRejected
 from tasks import enqueue_append
 from tasks.app import QUEUE, create_app
 from tasks.outcomes import stored_outcome, write_task_id
-from tests.support import WorkerProcess, send_raw, settings_env, thread_worker, wait_for
+from tests.support import (
+    TcpProxy,
+    WorkerProcess,
+    send_raw,
+    settings_env,
+    thread_worker,
+    wait_for,
+)
 
 pytestmark = [pytest.mark.postgres, pytest.mark.redis]
 
@@ -257,3 +264,43 @@ def test_sqlite_disk_full_is_retried_not_acked_and_lands_once_space_is_back(
         events = store.read(sid)
     assert sorted(r.last_seq for r in results) == [1, 2, 3]
     assert sorted(e.payload["i"] for e in events) == [0, 1, 2]  # each once
+
+
+@pytest.mark.slow
+def test_dead_letter_that_cannot_be_written_is_requeued_not_acked(
+    queue_settings: Settings, store: SessionStore, pg_url: str, redis_url: str
+) -> None:
+    """The database is away when a bad write and an undecodable body arrive: neither can
+    be dead-lettered, so neither is acked; both are kept once the database is back."""
+    proxy = TcpProxy(("127.0.0.1", 5432))
+    proxied = pg_url.replace("127.0.0.1:5432", f"127.0.0.1:{proxy.port}")
+    app = create_app(
+        queue_settings.with_overrides(database_url=proxied, task_visibility_timeout=20)
+    )
+    sid = store.create_session(tenant_id="acme").id
+    try:
+        with thread_worker(app):
+            warm = enqueue_append(sid, [note("warm")], app=app)  # connections pooled
+            warm.get(timeout=30)
+            proxy.cut()
+            bad = send_raw(app, sid, [{"type": 1}], key="bad-while-down")
+            with app.connection_for_write() as conn:
+                conn.Producer().publish(
+                    b"\x00garbage",
+                    exchange="",
+                    routing_key=QUEUE,
+                    content_type="application/json",
+                    content_encoding="binary",
+                    headers={"task": "sessionstore.append", "id": "garbage-1"},
+                )
+            wait_for(lambda: bad.result.state == "RETRY", 30, "the bad write to be retried")
+            assert bad.outcome() is None and not queue_drained(redis_url)
+            proxy.restore()
+            with pytest.raises(WriteRejected):
+                bad.get(timeout=60)
+            wait_for(lambda: len(store.dead_letters.list()) == 2, 60, "both dead letters")
+            wait_for(lambda: queue_drained(redis_url), 30, "the queue to drain")
+    finally:
+        proxy.cut()
+    letters = store.dead_letters.list()
+    assert sorted(x.idempotency_key for x in letters) == ["bad-while-down", "garbage-1"]
