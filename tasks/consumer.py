@@ -116,9 +116,7 @@ def undeliverable_reason(task: Task, message: Any, max_depth: int) -> str | None
         task.__header__(*args, **kwargs)
     except TypeError as exc:
         return f"arguments do not fit {task.name}: {exc}"
-    raw = body.encode("utf-8", "surrogatepass") if isinstance(body, str) else bytes(body)
-    brackets = raw.count(b"[") + raw.count(b"{")  # a cheap bound before walking the value
-    if brackets > max_depth and _depth(decoded) > max_depth + ENVELOPE_DEPTH:
+    if _deeper_than(decoded, max_depth + ENVELOPE_DEPTH):
         return f"nested deeper than the limit of {max_depth} levels"
     return None
 
@@ -130,6 +128,16 @@ def _loads(body: Any) -> Any:
         # orjson is strict (no NaN, no lone surrogates); kombu's json is not. The task
         # reports those with a path: only a body neither can read stays here.
         return json.loads(body)
+
+
+def _deeper_than(value: Any, limit: int) -> bool:
+    """orjson refuses more than 255 levels in C; only then is the value walked in Python.
+    (Values between ``limit`` and 255 deep reach the task, which rejects them itself.)"""
+    try:
+        orjson.dumps(value)
+    except TypeError:
+        return _depth(value) > limit
+    return False
 
 
 def _depth(value: Any) -> int:
