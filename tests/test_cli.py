@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from core import SessionStore, Settings
+from core.errors import InvalidEvent
 from tasks.app import create_app
 from tasks.producer import enqueue_append
 from tests.support import wait_for
@@ -122,7 +123,16 @@ def test_enqueue_dead_letter_and_replay_through_the_cli(
         "--enqueue",
         stdin=_jsonl({"type": "message"}, {"type": ["not", "a", "string"]}),
     )
-    assert_user_error(poison, "dead letter")
+    assert_user_error(poison, "stdin line 2", "must be a string")  # refused at the door
+    assert list((data_dir / "queue" / "in").glob("*")) == []  # nothing published
+    with SessionStore.from_settings(Settings(data_dir=data_dir)) as store:  # as sent by name
+        store.dead_letters.record(
+            idempotency_key="poison",
+            session_id=session_id,
+            events=[{"type": "message"}, {"type": ["not", "a", "string"]}],
+            expected_seq=None,
+            error=InvalidEvent("/type", "must be a string, got list", index=1),
+        )
     letters = json.loads(run(data_dir, "dead-letters", "list", "--json").stdout)
     assert len(letters) == 1 and letters[0]["error_type"] == "InvalidEvent"
     letter_id = str(letters[0]["id"])
