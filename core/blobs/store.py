@@ -367,6 +367,10 @@ class BlobStore(ABC):
         check_hash(blob_hash)
         return self._find(blob_hash) is not None and self.index.registered(blob_hash)
 
+    def has_stored(self, blob_hash: str) -> bool:
+        """Whether the storage holds an object for the hash (registered or not, unverified)."""
+        return self._find(check_hash(blob_hash)) is not None
+
     def info(self, blob_hash: str) -> BlobInfo | None:
         return self.index.info(check_hash(blob_hash))
 
@@ -591,8 +595,14 @@ def parse_blob_name(name: str) -> tuple[str, Codec] | None:
 
 
 def open_blob_store(url: str, engine: Engine) -> BlobStore:
-    """The blob backend for a URL (only ``file://`` so far)."""
+    """The blob backend for a URL: ``file:///absolute/path`` or ``s3://bucket/prefix``."""
     parsed = urlparse(url)
+    if parsed.scheme == "s3":
+        from core.blobs.objects import ObjectBlobStore, open_s3_store  # obstore loads lazily
+
+        return ObjectBlobStore(open_s3_store(url), BlobIndex(engine))
     if parsed.scheme != "file" or parsed.netloc not in ("", "localhost"):
-        raise BlobError(f"unsupported blob URL {url!r}: expected file:///absolute/path")
+        raise BlobError(
+            f"unsupported blob URL {url!r}: expected file:///absolute/path or s3://bucket/prefix"
+        )
     return FileBlobStore(Path(url2pathname(parsed.path)), BlobIndex(engine))
