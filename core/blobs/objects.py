@@ -20,6 +20,7 @@ The guarantees of the file backend, by object-storage means:
 from __future__ import annotations
 
 import logging
+import uuid
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
@@ -191,6 +192,14 @@ class ObjectBlobStore(BlobStore):
                 continue
             modified = meta["last_modified"].timestamp()
             yield BlobFile(parsed[0], parsed[1], Path(key), int(meta["size"]), modified)
+
+    def probe(self) -> None:
+        """Write, read back and delete a small object outside the blob layout."""
+        key = f".health/{uuid.uuid4().hex}"
+        self._call(lambda: obstore.put(self.store, key, b"ok"))
+        if self._get(key) != b"ok":
+            raise StorageUnavailable("blobs", "the object store returned other bytes")
+        self._call(lambda: obstore.delete(self.store, key))
 
     def _list(self, prefix: str | None) -> Iterator[Any]:
         stream = self._call(lambda: obstore.list(self.store, prefix=prefix, chunk_size=1000))
