@@ -38,6 +38,7 @@ from sqlalchemy.exc import OperationalError
 from core.db import is_sqlite, read_connection, write_transaction
 from core.errors import BlobCorrupted, BlobError, BlobNotFound, InvalidBlobHash
 from core.fsio import fsync_dir, replace_atomically
+from core.metrics import metrics
 from core.models import BlobRefRow, BlobRow, table_of, utcnow
 from core.records import PlainRecord
 
@@ -342,10 +343,12 @@ class BlobStore(ABC):
                 if attempt == _DEADLOCK_RETRIES or not _is_deadlock(exc):
                     raise
                 log.warning("blob registration deadlocked; retrying", extra={"attempt": attempt})
-        return [
+        results = [
             PutResult(h, len(unique[h]), staged[h].stored_size, staged[h].codec, staged[h].written)
             for h in hashes
         ]
+        _count_puts(results)
+        return results
 
     def get(self, blob_hash: str) -> bytes:
         """The verified content; ``BlobCorrupted`` rather than wrong bytes."""
@@ -423,6 +426,21 @@ class BlobStore(ABC):
             codec, payload = encode_blob(data, level=self.gzip_level)
         self._write(blob_hash, codec, payload)
         return _Stored(codec, len(payload), payload, written=True)
+
+
+def _count_puts(results: Sequence[PutResult]) -> None:
+    """Bytes written anew, and bytes a put found already stored (dedup), for the metrics."""
+    written: set[str] = set()
+    new = dedup = 0
+    for r in results:
+        if r.written and r.hash not in written:
+            written.add(r.hash)
+            new += r.size
+        else:
+            dedup += r.size
+    observed = metrics()
+    observed.blob_bytes_put.inc(new)
+    observed.blob_bytes_deduplicated.inc(dedup)
 
 
 def _row(blob_hash: str, data: bytes, stored: _Stored, now: datetime) -> dict[str, Any]:
