@@ -23,6 +23,7 @@ from celery.worker.consumer import Consumer as CeleryConsumer
 from celery.worker.strategy import default as default_strategy
 
 from tasks.app import settings_of
+from tasks.outcomes import dead_lettered
 from tasks.retry import backoff_seconds
 from tasks.runtime import store_for
 
@@ -64,16 +65,8 @@ def keep_undeliverable(app: Celery, message: Any, reason: str, connection_errors
         extra={"task_id": task_id, "dead_letter_id": letter.id, "reason": reason},
     )
     if task_id:
-        outcome = {
-            "status": "dead_lettered",
-            "dead_letter_id": letter.id,
-            "session_id": letter.session_id,
-            "idempotency_key": letter.idempotency_key,
-            "error_type": letter.error_type,
-            "error": letter.error[:1000],
-        }
         try:
-            app.backend.store_result(task_id, outcome, "SUCCESS")
+            app.backend.store_result(task_id, dead_lettered(letter), "SUCCESS")
         except Exception as exc:  # the letter is kept; only the producer's wait is lost
             logger.warning("could not store an outcome", extra={"error": repr(exc)})
     message.ack_log_error(logger, connection_errors)

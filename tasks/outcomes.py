@@ -12,6 +12,8 @@ from typing import Any
 
 from celery import Celery, states
 
+from core.journal.dead_letters import DeadLetter
+
 APPEND_TASK = "sessionstore.append"
 _PREFIX = "ssw-"
 
@@ -31,3 +33,15 @@ def stored_outcome(app: Celery, session_id: str, idempotency_key: str) -> dict[s
     if meta["status"] == states.SUCCESS and isinstance(meta["result"], dict):
         return meta["result"]
     return None
+
+
+def dead_lettered(letter: DeadLetter) -> dict[str, Any]:
+    """The outcome document of a write kept as ``letter``: small, JSON-safe strings only."""
+    return {
+        "status": "dead_lettered",
+        "dead_letter_id": letter.id,
+        "session_id": letter.session_id,
+        "idempotency_key": letter.idempotency_key,
+        "error_type": letter.error_type,
+        "error": letter.error[:1000],
+    }

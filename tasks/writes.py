@@ -18,7 +18,7 @@ from celery import Task
 from celery.exceptions import Reject
 
 from tasks.app import sessionstore_task, settings_of
-from tasks.outcomes import APPEND_TASK, write_task_id
+from tasks.outcomes import APPEND_TASK, dead_lettered, write_task_id
 from tasks.producer import validate_write
 from tasks.retry import backoff_seconds, is_transient
 from tasks.runtime import store_for
@@ -93,14 +93,7 @@ def _dead_letter(
             "error": letter.error,
         },
     )
-    return {
-        "status": "dead_lettered",
-        "dead_letter_id": letter.id,
-        "session_id": letter.session_id,
-        "idempotency_key": letter.idempotency_key,
-        "error_type": letter.error_type,
-        "error": letter.error[:1000],
-    }
+    return dead_lettered(letter)
 
 
 def _store_under_write_id(task: Task, outcome: dict[str, Any]) -> None:
