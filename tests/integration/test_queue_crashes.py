@@ -7,6 +7,7 @@ is running again or has exited non-zero (a supervisor restarts it), never exit 0
 from __future__ import annotations
 
 import json
+import os
 import threading
 import time
 from collections import Counter
@@ -106,7 +107,12 @@ def _ready_count(log: Path) -> int:
     return log.read_text(errors="replace").count(" ready.") if log.exists() else 0
 
 
-@pytest.mark.parametrize("run", range(5))
+# Five runs in a row, as issue 15 asks; each takes ~70 s on 2 idle-ish cores (load 7) and
+# ~3 min at load 14. CI may lower the count with this variable.
+CRASH_LOOP_RUNS = int(os.environ.get("SESSIONSTORE_CRASH_LOOP_RUNS", "5"))
+
+
+@pytest.mark.parametrize("run", range(CRASH_LOOP_RUNS))
 def test_crash_loop_every_write_exactly_once(
     run: int, store: SessionStore, queue_settings: Settings, tmp_path: Path
 ) -> None:
