@@ -19,9 +19,7 @@ import logging
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Literal
 
-import orjson
-
-from core.blobs.externalize import parse_pointer, set_at_pointer
+from core.blobs.externalize import parse_pointer
 from core.blobs.store import BLOB_REF_PREFIX, BlobStore
 from core.errors import BlobCorrupted, BlobNotFound, InvalidBlobHash
 from core.journal import Journal
@@ -133,7 +131,7 @@ class Rehydrator:
         """``events`` with their externalized values restored from the journal's manifest."""
         if not events:
             return list(events)
-        return self.events(events, journal.manifest([e.position for e in events]), lazy=lazy)
+        return self.events(events, journal.manifest(events), lazy=lazy)
 
     def loader(
         self, journal: Journal, mode: RehydrateMode
@@ -173,8 +171,13 @@ class Rehydrator:
         lazy: bool = False,
         cache: dict[tuple[str, BlobEncoding], str] | None = None,
     ) -> dict[str, Any]:
-        """A rehydrated copy of ``event.payload`` (the stored one is never modified)."""
-        payload: dict[str, Any] = orjson.loads(orjson.dumps(event.payload))
+        """A rehydrated copy of ``event.payload`` (the stored one is never modified).
+
+        Only the objects and arrays on the way to a ref are copied (shallowly, once each);
+        everything else is shared with the stored payload, which is final as decoded.
+        """
+        payload = dict(event.payload)
+        copied = {id(payload)}
         cache = {} if cache is None else cache
         for entry in entries:
             where = _Where(event.session_id, event.seq, entry.pointer)
@@ -185,15 +188,37 @@ class Rehydrator:
                 )
                 continue
             if lazy:
-                set_at_pointer(payload, entry.pointer, LazyBlob(self.blobs, entry, where))
+                _set_copying(payload, entry.pointer, LazyBlob(self.blobs, entry, where), copied)
                 continue
             key = (entry.hash, entry.encoding)
             # Failures are not cached, so every pointer to a missing blob gets its warning.
             value = cache[key] if key in cache else _fetch(self.blobs, entry, where)
             if value is not None:
                 cache[key] = value
-                set_at_pointer(payload, entry.pointer, value)
+                _set_copying(payload, entry.pointer, value, copied)
         return payload
+
+
+def _set_copying(root: dict[str, Any], pointer: str, value: Any, copied: set[int]) -> None:
+    """Set the value at ``pointer``, first copying each container on the way not yet copied.
+
+    ``copied`` holds the ids of the containers that are already this payload's own (they
+    stay referenced from ``root``, so their ids are not reused meanwhile).
+    """
+    *parents, last = parse_pointer(pointer)
+    target: Any = root
+    for token in parents:
+        key: Any = int(token) if isinstance(target, list) else token
+        child = target[key]
+        if id(child) not in copied:
+            child = child.copy()
+            copied.add(id(child))
+            target[key] = child
+        target = child
+    if isinstance(target, list):
+        target[int(last)] = value
+    else:
+        target[last] = value
 
 
 def _holds_ref(payload: Any, entry: ManifestEntry) -> bool:

@@ -14,12 +14,12 @@ from contextlib import contextmanager
 from datetime import datetime
 from typing import Any
 
-import orjson
 from sqlalchemy import (
     Connection,
     Engine,
     String,
     and_,
+    bindparam,
     delete,
     func,
     insert,
@@ -30,6 +30,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.exc import IntegrityError
 
+from core import exact_json
 from core.db import is_sqlite, read_connection, write_transaction
 from core.errors import (
     BlobsMissing,
@@ -71,6 +72,15 @@ _PG_NEXT_POSITIONS = text(
     "SELECT nextval(pg_get_serial_sequence('events', 'position')) FROM generate_series(1, :n)"
 )
 _SQLITE_LAST_POSITION = text("SELECT seq FROM sqlite_sequence WHERE name = 'events'")
+_MANIFEST_OF_SESSION = (
+    select(_refs.c.position, _refs.c.pointer, _refs.c.hash, _refs.c.size, _refs.c.encoding)
+    .where(
+        _refs.c.session_id == bindparam("sid"),
+        _refs.c.position >= bindparam("low"),
+        _refs.c.position <= bindparam("high"),
+    )
+    .order_by(_refs.c.position, _refs.c.id)
+)
 
 # PostgreSQL append in one statement, so an append costs the same round trips as a raw
 # INSERT: take the writers' lock (the session-row claim depends on it, so positions are
@@ -92,7 +102,7 @@ WITH writer_lock AS MATERIALIZED (
     INSERT INTO events (session_id, seq, type, payload, recorded_at)
     SELECT :sid, claimed.head_seq - :n + e.ord, e.payload ->> 'type', e.payload, :now
     FROM claimed,
-         jsonb_array_elements(CAST(:payloads AS jsonb)) WITH ORDINALITY AS e(payload, ord)
+         json_array_elements(CAST(:payloads AS json)) WITH ORDINALITY AS e(payload, ord)
     ORDER BY e.ord
     RETURNING position, seq
 )"""
@@ -136,8 +146,14 @@ def _to_event(row: Any) -> StoredEvent:
 
 
 def _batch_json(events: Sequence[PreparedEvent]) -> str:
-    """The batch's payloads as one JSON array, reusing each event's JSON where it has one."""
-    parts = [ev.encoded if ev.encoded is not None else orjson.dumps(ev.payload) for ev in events]
+    """The batch's payloads as one JSON array, reusing each event's JSON where it has one.
+
+    ``json_array_elements`` hands each element's text on unchanged, so what is stored is
+    exactly these bytes (``core.exact_json``).
+    """
+    parts = [
+        ev.encoded if ev.encoded is not None else exact_json.dumps(ev.payload) for ev in events
+    ]
     return (b"[" + b",".join(parts) + b"]").decode()
 
 
@@ -609,29 +625,30 @@ class Journal:
             rows = conn.execute(query).all()
         return [_to_event(r) for r in rows]
 
-    def manifest(self, positions: Sequence[int]) -> dict[int, list[ManifestEntry]]:
-        """Manifest rows of these event positions, keyed by position."""
+    def manifest(self, events: Sequence[StoredEvent]) -> dict[int, list[ManifestEntry]]:
+        """Manifest rows of these events, keyed by position: one query per session.
+
+        Each session's rows come from the ``blob_refs.session_id`` index, bounded by the
+        positions read: no IN list of every position (a bind parameter each), and no
+        query per blob or per page. Rows of positions not asked for are dropped here.
+        """
+        bounds: dict[str, tuple[int, int]] = {}
+        for event in events:
+            low, high = bounds.get(event.session_id, (event.position, event.position))
+            bounds[event.session_id] = (min(low, event.position), max(high, event.position))
+        wanted = {event.position for event in events}
         found: dict[int, list[ManifestEntry]] = {}
-        if not positions:
+        if not bounds:
             return found
         with read_connection(self.engine) as conn:
-            for chunk_start in range(0, len(positions), 900):
-                chunk = list(positions[chunk_start : chunk_start + 900])
-                rows = conn.execute(
-                    select(
-                        _refs.c.position,
-                        _refs.c.pointer,
-                        _refs.c.hash,
-                        _refs.c.size,
-                        _refs.c.encoding,
-                    )
-                    .where(_refs.c.position.in_(chunk))
-                    .order_by(_refs.c.position, _refs.c.id)
-                )
-                for r in rows:
-                    found.setdefault(r.position, []).append(
-                        ManifestEntry(r.pointer, r.hash, r.size, r.encoding)
-                    )
+            for session_id, (low, high) in bounds.items():
+                for r in conn.execute(
+                    _MANIFEST_OF_SESSION, {"sid": session_id, "low": low, "high": high}
+                ):
+                    if r.position in wanted:
+                        found.setdefault(r.position, []).append(
+                            ManifestEntry(r.pointer, r.hash, r.size, r.encoding)
+                        )
         return found
 
     def head_position(self) -> int:
