@@ -39,6 +39,7 @@ from core.errors import (
     SessionNotFound,
     SessionStoreError,
 )
+from core.journal import postgres
 from core.models import (
     BlobRefRow,
     BlobRow,
@@ -559,6 +560,26 @@ class Journal:
         limit: int | None = None,
         tenant_id: str | None = None,
     ) -> list[StoredEvent]:
+        with read_connection(self.engine) as conn:
+            if tenant_id is not None:
+                self.session_in(conn, session_id, tenant_id=tenant_id)
+            events = self._session_events(conn, session_id, after_seq, upto_seq, limit)
+            if not events and tenant_id is None:
+                self.session_in(conn, session_id)
+        return events
+
+    def _session_events(
+        self,
+        conn: Connection,
+        session_id: str,
+        after_seq: int,
+        upto_seq: int | None,
+        limit: int | None,
+    ) -> list[StoredEvent]:
+        if not is_sqlite(self.engine):
+            return postgres.session_events(
+                conn, session_id, after_seq=after_seq, upto_seq=upto_seq, limit=limit
+            )
         query = (
             select(*_EVENT_COLUMNS)
             .where(_events.c.session_id == session_id, _events.c.seq > after_seq)
@@ -568,13 +589,7 @@ class Journal:
             query = query.where(_events.c.seq <= upto_seq)
         if limit is not None:
             query = query.limit(max(0, limit))
-        with read_connection(self.engine) as conn:
-            if tenant_id is not None:
-                self.session_in(conn, session_id, tenant_id=tenant_id)
-            rows = conn.execute(query).all()
-            if not rows and tenant_id is None:
-                self.session_in(conn, session_id)
-        return [_to_event(r) for r in rows]
+        return [_to_event(r) for r in conn.execute(query)]
 
     def iter_events(
         self,
