@@ -186,7 +186,7 @@ def bench_session(store: SessionStore, turns: int) -> dict[str, Any]:
     )
     stored = store.read(session.id)
     payload_bytes = sum(len(orjson.dumps(e.payload)) for e in stored)
-    manifest = store.journal.manifest(stored)
+    manifest = store.journal.manifest([e.position for e in stored])
     rows = [m for entries in manifest.values() for m in entries]
     # A manifest row: position, session id, pointer, hash, size, encoding (+ row id).
     manifest_bytes = sum(8 + 36 + len(m.pointer) + 64 + 8 + len(m.encoding) + 8 for m in rows)

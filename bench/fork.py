@@ -171,7 +171,7 @@ def scenario(dsn: str, blob_mb: int, events: int, artifacts: int, forks: int) ->
             fork_s, copy_s, state_s, made = measure(store, sid, forks)
             after = (journal_bytes(store), dir_bytes(blob_dir), dir_bytes(art_root))
             fork_events = store.read(made[0].id, limit=events + 1)
-            manifest = store.journal.manifest(fork_events)
+            manifest = store.journal.manifest([e.position for e in fork_events])
             return Result(
                 blob_mb=blob_mb,
                 blob_raw=stats.raw_bytes,

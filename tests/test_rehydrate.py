@@ -173,9 +173,9 @@ def test_metadata_only_reads_never_touch_the_blob_store(
     session_id, evs = filled
     gets = CountingGets(store, monkeypatch)
     manifests: list[int] = []
-    real_manifest = store.journal.manifest
+    real_manifest = store.journal.manifest_of
     monkeypatch.setattr(
-        store.journal, "manifest", lambda p: manifests.append(1) or real_manifest(p)
+        store.journal, "manifest_of", lambda p: manifests.append(1) or real_manifest(p)
     )
     plain = store.read(session_id)
     assert manifests == [] and gets.calls == []

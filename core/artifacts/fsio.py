@@ -6,7 +6,6 @@ rejection, failed commit) leaves the previous content in place.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import shutil
 import time
@@ -16,16 +15,13 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from core.artifacts.paths import STAGING_DIR
+from core.fsio import fsync_dir as sync_directory
+from core.fsio import write_durably
 
 
 def fsync_dir(directory: Path) -> None:
-    # Make the rename itself durable; some platforms cannot open a directory.
-    with contextlib.suppress(OSError):
-        fd = os.open(directory, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+    """Best effort: the change it makes durable was already made."""
+    sync_directory(directory, strict=False)
 
 
 def write_temp(session_root: Path, data: bytes) -> Path:
@@ -33,10 +29,7 @@ def write_temp(session_root: Path, data: bytes) -> Path:
     staging = session_root / STAGING_DIR
     staging.mkdir(parents=True, exist_ok=True)
     tmp = staging / f"{uuid.uuid4().hex}.tmp"
-    with open(tmp, "wb") as handle:
-        handle.write(data)
-        handle.flush()
-        os.fsync(handle.fileno())
+    write_durably(tmp, data)
     return tmp
 
 

@@ -191,7 +191,7 @@ class Rehydrator:
         """``events`` with their externalized values restored from the journal's manifest."""
         if not events:
             return list(events)
-        return self.events(events, journal.manifest(events), lazy=lazy)
+        return self.events(events, journal.manifest_of(events), lazy=lazy)
 
     def loader(
         self, journal: Journal, mode: RehydrateMode

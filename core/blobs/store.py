@@ -20,7 +20,6 @@ import hashlib
 import logging
 import os
 import re
-import tempfile
 import zlib
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Iterator, Sequence
@@ -38,7 +37,9 @@ from sqlalchemy.exc import OperationalError
 
 from core.db import is_sqlite, read_connection, write_transaction
 from core.errors import BlobCorrupted, BlobError, BlobNotFound, InvalidBlobHash
+from core.fsio import fsync_dir, replace_atomically
 from core.models import BlobRefRow, BlobRow, table_of, utcnow
+from core.records import PlainRecord
 
 log = logging.getLogger(__name__)
 
@@ -158,23 +159,13 @@ class BlobFile:
 
 
 @dataclass(frozen=True, slots=True)
-class BlobStats:
+class BlobStats(PlainRecord):
     blob_count: int
     raw_bytes: int  # sum of the blobs' uncompressed sizes, each blob once
     stored_bytes: int  # what the blobs occupy in the store
     referenced_bytes: int  # what the journal's refs stand for, counting every reference
     saved_by_dedup: int
     saved_by_compression: int
-
-    def to_dict(self) -> dict[str, int]:
-        return {
-            "blob_count": self.blob_count,
-            "raw_bytes": self.raw_bytes,
-            "stored_bytes": self.stored_bytes,
-            "referenced_bytes": self.referenced_bytes,
-            "saved_by_dedup": self.saved_by_dedup,
-            "saved_by_compression": self.saved_by_compression,
-        }
 
 
 @dataclass(frozen=True, slots=True)
@@ -501,7 +492,7 @@ class FileBlobStore(BlobStore):
         for path in moved:
             path.unlink(missing_ok=True)
         for directory in {path.parent for path in moved}:
-            _fsync_dir(directory)
+            fsync_dir(directory)
 
     def restore_quarantined(self, moved: Sequence[Path]) -> None:
         for path in moved:
@@ -528,19 +519,10 @@ class FileBlobStore(BlobStore):
     def _write(self, blob_hash: str, codec: Codec, payload: bytes) -> None:
         path = self.path_for(blob_hash, codec)
         created = _make_dirs(self.root, path.parent)
-        fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".part", dir=path.parent)
-        try:
-            with open(fd, "wb") as handle:
-                handle.write(payload)
-                handle.flush()
-                os.fsync(handle.fileno())
-            os.replace(tmp, path)  # atomic: readers see the old state or the whole file
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
-        # The rename (and any new directory) is durable only once its directory is synced.
-        for directory in [path.parent, *(d.parent for d in created)]:
-            _fsync_dir(directory)
+        replace_atomically(path, payload)
+        # A new fan-out directory is durable only once its own parent is synced.
+        for directory in [d.parent for d in created]:
+            fsync_dir(directory)
         log.debug(
             "blob written", extra={"blob_hash": blob_hash, "codec": codec, "bytes": len(payload)}
         )
@@ -554,7 +536,7 @@ class FileBlobStore(BlobStore):
             except FileNotFoundError:
                 continue
             removed = True
-            _fsync_dir(path.parent)
+            fsync_dir(path.parent)
         return removed
 
     def iter_files(self) -> Iterator[BlobFile]:
@@ -572,14 +554,6 @@ def _make_dirs(root: Path, directory: Path) -> list[Path]:
         except FileExistsError:
             pass
     return created
-
-
-def _fsync_dir(directory: Path) -> None:
-    fd = os.open(directory, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def fanout_dirs(root: Path | str) -> Iterator[str]:

@@ -1,10 +1,13 @@
-"""PostgreSQL-only reads of the journal that skip SQLAlchemy's row layer.
+"""The journal's PostgreSQL statements: the one-statement append, position allocation, and
+the session read.
 
-A session's events are the hot read of every rebuild: on the 200-turn session of issue 19,
-SQLAlchemy's result rows and type processing took about as long as the query and the JSON
-decoding together. Here the driver's cursor builds ``StoredEvent``s straight from its
-tuples; the payload is decoded once, by the JSON loader the engine installed on the
-connection (``core.exact_json.loads``), and psycopg prepares the statement on reuse.
+(SQLite runs the generic SQLAlchemy path in ``core.journal.journal``.)
+
+The session read skips SQLAlchemy's row layer: a session's events are the hot read of every
+rebuild, and on the 200-turn session of issue 19 SQLAlchemy's result rows and type
+processing took about as long as the query and the JSON decoding together. The driver's
+cursor builds ``StoredEvent``s straight from its tuples; the payload is decoded once, by the
+JSON loader the engine installed on the connection (``core.exact_json.loads``).
 """
 
 from __future__ import annotations
@@ -12,9 +15,50 @@ from __future__ import annotations
 from datetime import UTC
 from typing import Any
 
-from sqlalchemy import Connection
+from sqlalchemy import Connection, text
 
 from core.records import StoredEvent
+
+WRITER_LOCK_KEY = 0x5E5510_0001  # PostgreSQL advisory lock serializing event inserts
+PG_NEXT_POSITIONS = text(
+    "SELECT nextval(pg_get_serial_sequence('events', 'position')) FROM generate_series(1, :n)"
+)
+SQLITE_LAST_POSITION = text("SELECT seq FROM sqlite_sequence WHERE name = 'events'")
+
+# PostgreSQL append in one statement, so an append costs the same round trips as a raw
+# INSERT: take the writers' lock (the session-row claim depends on it, so positions are
+# allocated only while it is held, and it is held until commit), claim seqs on the session
+# row (only at the expected head, and only for a key not yet written), insert the batch in
+# seq order so positions follow seqs, and (keyed variant) record the write. No row back:
+# no session, the head moved, or the key was already written.
+PG_APPEND_CTES = """
+WITH writer_lock AS MATERIALIZED (
+    SELECT pg_advisory_xact_lock(:lock_key)
+), claimed AS (
+    UPDATE sessions SET head_seq = head_seq + :n, updated_at = :now
+    WHERE id = :sid AND (CAST(:expected AS BIGINT) IS NULL OR head_seq = :expected)
+      AND EXISTS (SELECT 1 FROM writer_lock)
+      AND (CAST(:key AS TEXT) IS NULL OR NOT EXISTS (
+          SELECT 1 FROM writes WHERE session_id = :sid AND idempotency_key = :key))
+    RETURNING head_seq
+), inserted AS (
+    INSERT INTO events (session_id, seq, type, payload, recorded_at)
+    SELECT :sid, claimed.head_seq - :n + e.ord, e.payload ->> 'type', e.payload, :now
+    FROM claimed,
+         json_array_elements(CAST(:payloads AS json)) WITH ORDINALITY AS e(payload, ord)
+    ORDER BY e.ord
+    RETURNING position, seq
+)"""
+PG_APPEND = text(PG_APPEND_CTES + "\nSELECT position, seq FROM inserted ORDER BY seq")
+PG_APPEND_KEYED = text(
+    PG_APPEND_CTES
+    + """, recorded AS (
+    INSERT INTO writes (session_id, idempotency_key, first_seq, last_seq, positions, created_at)
+    SELECT :sid, :key, min(seq), max(seq), to_json(array_agg(position ORDER BY seq)), :now
+    FROM inserted HAVING count(*) > 0
+)
+SELECT position, seq FROM inserted ORDER BY seq"""
+)
 
 _SESSION_EVENTS = (
     "SELECT session_id, seq, position, type, payload, recorded_at FROM events "

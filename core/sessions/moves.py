@@ -11,12 +11,11 @@ import logging
 import os
 from pathlib import Path
 
-from sqlalchemy import Connection, text, update
+from sqlalchemy import Connection, update
 
 from core.artifacts import rows
 from core.artifacts.fsio import fsync_dir
 from core.artifacts.paths import session_dir
-from core.artifacts.rows import _QUOTA_LOCK_PREFIX  # the one spelling of the quota lock key
 from core.db import write_transaction
 from core.errors import InvalidEvent, MoveFailed, QuotaExceeded
 from core.journal import Journal
@@ -115,7 +114,7 @@ class Moves:
         session = self.journal.session_in(conn, session_id)
         while True:
             for tenant in sorted({session.tenant_id, new_tenant or session.tenant_id}):
-                _lock_tenant_quota(conn, tenant)
+                rows.lock_tenant(conn, tenant)
             current = self.journal.session_in(conn, session_id)
             if current.tenant_id == session.tenant_id:
                 return current
@@ -172,12 +171,3 @@ class _DirectoryMove:
                 "could not move a session's artifact directory back after a failed move",
                 extra={"source": str(self.source), "target": str(self.target), "error": str(exc)},
             )
-
-
-def _lock_tenant_quota(conn: Connection, tenant_id: str) -> None:
-    # SQLite: the write transaction already holds the database write lock.
-    if conn.dialect.name == "postgresql":
-        conn.execute(
-            text("SELECT pg_advisory_xact_lock(hashtext(:key))"),
-            {"key": _QUOTA_LOCK_PREFIX + tenant_id},
-        )

@@ -163,7 +163,7 @@ def _entry_id_at(store: SessionStore, session_id: str, seq: int) -> str:
 
 
 def _manifest(store: SessionStore, session_id: str) -> dict[int, list[Any]]:
-    return dict(store.journal.manifest(store.read(session_id)))
+    return dict(store.journal.manifest([e.position for e in store.read(session_id)]))
 
 
 def _journal_bytes(store: SessionStore, session_id: str) -> int:
