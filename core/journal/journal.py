@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import base64
 import uuid
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from datetime import datetime
 from typing import Any
@@ -19,7 +19,6 @@ from sqlalchemy import (
     Engine,
     String,
     and_,
-    bindparam,
     delete,
     func,
     insert,
@@ -38,6 +37,7 @@ from core.errors import (
     SessionNotFound,
     SessionStoreError,
 )
+from core.journal import manifest
 from core.journal.postgres import (
     PG_APPEND,
     PG_APPEND_KEYED,
@@ -81,14 +81,6 @@ _EVENT_COLUMNS = (
     _events.c.recorded_at,
 )
 MAX_READ_PAGE = 10_000
-_MANIFEST = select(
-    _refs.c.position, _refs.c.pointer, _refs.c.hash, _refs.c.size, _refs.c.encoding
-).order_by(_refs.c.position, _refs.c.id)
-_MANIFEST_OF_SESSION = _MANIFEST.where(
-    _refs.c.session_id == bindparam("sid"),
-    _refs.c.position >= bindparam("low"),
-    _refs.c.position <= bindparam("high"),
-)
 
 
 def _to_session(row: Any) -> Session:
@@ -107,22 +99,12 @@ def _to_event(row: Any) -> StoredEvent:
 
 
 def _batch_json(events: Sequence[PreparedEvent]) -> str:
-    """The batch's payloads as one JSON array, reusing each event's JSON where it has one.
-
-    ``json_array_elements`` hands each element's text on unchanged, so what is stored is
-    exactly these bytes (``core.exact_json``).
-    """
+    """The batch's payloads as one JSON array, reusing each event's JSON where it has one
+    (``json_array_elements`` passes each element's text on unchanged: it is what is stored)."""
     parts = [
         ev.encoded if ev.encoded is not None else exact_json.dumps(ev.payload) for ev in events
     ]
     return (b"[" + b",".join(parts) + b"]").decode()
-
-
-def _collect_manifest(found: dict[int, list[ManifestEntry]], rows: Iterable[Any]) -> None:
-    for r in rows:
-        found.setdefault(r.position, []).append(
-            ManifestEntry(r.pointer, r.hash, r.size, r.encoding)
-        )
 
 
 def _encode_cursor(created_at: datetime, session_id: str) -> str:
@@ -602,36 +584,11 @@ class Journal:
 
     def manifest(self, positions: Sequence[int]) -> dict[int, list[ManifestEntry]]:
         """Manifest rows of these event positions, keyed by position."""
-        found: dict[int, list[ManifestEntry]] = {}
-        with read_connection(self.engine) as conn:
-            for chunk_start in range(0, len(positions), 900):
-                chunk = list(positions[chunk_start : chunk_start + 900])
-                rows = conn.execute(_MANIFEST.where(_refs.c.position.in_(chunk)))
-                _collect_manifest(found, rows)
-        return found
+        return manifest.of_positions(self.engine, positions)
 
     def manifest_of(self, events: Sequence[StoredEvent]) -> dict[int, list[ManifestEntry]]:
-        """Manifest rows of these events, keyed by position: one query per session.
-
-        Each session's rows come from the ``blob_refs.session_id`` index, bounded by the
-        positions read: no IN list of every position (a bind parameter each), and no
-        query per blob or per page. Rows of positions not asked for are dropped here.
-        """
-        bounds: dict[str, tuple[int, int]] = {}
-        for event in events:
-            low, high = bounds.get(event.session_id, (event.position, event.position))
-            bounds[event.session_id] = (min(low, event.position), max(high, event.position))
-        wanted = {event.position for event in events}
-        found: dict[int, list[ManifestEntry]] = {}
-        if not bounds:
-            return found
-        with read_connection(self.engine) as conn:
-            for session_id, (low, high) in bounds.items():
-                rows = conn.execute(
-                    _MANIFEST_OF_SESSION, {"sid": session_id, "low": low, "high": high}
-                )
-                _collect_manifest(found, (r for r in rows if r.position in wanted))
-        return found
+        """Manifest rows of these events, keyed by position: one query per session."""
+        return manifest.of_events(self.engine, events)
 
     def delete_events_of(self, conn: Connection, session_id: str) -> None:
         """Remove a whole session's events and manifest (only with the session itself)."""
