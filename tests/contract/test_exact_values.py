@@ -106,3 +106,27 @@ def test_the_stored_text_is_what_the_writer_encoded(store: SessionStore) -> None
         ).scalar_one()
     assert stored.encode() == exact_json.dumps(event)
     assert math.copysign(1, exact_json.loads(stored)["b"]) == -1
+
+
+def test_state_and_its_snapshots_keep_wide_integers(store: SessionStore) -> None:
+    """A folded number beyond 64 bits (a compaction's tokensBefore) survives a snapshot."""
+    settings = store.settings.model_copy(update={"snapshot_every": 2})
+    session = store.create_session(tenant_id="acme")
+    entries: list[dict[str, Any]] = [
+        {"type": "message", "id": "a", "parentId": None, "message": {"role": "user"}},
+        {
+            "type": "compaction",
+            "id": "b",
+            "parentId": "a",
+            "summary": "s",
+            "firstKeptEntryId": "a",
+            "tokensBefore": 2**70,
+        },
+        {"type": "message", "id": "c", "parentId": "b", "message": {"role": "user"}},
+    ]
+    store.append(session.id, entries)
+    with SessionStore.from_settings(settings) as snapshotting:
+        first = snapshotting.state(session.id)  # folds, stores the snapshot at seq 2
+        again = snapshotting.state(session.id)  # starts from that snapshot
+    assert first.compaction is not None and again.compaction is not None
+    assert first.compaction.tokens_before == again.compaction.tokens_before == 2**70
