@@ -1,7 +1,7 @@
 """events.payload: exact JSON text (PostgreSQL ``json`` instead of ``jsonb``)
 
 Revision ID: 0009
-Revises: 0004
+Revises: 0006
 Create Date: 2026-11-23 20:30:00
 
 What is read must be what was written (DESIGN invariant 11), and ``jsonb`` cannot promise
@@ -43,7 +43,7 @@ from types import ModuleType
 from alembic import op
 
 revision: str = "0009"
-down_revision: str | None = "0004"
+down_revision: str | None = "0006"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
