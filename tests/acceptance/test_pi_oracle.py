@@ -49,4 +49,4 @@ def test_compaction_keeps_the_model_and_v1_index(store: SessionStore) -> None:
     state = store.state(result.session_id)
     assert state.compaction is not None and state.compaction.first_kept_entry_id
     assert state.info.model is not None and state.info.model.model_id == "claude-3-7-sonnet"
-    assert [m.role for m in state.messages][0] == "compactionSummary"
+    assert state.messages[0].role == "compactionSummary"
