@@ -347,6 +347,7 @@ def test_export_of_a_session_made_here(store: SessionStore, tmp_path: Path) -> N
     with out.open("w", encoding="utf-8") as f:
         store.export_session(session.id, f)
     again = store.import_session(out, tenant_id="other")
+
     def messages(session_id: str) -> list[tuple[Any, ...]]:  # seqs differ: header at seq 1
         state = store.state(session_id, rehydrate=True)
         return [(m.entry_id, m.role, m.content, m.data) for m in state.messages]
