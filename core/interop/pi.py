@@ -64,12 +64,17 @@ def loads_exact(line: bytes | str) -> Any:
     return json.loads(line, parse_constant=_reject_constant)
 
 
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
 def dumps_exact(value: Any) -> str:
-    """Compact JSON as ``JSON.stringify`` writes it (same separators, no ASCII escaping)."""
+    """Compact JSON as ``JSON.stringify`` writes it: same separators, no ASCII escaping,
+    and a lone surrogate escaped as ``\\uXXXX`` (so the line is valid UTF-8)."""
     try:
         return orjson.dumps(value).decode()
-    except TypeError:  # integers beyond 64 bits
-        return json.dumps(value, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+    except TypeError:  # integers beyond 64 bits, lone surrogates
+        text = json.dumps(value, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+        return _SURROGATE.sub(lambda m: f"\\u{ord(m.group()):04x}", text)
 
 
 def split_lines(data: bytes) -> tuple[list[tuple[int, bytes]], int, bool]:
