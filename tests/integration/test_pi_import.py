@@ -246,26 +246,25 @@ def exact_reads(backend: str, request: pytest.FixtureRequest) -> None:
         request.applymarker(_PG_KEY_ORDER)
 
 
-def test_export_of_v3_has_the_input_values(store: SessionStore) -> None:
-    """Equal values line by line on both backends (exactness: the next test)."""
+def _export_v3_pairs(store: SessionStore) -> list[tuple[Any, Any]]:
+    """(exported line, input line) of the v3 fixture, imported then exported."""
     path = FIXTURES / "v3.jsonl"
     result = store.import_session(path, tenant_id=TENANT)
-    exported = _export(store, result.session_id)
-    source = _lines(path)
+    exported, source = _export(store, result.session_id), _lines(path)
     assert len(exported) == len(source)
-    for number, (ours, theirs) in enumerate(zip(exported, source, strict=True), start=1):
+    return list(zip(exported, source, strict=True))
+
+
+def test_export_of_v3_has_the_input_values(store: SessionStore) -> None:
+    """Equal values line by line on both backends (exactness: the next test)."""
+    for number, (ours, theirs) in enumerate(_export_v3_pairs(store), start=1):
         assert ours == theirs, f"line {number}"
 
 
 @pytest.mark.usefixtures("exact_reads")
 def test_export_of_v3_is_exact(store: SessionStore) -> None:
     """Same key order, number types and -0.0."""
-    path = FIXTURES / "v3.jsonl"
-    result = store.import_session(path, tenant_id=TENANT)
-    exported = _export(store, result.session_id)
-    source = _lines(path)
-    assert len(exported) == len(source)
-    for number, (ours, theirs) in enumerate(zip(exported, source, strict=True), start=1):
+    for number, (ours, theirs) in enumerate(_export_v3_pairs(store), start=1):
         assert _exact(ours, theirs), f"line {number}"
 
 
