@@ -352,3 +352,11 @@ def test_export_of_a_session_made_here(store: SessionStore, tmp_path: Path) -> N
         return [(m.entry_id, m.role, m.content, m.data) for m in state.messages]
 
     assert messages(again.session_id) == messages(session.id)
+
+
+def test_deleted_session_is_imported_again(store: SessionStore) -> None:
+    first = store.import_session(FIXTURES / "v2.jsonl", tenant_id=TENANT)
+    store.delete_session(first.session_id)
+    again = store.import_session(FIXTURES / "v2.jsonl", tenant_id=TENANT)
+    assert again.session_id != first.session_id and again.status == "created"
+    assert _offset(store, first.session_id) is None
