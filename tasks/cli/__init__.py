@@ -15,6 +15,7 @@ def _register() -> None:
         db,
         demo,
         health,
+        interop,
         maintenance,
         query,
         read,
