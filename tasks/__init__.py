@@ -3,5 +3,12 @@ locking and scheduling. Producers use ``enqueue_append``."""
 
 from core.errors import WriteRejected
 from tasks.producer import AppendHandle, enqueue_append
+from tasks.rehydrate import RehydrateHandle, enqueue_rehydrate
 
-__all__ = ["AppendHandle", "WriteRejected", "enqueue_append"]
+__all__ = [
+    "AppendHandle",
+    "RehydrateHandle",
+    "WriteRejected",
+    "enqueue_append",
+    "enqueue_rehydrate",
+]
