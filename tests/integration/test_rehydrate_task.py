@@ -240,3 +240,44 @@ def test_bad_requests_are_refused_at_the_door(tmp_path: Path) -> None:
         enqueue_rehydrate("s", tenant_id="t", format="zip", app=app)
     with pytest.raises(InvalidEvent, match="at_seq"):
         enqueue_rehydrate("s", tenant_id="t", at_seq=-1, app=app)
+
+
+@pytest.mark.postgres
+@pytest.mark.redis
+def test_cli_export_via_queue_equals_export(
+    store: SessionStore, queue_settings: Settings, redis_url: str, tmp_path: Path
+) -> None:
+    import subprocess
+    import sys
+
+    sid = _session(store, turns=3)
+    env = {
+        **os.environ,
+        **settings_env(
+            database_url=queue_settings.resolved_database_url,
+            broker_url=redis_url,
+            data_dir=queue_settings.data_dir,
+        ),
+    }
+    cli = str(Path(sys.executable).with_name("sessionstore"))
+    worker = WorkerProcess(env, tmp_path / "w.log", concurrency=1)
+    try:
+        via = subprocess.run(
+            [cli, "export", sid, "--via-queue", "-o", str(tmp_path / "q.jsonl")],
+            env=env,
+            capture_output=True,
+            timeout=120,
+            check=False,
+        )
+        assert via.returncode == 0, via.stderr
+    finally:
+        worker.stop()
+    direct = subprocess.run(
+        [cli, "export", sid, "-o", str(tmp_path / "d.jsonl")],
+        env=env,
+        capture_output=True,
+        timeout=120,
+        check=False,
+    )
+    assert direct.returncode == 0, direct.stderr
+    assert (tmp_path / "q.jsonl").read_bytes() == (tmp_path / "d.jsonl").read_bytes()
