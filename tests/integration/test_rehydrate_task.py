@@ -281,3 +281,57 @@ def test_cli_export_via_queue_equals_export(
     )
     assert direct.returncode == 0, direct.stderr
     assert (tmp_path / "q.jsonl").read_bytes() == (tmp_path / "d.jsonl").read_bytes()
+
+
+@pytest.mark.postgres
+@pytest.mark.redis
+@pytest.mark.slow
+def test_a_500_mb_session_builds_in_bounded_worker_memory(
+    store: SessionStore, queue_settings: Settings, redis_url: str, tmp_path: Path
+) -> None:
+    """Screenshots and tool outputs worth 500 MB once rehydrated; the pool process that
+    builds the export peaks under 250 MB (VmHWM from /proc)."""
+    image = PNG + os.urandom(4 * 1024 * 1024)  # one 4 MiB screenshot, shown again and again
+    data = base64.b64encode(image).decode()
+    log_text = "".join(f"line {i:07d} of a long tool output\n" for i in range(60_000))
+    sid = store.create_session(tenant_id="acme").id
+    total = 0
+    for i in range(120):
+        block: dict[str, Any] = (
+            {"type": "image", "data": data, "mimeType": "image/png"}
+            if i % 3
+            else {"type": "text", "text": log_text}
+        )
+        store.append(
+            sid,
+            [
+                {
+                    "type": "message",
+                    "id": f"m{i}",
+                    "parentId": None,
+                    "message": {"role": "user", "content": [block]},
+                }
+            ],
+        )
+        total += len(data) if i % 3 else len(log_text)
+    assert total > 500 * 10**6
+    env = settings_env(
+        database_url=queue_settings.resolved_database_url,
+        broker_url=redis_url,
+        data_dir=queue_settings.data_dir,
+    )
+    app = create_app(queue_settings)
+    worker = WorkerProcess(env, tmp_path / "w.log", concurrency=1)
+    try:
+        wait_for(lambda: len(_pool_children(worker.proc.pid)) == 1, 60, "the pool process")
+        [child] = _pool_children(worker.proc.pid)
+        result = enqueue_rehydrate(sid, tenant_id="acme", format="events", app=app).get(timeout=600)
+        status = Path(f"/proc/{child}/status").read_text()
+        peak_kb = int(
+            next(line for line in status.splitlines() if line.startswith("VmHWM")).split()[1]
+        )
+    finally:
+        worker.stop()
+    assert result["size"] > 500 * 10**6 and result["missing_blobs"] == []
+    print(f"\n500 MB build: {result['size'] / 1e6:.0f} MB, worker peak RSS {peak_kb / 1024:.0f} MB")
+    assert peak_kb < 250 * 1024
