@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import hashlib
 import io
-import json
 import logging
 import os
 import time
@@ -286,8 +285,6 @@ def _noting_missing(
 
 def _unresolved(store: SessionStore, full: StoredEvent) -> list[str]:
     """Blob hashes whose ref is still in place after rehydration (missing or corrupt)."""
-    if "blob:sha256:" not in json.dumps(full.payload, default=str):
-        return []
     manifest = store.journal.manifest([full.position]).get(full.position, [])
     left = []
     for entry in manifest:
