@@ -256,3 +256,7 @@ class WriteRejected(SessionStoreError):
             f"write rejected ({self.error_type}: {self.reason}); "
             f"kept as dead letter {self.dead_letter_id}"
         )
+
+
+class RehydrateInProgress(SessionStoreError):
+    """Another worker is building this rehydrated export; ask again shortly."""

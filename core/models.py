@@ -280,6 +280,26 @@ class MaintenanceRunRow(SQLModel, table=True):
     report: dict[str, Any] = Field(sa_column=Column(JsonPayload, nullable=False))
 
 
+class RehydrationRow(SQLModel, table=True):
+    """A rehydrated export of a session at one head, in one format: built once (``status``
+    building → done), then reused until its artifact expires."""
+
+    __tablename__ = "rehydrations"
+
+    session_id: str = Field(
+        sa_column=Column(String(SESSION_ID_LEN), primary_key=True, nullable=False)
+    )
+    format: str = Field(sa_column=Column(String(16), primary_key=True, nullable=False))
+    head_seq: int = Field(sa_column=Column(BigInteger, primary_key=True, nullable=False))
+    status: str = Field(sa_column=Column(String(16), nullable=False))  # building | done
+    # the builder's token; a build whose heartbeat stops is taken over
+    builder: str = Field(sa_column=Column(String(64), nullable=False))
+    heartbeat_at: datetime = Field(sa_column=Column(TZDateTime, nullable=False))
+    artifact_id: str | None = Field(default=None, sa_column=Column(String(64), nullable=True))
+    result: dict[str, Any] | None = Field(default=None, sa_column=Column(JSON, nullable=True))
+    builds: int = Field(default=0, sa_column=Column(Integer, nullable=False, default=0))
+
+
 metadata = SQLModel.metadata
 
 

@@ -78,6 +78,11 @@ class Settings(BaseSettings):
     oversized_ttl_seconds: int = Field(
         default=3600, ge=1, description="Default TTL of an oversized-output artifact."
     )
+    rehydrate_ttl_seconds: int = Field(
+        default=3600,
+        ge=1,
+        description="How long a rehydrated export (sessionstore.rehydrate) is kept.",
+    )
     staging_max_age_seconds: float = Field(
         default=6 * 3600.0,
         ge=3600,

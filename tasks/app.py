@@ -19,7 +19,7 @@ from celery.schedules import crontab, schedule
 from core.settings import Settings
 from tasks.results import polling_redis_url
 
-TASK_MODULES = ["tasks.writes", "tasks.maintenance", "tasks.forks"]
+TASK_MODULES = ["tasks.writes", "tasks.maintenance", "tasks.forks", "tasks.rehydrate"]
 QUEUE = "sessionstore"
 _REDIS = ("redis://", "rediss://")
 

@@ -37,3 +37,14 @@ def _hang_once_after_commit(dbapi_connection: Any, record: Any) -> None:
         return
     (folder / "committed").write_text(str(os.getpid()))
     time.sleep(60)
+
+
+SLOW_MANIFEST_S = float(os.environ.get("SS_SLOW_MANIFEST_S", "0"))
+
+
+@event.listens_for(Engine, "before_cursor_execute")
+def _slow_manifest_reads(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
+    """With ``SS_SLOW_MANIFEST_S``, every manifest read waits: a rehydrate build that takes
+    long enough to be killed in the middle."""
+    if SLOW_MANIFEST_S and "blob_refs" in statement and statement.lstrip().startswith("SELECT"):
+        time.sleep(SLOW_MANIFEST_S)

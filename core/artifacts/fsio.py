@@ -57,6 +57,17 @@ class StagedFile:
         self._target: Path | None = None
         self._backup: Path | None = None
 
+    @classmethod
+    def adopt(cls, session_root: Path, name: str, *, keep_new: bool = True) -> StagedFile:
+        """A file a caller already wrote and fsynced (streamed) into the staging directory."""
+        staged = cls.__new__(cls)
+        staged._name = name
+        staged._staged_in = session_root
+        staged._keep_new = keep_new
+        staged._target = None
+        staged._backup = None
+        return staged
+
     def publish(self, session_root: Path, target: Path) -> None:
         staged = session_root / STAGING_DIR / self._name
         if not staged.exists():  # staged under a path the session had just left

@@ -79,7 +79,12 @@ class OversizedOutputs:
             tenant_id = rows.session_info(conn, session_id).tenant_id
         with staged_file(session_dir(self.root, tenant_id, session_id), data) as staged:
             ref = self._insert(
-                session_id, sanitize_tool_type(tool_name), staged, content, ttl, len(data)
+                session_id,
+                sanitize_tool_type(tool_name),
+                staged,
+                summarize(content),
+                ttl,
+                len(data),
             )
         logger.info(
             "oversized output stored",
@@ -87,8 +92,38 @@ class OversizedOutputs:
         )
         return OversizedStored(ref, _hint(ref, len(content)))
 
+    def publish_staged(
+        self,
+        session_id: str,
+        staged: StagedFile,
+        *,
+        tool_name: str,
+        summary: str,
+        size: int,
+        ttl_s: int,
+        media_type: str = "text/plain",
+    ) -> ArtifactRef:
+        """A TTL artifact from a file already staged (streamed) in the session's directory;
+        expired and resolved like any oversized output."""
+        try:
+            ref = self._insert(
+                session_id, sanitize_tool_type(tool_name), staged, summary, ttl_s, size, media_type
+            )
+        except BaseException:
+            staged.discard()
+            raise
+        staged.commit()
+        return ref
+
     def _insert(
-        self, session_id: str, tool: str, staged: StagedFile, content: str, ttl: int, size: int
+        self,
+        session_id: str,
+        tool: str,
+        staged: StagedFile,
+        summary: str,
+        ttl: int,
+        size: int,
+        media_type: str = "text/plain",
     ) -> ArtifactRef:
         """The row, and the staged file published, under the session's tenant lock (which a
         move takes too: the file lands in the directory the session has at commit)."""
@@ -99,7 +134,7 @@ class OversizedOutputs:
                 session_id=session_id,
                 tool_name=tool,
                 size_bytes=size,
-                summary=summarize(content),
+                summary=summary,
                 created_at=now,
                 ttl_s=ttl,
                 expires_at=now + timedelta(seconds=ttl),
@@ -107,7 +142,7 @@ class OversizedOutputs:
             try:
                 with write_transaction(self.engine) as conn:
                     info = rows.lock_quota(conn, session_id)
-                    rows.insert_artifact(conn, self._values(ref, info.head_seq))
+                    rows.insert_artifact(conn, self._values(ref, info.head_seq, media_type))
                     directory = session_dir(self.root, info.tenant_id, session_id)
                     staged.publish(directory, directory / oversized_name(ref.artifact_id))
                 return ref
@@ -117,7 +152,7 @@ class OversizedOutputs:
         raise ArtifactError("could not allocate an oversized-output id")
 
     @staticmethod
-    def _values(ref: ArtifactRef, head_seq: int) -> dict[str, object]:
+    def _values(ref: ArtifactRef, head_seq: int, media_type: str) -> dict[str, object]:
         return {
             "session_id": ref.session_id,
             "kind": OVERSIZED,
@@ -125,7 +160,7 @@ class OversizedOutputs:
             "name": oversized_name(ref.artifact_id),
             "tool_type": ref.tool_name,
             "size_bytes": ref.size_bytes,
-            "media_type": "text/plain",
+            "media_type": media_type,
             "created_at": ref.created_at,
             "created_seq": head_seq,
             "expires_at": ref.expires_at,

@@ -17,7 +17,7 @@ from core.records import Session, StoredEvent
 if TYPE_CHECKING:
     from core.store import SessionStore
 
-_PAGE = 1000
+_PAGE = 200
 
 
 def export_pi(
@@ -30,7 +30,11 @@ def export_pi(
 ) -> int:
     """Write the session (up to ``at_seq``) to ``out``; returns the number of lines."""
     session = store.resolve_session(session_ref, tenant_id=tenant_id)
-    events = _events(store, session, at_seq)
+    return write_pi(session, rehydrated_events(store, session, at_seq), out)
+
+
+def write_pi(session: Session, events: Iterator[StoredEvent], out: IO[str]) -> int:
+    """The pi v3 file of ``events`` (the session's, in seq order, rehydrated)."""
     first = next(events, None)
     if first is not None and first.type == pi.HEADER_TYPE:
         header = first.payload
@@ -51,14 +55,13 @@ def _chain(first: dict[str, Any], rest: Iterator[dict[str, Any]]) -> Iterator[di
     yield from rest
 
 
-def _events(store: SessionStore, session: Session, at_seq: int | None) -> Iterator[StoredEvent]:
-    after = 0
-    while True:
-        page = store.read(session.id, after_seq=after, upto_seq=at_seq, limit=_PAGE, rehydrate=True)
-        if not page:
-            return
-        yield from page
-        after = page[-1].seq
+def rehydrated_events(
+    store: SessionStore, session: Session, upto_seq: int | None
+) -> Iterator[StoredEvent]:
+    """The session's events up to ``upto_seq``, each rehydrated on its own: memory holds
+    one event's blobs at a time, however large the session."""
+    for event in store.journal.iter_events(session.id, upto_seq=upto_seq, page_size=_PAGE):
+        yield from store.rehydrate([event])
 
 
 def js_iso(stamp: datetime) -> str:

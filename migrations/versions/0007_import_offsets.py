@@ -1,7 +1,7 @@
 """sessions.external_id and import_offsets: idempotent, resumable imports of agent files
 
 Revision ID: 0007
-Revises: 0004
+Revises: 0009
 Create Date: 2026-11-23 20:30:00
 
 An imported session keeps the id its agent gave it (the pi header's ``id``) as
@@ -15,7 +15,7 @@ import sqlalchemy as sa
 from alembic import op
 
 revision: str = "0007"
-down_revision: str | None = "0004"
+down_revision: str | None = "0009"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 

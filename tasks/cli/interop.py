@@ -171,9 +171,15 @@ def export(
     format: str = typer.Option("pi", "--format", help="pi (a version-3 pi session file)."),
     at_seq: int | None = typer.Option(None, "--at-seq", min=1, help="Only events up to this seq."),
     tenant: str | None = typer.Option(None, help="Fail unless the session is this tenant's."),
+    via_queue: bool = typer.Option(
+        False, "--via-queue", help="Have a worker build it (sessionstore.rehydrate) and wait."
+    ),
     as_json: bool = JsonOption,
 ) -> None:
     """Write a session as a pi session file: header, then every entry as it was."""
+    if via_queue:
+        _export_via_queue(session, output, format, at_seq, tenant, as_json)
+        return
     if format != "pi":
         raise typer.BadParameter(f"unknown export format {format!r} (known: pi)")
     with open_store() as store:
@@ -188,6 +194,47 @@ def export(
         print_json({"path": str(output), "lines": lines, "session": session})
     else:
         err_console.print(f"wrote {lines} lines to {output}", markup=False)
+
+
+def _export_via_queue(
+    session: str,
+    output: Path | None,
+    fmt: str,
+    at_seq: int | None,
+    tenant: str | None,
+    as_json: bool,
+) -> None:
+    """Ask the workers for the export, show their progress, then write what they built."""
+    import time
+
+    from celery.exceptions import TimeoutError as CeleryTimeoutError
+    from rich.progress import Progress
+
+    from tasks import enqueue_rehydrate
+
+    with open_store() as store:
+        found = store.resolve_session(session, tenant_id=tenant)
+        handle = enqueue_rehydrate(found.id, tenant_id=found.tenant_id, at_seq=at_seq, format=fmt)
+        with Progress(console=err_console, transient=True, disable=as_json) as bar:
+            task = bar.add_task("rehydrating", total=None)
+            while True:
+                try:
+                    result = handle.get(timeout=0.5)
+                    break
+                except CeleryTimeoutError:
+                    done = handle.progress()
+                    if done is not None:
+                        bar.update(task, completed=done[0], total=done[1])
+                    time.sleep(0.1)
+        text = store.retrieve(result["ref"], session_id=found.id) or ""
+    if output is None:
+        sys.stdout.write(text)
+    else:
+        partial = output.with_name(output.name + ".partial")
+        partial.write_text(text, encoding="utf-8", errors="surrogatepass")
+        partial.replace(output)
+    if as_json:
+        print_json({**result, "path": str(output) if output else None})
 
 
 @sessions_app.command("create")

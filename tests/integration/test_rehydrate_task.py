@@ -1,0 +1,337 @@
+"""``sessionstore.rehydrate`` through a real worker, Redis and PostgreSQL (and embedded).
+
+The task's output is byte for byte what ``export`` writes; identical requests build once;
+a killed build leaves nothing servable and its redelivery completes; expiry removes the
+output; another tenant is refused as not found.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import io
+import os
+import signal
+from collections.abc import Iterator
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+from celery import Celery
+from sqlalchemy import select, update
+
+from core import SessionStore, Settings
+from core.errors import ResolveNotFound, SessionNotFound
+from core.interop import exporter
+from core.interop.rehydrated import Request, rehydrate
+from core.migrate import upgrade
+from core.models import ArtifactRow, RehydrationRow, table_of, utcnow
+from tasks import enqueue_rehydrate
+from tasks.app import create_app
+from tasks.embedded import embedded_worker
+from tests.support import WorkerProcess, settings_env, thread_worker, wait_for
+
+PNG = b"\x89PNG\r\n\x1a\n"
+_rows = table_of(RehydrationRow)
+_artifacts = table_of(ArtifactRow)
+
+
+def _session(store: SessionStore, turns: int = 6, *, tenant: str = "acme") -> str:
+    sid = store.create_session(tenant_id=tenant, cwd="/work").id
+    parent = None
+    for i in range(turns):
+        image = base64.b64encode(PNG + hashlib.sha256(f"{i % 3}".encode()).digest() * 64).decode()
+        entries = [
+            {
+                "type": "message",
+                "id": f"u{i}",
+                "parentId": parent,
+                "timestamp": "2026-11-23T10:00:00.000Z",
+                "message": {
+                    "role": "user",
+                    "content": [
+                        {"type": "text", "text": f"turn {i}"},
+                        {"type": "image", "data": image, "mimeType": "image/png"},
+                    ],
+                },
+            },
+            {
+                "type": "message",
+                "id": f"a{i}",
+                "parentId": f"u{i}",
+                "timestamp": "2026-11-23T10:00:01.000Z",
+                "message": {
+                    "role": "assistant",
+                    "content": [{"type": "text", "text": "x" * 20_000}],
+                },
+            },
+        ]
+        store.append(sid, entries)
+        parent = f"a{i}"
+    return sid
+
+
+def _artifact_bytes(store: SessionStore, result: dict[str, Any], session_id: str) -> bytes:
+    text = store.retrieve(result["ref"], session_id=session_id)
+    assert text is not None
+    return text.encode("utf-8", "surrogatepass")
+
+
+def _exported(store: SessionStore, session_id: str, at_seq: int | None, fmt: str) -> bytes:
+    out = io.StringIO()
+    if fmt == "pi":
+        exporter.export_pi(store, session_id, out, at_seq=at_seq)
+        return out.getvalue().encode("utf-8", "surrogatepass")
+    result = rehydrate(store, Request(session_id, "acme", "events", at_seq))
+    return _artifact_bytes(store, result, session_id)
+
+
+@pytest.fixture
+def store(queue_settings: Settings) -> Iterator[SessionStore]:
+    with SessionStore.from_settings(queue_settings) as s:
+        yield s
+
+
+@pytest.fixture
+def app(queue_settings: Settings) -> Celery:
+    return create_app(queue_settings)
+
+
+@pytest.mark.postgres
+@pytest.mark.redis
+def test_output_equals_export_at_head_and_earlier_for_each_format(
+    store: SessionStore, app: Celery
+) -> None:
+    sid = _session(store)
+    with thread_worker(app, concurrency=2):
+        for fmt in ("pi", "events"):
+            for at_seq in (None, 5):
+                result = enqueue_rehydrate(
+                    sid, tenant_id="acme", at_seq=at_seq, format=fmt, app=app
+                )
+                got = result.get(timeout=60)
+                data = _artifact_bytes(store, got, sid)
+                assert (got["size"], got["sha256"]) == (len(data), hashlib.sha256(data).hexdigest())
+                assert got["head_seq"] == (12 if at_seq is None else at_seq)
+                assert got["missing_blobs"] == []
+                if fmt == "pi":
+                    assert data == _exported(store, sid, at_seq, "pi")
+                    assert got["entries"] == got["head_seq"] + 1  # the header line too
+                else:
+                    assert got["entries"] == got["head_seq"]
+                    assert data.count(b"\n") == got["head_seq"] and PNG not in data
+                    assert base64.b64encode(PNG).decode().encode()[:8] in data  # rehydrated
+                # resolve accepts the reference, and pages through it
+                page = store.resolve(got["ref"], session_id=sid, offset=1, limit=1)
+                assert page.content.encode().rstrip(b"\n") == data.split(b"\n", 1)[0]
+
+
+@pytest.mark.postgres
+@pytest.mark.redis
+def test_twenty_identical_requests_build_once(store: SessionStore, app: Celery) -> None:
+    sid = _session(store, turns=4)
+    with thread_worker(app, concurrency=4):
+        handles = [enqueue_rehydrate(sid, tenant_id="acme", app=app) for _ in range(20)]
+        results = [h.get(timeout=120) for h in handles]
+    assert len({r["ref"] for r in results}) == 1
+    assert sum(1 for r in results if not r["reused"]) == 1
+    with store.engine.connect() as conn:
+        builds = conn.execute(select(_rows.c.builds).where(_rows.c.session_id == sid)).all()
+    assert [b for (b,) in builds] == [1]
+
+
+@pytest.mark.postgres
+@pytest.mark.redis
+def test_another_tenant_is_refused_as_not_found(store: SessionStore, app: Celery) -> None:
+    sid = _session(store, turns=1)
+    with thread_worker(app, concurrency=1):
+        with pytest.raises(SessionNotFound):
+            enqueue_rehydrate(sid, tenant_id="other", app=app).get(timeout=30)
+    with store.engine.connect() as conn:
+        assert conn.execute(select(_rows)).all() == []
+
+
+@pytest.mark.postgres
+@pytest.mark.redis
+def test_expiry_removes_the_output_and_resolve_then_says_not_found(
+    store: SessionStore, app: Celery
+) -> None:
+    sid = _session(store, turns=1)
+    with thread_worker(app, concurrency=1):
+        first = enqueue_rehydrate(sid, tenant_id="acme", app=app).get(timeout=60)
+    with store.engine.begin() as conn:
+        conn.execute(
+            update(_artifacts)
+            .where(_artifacts.c.local_id == first["ref"])
+            .values(expires_at=utcnow() - timedelta(seconds=1))
+        )
+    report = store.expire_artifacts(apply=True)
+    assert report.deleted == 1
+    with pytest.raises(ResolveNotFound):
+        store.resolve(first["ref"], session_id=sid)
+    with thread_worker(app, concurrency=1):  # a new request builds anew
+        again = enqueue_rehydrate(sid, tenant_id="acme", app=app).get(timeout=60)
+    assert again["ref"] != first["ref"] and not again["reused"]
+
+
+@pytest.mark.postgres
+@pytest.mark.redis
+@pytest.mark.slow
+def test_a_worker_killed_mid_build_serves_nothing_partial_and_the_retry_completes(
+    store: SessionStore, queue_settings: Settings, redis_url: str, tmp_path: Path
+) -> None:
+    sid = _session(store, turns=60)
+    env = settings_env(
+        database_url=queue_settings.resolved_database_url,
+        broker_url=redis_url,
+        data_dir=queue_settings.data_dir,
+        visibility_timeout=10,
+    )
+    app = create_app(queue_settings.with_overrides(task_visibility_timeout=10))
+    slow = {**env, "SS_SLOW_MANIFEST_S": "0.02"}  # ~2.5 s of build: time to kill it
+    worker = WorkerProcess(slow, tmp_path / "w1.log", concurrency=1, include="tests.faults")
+    try:
+        handle = enqueue_rehydrate(sid, tenant_id="acme", app=app)
+        wait_for(lambda: handle.progress() is not None, 60, "the build to report progress")
+        [child] = _pool_children(worker.proc.pid)
+        os.kill(child, signal.SIGKILL)  # the pool process dies mid-build
+        with store.engine.connect() as conn:
+            assert conn.execute(select(_rows.c.status)).scalars().all() == ["building"]
+            published = select(_artifacts).where(_artifacts.c.session_id == sid)
+            assert conn.execute(published).all() == []  # nothing partial to serve
+        # Rejected on worker loss and redelivered; the new run waits out the dead build's
+        # heartbeat, takes the build over and completes it.
+        result = handle.get(timeout=120)
+    finally:
+        worker.stop()
+    data = _artifact_bytes(store, result, sid)
+    assert data == _exported(store, sid, None, "pi")
+
+
+def _pool_children(pid: int) -> list[int]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:
+                continue
+            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
+                found.append(int(entry.name))
+    return found
+
+
+def test_embedded_mode_builds_with_a_real_worker(tmp_path: Path) -> None:
+    settings = Settings(data_dir=tmp_path / "embedded")
+    upgrade(settings.resolved_database_url)
+    app = create_app(settings)
+    with SessionStore.from_settings(settings) as store, embedded_worker(app):
+        sid = _session(store, turns=2)
+        got = enqueue_rehydrate(sid, tenant_id="acme", app=app).get(timeout=60)
+        assert _artifact_bytes(store, got, sid) == _exported(store, sid, None, "pi")
+
+
+def test_bad_requests_are_refused_at_the_door(tmp_path: Path) -> None:
+    app = create_app(Settings(data_dir=tmp_path / "d"))
+    from core.errors import InvalidEvent
+
+    with pytest.raises(InvalidEvent, match="format"):
+        enqueue_rehydrate("s", tenant_id="t", format="zip", app=app)
+    with pytest.raises(InvalidEvent, match="at_seq"):
+        enqueue_rehydrate("s", tenant_id="t", at_seq=-1, app=app)
+
+
+@pytest.mark.postgres
+@pytest.mark.redis
+def test_cli_export_via_queue_equals_export(
+    store: SessionStore, queue_settings: Settings, redis_url: str, tmp_path: Path
+) -> None:
+    import subprocess
+    import sys
+
+    sid = _session(store, turns=3)
+    env = {
+        **os.environ,
+        **settings_env(
+            database_url=queue_settings.resolved_database_url,
+            broker_url=redis_url,
+            data_dir=queue_settings.data_dir,
+        ),
+    }
+    cli = str(Path(sys.executable).with_name("sessionstore"))
+    worker = WorkerProcess(env, tmp_path / "w.log", concurrency=1)
+    try:
+        via = subprocess.run(
+            [cli, "export", sid, "--via-queue", "-o", str(tmp_path / "q.jsonl")],
+            env=env,
+            capture_output=True,
+            timeout=120,
+            check=False,
+        )
+        assert via.returncode == 0, via.stderr
+    finally:
+        worker.stop()
+    direct = subprocess.run(
+        [cli, "export", sid, "-o", str(tmp_path / "d.jsonl")],
+        env=env,
+        capture_output=True,
+        timeout=120,
+        check=False,
+    )
+    assert direct.returncode == 0, direct.stderr
+    assert (tmp_path / "q.jsonl").read_bytes() == (tmp_path / "d.jsonl").read_bytes()
+
+
+@pytest.mark.postgres
+@pytest.mark.redis
+@pytest.mark.slow
+def test_a_500_mb_session_builds_in_bounded_worker_memory(
+    store: SessionStore, queue_settings: Settings, redis_url: str, tmp_path: Path
+) -> None:
+    """Screenshots and tool outputs worth 500 MB once rehydrated; the pool process that
+    builds the export peaks under 250 MB (VmHWM from /proc)."""
+    image = PNG + os.urandom(4 * 1024 * 1024)  # one 4 MiB screenshot, shown again and again
+    data = base64.b64encode(image).decode()
+    log_text = "".join(f"line {i:07d} of a long tool output\n" for i in range(60_000))
+    sid = store.create_session(tenant_id="acme").id
+    total = 0
+    for i in range(120):
+        block: dict[str, Any] = (
+            {"type": "image", "data": data, "mimeType": "image/png"}
+            if i % 3
+            else {"type": "text", "text": log_text}
+        )
+        store.append(
+            sid,
+            [
+                {
+                    "type": "message",
+                    "id": f"m{i}",
+                    "parentId": None,
+                    "message": {"role": "user", "content": [block]},
+                }
+            ],
+        )
+        total += len(data) if i % 3 else len(log_text)
+    assert total > 500 * 10**6
+    env = settings_env(
+        database_url=queue_settings.resolved_database_url,
+        broker_url=redis_url,
+        data_dir=queue_settings.data_dir,
+    )
+    app = create_app(queue_settings)
+    worker = WorkerProcess(env, tmp_path / "w.log", concurrency=1)
+    try:
+        wait_for(lambda: len(_pool_children(worker.proc.pid)) == 1, 60, "the pool process")
+        [child] = _pool_children(worker.proc.pid)
+        result = enqueue_rehydrate(sid, tenant_id="acme", format="events", app=app).get(timeout=600)
+        status = Path(f"/proc/{child}/status").read_text()
+        peak_kb = int(
+            next(line for line in status.splitlines() if line.startswith("VmHWM")).split()[1]
+        )
+    finally:
+        worker.stop()
+    assert result["size"] > 500 * 10**6 and result["missing_blobs"] == []
+    print(f"\n500 MB build: {result['size'] / 1e6:.0f} MB, worker peak RSS {peak_kb / 1024:.0f} MB")
+    assert peak_kb < 250 * 1024
