@@ -17,8 +17,8 @@ from celery.exceptions import TimeoutError as CeleryTimeoutError
 from core.errors import InvalidEvent, RehydrateInProgress, SessionNotFound, SessionStoreError
 from core.interop.rehydrated import FORMATS, Request, rehydrate
 from tasks.app import QUEUE, get_app, sessionstore_task, settings_of
-from tasks.runtime import store_for
 from tasks.retry import backoff_seconds, is_transient
+from tasks.runtime import store_for
 
 REHYDRATE_TASK = "sessionstore.rehydrate"
 
