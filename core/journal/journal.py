@@ -7,8 +7,6 @@ position safe to follow (DESIGN invariant 4).
 
 from __future__ import annotations
 
-import base64
-import uuid
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from datetime import datetime
@@ -16,9 +14,7 @@ from typing import Any
 
 from sqlalchemy import (
     Connection,
-    Engine,
     String,
-    and_,
     delete,
     func,
     insert,
@@ -33,9 +29,7 @@ from core.db import advisory_lock, is_sqlite, keyset_pages, read_connection, wri
 from core.errors import (
     BlobsMissing,
     ConcurrencyConflict,
-    ExternalIdTaken,
     InvalidEvent,
-    SessionNotFound,
     SessionStoreError,
 )
 from core.journal import manifest
@@ -47,8 +41,8 @@ from core.journal.postgres import (
     WRITER_LOCK_KEY,
     session_events,
 )
+from core.journal.sessions import SessionRows
 from core.models import (
-    EXTERNAL_ID_LEN,
     BlobRefRow,
     BlobRow,
     EventRow,
@@ -62,11 +56,8 @@ from core.models import (
 from core.records import (
     AppendResult,
     ManifestEntry,
-    Page,
     PreparedEvent,
-    Session,
     StoredEvent,
-    from_row,
 )
 from core.translate import translated
 
@@ -85,11 +76,6 @@ _EVENT_COLUMNS = (
     _events.c.payload,
     _events.c.recorded_at,
 )
-MAX_READ_PAGE = 10_000
-
-
-def _to_session(row: Any) -> Session:
-    return from_row(Session, row)
 
 
 def _to_event(row: Any) -> StoredEvent:
@@ -112,112 +98,8 @@ def _batch_json(events: Sequence[PreparedEvent]) -> str:
     return (b"[" + b",".join(parts) + b"]").decode()
 
 
-def _encode_cursor(created_at: datetime, session_id: str) -> str:
-    raw = f"{created_at.isoformat()}|{session_id}".encode()
-    return base64.urlsafe_b64encode(raw).decode()
-
-
-def _decode_cursor(cursor: str) -> tuple[datetime, str]:
-    try:
-        stamp, session_id = base64.urlsafe_b64decode(cursor.encode()).decode().split("|", 1)
-        return datetime.fromisoformat(stamp), session_id
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise InvalidEvent("cursor", f"not a cursor this store issued: {cursor!r}") from exc
-
-
-class Journal:
-    def __init__(self, engine: Engine) -> None:
-        self.engine = engine
-
-    # sessions ---------------------------------------------------------------------------
-
-    @translated
-    def create_session(
-        self,
-        *,
-        tenant_id: str,
-        title: str | None = None,
-        cwd: str | None = None,
-        session_id: str | None = None,
-        external_id: str | None = None,
-    ) -> Session:
-        if not tenant_id or len(tenant_id) > 128:
-            raise InvalidEvent("tenant_id", "must be 1..128 characters")
-        if external_id is not None and not 0 < len(external_id) <= EXTERNAL_ID_LEN:
-            raise InvalidEvent("external_id", f"must be 1..{EXTERNAL_ID_LEN} characters")
-        now = utcnow()
-        values = {
-            "id": session_id or str(uuid.uuid4()),
-            "tenant_id": tenant_id,
-            "title": title,
-            "cwd": cwd,
-            "head_seq": 0,
-            "created_at": now,
-            "updated_at": now,
-            "external_id": external_id,
-        }
-        try:
-            with write_transaction(self.engine) as conn:
-                conn.execute(insert(_sessions).values(values))
-        except IntegrityError as exc:
-            if external_id is not None and self.find_external(tenant_id, external_id):
-                raise ExternalIdTaken(tenant_id, external_id) from exc
-            raise
-        return self.get_session(str(values["id"]))
-
-    def find_external(self, tenant_id: str | None, external_id: str) -> Session | None:
-        """The session with this external id (in the tenant; or the only one, if None)."""
-        query = select(_sessions).where(_sessions.c.external_id == external_id)
-        if tenant_id is not None:
-            query = query.where(_sessions.c.tenant_id == tenant_id)
-        with read_connection(self.engine) as conn:
-            rows = conn.execute(query.limit(2)).all()
-        return _to_session(rows[0]) if len(rows) == 1 else None
-
-    def resolve_session(self, ref: str, *, tenant_id: str | None = None) -> Session:
-        """A session by its id or, failing that, by its external id within the tenant."""
-        try:
-            return self.get_session(ref, tenant_id=tenant_id)
-        except SessionNotFound:
-            found = self.find_external(tenant_id, ref)
-            if found is None:
-                raise
-            return found
-
-    @translated
-    def get_session(self, session_id: str, *, tenant_id: str | None = None) -> Session:
-        with read_connection(self.engine) as conn:
-            return self.session_in(conn, session_id, tenant_id=tenant_id)
-
-    def session_in(
-        self, conn: Connection, session_id: str, *, tenant_id: str | None = None
-    ) -> Session:
-        row = conn.execute(select(_sessions).where(_sessions.c.id == session_id)).first()
-        if row is None or (tenant_id is not None and row.tenant_id != tenant_id):
-            raise SessionNotFound(session_id)
-        return _to_session(row)
-
-    @translated
-    def list_sessions(
-        self, *, tenant_id: str | None = None, limit: int = 100, cursor: str | None = None
-    ) -> Page:
-        limit = max(1, min(limit, MAX_READ_PAGE))
-        query = select(_sessions).order_by(_sessions.c.created_at, _sessions.c.id).limit(limit + 1)
-        if tenant_id is not None:
-            query = query.where(_sessions.c.tenant_id == tenant_id)
-        if cursor:
-            stamp, last_id = _decode_cursor(cursor)
-            query = query.where(
-                (_sessions.c.created_at > stamp)
-                | and_(_sessions.c.created_at == stamp, _sessions.c.id > last_id)
-            )
-        with read_connection(self.engine) as conn:
-            rows = conn.execute(query).all()
-        items = [_to_session(r) for r in rows[:limit]]
-        next_cursor = (
-            _encode_cursor(items[-1].created_at, items[-1].id) if len(rows) > limit else None
-        )
-        return Page(items=items, next_cursor=next_cursor)
+class Journal(SessionRows):
+    """Sessions (``SessionRows``), append-only events, the manifest and idempotency."""
 
     # writes -----------------------------------------------------------------------------
 

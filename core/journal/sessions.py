@@ -1,0 +1,133 @@
+"""Session rows of the journal: create, look up (by id or external id), list with a cursor.
+
+``Journal`` inherits these; they are apart only to keep each module readable.
+"""
+
+from __future__ import annotations
+
+import base64
+import uuid
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import Connection, Engine, and_, insert, select
+from sqlalchemy.exc import IntegrityError
+
+from core.db import read_connection, write_transaction
+from core.errors import ExternalIdTaken, InvalidEvent, SessionNotFound
+from core.models import EXTERNAL_ID_LEN, SessionRow, table_of, utcnow
+from core.records import Page, Session, from_row
+from core.translate import translated
+
+_sessions = table_of(SessionRow)
+MAX_READ_PAGE = 10_000  # the most rows one read returns
+
+
+def _to_session(row: Any) -> Session:
+    return from_row(Session, row)
+
+
+def _encode_cursor(created_at: datetime, session_id: str) -> str:
+    raw = f"{created_at.isoformat()}|{session_id}".encode()
+    return base64.urlsafe_b64encode(raw).decode()
+
+
+def _decode_cursor(cursor: str) -> tuple[datetime, str]:
+    try:
+        stamp, session_id = base64.urlsafe_b64decode(cursor.encode()).decode().split("|", 1)
+        return datetime.fromisoformat(stamp), session_id
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise InvalidEvent("cursor", f"not a cursor this store issued: {cursor!r}") from exc
+
+
+class SessionRows:
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+
+    @translated
+    def create_session(
+        self,
+        *,
+        tenant_id: str,
+        title: str | None = None,
+        cwd: str | None = None,
+        session_id: str | None = None,
+        external_id: str | None = None,
+    ) -> Session:
+        if not tenant_id or len(tenant_id) > 128:
+            raise InvalidEvent("tenant_id", "must be 1..128 characters")
+        if external_id is not None and not 0 < len(external_id) <= EXTERNAL_ID_LEN:
+            raise InvalidEvent("external_id", f"must be 1..{EXTERNAL_ID_LEN} characters")
+        now = utcnow()
+        values = {
+            "id": session_id or str(uuid.uuid4()),
+            "tenant_id": tenant_id,
+            "title": title,
+            "cwd": cwd,
+            "head_seq": 0,
+            "created_at": now,
+            "updated_at": now,
+            "external_id": external_id,
+        }
+        try:
+            with write_transaction(self.engine) as conn:
+                conn.execute(insert(_sessions).values(values))
+        except IntegrityError as exc:
+            if external_id is not None and self.find_external(tenant_id, external_id):
+                raise ExternalIdTaken(tenant_id, external_id) from exc
+            raise
+        return self.get_session(str(values["id"]))
+
+    def find_external(self, tenant_id: str | None, external_id: str) -> Session | None:
+        """The session with this external id (in the tenant; or the only one, if None)."""
+        query = select(_sessions).where(_sessions.c.external_id == external_id)
+        if tenant_id is not None:
+            query = query.where(_sessions.c.tenant_id == tenant_id)
+        with read_connection(self.engine) as conn:
+            rows = conn.execute(query.limit(2)).all()
+        return _to_session(rows[0]) if len(rows) == 1 else None
+
+    def resolve_session(self, ref: str, *, tenant_id: str | None = None) -> Session:
+        """A session by its id or, failing that, by its external id within the tenant."""
+        try:
+            return self.get_session(ref, tenant_id=tenant_id)
+        except SessionNotFound:
+            found = self.find_external(tenant_id, ref)
+            if found is None:
+                raise
+            return found
+
+    @translated
+    def get_session(self, session_id: str, *, tenant_id: str | None = None) -> Session:
+        with read_connection(self.engine) as conn:
+            return self.session_in(conn, session_id, tenant_id=tenant_id)
+
+    def session_in(
+        self, conn: Connection, session_id: str, *, tenant_id: str | None = None
+    ) -> Session:
+        row = conn.execute(select(_sessions).where(_sessions.c.id == session_id)).first()
+        if row is None or (tenant_id is not None and row.tenant_id != tenant_id):
+            raise SessionNotFound(session_id)
+        return _to_session(row)
+
+    @translated
+    def list_sessions(
+        self, *, tenant_id: str | None = None, limit: int = 100, cursor: str | None = None
+    ) -> Page:
+        limit = max(1, min(limit, MAX_READ_PAGE))
+        query = select(_sessions).order_by(_sessions.c.created_at, _sessions.c.id).limit(limit + 1)
+        if tenant_id is not None:
+            query = query.where(_sessions.c.tenant_id == tenant_id)
+        if cursor:
+            stamp, last_id = _decode_cursor(cursor)
+            query = query.where(
+                (_sessions.c.created_at > stamp)
+                | and_(_sessions.c.created_at == stamp, _sessions.c.id > last_id)
+            )
+        with read_connection(self.engine) as conn:
+            rows = conn.execute(query).all()
+        items = [_to_session(r) for r in rows[:limit]]
+        next_cursor = (
+            _encode_cursor(items[-1].created_at, items[-1].id) if len(rows) > limit else None
+        )
+        return Page(items=items, next_cursor=next_cursor)
