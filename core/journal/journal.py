@@ -41,7 +41,7 @@ from core.journal.postgres import (
     WRITER_LOCK_KEY,
     session_events,
 )
-from core.journal.sessions import SessionRows
+from core.journal.sessions import MAX_READ_PAGE, SessionRows
 from core.models import (
     BlobRefRow,
     BlobRow,
