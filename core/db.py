@@ -137,3 +137,8 @@ def is_transient_db_error(exc: BaseException) -> bool:
             return "locked" in text_ or "busy" in text_
         return isinstance(exc, sa_exc.OperationalError)
     return isinstance(exc, (sa_exc.TimeoutError, psycopg.OperationalError))
+
+
+def display_url(url: str) -> str:
+    """A database URL fit to print: the password hidden."""
+    return make_url(url).render_as_string(hide_password=True)

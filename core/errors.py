@@ -246,3 +246,17 @@ class WriteRejected(SessionStoreError):
             f"write rejected ({self.error_type}: {self.reason}); "
             f"kept as dead letter {self.dead_letter_id}"
         )
+
+
+class BadConfig(SessionStoreError):
+    """The configuration (SESSIONSTORE_* variables) is invalid."""
+
+
+class AmbiguousId(SessionStoreError):
+    """An id prefix matches more than one session."""
+
+    def __init__(self, prefix: str, matches: list[str]) -> None:
+        self.prefix = prefix
+        self.matches = matches
+        shown = ", ".join(matches[:5]) + (", …" if len(matches) > 5 else "")
+        super().__init__(f"id prefix {prefix!r} matches {len(matches)} sessions: {shown}")

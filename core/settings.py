@@ -9,13 +9,23 @@ from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
+def default_data_dir() -> Path:
+    """The platform's user data directory, never the current directory."""
+    import platformdirs  # only when the default is needed
+
+    return Path(platformdirs.user_data_dir("sessionstore", appauthor=False))
+
+
 class Settings(BaseSettings):
     """sessionstore configuration, read from ``SESSIONSTORE_*`` environment variables."""
 
     model_config = SettingsConfigDict(env_prefix="SESSIONSTORE_", extra="ignore")
 
     data_dir: Path = Field(
-        default=Path(".sessionstore"), description="Where the embedded defaults live."
+        default_factory=lambda: default_data_dir(),
+        description="Where the embedded defaults live (journal, blobs, artifacts, the "
+        "filesystem broker's folders, the beat schedule). Default: the platform's user data "
+        "directory (`~/.local/share/sessionstore` on Linux).",
     )
     database_url: str | None = Field(
         default=None,
@@ -30,8 +40,8 @@ class Settings(BaseSettings):
     )
     broker_url: str | None = Field(
         default=None,
-        description="The Celery broker (redis://…). Unset: an embedded SQLite-backed broker "
-        "in the data dir.",
+        description="The Celery broker (redis://…). Unset: the embedded broker, kombu's "
+        "filesystem transport, in the data dir's `queue/` folder.",
     )
     result_backend: str | None = Field(
         default=None,
@@ -188,6 +198,9 @@ def settings_markdown() -> str:
     rows = ["| variable | default | what it sets |", "|---|---|---|"]
     for name, info in Settings.model_fields.items():
         default = info.default
-        shown = "—" if default is None else f"`{default}`"
+        if info.default_factory is not None:
+            shown = "(see text)"
+        else:
+            shown = "—" if default is None else f"`{default}`"
         rows.append(f"| `SESSIONSTORE_{name.upper()}` | {shown} | {info.description or ''} |")
     return "\n".join(rows)

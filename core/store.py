@@ -13,6 +13,7 @@ from typing import Any
 
 from sqlalchemy import Engine
 
+from core import migrate
 from core.artifacts import (
     ArtifactManager,
     ArtifactStats,
@@ -62,9 +63,23 @@ class SessionStore:
         self.dead_letters = DeadLetters(engine)
 
     @classmethod
-    def from_settings(cls, settings: Settings | None = None) -> SessionStore:
+    def from_settings(
+        cls, settings: Settings | None = None, *, create: bool = True
+    ) -> SessionStore:
+        """Open the configured journal. Embedded SQLite: the schema is created or upgraded
+        here (``create=False``: a missing database file is DatabaseMissing, never a new
+        empty one). PostgreSQL: SchemaNotCurrent unless ``db upgrade`` brought it to head."""
         settings = settings or Settings()
-        return cls(settings, make_engine(settings.resolved_database_url))
+        url = settings.resolved_database_url
+        if not create:
+            migrate.require_database(url)
+        engine = make_engine(url)
+        try:
+            migrate.ensure_schema(engine, url)
+        except BaseException:
+            engine.dispose()
+            raise
+        return cls(settings, engine)
 
     def close(self) -> None:
         self.engine.dispose()

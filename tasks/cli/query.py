@@ -8,16 +8,19 @@ import time
 from collections.abc import Iterable, Iterator
 from datetime import UTC, datetime
 from enum import StrEnum
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
-import orjson
 import typer
-from rich.table import Table
 
-from core.query import analytics
-from core.query.analytics import EventFilter, ListedEvent
-from core.store import SessionStore
-from tasks.cli.common import JsonOption, app, console, open_store, print_json
+from tasks.cli.common import JsonOption, console, new_app, new_table, open_store, print_json
+
+if TYPE_CHECKING:
+    from rich.table import Table
+
+    from core.query.analytics import EventFilter, ListedEvent
+    from core.store import SessionStore
+
+cli = new_app()
 
 PAGE = 1000
 DEFAULT_LIMIT = 100
@@ -32,6 +35,12 @@ _COLUMNS = (
     ("recorded", 14),
 )
 CSV_COLUMNS = ("position", "session_id", "tenant_id", "seq", "type", "role", "recorded_at")
+
+
+def _analytics() -> Any:
+    from core.query import analytics
+
+    return analytics
 
 
 class Output(StrEnum):
@@ -84,12 +93,14 @@ class _Printer:
             self.csv = csv.writer(sys.stdout, lineterminator="\n")
             self.csv.writerow((*CSV_COLUMNS, "payload"))
         elif output is Output.table and not streaming:
-            self.table = Table()
+            self.table = new_table()
             for name, width in _COLUMNS:
                 self.table.add_column(name, width=width, no_wrap=True, overflow="ellipsis")
             self.table.add_column("summary", ratio=1, min_width=20, overflow="fold")
 
     def write(self, event: ListedEvent) -> None:
+        import orjson
+
         if self.output is Output.jsonl:
             sys.stdout.write(orjson.dumps(event.to_dict(), default=str).decode() + "\n")
         elif self.csv is not None:
@@ -122,7 +133,7 @@ class _Printer:
         sys.stdout.flush()
 
 
-@app.command("events")
+@cli.command("events")
 def events(
     tenant: str | None = typer.Option(None, help="Only this tenant's events."),
     session: str | None = typer.Option(None, help="Only this session's events."),
@@ -159,6 +170,8 @@ def events(
     (pass it to --after-position). --follow starts at the current head unless
     --after-position is given, and runs until --limit events, --timeout or Ctrl-C.
     """
+    from core.query.analytics import EventFilter
+
     flt = EventFilter(
         tenant_id=tenant,
         session_id=session,
@@ -188,7 +201,7 @@ def _list(
     cursor: str | None = str(after_position)
     remaining = limit
     while cursor is not None and remaining > 0:
-        page = analytics.list_events(
+        page = _analytics().list_events(
             store.engine, flt, after_position=int(cursor), limit=min(remaining, PAGE)
         )
         for event in page.items:
@@ -215,7 +228,7 @@ def _follow(
     poll_interval: float,
     timeout: float | None,
 ) -> None:
-    start = analytics.head_position(store.engine) if after_position is None else after_position
+    start = _analytics().head_position(store.engine) if after_position is None else after_position
     deadline = None if timeout is None else time.monotonic() + timeout
 
     def expired() -> bool:
@@ -229,7 +242,7 @@ def _follow(
     # The readiness line: every event committed after it is printed (scripts wait for it).
     typer.echo(f"following from position {start}", err=True)
     printed = 0
-    stream = analytics.follow_events(
+    stream = _analytics().follow_events(
         store.engine,
         flt,
         after_position=start,
@@ -261,13 +274,13 @@ def _bytes(n: float) -> str:
 
 
 def _pairs_table(title: str, rows: Iterable[tuple[str, str]], *headers: str) -> Table:
-    table = Table(*headers, title=title, title_justify="left")
+    table = new_table(*headers, title=title, title_justify="left")
     for row in rows:
         table.add_row(*row)
     return table
 
 
-@app.command("stats")
+@cli.command("stats")
 def stats(
     tenant: str | None = typer.Option(None, help="Only this tenant."),
     since: str | None = typer.Option(None, help="Events recorded at or after (ISO 8601)."),
@@ -327,7 +340,7 @@ def stats(
         ("top_sessions_by_events", "Top sessions by events"),
         ("top_sessions_by_bytes", "Top sessions by bytes"),
     ):
-        table = Table("session", "tenant", "events", "payload", "blobs", title=title)
+        table = new_table("session", "tenant", "events", "payload", "blobs", title=title)
         table.title_justify = "left"
         for s in data[key]:
             table.add_row(
@@ -343,7 +356,7 @@ def stats(
 # state ----------------------------------------------------------------------------------
 
 
-@app.command("state")
+@cli.command("state")
 def state(
     session_id: str,
     at_seq: int | None = typer.Option(None, "--at-seq", min=0, help="State after this seq."),
@@ -381,7 +394,7 @@ def state(
             "",
         )
     )
-    table = Table("seq", "role", "text", title="Last messages", title_justify="left")
+    table = new_table("seq", "role", "text", title="Last messages", title_justify="left")
     for message in _tail(result.messages, messages):
         text = " ".join(message.text.split()) or str(message.content)[:200]
         table.add_row(str(message.seq), message.role, text[:200])

@@ -7,22 +7,27 @@ from __future__ import annotations
 
 import typer
 
-from tasks.app import get_app
-from tasks.cli.common import app, load_settings
+from tasks.cli.common import load_settings, new_app
+
+cli = new_app()
 
 _PASS_THROUGH = {"allow_extra_args": True, "ignore_unknown_options": True}
 
 
-@app.command("worker", context_settings=_PASS_THROUGH)
+@cli.command("worker", context_settings=_PASS_THROUGH)
 def worker(ctx: typer.Context) -> None:
     """Run a Celery worker for the sessionstore queue."""
+    from tasks.app import get_app
+
     load_settings()  # fail early, in one line, on bad configuration
     get_app().worker_main(["worker", "--loglevel=INFO", *ctx.args])
 
 
-@app.command("beat", context_settings=_PASS_THROUGH)
+@cli.command("beat", context_settings=_PASS_THROUGH)
 def beat(ctx: typer.Context) -> None:
     """Run Celery beat: blob GC, artifact expiry and the fork-copy reconciler."""
+    from tasks.app import get_app
+
     settings = load_settings()
     schedule = settings.data_dir.resolve() / "celerybeat-schedule"
     schedule.parent.mkdir(parents=True, exist_ok=True)

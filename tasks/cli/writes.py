@@ -7,22 +7,20 @@ import sys
 from collections.abc import Iterable, Iterator
 from contextlib import ExitStack
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import typer
-from rich.table import Table
 
 from core.errors import InvalidEvent
-from core.records import AppendResult
-from tasks.app import get_app, settings_of
-from tasks.cli.common import JsonOption, app, console, open_store, print_json
-from tasks.embedded import embedded_worker
-from tasks.producer import enqueue_append
+from tasks.cli.common import JsonOption, console, new_app, new_table, open_store, print_json
 
-dead_app = typer.Typer(
-    no_args_is_help=True, help="Rejected queued writes: list, show, replay, discard."
-)
-app.add_typer(dead_app, name="dead-letters")
+if TYPE_CHECKING:
+    from core.records import AppendResult
+
+cli = new_app()
+
+dead_app = new_app(help="Rejected queued writes: list, show, replay, discard.")
+cli.add_typer(dead_app, name="dead-letters")
 
 
 def _read_jsonl(stream: Iterable[str], source: str) -> Iterator[tuple[int, Any]]:
@@ -55,7 +53,7 @@ def _with_line(exc: InvalidEvent, numbers: list[int], source: str) -> InvalidEve
     return InvalidEvent(exc.field, f"{source} line {numbers[exc.index]}: {exc.reason}")
 
 
-@app.command("append")
+@cli.command("append")
 def append(
     session_id: str = typer.Argument(..., help="The session to append to."),
     source: str = typer.Argument("-", help="A JSONL file of events, or - for stdin."),
@@ -89,6 +87,10 @@ def append(
 
 
 def _queue_writer(stack: ExitStack) -> Any:
+    from tasks.app import get_app, settings_of
+    from tasks.embedded import embedded_worker
+    from tasks.producer import enqueue_append
+
     celery_app = get_app()
     if settings_of(celery_app).is_embedded_broker:
         stack.enter_context(embedded_worker(celery_app))
@@ -126,7 +128,7 @@ def dead_list(
     if as_json:
         print_json([letter.to_dict() for letter in letters])
         return
-    table = Table("id", "session", "key", "error", "when")
+    table = new_table("id", "session", "key", "error", "when")
     for letter in letters:
         table.add_row(
             str(letter.id),
