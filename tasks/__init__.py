@@ -1,7 +1,29 @@
 """The Celery layer: tasks take ids and plain data, call into ``core``, and own retries,
-locking and scheduling. Producers use ``enqueue_append``."""
+locking and scheduling. Producers use ``enqueue_append``.
 
-from core.errors import WriteRejected
-from tasks.producer import AppendHandle, enqueue_append
+The names below load on first access (PEP 562): the ``sessionstore`` CLI lives in
+``tasks.cli`` and must not pay for Celery and the whole core just to print ``--help``.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from core.errors import WriteRejected
+    from tasks.producer import AppendHandle, enqueue_append
+
+_WHERE = {
+    "AppendHandle": "tasks.producer",
+    "WriteRejected": "core.errors",
+    "enqueue_append": "tasks.producer",
+}
 
 __all__ = ["AppendHandle", "WriteRejected", "enqueue_append"]
+
+
+def __getattr__(name: str) -> Any:
+    if name in _WHERE:
+        return getattr(importlib.import_module(_WHERE[name]), name)
+    raise AttributeError(f"module 'tasks' has no attribute {name!r}")

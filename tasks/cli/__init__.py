@@ -50,10 +50,24 @@ class LazyGroup(TyperGroup):
         if cmd_name not in COMMANDS:
             return None
         module = importlib.import_module(COMMANDS[cmd_name][0])
-        command = typer.main.get_command(module.cli)
-        if isinstance(command, TyperGroup):  # a module with several top-level names
-            return command.get_command(ctx, cmd_name)
-        return command
+        cli: typer.Typer = module.cli
+        # Convert only the command asked for: typer builds a pydantic adapter per parameter,
+        # so converting a module's every command would cost start-up time for nothing.
+        for info in cli.registered_commands:
+            assert info.callback is not None
+            if (info.name or typer.main.get_command_name(info.callback.__name__)) == cmd_name:
+                return typer.main.get_command_from_info(
+                    info, pretty_exceptions_short=False, rich_markup_mode=None
+                )
+        for group in cli.registered_groups:
+            if group.name == cmd_name:
+                return typer.main.get_group_from_info(
+                    group,
+                    pretty_exceptions_short=False,
+                    suggest_commands=True,
+                    rich_markup_mode=None,
+                )
+        raise LookupError(f"{COMMANDS[cmd_name][0]} defines no command {cmd_name!r}")
 
     def format_commands(self, ctx: _click.Context, formatter: _click.HelpFormatter) -> None:
         # The short help comes from COMMANDS: listing commands imports none of them.
