@@ -34,7 +34,18 @@ _WHERE = {
     "StoredEvent": "core.records",
 }
 
-__all__ = sorted(_WHERE)
+__all__ = [
+    "AppendResult",
+    "ConcurrencyConflict",
+    "InvalidEvent",
+    "Page",
+    "Session",
+    "SessionNotFound",
+    "SessionStore",
+    "SessionStoreError",
+    "Settings",
+    "StoredEvent",
+]
 
 
 def __getattr__(name: str) -> Any:
