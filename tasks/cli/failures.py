@@ -32,8 +32,8 @@ _HINTS = {
     ExitCode.DATABASE_UNAVAILABLE: "check SESSIONSTORE_DATABASE_URL and that the database runs",
     ExitCode.BROKER_UNAVAILABLE: "check SESSIONSTORE_BROKER_URL and that the broker runs",
     ExitCode.SCHEMA_NOT_CURRENT: "run `sessionstore db upgrade`",
-    ExitCode.DATABASE_MISSING: "check SESSIONSTORE_DATA_DIR / SESSIONSTORE_DATABASE_URL, "
-    "or write something first",
+    ExitCode.DATABASE_MISSING: "check SESSIONSTORE_DATA_DIR and SESSIONSTORE_DATABASE_URL, "
+    "or create it with `sessionstore db upgrade`",
 }
 
 # Driver errors that mean "a backend cannot be reached", by class name so the CLI imports

@@ -66,7 +66,7 @@ def append(
     """Append events from a JSONL file or stdin, one write per batch."""
     with ExitStack() as stack:
         stream = sys.stdin if source == "-" else stack.enter_context(Path(source).open())
-        store = stack.enter_context(open_store())
+        store = stack.enter_context(open_store(create=True))
         name = "stdin" if source == "-" else source
         writer = _queue_writer(stack) if enqueue else store.append
         results: list[AppendResult] = []
