@@ -29,6 +29,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "events": ("tasks.cli.query", "List events by global position, or follow new ones."),
     "expire": ("tasks.cli.maintenance", "Remove oversized-output artifacts past their TTL."),
     "gc": ("tasks.cli.maintenance", "Collect unreferenced blobs and stray blob files."),
+    "health": ("tasks.cli.health", "Check the database, broker, blob and artifact storage."),
     "maintenance-runs": ("tasks.cli.maintenance", "The latest periodic maintenance runs."),
     "queue": ("tasks.cli.queue", "The queue: depth, unacked, dead letters, workers."),
     "read": ("tasks.cli.read", "Print what a URL (artifact://, agent://, blob:...) resolves to."),
