@@ -34,11 +34,7 @@ def upgrade(
 
     url = _url(create=True)
     migrate.upgrade(url, revision)
-    rev = migrate.current_revision(url)
-    if as_json:
-        print_json({"current": rev})
-    else:
-        console.print(f"schema at {rev}")
+    _print_current(url, as_json)
 
 
 @db_app.command("downgrade")
@@ -54,11 +50,17 @@ def downgrade(
     if not yes:
         typer.confirm(f"downgrade the schema to {revision}? Dropped tables lose data", abort=True)
     migrate.downgrade(url, revision)
+    _print_current(url, as_json)
+
+
+def _print_current(url: str, as_json: bool) -> None:
+    from core import migrate
+
     rev = migrate.current_revision(url)
     if as_json:
         print_json({"current": rev})
     else:
-        console.print(f"schema at {rev or 'base (empty)'}")
+        console.print(f"schema at {rev or 'base (empty)'}", highlight=False)
 
 
 @db_app.command("current")

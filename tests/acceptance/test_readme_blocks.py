@@ -47,6 +47,12 @@ def sandbox(tmp_path: Path) -> tuple[Path, dict[str, str]]:
     return cwd, env
 
 
+def _run(argv: list[str], cwd: Path, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        argv, cwd=cwd, env=env, capture_output=True, text=True, timeout=300, check=False
+    )
+
+
 def test_the_readme_has_the_blocks_this_test_runs() -> None:
     assert len(_blocks("python")) >= 3 and len(_blocks("bash|sh")) >= 3 and _blocks("sql")
     for line in NOT_RUN:
@@ -58,15 +64,7 @@ def test_the_readme_has_the_blocks_this_test_runs() -> None:
 def test_python_block(index: int, sandbox: tuple[Path, dict[str, str]], redis_url: str) -> None:
     cwd, env = sandbox
     code = _blocks("python")[index].replace("redis://localhost:6379/0", redis_url)
-    result = subprocess.run(
-        [sys.executable, "-c", code],
-        cwd=cwd,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=180,
-        check=False,
-    )
+    result = _run([sys.executable, "-c", code], cwd, env)
     assert result.returncode == 0, f"README python block {index}:\n{code}\n{result.stderr}"
     assert list(cwd.iterdir()) == [], "a README block wrote into the current directory"
 
@@ -113,15 +111,7 @@ def test_shell_blocks(sandbox: tuple[Path, dict[str, str]]) -> None:
             command = re.sub(rf"\b{name}\b", value, command)
         if "--follow" in command:
             command += " --limit 5 --timeout 20"
-        result = subprocess.run(
-            ["bash", "-e", "-c", command],
-            cwd=cwd,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=300,
-            check=False,
-        )
+        result = _run(["bash", "-e", "-c", command], cwd, env)
         assert result.returncode == 0, f"README line failed: {line}\n{result.stderr[-2000:]}"
     assert list(cwd.iterdir()) == [], "a README command wrote into the current directory"
 
