@@ -25,7 +25,7 @@ from core.artifacts import (
 from core.artifacts import resolve as resolve_url
 from core.blobs import BlobStats, BlobStore, open_blob_store
 from core.blobs.rehydrate import RehydrateMode, Rehydrator
-from core.db import make_engine
+from core.db import is_transient_db_error, make_engine
 from core.journal import DeadLetters, Journal
 from core.maintenance import (
     ExpireRunReport,
@@ -76,9 +76,13 @@ class SessionStore:
         engine = make_engine(url)
         try:
             migrate.ensure_schema(engine, url)
-        except BaseException:
-            engine.dispose()
-            raise
+        except Exception as exc:
+            if not is_transient_db_error(exc):
+                engine.dispose()
+                raise
+            # Unreachable right now: open anyway, as before this check existed. The first
+            # query reports the outage, and a worker's write retries instead of failing here
+            # outside its retry loop.
         return cls(settings, engine)
 
     def close(self) -> None:
