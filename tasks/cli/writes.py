@@ -185,11 +185,16 @@ def _load_fixed(path: Path) -> list[Any]:
 
 @dead_app.command("discard")
 def dead_discard(
-    letter_id: int, yes: bool = typer.Option(False, "--yes", help="Do not ask.")
+    letter_id: int,
+    yes: bool = typer.Option(False, "--yes", help="Do not ask."),
+    as_json: bool = JsonOption,
 ) -> None:
     """Delete a dead letter for good."""
     if not yes and not typer.confirm(f"discard dead letter {letter_id}?"):
         raise typer.Abort()
     with open_store() as store:
         store.dead_letters.discard(letter_id)
-    console.print(f"discarded dead letter {letter_id}")
+    if as_json:
+        print_json({"discarded": letter_id})
+    else:
+        console.print(f"discarded dead letter {letter_id}")
