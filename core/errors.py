@@ -250,13 +250,3 @@ class WriteRejected(SessionStoreError):
 
 class BadConfig(SessionStoreError):
     """The configuration (SESSIONSTORE_* variables) is invalid."""
-
-
-class AmbiguousId(SessionStoreError):
-    """An id prefix matches more than one session."""
-
-    def __init__(self, prefix: str, matches: list[str]) -> None:
-        self.prefix = prefix
-        self.matches = matches
-        shown = ", ".join(matches[:5]) + (", …" if len(matches) > 5 else "")
-        super().__init__(f"id prefix {prefix!r} matches {len(matches)} sessions: {shown}")

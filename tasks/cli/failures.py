@@ -89,7 +89,6 @@ def classify(exc: BaseException) -> tuple[ExitCode, str] | None:
             errors.ArtifactNotFound,
             errors.BlobNotFound,
             errors.ResolveNotFound,
-            errors.AmbiguousId,
         ),
     ):
         return ExitCode.NOT_FOUND, exc.message
