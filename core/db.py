@@ -107,3 +107,8 @@ def advisory_lock(conn: Connection, key: int | str) -> None:
 
 _PG_LOCK_INT = text("SELECT pg_advisory_xact_lock(:key)")
 _PG_LOCK_TEXT = text("SELECT pg_advisory_xact_lock(hashtext(:key))")
+
+
+def display_url(url: str) -> str:
+    """A database URL fit to print: the password hidden."""
+    return make_url(url).render_as_string(hide_password=True)

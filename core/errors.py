@@ -260,3 +260,7 @@ class WriteRejected(SessionStoreError):
 
 class RehydrateInProgress(SessionStoreError):
     """Another worker is building this rehydrated export; ask again shortly."""
+
+
+class BadConfig(SessionStoreError):
+    """The configuration (SESSIONSTORE_* variables) is invalid."""

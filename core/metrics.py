@@ -10,6 +10,7 @@ samples where the serving process collects them.
 from __future__ import annotations
 
 import functools
+import threading
 from dataclasses import dataclass
 from typing import Any
 
@@ -35,8 +36,18 @@ class Metrics:
     import_entries: Any  # Counter: entries appended by imports
 
 
-@functools.cache
+_build_lock = threading.Lock()
+
+
 def metrics() -> Metrics:
+    # functools.cache alone is not enough: two worker threads calling this first at once
+    # would both build the counters, and the second registration raises DuplicateTimeseries.
+    with _build_lock:
+        return _build()
+
+
+@functools.cache
+def _build() -> Metrics:
     from prometheus_client import Counter, Histogram
 
     return Metrics(

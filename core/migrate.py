@@ -1,15 +1,27 @@
-"""Schema management through Alembic: the only way the schema is created or changed."""
+"""Schema management through Alembic: the only way the schema is created or changed.
+
+Embedded SQLite creates or upgrades its schema when a store opens it (``ensure_schema``);
+PostgreSQL is only ever changed by an explicit ``sessionstore db upgrade``, and a store
+refuses to open a schema that is missing or behind (SchemaNotCurrent).
+"""
 
 from __future__ import annotations
 
+import fcntl
+from dataclasses import dataclass
+from functools import cache
 from pathlib import Path
 
 from alembic import command
 from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
+from sqlalchemy import Engine
+from sqlalchemy.engine import make_url
 
 from core.db import make_engine
+from core.errors import DatabaseMissing, SchemaNotCurrent, StorageUnavailable
+from core.translate import translate
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 
@@ -22,6 +34,12 @@ def alembic_config(url: str) -> Config:
     return cfg
 
 
+@cache
+def _scripts() -> ScriptDirectory:
+    # The migration scripts do not change while a process runs: parse them once.
+    return ScriptDirectory.from_config(alembic_config("sqlite://"))
+
+
 def upgrade(url: str, revision: str = "head") -> None:
     command.upgrade(alembic_config(url), revision)
 
@@ -30,18 +48,116 @@ def downgrade(url: str, revision: str = "base") -> None:
     command.downgrade(alembic_config(url), revision)
 
 
-def head_revision(url: str) -> str | None:
-    return ScriptDirectory.from_config(alembic_config(url)).get_current_head()
+def head_revision(url: str | None = None) -> str | None:
+    return _scripts().get_current_head()
 
 
 def current_revision(url: str) -> str | None:
     engine = make_engine(url, pool_size=1)
     try:
-        with engine.connect() as conn:
-            return MigrationContext.configure(conn).get_current_revision()
+        return engine_revision(engine)
     finally:
         engine.dispose()
 
 
+def engine_revision(engine: Engine) -> str | None:
+    with engine.connect() as conn:
+        return MigrationContext.configure(conn).get_current_revision()
+
+
 def is_current(url: str) -> bool:
     return current_revision(url) == head_revision(url)
+
+
+@dataclass(frozen=True)
+class Revision:
+    revision: str
+    down_revision: str | None
+    doc: str
+    applied: bool
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            "revision": self.revision,
+            "down_revision": self.down_revision,
+            "doc": self.doc,
+            "applied": self.applied,
+        }
+
+
+def history(current: str | None) -> list[Revision]:
+    """Every migration, oldest first, each marked applied or pending against ``current``."""
+    scripts = _scripts()
+    applied: set[str] = set()
+    if current is not None:
+        applied = {s.revision for s in scripts.iterate_revisions(current, "base")}
+    ordered = list(reversed(list(scripts.walk_revisions())))
+    return [
+        Revision(
+            revision=s.revision,
+            down_revision=s.down_revision if isinstance(s.down_revision, str) else None,
+            doc=(s.doc or "").strip(),
+            applied=s.revision in applied,
+        )
+        for s in ordered
+    ]
+
+
+def pending(current: str | None) -> list[Revision]:
+    return [r for r in history(current) if not r.applied]
+
+
+def sqlite_path(url: str) -> Path | None:
+    """The file of a SQLite URL (None: not SQLite, or in memory)."""
+    parsed = make_url(url)
+    if parsed.get_backend_name() != "sqlite" or parsed.database in (None, "", ":memory:"):
+        return None
+    return Path(parsed.database).resolve()
+
+
+def require_database(url: str) -> None:
+    """Raise DatabaseMissing when a SQLite URL names a file that does not exist (read-only
+    openers call this before the engine would create the file)."""
+    path = sqlite_path(url)
+    if path is not None and not path.exists():
+        raise DatabaseMissing(str(path))
+
+
+def ensure_schema(engine: Engine, url: str) -> None:
+    """Embedded SQLite: create or upgrade the schema now. PostgreSQL: raise SchemaNotCurrent
+    unless the schema is at head (it is only changed by an explicit ``db upgrade``)."""
+    head = head_revision()
+    current = engine_revision(engine)
+    if current == head:
+        return
+    path = sqlite_path(url)
+    if path is None:
+        what = "missing" if current is None else f"at {current}"
+        raise SchemaNotCurrent(
+            f"the database schema is {what}, the code needs {head}: run `sessionstore db upgrade`"
+        )
+    # Two processes opening a new embedded database at once: one upgrades, the other waits
+    # and then finds the schema current (Alembic's SQLite DDL is not transactional).
+    with (path.parent / f"{path.name}.migrate-lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if engine_revision(engine) != head:
+            upgrade(url)
+
+
+def open_engine(url: str, *, create: bool = True) -> Engine:
+    """An engine on a journal whose schema is current: ``ensure_schema`` (SQLite created or
+    upgraded, PostgreSQL checked); ``create=False``: a missing SQLite file is DatabaseMissing.
+
+    A database unreachable right now still opens: the first query reports the outage, and a
+    worker's write retries instead of failing here, outside its retry loop.
+    """
+    if not create:
+        require_database(url)
+    engine = make_engine(url)
+    try:
+        ensure_schema(engine, url)
+    except Exception as exc:
+        if not isinstance(translate(exc), StorageUnavailable):
+            engine.dispose()
+            raise
+    return engine

@@ -9,33 +9,56 @@ from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
+def default_data_dir() -> Path:
+    """The platform's user data directory, never the current directory."""
+    import platformdirs  # only when the default is needed
+
+    return Path(platformdirs.user_data_dir("sessionstore", appauthor=False))
+
+
+# Marks a setting that the worker and beat (and producers) must all see with the same value:
+# they address the same database, broker and folders, and beat's schedule and the worker's
+# tasks agree on periods and timeouts. The README's settings table shows the mark.
+SHARED: dict[str, Any] = {"worker_and_beat": True}
+
+
 class Settings(BaseSettings):
     """sessionstore configuration, read from ``SESSIONSTORE_*`` environment variables."""
 
     model_config = SettingsConfigDict(env_prefix="SESSIONSTORE_", extra="ignore")
 
     data_dir: Path = Field(
-        default=Path(".sessionstore"), description="Where the embedded defaults live."
+        json_schema_extra=SHARED,
+        default_factory=lambda: default_data_dir(),
+        description="Where the embedded defaults live (journal, blobs, artifacts, the "
+        "filesystem broker's folders, the beat schedule). Default: the platform's user data "
+        "directory (`~/.local/share/sessionstore` on Linux).",
     )
     database_url: str | None = Field(
+        json_schema_extra=SHARED,
         default=None,
         description="The journal, as a SQLAlchemy URL (sqlite:///… or postgresql+psycopg://…). "
         "Default: SQLite in the data dir.",
     )
     blob_url: str | None = Field(
+        json_schema_extra=SHARED,
         default=None,
         description="The blob store: file:///… or s3://bucket/prefix (the AWS_* variables "
         "configure S3). Default: file:// in the data dir.",
     )
     artifact_root: Path | None = Field(
-        default=None, description="The artifact directories. Default: in the data dir."
+        json_schema_extra=SHARED,
+        default=None,
+        description="The artifact directories. Default: in the data dir.",
     )
     broker_url: str | None = Field(
+        json_schema_extra=SHARED,
         default=None,
-        description="The Celery broker (redis://…). Unset: an embedded SQLite-backed broker "
-        "in the data dir.",
+        description="The Celery broker (redis://…). Unset: the embedded broker, kombu's "
+        "filesystem transport, in the data dir's `queue/` folder.",
     )
     result_backend: str | None = Field(
+        json_schema_extra=SHARED,
         default=None,
         description="The Celery result backend. Unset: the broker's Redis, or an embedded "
         "SQLite result store.",
@@ -64,6 +87,7 @@ class Settings(BaseSettings):
         description="Strings larger than this many UTF-8 bytes become blobs.",
     )
     gc_grace_seconds: float = Field(
+        json_schema_extra=SHARED,
         default=3600.0,
         ge=0,
         description="GC deletes unreferenced blobs only when older than this.",
@@ -107,24 +131,37 @@ class Settings(BaseSettings):
 
     # queue and maintenance
     task_visibility_timeout: int = Field(
+        json_schema_extra=SHARED,
         default=3600,
         ge=10,
         description="Seconds before an unacked Redis message is redelivered; longer than any task.",
+    )
+    publish_retry_seconds: float = Field(
+        default=120.0,
+        ge=0,
+        description="How long a producer keeps retrying to publish while the broker is "
+        "unreachable (reconnecting every 0.5-2 s); then the enqueue raises.",
     )
     task_max_retries: int = Field(
         default=20, ge=0, description="Retries of a transient failure before dead-lettering."
     )
     gc_schedule: str = Field(
+        json_schema_extra=SHARED,
         default="3600",
         description="Beat schedule of blob GC: seconds, or a crontab like '0 3 * * *'.",
     )
     expire_schedule: str = Field(
-        default="300", description="Beat schedule of artifact TTL expiry (seconds or crontab)."
+        json_schema_extra=SHARED,
+        default="300",
+        description="Beat schedule of artifact TTL expiry (seconds or crontab).",
     )
     reconcile_schedule: str = Field(
-        default="60", description="Beat schedule of the fork-copy reconciler (seconds or crontab)."
+        json_schema_extra=SHARED,
+        default="60",
+        description="Beat schedule of the fork-copy reconciler (seconds or crontab).",
     )
     fork_copy_timeout_seconds: float = Field(
+        json_schema_extra=SHARED,
         default=300.0,
         gt=0,
         description="A fork copy still pending after this long is re-enqueued.",
@@ -194,9 +231,19 @@ class Settings(BaseSettings):
 def settings_markdown() -> str:
     """The configuration table of the README, generated from ``Settings`` (a test keeps the
     README in sync with it)."""
-    rows = ["| variable | default | what it sets |", "|---|---|---|"]
+    rows = [
+        "| variable | default | same on worker and beat | what it sets |",
+        "|---|---|---|---|",
+    ]
     for name, info in Settings.model_fields.items():
         default = info.default
-        shown = "—" if default is None else f"`{default}`"
-        rows.append(f"| `SESSIONSTORE_{name.upper()}` | {shown} | {info.description or ''} |")
+        if info.default_factory is not None:
+            shown = "(see text)"
+        else:
+            shown = "—" if default is None else f"`{default}`"
+        extra = info.json_schema_extra
+        shared = "yes" if isinstance(extra, dict) and extra.get("worker_and_beat") else ""
+        rows.append(
+            f"| `SESSIONSTORE_{name.upper()}` | {shown} | {shared} | {info.description or ''} |"
+        )
     return "\n".join(rows)

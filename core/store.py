@@ -14,6 +14,7 @@ from typing import IO, Any
 
 from sqlalchemy import Engine
 
+from core import migrate
 from core.artifacts import (
     ArtifactManager,
     ArtifactStats,
@@ -25,7 +26,6 @@ from core.artifacts import (
 from core.artifacts import resolve as resolve_url
 from core.blobs import BlobStats, BlobStore, open_blob_store
 from core.blobs.rehydrate import RehydrateMode, Rehydrator
-from core.db import make_engine
 from core.interop.exporter import export_pi
 from core.interop.importer import ImportResult, import_session
 from core.journal import DeadLetters, Journal
@@ -65,9 +65,14 @@ class SessionStore:
         self.dead_letters = DeadLetters(engine)
 
     @classmethod
-    def from_settings(cls, settings: Settings | None = None) -> SessionStore:
+    def from_settings(
+        cls, settings: Settings | None = None, *, create: bool = True
+    ) -> SessionStore:
+        """Open the configured journal. Embedded SQLite: the schema is created or upgraded
+        here (``create=False``: a missing database file is DatabaseMissing, never a new
+        empty one). PostgreSQL: SchemaNotCurrent unless ``db upgrade`` brought it to head."""
         settings = settings or Settings()
-        return cls(settings, make_engine(settings.resolved_database_url))
+        return cls(settings, migrate.open_engine(settings.resolved_database_url, create=create))
 
     def close(self) -> None:
         self.engine.dispose()

@@ -22,6 +22,8 @@ from tasks.results import polling_redis_url
 TASK_MODULES = ["tasks.writes", "tasks.maintenance", "tasks.forks", "tasks.rehydrate"]
 QUEUE = "sessionstore"
 _REDIS = ("redis://", "rediss://")
+# Backoff between attempts to reach the broker, for publishing and for (re)connecting.
+_RECONNECT = {"interval_start": 0.0, "interval_step": 0.5, "interval_max": 2.0}
 
 
 def sessionstore_task(**options: Any) -> Callable[[Callable[..., Any]], Any]:
@@ -69,6 +71,10 @@ def _broker(settings: Settings) -> tuple[str, dict[str, Any]]:
                 "unacked_mutex_expire": max(5, min(60, visibility // 2)),
                 "socket_keepalive": True,
                 "socket_connect_timeout": 10,
+                # kombu bounds every (re)connection by this total time (by default the
+                # 4 s connect timeout, which made a producer give up after ~5 s).
+                "connect_retries_timeout": settings.publish_retry_seconds,
+                **_RECONNECT,
             }
         return settings.broker_url, options
     # Embedded: kombu's filesystem transport in the data dir. Real messages, acks and
@@ -132,6 +138,18 @@ def _parse_schedule(value: str) -> float | crontab:
     return float(value)
 
 
+def _publish_attempts(seconds: float) -> int:
+    """Retries whose backoff (0, 0.5, 1, 1.5, then 2 s each) adds up to ``seconds``."""
+    waited, attempts = 0.0, 0
+    while waited < seconds:
+        waited += min(
+            _RECONNECT["interval_start"] + attempts * _RECONNECT["interval_step"],
+            _RECONNECT["interval_max"],
+        )
+        attempts += 1
+    return attempts
+
+
 def celery_config(settings: Settings) -> dict[str, Any]:
     broker_url, transport_options = _broker(settings)
     visibility = settings.task_visibility_timeout
@@ -153,13 +171,11 @@ def celery_config(settings: Settings) -> dict[str, Any]:
         # Hard/soft time limits below the visibility timeout (see above).
         "task_time_limit": hard_limit,
         "task_soft_time_limit": int(hard_limit * 0.8),
-        # Publishing survives a broker restart: up to ~2 minutes of retries.
+        # Publishing survives a broker restart: SESSIONSTORE_PUBLISH_RETRY_SECONDS of retries.
         "task_publish_retry": True,
         "task_publish_retry_policy": {
-            "max_retries": 60,
-            "interval_start": 0.0,
-            "interval_step": 0.5,
-            "interval_max": 2.0,
+            "max_retries": _publish_attempts(settings.publish_retry_seconds),
+            **_RECONNECT,
         },
         # Keep reconnecting to the broker, including at startup.
         "broker_connection_retry_on_startup": True,

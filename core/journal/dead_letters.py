@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Engine, delete, insert, select
+from sqlalchemy import Engine, delete, func, insert, select
 
 from core.db import read_connection, write_transaction
 from core.errors import DeadLetterNotFound, SessionStoreError
@@ -160,6 +160,10 @@ class DeadLetters:
         )
         with read_connection(self.engine) as conn:
             return [DeadLetter(**row._mapping) for row in conn.execute(query)]
+
+    def count(self) -> int:
+        with read_connection(self.engine) as conn:
+            return int(conn.execute(select(func.count()).select_from(_letters)).scalar_one())
 
     def iter_all(self, *, batch: int = 500) -> Iterator[DeadLetter]:
         """Every letter, oldest first, read in pages."""

@@ -1,48 +1,142 @@
-"""The ``sessionstore`` command line. Thin: every command calls into ``core`` (or the queue)."""
+"""The ``sessionstore`` command line. Thin: every command calls into ``core`` (or the queue).
+
+REGISTRATION RULE (keep start-up fast): a command module is imported only when one of its
+commands runs, or when its own ``--help`` is asked for. To add commands:
+  1. write ``tasks/cli/<module>.py`` defining ``cli = new_app()`` and its commands on it
+     (groups via ``cli.add_typer(group, name=...)``);
+  2. add one line per top-level name to ``COMMANDS`` below (module, one-line help).
+In the module, import only typer and ``tasks.cli.common`` at module level; import celery,
+sqlalchemy, ``core.store``, ``tasks.app``, rich tables... inside the command bodies.
+``tests/test_cli_startup.py`` fails when a ``--help`` imports one of them.
+"""
 
 from __future__ import annotations
 
+import importlib
 import sys
 
-from core.errors import SessionStoreError
-from tasks.cli.common import app, err_console
+import typer
+from typer import _click
+from typer.core import TyperGroup
+
+# name -> (module, one-line help shown by `sessionstore --help` without importing it)
+COMMANDS: dict[str, tuple[str, str]] = {
+    "append": ("tasks.cli.writes", "Append events from a JSONL file or stdin."),
+    "beat": ("tasks.cli.runtime", "Run Celery beat: blob GC, expiry, fork-copy reconciler."),
+    "db": ("tasks.cli.db", "Schema management (Alembic): upgrade, check, history..."),
+    "dead-letters": ("tasks.cli.writes", "Rejected queued writes: list, show, replay..."),
+    "demo": ("tasks.cli.demo", "Run the whole system in a fresh temporary data dir."),
+    "events": ("tasks.cli.query", "List events by global position, or follow new ones."),
+    "expire": ("tasks.cli.maintenance", "Remove oversized-output artifacts past their TTL."),
+    "export": ("tasks.cli.interop", "Write a session as a pi session file (or via a worker)."),
+    "gc": ("tasks.cli.maintenance", "Collect unreferenced blobs and stray blob files."),
+    "health": ("tasks.cli.health", "Check the database, broker, blob and artifact storage."),
+    "import": ("tasks.cli.interop", "Import pi / oh-my-pi / Claude Code session files."),
+    "maintenance-runs": ("tasks.cli.maintenance", "The latest periodic maintenance runs."),
+    "queue": ("tasks.cli.queue", "The queue: depth, unacked, dead letters, workers."),
+    "read": ("tasks.cli.read", "Print what a URL (artifact://, agent://, blob:...) resolves to."),
+    "sessions": ("tasks.cli.sessions", "Sessions: list, show, fork, move, delete..."),
+    "settings": ("tasks.cli.config", "Show the effective settings, or the README table."),
+    "state": ("tasks.cli.query", "A session's state rebuilt from its journal."),
+    "stats": ("tasks.cli.query", "Events, sessions, tokens, blob dedup, artifacts."),
+    "worker": ("tasks.cli.runtime", "Run a Celery worker for the sessionstore queue."),
+}
 
 
-def _register() -> None:
-    # Each module adds its commands to ``app`` when imported.
-    from tasks.cli import (  # noqa: F401
-        config,
-        db,
-        demo,
-        health,
-        interop,
-        maintenance,
-        query,
-        read,
-        runtime,
-        sessions,
-        writes,
-    )
+class LazyGroup(TyperGroup):
+    """The top-level group: commands come from ``COMMANDS``, imported on demand."""
+
+    def list_commands(self, ctx: _click.Context) -> list[str]:
+        return sorted(COMMANDS)
+
+    def get_command(self, ctx: _click.Context, cmd_name: str) -> _click.Command | None:
+        if cmd_name not in COMMANDS:
+            return None
+        module = importlib.import_module(COMMANDS[cmd_name][0])
+        cli: typer.Typer = module.cli
+        # Convert only the command asked for: typer builds a pydantic adapter per parameter,
+        # so converting a module's every command would cost start-up time for nothing.
+        for info in cli.registered_commands:
+            assert info.callback is not None
+            if (info.name or typer.main.get_command_name(info.callback.__name__)) == cmd_name:
+                return typer.main.get_command_from_info(
+                    info, pretty_exceptions_short=False, rich_markup_mode=None
+                )
+        for group in cli.registered_groups:
+            if group.name == cmd_name:
+                return typer.main.get_group_from_info(
+                    group,
+                    pretty_exceptions_short=False,
+                    suggest_commands=True,
+                    rich_markup_mode=None,
+                )
+        raise LookupError(f"{COMMANDS[cmd_name][0]} defines no command {cmd_name!r}")
+
+    def format_commands(self, ctx: _click.Context, formatter: _click.HelpFormatter) -> None:
+        # The short help comes from COMMANDS: listing commands imports none of them.
+        with formatter.section("Commands"):
+            formatter.write_dl([(name, COMMANDS[name][1]) for name in sorted(COMMANDS)])
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return f"sessionstore {version('sessionstore')}"
+    except PackageNotFoundError:  # a source tree that was not installed
+        return "sessionstore (not installed)"
+
+
+def _show_version(value: bool) -> None:
+    if value:
+        typer.echo(_version())
+        raise typer.Exit()
+
+
+app = typer.Typer(
+    cls=LazyGroup,
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    add_completion=False,
+    rich_markup_mode=None,
+    help="Event-sourced storage for AI coding-agent sessions.\n\n"
+    "Expected failures print one line and exit with a documented code (README: Exit codes).",
+)
+
+
+@app.callback()
+def _options(
+    version: bool = typer.Option(
+        False,
+        "--version",
+        is_eager=True,
+        callback=_show_version,
+        help="Print the version and exit.",
+    ),
+    debug: bool = typer.Option(
+        False, "--debug", help="Show the traceback of a failure (also SESSIONSTORE_DEBUG=1)."
+    ),
+) -> None:
+    """Global options (read by ``main`` before the command runs)."""
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Entry point: user errors become one line on stderr and a non-zero exit, no traceback.
-
-    Typer runs standalone, so usage errors get its short message and exit code 2; our own
-    errors (and bad files or values) are reported here as one line with exit code 1.
+    """Entry point: expected failures become one line on stderr and a documented exit code
+    (``tasks.cli.failures.ExitCode``); ``--debug`` or SESSIONSTORE_DEBUG=1 adds the traceback.
     """
-    _register()
+    args = list(sys.argv[1:] if argv is None else argv)
+    if args == ["--version"]:  # the fastest path: no typer at all would not be faster
+        print(_version())
+        return
+    from tasks.cli.failures import debug_enabled, fail
+
+    debug = debug_enabled(args)
     try:
-        app(args=argv, prog_name="sessionstore")
+        app(args=args, prog_name="sessionstore")
     except SystemExit as exc:
         if exc.code not in (0, None):  # click ends every successful run with exit(0)
             raise
-    except SessionStoreError as exc:
-        _fail(exc.message)
-    except (OSError, ValueError) as exc:
-        _fail(str(exc))
-
-
-def _fail(message: str) -> None:
-    err_console.print(f"error: {message}", markup=False, highlight=False, soft_wrap=True)
-    sys.exit(1)
+    except KeyboardInterrupt:
+        sys.exit(130)
+    except Exception as exc:
+        fail(exc, debug=debug)

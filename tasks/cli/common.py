@@ -1,45 +1,99 @@
-"""What every command shares: the Typer app, consoles, the store, and output helpers."""
+"""What every command shares: app factory, consoles, settings, the store, output helpers.
+
+Start-up matters (``sessionstore --help`` must beat ``celery --help``), so this module
+imports only typer at module level: rich, pydantic and ``core.store`` load on first use.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any
+from functools import cache
+from typing import TYPE_CHECKING, Any
 
-import orjson
-import pydantic
 import typer
-from rich.console import Console
 
-from core.settings import Settings
-from core.store import SessionStore
+if TYPE_CHECKING:
+    from rich.console import Console
+    from rich.table import Table
 
-app = typer.Typer(
-    no_args_is_help=True,
-    pretty_exceptions_enable=False,
-    add_completion=False,
-    help="Event-sourced storage for AI coding-agent sessions.",
-)
-console = Console()
-err_console = Console(stderr=True)
+    from core.settings import Settings
+    from core.store import SessionStore
+
+
+def new_app(help: str | None = None) -> typer.Typer:
+    """A Typer app with the CLI's conventions. Plain (click) help text: it renders any
+    text as written (no rich markup to break on ``[...]``) and loads no rich at start-up."""
+    return typer.Typer(
+        no_args_is_help=True,
+        pretty_exceptions_enable=False,
+        add_completion=False,
+        rich_markup_mode=None,
+        help=help,
+    )
+
+
+@cache
+def _console(stderr: bool) -> Console:
+    from rich.console import Console
+
+    return Console(stderr=stderr)
+
+
+class _LazyConsole:
+    """A rich Console built on first use (importing rich costs ~0.1 s)."""
+
+    def __init__(self, stderr: bool) -> None:
+        self._stderr = stderr
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(_console(self._stderr), name)
+
+
+if TYPE_CHECKING:
+    console: Console
+    err_console: Console
+else:
+    console = _LazyConsole(False)
+    err_console = _LazyConsole(True)
 
 JsonOption = typer.Option(False, "--json", help="Machine-readable JSON output.")
 
 
 def load_settings() -> Settings:
+    """``Settings()`` from the environment; a bad value is a one-line BadConfig."""
+    import pydantic
+
+    from core.errors import BadConfig
+    from core.settings import Settings
+
     try:
         return Settings()
     except pydantic.ValidationError as exc:
         first = exc.errors()[0]
         where = ".".join(str(p) for p in first.get("loc", ())) or "settings"
-        raise typer.BadParameter(f"{where}: {first.get('msg')}") from None
+        raise BadConfig(f"bad setting {where}: {first.get('msg')}") from None
 
 
 @contextmanager
-def open_store() -> Iterator[SessionStore]:
-    with SessionStore.from_settings(load_settings()) as store:
+def open_store(*, create: bool = False) -> Iterator[SessionStore]:
+    """The store of the configured database. Read-only commands pass ``create=False`` (the
+    default): a missing embedded database is then an error naming its path, never a new
+    empty file. The embedded schema is created or upgraded on open (``core``)."""
+    from core.store import SessionStore
+
+    with SessionStore.from_settings(load_settings(), create=create) as store:
         yield store
 
 
 def print_json(value: Any) -> None:
+    import orjson
+
     typer.echo(orjson.dumps(value, default=str, option=orjson.OPT_INDENT_2).decode())
+
+
+def new_table(*headers: str, **options: Any) -> Table:
+    """A rich Table (rich is imported on first use, not at start-up)."""
+    from rich.table import Table
+
+    return Table(*headers, **options)

@@ -4,17 +4,20 @@ from __future__ import annotations
 
 import typer
 
-from core.settings import settings_markdown
-from tasks.app import celery_config
-from tasks.cli.common import JsonOption, app, console, load_settings, print_json
+from tasks.cli.common import JsonOption, console, load_settings, new_app, print_json
+
+cli = new_app()
 
 
-@app.command("settings")
+@cli.command("settings")
 def settings(
     markdown: bool = typer.Option(False, "--markdown", help="The README's table of variables."),
     as_json: bool = JsonOption,
 ) -> None:
     """Show the effective settings (from SESSIONSTORE_* variables) and derived URLs."""
+    from core.settings import settings_markdown
+    from tasks.app import celery_config
+
     if markdown:
         typer.echo(settings_markdown())
         return

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import typer
 
-from tasks.cli.common import JsonOption, app, console, load_settings, print_json
+from tasks.cli.common import JsonOption, console, load_settings, new_app, print_json
+
+cli = new_app()
 
 
-@app.command("health")
+@cli.command("health")
 def health(
     as_json: bool = JsonOption,
     timeout: float = typer.Option(5.0, "--timeout", min=0.1, help="Seconds per check."),

@@ -11,8 +11,10 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from tasks.cli.common import JsonOption, app, console, err_console, open_store, print_json
+from tasks.cli.common import JsonOption, console, err_console, new_app, open_store, print_json
 from tasks.cli.sessions import sessions_app
+
+cli = new_app()
 
 if TYPE_CHECKING:
     from core.errors import SessionStoreError
@@ -44,7 +46,7 @@ def _error_dict(path: Path, exc: SessionStoreError) -> dict[str, object]:
     }
 
 
-@app.command("import")
+@cli.command("import")
 def import_files(
     paths: Annotated[
         list[str] | None,
@@ -68,7 +70,7 @@ def import_files(
         shown = " ".join(paths) if paths else str(DEFAULT_SESSIONS_DIR)
         err_console.print(f"no session files (*.jsonl) in {shown}", markup=False)
     failed = 0
-    with open_store() as store:
+    with open_store(create=True) as store:
         with _progress(len(files), sum(_size(f) for f in files), quiet=as_json) as advance:
             for path in files:
                 try:
@@ -164,7 +166,7 @@ class _progress:
         self.progress.__exit__(None, None, None)
 
 
-@app.command("export")
+@cli.command("export")
 def export(
     session: str = typer.Argument(help="Session id, or its external id (the agent's own)."),
     output: Path | None = typer.Option(None, "-o", "--output", help="File [default: stdout]."),
@@ -248,7 +250,7 @@ def create(
     as_json: bool = JsonOption,
 ) -> None:
     """Create an empty session."""
-    with open_store() as store:
+    with open_store(create=True) as store:
         session = store.create_session(
             tenant_id=tenant, title=title, cwd=cwd, external_id=external_id
         )

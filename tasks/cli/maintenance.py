@@ -4,20 +4,24 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import typer
-from rich.progress import (
-    BarColumn,
-    MofNCompleteColumn,
-    Progress,
-    SpinnerColumn,
-    TextColumn,
-    TimeElapsedColumn,
-)
-from rich.table import Table
 
-from tasks.cli.common import JsonOption, app, console, err_console, open_store, print_json
+from tasks.cli.common import (
+    JsonOption,
+    console,
+    err_console,
+    new_app,
+    new_table,
+    open_store,
+    print_json,
+)
+
+if TYPE_CHECKING:
+    from rich.progress import Progress
+
+cli = new_app()
 
 ApplyOption = typer.Option(False, "--apply", help="Delete for real (default: a dry run).")
 BatchOption = typer.Option(1000, "--batch-size", min=1, max=100_000, help="Rows per page.")
@@ -43,6 +47,15 @@ class _Bars:
 
 @contextmanager
 def _bars(enabled: bool) -> Iterator[_Bars]:
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        SpinnerColumn,
+        TextColumn,
+        TimeElapsedColumn,
+    )
+
     progress = Progress(
         SpinnerColumn(),
         TextColumn("{task.description}"),
@@ -58,7 +71,7 @@ def _bars(enabled: bool) -> Iterator[_Bars]:
 
 
 def _print_report(title: str, report: dict[str, Any], applied: bool) -> None:
-    table = Table("", "", title=title, show_header=False)
+    table = new_table("", "", title=title, show_header=False)
     for key, value in report.items():
         if key not in ("errors", "sample"):
             table.add_row(key, str(value))
@@ -69,7 +82,7 @@ def _print_report(title: str, report: dict[str, Any], applied: bool) -> None:
         console.print("dry run: nothing was deleted; run again with --apply to delete")
 
 
-@app.command("gc")
+@cli.command("gc")
 def gc(
     apply: bool = ApplyOption,
     grace: float | None = typer.Option(
@@ -94,7 +107,7 @@ def gc(
         raise typer.Exit(code=1)
 
 
-@app.command("expire")
+@cli.command("expire")
 def expire(
     apply: bool = ApplyOption, batch_size: int = BatchOption, as_json: bool = JsonOption
 ) -> None:
@@ -110,7 +123,7 @@ def expire(
         raise typer.Exit(code=1)
 
 
-@app.command("maintenance-runs")
+@cli.command("maintenance-runs")
 def maintenance_runs(
     job: str | None = typer.Option(None, help="Only this job (gc_blobs, expire_artifacts)."),
     limit: int = typer.Option(20, min=1, max=10_000),
@@ -122,7 +135,7 @@ def maintenance_runs(
     if as_json:
         print_json([r.to_dict() for r in runs])
         return
-    table = Table("started", "job", "ran", "seconds", "deleted", "errors")
+    table = new_table("started", "job", "ran", "seconds", "deleted", "errors")
     for run in runs:
         report = (run.report or {}).get("report") or {}
         table.add_row(

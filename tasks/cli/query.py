@@ -8,16 +8,19 @@ import time
 from collections.abc import Iterable, Iterator
 from datetime import UTC, datetime
 from enum import StrEnum
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
-from rich.table import Table
 
-from core import exact_json
-from core.query import analytics
-from core.query.analytics import EventFilter, ListedEvent
-from core.store import SessionStore
-from tasks.cli.common import JsonOption, app, console, open_store, print_json
+from tasks.cli.common import JsonOption, console, new_app, new_table, open_store, print_json
+
+if TYPE_CHECKING:
+    from rich.table import Table
+
+    from core.query.analytics import EventFilter, ListedEvent
+    from core.store import SessionStore
+
+cli = new_app()
 
 PAGE = 1000
 DEFAULT_LIMIT = 100
@@ -32,6 +35,12 @@ _COLUMNS = (
     ("recorded", 14),
 )
 CSV_COLUMNS = ("position", "session_id", "tenant_id", "seq", "type", "role", "recorded_at")
+
+
+def _analytics() -> Any:
+    from core.query import analytics
+
+    return analytics
 
 
 class Output(StrEnum):
@@ -84,17 +93,22 @@ class _Printer:
             self.csv = csv.writer(sys.stdout, lineterminator="\n")
             self.csv.writerow((*CSV_COLUMNS, "payload"))
         elif output is Output.table and not streaming:
-            self.table = Table()
+            self.table = new_table()
             for name, width in _COLUMNS:
                 self.table.add_column(name, width=width, no_wrap=True, overflow="ellipsis")
             self.table.add_column("summary", ratio=1, min_width=20, overflow="fold")
 
     def write(self, event: ListedEvent) -> None:
+
         if self.output is Output.jsonl:
             # exact_json: integers beyond 64 bits are valid payload values (orjson refuses them)
+            from core import exact_json
+
             sys.stdout.write(exact_json.dumps_str(event.to_dict()) + "\n")
         elif self.csv is not None:
             row = event.to_dict()
+            from core import exact_json
+
             self.csv.writerow((*(row[c] for c in CSV_COLUMNS), exact_json.dumps_str(event.payload)))
         elif self.table is not None:
             self.table.add_row(*self._cells(event), _summary(event))
@@ -121,7 +135,7 @@ class _Printer:
         sys.stdout.flush()
 
 
-@app.command("events")
+@cli.command("events")
 def events(
     tenant: str | None = typer.Option(None, help="Only this tenant's events."),
     session: str | None = typer.Option(None, help="Only this session's events."),
@@ -158,6 +172,8 @@ def events(
     (pass it to --after-position). --follow starts at the current head unless
     --after-position is given, and runs until --limit events, --timeout or Ctrl-C.
     """
+    from core.query.analytics import EventFilter
+
     if session is not None:  # an id, or the agent's own id for the session (external id)
         with open_store() as store:
             session = store.resolve_session(session, tenant_id=tenant).id
@@ -190,7 +206,7 @@ def _list(
     cursor: str | None = str(after_position)
     remaining = limit
     while cursor is not None and remaining > 0:
-        page = analytics.list_events(
+        page = _analytics().list_events(
             store.engine, flt, after_position=int(cursor), limit=min(remaining, PAGE)
         )
         for event in page.items:
@@ -217,7 +233,7 @@ def _follow(
     poll_interval: float,
     timeout: float | None,
 ) -> None:
-    start = analytics.head_position(store.engine) if after_position is None else after_position
+    start = _analytics().head_position(store.engine) if after_position is None else after_position
     deadline = None if timeout is None else time.monotonic() + timeout
 
     def expired() -> bool:
@@ -231,7 +247,7 @@ def _follow(
     # The readiness line: every event committed after it is printed (scripts wait for it).
     typer.echo(f"following from position {start}", err=True)
     printed = 0
-    stream = analytics.follow_events(
+    stream = _analytics().follow_events(
         store.engine,
         flt,
         after_position=start,
@@ -263,13 +279,13 @@ def _bytes(n: float) -> str:
 
 
 def _pairs_table(title: str, rows: Iterable[tuple[str, str]], *headers: str) -> Table:
-    table = Table(*headers, title=title, title_justify="left")
+    table = new_table(*headers, title=title, title_justify="left")
     for row in rows:
         table.add_row(*row)
     return table
 
 
-@app.command("stats")
+@cli.command("stats")
 def stats(
     tenant: str | None = typer.Option(None, help="Only this tenant."),
     since: str | None = typer.Option(None, help="Events recorded at or after (ISO 8601)."),
@@ -329,7 +345,7 @@ def stats(
         ("top_sessions_by_events", "Top sessions by events"),
         ("top_sessions_by_bytes", "Top sessions by bytes"),
     ):
-        table = Table("session", "tenant", "events", "payload", "blobs", title=title)
+        table = new_table("session", "tenant", "events", "payload", "blobs", title=title)
         table.title_justify = "left"
         for s in data[key]:
             table.add_row(
@@ -345,7 +361,7 @@ def stats(
 # state ----------------------------------------------------------------------------------
 
 
-@app.command("state")
+@cli.command("state")
 def state(
     session_id: str,
     at_seq: int | None = typer.Option(None, "--at-seq", min=0, help="State after this seq."),
@@ -384,7 +400,7 @@ def state(
             "",
         )
     )
-    table = Table("seq", "role", "text", title="Last messages", title_justify="left")
+    table = new_table("seq", "role", "text", title="Last messages", title_justify="left")
     for message in _tail(result.messages, messages):
         text = " ".join(message.text.split()) or str(message.content)[:200]
         table.add_row(str(message.seq), message.role, text[:200])

@@ -6,10 +6,12 @@ import sys
 
 import typer
 
-from tasks.cli.common import JsonOption, app, open_store, print_json
+from tasks.cli.common import JsonOption, new_app, open_store, print_json
+
+cli = new_app()
 
 
-@app.command("read")
+@cli.command("read")
 def read(
     url: str = typer.Argument(
         ..., help="artifact://N, agent://ID[/path|?q=…], art_…, blob:sha256:…"

@@ -9,13 +9,14 @@ import os
 
 import typer
 
-from tasks.app import get_app
-from tasks.cli.common import app, load_settings
+from tasks.cli.common import load_settings, new_app
+
+cli = new_app()
 
 _PASS_THROUGH = {"allow_extra_args": True, "ignore_unknown_options": True}
 
 
-@app.command("worker", context_settings=_PASS_THROUGH)
+@cli.command("worker", context_settings=_PASS_THROUGH)
 def worker(
     ctx: typer.Context,
     metrics_port: int | None = typer.Option(
@@ -24,6 +25,8 @@ def worker(
     metrics_addr: str = typer.Option("127.0.0.1", "--metrics-addr", help="Address to bind."),
 ) -> None:
     """Run a Celery worker for the sessionstore queue."""
+    from tasks.app import get_app
+
     settings = load_settings()  # fail early, in one line, on bad configuration
     if metrics_port is not None:
         from tasks.metrics import serve_metrics
@@ -33,9 +36,11 @@ def worker(
     get_app().worker_main(["worker", "--loglevel=INFO", *ctx.args])
 
 
-@app.command("beat", context_settings=_PASS_THROUGH)
+@cli.command("beat", context_settings=_PASS_THROUGH)
 def beat(ctx: typer.Context) -> None:
     """Run Celery beat: blob GC, artifact expiry and the fork-copy reconciler."""
+    from tasks.app import get_app
+
     settings = load_settings()
     schedule = settings.data_dir.resolve() / "celerybeat-schedule"
     schedule.parent.mkdir(parents=True, exist_ok=True)

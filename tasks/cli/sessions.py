@@ -2,18 +2,19 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import typer
-from rich.table import Table
 
-from core.records import Session
-from tasks.app import get_app
-from tasks.cli.common import JsonOption, app, console, open_store, print_json
-from tasks.runtime import attach_fork_copier
+from tasks.cli.common import JsonOption, console, new_app, new_table, open_store, print_json
 
-sessions_app = typer.Typer(
-    no_args_is_help=True, help="Sessions: list, show, fork, move, delete, copy-artifacts."
-)
-app.add_typer(sessions_app, name="sessions")
+if TYPE_CHECKING:
+    from core.records import Session
+
+cli = new_app()
+
+sessions_app = new_app(help="Sessions: list, show, fork, move, delete, copy-artifacts.")
+cli.add_typer(sessions_app, name="sessions")
 
 
 @sessions_app.command("list")
@@ -29,7 +30,7 @@ def list_sessions(
     if as_json:
         print_json({"items": [s.to_dict() for s in page.items], "next_cursor": page.next_cursor})
         return
-    table = Table("id", "tenant", "head", "parent", "copy", "title", "created")
+    table = new_table("id", "tenant", "head", "parent", "copy", "title", "created")
     for s in page.items:
         table.add_row(
             s.id,
@@ -80,6 +81,9 @@ def fork(
 ) -> None:
     """Fork a session at its head or an earlier seq; its artifacts are copied by a worker
     (status pending, then copied) unless --inline."""
+    from tasks.app import get_app
+    from tasks.runtime import attach_fork_copier
+
     with open_store() as store:
         if not inline:
             attach_fork_copier(store, get_app())
@@ -138,3 +142,8 @@ def copy_artifacts(fork_id: str, as_json: bool = JsonOption) -> None:
         markup=False,
         highlight=False,
     )
+
+
+# ``sessions create`` lives with import/export (external ids); registering it here keeps
+# the lazy loader's rule: `sessions` loads this module, and this module loads that one.
+from tasks.cli import interop  # noqa: E402, F401

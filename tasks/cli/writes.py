@@ -7,25 +7,20 @@ import sys
 from collections.abc import Iterable, Iterator
 from contextlib import ExitStack
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import typer
-from rich.console import Console
-from rich.progress import Progress
-from rich.table import Table
 
 from core.errors import InvalidEvent
-from core.journal.dead_letters import KEEP, Keep
-from core.records import AppendResult
-from tasks.app import get_app, settings_of
-from tasks.cli.common import JsonOption, app, console, open_store, print_json
-from tasks.embedded import embedded_worker
-from tasks.producer import enqueue_append
+from tasks.cli.common import JsonOption, console, new_app, new_table, open_store, print_json
 
-dead_app = typer.Typer(
-    no_args_is_help=True, help="Rejected queued writes: list, show, export, replay, discard."
-)
-app.add_typer(dead_app, name="dead-letters")
+if TYPE_CHECKING:
+    from core.records import AppendResult
+
+cli = new_app()
+
+dead_app = new_app(help="Rejected queued writes: list, show, export, replay, discard.")
+cli.add_typer(dead_app, name="dead-letters")
 
 
 def _read_jsonl(stream: Iterable[str], source: str) -> Iterator[tuple[int, Any]]:
@@ -58,7 +53,7 @@ def _with_line(exc: InvalidEvent, numbers: list[int], source: str) -> InvalidEve
     return InvalidEvent(exc.field, f"{source} line {numbers[exc.index]}: {exc.reason}")
 
 
-@app.command("append")
+@cli.command("append")
 def append(
     session_id: str = typer.Argument(..., help="The session to append to."),
     source: str = typer.Argument("-", help="A JSONL file of events, or - for stdin."),
@@ -71,7 +66,7 @@ def append(
     """Append events from a JSONL file or stdin, one write per batch."""
     with ExitStack() as stack:
         stream = sys.stdin if source == "-" else stack.enter_context(Path(source).open())
-        store = stack.enter_context(open_store())
+        store = stack.enter_context(open_store(create=True))
         name = "stdin" if source == "-" else source
         writer = _queue_writer(stack) if enqueue else store.append
         results: list[AppendResult] = []
@@ -92,6 +87,10 @@ def append(
 
 
 def _queue_writer(stack: ExitStack) -> Any:
+    from tasks.app import get_app, settings_of
+    from tasks.embedded import embedded_worker
+    from tasks.producer import enqueue_append
+
     celery_app = get_app()
     if settings_of(celery_app).is_embedded_broker:
         stack.enter_context(embedded_worker(celery_app))
@@ -124,12 +123,14 @@ def dead_list(
     as_json: bool = JsonOption,
 ) -> None:
     """List dead letters, oldest first."""
+    from rich.console import Console
+
     with open_store() as store:
         letters = store.dead_letters.list(after_id=after_id, limit=limit)
     if as_json:
         print_json([letter.to_dict() for letter in letters])
         return
-    table = Table("id")
+    table = new_table("id")
     # full ids, never cut or wrapped: an operator copies them into commands
     table.add_column("session", no_wrap=True)
     table.add_column("key", no_wrap=True)
@@ -167,6 +168,9 @@ def dead_export(
     as_json: bool = JsonOption,
 ) -> None:
     """Write every dead letter, with its events (and raw body), as one JSON line each."""
+    from rich.console import Console
+    from rich.progress import Progress
+
     count = 0
     with ExitStack() as stack:
         stream = sys.stdout if str(out) == "-" else stack.enter_context(out.open("w"))
@@ -204,6 +208,8 @@ def dead_replay(
     A write rejected on a conflict can be replayed at another head (--expected-seq) or
     at whatever the head is now (--no-expected-seq).
     """
+    from core.journal.dead_letters import KEEP, Keep
+
     if expected_seq is not None and no_expected_seq:
         raise InvalidEvent("expected_seq", "give --expected-seq or --no-expected-seq, not both")
     events = _load_fixed(fixed) if fixed else None
@@ -235,11 +241,16 @@ def _load_fixed(path: Path) -> list[Any]:
 
 @dead_app.command("discard")
 def dead_discard(
-    letter_id: int, yes: bool = typer.Option(False, "--yes", help="Do not ask.")
+    letter_id: int,
+    yes: bool = typer.Option(False, "--yes", help="Do not ask."),
+    as_json: bool = JsonOption,
 ) -> None:
     """Delete a dead letter for good."""
     if not yes and not typer.confirm(f"discard dead letter {letter_id}?"):
         raise typer.Abort()
     with open_store() as store:
         store.dead_letters.discard(letter_id)
-    console.print(f"discarded dead letter {letter_id}")
+    if as_json:
+        print_json({"discarded": letter_id})
+    else:
+        console.print(f"discarded dead letter {letter_id}")

@@ -1,0 +1,124 @@
+"""Expected failures -> one line on stderr and a documented exit code (README: "Exit codes").
+
+Imports nothing heavy at module level: the start-up path imports this module.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import traceback
+from enum import IntEnum
+
+from core import errors
+
+
+class ExitCode(IntEnum):
+    """The exit codes of ``sessionstore`` (the README's table is built from this)."""
+
+    OK = 0
+    FAILED = 1  # the operation ran and reported a failure (e.g. GC errors, a rejected write)
+    USAGE = 2  # a bad option or argument (click's own code)
+    BAD_INPUT = 3  # invalid events, an unreadable file, a bad value
+    NOT_FOUND = 4  # a bad id: no such session, dead letter, artifact or blob
+    BAD_CONFIG = 5  # a bad URL or setting in SESSIONSTORE_* variables
+    DATABASE_UNAVAILABLE = 6  # the journal database cannot be reached
+    BROKER_UNAVAILABLE = 7  # the Celery broker cannot be reached
+    SCHEMA_NOT_CURRENT = 8  # the schema is missing or behind: `sessionstore db upgrade`
+    DATABASE_MISSING = 9  # no embedded database at the path (read-only commands never create one)
+
+
+_HINTS = {
+    ExitCode.DATABASE_UNAVAILABLE: "check SESSIONSTORE_DATABASE_URL and that the database runs",
+    ExitCode.BROKER_UNAVAILABLE: "check SESSIONSTORE_BROKER_URL and that the broker runs",
+    ExitCode.SCHEMA_NOT_CURRENT: "run `sessionstore db upgrade`",
+    ExitCode.DATABASE_MISSING: "check SESSIONSTORE_DATA_DIR and SESSIONSTORE_DATABASE_URL, "
+    "or create it with `sessionstore db upgrade`",
+}
+
+# Driver errors that mean "a backend cannot be reached", by class name so the CLI imports
+# no driver. This is the ONE place the CLI maps driver errors; it shrinks to nothing once
+# core raises StorageUnavailable for all of them (the driver-error translation layer).
+_DRIVER_ERRORS = {
+    "sqlalchemy.exc.OperationalError": "database",
+    "sqlalchemy.exc.InterfaceError": "database",
+    "sqlalchemy.exc.TimeoutError": "database",
+    "psycopg.OperationalError": "database",
+    "kombu.exceptions.OperationalError": "broker",
+    "redis.exceptions.ConnectionError": "broker",
+    "redis.exceptions.TimeoutError": "broker",
+}
+
+
+def _driver_component(exc: BaseException) -> str | None:
+    for cls in type(exc).__mro__:
+        component = _DRIVER_ERRORS.get(f"{cls.__module__}.{cls.__qualname__}")
+        if component:
+            return component
+    return None
+
+
+def classify(exc: BaseException) -> tuple[ExitCode, str] | None:
+    """(exit code, one-line message) for an expected failure; None for a bug."""
+    code: ExitCode
+    if isinstance(exc, errors.StorageUnavailable):
+        code = (
+            ExitCode.BROKER_UNAVAILABLE
+            if exc.component == "broker"
+            else ExitCode.DATABASE_UNAVAILABLE
+        )
+        return code, f"{exc.component} unavailable: {exc.message}"
+    component = _driver_component(exc)
+    if component is not None:
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        code = (
+            ExitCode.BROKER_UNAVAILABLE
+            if component == "broker"
+            else (ExitCode.DATABASE_UNAVAILABLE)
+        )
+        return code, f"{component} unavailable: {first}"
+    if isinstance(exc, errors.SchemaNotCurrent):
+        return ExitCode.SCHEMA_NOT_CURRENT, exc.message
+    if isinstance(exc, errors.DatabaseMissing):
+        return ExitCode.DATABASE_MISSING, exc.message
+    if isinstance(
+        exc,
+        (
+            errors.SessionNotFound,
+            errors.DeadLetterNotFound,
+            errors.ArtifactNotFound,
+            errors.BlobNotFound,
+            errors.ResolveNotFound,
+        ),
+    ):
+        return ExitCode.NOT_FOUND, exc.message
+    if isinstance(exc, errors.BadConfig):
+        return ExitCode.BAD_CONFIG, exc.message
+    if isinstance(exc, (errors.InvalidEvent, errors.InvalidBlobHash, errors.ResolveError)):
+        return ExitCode.BAD_INPUT, exc.message
+    if isinstance(exc, errors.SessionStoreError):
+        return ExitCode.FAILED, exc.message
+    if isinstance(exc, (OSError, ValueError)):
+        return ExitCode.BAD_INPUT, str(exc)
+    return None
+
+
+def debug_enabled(argv: list[str]) -> bool:
+    return "--debug" in argv or os.environ.get("SESSIONSTORE_DEBUG", "") not in ("", "0")
+
+
+def fail(exc: BaseException, *, debug: bool) -> None:
+    """Report ``exc`` and exit: one line (or the traceback with ``debug``)."""
+    classified = classify(exc)
+    if classified is None:  # a bug: always the traceback
+        raise exc
+    code, message = classified
+    if debug:
+        traceback.print_exception(exc, file=sys.stderr)
+    hint = _HINTS.get(code)
+    line = " ".join(message.split()) or type(exc).__name__
+    if hint and hint not in line:
+        line = f"{line} ({hint})"
+    sys.stderr.write(f"error: {line}\n")
+    sys.stderr.flush()
+    sys.exit(int(code))

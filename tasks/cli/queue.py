@@ -1,0 +1,88 @@
+"""``sessionstore queue status``: what is waiting, what is running, what was rejected."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import typer
+
+from tasks.cli.common import JsonOption, console, new_app, new_table, open_store, print_json
+
+cli = new_app()
+
+queue_app = new_app(help="The task queue: status.")
+cli.add_typer(queue_app, name="queue")
+
+
+def _broker_counts(celery_app: Any, queue: str) -> dict[str, Any]:
+    """Messages waiting in ``queue`` and (Redis) delivered but not yet acked."""
+    with celery_app.connection_for_read() as conn:
+        # One attempt: an unreachable broker is reported at once, not retried for minutes.
+        conn.ensure_connection(max_retries=1, interval_start=0, interval_step=0, timeout=5)
+        channel = conn.default_channel
+        try:
+            depth = int(channel.queue_declare(queue=queue, passive=True).message_count)
+        except Exception as exc:
+            if type(exc).__name__ != "ChannelError":  # NOT_FOUND: never used, so empty
+                raise
+            depth = 0
+        unacked = None
+        client = getattr(channel, "client", None)  # the Redis transport's client
+        unacked_key = getattr(channel, "unacked_key", None)
+        if client is not None and unacked_key is not None:
+            unacked = int(client.hlen(unacked_key))
+        return {
+            "broker": conn.as_uri(),
+            "queues": {queue: depth},
+            "unacked": unacked,
+        }
+
+
+def _workers(celery_app: Any, timeout: float) -> dict[str, list[dict[str, Any]]]:
+    """Workers that answered within ``timeout``, each with its active tasks."""
+    inspect = celery_app.control.inspect(timeout=timeout)
+    active = inspect.active() or {}
+    alive = inspect.ping() or {}
+    return {
+        name: [
+            {"id": t.get("id"), "name": t.get("name"), "started": t.get("time_start")}
+            for t in active.get(name, [])
+        ]
+        for name in sorted(set(alive) | set(active))
+    }
+
+
+@queue_app.command("status")
+def status(
+    timeout: float = typer.Option(
+        1.0, min=0.1, help="Seconds to wait for workers to answer the inspection."
+    ),
+    as_json: bool = JsonOption,
+) -> None:
+    """Depth per queue, unacked messages, dead letters, and the workers alive with their
+    active tasks (workers that do not answer within --timeout are not listed)."""
+    from tasks.app import QUEUE, create_app
+    from tasks.cli.common import load_settings
+
+    settings = load_settings()
+    celery_app = create_app(settings)
+    counts = _broker_counts(celery_app, QUEUE)
+    with open_store() as store:
+        dead = store.dead_letters.count()
+    workers = _workers(celery_app, timeout)
+    result = {**counts, "dead_letters": dead, "workers": workers}
+    if as_json:
+        print_json(result)
+        return
+    table = new_table("", "", show_header=False, title="queue", title_justify="left")
+    table.add_row("broker", counts["broker"])
+    for name, depth in counts["queues"].items():
+        table.add_row(f"waiting in {name}", f"{depth:,}")
+    unacked = counts["unacked"]
+    table.add_row("unacked (delivered, running)", "n/a" if unacked is None else f"{unacked:,}")
+    table.add_row("dead letters", f"{dead:,}")
+    table.add_row("workers alive", f"{len(workers)}")
+    console.print(table)
+    for name, tasks in workers.items():
+        running = ", ".join(f"{t['name']}[{t['id']}]" for t in tasks) or "idle"
+        console.print(f"{name}: {running}", markup=False, highlight=False)

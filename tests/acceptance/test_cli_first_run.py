@@ -1,0 +1,280 @@
+"""Issue 18 through the real ``sessionstore`` executable: a first run, every failure as one
+line with its documented exit code, and the commands a user expects.
+
+Each test runs the CLI as a subprocess with a fresh HOME and no SESSIONSTORE_* variables
+from the caller, so nothing here can touch a developer's data.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import psycopg
+import pytest
+
+from core.migrate import head_revision, history
+from tasks.cli.failures import ExitCode
+from tests.conftest import PG_ADMIN_DSN, drop_pg_database, pg_url_for
+from tests.support import ROOT, free_port
+
+EXE = shutil.which("sessionstore") or str(Path(sys.executable).parent / "sessionstore")
+
+
+class Cli:
+    def __init__(self, home: Path, cwd: Path) -> None:
+        self.home = home
+        self.cwd = cwd
+        self.env: dict[str, str] = {}
+
+    def __call__(
+        self, *args: str, stdin: str | None = None, timeout: float = 120
+    ) -> subprocess.CompletedProcess[str]:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("SESSIONSTORE_")}
+        env.update({"HOME": str(self.home), "XDG_DATA_HOME": "", **self.env})
+        env.pop("XDG_DATA_HOME")
+        return subprocess.run(
+            [EXE, *args],
+            capture_output=True,
+            text=True,
+            env=env,
+            cwd=self.cwd,
+            input=stdin,
+            timeout=timeout,
+            check=False,
+        )
+
+
+@pytest.fixture
+def cli(tmp_path: Path) -> Cli:
+    (tmp_path / "home").mkdir()
+    (tmp_path / "cwd").mkdir()
+    return Cli(tmp_path / "home", tmp_path / "cwd")
+
+
+def one_line_error(result: subprocess.CompletedProcess[str], code: ExitCode, *needles: str) -> str:
+    """The failure printed exactly one line on stderr, no traceback, with ``code``."""
+    assert result.returncode == int(code), (result.returncode, result.stderr)
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith("error: ")
+    for needle in needles:
+        assert needle in lines[0], lines[0]
+    return lines[0]
+
+
+def _message(text: str, entry: str) -> dict[str, object]:
+    return {
+        "type": "message",
+        "id": entry,
+        "parentId": None,
+        "message": {"role": "user", "content": text},
+    }
+
+
+# --- missing commands --------------------------------------------------------------------
+
+
+@pytest.mark.smoke
+def test_version(cli: Cli) -> None:
+    result = cli("--version")
+    assert result.returncode == 0 and result.stdout.startswith("sessionstore ")
+
+
+def test_db_history_check_and_downgrade(cli: Cli) -> None:
+    cli.env["SESSIONSTORE_DATA_DIR"] = str(cli.home / "data")
+    revisions = [r.revision for r in history(None)]
+    assert len(revisions) >= 2
+    previous = revisions[-2]
+    assert cli("db", "upgrade", previous).returncode == 0
+    behind = cli("db", "check")
+    assert behind.returncode == int(ExitCode.SCHEMA_NOT_CURRENT)
+    assert "pending" in behind.stdout and revisions[-1] in behind.stdout
+    assert "db upgrade" in behind.stdout
+    shown = json.loads(cli("db", "history", "--json").stdout)
+    assert [r["applied"] for r in shown][-2:] == [True, False]
+    assert cli("db", "upgrade").returncode == 0
+    ok = cli("db", "check")
+    assert ok.returncode == 0 and "up to date" in ok.stdout
+    down = cli("db", "downgrade", previous, "--yes", "--json")
+    assert down.returncode == 0 and json.loads(down.stdout)["current"] == previous
+    assert head_revision() == revisions[-1]
+
+
+def test_queue_status_embedded(cli: Cli) -> None:
+    cli.env["SESSIONSTORE_DATA_DIR"] = str(cli.home / "data")
+    assert cli("db", "upgrade").returncode == 0
+    result = cli("queue", "status", "--json", "--timeout", "0.5")
+    assert result.returncode == 0, result.stderr
+    status = json.loads(result.stdout)
+    assert status["queues"] == {"sessionstore": 0}
+    assert status["dead_letters"] == 0 and status["workers"] == {}
+
+
+@pytest.mark.redis
+def test_queue_status_redis_counts_waiting_messages(cli: Cli, redis_url: str) -> None:
+    from core.settings import Settings
+    from tasks.app import create_app
+    from tasks.producer import enqueue_append
+
+    data = cli.home / "data"
+    cli.env.update({"SESSIONSTORE_DATA_DIR": str(data), "SESSIONSTORE_BROKER_URL": redis_url})
+    assert cli("db", "upgrade").returncode == 0
+    app = create_app(Settings(data_dir=data, broker_url=redis_url))
+    for n in range(3):  # no worker: they wait in the queue
+        enqueue_append("s", [_message("hi", f"e{n}")], app=app)
+    status = json.loads(cli("queue", "status", "--json", "--timeout", "0.5").stdout)
+    assert status["queues"] == {"sessionstore": 3} and status["unacked"] == 0
+
+
+# --- first-failure messages -----------------------------------------------------------------
+
+
+def test_database_at_a_closed_port_is_one_line(cli: Cli) -> None:
+    port = free_port()
+    cli.env["SESSIONSTORE_DATABASE_URL"] = f"postgresql+psycopg://postgres@127.0.0.1:{port}/x"
+    for args in (("sessions", "list"), ("stats",), ("db", "check")):
+        one_line_error(cli(*args), ExitCode.DATABASE_UNAVAILABLE, "database unavailable")
+
+
+def test_broker_stopped_is_one_line(cli: Cli) -> None:
+    cli.env["SESSIONSTORE_DATA_DIR"] = str(cli.home / "data")
+    cli.env["SESSIONSTORE_BROKER_URL"] = f"redis://127.0.0.1:{free_port()}/0"
+    cli.env["SESSIONSTORE_PUBLISH_RETRY_SECONDS"] = "0"
+    assert cli("db", "upgrade").returncode == 0
+    one_line_error(cli("queue", "status"), ExitCode.BROKER_UNAVAILABLE, "broker unavailable")
+    events = json.dumps(_message("hi", "e1")) + "\n"
+    one_line_error(
+        cli("append", "s1", "--enqueue", stdin=events),
+        ExitCode.BROKER_UNAVAILABLE,
+        "broker unavailable",
+    )
+
+
+def test_debug_shows_the_traceback(cli: Cli) -> None:
+    result = cli("--debug", "sessions", "list")
+    assert result.returncode == int(ExitCode.DATABASE_MISSING)
+    assert "Traceback" in result.stderr
+    cli.env["SESSIONSTORE_DEBUG"] = "1"
+    assert "Traceback" in cli("sessions", "list").stderr
+
+
+def test_bad_url_bad_id_bad_input(cli: Cli) -> None:
+    cli.env["SESSIONSTORE_DATABASE_URL"] = "mysql://nope"
+    one_line_error(cli("sessions", "list"), ExitCode.BAD_CONFIG, "database_url")
+    cli.env.pop("SESSIONSTORE_DATABASE_URL")
+    cli.env["SESSIONSTORE_DATA_DIR"] = str(cli.home / "data")
+    assert cli("db", "upgrade").returncode == 0
+    one_line_error(cli("sessions", "show", "no-such-session"), ExitCode.NOT_FOUND)
+    one_line_error(cli("dead-letters", "show", "42"), ExitCode.NOT_FOUND)
+    one_line_error(cli("append", "s1", stdin="{not json\n"), ExitCode.BAD_INPUT, "line 1")
+
+
+# --- embedded mode ----------------------------------------------------------------------
+
+
+@pytest.mark.postgres
+def test_postgres_schema_missing_needs_db_upgrade(cli: Cli, pg_template: str) -> None:
+    name = f"ss_cli_{uuid.uuid4().hex[:10]}"
+    with psycopg.connect(PG_ADMIN_DSN, autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{name}"')
+    try:
+        cli.env["SESSIONSTORE_DATABASE_URL"] = pg_url_for(name)
+        cli.env["SESSIONSTORE_DATA_DIR"] = str(cli.home / "data")
+        one_line_error(
+            cli("sessions", "list"), ExitCode.SCHEMA_NOT_CURRENT, "missing", "db upgrade"
+        )
+        assert cli("db", "upgrade").returncode == 0
+        assert cli("sessions", "list", "--json").returncode == 0
+    finally:
+        drop_pg_database(name)
+
+
+def test_embedded_schema_is_created_on_first_write(cli: Cli) -> None:
+    events = json.dumps(_message("hi", "e1")) + "\n"
+    appended = cli("append", "s1", "--json", stdin=events)
+    # The session does not exist, but the database and its schema now do.
+    one_line_error(appended, ExitCode.NOT_FOUND, "s1")
+    assert cli("db", "check").returncode == 0
+
+
+def test_default_data_dir_is_the_user_data_dir_not_cwd(cli: Cli) -> None:
+    shown = json.loads(cli("settings", "--json").stdout)
+    assert Path(shown["data_dir"]) == cli.home / ".local/share/sessionstore"
+    assert cli("db", "upgrade").returncode == 0
+    assert (cli.home / ".local/share/sessionstore/journal.db").exists()
+    assert list(cli.cwd.iterdir()) == []
+
+
+def test_read_only_commands_never_create_a_database(cli: Cli, tmp_path: Path) -> None:
+    typo = tmp_path / "typo" / "jounral.db"
+    cli.env["SESSIONSTORE_DATABASE_URL"] = f"sqlite:///{typo}"
+    for args in (
+        ("sessions", "list"),
+        ("stats",),
+        ("events",),
+        ("state", "s1"),
+        ("db", "check"),
+        ("db", "history"),
+        ("dead-letters", "list"),
+        ("maintenance-runs",),
+    ):
+        one_line_error(cli(*args), ExitCode.DATABASE_MISSING, str(typo))
+    assert not typo.exists() and not typo.parent.exists()
+
+
+# --- the demo ---------------------------------------------------------------------------
+
+
+@pytest.fixture
+def user_data(tmp_path: Path) -> Iterator[Path]:
+    folder = tmp_path / "user-data"
+    yield folder
+
+
+@pytest.mark.slow
+def test_demo_never_touches_the_configured_data(cli: Cli, user_data: Path) -> None:
+    user_db = user_data / "precious.db"
+    cli.env.update(
+        {
+            "SESSIONSTORE_DATA_DIR": str(user_data),
+            "SESSIONSTORE_DATABASE_URL": f"sqlite:///{user_db}",
+            "SESSIONSTORE_BROKER_URL": f"redis://127.0.0.1:{free_port()}/0",
+        }
+    )
+    result = cli("demo", timeout=300)
+    assert result.returncode == 0, result.stderr
+    where = Path(result.stderr.split("demo data dir: ", 1)[1].split()[0])
+    assert not where.exists()
+    assert not user_data.exists() and not user_db.exists()
+    assert list(cli.cwd.iterdir()) == []
+
+    kept = cli("demo", "--keep", timeout=300)
+    assert kept.returncode == 0, kept.stderr
+    where = Path(kept.stderr.split("demo data dir: ", 1)[1].split()[0])
+    assert (where / "journal.db").exists()
+    shutil.rmtree(where)
+
+
+def test_demo_use_settings_asks_first(cli: Cli, user_data: Path) -> None:
+    cli.env["SESSIONSTORE_DATA_DIR"] = str(user_data)
+    result = cli("demo", "--use-settings", stdin="n\n")
+    assert result.returncode != 0 and "run the demo against" in result.stdout
+    assert not user_data.exists()
+
+
+# --- repository hygiene -----------------------------------------------------------------
+
+
+def test_no_transport_folders_in_the_repository() -> None:
+    assert not (ROOT / "control").exists()
+    tracked = subprocess.run(
+        ["git", "ls-files", "*.exchange"], cwd=ROOT, capture_output=True, text=True, check=False
+    ).stdout
+    assert tracked == ""
