@@ -20,6 +20,7 @@ from sqlalchemy import (
     Text,
     TypeDecorator,
     UniqueConstraint,
+    false,
 )
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.engine import Dialect
@@ -132,6 +133,12 @@ class EventRow(SQLModel, table=True):
     type: str = Field(sa_column=Column(String(256), nullable=False))
     payload: dict[str, Any] = Field(sa_column=Column(EventPayload, nullable=False))
     recorded_at: datetime = Field(sa_column=Column(TZDateTime, nullable=False))
+    # A fork's copy of a parent's event (Journal.copy_events): analytics count each event
+    # once across a fork tree by leaving these out unless asked (migration 0008).
+    inherited: bool = Field(
+        default=False,
+        sa_column=Column(Boolean, nullable=False, default=False, server_default=false()),
+    )
 
 
 class WriteRow(SQLModel, table=True):

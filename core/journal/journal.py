@@ -20,6 +20,7 @@ from sqlalchemy import (
     insert,
     literal,
     select,
+    true,
     update,
 )
 from sqlalchemy.exc import IntegrityError
@@ -361,16 +362,19 @@ class Journal(SessionRows):
         positions come from the position sequence (SQLite: AUTOINCREMENT) in seq order, as
         the one-statement append's do, while this transaction holds the writers' lock
         (invariant 4). ``recorded_at`` is the fork's time: when these rows were recorded.
+        The copies are marked ``inherited`` (the parent's own rows, or its own inherited
+        ones, hold the same events), so analytics can count each event once.
         """
         conn.execute(
             insert(_events).from_select(
-                ["session_id", "seq", "type", "payload", "recorded_at"],
+                ["session_id", "seq", "type", "payload", "recorded_at", "inherited"],
                 select(
                     literal(fork_id, String),
                     _events.c.seq,
                     _events.c.type,
                     _events.c.payload,
                     literal(recorded_at, TZDateTime),
+                    true(),
                 )
                 .where(_events.c.session_id == parent_id, _events.c.seq <= upto)
                 .order_by(_events.c.seq),
