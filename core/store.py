@@ -287,9 +287,18 @@ class SessionStore:
         since: datetime | None = None,
         until: datetime | None = None,
         top: int = 10,
+        include_inherited: bool = False,
     ) -> Stats:
-        """Events per type and day, sessions, top sessions, tokens, blob dedup, artifacts."""
-        return analytics.stats(self.engine, tenant_id=tenant_id, since=since, until=until, top=top)
+        """Events per type and day, sessions, top sessions, tokens, blob dedup, artifacts;
+        each event once across a fork tree unless ``include_inherited`` (per session)."""
+        return analytics.stats(
+            self.engine,
+            tenant_id=tenant_id,
+            since=since,
+            until=until,
+            top=top,
+            include_inherited=include_inherited,
+        )
 
     # blobs and artifacts ----------------------------------------------------------------
 

@@ -289,7 +289,8 @@ class SessionSize:
 
 @dataclass(frozen=True, slots=True)
 class TokenTotals:
-    """Sums of ``message.usage`` over message events (every branch)."""
+    """Sums of ``message.usage`` over message events (every branch). On SQLite a sum that
+    does not fit in 64 bits is a float (exact sums there would overflow)."""
 
     input: int | float = 0
     output: int | float = 0
@@ -327,6 +328,10 @@ class Stats:
     blobs: BlobSummary
     artifact_bytes: dict[str, int] = field(default_factory=dict)
     artifact_count: dict[str, int] = field(default_factory=dict)
+    # events a fork copied from its parent, in scope; counted in the figures above only when
+    # ``include_inherited`` (otherwise each event counts once, in the session that wrote it)
+    inherited_events: int = 0
+    include_inherited: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         def size(s: SessionSize) -> dict[str, Any]:
@@ -341,6 +346,8 @@ class Stats:
 
         return {
             "events": self.events,
+            "inherited_events": self.inherited_events,
+            "include_inherited": self.include_inherited,
             "sessions": self.sessions,
             "active_sessions": self.active_sessions,
             "events_by_type": self.events_by_type,
@@ -371,13 +378,26 @@ class Stats:
         }
 
 
+_EXACT_FLOAT = 2**53  # floats at or below this magnitude hold integers exactly
+
+
 def _plain(value: Any) -> int | float:
-    """Database sums (Decimal on PostgreSQL) as int when integral, else float."""
+    """Database sums (Decimal on PostgreSQL, float from SQLite's total()) as int when
+    integral and exact, else float."""
     if value is None:
         return 0
     if isinstance(value, Decimal):
         return int(value) if value == value.to_integral_value() else float(value)
-    return value if isinstance(value, (int, float)) else float(value)
+    if isinstance(value, float):
+        exact = value.is_integer() and abs(value) <= _EXACT_FLOAT
+        return int(value) if exact else value
+    return value if isinstance(value, int) else float(value)
+
+
+def _sum(engine: Engine, value: ColumnElement[Any]) -> ColumnElement[Any]:
+    """SUM that cannot fail: SQLite's sum() raises "integer overflow" past 64 bits, its
+    total() sums as a float; PostgreSQL sums numeric exactly."""
+    return func.total(value) if is_sqlite(engine) else func.sum(value)
 
 
 def stats(
@@ -387,11 +407,18 @@ def stats(
     since: datetime | None = None,
     until: datetime | None = None,
     top: int = 10,
+    include_inherited: bool = False,
 ) -> Stats:
     """Journal stats over events recorded in [since, until); blob and artifact figures are
-    current totals (not time-filtered), scoped to the tenant when one is given."""
+    current totals (not time-filtered), scoped to the tenant when one is given.
+
+    A fork's copies of its parent's events are left out unless ``include_inherited``: each
+    event counts once across a fork tree, in the session that wrote it; with it, every
+    session counts all of its events.
+    """
     flt = EventFilter(tenant_id=tenant_id, since=since, until=until)
-    scope = _scope(engine, flt)
+    in_scope = _scope(engine, flt)
+    scope = in_scope if include_inherited else [*in_scope, _events.c.inherited.is_(False)]
     top = max(1, min(top, 1000))
     with read_connection(engine) as conn:
         by_type = {
@@ -422,6 +449,11 @@ def stats(
         by_events = _top_sessions(conn, engine, scope, top, by_bytes=False)
         by_bytes = _top_sessions(conn, engine, scope, top, by_bytes=True)
         tokens = _token_totals(conn, engine, scope)
+        inherited = int(
+            conn.execute(
+                select(func.count()).where(*in_scope, _events.c.inherited.is_(True))
+            ).scalar_one()
+        )
         blobs = _blob_summary(conn, engine, tenant_id)
     artifacts = stats_by_kind(engine, tenant_id=tenant_id)
     return Stats(
@@ -436,6 +468,8 @@ def stats(
         blobs=blobs,
         artifact_bytes={kind: s.total_bytes for kind, s in artifacts.items()},
         artifact_count={kind: s.count for kind, s in artifacts.items()},
+        inherited_events=inherited,
+        include_inherited=include_inherited,
     )
 
 
@@ -491,14 +525,15 @@ def _token_totals(
     conn: Connection, engine: Engine, scope: Sequence[ColumnElement[bool]]
 ) -> TokenTotals:
     sums = [
-        func.sum(_json_number(engine, "message", "usage", name)).label(name)
+        _sum(engine, _json_number(engine, "message", "usage", name)).label(name)
         for name in _TOKEN_FIELDS
     ]
-    cost = func.sum(
+    cost = _sum(
+        engine,
         func.coalesce(
             _json_number(engine, "message", "usage", "cost"),
             _json_number(engine, "message", "usage", "cost", "total"),
-        )
+        ),
     )
     row = conn.execute(select(*sums, cost).where(_events.c.type == "message", *scope)).one()
     return TokenTotals(*(_plain(v) for v in row))

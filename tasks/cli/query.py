@@ -291,6 +291,12 @@ def stats(
     since: str | None = typer.Option(None, help="Events recorded at or after (ISO 8601)."),
     until: str | None = typer.Option(None, help="Events recorded before (ISO 8601)."),
     top: int = typer.Option(10, min=1, max=1000, help="How many top sessions to list."),
+    include_inherited: bool = typer.Option(
+        False,
+        "--include-inherited",
+        help="Count the events a fork copied from its parent in every session that holds "
+        "them (default: each event once, in the session that wrote it).",
+    ),
     as_json: bool = JsonOption,
 ) -> None:
     """Events per type and per day, sessions, top sessions, tokens, blob dedup, artifacts."""
@@ -300,6 +306,7 @@ def stats(
             since=_when(since, "--since"),
             until=_when(until, "--until"),
             top=top,
+            include_inherited=include_inherited,
         )
     data = result.to_dict()
     if as_json:
@@ -312,6 +319,11 @@ def stats(
             "Summary",
             [
                 ("events", f"{data['events']:,}"),
+                (
+                    "inherited by forks",
+                    f"{data['inherited_events']:,} "
+                    + ("(counted)" if include_inherited else "(not counted)"),
+                ),
                 ("sessions", f"{data['sessions']:,} ({data['active_sessions']:,} with events)"),
                 ("tokens in / out", f"{tokens['input']:,} / {tokens['output']:,}"),
                 ("cache read / write", f"{tokens['cache_read']:,} / {tokens['cache_write']:,}"),
