@@ -6,22 +6,23 @@ huge token totals never overflow; migration 0008 backfills existing forks."""
 from __future__ import annotations
 
 import subprocess
-import uuid
-from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import orjson
-import psycopg
 import pytest
 from sqlalchemy import text
 
 from core import SessionStore, Settings, migrate
 from core.db import make_engine
-from tests.conftest import PG_ADMIN_DSN, drop_pg_database, pg_url_for
+from tests import test_analytics, test_migrations
 from tests.test_cli_query import EXECUTABLE, _env
 from tests.test_projection import SessionBuilder
+
+# shared fixtures: a migrated PostgreSQL store; an unmigrated database of either backend
+pg_store = test_analytics.pg_store
+empty_url = test_migrations.empty_url
 
 
 def _stats(settings: Settings, *args: str) -> dict[str, Any]:
@@ -144,13 +145,6 @@ def test_stats_survive_huge_token_totals(
 # PostgreSQL: the BI views ---------------------------------------------------------------
 
 
-@pytest.fixture
-def pg_store(pg_url: str, tmp_path: Path) -> Iterator[SessionStore]:
-    settings = Settings(data_dir=tmp_path / "data", database_url=pg_url)
-    with SessionStore.from_settings(settings) as store:
-        yield store
-
-
 def test_bi_views_mark_inherited_rows_and_count_tokens_once(pg_store: SessionStore) -> None:
     parent, fork, grandchild = _fork_tree(pg_store)
     with pg_store.engine.connect() as conn:
@@ -191,19 +185,6 @@ def test_bi_tool_calls_carry_inherited(pg_store: SessionStore) -> None:
 
 
 # migration 0008 -------------------------------------------------------------------------
-
-
-@pytest.fixture(params=["sqlite", "postgres"])
-def fresh_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
-    if request.param == "sqlite":
-        yield f"sqlite:///{tmp_path / 'fresh.db'}"
-        return
-    request.getfixturevalue("pg_template")
-    name = f"ss_m8_{uuid.uuid4().hex[:10]}"
-    with psycopg.connect(PG_ADMIN_DSN, autocommit=True) as conn:
-        conn.execute(f'CREATE DATABASE "{name}"')
-    yield pg_url_for(name)
-    drop_pg_database(name)
 
 
 def _message(input_tokens: int) -> str:
@@ -274,12 +255,12 @@ def _columns(url: str) -> set[str]:
         engine.dispose()
 
 
-def test_migration_0008_backfills_forks_and_round_trips(fresh_url: str, tmp_path: Path) -> None:
-    migrate.upgrade(fresh_url, "0012")
-    _seed_pre_0008(fresh_url)
-    migrate.upgrade(fresh_url)
+def test_migration_0008_backfills_forks_and_round_trips(empty_url: str, tmp_path: Path) -> None:
+    migrate.upgrade(empty_url, "0012")
+    _seed_pre_0008(empty_url)
+    migrate.upgrade(empty_url)
 
-    inherited = _inherited(fresh_url)
+    inherited = _inherited(empty_url)
     assert {k for k, v in inherited.items() if v} == {
         ("f", 1),
         ("f", 2),
@@ -287,12 +268,12 @@ def test_migration_0008_backfills_forks_and_round_trips(fresh_url: str, tmp_path
         ("g", 2),
         ("g", 3),
     }
-    settings = Settings(data_dir=tmp_path / "data", database_url=fresh_url)
+    settings = Settings(data_dir=tmp_path / "data", database_url=empty_url)
     with SessionStore.from_settings(settings) as store:
         assert store.stats().tokens.input == 1 + 10 + 100 + 1000 + 10000 + 5
         assert store.stats(include_inherited=True).tokens.input == 111 + 1011 + 11011 + 5
         assert store.stats().inherited_events == 5
-        if not fresh_url.startswith("sqlite"):
+        if not empty_url.startswith("sqlite"):
             with store.engine.connect() as conn:
                 total = conn.execute(
                     text("SELECT sum(input_tokens) FROM bi_messages WHERE NOT inherited")
@@ -300,10 +281,10 @@ def test_migration_0008_backfills_forks_and_round_trips(fresh_url: str, tmp_path
                 own = conn.execute(text("SELECT sum(input_tokens) FROM bi_sessions")).scalar_one()
             assert total == own == 11116
 
-    migrate.downgrade(fresh_url, "0012")
-    assert "inherited" not in _columns(fresh_url)
-    if not fresh_url.startswith("sqlite"):
-        engine = make_engine(fresh_url, pool_size=1)
+    migrate.downgrade(empty_url, "0012")
+    assert "inherited" not in _columns(empty_url)
+    if not empty_url.startswith("sqlite"):
+        engine = make_engine(empty_url, pool_size=1)
         try:
             with engine.connect() as conn:
                 assert conn.execute(text("SELECT count(*) FROM bi_messages")).scalar_one() == 11
@@ -312,11 +293,11 @@ def test_migration_0008_backfills_forks_and_round_trips(fresh_url: str, tmp_path
         finally:
             engine.dispose()
 
-    migrate.upgrade(fresh_url)
-    assert sum(_inherited(fresh_url).values()) == 5
+    migrate.upgrade(empty_url)
+    assert sum(_inherited(empty_url).values()) == 5
     # positions are still never reused after the round trip (SQLite keeps AUTOINCREMENT)
-    if fresh_url.startswith("sqlite"):
-        engine = make_engine(fresh_url, pool_size=1)
+    if empty_url.startswith("sqlite"):
+        engine = make_engine(empty_url, pool_size=1)
         try:
             with engine.connect() as conn:
                 ddl = conn.execute(
