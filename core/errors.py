@@ -211,6 +211,15 @@ class ImportConflict(SessionStoreError):
         return {**super().to_dict(), "path": self.path, "line": self.line, "reason": self.reason}
 
 
+class ExternalIdTaken(SessionStoreError):
+    """Another session of the tenant already has this external id."""
+
+    def __init__(self, tenant_id: str, external_id: str) -> None:
+        self.tenant_id = tenant_id
+        self.external_id = external_id
+        super().__init__(f"tenant {tenant_id} already has a session with external id {external_id}")
+
+
 class ImportFormatError(InvalidEvent):
     """A session file could not be read in the requested format."""
 

@@ -53,6 +53,7 @@ class UTCDateTime(TypeDecorator[datetime]):
 TZDateTime = UTCDateTime()
 
 SESSION_ID_LEN = 36
+EXTERNAL_ID_LEN = 200
 HASH_LEN = 64
 
 
@@ -66,6 +67,8 @@ class SessionRow(SQLModel, table=True):
         Index("ix_sessions_tenant_created", "tenant_id", "created_at", "id"),
         # the fork reconciler's scan: pending copies, oldest first
         Index("ix_sessions_copy_status_created", "copy_status", "created_at"),
+        # an imported session's id in the agent's own files (pi header id), unique per tenant
+        UniqueConstraint("tenant_id", "external_id", name="uq_sessions_tenant_external_id"),
     )
 
     id: str = Field(sa_column=Column(String(SESSION_ID_LEN), primary_key=True))
@@ -81,6 +84,28 @@ class SessionRow(SQLModel, table=True):
     copy_status: str | None = Field(default=None, sa_column=Column(String(16), nullable=True))
     copy_error: str | None = Field(default=None, sa_column=Column(Text, nullable=True))
     created_at: datetime = Field(sa_column=Column(TZDateTime, nullable=False))
+    updated_at: datetime = Field(sa_column=Column(TZDateTime, nullable=False))
+    external_id: str | None = Field(
+        default=None, sa_column=Column(String(EXTERNAL_ID_LEN), nullable=True)
+    )
+
+
+class ImportOffsetRow(SQLModel, table=True):
+    """How far a session file has been imported: a re-import resumes after ``consumed_bytes``
+    once the file's first ``consumed_bytes`` still hash to ``prefix_sha256``."""
+
+    __tablename__ = "import_offsets"
+
+    session_id: str = Field(
+        sa_column=Column(String(SESSION_ID_LEN), ForeignKey("sessions.id"), primary_key=True)
+    )
+    path: str = Field(sa_column=Column(Text, nullable=False))
+    format: str = Field(sa_column=Column(String(32), nullable=False))
+    consumed_bytes: int = Field(sa_column=Column(BigInteger, nullable=False))
+    # complete lines consumed, and events the session holds from the file (header included)
+    lines: int = Field(sa_column=Column(BigInteger, nullable=False))
+    entries: int = Field(sa_column=Column(BigInteger, nullable=False))
+    prefix_sha256: str = Field(sa_column=Column(String(HASH_LEN), nullable=False))
     updated_at: datetime = Field(sa_column=Column(TZDateTime, nullable=False))
 
 

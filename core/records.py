@@ -111,6 +111,8 @@ class Session(PlainRecord):
     cwd: str | None = None
     copy_status: str | None = None
     copy_error: str | None = None
+    # the id the agent gave the session (pi header ``id``) when it was imported or named
+    external_id: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -9,7 +9,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from datetime import datetime
 from functools import cached_property
-from typing import Any
+from pathlib import Path
+from typing import IO, Any
 
 from sqlalchemy import Engine
 
@@ -25,6 +26,8 @@ from core.artifacts import resolve as resolve_url
 from core.blobs import BlobStats, BlobStore, open_blob_store
 from core.blobs.rehydrate import RehydrateMode, Rehydrator
 from core.db import make_engine
+from core.interop.exporter import export_pi
+from core.interop.importer import ImportResult, import_session
 from core.journal import DeadLetters, Journal
 from core.maintenance import (
     ExpireRunReport,
@@ -114,12 +117,43 @@ class SessionStore:
     # sessions ---------------------------------------------------------------------------
 
     def create_session(
-        self, *, tenant_id: str, title: str | None = None, cwd: str | None = None
+        self,
+        *,
+        tenant_id: str,
+        title: str | None = None,
+        cwd: str | None = None,
+        external_id: str | None = None,
     ) -> Session:
-        return self.journal.create_session(tenant_id=tenant_id, title=title, cwd=cwd)
+        """A new session; ``external_id`` is the id an agent knows it by (unique per tenant,
+        accepted wherever a session id is)."""
+        return self.journal.create_session(
+            tenant_id=tenant_id, title=title, cwd=cwd, external_id=external_id
+        )
 
     def get_session(self, session_id: str, *, tenant_id: str | None = None) -> Session:
         return self.journal.get_session(session_id, tenant_id=tenant_id)
+
+    def resolve_session(self, ref: str, *, tenant_id: str | None = None) -> Session:
+        """A session by id, or by external id (the agent's own id) within the tenant."""
+        return self.journal.resolve_session(ref, tenant_id=tenant_id)
+
+    def import_session(
+        self, path: str | Path, *, tenant_id: str, format: str = "auto"
+    ) -> ImportResult:
+        """Import or continue importing an agent's session file (pi v1-v3, and the formats
+        registered in ``core.interop``); idempotent, see ``core.interop.importer``."""
+        return import_session(self, path, tenant_id=tenant_id, format=format)
+
+    def export_session(
+        self,
+        session_id: str,
+        out: IO[str],
+        *,
+        at_seq: int | None = None,
+        tenant_id: str | None = None,
+    ) -> int:
+        """Write the session as a version-3 pi file; returns the number of lines."""
+        return export_pi(self, session_id, out, at_seq=at_seq, tenant_id=tenant_id)
 
     def list_sessions(
         self, *, tenant_id: str | None = None, limit: int = 100, cursor: str | None = None

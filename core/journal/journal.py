@@ -33,6 +33,7 @@ from core.db import advisory_lock, is_sqlite, keyset_pages, read_connection, wri
 from core.errors import (
     BlobsMissing,
     ConcurrencyConflict,
+    ExternalIdTaken,
     InvalidEvent,
     SessionNotFound,
     SessionStoreError,
@@ -45,9 +46,11 @@ from core.journal.postgres import (
     WRITER_LOCK_KEY,
 )
 from core.models import (
+    EXTERNAL_ID_LEN,
     BlobRefRow,
     BlobRow,
     EventRow,
+    ImportOffsetRow,
     SessionRow,
     TZDateTime,
     WriteRow,
@@ -69,6 +72,7 @@ _events = table_of(EventRow)
 _writes = table_of(WriteRow)
 _refs = table_of(BlobRefRow)
 _blobs = table_of(BlobRow)
+_offsets = table_of(ImportOffsetRow)
 
 _EVENT_COLUMNS = (
     _events.c.session_id,
@@ -128,9 +132,12 @@ class Journal:
         title: str | None = None,
         cwd: str | None = None,
         session_id: str | None = None,
+        external_id: str | None = None,
     ) -> Session:
         if not tenant_id or len(tenant_id) > 128:
             raise InvalidEvent("tenant_id", "must be 1..128 characters")
+        if external_id is not None and not 0 < len(external_id) <= EXTERNAL_ID_LEN:
+            raise InvalidEvent("external_id", f"must be 1..{EXTERNAL_ID_LEN} characters")
         now = utcnow()
         values = {
             "id": session_id or str(uuid.uuid4()),
@@ -140,10 +147,35 @@ class Journal:
             "head_seq": 0,
             "created_at": now,
             "updated_at": now,
+            "external_id": external_id,
         }
-        with write_transaction(self.engine) as conn:
-            conn.execute(insert(_sessions).values(values))
+        try:
+            with write_transaction(self.engine) as conn:
+                conn.execute(insert(_sessions).values(values))
+        except IntegrityError as exc:
+            if external_id is not None and self.find_external(tenant_id, external_id):
+                raise ExternalIdTaken(tenant_id, external_id) from exc
+            raise
         return self.get_session(str(values["id"]))
+
+    def find_external(self, tenant_id: str | None, external_id: str) -> Session | None:
+        """The session with this external id (in the tenant; or the only one, if None)."""
+        query = select(_sessions).where(_sessions.c.external_id == external_id)
+        if tenant_id is not None:
+            query = query.where(_sessions.c.tenant_id == tenant_id)
+        with read_connection(self.engine) as conn:
+            rows = conn.execute(query.limit(2)).all()
+        return _to_session(rows[0]) if len(rows) == 1 else None
+
+    def resolve_session(self, ref: str, *, tenant_id: str | None = None) -> Session:
+        """A session by its id or, failing that, by its external id within the tenant."""
+        try:
+            return self.get_session(ref, tenant_id=tenant_id)
+        except SessionNotFound:
+            found = self.find_external(tenant_id, ref)
+            if found is None:
+                raise
+            return found
 
     def get_session(self, session_id: str, *, tenant_id: str | None = None) -> Session:
         with read_connection(self.engine) as conn:
@@ -593,3 +625,4 @@ class Journal:
         conn.execute(delete(_refs).where(_refs.c.session_id == session_id))
         conn.execute(delete(_writes).where(_writes.c.session_id == session_id))
         conn.execute(delete(_events).where(_events.c.session_id == session_id))
+        conn.execute(delete(_offsets).where(_offsets.c.session_id == session_id))

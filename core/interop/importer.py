@@ -1,0 +1,347 @@
+"""Import an agent's session file into the journal: idempotent, resumable, all or nothing
+per pass.
+
+A file is read by a converter (one per format, registered here with an auto-detection hook)
+into a ``ParsedSession``. The session's events are then the header (as the event at seq 1,
+so that an export can write it back as it was) followed by the entries in file order, so
+event ``seq`` n is the n-th object of the file.
+
+What makes a pass safe to repeat, and to interrupt:
+
+- the session is found by the header's id (``sessions.external_id``, unique per tenant);
+- ``import_offsets`` keeps the bytes already imported and their SHA-256; a pass first checks
+  that prefix and refuses a changed one with ``ImportConflict`` before writing anything;
+- the session's head is the number of file events already in the journal, so a pass that
+  died between its append and its offset update resumes at the right entry; appends carry
+  ``expected_seq``, so two importers of one file never interleave;
+- a last line without its newline is an agent mid-write: it is left for the next pass.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import importlib.util
+import logging
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
+
+from sqlalchemy import insert, select, update
+
+from core.db import read_connection, write_transaction
+from core.errors import ImportConflict, ImportFormatError
+from core.interop import pi
+from core.interop.model import ParsedSession
+from core.models import ImportOffsetRow, SessionRow, table_of, utcnow
+from core.records import PlainRecord, Session, StoredEvent
+
+if TYPE_CHECKING:
+    from core.store import SessionStore
+
+log = logging.getLogger(__name__)
+
+_offsets = table_of(ImportOffsetRow)
+_sessions = table_of(SessionRow)
+
+ImportStatus = Literal["created", "appended", "unchanged"]
+Parser = Callable[[Path, bytes], ParsedSession]
+Sniffer = Callable[[Path, bytes], bool]
+# interop2's converters register themselves when their module is imported
+_PLUGIN_MODULES = ("core.interop.omp", "core.interop.claude_code")
+_SNIFF_BYTES = 64 * 1024
+
+
+# the converter registry ------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Converter:
+    format: str
+    parse: Parser
+    # auto-detection: (path, the file's first bytes) -> is it mine? Lower priority is asked
+    # first, so a specific format (oh-my-pi, which is pi plus artifacts) wins over plain pi.
+    sniff: Sniffer
+    priority: int = 50
+
+
+_CONVERTERS: dict[str, Converter] = {}
+
+
+def register_converter(format: str, parse: Parser, *, sniff: Sniffer, priority: int = 50) -> None:
+    _CONVERTERS[format] = Converter(format, parse, sniff, priority)
+
+
+def _sniff_pi(path: Path, head: bytes) -> bool:
+    return pi.sniff(head.split(b"\n", 1)[0])
+
+
+register_converter("pi", pi.parse, sniff=_sniff_pi, priority=100)
+
+
+def converters() -> dict[str, Converter]:
+    for module in _PLUGIN_MODULES:
+        if module not in _loaded and importlib.util.find_spec(module) is not None:
+            importlib.import_module(module)
+            _loaded.add(module)
+    return dict(_CONVERTERS)
+
+
+_loaded: set[str] = set()
+
+
+def detect_format(path: Path, head: bytes) -> str:
+    for converter in sorted(converters().values(), key=lambda c: c.priority):
+        if converter.sniff(path, head):
+            return converter.format
+    raise ImportFormatError(str(path), "not a session file of a known format")
+
+
+def parse_file(path: Path, *, format: str = "auto") -> ParsedSession:
+    return parse_file_data(path, path.read_bytes(), format=format)
+
+
+# importing ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class ImportResult(PlainRecord):
+    path: str
+    session_id: str
+    external_id: str
+    format: str
+    status: ImportStatus
+    appended: int  # events appended by this pass
+    skipped: int  # events already imported by an earlier pass
+    incomplete_tail: bool = False  # a half-written last line was left for the next pass
+    missing_blobs: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True, slots=True)
+class _Offset:
+    consumed_bytes: int
+    lines: int
+    entries: int
+    prefix_sha256: str
+
+
+def import_session(
+    store: SessionStore, path: str | Path, *, tenant_id: str, format: str = "auto"
+) -> ImportResult:
+    """Import (or continue importing) one session file; see the module docstring."""
+    path = Path(path)
+    data = path.read_bytes()
+    parsed = parse_file_data(path, data, format=format)
+    events = [pi.header_event(parsed.header), *(e.entry for e in parsed.entries)]
+    lines = [1, *(e.line for e in parsed.entries)]
+    external_id = parsed.header.external_id
+    session = store.journal.find_external(tenant_id, external_id)
+    offset = _offset_of(store, session.id) if session else None
+    if session is not None:
+        _check_prefix(store, path, data, session, offset, events, lines, parsed.format)
+    else:
+        session = _create(store, parsed, path, tenant_id)
+    skipped = session.head_seq
+    fresh = events[skipped:]
+    _append(store, session, fresh)
+    _save_offset(store, session.id, path, parsed, len(events), data)
+    _link_parent(store, session, parsed, tenant_id)
+    status: ImportStatus = "created" if skipped == 0 else "appended" if fresh else "unchanged"
+    result = ImportResult(
+        path=str(path),
+        session_id=session.id,
+        external_id=external_id,
+        format=parsed.format,
+        status=status,
+        appended=len(fresh),
+        skipped=skipped,
+        incomplete_tail=parsed.incomplete_tail,
+        missing_blobs=list(parsed.missing_blobs),
+    )
+    log.info("imported a session file", extra=result.to_dict())
+    return result
+
+
+def parse_file_data(path: Path, data: bytes, *, format: str = "auto") -> ParsedSession:
+    if format == "auto":
+        format = detect_format(path, data[:_SNIFF_BYTES])
+    converter = converters().get(format)
+    if converter is None:
+        known = ", ".join(sorted(converters()))
+        raise ImportFormatError(str(path), f"unknown format {format!r} (known: {known})")
+    return converter.parse(path, data)
+
+
+def _create(store: SessionStore, parsed: ParsedSession, path: Path, tenant_id: str) -> Session:
+    header = parsed.header
+    session = store.journal.create_session(
+        tenant_id=tenant_id, title=header.title, cwd=header.cwd, external_id=header.external_id
+    )
+    # The offset row exists from the start: a session of this external id without one was
+    # not made by an import (``sessions create --id``) and is adopted only while empty.
+    _insert_offset(store, session.id, path, parsed.format)
+    return session
+
+
+def _insert_offset(store: SessionStore, session_id: str, path: Path, format: str) -> None:
+    with write_transaction(store.engine) as conn:
+        conn.execute(
+            insert(_offsets).values(
+                session_id=session_id,
+                path=str(path.resolve()),
+                format=format,
+                consumed_bytes=0,
+                lines=0,
+                entries=0,
+                prefix_sha256=hashlib.sha256(b"").hexdigest(),
+                updated_at=utcnow(),
+            )
+        )
+
+
+def _offset_of(store: SessionStore, session_id: str) -> _Offset | None:
+    with read_connection(store.engine) as conn:
+        row = conn.execute(select(_offsets).where(_offsets.c.session_id == session_id)).first()
+    if row is None:
+        return None
+    return _Offset(row.consumed_bytes, row.lines, row.entries, row.prefix_sha256)
+
+
+def _check_prefix(
+    store: SessionStore,
+    path: Path,
+    data: bytes,
+    session: Session,
+    offset: _Offset | None,
+    events: Sequence[dict[str, Any]],
+    lines: Sequence[int],
+    format: str,
+) -> None:
+    """Refuse (before writing anything) a file whose imported part is not what we have."""
+    if offset is None:
+        if session.head_seq == 0:  # adopt an empty named session (``sessions create --id``)
+            _insert_offset(store, session.id, path, format)
+            return
+        raise ImportConflict(
+            str(path), 1, f"session {session.id} has this id but was not imported from a file"
+        )
+    prefix = data[: offset.consumed_bytes]
+    if (
+        len(data) >= offset.consumed_bytes
+        and hashlib.sha256(prefix).hexdigest() == offset.prefix_sha256
+        and session.head_seq <= len(events)
+    ):
+        return
+    line = _first_differing_line(store, session, events, lines, offset)
+    raise ImportConflict(str(path), line, "the already-imported part of the file changed")
+
+
+def _first_differing_line(
+    store: SessionStore,
+    session: Session,
+    events: Sequence[dict[str, Any]],
+    lines: Sequence[int],
+    offset: _Offset,
+) -> int:
+    """The file line of the first entry that differs from the journal's copy of it."""
+    for stored in _stored_events(store, session.id):
+        index = stored.seq - 1
+        if index >= len(events):
+            return (lines[-1] if len(lines) > 1 else 1) + 1  # the file lost entries
+        if _without_transient(events[index]) != stored.payload:
+            return max(lines[index], 1)
+    # Every entry is equal but the bytes are not (a blank or malformed line, a reformatted
+    # value): the imported part ends at line ``offset.lines``.
+    return max(offset.lines, 1)
+
+
+def _stored_events(store: SessionStore, session_id: str) -> Iterator[StoredEvent]:
+    after = 0
+    while True:
+        page = store.read(session_id, after_seq=after, limit=500, rehydrate=True)
+        if not page:
+            return
+        yield from page
+        after = page[-1].seq
+
+
+def _without_transient(value: Any) -> Any:
+    from core.blobs.externalize import TRANSIENT_FIELDS
+
+    if isinstance(value, dict):
+        return {k: _without_transient(v) for k, v in value.items() if k not in TRANSIENT_FIELDS}
+    if isinstance(value, list):
+        return [_without_transient(v) for v in value]
+    return value
+
+
+def _append(store: SessionStore, session: Session, events: Sequence[dict[str, Any]]) -> None:
+    size = max(1, store.settings.max_batch_events)
+    head = session.head_seq
+    for start in range(0, len(events), size):
+        batch = events[start : start + size]
+        # expected_seq: a concurrent importer of the same file fails instead of doubling it
+        result = store.append(session.id, batch, expected_seq=head)
+        head = result.last_seq
+
+
+def _save_offset(
+    store: SessionStore,
+    session_id: str,
+    path: Path,
+    parsed: ParsedSession,
+    entries: int,
+    data: bytes,
+) -> None:
+    consumed = parsed.consumed_bytes
+    with write_transaction(store.engine) as conn:
+        conn.execute(
+            update(_offsets)
+            .where(_offsets.c.session_id == session_id)
+            .values(
+                path=str(path.resolve()),
+                format=parsed.format,
+                consumed_bytes=consumed,
+                lines=data.count(b"\n", 0, consumed),
+                entries=entries,
+                prefix_sha256=hashlib.sha256(data[:consumed]).hexdigest(),
+                updated_at=utcnow(),
+            )
+        )
+
+
+def _link_parent(
+    store: SessionStore, session: Session, parsed: ParsedSession, tenant_id: str
+) -> None:
+    """pi's ``parentSession`` (the parent file's path) becomes a fork link once the parent
+    is imported too. Nothing is inherited (``forked_from_seq`` stays None): a pi fork's file
+    holds its own copy of the entries."""
+    ref = parsed.header.parent_session
+    if not ref or session.parent_id is not None:
+        return
+    parent = _session_of_path(store, ref, tenant_id) or store.journal.find_external(
+        tenant_id, Path(ref).stem.rsplit("_", 1)[-1]
+    )
+    if parent is None or parent.id == session.id:
+        return
+    with write_transaction(store.engine) as conn:
+        conn.execute(
+            update(_sessions)
+            .where(_sessions.c.id == session.id, _sessions.c.parent_id.is_(None))
+            .values(parent_id=parent.id)
+        )
+
+
+def _session_of_path(store: SessionStore, ref: str, tenant_id: str) -> Session | None:
+    try:
+        resolved = str(Path(ref).expanduser().resolve())
+    except (OSError, ValueError):
+        return None
+    with read_connection(store.engine) as conn:
+        row = conn.execute(
+            select(_offsets.c.session_id)
+            .join(_sessions, _sessions.c.id == _offsets.c.session_id)
+            .where(_offsets.c.path == resolved, _sessions.c.tenant_id == tenant_id)
+        ).first()
+    return store.journal.get_session(row.session_id) if row else None

@@ -1,0 +1,313 @@
+"""pi session files (JSONL, versions 1-3): read with pi's own migration rules, write version 3.
+
+pi's format (``packages/coding-agent/docs/session.md`` in badlogic/pi-mono): the first line is
+a ``{"type": "session", "id", "timestamp", "cwd", "version"?}`` header, then one entry per line.
+When pi opens an older file it migrates it in place, and we apply the same rules so that our
+journal holds what pi itself would see:
+
+- v1 -> v2: every entry gets an ``id`` and a ``parentId`` chaining it to the entry before
+  (linear); a compaction's ``firstKeptEntryIndex`` (an index into the file's parsed lines,
+  header included) becomes ``firstKeptEntryId``;
+- v2 -> v3: a message with role ``hookMessage`` gets role ``custom``;
+- the header's ``version`` becomes 3.
+
+pi draws v1 ids at random (8 hex characters); ours are derived from the header id and the
+entry's index, so a re-import of the same file gives the same ids (idempotency needs that).
+Keys are added as JavaScript adds them (at the end of the object), so the key order of a
+migrated entry is pi's too.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+from collections.abc import Iterable, Iterator, Mapping
+from datetime import datetime
+from pathlib import Path
+from typing import IO, Any
+
+import orjson
+
+from core.errors import ImportFormatError
+from core.interop.model import ParsedEntry, ParsedSession, SessionHeader
+
+log = logging.getLogger(__name__)
+
+CURRENT_VERSION = 3
+HEADER_TYPE = "session"
+
+
+# reading ---------------------------------------------------------------------------------
+
+
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")  # JSON.parse refuses NaN and Infinity too
+
+
+def loads_exact(line: bytes) -> Any:
+    """One JSON value with every number kept: orjson for speed, the standard library for
+    what orjson refuses (integers beyond 64 bits, lone surrogates)."""
+    try:
+        return orjson.loads(line)
+    except orjson.JSONDecodeError:
+        return json.loads(line, parse_constant=_reject_constant)
+
+
+def dumps_exact(value: Any) -> str:
+    """Compact JSON as ``JSON.stringify`` writes it (same separators, no ASCII escaping)."""
+    try:
+        return orjson.dumps(value).decode()
+    except TypeError:  # integers beyond 64 bits
+        return json.dumps(value, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+
+
+def split_lines(data: bytes) -> tuple[list[tuple[int, bytes]], int, bool]:
+    """The complete lines of ``data`` as (1-based line number, bytes), the bytes they span
+    (up to and including the last newline), and whether an unterminated tail was left."""
+    end = data.rfind(b"\n") + 1
+    lines = [(n, raw) for n, raw in enumerate(data[:end].split(b"\n")[:-1], start=1)]
+    return lines, end, end < len(data) and bool(data[end:].strip())
+
+
+def iter_objects(lines: Iterable[tuple[int, bytes]]) -> Iterator[tuple[int, Any]]:
+    """Parsed lines; blank and malformed lines are skipped, as pi skips them."""
+    for number, raw in lines:
+        if not raw.strip():
+            continue
+        try:
+            value = loads_exact(raw)
+        except ValueError:
+            log.warning("skipping a line that is not JSON", extra={"line": number})
+            continue
+        yield number, value
+
+
+def is_pi_header(value: Any) -> bool:
+    return (
+        isinstance(value, dict)
+        and value.get("type") == HEADER_TYPE
+        and isinstance(value.get("id"), str)
+    )
+
+
+def sniff(first_line: bytes) -> bool:
+    """Auto-detection: a pi (or oh-my-pi) file starts with a session header."""
+    try:
+        return is_pi_header(loads_exact(first_line))
+    except ValueError:
+        return False
+
+
+def parse(path: Path, data: bytes) -> ParsedSession:
+    """A pi session file's bytes as a ``ParsedSession`` of version-3 entries."""
+    lines, consumed, incomplete = split_lines(data)
+    objects = list(iter_objects(lines))
+    if not objects or not is_pi_header(objects[0][1]):
+        raise ImportFormatError(str(path), "the first line is not a pi session header")
+    values = [value for _, value in objects]
+    header = values[0]
+    raw_version = header.get("version")
+    version = raw_version if isinstance(raw_version, int) and raw_version > 0 else 1
+    migrate(values)
+    entries = [
+        ParsedEntry(number, value)
+        for number, value in objects[1:]
+        if isinstance(value, dict) and isinstance(value.get("type"), str)
+    ]
+    return ParsedSession(
+        format="pi",
+        header=header_of(header, version=version),
+        entries=entries,
+        incomplete_tail=incomplete,
+        consumed_bytes=consumed,
+    )
+
+
+def header_of(raw: Mapping[str, Any], *, version: int) -> SessionHeader:
+    def text(key: str) -> str | None:
+        value = raw.get(key)
+        return value if isinstance(value, str) else None
+
+    return SessionHeader(
+        external_id=str(raw["id"]),
+        version=version,
+        cwd=text("cwd"),
+        timestamp=text("timestamp"),
+        parent_session=text("parentSession"),
+        raw=dict(raw),
+    )
+
+
+# pi's migrations ---------------------------------------------------------------------------
+
+
+def migrate(values: list[Any]) -> bool:
+    """Bring a parsed file (header first) to version 3 in place; True if anything changed."""
+    header = next((v for v in values if isinstance(v, dict) and v.get("type") == "session"), None)
+    raw_version = header.get("version") if header else None
+    version = raw_version if isinstance(raw_version, int) else 1
+    if version >= CURRENT_VERSION:
+        return False
+    if version < 2:
+        _v1_to_v2(values, str(header.get("id")) if header else "")
+    if version < 3:
+        _v2_to_v3(values)
+    return True
+
+
+def v1_entry_id(session_id: str, index: int, taken: set[str]) -> str:
+    """A deterministic 8-hex id for the ``index``-th parsed line of a v1 file."""
+    digest = hashlib.sha256(f"{session_id}\0{index}".encode()).hexdigest()
+    for start in range(0, len(digest) - 8):
+        candidate = digest[start : start + 8]
+        if candidate not in taken:
+            return candidate
+    return digest  # 56 collisions in a row cannot happen among a file's ids
+
+
+def _v1_to_v2(values: list[Any], session_id: str) -> None:
+    taken: set[str] = set()
+    previous: str | None = None
+    for index, entry in enumerate(values):
+        if not isinstance(entry, dict):
+            continue
+        if entry.get("type") == "session":
+            entry["version"] = 2
+            continue
+        entry_id = v1_entry_id(session_id, index, taken)
+        taken.add(entry_id)
+        entry["id"] = entry_id
+        entry["parentId"] = previous
+        previous = entry_id
+        if entry.get("type") == "compaction" and "firstKeptEntryIndex" in entry:
+            kept = entry["firstKeptEntryIndex"]
+            if isinstance(kept, (int, float)) and not isinstance(kept, bool):
+                whole = kept == int(kept) and 0 <= kept < len(values)
+                target = values[int(kept)] if whole else None
+                if isinstance(target, dict) and target.get("type") != "session":
+                    # the target comes earlier in the file, so it already has its id
+                    entry["firstKeptEntryId"] = target.get("id")
+                del entry["firstKeptEntryIndex"]
+
+
+def _v2_to_v3(values: list[Any]) -> None:
+    for entry in values:
+        if not isinstance(entry, dict):
+            continue
+        if entry.get("type") == "session":
+            entry["version"] = 3
+            continue
+        message = entry.get("message")
+        if (
+            entry.get("type") == "message"
+            and isinstance(message, dict)
+            and message.get("role") == "hookMessage"
+        ):
+            message["role"] = "custom"
+
+
+# writing -------------------------------------------------------------------------------
+
+
+def header_event(header: SessionHeader) -> dict[str, Any]:
+    """The header as it is kept in the journal (the event at seq 1 of an imported session):
+    the migrated original when there is one, else a version-3 header built from the fields."""
+    if header.raw.get("type") == HEADER_TYPE and isinstance(header.raw.get("id"), str):
+        return dict(header.raw)
+    return new_header(header.external_id, timestamp=header.timestamp, cwd=header.cwd)
+
+
+def new_header(
+    session_id: str,
+    *,
+    timestamp: str | None,
+    cwd: str | None,
+    parent_session: str | None = None,
+) -> dict[str, Any]:
+    """A version-3 header, with pi's key order."""
+    header: dict[str, Any] = {
+        "type": HEADER_TYPE,
+        "version": CURRENT_VERSION,
+        "id": session_id,
+        "timestamp": timestamp,
+        "cwd": cwd or "",
+    }
+    if parent_session is not None:
+        header["parentSession"] = parent_session
+    return header
+
+
+def write(out: IO[str], header: Mapping[str, Any], entries: Iterable[Mapping[str, Any]]) -> int:
+    """Write a version-3 file: the header, then one entry per line. Returns the line count."""
+    out.write(dumps_exact(dict(header)) + "\n")
+    count = 1
+    for entry in entries:
+        out.write(dumps_exact(dict(entry)) + "\n")
+        count += 1
+    return count
+
+
+# pi's context messages -------------------------------------------------------------------
+
+
+def js_time(value: Any) -> int | None:
+    """``new Date(value).getTime()`` for the ISO timestamps pi writes (None for NaN)."""
+    if not isinstance(value, str):
+        return None
+    try:
+        stamp = datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    if stamp.tzinfo is None:  # JavaScript reads a date-time without offset as local time
+        stamp = stamp.astimezone()
+    return round(stamp.timestamp() * 1000)
+
+
+def _defined(**fields: Any) -> dict[str, Any]:
+    # JSON.stringify drops undefined properties; an absent key stands for undefined here.
+    return {k: v for k, v in fields.items() if v is not _ABSENT}
+
+
+_ABSENT = object()
+
+
+def agent_message(role: str, data: Mapping[str, Any]) -> dict[str, Any]:
+    """One message of pi's context (an ``AgentMessage``) from a state message's data: the
+    message object itself, or what pi's ``createCustomMessage`` /
+    ``createBranchSummaryMessage`` / ``createCompactionSummaryMessage`` make of the entry."""
+    if role == "custom" and data.get("type") == "custom_message":
+        return _defined(
+            role="custom",
+            customType=data.get("customType", _ABSENT),
+            content=data.get("content", _ABSENT),
+            display=data.get("display", _ABSENT),
+            details=data.get("details", _ABSENT),
+            timestamp=js_time(data.get("timestamp")),
+        )
+    if role == "branchSummary" and data.get("type") == "branch_summary":
+        return _defined(
+            role="branchSummary",
+            summary=data.get("summary", _ABSENT),
+            fromId=data.get("fromId", _ABSENT),
+            timestamp=js_time(data.get("timestamp")),
+        )
+    if role == "compactionSummary" and data.get("type") == "compaction":
+        return _defined(
+            role="compactionSummary",
+            summary=data.get("summary", _ABSENT),
+            tokensBefore=data.get("tokensBefore", _ABSENT),
+            timestamp=js_time(data.get("timestamp")),
+        )
+    return dict(data)
+
+
+def js_truthy(value: Any) -> bool:
+    """JavaScript truthiness (an empty list or object is true there)."""
+    if value is None or value is False:
+        return False
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return value == value and value != 0  # NaN and 0 are false
+    if isinstance(value, str):
+        return value != ""
+    return True
