@@ -29,7 +29,8 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from core.interop.jsonl import JsonLine, head_objects, read_json_lines
+from core.interop import pi
+from core.interop.importer import register_converter
 from core.interop.model import Format, ParsedEntry, ParsedSession, SessionHeader
 
 FORMAT: Format = "claude-code"
@@ -58,32 +59,46 @@ _USAGE_FIELDS = (
 )
 
 
-def looks_like_claude_code(path: Path) -> bool:
-    """Whether the file reads as a Claude Code transcript (and not a pi session)."""
-    try:
-        objects = head_objects(path)
-    except OSError:
+@dataclass(frozen=True, slots=True)
+class _Line:
+    number: int  # 1-based line of the file
+    start: int  # byte offset of its first byte
+    value: dict[str, Any]
+
+
+def looks_like_claude_code(path: Path, head: bytes) -> bool:
+    """Auto-detection from the file's first bytes: Claude Code lines, not a pi header."""
+    lines, _, _ = pi.split_lines(head)
+    values = [v for _, v in pi.iter_objects(lines[:20]) if isinstance(v, dict)]
+    if not values or values[0].get("type") == pi.HEADER_TYPE:
         return False
-    dicts = [o for o in objects if isinstance(o, dict)]
-    if not dicts or dicts[0].get("type") == "session":
-        return False
-    for obj in dicts:
-        kind = obj.get("type")
-        if kind in _MESSAGE_TYPES | {"system"} and "uuid" in obj and "sessionId" in obj:
+    for value in values:
+        kind = value.get("type")
+        if kind in ("user", "assistant", "system") and "uuid" in value and "sessionId" in value:
             return True
-        if kind == "summary" and "leafUuid" in obj:
-            return True
-        if kind in ("file-history-snapshot", "queue-operation"):
+        if (kind == "summary" and "leafUuid" in value) or kind in (
+            "file-history-snapshot",
+            "queue-operation",
+        ):
             return True
     return False
 
 
-def parse_claude_code(path: Path, *, data: bytes | None = None) -> ParsedSession:
-    """Read a transcript's complete lines into pi-shaped entries (see the module doc)."""
-    read = read_json_lines(path, data=data)
+def parse_claude_code(path: Path, data: bytes) -> ParsedSession:
+    """Read a transcript's complete lines into pi-shaped entries (see the module doc).
+    Lines that are not JSON objects are skipped, as Claude Code skips them."""
+    raw_lines, complete, incomplete = pi.split_lines(data)
+    starts, offset = {}, 0
+    for number, raw in raw_lines:
+        starts[number] = offset
+        offset += len(raw) + 1
+    lines = [
+        _Line(number, starts[number], value)
+        for number, value in pi.iter_objects(raw_lines)
+        if isinstance(value, dict)
+    ]
     converter = _Converter()
-    consumed = read.consumed_bytes
-    lines = read.lines
+    consumed = complete
     for i, line in enumerate(lines):
         nxt = lines[i + 1] if i + 1 < len(lines) else None
         if _is_boundary(line.value) and nxt is None:
@@ -94,7 +109,7 @@ def parse_claude_code(path: Path, *, data: bytes | None = None) -> ParsedSession
         format=FORMAT,
         header=converter.header(path),
         entries=converter.entries,
-        incomplete_tail=read.incomplete_tail or consumed < read.consumed_bytes,
+        incomplete_tail=incomplete or consumed < complete,
         consumed_bytes=consumed,
     )
 
@@ -134,7 +149,8 @@ class _Converter:
         external = session_id
         if path.stem != session_id and path.stem.startswith("agent-"):
             external = f"{session_id}/{path.stem}"
-        raw = {"type": "session", "sessionId": session_id, "source": FORMAT, "file": path.name}
+        # not a pi header: the journal's header event is then built from the fields
+        raw = {"source": FORMAT, "sessionId": session_id, "file": path.name}
         return SessionHeader(
             external_id=external,
             version=3,
@@ -146,7 +162,7 @@ class _Converter:
 
     # lines -------------------------------------------------------------------------------
 
-    def line(self, line: JsonLine, nxt: JsonLine | None) -> None:
+    def line(self, line: _Line, nxt: _Line | None) -> None:
         if self.skip_next:
             self.skip_next = False
             return
@@ -188,13 +204,13 @@ class _Converter:
         resolved = self.aliases.get(uuid, uuid)
         return resolved if resolved in self.ids else None
 
-    def _unique(self, wanted: Any, line: JsonLine) -> str:
+    def _unique(self, wanted: Any, line: _Line) -> str:
         entry_id = wanted if isinstance(wanted, str) and wanted else f"cc-line-{line.number}"
         while entry_id in self.ids:  # a uuid repeated in the file (a copied history)
             entry_id = f"{entry_id}~{line.number}"
         return entry_id
 
-    def _emit(self, line: JsonLine, entry: dict[str, Any]) -> None:
+    def _emit(self, line: _Line, entry: dict[str, Any]) -> None:
         self.ids.add(entry["id"])
         self.leaf = entry["id"]
         self.entries.append(ParsedEntry(line.number, entry))
@@ -203,7 +219,7 @@ class _Converter:
         return {"type": kind, "id": entry_id, "parentId": parent, "timestamp": self.timestamp}
 
     def _emit_chain(
-        self, line: JsonLine, messages: list[dict[str, Any]], meta: dict[str, Any]
+        self, line: _Line, messages: list[dict[str, Any]], meta: dict[str, Any]
     ) -> None:
         """One message entry per message; the last keeps the line's uuid and metadata."""
         value = line.value
@@ -222,7 +238,7 @@ class _Converter:
 
     # user lines ------------------------------------------------------------------------------
 
-    def _user(self, line: JsonLine) -> None:
+    def _user(self, line: _Line) -> None:
         value = line.value
         message = value["message"]
         content = message.get("content")
@@ -286,7 +302,7 @@ class _Converter:
 
     # assistant lines ---------------------------------------------------------------------------
 
-    def _assistant(self, line: JsonLine) -> None:
+    def _assistant(self, line: _Line) -> None:
         value = line.value
         source = value["message"]
         meta = _meta(value)
@@ -370,7 +386,7 @@ class _Converter:
 
     # compactions and the rest ---------------------------------------------------------------
 
-    def _compaction(self, boundary: JsonLine | None, summary: JsonLine | None) -> None:
+    def _compaction(self, boundary: _Line | None, summary: _Line | None) -> None:
         anchor = summary or boundary
         assert anchor is not None
         bvalue = boundary.value if boundary is not None else {}
@@ -399,7 +415,7 @@ class _Converter:
             return self._parent(uuids[0])
         return None
 
-    def _custom(self, line: JsonLine) -> None:
+    def _custom(self, line: _Line) -> None:
         value = line.value
         kind = _string(value.get("type")) or "unknown"
         entry_id = self._unique(value.get("uuid"), line)
@@ -489,3 +505,6 @@ def _millis(stamp: Any) -> int:
     except ValueError:
         return 0
     return round(parsed.timestamp() * 1000)
+
+
+register_converter(FORMAT, parse_claude_code, sniff=looks_like_claude_code, priority=40)
