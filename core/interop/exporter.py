@@ -30,6 +30,14 @@ def export_pi(
 ) -> int:
     """Write the session (up to ``at_seq``) to ``out``; returns the number of lines."""
     session = store.resolve_session(session_ref, tenant_id=tenant_id)
+    header, entries = session_lines(store, session, at_seq=at_seq)
+    return pi.write(out, header, entries)
+
+
+def session_lines(
+    store: SessionStore, session: Session, *, at_seq: int | None = None
+) -> tuple[dict[str, Any], Iterator[dict[str, Any]]]:
+    """The header and the entries (rehydrated, lazily read) of a version-3 file."""
     events = _events(store, session, at_seq)
     first = next(events, None)
     if first is not None and first.type == pi.HEADER_TYPE:
@@ -43,7 +51,7 @@ def export_pi(
         )
         rest = (e.payload for e in events)
         entries = rest if first is None else _chain(first.payload, rest)
-    return pi.write(out, header, (e for e in entries if e.get("type") != pi.HEADER_TYPE))
+    return header, (e for e in entries if e.get("type") != pi.HEADER_TYPE)
 
 
 def _chain(first: dict[str, Any], rest: Iterator[dict[str, Any]]) -> Iterator[dict[str, Any]]:
