@@ -300,14 +300,3 @@ def agent_message(role: str, data: Mapping[str, Any]) -> dict[str, Any]:
             timestamp=js_time(data.get("timestamp")),
         )
     return dict(data)
-
-
-def js_truthy(value: Any) -> bool:
-    """JavaScript truthiness (an empty list or object is true there)."""
-    if value is None or value is False:
-        return False
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
-        return value == value and value != 0  # NaN and 0 are false
-    if isinstance(value, str):
-        return value != ""
-    return True

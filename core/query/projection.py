@@ -24,7 +24,7 @@ from core.errors import SnapshotFormatError
 from core.query.entry_tree import ROOT, EntryTree
 from core.records import StoredEvent
 
-PROJECTION_VERSION = 1
+PROJECTION_VERSION = 2
 
 # Entries that contribute to the conversation context.
 CONTEXT_TYPES = frozenset({"message", "custom_message", "branch_summary"})
@@ -133,6 +133,10 @@ class Fold:
     header: Header = field(default_factory=Header)
     name: str | None = None
     model_changes: list[ModelChange] = field(default_factory=list)
+    # What decides the model, as pi's ``buildSessionContext`` does: every ``model_change``,
+    # and each assistant message whose model differs from the one in effect on its path
+    # (the latest mark on a path then names the path's model; see ``_note_model``).
+    models: list[ModelChange] = field(default_factory=list)
     thinking_changes: list[ThinkingLevelChange] = field(default_factory=list)
     compactions: list[CompactionMark] = field(default_factory=list)
     # customType -> ordinals of its ``custom`` entries, oldest first
@@ -191,7 +195,7 @@ def _add_entry(fold: Fold, payload: dict[str, Any], seq: int, kind: str) -> int:
 
 
 def _on_message(fold: Fold, payload: dict[str, Any], seq: int) -> None:
-    _add_entry(fold, payload, seq, "message")
+    ordinal = _add_entry(fold, payload, seq, "message")
     counters = fold.counters
     counters.messages += 1
     message = payload.get("message")
@@ -204,6 +208,16 @@ def _on_message(fold: Fold, payload: dict[str, Any], seq: int) -> None:
     if isinstance(usage, dict):
         counters.usage.add(usage)
     if role == "assistant":
+        _note_model(
+            fold,
+            ModelChange(
+                ordinal,
+                fold.tree.id_at(ordinal),
+                seq,
+                _text(message.get("provider")),
+                _text(message.get("model")),
+            ),
+        )
         content = message.get("content")
         if isinstance(content, list):
             for block in content:
@@ -219,26 +233,42 @@ def _text(value: Any) -> str | None:
     return value if isinstance(value, str) else None
 
 
+def latest_on_branch(tree: EntryTree, marks: list[ModelChange]) -> ModelChange | None:
+    return next((m for m in reversed(marks) if tree.on_branch(m.ordinal)), None)
+
+
+def _note_model(fold: Fold, mark: ModelChange) -> None:
+    """Record an assistant message's model if it changes the model of its path. The new
+    entry is the leaf, so the active branch is its path."""
+    current = latest_on_branch(fold.tree, fold.models)
+    if current is None or (current.provider, current.model_id) != (mark.provider, mark.model_id):
+        fold.models.append(mark)
+
+
 def _on_compaction(fold: Fold, payload: dict[str, Any], seq: int) -> None:
     ordinal = _add_entry(fold, payload, seq, "compaction")
+    first_kept = _text(payload.get("firstKeptEntryId"))
+    index = payload.get("firstKeptEntryIndex")
+    if first_kept is None and type(index) is int and 1 <= index <= ordinal:
+        # A version-1 compaction names the kept entry by its index among the file's lines,
+        # the header being index 0: entry ordinal ``index - 1`` (pi's v1 -> v2 migration).
+        first_kept = fold.tree.id_at(index - 1)
     fold.compactions.append(
-        CompactionMark(
-            ordinal, _text(payload.get("firstKeptEntryId")), _number(payload.get("tokensBefore"))
-        )
+        CompactionMark(ordinal, first_kept, _number(payload.get("tokensBefore")))
     )
 
 
 def _on_model_change(fold: Fold, payload: dict[str, Any], seq: int) -> None:
     ordinal = _add_entry(fold, payload, seq, "model_change")
-    fold.model_changes.append(
-        ModelChange(
-            ordinal,
-            fold.tree.id_at(ordinal),
-            seq,
-            _text(payload.get("provider")),
-            _text(payload.get("modelId")),
-        )
+    change = ModelChange(
+        ordinal,
+        fold.tree.id_at(ordinal),
+        seq,
+        _text(payload.get("provider")),
+        _text(payload.get("modelId")),
     )
+    fold.model_changes.append(change)
+    fold.models.append(change)
 
 
 def _on_thinking_level(fold: Fold, payload: dict[str, Any], seq: int) -> None:
@@ -324,6 +354,7 @@ def encode_fold(fold: Fold) -> bytes:
         "header": asdict(fold.header),
         "name": fold.name,
         "model_changes": [list(astuple(c)) for c in fold.model_changes],
+        "models": [list(astuple(c)) for c in fold.models],
         "thinking_changes": [list(astuple(c)) for c in fold.thinking_changes],
         "compactions": [list(astuple(c)) for c in fold.compactions],
         "custom": fold.custom,
@@ -353,6 +384,7 @@ def decode_fold(data: bytes) -> Fold:
             header=Header(**meta["header"]),
             name=meta["name"],
             model_changes=[ModelChange(*c) for c in meta["model_changes"]],
+            models=[ModelChange(*c) for c in meta["models"]],
             thinking_changes=[ThinkingLevelChange(*c) for c in meta["thinking_changes"]],
             compactions=[CompactionMark(*c) for c in meta["compactions"]],
             custom=meta["custom"],

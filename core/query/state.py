@@ -30,8 +30,20 @@ from core.query.projection import (
     ModelChange,
     ThinkingLevelChange,
     fold_events,
+    latest_on_branch,
 )
 from core.records import Session, StoredEvent
+
+
+def js_truthy(value: Any) -> bool:
+    """JavaScript truthiness, which pi's checks use (an empty list or object is true)."""
+    if value is None or value is False:
+        return False
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return value == value and value != 0  # NaN and 0 are false
+    if isinstance(value, str):
+        return value != ""
+    return True
 
 
 @dataclass(frozen=True, slots=True)
@@ -248,7 +260,7 @@ def plan_context(fold: Fold) -> ContextPlan:
         compaction=compaction,
         context=context,
         custom=custom,
-        model=next((c for c in reversed(fold.model_changes) if on_branch(c.ordinal)), None),
+        model=latest_on_branch(tree, fold.models),
         thinking=next((c for c in reversed(fold.thinking_changes) if on_branch(c.ordinal)), None),
     )
 
@@ -290,7 +302,10 @@ def build_state(
         )
         messages.append(_summary(tree, mark.ordinal, entry, "compactionSummary"))
     for ordinal in plan.context:
-        messages.append(_message(tree, ordinal, events[tree.seq_at(ordinal)].payload))
+        payload = events[tree.seq_at(ordinal)].payload
+        if tree.kind_at(ordinal) == "branch_summary" and not js_truthy(payload.get("summary")):
+            continue  # pi leaves a branch summary without a summary out of the context
+        messages.append(_message(tree, ordinal, payload))
     custom = {
         custom_type: CustomEntry(
             tree.id_at(o), tree.seq_at(o), custom_type, events[tree.seq_at(o)].payload.get("data")
@@ -298,7 +313,7 @@ def build_state(
         for custom_type, o in plan.custom.items()
     }
     header = fold.header
-    model = plan.model or _model_of_last_assistant(messages)
+    model = plan.model
     info = SessionProfile(
         title=fold.name or session.title,
         name=fold.name,
@@ -366,21 +381,6 @@ def _summary(tree: EntryTree, ordinal: int, entry: dict[str, Any], role: str) ->
         entry.get("timestamp"),
         entry,
     )
-
-
-def _model_of_last_assistant(messages: list[Message]) -> ModelChange | None:
-    """Without a ``model_change`` on the branch, the model that answered last is current."""
-    for message in reversed(messages):
-        if message.role == "assistant" and isinstance(message.data.get("model"), str):
-            provider = message.data.get("provider")
-            return ModelChange(
-                -1,
-                message.entry_id,
-                message.seq,
-                provider if isinstance(provider, str) else None,
-                message.data["model"],
-            )
-    return None
 
 
 def pair_tool_calls(messages: Iterable[Message]) -> list[ToolCall]:

@@ -1,0 +1,35 @@
+// pi itself as the test oracle (see tests/support_pi.py).
+//   node oracle.mjs context FILE [INDEX...]
+//     opens a COPY of FILE with pi's SessionManager (pi rewrites files it migrates) and prints
+//     {header, entries, leaf: buildSessionContext(), at: {INDEX: context at entries[INDEX]}}
+//     (indexes, not ids: pi draws the ids of a migrated version-1 file at random)
+//   node oracle.mjs append FILE MESSAGE_JSON
+//     opens FILE itself and appends one message through pi's API; prints {id}
+import { copyFileSync, mkdtempSync, rmSync } from "node:fs";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import { SessionManager, buildSessionContext } from "@mariozechner/pi-coding-agent";
+
+const [command, file, ...rest] = process.argv.slice(2);
+if (command === "context") {
+	const dir = mkdtempSync(join(tmpdir(), "pi-oracle-"));
+	try {
+		const copy = join(dir, "session.jsonl");
+		copyFileSync(file, copy);
+		const manager = SessionManager.open(copy, dir);
+		const entries = manager.getEntries();
+		const at = {};
+		for (const index of rest) at[index] = buildSessionContext(entries, entries[Number(index)].id);
+		const out = { header: manager.getHeader(), entries, leaf: manager.buildSessionContext(), at };
+		process.stdout.write(JSON.stringify(out));
+	} finally {
+		rmSync(dir, { recursive: true, force: true });
+	}
+} else if (command === "append") {
+	const manager = SessionManager.open(file);
+	const id = manager.appendMessage(JSON.parse(rest[0]));
+	process.stdout.write(JSON.stringify({ id }));
+} else {
+	process.stderr.write(`unknown command ${command}\n`);
+	process.exit(2);
+}
