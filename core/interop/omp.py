@@ -33,10 +33,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from core.artifacts.inherited import read_artifact_file
+from core.artifacts.manager import MAX_AGENT_ID_CHARS
 from core.artifacts.records import AGENT_OUTPUT, TOOL_OUTPUT
 from core.blobs.externalize import canonical_base64
 from core.blobs.store import BLOB_REF_PREFIX, parse_ref
-from core.errors import ArtifactError
 from core.fsio import replace_atomically
 from core.interop import exporter, pi
 from core.interop.importer import register_converter
@@ -161,6 +161,8 @@ def list_artifacts(directory: Path) -> list[ArtifactFile]:
         if tool:
             artifact = ArtifactFile("tool_output", tool.group(1), path, tool.group(2))
             tools.append((int(tool.group(1)), artifact))
+        elif agent and len(agent.group(1)) > MAX_AGENT_ID_CHARS:
+            log.warning("skipping an agent output with an overlong id", extra={"path": entry.path})
         elif agent and agent.group(2) == "md":
             agents.append(ArtifactFile("agent_output", agent.group(1), path))
         elif agent:
@@ -195,14 +197,7 @@ def import_artifacts(store: SessionStore, session_id: str, parsed: ParsedSession
                 files[f"{artifact.artifact_id}.jsonl"] = jsonl
             if _same(have, files):
                 continue
-            try:
-                manager.put_agent_output(artifact.artifact_id, md, jsonl=jsonl)
-            except ArtifactError as exc:
-                log.warning(
-                    "an agent output was not imported",
-                    extra={"path": str(artifact.path), "reason": str(exc)},
-                )
-                continue
+            manager.put_agent_output(artifact.artifact_id, md, jsonl=jsonl)
         else:
             continue  # a sidecar, written with its markdown
         written += 1
