@@ -259,8 +259,15 @@ def _check_prefix(
         and session.head_seq <= len(events)
     ):
         return
-    line = _first_differing_line(store, session, events, lines, offset)
-    raise ImportConflict(str(path), line, "the already-imported part of the file changed")
+    # The bytes differ (another path, an export of the session, an edit): what counts is
+    # whether any imported entry's value changed.
+    line = _first_differing_line(store, session, events, lines)
+    if line is not None:
+        raise ImportConflict(str(path), line, "the already-imported part of the file changed")
+    log.info(
+        "the imported part was re-serialized with the same values",
+        extra={"path": str(path), "session_id": session.id},
+    )
 
 
 def _first_differing_line(
@@ -268,18 +275,16 @@ def _first_differing_line(
     session: Session,
     events: Sequence[dict[str, Any]],
     lines: Sequence[int],
-    offset: _Offset,
-) -> int:
-    """The file line of the first entry that differs from the journal's copy of it."""
+) -> int | None:
+    """The file line of the first entry that differs from the journal's copy; None if the
+    journal's events are all equal to the file's first ones."""
     for stored in _stored_events(store, session.id):
         index = stored.seq - 1
         if index >= len(events):
-            return (lines[-1] if len(lines) > 1 else 1) + 1  # the file lost entries
+            return lines[-1] + 1  # the file lost entries: the first missing one
         if _without_transient(events[index]) != stored.payload:
-            return max(lines[index], 1)
-    # Every entry is equal but the bytes are not (a blank or malformed line, a reformatted
-    # value): the imported part ends at line ``offset.lines``.
-    return max(offset.lines, 1)
+            return lines[index]
+    return None
 
 
 def _stored_events(store: SessionStore, session_id: str) -> Iterator[StoredEvent]:

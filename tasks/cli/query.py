@@ -159,6 +159,9 @@ def events(
     (pass it to --after-position). --follow starts at the current head unless
     --after-position is given, and runs until --limit events, --timeout or Ctrl-C.
     """
+    if session is not None:  # an id, or the agent's own id for the session (external id)
+        with open_store() as store:
+            session = store.resolve_session(session, tenant_id=tenant).id
     flt = EventFilter(
         tenant_id=tenant,
         session_id=session,
@@ -353,6 +356,7 @@ def state(
 ) -> None:
     """A session's state rebuilt from its journal (snapshot + fold)."""
     with open_store() as store:
+        session_id = store.resolve_session(session_id, tenant_id=tenant).id
         result = store.state(session_id, at_seq=at_seq, tenant_id=tenant, rehydrate=False)
     if as_json:
         print_json(result.to_dict())

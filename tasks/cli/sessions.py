@@ -49,7 +49,7 @@ def list_sessions(
 def show(session_id: str, as_json: bool = JsonOption) -> None:
     """Show one session's metadata."""
     with open_store() as store:
-        session = store.get_session(session_id)
+        session = store.resolve_session(session_id)
     if as_json:
         print_json(session.to_dict())
         return

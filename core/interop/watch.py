@@ -1,0 +1,119 @@
+"""Find session files, and follow a directory of them as agents write.
+
+Following is import after import: every pass resumes from the offsets in the database, so
+the follower keeps no state that matters. Killed and restarted, it picks up where the
+journal is, without doubling anything.
+"""
+
+from __future__ import annotations
+
+import glob
+import logging
+import threading
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from core.errors import SessionStoreError
+from core.interop.importer import ImportResult, import_session
+
+if TYPE_CHECKING:
+    from core.store import SessionStore
+
+log = logging.getLogger(__name__)
+
+DEFAULT_SESSIONS_DIR = Path("~/.pi/agent/sessions")
+SUFFIX = ".jsonl"
+# watchfiles: wait this long for a burst of writes to settle, and wake at least this often to
+# look at sizes too (a change notification can be coalesced or, on some filesystems, lost)
+_DEBOUNCE_MS = 150
+_RESCAN_MS = 1000
+
+
+def session_files(paths: Iterable[str | Path]) -> list[Path]:
+    """Files named by ``paths``: a file, a directory (``*.jsonl`` below it), or a glob."""
+    found: dict[Path, None] = {}
+    for raw in paths:
+        path = Path(raw).expanduser()
+        if path.is_dir():
+            found.update(dict.fromkeys(sorted(p for p in path.rglob(f"*{SUFFIX}") if p.is_file())))
+        elif path.is_file():
+            found[path] = None
+        else:
+            matches = sorted(Path(p) for p in glob.glob(str(path), recursive=True))
+            for match in matches:
+                found.update(dict.fromkeys(session_files([match])))
+    return list(found)
+
+
+OnResult = Callable[[ImportResult], None]
+OnError = Callable[[Path, SessionStoreError], None]
+
+
+class Follower:
+    """Imports a directory's session files now and then again whenever they change."""
+
+    def __init__(
+        self,
+        store: SessionStore,
+        directory: Path,
+        *,
+        tenant_id: str,
+        format: str = "auto",
+        on_result: OnResult | None = None,
+        on_error: OnError | None = None,
+    ) -> None:
+        self.store = store
+        self.directory = directory
+        self.tenant_id = tenant_id
+        self.format = format
+        self.on_result = on_result
+        self.on_error = on_error
+        self._sizes: dict[Path, int] = {}
+
+    def run(self, stop: threading.Event | None = None) -> None:
+        import watchfiles  # only the follower needs it
+
+        self.scan()
+        for changes in watchfiles.watch(
+            self.directory,
+            stop_event=stop,
+            debounce=_DEBOUNCE_MS,
+            rust_timeout=_RESCAN_MS,
+            yield_on_timeout=True,
+        ):
+            changed = {Path(p) for kind, p in changes if kind != watchfiles.Change.deleted}
+            for path in sorted(p for p in changed if p.suffix == SUFFIX and p.is_file()):
+                self.import_one(path)
+            self.scan()
+
+    def scan(self) -> None:
+        """Import every file whose size is not the one last seen."""
+        for path in session_files([self.directory]):
+            try:
+                size = path.stat().st_size
+            except OSError:
+                continue
+            if self._sizes.get(path) != size:
+                self.import_one(path)
+
+    def import_one(self, path: Path) -> ImportResult | None:
+        try:
+            size = path.stat().st_size
+        except OSError:  # gone between the event and now
+            return None
+        try:
+            result = import_session(self.store, path, tenant_id=self.tenant_id, format=self.format)
+        except SessionStoreError as exc:
+            log.warning("import failed", extra={"path": str(path), "error": exc.message})
+            self._sizes[path] = size  # not again until the file changes
+            if self.on_error is not None:
+                self.on_error(path, exc)
+            return None
+        except OSError as exc:  # the file went away between the event and the read
+            log.info("file unreadable", extra={"path": str(path), "error": str(exc)})
+            return None
+        self._sizes[path] = size
+        if self.on_result is not None and result.appended:
+            self.on_result(result)
+        return result

@@ -1,0 +1,208 @@
+"""``sessionstore import`` / ``export`` / ``sessions create``: agent session files in and out.
+
+Heavy imports stay inside the commands (the CLI starts lazily)."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated
+
+import typer
+
+from tasks.cli.common import JsonOption, app, console, err_console, open_store, print_json
+from tasks.cli.sessions import sessions_app
+
+if TYPE_CHECKING:
+    from core.errors import SessionStoreError
+    from core.interop.importer import ImportResult
+
+DEFAULT_TENANT = "default"
+
+
+def _result_dict(result: ImportResult) -> dict[str, object]:
+    return {
+        "path": result.path,
+        "session_id": result.session_id,
+        "external_id": result.external_id,
+        "appended": result.appended,
+        "skipped": result.skipped,
+        "status": result.status,
+    }
+
+
+def _error_dict(path: Path, exc: SessionStoreError) -> dict[str, object]:
+    return {
+        "path": str(path),
+        "session_id": None,
+        "external_id": None,
+        "appended": 0,
+        "skipped": 0,
+        "status": "error",
+        "error": exc.message,
+    }
+
+
+@app.command("import")
+def import_files(
+    paths: Annotated[
+        list[str] | None,
+        typer.Argument(
+            help="Session files, directories (recursive) or globs [default: ~/.pi/agent/sessions]."
+        ),
+    ] = None,
+    tenant: str = typer.Option(DEFAULT_TENANT, help="Tenant of the imported sessions."),
+    format: str = typer.Option("auto", "--format", help="auto | pi | omp | claude-code."),
+    watch: Path | None = typer.Option(
+        None, "--watch", help="Then follow this directory: new files and appended lines."
+    ),
+    as_json: bool = JsonOption,
+) -> None:
+    """Import agent session files; again appends only what is new (idempotent)."""
+    from core.errors import SessionStoreError
+    from core.interop.watch import DEFAULT_SESSIONS_DIR, session_files
+
+    files = session_files(paths or ([] if watch else [DEFAULT_SESSIONS_DIR]))
+    failed = 0
+    with open_store() as store:
+        with _progress(len(files), sum(_size(f) for f in files), quiet=as_json) as advance:
+            for path in files:
+                try:
+                    result = store.import_session(path, tenant_id=tenant, format=format)
+                except SessionStoreError as exc:
+                    failed += 1
+                    _report_error(path, exc, as_json)
+                else:
+                    _report(result, as_json)
+                advance(_size(path))
+        if watch is not None:
+            _follow(store, watch, tenant, format, as_json)
+    if failed:
+        raise typer.Exit(1)
+
+
+def _size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except OSError:
+        return 0
+
+
+def _report(result: ImportResult, as_json: bool) -> None:
+    if as_json:
+        print_json(_result_dict(result))
+        sys.stdout.flush()  # --watch: a reader of the pipe sees each pass at once
+        return
+    tail = " (a half-written last line waits)" if result.incomplete_tail else ""
+    console.print(
+        f"{result.status}: {result.path} -> {result.session_id} "
+        f"({result.external_id}): {result.appended} appended, {result.skipped} skipped{tail}",
+        markup=False,
+        highlight=False,
+    )
+
+
+def _report_error(path: Path, exc: SessionStoreError, as_json: bool) -> None:
+    if as_json:
+        print_json(_error_dict(path, exc))
+    else:
+        err_console.print(f"error: {exc.message}", markup=False, highlight=False)
+
+
+def _follow(store: object, directory: Path, tenant: str, format: str, as_json: bool) -> None:
+    from core.interop.watch import Follower
+    from core.store import SessionStore
+
+    assert isinstance(store, SessionStore)
+    err_console.print(f"following {directory} (Ctrl-C to stop)", markup=False)
+    follower = Follower(
+        store,
+        directory,
+        tenant_id=tenant,
+        format=format,
+        on_result=lambda r: _report(r, as_json),
+        on_error=lambda p, e: _report_error(p, e, as_json),
+    )
+    try:
+        follower.run()
+    except KeyboardInterrupt:
+        pass
+
+
+class _progress:
+    """A rich bar over files and bytes on stderr; nothing with --json or off a terminal."""
+
+    def __init__(self, files: int, total_bytes: int, *, quiet: bool) -> None:
+        from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn
+
+        self.progress = Progress(
+            TextColumn("[progress.description]{task.description}"),
+            BarColumn(),
+            DownloadColumn(),
+            TextColumn("{task.fields[files]}"),
+            console=err_console,
+            disable=quiet,
+            transient=True,
+        )
+        self.files = files
+        self.task = self.progress.add_task("importing", total=total_bytes, files=f"0/{files} files")
+        self.done = 0
+
+    def __enter__(self) -> Callable[[int], None]:
+        self.progress.__enter__()
+        return self.advance
+
+    def advance(self, size: int) -> None:
+        self.done += 1
+        self.progress.update(self.task, advance=size, files=f"{self.done}/{self.files} files")
+
+    def __exit__(self, *exc: object) -> None:
+        self.progress.__exit__(None, None, None)
+
+
+@app.command("export")
+def export(
+    session: str = typer.Argument(help="Session id, or its external id (the agent's own)."),
+    output: Path | None = typer.Option(None, "-o", "--output", help="File [default: stdout]."),
+    format: str = typer.Option("pi", "--format", help="pi (a version-3 pi session file)."),
+    at_seq: int | None = typer.Option(None, "--at-seq", min=1, help="Only events up to this seq."),
+    tenant: str | None = typer.Option(None, help="Fail unless the session is this tenant's."),
+    as_json: bool = JsonOption,
+) -> None:
+    """Write a session as a pi session file: header, then every entry as it was."""
+    if format != "pi":
+        raise typer.BadParameter(f"unknown export format {format!r} (known: pi)")
+    with open_store() as store:
+        if output is None:
+            lines = store.export_session(session, sys.stdout, at_seq=at_seq, tenant_id=tenant)
+            return
+        partial = output.with_name(output.name + ".partial")
+        with partial.open("w", encoding="utf-8") as out:
+            lines = store.export_session(session, out, at_seq=at_seq, tenant_id=tenant)
+        partial.replace(output)  # never a half-written export under the final name
+    if as_json:
+        print_json({"path": str(output), "lines": lines, "session": session})
+    else:
+        err_console.print(f"wrote {lines} lines to {output}", markup=False)
+
+
+@sessions_app.command("create")
+def create(
+    external_id: str | None = typer.Option(
+        None, "--id", help="The agent's own id for it (unique per tenant; accepted as an id)."
+    ),
+    tenant: str = typer.Option(DEFAULT_TENANT, help="Tenant of the new session."),
+    title: str | None = typer.Option(None, help="Title."),
+    cwd: str | None = typer.Option(None, help="Working directory the session belongs to."),
+    as_json: bool = JsonOption,
+) -> None:
+    """Create an empty session."""
+    with open_store() as store:
+        session = store.create_session(
+            tenant_id=tenant, title=title, cwd=cwd, external_id=external_id
+        )
+    if as_json:
+        print_json(session.to_dict())
+    else:
+        console.print(session.id, markup=False, highlight=False)
