@@ -29,6 +29,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from core.errors import ImportFormatError
 from core.interop import pi
 from core.interop.importer import register_converter
 from core.interop.model import Format, ParsedEntry, ParsedSession, SessionHeader
@@ -97,6 +98,8 @@ def parse_claude_code(path: Path, data: bytes) -> ParsedSession:
         for number, value in pi.iter_objects(raw_lines)
         if isinstance(value, dict)
     ]
+    if lines and not any(line.value.get("type") in _KNOWN_TYPES for line in lines):
+        raise ImportFormatError(str(path), "no line of this file is a Claude Code transcript line")
     converter = _Converter()
     consumed = complete
     for i, line in enumerate(lines):
