@@ -119,6 +119,15 @@ class _BlobReader:
             return None
         return data
 
+    def text(self, ref: str) -> str:
+        """A data URL blob's text; the ref itself (reported missing) if it is not UTF-8."""
+        data = self.read(ref)
+        try:
+            return data.decode("utf-8") if data is not None else ref
+        except UnicodeDecodeError:
+            self.missing.append(ref)
+            return ref
+
     def resolve(self, value: Any) -> Any:
         if isinstance(value, list):
             return [self.resolve(v) for v in value]
@@ -127,8 +136,7 @@ class _BlobReader:
         out: dict[str, Any] = {}
         for key, item in value.items():
             if key == DATA_URL_KEY and _is_ref(item):
-                data = self.read(item)
-                out[key] = data.decode("utf-8", "surrogateescape") if data is not None else item
+                out[key] = self.text(item)
             else:
                 out[key] = self.resolve(item)
         if out.get("type") == "image" and _is_ref(out.get("data")):
@@ -295,7 +303,7 @@ class _BlobWriter:
         out: dict[str, Any] = {}
         for key, item in value.items():
             if key == DATA_URL_KEY and isinstance(item, str) and _is_data_url(item):
-                out[key] = self.put(item.encode("utf-8", "surrogateescape"))
+                out[key] = self.put(item.encode("utf-8", "surrogatepass"))
             else:
                 out[key] = self.externalize(item, in_content=key == IMAGE_ARRAY_KEY)
         if out.get("type") == "image" and MISSING_KEY in out:
