@@ -22,6 +22,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import re
 from collections.abc import Iterable, Iterator, Mapping
 from datetime import datetime
 from pathlib import Path
@@ -45,13 +46,22 @@ def _reject_constant(name: str) -> Any:
     raise ValueError(f"{name} is not JSON")  # JSON.parse refuses NaN and Infinity too
 
 
-def loads_exact(line: bytes) -> Any:
+# orjson reads an integer beyond 64 bits as a float, silently: such lines (any run of 19+
+# digits, even inside a string; rare) go to the standard library, which keeps them exact.
+_LONG_DIGITS = re.compile(rb"\d{19}")
+
+
+def loads_exact(line: bytes | str) -> Any:
     """One JSON value with every number kept: orjson for speed, the standard library for
-    what orjson refuses (integers beyond 64 bits, lone surrogates)."""
-    try:
-        return orjson.loads(line)
-    except orjson.JSONDecodeError:
-        return json.loads(line, parse_constant=_reject_constant)
+    what orjson refuses or rounds (integers beyond 64 bits, lone surrogates)."""
+    if isinstance(line, str):
+        line = line.encode()
+    if _LONG_DIGITS.search(line) is None:
+        try:
+            return orjson.loads(line)
+        except orjson.JSONDecodeError:
+            pass
+    return json.loads(line, parse_constant=_reject_constant)
 
 
 def dumps_exact(value: Any) -> str:

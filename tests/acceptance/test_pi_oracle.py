@@ -10,7 +10,7 @@ import pytest
 from core.store import SessionStore
 from tests.fixtures.pi.generate import FIXTURES as GENERATORS
 from tests.fixtures.pi.generate import big_tool_output
-from tests.pi_support import FIXTURES, as_json, our_context, pi_context
+from tests.pi_support import FIXTURES, as_json, our_context, pi_append, pi_context
 
 TENANT = "acme"
 
@@ -50,3 +50,24 @@ def test_compaction_keeps_the_model_and_v1_index(store: SessionStore) -> None:
     assert state.compaction is not None and state.compaction.first_kept_entry_id
     assert state.info.model is not None and state.info.model.model_id == "claude-3-7-sonnet"
     assert state.messages[0].role == "compactionSummary"
+
+
+def test_round_trip_with_pi(store: SessionStore, tmp_path: Path) -> None:
+    """Export; pi opens the file with the same context; pi appends a message through its
+    own API; re-import appends exactly that entry, and the contexts still agree."""
+    result = store.import_session(FIXTURES / "v3.jsonl", tenant_id=TENANT)
+    exported = tmp_path / "exported.jsonl"
+    with exported.open("w", encoding="utf-8") as out:
+        store.export_session(result.session_id, out)
+    ours = store.state(result.session_id, rehydrate=True)
+    assert pi_context(exported)["leaf"] == as_json(our_context(ours))
+
+    message = {"role": "user", "content": "Appended by pi.", "timestamp": 1795000099000}
+    entry_id = pi_append(exported, message)
+    again = store.import_session(exported, tenant_id=TENANT)
+    assert (again.session_id, again.appended) == (result.session_id, 1)
+    last = store.read(result.session_id, after_seq=ours.seq)
+    assert [e.payload["id"] for e in last] == [entry_id]
+    assert last[0].payload["message"] == message
+    after = store.state(result.session_id, rehydrate=True)
+    assert pi_context(exported)["leaf"] == as_json(our_context(after))

@@ -1,0 +1,355 @@
+"""Import of pi session files: idempotent, resumable, refusing changed prefixes; export back
+to a version-3 file with the same JSON values; import(export(x)) has x's state. Both backends.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import pytest
+from sqlalchemy import select
+
+from core.errors import ExternalIdTaken, ImportConflict, ImportFormatError, SessionNotFound
+from core.interop.pi import dumps_exact, loads_exact
+from core.models import ImportOffsetRow, table_of
+from core.store import SessionStore
+from tests.fixtures.pi.generate import assistant, user, v1_lines, v2_lines, v3_lines, write
+from tests.pi_support import FIXTURES
+
+TENANT = "acme"
+
+
+def _lines(path: Path) -> list[Any]:
+    return [loads_exact(line) for line in path.read_bytes().splitlines() if line.strip()]
+
+
+def _exact(a: Any, b: Any, *, ordered: bool = True) -> bool:
+    """Equal JSON values with the same number types and signs of zero, and (``ordered``)
+    the same key order."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        same_keys = list(a) == list(b) if ordered else sorted(a) == sorted(b)
+        return same_keys and all(_exact(a[k], b[k], ordered=ordered) for k in a)
+    if isinstance(a, list) and isinstance(b, list):
+        return len(a) == len(b) and all(
+            _exact(x, y, ordered=ordered) for x, y in zip(a, b, strict=True)
+        )
+    if isinstance(a, float) and isinstance(b, float):
+        return a == b and math.copysign(1, a) == math.copysign(1, b)
+    return type(a) is type(b) and a == b
+
+
+def _as_js(value: Any) -> Any:
+    """A value as JavaScript writes it back: 0.0 is 0, 2.0 is 2 (one number type)."""
+    if isinstance(value, dict):
+        return {k: _as_js(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_as_js(v) for v in value]
+    if isinstance(value, float) and value.is_integer() and abs(value) < 2**53:
+        return int(value)
+    return value
+
+
+def _export(store: SessionStore, session: str, **kw: Any) -> list[Any]:
+    out = io.StringIO()
+    store.export_session(session, out, **kw)
+    return [loads_exact(line) for line in out.getvalue().splitlines()]
+
+
+def _grow(path: Path, lines: list[dict[str, Any]], count: int) -> None:
+    parent = lines[-1]["id"]
+    with path.open("a", encoding="utf-8") as out:
+        for n in range(count):
+            entry = {
+                "type": "message",
+                "id": f"e{n:07x}",
+                "parentId": parent,
+                "timestamp": "2026-11-20T11:00:00.000Z",
+                "message": user(100 + n, f"more {n}") if n % 2 else assistant(100 + n, f"a {n}"),
+            }
+            out.write(dumps_exact(entry) + "\n")
+            parent = entry["id"]
+
+
+def _offset(store: SessionStore, session_id: str) -> Any:
+    offsets = table_of(ImportOffsetRow)
+    with store.engine.connect() as conn:
+        return conn.execute(select(offsets).where(offsets.c.session_id == session_id)).first()
+
+
+# idempotent and resumable ---------------------------------------------------------------
+
+
+def test_reimport_twice_appends_nothing(store: SessionStore, tmp_path: Path) -> None:
+    path = tmp_path / "s.jsonl"
+    write(path, v3_lines())
+    first = store.import_session(path, tenant_id=TENANT)
+    assert (first.status, first.appended, first.skipped) == ("created", len(v3_lines()), 0)
+    again = store.import_session(path, tenant_id=TENANT)
+    assert (again.status, again.appended, again.skipped) == ("unchanged", 0, len(v3_lines()))
+    assert again.session_id == first.session_id
+    assert store.get_session(first.session_id).head_seq == len(v3_lines())
+
+
+def test_grown_file_appends_only_the_new_entries(store: SessionStore, tmp_path: Path) -> None:
+    path = tmp_path / "s.jsonl"
+    lines = v3_lines()
+    write(path, lines)
+    first = store.import_session(path, tenant_id=TENANT)
+    _grow(path, lines, 10)
+    grown = store.import_session(path, tenant_id=TENANT)
+    assert (grown.status, grown.appended, grown.skipped) == ("appended", 10, len(lines))
+    events = store.read(first.session_id, rehydrate=True)
+    assert [e.payload for e in events] == _lines(path)
+
+
+def test_edited_prefix_is_a_conflict_and_writes_nothing(
+    store: SessionStore, tmp_path: Path
+) -> None:
+    path = tmp_path / "s.jsonl"
+    lines = v3_lines()
+    write(path, lines)
+    first = store.import_session(path, tenant_id=TENANT)
+    before = _offset(store, first.session_id)
+    lines[4]["message"]["content"] = "edited"  # line 5 of the file
+    write(path, lines)
+    _grow(path, lines, 3)
+    with pytest.raises(ImportConflict) as caught:
+        store.import_session(path, tenant_id=TENANT)
+    assert caught.value.line == 5 and caught.value.path == str(path)
+    assert store.get_session(first.session_id).head_seq == len(lines)
+    assert _offset(store, first.session_id) == before
+
+
+def test_lost_entries_are_a_conflict(store: SessionStore, tmp_path: Path) -> None:
+    path = tmp_path / "s.jsonl"
+    write(path, v3_lines())
+    store.import_session(path, tenant_id=TENANT)
+    write(path, v3_lines()[:-2])
+    with pytest.raises(ImportConflict):
+        store.import_session(path, tenant_id=TENANT)
+
+
+def test_half_written_last_line_waits_for_its_end(store: SessionStore, tmp_path: Path) -> None:
+    path = tmp_path / "s.jsonl"
+    lines = v3_lines()
+    write(path, lines)
+    extra = {
+        "type": "message",
+        "id": "f0000001",
+        "parentId": lines[-1]["id"],
+        "timestamp": "2026-11-20T12:00:00.000Z",
+        "message": user(200, "half"),
+    }
+    text = dumps_exact(extra)
+    with path.open("a", encoding="utf-8") as out:
+        out.write(text[:20])
+    first = store.import_session(path, tenant_id=TENANT)
+    assert first.incomplete_tail and first.appended == len(lines)
+    with path.open("a", encoding="utf-8") as out:
+        out.write(text[20:] + "\n")
+    done = store.import_session(path, tenant_id=TENANT)
+    assert (done.appended, done.incomplete_tail) == (1, False)
+    assert store.read(first.session_id, after_seq=len(lines))[0].payload == extra
+
+
+def test_reserialized_file_with_same_values_resumes(store: SessionStore, tmp_path: Path) -> None:
+    """Another file of the same session (an export, pretty-printed keys) is not a conflict."""
+    path = tmp_path / "s.jsonl"
+    write(path, v3_lines())
+    first = store.import_session(path, tenant_id=TENANT)
+    other = tmp_path / "other.jsonl"
+    other.write_text("".join(json.dumps(v) + "\n" for v in v3_lines()))
+    again = store.import_session(other, tenant_id=TENANT)
+    assert (again.session_id, again.appended) == (first.session_id, 0)
+
+
+def test_not_a_session_file(store: SessionStore, tmp_path: Path) -> None:
+    path = tmp_path / "x.jsonl"
+    path.write_text('{"type": "message"}\n')
+    with pytest.raises(ImportFormatError):
+        store.import_session(path, tenant_id=TENANT)
+
+
+# pi fidelity ------------------------------------------------------------------------------
+
+
+def test_header_fields_external_id_and_images(store: SessionStore) -> None:
+    result = store.import_session(FIXTURES / "v3.jsonl", tenant_id=TENANT)
+    session = store.get_session(result.session_id)
+    assert (session.external_id, session.cwd) == ("0f3c2a10-v3", "/home/dev/project")
+    assert store.resolve_session("0f3c2a10-v3", tenant_id=TENANT).id == session.id
+    with pytest.raises(SessionNotFound):
+        store.resolve_session("0f3c2a10-v3", tenant_id="other")
+    header = store.read(session.id, upto_seq=1)[0].payload
+    assert header["timestamp"] == "2026-11-20T10:00:00.000Z"
+    raw = json.dumps([e.payload for e in store.read(session.id)])
+    assert "blob:sha256:" in raw  # the image went to the blob store
+    types = {e.type for e in store.read(session.id)}
+    assert types >= {
+        "message",
+        "model_change",
+        "thinking_level_change",
+        "compaction",
+        "branch_summary",
+        "custom",
+        "custom_message",
+        "label",
+        "session_info",
+    }
+
+
+def test_external_id_unique_per_tenant(store: SessionStore) -> None:
+    store.create_session(tenant_id=TENANT, external_id="x1")
+    with pytest.raises(ExternalIdTaken):
+        store.create_session(tenant_id=TENANT, external_id="x1")
+    store.create_session(tenant_id="other", external_id="x1")
+
+
+def test_named_empty_session_is_adopted_by_import(store: SessionStore) -> None:
+    named = store.create_session(tenant_id=TENANT, external_id="0f3c2a10-v2")
+    result = store.import_session(FIXTURES / "v2.jsonl", tenant_id=TENANT)
+    assert result.session_id == named.id
+
+
+def test_parent_session_becomes_a_fork_link(store: SessionStore, tmp_path: Path) -> None:
+    parent_path = tmp_path / "2026-11-20T10-00-00-000Z_0f3c2a10-v3.jsonl"
+    write(parent_path, v3_lines())
+    child = v3_lines()[:6]
+    child[0] = {**child[0], "id": "child-1", "parentSession": str(parent_path)}
+    child_path = tmp_path / "child.jsonl"
+    write(child_path, child)
+    parent = store.import_session(parent_path, tenant_id=TENANT)
+    imported = store.import_session(child_path, tenant_id=TENANT)
+    session = store.get_session(imported.session_id)
+    assert session.parent_id == parent.session_id and session.forked_from_seq is None
+
+
+# export -------------------------------------------------------------------------------------
+
+
+_PG_KEY_ORDER = pytest.mark.xfail(
+    reason="PostgreSQL jsonb reorders keys until the journal's exact reads (helper 'journal', "
+    "DESIGN invariant 11) land",
+    strict=False,
+)
+
+
+@pytest.fixture
+def exact_reads(backend: str, request: pytest.FixtureRequest) -> None:
+    """Marks a test that needs exact reads (key order, -0.0) as expected to fail on
+    PostgreSQL until the journal's exact reads land."""
+    if backend == "postgres":
+        request.applymarker(_PG_KEY_ORDER)
+
+
+def test_export_of_v3_has_the_input_values(store: SessionStore) -> None:
+    """Equal values line by line on both backends (exactness: the next test)."""
+    path = FIXTURES / "v3.jsonl"
+    result = store.import_session(path, tenant_id=TENANT)
+    exported = _export(store, result.session_id)
+    source = _lines(path)
+    assert len(exported) == len(source)
+    for number, (ours, theirs) in enumerate(zip(exported, source, strict=True), start=1):
+        assert ours == theirs, f"line {number}"
+
+
+@pytest.mark.usefixtures("exact_reads")
+def test_export_of_v3_is_exact(store: SessionStore) -> None:
+    """Same key order, number types and -0.0."""
+    path = FIXTURES / "v3.jsonl"
+    result = store.import_session(path, tenant_id=TENANT)
+    exported = _export(store, result.session_id)
+    source = _lines(path)
+    assert len(exported) == len(source)
+    for number, (ours, theirs) in enumerate(zip(exported, source, strict=True), start=1):
+        assert _exact(ours, theirs), f"line {number}"
+
+
+@pytest.mark.xfail(
+    reason="the journal refuses integers beyond 64 bits until its exact values (helper "
+    "'journal', DESIGN invariant 11) land",
+    strict=False,
+)
+def test_export_of_v3_keeps_huge_integers(store: SessionStore, tmp_path: Path) -> None:
+    lines = v3_lines()
+    lines[8]["data"]["huge"] = 12345678901234567890123
+    path = tmp_path / "huge.jsonl"
+    write(path, lines)
+    assert _lines(path)[8]["data"]["huge"] == 12345678901234567890123  # read exactly
+    result = store.import_session(path, tenant_id=TENANT)  # today: refused by validation
+    assert _exact(_export(store, result.session_id)[8], _lines(path)[8])
+
+
+@pytest.mark.usefixtures("exact_reads")
+@pytest.mark.parametrize("make", [v1_lines, v2_lines], ids=["v1", "v2"])
+def test_export_of_v1_v2_is_pis_migration(store: SessionStore, tmp_path: Path, make: Any) -> None:
+    from tests.pi_support import pi_context
+
+    path = tmp_path / "old.jsonl"
+    write(path, make())
+    result = store.import_session(path, tenant_id=TENANT)
+    exported = _export(store, result.session_id)
+    oracle = pi_context(path)
+    migrated = [oracle["header"], *oracle["entries"]]
+    # pi draws v1 ids at random: compare with the ids mapped position by position
+    ids = {
+        theirs.get("id"): ours.get("id")
+        for ours, theirs in zip(exported[1:], migrated[1:], strict=True)
+    }
+    mapped = json.loads(
+        json.dumps(migrated),
+        object_hook=lambda d: {
+            k: ids.get(v, v) if k in ("id", "parentId", "firstKeptEntryId") else v
+            for k, v in d.items()
+        },
+    )
+    assert len(exported) == len(mapped)
+    for number, (ours, theirs) in enumerate(zip(exported, mapped, strict=True), start=1):
+        assert _exact(_as_js(ours), theirs), f"line {number}"
+
+
+def test_export_at_seq(store: SessionStore) -> None:
+    result = store.import_session(FIXTURES / "v3.jsonl", tenant_id=TENANT)
+    assert len(_export(store, result.session_id, at_seq=5)) == 5
+
+
+def test_import_of_export_has_the_same_state(store: SessionStore, tmp_path: Path) -> None:
+    for name in ("v1.jsonl", "v2.jsonl", "v3.jsonl"):
+        result = store.import_session(FIXTURES / name, tenant_id=TENANT)
+        out = tmp_path / name
+        with out.open("w", encoding="utf-8") as f:
+            store.export_session(result.session_id, f)
+        again = store.import_session(out, tenant_id="other")
+        a = store.state(result.session_id, rehydrate=True)
+        b = store.state(again.session_id, rehydrate=True)
+        assert [m.to_dict() for m in a.messages] == [m.to_dict() for m in b.messages]
+        assert (a.info.model, a.info.thinking_level, a.leaf_id, a.labels) == (
+            b.info.model,
+            b.info.thinking_level,
+            b.leaf_id,
+            b.labels,
+        )
+
+
+def test_export_of_a_session_made_here(store: SessionStore, tmp_path: Path) -> None:
+    session = store.create_session(tenant_id=TENANT, cwd="/w", external_id="made-here")
+    entries = v3_lines()[1:8]
+    store.append(session.id, entries)
+    exported = _export(store, "made-here", tenant_id=TENANT)
+    assert exported[0]["type"] == "session" and exported[0]["id"] == "made-here"
+    assert exported[0]["cwd"] == "/w" and exported[0]["version"] == 3
+    assert exported[1:] == entries
+    out = tmp_path / "made.jsonl"
+    with out.open("w", encoding="utf-8") as f:
+        store.export_session(session.id, f)
+    again = store.import_session(out, tenant_id="other")
+
+    def messages(session_id: str) -> list[tuple[Any, ...]]:  # seqs differ: header at seq 1
+        state = store.state(session_id, rehydrate=True)
+        return [(m.entry_id, m.role, m.content, m.data) for m in state.messages]
+
+    assert messages(again.session_id) == messages(session.id)
