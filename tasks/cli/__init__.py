@@ -14,6 +14,7 @@ def _register() -> None:
         config,
         db,
         demo,
+        health,
         interop,
         maintenance,
         query,
