@@ -8,9 +8,11 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from core.errors import ImportFormatError
 from core.interop.claude_code import looks_like_claude_code, parse_claude_code
 from core.interop.importer import detect_format
 
@@ -331,6 +333,10 @@ _line = st.fixed_dictionaries(
 @given(st.lists(_line, max_size=10))
 def test_any_lines_give_a_well_formed_tree(lines: list[dict[str, Any]]) -> None:
     data = "".join(json.dumps(x) + "\n" for x in lines).encode()
+    if lines and all(x["type"] == "x" for x in lines):
+        with pytest.raises(ImportFormatError):
+            parse_claude_code(Path("s.jsonl"), data)
+        return
     parsed = parse_claude_code(Path("s.jsonl"), data)
     seen: set[str] = set()
     for p in parsed.entries:
