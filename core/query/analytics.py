@@ -299,6 +299,9 @@ class TokenTotals:
     total_tokens: int | float = 0
     cost: int | float = 0
 
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
 
 @dataclass(frozen=True, slots=True)
 class DayModelUsage:
@@ -312,15 +315,15 @@ class DayModelUsage:
     day: str
     model: str | None
     responses: int
-    input: int | float = 0
-    output: int | float = 0
-    cache_read: int | float = 0
-    cache_write: int | float = 0
-    total_tokens: int | float = 0
-    cost: int | float = 0
+    tokens: TokenTotals
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        return {
+            "day": self.day,
+            "model": self.model,
+            "responses": self.responses,
+            **self.tokens.to_dict(),
+        }
 
 
 @dataclass(frozen=True, slots=True)
@@ -372,14 +375,7 @@ class Stats:
             "events_by_day": [{"day": d, "events": n} for d, n in self.events_by_day],
             "top_sessions_by_events": [size(s) for s in self.top_by_events],
             "top_sessions_by_bytes": [size(s) for s in self.top_by_bytes],
-            "tokens": {
-                "input": self.tokens.input,
-                "output": self.tokens.output,
-                "cache_read": self.tokens.cache_read,
-                "cache_write": self.tokens.cache_write,
-                "total_tokens": self.tokens.total_tokens,
-                "cost": self.tokens.cost,
-            },
+            "tokens": self.tokens.to_dict(),
             "usage_by_day": [u.to_dict() for u in self.usage_by_day],
             "blobs": {
                 "references": self.blobs.references,
@@ -515,20 +511,24 @@ def _top_sessions(
     ]
 
 
-def _token_totals(
-    conn: Connection, engine: Engine, scope: Sequence[ColumnElement[bool]]
-) -> TokenTotals:
-    sums = [
-        func.sum(_json_number(engine, "message", "usage", name)).label(name)
-        for name in _TOKEN_FIELDS
-    ]
+def _usage_sums(engine: Engine) -> list[ColumnElement[Any]]:
+    """Sums of the ``message.usage`` fields, then of its cost (a number or ``cost.total``)."""
+    sums = [func.sum(_json_number(engine, "message", "usage", name)) for name in _TOKEN_FIELDS]
     cost = func.sum(
         func.coalesce(
             _json_number(engine, "message", "usage", "cost"),
             _json_number(engine, "message", "usage", "cost", "total"),
         )
     )
-    row = conn.execute(select(*sums, cost).where(_events.c.type == "message", *scope)).one()
+    return [*sums, cost]
+
+
+def _token_totals(
+    conn: Connection, engine: Engine, scope: Sequence[ColumnElement[bool]]
+) -> TokenTotals:
+    row = conn.execute(
+        select(*_usage_sums(engine)).where(_events.c.type == "message", *scope)
+    ).one()
     return TokenTotals(*(_plain(v) for v in row))
 
 
@@ -553,15 +553,8 @@ def _usage_by_day(
     model = _json_text(engine, "message", "model").label("model")
     part = _json_number(engine, "claudeCode", "responseLine")
     responses = func.sum(case((func.coalesce(part, 0) == 0, 1), else_=0))
-    sums = [func.sum(_json_number(engine, "message", "usage", name)) for name in _TOKEN_FIELDS]
-    cost = func.sum(
-        func.coalesce(
-            _json_number(engine, "message", "usage", "cost"),
-            _json_number(engine, "message", "usage", "cost", "total"),
-        )
-    )
     rows = conn.execute(
-        select(day, model, responses, *sums, cost)
+        select(day, model, responses, *_usage_sums(engine))
         .where(
             _events.c.type == "message",
             _json_text(engine, "message", "role") == "assistant",
@@ -571,7 +564,7 @@ def _usage_by_day(
         .order_by(day, model)
     )
     return [
-        DayModelUsage(str(d), m, int(_plain(n)), *(_plain(v) for v in values))
+        DayModelUsage(str(d), m, int(_plain(n)), TokenTotals(*(_plain(v) for v in values)))
         for d, m, n, *values in rows
     ]
 

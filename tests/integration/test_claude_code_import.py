@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from core.blobs.store import parse_ref
+from core.query.analytics import TokenTotals
 from core.store import SessionStore
 
 FIXTURE = (
@@ -66,13 +67,14 @@ def test_stats_tokens_and_models_per_day(store: SessionStore) -> None:
     ]
     sonnet = rows["2026-01-20", "claude-sonnet-4-5-20250929"]
     # msg_01A is three lines with output 3, 12, 40: one response of 40 output tokens
-    assert (sonnet.responses, sonnet.input, sonnet.output) == (3, 20, 95)
-    assert (sonnet.cache_read, sonnet.cache_write, sonnet.total_tokens) == (750, 70, 935)
+    assert sonnet.responses == 3
+    assert sonnet.tokens == TokenTotals(20, 95, 750, 70, 935, 0)
     opus = rows["2026-01-21", "claude-opus-4-5-20251101"]
-    assert (opus.responses, opus.input, opus.output, opus.total_tokens) == (2, 17, 78, 1895)
+    assert (opus.responses, opus.tokens) == (2, TokenTotals(17, 78, 900, 900, 1895, 0))
     assert rows["2026-01-20", "claude-haiku-4-5-20251001"].responses == 2  # the sidechain
     assert (stats.tokens.input, stats.tokens.output) == (677, 208)
-    assert stats.to_dict()["usage_by_day"][0]["day"] == "2026-01-20"
+    first = stats.to_dict()["usage_by_day"][0]
+    assert (first["day"], first["responses"], first["output"]) == ("2026-01-20", 2, 35)
 
 
 def test_the_image_is_a_blob_with_the_original_bytes(store: SessionStore) -> None:
