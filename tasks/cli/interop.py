@@ -22,7 +22,7 @@ DEFAULT_TENANT = "default"
 
 
 def _result_dict(result: ImportResult) -> dict[str, object]:
-    return {
+    found: dict[str, object] = {
         "path": result.path,
         "session_id": result.session_id,
         "external_id": result.external_id,
@@ -30,6 +30,9 @@ def _result_dict(result: ImportResult) -> dict[str, object]:
         "skipped": result.skipped,
         "status": result.status,
     }
+    if result.missing_blobs:  # oh-my-pi refs whose bytes were not found (kept as refs)
+        found["missing_blobs"] = result.missing_blobs
+    return found
 
 
 def _error_dict(path: Path, exc: SessionStoreError) -> dict[str, object]:

@@ -4,6 +4,7 @@ omp``."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import shutil
 from pathlib import Path
@@ -45,6 +46,8 @@ def test_import_stats_and_export_omp(data_dir: Path, tmp_path: Path) -> None:
     # the subagent's explore.jsonl inside the artifacts directory is not a session of its own
     assert sorted(r["external_id"] for r in results) == [CLAUDE_ID, "9b1e4c7a2f3d4e5f"]
     assert {r["status"] for r in results} == {"created"}
+    omp = next(r for r in results if r["external_id"] == "9b1e4c7a2f3d4e5f")
+    assert omp["missing_blobs"] == ["blob:sha256:" + hashlib.sha256(b"gone").hexdigest()]
     again = run(data_dir, "import", str(root), "--tenant", "acme", "--json")
     assert [r["appended"] for r in _objects(again.stdout)] == [0, 0]
 
