@@ -161,7 +161,7 @@ def import_session(
         session = _create(store, parsed, path, tenant_id)
     skipped = session.head_seq
     fresh = events[skipped:]
-    _append(store, session, fresh)
+    _append(store, session, fresh, _line_sizes(data, lines[skipped:]))
     after = converters()[parsed.format].after_import
     if after is not None:  # before the offset moves: a failed pass runs it again
         after(store, session.id, parsed)
@@ -307,11 +307,40 @@ def _without_transient(value: Any) -> Any:
     return value
 
 
-def _append(store: SessionStore, session: Session, events: Sequence[dict[str, Any]]) -> None:
-    size = max(1, store.settings.max_batch_events)
+def _line_sizes(data: bytes, lines: Sequence[int]) -> list[int]:
+    """The byte size of each entry's source line (what a batch's size is estimated by)."""
+    if not lines:
+        return []
+    lengths = [len(line) + 1 for line in data.split(b"\n", max(lines))]
+    return [lengths[n - 1] if 0 < n <= len(lengths) else 0 for n in lines]
+
+
+def _batches(
+    events: Sequence[dict[str, Any]], sizes: Sequence[int], *, max_events: int, max_bytes: int
+) -> Iterator[Sequence[dict[str, Any]]]:
+    """Runs of events within the journal's limits on events and bytes per write."""
+    start, total = 0, 0
+    for index, size in enumerate(sizes):
+        if index > start and (index - start >= max_events or total + size > max_bytes):
+            yield events[start:index]
+            start, total = index, 0
+        total += size
+    if start < len(events):
+        yield events[start:]
+
+
+def _append(
+    store: SessionStore, session: Session, events: Sequence[dict[str, Any]], sizes: list[int]
+) -> None:
+    settings = store.settings
     head = session.head_seq
-    for start in range(0, len(events), size):
-        batch = events[start : start + size]
+    # half the byte limit: a line's size only estimates its event's encoded size
+    for batch in _batches(
+        events,
+        sizes,
+        max_events=max(1, settings.max_batch_events),
+        max_bytes=max(1, settings.max_write_bytes // 2),
+    ):
         # expected_seq: a concurrent importer of the same file fails instead of doubling it
         result = store.append(session.id, batch, expected_seq=head)
         head = result.last_seq

@@ -1,0 +1,91 @@
+"""``sessionstore import --watch``: an agent (a subprocess) appends to 3 session files for
+10 s while the watcher is SIGKILLed and restarted once. The journal equals the files: nothing
+lost, nothing doubled; appended lines arrive within about a second."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from core.interop.pi import loads_exact
+from core.store import SessionStore
+from tests.support import wait_for
+
+EXE = shutil.which("sessionstore") or str(Path(sys.executable).parent / "sessionstore")
+ROOT = Path(__file__).parents[2]
+TENANT = "watch"
+
+
+def _watcher(directory: Path, settings_env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
+    with log.open("ab") as out:
+        return subprocess.Popen(
+            [EXE, "import", "--watch", str(directory), "--tenant", TENANT, "--json"],
+            env=settings_env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+
+
+def _file_entries(path: Path) -> list[object]:
+    data = path.read_bytes()
+    complete = data[: data.rfind(b"\n") + 1]
+    return [loads_exact(line) for line in complete.splitlines() if line.strip()]
+
+
+def _journal_equals_files(store: SessionStore, files: list[Path]) -> bool:
+    for path in files:
+        session = store.journal.find_external(TENANT, path.stem.rsplit("_", 1)[-1])
+        if session is None:
+            return False
+        if [e.payload for e in store.read(session.id)] != _file_entries(path):
+            return False
+    return True
+
+
+@pytest.mark.slow
+def test_watch_survives_sigkill_and_doubles_nothing(store: SessionStore, tmp_path: Path) -> None:
+    directory = tmp_path / "sessions"
+    directory.mkdir()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SESSIONSTORE_")}
+    env["SESSIONSTORE_DATA_DIR"] = str(store.settings.data_dir)
+    env["SESSIONSTORE_DATABASE_URL"] = store.settings.resolved_database_url
+    log = tmp_path / "watch.log"
+    watcher = _watcher(directory, env, log)
+    agent = subprocess.Popen(
+        [sys.executable, "-m", "tests.acceptance.pi_agent", str(directory), "10", "3"],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+    )
+    try:
+        time.sleep(4)
+        watcher.send_signal(signal.SIGKILL)  # mid-stream: maybe mid-append
+        watcher.wait(timeout=10)
+        assert log.read_text().count('"session_id"') > 0  # it was importing when killed
+        time.sleep(1)  # the agent keeps writing while no watcher runs
+        watcher = _watcher(directory, env, log)
+        out, _ = agent.communicate(timeout=60)
+        assert agent.returncode == 0
+        counts = json.loads(out)
+        files = sorted(directory.glob("*.jsonl"))
+        assert len(files) == 3 and sum(counts) > 100
+        finished = time.monotonic()
+        wait_for(lambda: _journal_equals_files(store, files), 30, "the journal to equal the files")
+        # within about a second on a quiet machine; the bound allows for a loaded one
+        assert time.monotonic() - finished < 10
+        for path, count in zip(files, counts, strict=True):
+            session = store.journal.find_external(TENANT, path.stem.rsplit("_", 1)[-1])
+            assert session is not None and session.head_seq == count + 1  # + the header
+    finally:
+        for process in (watcher, agent):
+            if process.poll() is None:
+                process.kill()
+                process.wait(timeout=10)
+    assert "Traceback" not in log.read_text(errors="replace")
