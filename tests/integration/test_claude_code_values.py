@@ -16,6 +16,8 @@ from core.interop.claude_code import parse_claude_code
 from core.store import SessionStore
 
 _text = st.text(st.characters(codec=None, exclude_categories=()), max_size=40)
+# the journal refuses object keys with U+0000 (a typed InvalidEvent), on both backends
+_key = _text.filter(lambda k: "\x00" not in k)
 _scalar = (
     st.none()
     | st.booleans()
@@ -28,7 +30,7 @@ _scalar = (
 )
 _json = st.recursive(
     _scalar,
-    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(_text, inner, max_size=3),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(_key, inner, max_size=3),
     max_leaves=10,
 )
 _counter = itertools.count()
@@ -40,7 +42,7 @@ _counter = itertools.count()
     deadline=None,
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )
-@given(prompt=_text, answer=_text, tool_input=st.dictionaries(_text, _json, max_size=3))
+@given(prompt=_text, answer=_text, tool_input=st.dictionaries(_key, _json, max_size=3))
 def test_transcript_values_come_back_exactly(
     store: SessionStore, tmp_path: Path, prompt: str, answer: str, tool_input: dict[str, Any]
 ) -> None:
