@@ -64,12 +64,17 @@ def loads_exact(line: bytes | str) -> Any:
     return json.loads(line, parse_constant=_reject_constant)
 
 
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
 def dumps_exact(value: Any) -> str:
-    """Compact JSON as ``JSON.stringify`` writes it (same separators, no ASCII escaping)."""
+    """Compact JSON as ``JSON.stringify`` writes it: same separators, no ASCII escaping,
+    and a lone surrogate escaped as ``\\uXXXX`` (so the line is valid UTF-8)."""
     try:
         return orjson.dumps(value).decode()
-    except TypeError:  # integers beyond 64 bits
-        return json.dumps(value, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+    except TypeError:  # integers beyond 64 bits, lone surrogates
+        text = json.dumps(value, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+        return _SURROGATE.sub(lambda m: f"\\u{ord(m.group()):04x}", text)
 
 
 def split_lines(data: bytes) -> tuple[list[tuple[int, bytes]], int, bool]:
@@ -274,39 +279,24 @@ def js_time(value: Any) -> int | None:
     return round(stamp.timestamp() * 1000)
 
 
-def _defined(**fields: Any) -> dict[str, Any]:
-    # JSON.stringify drops undefined properties; an absent key stands for undefined here.
-    return {k: v for k, v in fields.items() if v is not _ABSENT}
-
-
-_ABSENT = object()
+# role and entry type -> the entry fields pi's ``createCustomMessage`` /
+# ``createBranchSummaryMessage`` / ``createCompactionSummaryMessage`` copy, in their order
+_MADE_MESSAGES: dict[tuple[str, Any], tuple[str, ...]] = {
+    ("custom", "custom_message"): ("customType", "content", "display", "details"),
+    ("branchSummary", "branch_summary"): ("summary", "fromId"),
+    ("compactionSummary", "compaction"): ("summary", "tokensBefore"),
+}
 
 
 def agent_message(role: str, data: Mapping[str, Any]) -> dict[str, Any]:
     """One message of pi's context (an ``AgentMessage``) from a state message's data: the
-    message object itself, or what pi's ``createCustomMessage`` /
-    ``createBranchSummaryMessage`` / ``createCompactionSummaryMessage`` make of the entry."""
-    if role == "custom" and data.get("type") == "custom_message":
-        return _defined(
-            role="custom",
-            customType=data.get("customType", _ABSENT),
-            content=data.get("content", _ABSENT),
-            display=data.get("display", _ABSENT),
-            details=data.get("details", _ABSENT),
-            timestamp=js_time(data.get("timestamp")),
-        )
-    if role == "branchSummary" and data.get("type") == "branch_summary":
-        return _defined(
-            role="branchSummary",
-            summary=data.get("summary", _ABSENT),
-            fromId=data.get("fromId", _ABSENT),
-            timestamp=js_time(data.get("timestamp")),
-        )
-    if role == "compactionSummary" and data.get("type") == "compaction":
-        return _defined(
-            role="compactionSummary",
-            summary=data.get("summary", _ABSENT),
-            tokensBefore=data.get("tokensBefore", _ABSENT),
-            timestamp=js_time(data.get("timestamp")),
-        )
-    return dict(data)
+    message object itself, or the message pi makes of a custom message, branch summary or
+    compaction entry (a field the entry lacks is left out, as JSON.stringify drops
+    ``undefined``)."""
+    fields = _MADE_MESSAGES.get((role, data.get("type")))
+    if fields is None:
+        return dict(data)
+    made: dict[str, Any] = {"role": role}
+    made.update((name, data[name]) for name in fields if name in data)
+    made["timestamp"] = js_time(data.get("timestamp"))
+    return made

@@ -73,6 +73,9 @@ def import_files(
     from core.interop.watch import DEFAULT_SESSIONS_DIR, session_files
 
     files = session_files(paths or ([] if watch else [DEFAULT_SESSIONS_DIR]))
+    if not files and watch is None:
+        shown = " ".join(paths) if paths else str(DEFAULT_SESSIONS_DIR)
+        err_console.print(f"no session files (*.jsonl) in {shown}", markup=False)
     failed = 0
     with open_store() as store:
         with _progress(len(files), sum(_size(f) for f in files), quiet=as_json) as advance:

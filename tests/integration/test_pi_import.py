@@ -246,26 +246,25 @@ def exact_reads(backend: str, request: pytest.FixtureRequest) -> None:
         request.applymarker(_PG_KEY_ORDER)
 
 
-def test_export_of_v3_has_the_input_values(store: SessionStore) -> None:
-    """Equal values line by line on both backends (exactness: the next test)."""
+def _export_v3_pairs(store: SessionStore) -> list[tuple[Any, Any]]:
+    """(exported line, input line) of the v3 fixture, imported then exported."""
     path = FIXTURES / "v3.jsonl"
     result = store.import_session(path, tenant_id=TENANT)
-    exported = _export(store, result.session_id)
-    source = _lines(path)
+    exported, source = _export(store, result.session_id), _lines(path)
     assert len(exported) == len(source)
-    for number, (ours, theirs) in enumerate(zip(exported, source, strict=True), start=1):
+    return list(zip(exported, source, strict=True))
+
+
+def test_export_of_v3_has_the_input_values(store: SessionStore) -> None:
+    """Equal values line by line on both backends (exactness: the next test)."""
+    for number, (ours, theirs) in enumerate(_export_v3_pairs(store), start=1):
         assert ours == theirs, f"line {number}"
 
 
 @pytest.mark.usefixtures("exact_reads")
 def test_export_of_v3_is_exact(store: SessionStore) -> None:
     """Same key order, number types and -0.0."""
-    path = FIXTURES / "v3.jsonl"
-    result = store.import_session(path, tenant_id=TENANT)
-    exported = _export(store, result.session_id)
-    source = _lines(path)
-    assert len(exported) == len(source)
-    for number, (ours, theirs) in enumerate(zip(exported, source, strict=True), start=1):
+    for number, (ours, theirs) in enumerate(_export_v3_pairs(store), start=1):
         assert _exact(ours, theirs), f"line {number}"
 
 
@@ -353,3 +352,11 @@ def test_export_of_a_session_made_here(store: SessionStore, tmp_path: Path) -> N
         return [(m.entry_id, m.role, m.content, m.data) for m in state.messages]
 
     assert messages(again.session_id) == messages(session.id)
+
+
+def test_deleted_session_is_imported_again(store: SessionStore) -> None:
+    first = store.import_session(FIXTURES / "v2.jsonl", tenant_id=TENANT)
+    store.delete_session(first.session_id)
+    again = store.import_session(FIXTURES / "v2.jsonl", tenant_id=TENANT)
+    assert again.session_id != first.session_id and again.status == "created"
+    assert _offset(store, first.session_id) is None

@@ -1,0 +1,90 @@
+"""The real ``sessionstore`` executable: import (files, directories, globs; --json),
+export by external id, sessions create --id, and external ids accepted by state/events/show."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from tests.fixtures.pi.generate import v3_lines, write
+from tests.pi_support import FIXTURES
+
+Run = Callable[..., subprocess.CompletedProcess[str]]
+EXE = shutil.which("sessionstore") or str(Path(sys.executable).parent / "sessionstore")
+
+
+@pytest.fixture
+def run(sqlite_url: str, tmp_path: Path) -> Run:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SESSIONSTORE_")}
+    env["SESSIONSTORE_DATA_DIR"] = str(tmp_path / "data")
+    env["SESSIONSTORE_DATABASE_URL"] = sqlite_url
+    env["HOME"] = str(tmp_path / "home")
+
+    def run(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [EXE, *args], capture_output=True, text=True, env=env, timeout=120, check=False
+        )
+
+    return run
+
+
+def _objects(text: str) -> list[dict[str, object]]:
+    decoder, objects, pos = json.JSONDecoder(), [], 0
+    text = text.strip()
+    while pos < len(text):
+        value, end = decoder.raw_decode(text, pos)
+        objects.append(value)
+        pos = end
+        while pos < len(text) and text[pos].isspace():
+            pos += 1
+    return objects
+
+
+def test_import_export_and_external_ids(run: Run, tmp_path: Path) -> None:
+    first = run("import", str(FIXTURES), "--json", "--tenant", "acme")
+    assert first.returncode == 0, first.stderr
+    results = _objects(first.stdout)
+    assert {r["external_id"] for r in results} == {"0f3c2a10-v1", "0f3c2a10-v2", "0f3c2a10-v3"}
+    assert {r["status"] for r in results} == {"created"}
+    assert set(results[0]) == {"path", "session_id", "external_id", "appended", "skipped", "status"}
+    again = _objects(run("import", str(FIXTURES / "*.jsonl"), "--json", "--tenant", "acme").stdout)
+    assert [r["appended"] for r in again] == [0, 0, 0]
+
+    out = tmp_path / "out.jsonl"
+    exported = run("export", "0f3c2a10-v3", "-o", str(out), "--tenant", "acme")
+    assert exported.returncode == 0, exported.stderr
+    assert [json.loads(x) for x in out.read_text().splitlines()] == [
+        json.loads(x) for x in (FIXTURES / "v3.jsonl").read_text().splitlines()
+    ]
+    state = run("state", "0f3c2a10-v3", "--tenant", "acme", "--json")
+    assert json.loads(state.stdout)["info"]["model"]["model_id"] == "gemini-2.5-pro"
+    show = run("sessions", "show", "0f3c2a10-v1", "--json")
+    assert json.loads(show.stdout)["external_id"] == "0f3c2a10-v1"
+    events = run("events", "--session", "0f3c2a10-v2", "--tenant", "acme", "--json")
+    assert events.returncode == 0, events.stderr
+
+
+def test_sessions_create_and_conflict_errors(run: Run, tmp_path: Path) -> None:
+    created = run("sessions", "create", "--id", "ext-1", "--title", "T", "--cwd", "/w", "--json")
+    assert created.returncode == 0, created.stderr
+    session = json.loads(created.stdout)
+    assert (session["external_id"], session["title"], session["cwd"]) == ("ext-1", "T", "/w")
+    dup = run("sessions", "create", "--id", "ext-1")
+    assert dup.returncode == 1 and len(dup.stderr.strip().splitlines()) == 1
+
+    path = tmp_path / "s.jsonl"
+    lines = v3_lines()
+    write(path, lines)
+    assert run("import", str(path)).returncode == 0
+    lines[3]["message"]["content"] = "changed"
+    write(path, lines)
+    conflict = run("import", str(path))
+    assert conflict.returncode == 1
+    assert f"{path}:4:" in conflict.stderr and "Traceback" not in conflict.stderr

@@ -1,0 +1,104 @@
+"""The pi reader and writer: pi's migrations, the truncated tail, and exact values for every
+input class JSON allows (Hypothesis)."""
+
+from __future__ import annotations
+
+import io
+import itertools
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from core.interop import pi
+from tests.fixtures.pi.generate import v1_lines, v2_lines
+
+JSON_LEAVES = (
+    st.none()
+    | st.booleans()
+    | st.integers(min_value=-(2**200), max_value=2**200)
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text()  # lone surrogates and NUL included
+)
+JSON = st.recursive(
+    JSON_LEAVES,
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(), inner, max_size=4),
+    max_leaves=30,
+)
+
+
+def _same(a: Any, b: Any) -> bool:
+    if isinstance(a, dict) and isinstance(b, dict):
+        return list(a) == list(b) and all(_same(a[k], b[k]) for k in a)
+    if isinstance(a, list) and isinstance(b, list):
+        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b, strict=True))
+    if isinstance(a, float) and isinstance(b, float):
+        return a == b and math.copysign(1, a) == math.copysign(1, b)
+    return type(a) is type(b) and a == b
+
+
+def _file(lines: list[dict[str, Any]]) -> bytes:
+    out = io.StringIO()
+    pi.write(out, lines[0], lines[1:])
+    return out.getvalue().encode("utf-8")  # valid UTF-8, lone surrogates escaped
+
+
+@settings(max_examples=200, deadline=None)
+@given(data=JSON)
+def test_write_then_parse_is_exact(data: Any) -> None:
+    header = pi.new_header("h", timestamp="2026-01-01T00:00:00.000Z", cwd="/")
+    entry = {"type": "custom", "id": "c1", "parentId": None, "customType": "x", "data": data}
+    parsed = pi.parse(Path("x.jsonl"), _file([header, entry]))
+    assert _same(parsed.entries[0].entry, entry)
+    assert _same(parsed.header.raw, header)
+
+
+@given(deep=st.integers(min_value=1, max_value=200))
+def test_deep_nesting(deep: int) -> None:
+    value: Any = "leaf"
+    for _ in range(deep):
+        value = [value]
+    header = pi.new_header("h", timestamp=None, cwd=None)
+    entry = {"type": "custom", "id": "c1", "parentId": None, "data": value}
+    assert pi.parse(Path("x"), _file([header, entry])).entries[0].entry == entry
+
+
+def test_v1_migration_is_pis() -> None:
+    lines = v1_lines()
+    parsed = pi.parse(Path("v1.jsonl"), _file(lines))
+    assert parsed.header.version == 1 and parsed.header.raw["version"] == 3
+    assert list(parsed.header.raw) == ["type", "id", "timestamp", "cwd", "version"]
+    entries = [e.entry for e in parsed.entries]
+    assert entries[0]["parentId"] is None
+    for before, after in itertools.pairwise(entries):
+        assert after["parentId"] == before["id"]
+    assert len({e["id"] for e in entries}) == len(entries)
+    compaction = next(e for e in entries if e["type"] == "compaction")
+    assert "firstKeptEntryIndex" not in compaction
+    assert compaction["firstKeptEntryId"] == entries[7 - 1]["id"]  # index 7, header is 0
+    assert list(compaction)[-3:] == ["id", "parentId", "firstKeptEntryId"]  # JS key order
+    # deterministic: the same file gives the same ids
+    assert [e.entry for e in pi.parse(Path("v1.jsonl"), _file(v1_lines())).entries] == entries
+
+
+def test_v2_hook_message_becomes_custom() -> None:
+    parsed = pi.parse(Path("v2.jsonl"), _file(v2_lines()))
+    roles = [e.entry["message"]["role"] for e in parsed.entries if e.entry["type"] == "message"]
+    assert "hookMessage" not in roles and "custom" in roles
+    assert parsed.header.raw["version"] == 3
+
+
+def test_truncated_tail_and_malformed_lines() -> None:
+    header = json.dumps({"type": "session", "version": 3, "id": "h"})
+    data = f'{header}\n\nnot json\n{{"type":"label","id":"l","parentId":null}}\n{{"type":"mes'
+    parsed = pi.parse(Path("x"), data.encode())
+    assert [e.line for e in parsed.entries] == [4]
+    assert parsed.incomplete_tail and parsed.consumed_bytes == data.rindex("\n") + 1
+
+
+def test_js_time() -> None:
+    assert pi.js_time("2026-11-20T10:00:00.123Z") == 1795168800123
+    assert pi.js_time("garbage") is None
