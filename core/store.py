@@ -148,11 +148,18 @@ class SessionStore:
         return self.journal.resolve_session(ref, tenant_id=tenant_id)
 
     def import_session(
-        self, path: str | Path, *, tenant_id: str, format: str = "auto"
+        self,
+        path: str | Path,
+        *,
+        tenant_id: str,
+        format: str = "auto",
+        blobs_dir: str | Path | None = None,
     ) -> ImportResult:
-        """Import or continue importing an agent's session file (pi v1-v3, and the formats
-        registered in ``core.interop``); idempotent, see ``core.interop.importer``."""
-        return import_session(self, path, tenant_id=tenant_id, format=format)
+        """Import or continue importing an agent's session file (pi v1-v3, oh-my-pi, Claude
+        Code); idempotent, see ``core.interop.importer``. ``blobs_dir``: oh-my-pi's global
+        blob directory (default: next to its sessions directory, else ~/.omp/agent/blobs)."""
+        options = {"blobs_dir": Path(blobs_dir)} if blobs_dir is not None else None
+        return import_session(self, path, tenant_id=tenant_id, format=format, options=options)
 
     def export_session(
         self,

@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import re
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager, nullcontext
+from contextlib import ExitStack, contextmanager, nullcontext
 from pathlib import Path
 
 from sqlalchemy import Connection, Engine
@@ -51,6 +51,9 @@ AGENT_COUNTER = "agent"
 # <id>.jsonl must stay under the 255-byte file-name limit, with room to spare.
 MAX_AGENT_ID_CHARS = 200
 _AGENT_ID = re.compile(r"^\d+-[A-Za-z0-9_-]+(\.\d+-[A-Za-z0-9_-]+)*$")
+# Ids another agent chose (an import keeps them): safe as a file name, dots only as separators.
+_FOREIGN_AGENT_ID = re.compile(r"^[A-Za-z0-9_-]+(\.[A-Za-z0-9_-]+)*$")
+_NUMBERED = re.compile(r"^(\d+)-")
 
 
 def agent_counter(parent_id: str | None) -> str:
@@ -206,6 +209,67 @@ class ArtifactManager:
         slot = self.allocate_agent_output(name, parent_id=parent_id)
         self.write_agent_output(slot.id, content, jsonl=jsonl)
         return slot.id
+
+    # outputs under ids chosen elsewhere (an import keeps the source's ids) ---------------
+
+    def put_tool_output(self, artifact_id: str, tool_type: str, content: str | bytes) -> None:
+        """Store (or replace) tool output ``artifact://<artifact_id>`` under that very id; the
+        counter then continues after it, so later allocations never reuse it."""
+        if not artifact_id.isdecimal() or not artifact_id.isascii():
+            raise ArtifactError(f"a tool-output id is a decimal number, got {artifact_id[:60]!r}")
+        tool = sanitize_tool_type(tool_type)
+        data = _encode(content)
+        values = {**self._tool_values(tool, len(data))(artifact_id), "local_id": artifact_id}
+        self._put(values, {tool_log_name(artifact_id, tool): data})
+        self._raise_counter(TOOL_COUNTER, int(artifact_id) + 1)
+
+    def put_agent_output(
+        self, output_id: str, content: str | bytes, *, jsonl: str | bytes | None = None
+    ) -> None:
+        """Store (or replace) agent output ``agent://<output_id>`` under that very id."""
+        if len(output_id) > MAX_AGENT_ID_CHARS or not _FOREIGN_AGENT_ID.match(output_id):
+            raise ArtifactError(f"not a usable agent-output id: {output_id[:60]!r}")
+        md_name, jsonl_name = agent_output_names(output_id)
+        files = {md_name: _encode(content)}
+        if jsonl is not None:
+            files[jsonl_name] = _encode(jsonl)
+        values = {
+            "kind": AGENT_OUTPUT,
+            "local_id": output_id,
+            "name": md_name,
+            "tool_type": sanitize_agent_name(output_id.rsplit(".", 1)[-1]),
+            "media_type": "text/markdown",
+            "size_bytes": sum(len(d) for d in files.values()),
+        }
+        self._put(values, files)
+        parent, _, own = output_id.rpartition(".")
+        numbered = _NUMBERED.match(own)
+        if numbered:
+            self._raise_counter(agent_counter(parent or None), int(numbered.group(1)) + 1)
+
+    def _put(self, values: dict[str, object], files: dict[str, bytes]) -> None:
+        staging = self.directory()
+        with ExitStack() as stack:
+            staged = {
+                name: stack.enter_context(staged_file(staging, d)) for name, d in files.items()
+            }
+            conn, info, directory = stack.enter_context(self._locked())
+            # the markdown of an agent output is published last: it marks the output complete
+            for name in sorted(staged, key=lambda n: n.endswith(".md")):
+                staged[name].publish(directory, directory / name)
+            rows.upsert_artifact(
+                conn,
+                {
+                    "session_id": self.session_id,
+                    "created_at": utcnow(),
+                    "created_seq": info.head_seq,
+                    **values,
+                },
+            )
+
+    def _raise_counter(self, counter: str, next_value: int) -> None:
+        with write_transaction(self._scope.engine) as conn:
+            rows.set_counter_floor(conn, self.session_id, counter, next_value)
 
     # oversized outputs ---------------------------------------------------------------------
 

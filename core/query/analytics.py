@@ -10,6 +10,7 @@ can therefore move its cursor to the head it saw, even past rows its filter reje
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -298,6 +299,32 @@ class TokenTotals:
     total_tokens: int | float = 0
     cost: int | float = 0
 
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+@dataclass(frozen=True, slots=True)
+class DayModelUsage:
+    """Tokens of one model on one day (UTC, from the entries' own ``timestamp``).
+
+    ``responses`` counts assistant messages, except the continuation lines of a response
+    an importer split over several entries (Claude Code's ``claudeCode.responseLine`` > 0),
+    whose usage is only what they add to the response.
+    """
+
+    day: str
+    model: str | None
+    responses: int
+    tokens: TokenTotals
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "day": self.day,
+            "model": self.model,
+            "responses": self.responses,
+            **self.tokens.to_dict(),
+        }
+
 
 @dataclass(frozen=True, slots=True)
 class BlobSummary:
@@ -327,6 +354,7 @@ class Stats:
     blobs: BlobSummary
     artifact_bytes: dict[str, int] = field(default_factory=dict)
     artifact_count: dict[str, int] = field(default_factory=dict)
+    usage_by_day: list[DayModelUsage] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         def size(s: SessionSize) -> dict[str, Any]:
@@ -347,14 +375,8 @@ class Stats:
             "events_by_day": [{"day": d, "events": n} for d, n in self.events_by_day],
             "top_sessions_by_events": [size(s) for s in self.top_by_events],
             "top_sessions_by_bytes": [size(s) for s in self.top_by_bytes],
-            "tokens": {
-                "input": self.tokens.input,
-                "output": self.tokens.output,
-                "cache_read": self.tokens.cache_read,
-                "cache_write": self.tokens.cache_write,
-                "total_tokens": self.tokens.total_tokens,
-                "cost": self.tokens.cost,
-            },
+            "tokens": self.tokens.to_dict(),
+            "usage_by_day": [u.to_dict() for u in self.usage_by_day],
             "blobs": {
                 "references": self.blobs.references,
                 "referenced_bytes": self.blobs.referenced_bytes,
@@ -422,6 +444,7 @@ def stats(
         by_events = _top_sessions(conn, engine, scope, top, by_bytes=False)
         by_bytes = _top_sessions(conn, engine, scope, top, by_bytes=True)
         tokens = _token_totals(conn, engine, scope)
+        usage_by_day = _usage_by_day(conn, engine, scope)
         blobs = _blob_summary(conn, engine, tenant_id)
     artifacts = stats_by_kind(engine, tenant_id=tenant_id)
     return Stats(
@@ -436,6 +459,7 @@ def stats(
         blobs=blobs,
         artifact_bytes={kind: s.total_bytes for kind, s in artifacts.items()},
         artifact_count={kind: s.count for kind, s in artifacts.items()},
+        usage_by_day=usage_by_day,
     )
 
 
@@ -487,21 +511,62 @@ def _top_sessions(
     ]
 
 
-def _token_totals(
-    conn: Connection, engine: Engine, scope: Sequence[ColumnElement[bool]]
-) -> TokenTotals:
-    sums = [
-        func.sum(_json_number(engine, "message", "usage", name)).label(name)
-        for name in _TOKEN_FIELDS
-    ]
+def _usage_sums(engine: Engine) -> list[ColumnElement[Any]]:
+    """Sums of the ``message.usage`` fields, then of its cost (a number or ``cost.total``)."""
+    sums = [func.sum(_json_number(engine, "message", "usage", name)) for name in _TOKEN_FIELDS]
     cost = func.sum(
         func.coalesce(
             _json_number(engine, "message", "usage", "cost"),
             _json_number(engine, "message", "usage", "cost", "total"),
         )
     )
-    row = conn.execute(select(*sums, cost).where(_events.c.type == "message", *scope)).one()
+    return [*sums, cost]
+
+
+def _token_totals(
+    conn: Connection, engine: Engine, scope: Sequence[ColumnElement[bool]]
+) -> TokenTotals:
+    row = conn.execute(
+        select(*_usage_sums(engine)).where(_events.c.type == "message", *scope)
+    ).one()
     return TokenTotals(*(_plain(v) for v in row))
+
+
+def _entry_day(engine: Engine) -> ColumnElement[Any]:
+    """The day of the entry's own ISO ``timestamp`` (an imported session's events were all
+    recorded on the import's day), else the day the journal recorded it."""
+    if is_sqlite(engine):
+        is_text = func.json_type(_events.c.payload, "$.timestamp") == "text"
+        stamp = func.json_extract(_events.c.payload, "$.timestamp")
+    else:
+        is_text = func.jsonb_typeof(func.jsonb_extract_path(_events.c.payload, "timestamp")) == (
+            "string"
+        )
+        stamp = func.jsonb_extract_path_text(_events.c.payload, "timestamp")
+    return case((is_text, func.substr(stamp, 1, 10)), else_=_day(engine))
+
+
+def _usage_by_day(
+    conn: Connection, engine: Engine, scope: Sequence[ColumnElement[bool]]
+) -> list[DayModelUsage]:
+    day = _entry_day(engine).label("day")
+    model = _json_text(engine, "message", "model").label("model")
+    part = _json_number(engine, "claudeCode", "responseLine")
+    responses = func.sum(case((func.coalesce(part, 0) == 0, 1), else_=0))
+    rows = conn.execute(
+        select(day, model, responses, *_usage_sums(engine))
+        .where(
+            _events.c.type == "message",
+            _json_text(engine, "message", "role") == "assistant",
+            *scope,
+        )
+        .group_by(day, model)
+        .order_by(day, model)
+    )
+    return [
+        DayModelUsage(str(d), m, int(_plain(n)), TokenTotals(*(_plain(v) for v in values)))
+        for d, m, n, *values in rows
+    ]
 
 
 def _blob_summary(conn: Connection, engine: Engine, tenant_id: str | None) -> BlobSummary:
