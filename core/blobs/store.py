@@ -38,7 +38,7 @@ from sqlalchemy.exc import OperationalError
 
 from core.db import is_sqlite, read_connection, write_transaction
 from core.errors import BlobCorrupted, BlobError, BlobNotFound, InvalidBlobHash
-from core.models import BlobRefRow, BlobRow, table_of, utcnow
+from core.models import BlobRefRow, BlobRow, SessionRow, table_of, utcnow
 
 log = logging.getLogger(__name__)
 
@@ -204,15 +204,22 @@ class BlobIndex:
         if rows:
             conn.execute(self._upsert, sorted(rows, key=lambda r: str(r["hash"])))
 
-    def refresh(self, conn: Connection, hashes: Sequence[str]) -> dict[str, int]:
-        """Refresh ``last_written_at`` of registered blobs; return their sizes by hash."""
+    def refresh(
+        self, conn: Connection, hashes: Sequence[str], *, tenant_id: str | None = None
+    ) -> dict[str, int]:
+        """Refresh ``last_written_at`` of registered blobs; return their sizes by hash.
+
+        With ``tenant_id``, only blobs some session of that tenant already references count
+        (invariant 9): one statement per hash whether or not the blob exists, so the answer
+        for another tenant's blob is the answer for a blob that was never stored.
+        """
         found: dict[str, int] = {}
         for blob_hash in sorted(set(hashes)):  # one row at a time, in hash order: no deadlock
+            query = update(_blobs).where(_blobs.c.hash == blob_hash)
+            if tenant_id is not None:
+                query = query.where(_referenced_by_tenant(tenant_id))
             row = conn.execute(
-                update(_blobs)
-                .where(_blobs.c.hash == blob_hash)
-                .values(last_written_at=utcnow())
-                .returning(_blobs.c.size)
+                query.values(last_written_at=utcnow()).returning(_blobs.c.size)
             ).first()
             if row is not None:
                 found[blob_hash] = int(row.size)
@@ -254,6 +261,15 @@ class BlobIndex:
             saved_by_dedup=max(0, int(ref_bytes or 0) - int(unique_ref_bytes or 0)),
             saved_by_compression=int(raw) - int(stored),
         )
+
+
+def _referenced_by_tenant(tenant_id: str) -> Any:
+    sessions = table_of(SessionRow)
+    return exists().where(
+        _refs.c.hash == _blobs.c.hash,
+        _refs.c.session_id == sessions.c.id,
+        sessions.c.tenant_id == tenant_id,
+    )
 
 
 def _upsert_statement(engine: Engine) -> Any:
@@ -393,16 +409,17 @@ class BlobStore(ABC):
     def info(self, blob_hash: str) -> BlobInfo | None:
         return self.index.info(check_hash(blob_hash))
 
-    def refresh(self, hashes: Iterable[str]) -> dict[str, int]:
+    def refresh(self, hashes: Iterable[str], *, tenant_id: str | None = None) -> dict[str, int]:
         """Refresh ``last_written_at`` of stored blobs, as a re-put would; sizes by hash.
 
-        Hashes that are unregistered or whose object is gone are left out of the result.
+        Hashes that are unregistered or whose object is gone are left out of the result, and
+        so, with ``tenant_id``, are blobs no session of that tenant references.
         """
         wanted = [check_hash(h) for h in hashes]
         if not wanted:
             return {}
         with write_transaction(self.index.engine) as conn:
-            sizes = self.index.refresh(conn, wanted)
+            sizes = self.index.refresh(conn, wanted, tenant_id=tenant_id)
             return {h: size for h, size in sizes.items() if self._find(h) is not None}
 
     def stats(self) -> BlobStats:
