@@ -110,7 +110,13 @@ class ArtifactManager:
     def _allocate_tool(self, tool_type: str, *, size: int) -> AllocatedPath:
         tool = sanitize_tool_type(tool_type)
         artifact_id, directory = self._allocate(TOOL_COUNTER, str, self._tool_values(tool, size))
-        directory.mkdir(parents=True, exist_ok=True)
+        try:
+            directory.mkdir(parents=True, exist_ok=True)
+        except OSError:
+            # The caller never learns the id, so no one else could remove the row: a failed
+            # allocation must not leave a row that points at no file.
+            self.discard_tool_output(artifact_id)
+            raise
         return AllocatedPath(artifact_id, directory / tool_log_name(artifact_id, tool))
 
     @staticmethod

@@ -100,7 +100,8 @@ def format_size(size: int) -> str:
 
 
 def elision_marker(lines: int, size: int) -> str:
-    return f"[… {lines:,} lines elided ({format_size(size)}) …]"
+    noun = "line" if lines == 1 else "lines"
+    return f"[… {lines:,} {noun} elided ({format_size(size)}) …]"
 
 
 def count_lines(text: str) -> int:
