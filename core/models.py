@@ -246,6 +246,22 @@ class MaintenanceRunRow(SQLModel, table=True):
     report: dict[str, Any] = Field(sa_column=Column(JsonPayload, nullable=False))
 
 
+class MoveIntentRow(SQLModel, table=True):
+    """A session move in progress: committed before its directory is renamed (invariant 12).
+
+    The row goes in the move's final transaction; one that outlives it marks a move a crash
+    interrupted, which ``Moves.repair`` completes or rolls back.
+    """
+
+    __tablename__ = "session_moves"
+
+    session_id: str = Field(sa_column=Column(String(SESSION_ID_LEN), primary_key=True))
+    from_tenant: str = Field(sa_column=Column(String(128), nullable=False))
+    to_tenant: str = Field(sa_column=Column(String(128), nullable=False))
+    cwd: str | None = Field(default=None, sa_column=Column(Text, nullable=True))
+    started_at: datetime = Field(sa_column=Column(TZDateTime, nullable=False))
+
+
 metadata = SQLModel.metadata
 
 

@@ -10,7 +10,8 @@ from tasks.cli.common import app, err_console
 
 def _register() -> None:
     # Each module adds its commands to ``app`` when imported.
-    import tasks.cli.blobs  # noqa: F401  (issue 16)
+    import tasks.cli.blobs
+    import tasks.cli.repair  # noqa: F401  (issue 16)
     from tasks.cli import config, db, demo, maintenance, query, read, runtime, sessions, writes  # noqa: F401
 
 
