@@ -7,6 +7,8 @@ modified since the fork, so a parent's later rewrite never shows through.
 
 from __future__ import annotations
 
+import os
+import shutil
 import stat
 from dataclasses import replace
 from pathlib import Path
@@ -129,3 +131,51 @@ def _session_or_none(conn: Connection, journal: Journal, session_id: str) -> Ses
         return journal.session_in(conn, session_id)
     except SessionNotFound:
         return None
+
+
+def preserve_for_forks(
+    conn: Connection, root: Path, session_id: str, row: ArtifactInfo, path: Path
+) -> list[str]:
+    """Before the session replaces or removes ``row``'s file at ``path``: give each fork
+    whose copy is unfinished and that inherited exactly this content its own link to it.
+
+    Copy-on-write for the fork point: the parent's writes rename over or move aside, never
+    write in place, so a hard link keeps the inherited bytes (and their modification time,
+    which the fork's copy checks) whatever the parent does next. Forks that already have
+    the file, or that inherited other content, are left alone. Returns the forks served.
+    """
+    modified = _modified_at(path)
+    if modified is None or not row.name:
+        return []
+    served: list[str] = []
+    found = conn.execute(
+        select(_sessions.c.id, _sessions.c.tenant_id, _sessions.c.created_at).where(
+            _sessions.c.parent_id == session_id, _sessions.c.copy_status.in_(_UNFINISHED)
+        )
+    ).all()
+    for fork_id, tenant_id, created_at in found:
+        held = rows.get_artifact(conn, fork_id, row.kind, row.local_id)
+        if held is None or replace(held, session_id=session_id) != row:
+            continue
+        if modified > created_at.timestamp():
+            continue  # rewritten after that fork: not what it inherited
+        if _link_new(path, session_dir(root, tenant_id, fork_id) / row.name):
+            served.append(fork_id)
+    return served
+
+
+def _link_new(source: Path, target: Path) -> bool:
+    """``target`` as a new name of ``source``'s inode, never replacing a file already there."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        os.link(source, target, follow_symlinks=False)
+    except FileExistsError:
+        return False
+    except OSError:
+        # no hard links here: a copy with the same times (the fork's copy checks them)
+        if target.exists():
+            return False
+        tmp = target.with_name(f".{target.name}.cow")
+        shutil.copy2(source, tmp, follow_symlinks=False)
+        os.replace(tmp, target)
+    return True
