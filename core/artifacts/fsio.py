@@ -15,6 +15,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from core.artifacts.nofollow import artifact_root_of, check_path
 from core.artifacts.paths import STAGING_DIR
 
 
@@ -31,9 +32,11 @@ def fsync_dir(directory: Path) -> None:
 def write_temp(session_root: Path, data: bytes) -> Path:
     """Write ``data`` to a fresh, fsynced file in the session's staging directory."""
     staging = session_root / STAGING_DIR
+    check_path(artifact_root_of(session_root), staging)
     staging.mkdir(parents=True, exist_ok=True)
     tmp = staging / f"{uuid.uuid4().hex}.tmp"
-    with open(tmp, "wb") as handle:
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0)
+    with open(os.open(tmp, flags, 0o644), "wb") as handle:
         handle.write(data)
         handle.flush()
         os.fsync(handle.fileno())
@@ -68,6 +71,7 @@ class StagedFile:
         staged = session_root / STAGING_DIR / self._name
         if not staged.exists():  # staged under a path the session had just left
             staged = self._staged_in / STAGING_DIR / self._name
+        check_path(artifact_root_of(session_root), target)
         target.parent.mkdir(parents=True, exist_ok=True)
         if target.exists():
             self._backup = session_root / STAGING_DIR / f"{uuid.uuid4().hex}.bak"
@@ -126,6 +130,7 @@ class StagedDelete:
     def __init__(self, session_root: Path, target: Path) -> None:
         self.target = target
         self._aside: Path | None = None
+        check_path(artifact_root_of(session_root), target)
         if target.exists():
             staging = session_root / STAGING_DIR
             staging.mkdir(parents=True, exist_ok=True)

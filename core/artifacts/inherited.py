@@ -9,14 +9,13 @@ from __future__ import annotations
 
 import os
 import shutil
-import stat
 from dataclasses import replace
 from pathlib import Path
 from typing import NamedTuple
 
 from sqlalchemy import Connection, Engine, select
 
-from core.artifacts import rows
+from core.artifacts import nofollow, rows
 from core.artifacts.paths import session_dir
 from core.artifacts.records import ArtifactInfo
 from core.db import read_connection
@@ -55,20 +54,13 @@ def read_artifact_file(engine: Engine, root: Path, own: Path, row: ArtifactInfo)
     The own file wins, and is read again when the fallback comes up empty: the copy may
     have completed in between (files are copied before the status changes).
     """
-    data = _read_bytes(own)
+    data = nofollow.read_bytes(root, own)
     if data is not None:
         return data
     with read_connection(engine) as conn:
         source = inherited_source(conn, root, row.session_id, row)
-    data = _read_bytes(source) if source is not None else None
-    return data if data is not None else _read_bytes(own)
-
-
-def _read_bytes(path: Path) -> bytes | None:
-    try:
-        return path.read_bytes()
-    except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
-        return None
+    data = nofollow.read_bytes(root, source) if source is not None else None
+    return data if data is not None else nofollow.read_bytes(root, own)
 
 
 def inherited_source(
@@ -108,22 +100,13 @@ def ancestor_file(
         if held is None or replace(held, session_id=row.session_id) != row or not held.name:
             return Found(None, False)
         path = session_dir(root, parent.tenant_id, parent.id) / held.name
-        modified, forked_at = _modified_at(path), current.created_at.timestamp()
+        modified, forked_at = nofollow.mtime(root, path), current.created_at.timestamp()
         if modified is not None:
             return Found(path, True, forked_at) if modified <= forked_at else Found(None, False)
         if parent.copy_status not in _UNFINISHED:
             break
         current = parent
     return Found(None, True)
-
-
-def _modified_at(path: Path) -> float | None:
-    """The file's modification time (POSIX seconds); None if there is no such file."""
-    try:
-        st = path.stat()
-    except (FileNotFoundError, NotADirectoryError):
-        return None
-    return st.st_mtime if stat.S_ISREG(st.st_mode) else None
 
 
 def _session_or_none(conn: Connection, journal: Journal, session_id: str) -> Session | None:
@@ -144,7 +127,7 @@ def preserve_for_forks(
     which the fork's copy checks) whatever the parent does next. Forks that already have
     the file, or that inherited other content, are left alone. Returns the forks served.
     """
-    modified = _modified_at(path)
+    modified = nofollow.mtime(root, path)
     if modified is None or not row.name:
         return []
     served: list[str] = []
@@ -159,7 +142,9 @@ def preserve_for_forks(
             continue
         if modified > created_at.timestamp():
             continue  # rewritten after that fork: not what it inherited
-        if _link_new(path, session_dir(root, tenant_id, fork_id) / row.name):
+        target = session_dir(root, tenant_id, fork_id) / row.name
+        nofollow.check_path(root, target)
+        if _link_new(path, target):
             served.append(fork_id)
     return served
 

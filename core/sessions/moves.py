@@ -19,6 +19,7 @@ from sqlalchemy.exc import IntegrityError
 
 from core.artifacts import rows
 from core.artifacts.fsio import fsync_dir
+from core.artifacts.nofollow import artifact_root_of, check_path
 from core.artifacts.paths import session_dir
 from core.artifacts.rows import _QUOTA_LOCK_PREFIX  # the one spelling of the quota lock key
 from core.db import read_connection, write_transaction
@@ -282,6 +283,9 @@ class _DirectoryMove:
     def run(self) -> None:
         if self.source == self.target:
             return
+        root = artifact_root_of(self.source)
+        check_path(root, self.source)
+        check_path(root, self.target)
         if not self.source.exists():
             if self.target.exists():
                 # Only this session's id names it: an earlier move renamed the directory and
