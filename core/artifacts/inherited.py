@@ -19,7 +19,7 @@ from core.artifacts import nofollow, rows
 from core.artifacts.paths import session_dir
 from core.artifacts.records import ArtifactInfo
 from core.db import read_connection
-from core.errors import SessionNotFound
+from core.errors import SessionNotFound, SymlinkRefused
 from core.journal import Journal
 from core.models import SessionRow, table_of
 from core.records import COPY_FAILED, COPY_PENDING, Session
@@ -100,7 +100,11 @@ def ancestor_file(
         if held is None or replace(held, session_id=row.session_id) != row or not held.name:
             return Found(None, False)
         path = session_dir(root, parent.tenant_id, parent.id) / held.name
-        modified, forked_at = nofollow.mtime(root, path), current.created_at.timestamp()
+        forked_at = current.created_at.timestamp()
+        try:
+            modified = nofollow.mtime(root, path)
+        except SymlinkRefused:
+            return Found(path, True, forked_at)  # whoever opens it refuses (and reports) it
         if modified is not None:
             return Found(path, True, forked_at) if modified <= forked_at else Found(None, False)
         if parent.copy_status not in _UNFINISHED:
