@@ -384,9 +384,9 @@ def in_task_times(log: Path) -> dict[str, list[float]]:
 def phase_timers(store: SessionStore) -> Iterator[dict[str, list[float]]]:
     """Time the stages of ``SessionStore.append`` by wrapping them on this instance only."""
     stages = {
-        "validate (`check_batch`)": (store.writer, "validate"),
-        "plan what to externalize (`Persister.plan`)": (store.writer.persister, "plan"),
-        "put blobs (`Persister.put`)": (store.writer.persister, "put"),
+        "validate (`check_batch`)": (store._writer, "validate"),
+        "plan what to externalize (`Persister.plan`)": (store._writer.persister, "plan"),
+        "put blobs (`Persister.put`)": (store._writer.persister, "put"),
         "journal append (one statement)": (store.journal, "append"),
     }
     samples: dict[str, list[float]] = {label: [] for label in stages}

@@ -3,19 +3,20 @@
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import orjson
 import psycopg
-from sqlalchemy import Connection, Engine, create_engine, event
+from sqlalchemy import Connection, Engine, create_engine, event, text
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.engine import make_url
 from sqlalchemy.pool import ConnectionPoolEntry
 
 _WRITE = "sessionstore_write"
+_T = TypeVar("_T")
 
 
 def dumps_json(value: Any) -> str:
@@ -75,6 +76,39 @@ def write_transaction(engine: Engine) -> Iterator[Connection]:
 def read_connection(engine: Engine) -> Iterator[Connection]:
     with engine.connect() as conn, conn.begin():
         yield conn
+
+
+def keyset_pages(
+    fetch: Callable[[int, int], Sequence[_T]], key: Callable[[_T], int], *, after: int, size: int
+) -> Iterator[_T]:
+    """Every row after the cursor ``after``, one page of ``size`` at a time (keyset
+    pagination: ``fetch(cursor, size)`` returns the rows past ``cursor`` in key order)."""
+    cursor = after
+    while True:
+        page = fetch(cursor, size)
+        yield from page
+        if len(page) < size:
+            return
+        cursor = key(page[-1])
+
+
+def advisory_lock(conn: Connection, key: int | str) -> None:
+    """Hold a named lock until ``conn``'s transaction ends, the same way on both backends.
+
+    PostgreSQL: a transaction-scoped advisory lock (an int key as is, a text key hashed).
+    SQLite: nothing to take, because a write transaction (``write_transaction``) already
+    holds the database write lock, which excludes every other writer.
+    """
+    if conn.dialect.name != "postgresql":
+        return
+    if isinstance(key, int):
+        conn.execute(_PG_LOCK_INT, {"key": key})
+    else:
+        conn.execute(_PG_LOCK_TEXT, {"key": key})
+
+
+_PG_LOCK_INT = text("SELECT pg_advisory_xact_lock(:key)")
+_PG_LOCK_TEXT = text("SELECT pg_advisory_xact_lock(hashtext(:key))")
 
 
 _TRANSIENT_SQLSTATES = {

@@ -2,11 +2,46 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, Literal
+from pathlib import PurePath
+from typing import Any, Literal, TypeVar
 
 BlobEncoding = Literal["base64", "utf8"]
+_R = TypeVar("_R")
+
+
+def to_plain(record: Any) -> dict[str, Any]:
+    """A dataclass record's fields as JSON-ready values: datetimes in ISO 8601, paths as
+    text, sequences as lists; everything else as it is."""
+    return {f.name: _plain(getattr(record, f.name)) for f in dataclasses.fields(record)}
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, datetime):
+        return value.isoformat()
+    if isinstance(value, PurePath):
+        return str(value)
+    if isinstance(value, tuple):
+        return list(value)
+    return value
+
+
+class PlainRecord:
+    """Mixin for dataclass records: ``to_dict`` gives the fields as JSON-ready values."""
+
+    __slots__ = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        return to_plain(self)
+
+
+def from_row(cls: type[_R], row: Any) -> _R:
+    """A dataclass record from a database row with (at least) its fields' names."""
+    names = [f.name for f in dataclasses.fields(cls) if f.init]  # type: ignore[arg-type]
+    return cls(**{name: getattr(row, name) for name in names})
+
 
 # A fork's artifact copy status (``sessions.copy_status``); None for a session that is no fork.
 COPY_PENDING = "pending"
@@ -64,7 +99,7 @@ class AppendResult:
 
 
 @dataclass(frozen=True, slots=True)
-class Session:
+class Session(PlainRecord):
     id: str
     tenant_id: str
     head_seq: int
@@ -76,21 +111,6 @@ class Session:
     cwd: str | None = None
     copy_status: str | None = None
     copy_error: str | None = None
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "id": self.id,
-            "tenant_id": self.tenant_id,
-            "head_seq": self.head_seq,
-            "parent_id": self.parent_id,
-            "forked_from_seq": self.forked_from_seq,
-            "title": self.title,
-            "cwd": self.cwd,
-            "copy_status": self.copy_status,
-            "copy_error": self.copy_error,
-            "created_at": self.created_at.isoformat(),
-            "updated_at": self.updated_at.isoformat(),
-        }
 
 
 @dataclass(frozen=True, slots=True)

@@ -83,7 +83,7 @@ class SessionStore:
         return open_blob_store(self.settings.resolved_blob_url, self.engine)
 
     @cached_property
-    def writer(self) -> Writer:
+    def _writer(self) -> Writer:
         return Writer(self.journal, self.blobs, self.settings)
 
     @cached_property
@@ -97,19 +97,19 @@ class SessionStore:
         return MaintenanceRuns(self.engine)
 
     @cached_property
-    def forks(self) -> Forks:
+    def _forks(self) -> Forks:
         return Forks(self.journal, self.settings)
 
     @cached_property
-    def fork_copies(self) -> ForkCopies:
+    def _fork_copies(self) -> ForkCopies:
         return ForkCopies(self.journal, self.settings)
 
     @cached_property
-    def moves(self) -> Moves:
+    def _moves(self) -> Moves:
         return Moves(self.journal, self.settings)
 
     @cached_property
-    def lifecycle(self) -> SessionLifecycle:
+    def _lifecycle(self) -> SessionLifecycle:
         return SessionLifecycle(self.journal, self.settings)
 
     # sessions ---------------------------------------------------------------------------
@@ -133,32 +133,32 @@ class SessionStore:
         """A new session with the parent's events 1..``at_seq`` (default: the head), its
         artifacts created up to then, and counters continuing after the parent's ids. The
         artifact files are copied after the commit (``copy_status``: pending → copied)."""
-        fork = self.forks.fork(session_id, at_seq=at_seq, tenant_id=tenant_id)
-        return self.fork_copies.hand_over(fork, self.fork_copier)
+        fork = self._forks.fork(session_id, at_seq=at_seq, tenant_id=tenant_id)
+        return self._fork_copies.hand_over(fork, self.fork_copier)
 
     def copy_fork_artifacts(self, fork_id: str) -> CopyReport:
         """Copy a fork's inherited artifact files (idempotent; retries a failed copy)."""
-        return self.fork_copies.copy_artifacts(fork_id)
+        return self._fork_copies.copy_artifacts(fork_id)
 
     def pending_forks(self, *, older_than_s: float, limit: int = 1000) -> list[str]:
         """Forks whose artifact copy has been pending for longer than ``older_than_s``."""
-        return self.fork_copies.pending_forks(older_than_s=older_than_s, limit=limit)
+        return self._fork_copies.pending_forks(older_than_s=older_than_s, limit=limit)
 
     def move(
         self, session_id: str, *, tenant_id: str | None = None, cwd: str | None = None
     ) -> Session:
         """Move a session to another tenant and/or cwd, with its artifact directory; all or
         nothing (a failed directory move rolls the metadata back and re-raises)."""
-        return self.moves.move(session_id, tenant_id=tenant_id, cwd=cwd)
+        return self._moves.move(session_id, tenant_id=tenant_id, cwd=cwd)
 
     def repair_moves(self, *, older_than_s: float = 0.0) -> list[MoveRepair]:
         """Complete or roll back moves a crash left half done (invariant 12)."""
-        return self.moves.repair(older_than_s=older_than_s)
+        return self._moves.repair(older_than_s=older_than_s)
 
     def delete_session(self, session_id: str, *, tenant_id: str | None = None) -> DeleteReport:
         """Remove a session, its events, manifest rows, artifacts and directory; blobs are
         left for GC, and its forks keep working."""
-        return self.lifecycle.delete(session_id, tenant_id=tenant_id)
+        return self._lifecycle.delete(session_id, tenant_id=tenant_id)
 
     # events -----------------------------------------------------------------------------
 
@@ -171,13 +171,13 @@ class SessionStore:
         idempotency_key: str | None = None,
     ) -> AppendResult:
         """Validate, externalize (blobs are stored before the events commit), then append."""
-        return self.writer.append(
+        return self._writer.append(
             session_id, events, expected_seq=expected_seq, idempotency_key=idempotency_key
         )
 
     def prepare(self, events: Sequence[Any]) -> list[PreparedEvent]:
         """Validate a batch, put its blobs, and turn it into journal-ready events."""
-        return self.writer.prepare(events)
+        return self._writer.prepare(events)
 
     def read(
         self,

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import fcntl
 import logging
-import os
 import time
 import uuid
 from collections.abc import Iterator
@@ -24,6 +23,7 @@ from pathlib import Path
 import redis
 from celery import Celery
 
+from core.fsio import replace_atomically
 from core.settings import Settings
 from tasks.app import settings_of
 
@@ -114,7 +114,5 @@ def _claim_slot_file(path: Path, slot: int) -> bool:
         last = -1
     if last >= slot:
         return False
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(str(slot))
-    os.replace(tmp, path)
+    replace_atomically(path, str(slot).encode())
     return True

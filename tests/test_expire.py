@@ -157,3 +157,23 @@ def test_expiry_sweeps_temporary_files_killed_processes_left(store: SessionStore
     assert applied.to_dict()["stale_temp_files"] == 2 and applied.errors == []
     assert sorted(p.name for p in staging.iterdir()) == sorted(rollback_copies)
     assert store.artifacts(sid).files.get("notes.md") == b"kept"
+
+
+@pytest.mark.slow
+@SQLITE_ONLY  # the cap was in the facade, not in a backend
+def test_facade_expires_every_due_artifact_in_one_call(settings: Settings) -> None:
+    """No cap: 2,500 due outputs (more than two batches of 1,000) all go in one call."""
+    small = settings.with_overrides(oversized_output_chars=8)
+    with SessionStore.from_settings(small) as store:
+        sid = store.create_session(tenant_id="acme").id
+        for i in range(2_500):
+            assert store.store_oversized(sid, f"output {i:05d}", "bash", ttl_s=1) is not None
+        with store.engine.begin() as conn:
+            conn.execute(update(_artifacts).values(expires_at=utcnow() - timedelta(seconds=1)))
+        assert store.expire_artifacts().expired == 2_500  # a dry run counts them all
+        report = store.expire_artifacts(apply=True)
+        assert (report.expired, report.deleted, report.errors) == (2_500, 2_500, [])
+        assert _rows(store) == 0
+        assert store.expire_artifacts(apply=True).expired == 0
+        directory = store.artifacts(sid).directory()
+        assert not [p for p in directory.iterdir() if p.is_file()]

@@ -14,8 +14,8 @@ from core.artifacts.records import (
     FileWriteResult,
     OversizedHint,
     OversizedStored,
+    QuotaUsage,
     ResolvedResource,
-    Usage,
 )
 from core.artifacts.resolve import resolve
 from core.artifacts.rows import counter_values, set_counter_floor
@@ -34,9 +34,9 @@ __all__ = [
     "OversizedHint",
     "OversizedOutputs",
     "OversizedStored",
+    "QuotaUsage",
     "ResolvedResource",
     "SinkSummary",
-    "Usage",
     "agent_counter",
     "counter_values",
     "resolve",

@@ -20,7 +20,7 @@ from core.artifacts import rows
 from core.artifacts.fsio import StagedDelete, StagedFile, prune_empty_dirs, staged_file
 from core.artifacts.inherited import preserve_for_forks, read_artifact_file
 from core.artifacts.paths import FILES_DIR, contained_path, file_name, sanitize_path
-from core.artifacts.records import FILE, ArtifactInfo, FileWriteResult, Usage
+from core.artifacts.records import FILE, ArtifactInfo, FileWriteResult, QuotaUsage
 from core.artifacts.scope import SessionScope
 from core.db import read_connection, write_transaction
 from core.errors import ArtifactError, ArtifactNotFound, InvalidArtifactPath, QuotaExceeded
@@ -186,11 +186,11 @@ class SessionFiles:
             tenant_used_bytes=rows.tenant_file_usage(conn, info.tenant_id),
         )
 
-    def usage(self) -> Usage:
+    def usage(self) -> QuotaUsage:
         """Bytes of path-addressed files in this session and in its tenant."""
         with read_connection(self._scope.engine) as conn:
             info = rows.session_info(conn, self._session_id)
-            return Usage(
+            return QuotaUsage(
                 rows.session_file_usage(conn, self._session_id),
                 rows.tenant_file_usage(conn, info.tenant_id),
             )

@@ -6,7 +6,6 @@ rejection, failed commit) leaves the previous content in place.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import shutil
 import time
@@ -17,16 +16,13 @@ from pathlib import Path
 
 from core.artifacts.nofollow import artifact_root_of, check_path
 from core.artifacts.paths import STAGING_DIR
+from core.fsio import fsync_dir as sync_directory
+from core.fsio import write_durably
 
 
 def fsync_dir(directory: Path) -> None:
-    # Make the rename itself durable; some platforms cannot open a directory.
-    with contextlib.suppress(OSError):
-        fd = os.open(directory, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+    """Best effort: the change it makes durable was already made."""
+    sync_directory(directory, strict=False)
 
 
 def write_temp(session_root: Path, data: bytes) -> Path:
@@ -35,11 +31,7 @@ def write_temp(session_root: Path, data: bytes) -> Path:
     check_path(artifact_root_of(session_root), staging)
     staging.mkdir(parents=True, exist_ok=True)
     tmp = staging / f"{uuid.uuid4().hex}.tmp"
-    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0)
-    with open(os.open(tmp, flags, 0o644), "wb") as handle:
-        handle.write(data)
-        handle.flush()
-        os.fsync(handle.fileno())
+    write_durably(tmp, data)
     return tmp
 
 

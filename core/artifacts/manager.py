@@ -257,7 +257,7 @@ class ArtifactManager:
     def _allocate_in(
         self,
         conn: Connection,
-        info: rows.SessionInfo,
+        info: rows.SessionQuotaRow,
         counter: str,
         make_id: Callable[[int], str],
         make_values: Callable[[str], dict[str, object]],
@@ -291,7 +291,7 @@ class ArtifactManager:
         return local_id
 
     @contextmanager
-    def _locked(self) -> Iterator[tuple[Connection, rows.SessionInfo, Path]]:
+    def _locked(self) -> Iterator[tuple[Connection, rows.SessionQuotaRow, Path]]:
         """A write transaction holding the session's tenant lock, which a move also takes,
         with the session's directory as of now: files published inside cannot miss a move."""
         with write_transaction(self._scope.engine) as conn:

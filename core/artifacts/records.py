@@ -7,6 +7,8 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, Literal, NamedTuple
 
+from core.records import PlainRecord
+
 ArtifactKind = Literal["tool_output", "agent_output", "file", "oversized"]
 TOOL_OUTPUT: ArtifactKind = "tool_output"
 AGENT_OUTPUT: ArtifactKind = "agent_output"
@@ -15,7 +17,7 @@ OVERSIZED: ArtifactKind = "oversized"
 
 
 @dataclass(frozen=True, slots=True)
-class ArtifactInfo:
+class ArtifactInfo(PlainRecord):
     """One row of the ``artifacts`` table."""
 
     session_id: str
@@ -29,21 +31,6 @@ class ArtifactInfo:
     created_seq: int
     expires_at: datetime | None = None
     summary: str | None = None
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "session_id": self.session_id,
-            "kind": self.kind,
-            "local_id": self.local_id,
-            "name": self.name,
-            "tool_type": self.tool_type,
-            "size_bytes": self.size_bytes,
-            "media_type": self.media_type,
-            "created_at": self.created_at.isoformat(),
-            "created_seq": self.created_seq,
-            "expires_at": self.expires_at.isoformat() if self.expires_at else None,
-            "summary": self.summary,
-        }
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,7 +51,7 @@ class AgentOutputSlot:
 
 
 @dataclass(frozen=True, slots=True)
-class FileWriteResult:
+class FileWriteResult(PlainRecord):
     """The outcome of a path-addressed write or delete, with usage after it."""
 
     path: str
@@ -73,24 +60,15 @@ class FileWriteResult:
     session_used_bytes: int
     tenant_used_bytes: int
 
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "path": self.path,
-            "size_bytes": self.size_bytes,
-            "replaced_bytes": self.replaced_bytes,
-            "session_used_bytes": self.session_used_bytes,
-            "tenant_used_bytes": self.tenant_used_bytes,
-        }
-
 
 @dataclass(frozen=True, slots=True)
-class Usage:
+class QuotaUsage:
     session_used_bytes: int
     tenant_used_bytes: int
 
 
 @dataclass(frozen=True, slots=True)
-class ArtifactRef:
+class ArtifactRef(PlainRecord):
     """An oversized tool output stored as a TTL artifact."""
 
     artifact_id: str
@@ -102,35 +80,15 @@ class ArtifactRef:
     ttl_s: int
     expires_at: datetime
 
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "artifact_id": self.artifact_id,
-            "session_id": self.session_id,
-            "tool_name": self.tool_name,
-            "size_bytes": self.size_bytes,
-            "summary": self.summary,
-            "created_at": self.created_at.isoformat(),
-            "ttl_s": self.ttl_s,
-            "expires_at": self.expires_at.isoformat(),
-        }
-
 
 @dataclass(frozen=True, slots=True)
-class OversizedHint:
+class OversizedHint(PlainRecord):
     """What the model sees in place of an oversized output."""
 
     artifact_reference: str
     summary: str
     hint: str
     size_bytes: int
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "artifact_reference": self.artifact_reference,
-            "summary": self.summary,
-            "hint": self.hint,
-            "size_bytes": self.size_bytes,
-        }
 
 
 class OversizedStored(NamedTuple):

@@ -9,12 +9,14 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Connection, and_, case, delete, func, select, text, update
+from sqlalchemy import Connection, and_, case, delete, func, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 
 from core.artifacts.records import FILE, OVERSIZED, ArtifactInfo, ArtifactStats
+from core.db import advisory_lock
 from core.errors import SessionNotFound
 from core.models import ArtifactRow, BlobRefRow, CounterRow, SessionRow, table_of
+from core.records import from_row
 
 _artifacts = table_of(ArtifactRow)
 _counters = table_of(CounterRow)
@@ -25,7 +27,7 @@ _QUOTA_LOCK_PREFIX = "sessionstore.artifact-quota:"
 
 
 @dataclass(frozen=True, slots=True)
-class SessionInfo:
+class SessionQuotaRow:
     session_id: str
     tenant_id: str
     head_seq: int
@@ -37,35 +39,30 @@ def _insert(conn: Connection) -> Any:
 
 
 def _to_info(row: Any) -> ArtifactInfo:
-    return ArtifactInfo(
-        session_id=row.session_id,
-        kind=row.kind,
-        local_id=row.local_id,
-        name=row.name,
-        tool_type=row.tool_type,
-        size_bytes=row.size_bytes,
-        media_type=row.media_type,
-        created_at=row.created_at,
-        created_seq=row.created_seq,
-        expires_at=row.expires_at,
-        summary=row.summary,
-    )
+    return from_row(ArtifactInfo, row)
 
 
 # --- sessions -------------------------------------------------------------------------------
 
 
-def session_info(conn: Connection, session_id: str, *, tenant_id: str | None = None) -> SessionInfo:
+def session_info(
+    conn: Connection, session_id: str, *, tenant_id: str | None = None
+) -> SessionQuotaRow:
     """The session's tenant and head; another tenant's session is not found."""
     row = conn.execute(
         select(_sessions.c.tenant_id, _sessions.c.head_seq).where(_sessions.c.id == session_id)
     ).first()
     if row is None or (tenant_id is not None and row.tenant_id != tenant_id):
         raise SessionNotFound(session_id)
-    return SessionInfo(session_id, row.tenant_id, int(row.head_seq))
+    return SessionQuotaRow(session_id, row.tenant_id, int(row.head_seq))
 
 
-def lock_quota(conn: Connection, session_id: str) -> SessionInfo:
+def lock_tenant(conn: Connection, tenant_id: str) -> None:
+    """The tenant's quota lock: quota-bearing writes, forks, moves and deletes take it."""
+    advisory_lock(conn, _QUOTA_LOCK_PREFIX + tenant_id)
+
+
+def lock_quota(conn: Connection, session_id: str) -> SessionQuotaRow:
     """Serialize quota-bearing writes of the session's tenant until the transaction ends.
 
     SQLite's BEGIN IMMEDIATE already holds the database write lock. On PostgreSQL a
@@ -77,10 +74,7 @@ def lock_quota(conn: Connection, session_id: str) -> SessionInfo:
     if conn.dialect.name != "postgresql":
         return info
     while True:
-        conn.execute(
-            text("SELECT pg_advisory_xact_lock(hashtext(:key))"),
-            {"key": _QUOTA_LOCK_PREFIX + info.tenant_id},
-        )
+        lock_tenant(conn, info.tenant_id)
         current = session_info(conn, session_id)
         if current.tenant_id == info.tenant_id:
             return current

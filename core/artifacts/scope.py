@@ -27,7 +27,7 @@ class SessionScope:
     def dir_for(self, tenant_id: str) -> Path:
         return session_dir(self.root, tenant_id, self.session_id)
 
-    def info(self, *, tenant_id: str | None = None) -> rows.SessionInfo:
+    def info(self, *, tenant_id: str | None = None) -> rows.SessionQuotaRow:
         """The session's current tenant and head (raises SessionNotFound)."""
         with read_connection(self.engine) as conn:
             return rows.session_info(conn, self.session_id, tenant_id=tenant_id)

@@ -20,7 +20,6 @@ import hashlib
 import logging
 import os
 import re
-import tempfile
 import zlib
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Iterator, Sequence
@@ -38,7 +37,10 @@ from sqlalchemy.exc import OperationalError
 
 from core.db import is_sqlite, read_connection, write_transaction
 from core.errors import BlobCorrupted, BlobError, BlobNotFound, InvalidBlobHash
+from core.fsio import fsync_dir, replace_atomically
+from core.metrics import metrics
 from core.models import BlobRefRow, BlobRow, SessionRow, table_of, utcnow
+from core.records import PlainRecord
 
 log = logging.getLogger(__name__)
 
@@ -160,23 +162,13 @@ class BlobFile:
 
 
 @dataclass(frozen=True, slots=True)
-class BlobStats:
+class BlobStats(PlainRecord):
     blob_count: int
     raw_bytes: int  # sum of the blobs' uncompressed sizes, each blob once
     stored_bytes: int  # what the blobs occupy in the store
     referenced_bytes: int  # what the journal's refs stand for, counting every reference
     saved_by_dedup: int
     saved_by_compression: int
-
-    def to_dict(self) -> dict[str, int]:
-        return {
-            "blob_count": self.blob_count,
-            "raw_bytes": self.raw_bytes,
-            "stored_bytes": self.stored_bytes,
-            "referenced_bytes": self.referenced_bytes,
-            "saved_by_dedup": self.saved_by_dedup,
-            "saved_by_compression": self.saved_by_compression,
-        }
 
 
 @dataclass(frozen=True, slots=True)
@@ -377,10 +369,12 @@ class BlobStore(ABC):
                 if attempt == _DEADLOCK_RETRIES or not _is_deadlock(exc):
                     raise
                 log.warning("blob registration deadlocked; retrying", extra={"attempt": attempt})
-        return [
+        results = [
             PutResult(h, len(unique[h]), staged[h].stored_size, staged[h].codec, staged[h].written)
             for h in hashes
         ]
+        _count_puts(results)
+        return results
 
     def get(self, blob_hash: str) -> bytes:
         """The verified content; ``BlobCorrupted`` rather than wrong bytes."""
@@ -402,8 +396,8 @@ class BlobStore(ABC):
         check_hash(blob_hash)
         return self._find(blob_hash) is not None and self.index.registered(blob_hash)
 
-    def has_object(self, blob_hash: str) -> bool:
-        """Present in storage, whether registered or not (and unverified)."""
+    def has_stored(self, blob_hash: str) -> bool:
+        """Whether the storage holds an object for the hash (registered or not, unverified)."""
         return self._find(check_hash(blob_hash)) is not None
 
     def info(self, blob_hash: str) -> BlobInfo | None:
@@ -493,6 +487,21 @@ class BlobStore(ABC):
         return _Stored(staged.codec, len(staged.payload), staged.payload, written=True)
 
 
+def _count_puts(results: Sequence[PutResult]) -> None:
+    """Bytes written anew, and bytes a put found already stored (dedup), for the metrics."""
+    written: set[str] = set()
+    new = dedup = 0
+    for r in results:
+        if r.written and r.hash not in written:
+            written.add(r.hash)
+            new += r.size
+        else:
+            dedup += r.size
+    observed = metrics()
+    observed.blob_bytes_put.inc(new)
+    observed.blob_bytes_deduplicated.inc(dedup)
+
+
 def _row(blob_hash: str, data: bytes, stored: _Stored, now: datetime) -> dict[str, Any]:
     return {
         "hash": blob_hash,
@@ -564,7 +573,7 @@ class FileBlobStore(BlobStore):
         for path in moved:
             path.unlink(missing_ok=True)
         for directory in {path.parent for path in moved}:
-            _fsync_dir(directory)
+            fsync_dir(directory)
 
     def restore_quarantined(self, moved: Sequence[Path]) -> None:
         for path in moved:
@@ -591,19 +600,10 @@ class FileBlobStore(BlobStore):
     def _write(self, blob_hash: str, codec: Codec, payload: bytes) -> None:
         path = self.path_for(blob_hash, codec)
         created = _make_dirs(self.root, path.parent)
-        fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".part", dir=path.parent)
-        try:
-            with open(fd, "wb") as handle:
-                handle.write(payload)
-                handle.flush()
-                os.fsync(handle.fileno())
-            os.replace(tmp, path)  # atomic: readers see the old state or the whole file
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
-        # The rename (and any new directory) is durable only once its directory is synced.
-        for directory in [path.parent, *(d.parent for d in created)]:
-            _fsync_dir(directory)
+        replace_atomically(path, payload)
+        # A new fan-out directory is durable only once its own parent is synced.
+        for directory in [d.parent for d in created]:
+            fsync_dir(directory)
         log.debug(
             "blob written", extra={"blob_hash": blob_hash, "codec": codec, "bytes": len(payload)}
         )
@@ -617,7 +617,7 @@ class FileBlobStore(BlobStore):
             except FileNotFoundError:
                 continue
             removed = True
-            _fsync_dir(path.parent)
+            fsync_dir(path.parent)
         return removed
 
     def iter_files(self) -> Iterator[BlobFile]:
@@ -631,7 +631,7 @@ class FileBlobStore(BlobStore):
             path = self.path_for(blob_hash, codec)
             with contextlib.suppress(FileNotFoundError):
                 path.unlink()
-                _fsync_dir(path.parent)
+                fsync_dir(path.parent)
 
     def quarantine_corrupt(self, blob_hash: str) -> list[str]:
         # Outside the two-character fan-out directories, so no scan ever takes it for a blob.
@@ -646,10 +646,10 @@ class FileBlobStore(BlobStore):
                 os.replace(path, aside)
             except FileNotFoundError:
                 continue
-            _fsync_dir(path.parent)
+            fsync_dir(path.parent)
             moved.append(os.fspath(aside))
         if moved:
-            _fsync_dir(target)
+            fsync_dir(target)
         return moved
 
 
@@ -663,14 +663,6 @@ def _make_dirs(root: Path, directory: Path) -> list[Path]:
         except FileExistsError:
             pass
     return created
-
-
-def _fsync_dir(directory: Path) -> None:
-    fd = os.open(directory, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def fanout_dirs(root: Path | str) -> Iterator[str]:
@@ -708,8 +700,14 @@ def parse_blob_name(name: str) -> tuple[str, Codec] | None:
 
 
 def open_blob_store(url: str, engine: Engine) -> BlobStore:
-    """The blob backend for a URL (only ``file://`` so far)."""
+    """The blob backend for a URL: ``file:///absolute/path`` or ``s3://bucket/prefix``."""
     parsed = urlparse(url)
+    if parsed.scheme == "s3":
+        from core.blobs.objects import ObjectBlobStore, open_s3_store  # obstore loads lazily
+
+        return ObjectBlobStore(open_s3_store(url), BlobIndex(engine))
     if parsed.scheme != "file" or parsed.netloc not in ("", "localhost"):
-        raise BlobError(f"unsupported blob URL {url!r}: expected file:///absolute/path")
+        raise BlobError(
+            f"unsupported blob URL {url!r}: expected file:///absolute/path or s3://bucket/prefix"
+        )
     return FileBlobStore(Path(url2pathname(parsed.path)), BlobIndex(engine))

@@ -140,7 +140,7 @@ def _verify_one(
     store: BlobStore, blob_hash: str, size: int, report: VerifyReport, known: KnownGood | None
 ) -> None:
     report.checked += 1
-    if not store.has_object(blob_hash):
+    if not store.has_stored(blob_hash):
         report.note("missing", blob_hash)
     else:
         problem = store.check_stored(blob_hash, size)

@@ -25,18 +25,24 @@ from sqlalchemy import (
     insert,
     literal,
     select,
-    text,
     update,
 )
 from sqlalchemy.exc import IntegrityError
 
-from core.db import is_sqlite, read_connection, write_transaction
+from core.db import advisory_lock, is_sqlite, keyset_pages, read_connection, write_transaction
 from core.errors import (
     BlobsMissing,
     ConcurrencyConflict,
     InvalidEvent,
     SessionNotFound,
     SessionStoreError,
+)
+from core.journal.postgres import (
+    PG_APPEND,
+    PG_APPEND_KEYED,
+    PG_NEXT_POSITIONS,
+    SQLITE_LAST_POSITION,
+    WRITER_LOCK_KEY,
 )
 from core.models import (
     BlobRefRow,
@@ -48,7 +54,15 @@ from core.models import (
     table_of,
     utcnow,
 )
-from core.records import AppendResult, ManifestEntry, Page, PreparedEvent, Session, StoredEvent
+from core.records import (
+    AppendResult,
+    ManifestEntry,
+    Page,
+    PreparedEvent,
+    Session,
+    StoredEvent,
+    from_row,
+)
 
 _sessions = table_of(SessionRow)
 _events = table_of(EventRow)
@@ -65,63 +79,10 @@ _EVENT_COLUMNS = (
     _events.c.recorded_at,
 )
 MAX_READ_PAGE = 10_000
-WRITER_LOCK_KEY = 0x5E5510_0001  # PostgreSQL advisory lock serializing event inserts
-_PG_WRITER_LOCK = text("SELECT pg_advisory_xact_lock(:k)")
-_PG_NEXT_POSITIONS = text(
-    "SELECT nextval(pg_get_serial_sequence('events', 'position')) FROM generate_series(1, :n)"
-)
-_SQLITE_LAST_POSITION = text("SELECT seq FROM sqlite_sequence WHERE name = 'events'")
-
-# PostgreSQL append in one statement, so an append costs the same round trips as a raw
-# INSERT: take the writers' lock (the session-row claim depends on it, so positions are
-# allocated only while it is held, and it is held until commit), claim seqs on the session
-# row (only at the expected head, and only for a key not yet written), insert the batch in
-# seq order so positions follow seqs, and (keyed variant) record the write. No row back:
-# no session, the head moved, or the key was already written.
-_PG_APPEND_CTES = """
-WITH writer_lock AS MATERIALIZED (
-    SELECT pg_advisory_xact_lock(:lock_key)
-), claimed AS (
-    UPDATE sessions SET head_seq = head_seq + :n, updated_at = :now
-    WHERE id = :sid AND (CAST(:expected AS BIGINT) IS NULL OR head_seq = :expected)
-      AND EXISTS (SELECT 1 FROM writer_lock)
-      AND (CAST(:key AS TEXT) IS NULL OR NOT EXISTS (
-          SELECT 1 FROM writes WHERE session_id = :sid AND idempotency_key = :key))
-    RETURNING head_seq
-), inserted AS (
-    INSERT INTO events (session_id, seq, type, payload, recorded_at)
-    SELECT :sid, claimed.head_seq - :n + e.ord, e.payload ->> 'type', e.payload, :now
-    FROM claimed,
-         jsonb_array_elements(CAST(:payloads AS jsonb)) WITH ORDINALITY AS e(payload, ord)
-    ORDER BY e.ord
-    RETURNING position, seq
-)"""
-_PG_APPEND = text(_PG_APPEND_CTES + "\nSELECT position, seq FROM inserted ORDER BY seq")
-_PG_APPEND_KEYED = text(
-    _PG_APPEND_CTES
-    + """, recorded AS (
-    INSERT INTO writes (session_id, idempotency_key, first_seq, last_seq, positions, created_at)
-    SELECT :sid, :key, min(seq), max(seq), to_json(array_agg(position ORDER BY seq)), :now
-    FROM inserted HAVING count(*) > 0
-)
-SELECT position, seq FROM inserted ORDER BY seq"""
-)
 
 
 def _to_session(row: Any) -> Session:
-    return Session(
-        id=row.id,
-        tenant_id=row.tenant_id,
-        head_seq=row.head_seq,
-        created_at=row.created_at,
-        updated_at=row.updated_at,
-        parent_id=row.parent_id,
-        forked_from_seq=row.forked_from_seq,
-        title=row.title,
-        cwd=row.cwd,
-        copy_status=row.copy_status,
-        copy_error=row.copy_error,
-    )
+    return from_row(Session, row)
 
 
 def _to_event(row: Any) -> StoredEvent:
@@ -341,7 +302,7 @@ class Journal:
         now: datetime,
     ) -> tuple[int, list[int]] | None:
         """The same write as one statement: a round trip per append, whatever the batch."""
-        sql = _PG_APPEND_KEYED if idempotency_key is not None else _PG_APPEND
+        sql = PG_APPEND_KEYED if idempotency_key is not None else PG_APPEND
         rows = conn.execute(
             sql,
             {
@@ -367,8 +328,7 @@ class Journal:
         event insert takes the same transaction-scoped advisory lock (the one-statement
         append takes it inside its statement); readers never wait for it.
         """
-        if not is_sqlite(self.engine):
-            conn.execute(_PG_WRITER_LOCK, {"k": WRITER_LOCK_KEY})
+        advisory_lock(conn, WRITER_LOCK_KEY)
 
     def _require_blobs(self, conn: Connection, hashes: set[str]) -> None:
         """Blob before reference (invariants 2 and 6): every referenced blob is registered.
@@ -449,11 +409,11 @@ class Journal:
         pipelined executemany; positions are still never reused and follow commit order.
         """
         if is_sqlite(self.engine):
-            last = conn.execute(_SQLITE_LAST_POSITION).scalar()
+            last = conn.execute(SQLITE_LAST_POSITION).scalar()
             start = int(last or 0) + 1
             return list(range(start, start + count))
         values = conn.execute(
-            _PG_NEXT_POSITIONS,
+            PG_NEXT_POSITIONS,
             {"n": count},
         ).scalars()
         return sorted(int(v) for v in values)
@@ -570,19 +530,13 @@ class Journal:
         tenant_id: str | None = None,
     ) -> Iterator[StoredEvent]:
         """All events of a session in seq order, fetched a page at a time."""
-        cursor = after_seq
-        while True:
-            page = self.read(
-                session_id,
-                after_seq=cursor,
-                upto_seq=upto_seq,
-                limit=page_size,
-                tenant_id=tenant_id,
+
+        def fetch(cursor: int, size: int) -> list[StoredEvent]:
+            return self.read(
+                session_id, after_seq=cursor, upto_seq=upto_seq, limit=size, tenant_id=tenant_id
             )
-            yield from page
-            if len(page) < page_size:
-                return
-            cursor = page[-1].seq
+
+        return keyset_pages(fetch, lambda e: e.seq, after=after_seq, size=page_size)
 
     def read_all(
         self,
@@ -633,13 +587,6 @@ class Journal:
                         ManifestEntry(r.pointer, r.hash, r.size, r.encoding)
                     )
         return found
-
-    def head_position(self) -> int:
-        with read_connection(self.engine) as conn:
-            value = conn.execute(
-                select(_events.c.position).order_by(_events.c.position.desc()).limit(1)
-            ).scalar()
-        return int(value or 0)
 
     def delete_events_of(self, conn: Connection, session_id: str) -> None:
         """Remove a whole session's events and manifest (only with the session itself)."""

@@ -38,7 +38,7 @@ from sqlalchemy.sql.elements import ColumnElement
 
 from core.artifacts import stats_by_kind
 from core.blobs.store import BlobIndex
-from core.db import is_sqlite, read_connection
+from core.db import is_sqlite, keyset_pages, read_connection
 from core.journal.usage import saturate
 from core.models import BlobRefRow, BlobRow, EventRow, SessionRow, table_of
 from core.records import Page
@@ -226,11 +226,11 @@ def iter_events(
     page_size: int = 1000,
 ) -> Iterator[ListedEvent]:
     """Every matching event after ``after_position``, a page at a time."""
-    cursor: str | None = str(after_position)
-    while cursor is not None:
-        page = list_events(engine, flt, after_position=int(cursor), limit=page_size)
-        yield from page.items
-        cursor = page.next_cursor
+
+    def fetch(cursor: int, size: int) -> list[ListedEvent]:
+        return list(list_events(engine, flt, after_position=cursor, limit=size).items)
+
+    return keyset_pages(fetch, lambda e: e.position, after=after_position, size=page_size)
 
 
 def _head(conn: Connection) -> int:

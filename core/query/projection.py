@@ -40,7 +40,7 @@ def _number(value: Any) -> int | float | None:
 
 
 @dataclass(slots=True)
-class Usage:
+class TokenUsage:
     """Token usage summed from message ``usage`` objects."""
 
     input: int | float = 0
@@ -102,7 +102,7 @@ class Counters:
     tool_errors: int = 0
     by_type: dict[str, int] = field(default_factory=dict)
     by_role: dict[str, int] = field(default_factory=dict)
-    usage: Usage = field(default_factory=Usage)
+    usage: TokenUsage = field(default_factory=TokenUsage)
 
 
 @dataclass(slots=True)
@@ -365,7 +365,7 @@ def decode_fold(data: bytes) -> Fold:
             tree=EntryTree.decode(meta["tree"], _chunks(data, start + length, meta["id_chunks"])),
             counters=Counters(
                 **{k: v for k, v in counters.items() if k != "usage"},
-                usage=Usage(**counters["usage"]),
+                usage=TokenUsage(**counters["usage"]),
             ),
             header=Header(**meta["header"]),
             name=meta["name"],

@@ -38,7 +38,7 @@ from core.query.projection import (
     decode_fold,
     encode_fold,
 )
-from core.query.state import ArtifactInfo, SessionState, build_state, plan_context
+from core.query.state import ArtifactEntry, SessionState, build_state, plan_context
 from core.records import StoredEvent
 
 log = logging.getLogger(__name__)
@@ -229,7 +229,7 @@ def delete_snapshots(conn: Connection, session_id: str) -> None:
 # the artifacts index --------------------------------------------------------------------
 
 
-def artifact_index(engine: Engine, session_id: str, at_seq: int) -> list[ArtifactInfo]:
+def artifact_index(engine: Engine, session_id: str, at_seq: int) -> list[ArtifactEntry]:
     """The session's artifacts created at or before ``at_seq`` (rows as they are now)."""
     query = (
         select(
@@ -246,4 +246,4 @@ def artifact_index(engine: Engine, session_id: str, at_seq: int) -> list[Artifac
         .order_by(_artifacts.c.created_seq, _artifacts.c.id)
     )
     with read_connection(engine) as conn:
-        return [ArtifactInfo(*row) for row in conn.execute(query)]
+        return [ArtifactEntry(*row) for row in conn.execute(query)]

@@ -128,7 +128,7 @@ class CustomEntry:
 
 
 @dataclass(frozen=True, slots=True)
-class ArtifactInfo:
+class ArtifactEntry:
     kind: str
     local_id: str
     name: str | None
@@ -146,7 +146,7 @@ class ArtifactInfo:
 
 
 @dataclass(frozen=True, slots=True)
-class SessionInfo:
+class SessionProfile:
     """Who and where: the session row, the header event and the settings entries."""
 
     title: str | None
@@ -173,7 +173,7 @@ class SessionState:
     session_id: str
     tenant_id: str
     seq: int
-    info: SessionInfo
+    info: SessionProfile
     tree: EntryTree
     leaf_id: str | None
     messages: list[Message]
@@ -182,7 +182,7 @@ class SessionState:
     labels: dict[str, str]
     custom: dict[str, CustomEntry]
     counters: Counters
-    artifacts: list[ArtifactInfo] = field(default_factory=list)
+    artifacts: list[ArtifactEntry] = field(default_factory=list)
 
     @property
     def branch(self) -> list[str]:
@@ -272,7 +272,7 @@ def build_state(
     events: Mapping[int, StoredEvent],
     *,
     session: Session,
-    artifacts: list[ArtifactInfo] | None = None,
+    artifacts: list[ArtifactEntry] | None = None,
 ) -> SessionState:
     """The state, given the events of ``plan.seqs(fold.tree)`` keyed by seq."""
     tree = fold.tree
@@ -299,7 +299,7 @@ def build_state(
     }
     header = fold.header
     model = plan.model or _model_of_last_assistant(messages)
-    info = SessionInfo(
+    info = SessionProfile(
         title=fold.name or session.title,
         name=fold.name,
         cwd=header.cwd or session.cwd,

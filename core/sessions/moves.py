@@ -14,14 +14,13 @@ from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 
-from sqlalchemy import Connection, delete, insert, select, text, update
+from sqlalchemy import Connection, delete, insert, select, update
 from sqlalchemy.exc import IntegrityError
 
 from core.artifacts import rows
 from core.artifacts.fsio import fsync_dir
 from core.artifacts.nofollow import artifact_root_of, check_path
 from core.artifacts.paths import session_dir
-from core.artifacts.rows import _QUOTA_LOCK_PREFIX  # the one spelling of the quota lock key
 from core.db import read_connection, write_transaction
 from core.errors import InvalidEvent, MoveFailed, QuotaExceeded
 from core.journal import Journal
@@ -164,7 +163,7 @@ class Moves:
         target = session_dir(self.root, intent.to_tenant, intent.session_id)
         with write_transaction(self.engine) as conn:
             for tenant in sorted({intent.from_tenant, intent.to_tenant}):
-                _lock_tenant_quota(conn, tenant)
+                rows.lock_tenant(conn, tenant)
             row = conn.execute(
                 select(_sessions.c.tenant_id, _sessions.c.cwd).where(
                     _sessions.c.id == intent.session_id
@@ -222,7 +221,7 @@ class Moves:
         session = self.journal.session_in(conn, session_id)
         while True:
             for tenant in sorted({session.tenant_id, new_tenant or session.tenant_id}):
-                _lock_tenant_quota(conn, tenant)
+                rows.lock_tenant(conn, tenant)
             current = self.journal.session_in(conn, session_id)
             if current.tenant_id == session.tenant_id:
                 return current
@@ -314,12 +313,3 @@ class _DirectoryMove:
                 "could not move a session's artifact directory back after a failed move",
                 extra={"source": str(self.source), "target": str(self.target), "error": str(exc)},
             )
-
-
-def _lock_tenant_quota(conn: Connection, tenant_id: str) -> None:
-    # SQLite: the write transaction already holds the database write lock.
-    if conn.dialect.name == "postgresql":
-        conn.execute(
-            text("SELECT pg_advisory_xact_lock(hashtext(:key))"),
-            {"key": _QUOTA_LOCK_PREFIX + tenant_id},
-        )

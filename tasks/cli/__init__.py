@@ -12,7 +12,18 @@ def _register() -> None:
     # Each module adds its commands to ``app`` when imported.
     import tasks.cli.blobs
     import tasks.cli.repair  # noqa: F401  (issue 16)
-    from tasks.cli import config, db, demo, maintenance, query, read, runtime, sessions, writes  # noqa: F401
+    from tasks.cli import (  # noqa: F401
+        config,
+        db,
+        demo,
+        health,
+        maintenance,
+        query,
+        read,
+        runtime,
+        sessions,
+        writes,
+    )
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -53,7 +53,7 @@ def test_sessions_repair_finishes_an_interrupted_move(tmp_path: Path) -> None:
     with SessionStore.from_settings(Settings(data_dir=data_dir)) as store:
         session = store.create_session(tenant_id="acme")
         store.artifacts(session.id).files.put("a.txt", "kept")
-        Moves._record_intent(store.moves, session.id, "globex", None)  # crashed right after
+        Moves._record_intent(store._moves, session.id, "globex", None)  # crashed right after
 
     done = run(data_dir, "sessions", "repair", "--json")
     assert done.returncode == 0, done.stderr

@@ -61,7 +61,7 @@ def test_corrupt_blob_repair_by_put_read_raises_and_verify_quarantines(
     assert report.corrupt == [blob_hash] and report.missing == []
     assert len(report.quarantined) == 1 and Path(report.quarantined[0]).exists()
     assert not report.healthy
-    assert not store.blobs.has_object(blob_hash)  # never served again
+    assert not store.blobs.has_stored(blob_hash)  # never served again
     # the next run sees it as missing (the row is kept: events still reference it)
     assert verify_blobs(store.blobs).missing == [blob_hash]
 
