@@ -16,6 +16,7 @@ from pathlib import Path
 
 from core.artifacts.nofollow import artifact_root_of, check_path
 from core.artifacts.paths import STAGING_DIR
+from core.errors import SymlinkRefused
 from core.fsio import fsync_dir as sync_directory
 from core.fsio import write_durably
 
@@ -171,9 +172,12 @@ def sweep_staging(
     files = size = 0
     for tenant in _subdirs(root):
         for session in _subdirs(tenant):
+            staging = os.path.join(session, STAGING_DIR)
             try:
-                entries = list(os.scandir(os.path.join(session, STAGING_DIR)))
-            except (FileNotFoundError, NotADirectoryError):
+                # A planted link in place of the staging directory is never followed.
+                check_path(root, Path(staging))
+                entries = list(os.scandir(staging))
+            except (FileNotFoundError, NotADirectoryError, SymlinkRefused):
                 continue
             for entry in entries:
                 if not entry.name.endswith(TEMP_SUFFIXES):

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import time
 from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
@@ -23,6 +24,7 @@ from hypothesis import strategies as st
 
 from core import SessionStore
 from core.artifacts import session_dir
+from core.artifacts.fsio import sweep_staging
 from core.artifacts.paths import OVERSIZED_DIR, STAGING_DIR, oversized_name
 from core.errors import SessionStoreError
 from core.models import utcnow
@@ -103,6 +105,7 @@ def test_a_planted_symlink_never_leads_outside_the_session_directory(
     (outside / "files" / "notes").mkdir(parents=True)
     (outside / "files" / "notes" / "plan.md").write_text("OUTSIDE PLAN")
     (outside / "0.bash.log").write_text("OUTSIDE LOG")
+    (outside / "left-over.tmp").write_text("NOT A STAGING FILE")
     neighbour = store.create_session(tenant_id="neighbour")
     store.artifacts(neighbour.id).files.put("notes/plan.md", "NEIGHBOUR PLAN")
     store.artifacts(neighbour.id).save("NEIGHBOUR LOG", "bash")
@@ -151,6 +154,7 @@ def test_a_planted_symlink_never_leads_outside_the_session_directory(
         lambda: store.artifacts(session.id).files.delete("notes/plan.md"),
         lambda: store.move(session.id, tenant_id=move_tenant),
         lambda: store.oversized.expire(now=utcnow() + timedelta(days=365), apply=True),
+        lambda: store.expire_artifacts(apply=True),  # also sweeps staging directories
         lambda: store.delete_session(fork.id),
         lambda: store.delete_session(session.id),
     ]
@@ -183,3 +187,20 @@ def test_fork_copy_skips_a_symlink_and_says_so(store: SessionStore, tmp_path: Pa
     assert (fork_dir / "files" / "notes" / "plan.md").read_text() == "the plan"
     with pytest.raises(SessionStoreError):
         store.resolve("artifact://0", session_id=parent.id)
+
+
+def test_the_staging_sweep_never_follows_a_linked_staging_directory(
+    store: SessionStore, tmp_path: Path
+) -> None:
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "precious.tmp").write_text("PRECIOUS")
+    root = store.settings.resolved_artifact_root
+    session = store.create_session(tenant_id="acme")
+    store.artifacts(session.id).files.put("a.txt", "a")
+    staging = session_dir(root, "acme", session.id) / STAGING_DIR
+    _remove(staging)
+    os.symlink(outside, staging)
+    files, _ = sweep_staging(root, older_than_s=0, apply=True, now=time.time() + 10**6)
+    assert files == 0
+    assert (outside / "precious.tmp").read_text() == "PRECIOUS"
