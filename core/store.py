@@ -46,6 +46,7 @@ from core.sessions import (
     ForkCopier,
     ForkCopies,
     Forks,
+    MoveRepair,
     Moves,
     SessionLifecycle,
 )
@@ -200,6 +201,10 @@ class SessionStore:
         """Move a session to another tenant and/or cwd, with its artifact directory; all or
         nothing (a failed directory move rolls the metadata back and re-raises)."""
         return self._moves.move(session_id, tenant_id=tenant_id, cwd=cwd)
+
+    def repair_moves(self, *, older_than_s: float = 0.0) -> list[MoveRepair]:
+        """Complete or roll back moves a crash left half done (invariant 12)."""
+        return self._moves.repair(older_than_s=older_than_s)
 
     def delete_session(self, session_id: str, *, tenant_id: str | None = None) -> DeleteReport:
         """Remove a session, its events, manifest rows, artifacts and directory; blobs are

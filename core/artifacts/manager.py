@@ -16,7 +16,7 @@ from pathlib import Path
 
 from sqlalchemy import Connection, Engine
 
-from core.artifacts import rows
+from core.artifacts import nofollow, rows
 from core.artifacts.files import SessionFiles
 from core.artifacts.fsio import staged_file
 from core.artifacts.oversized import OversizedOutputs
@@ -40,7 +40,7 @@ from core.artifacts.records import (
 from core.artifacts.scope import SessionScope
 from core.artifacts.sink import OutputSink
 from core.db import read_connection, write_transaction
-from core.errors import ArtifactError, ArtifactNotFound
+from core.errors import ArtifactError, ArtifactNotFound, SymlinkRefused
 from core.models import utcnow
 from core.settings import Settings
 
@@ -113,7 +113,14 @@ class ArtifactManager:
     def _allocate_tool(self, tool_type: str, *, size: int) -> AllocatedPath:
         tool = sanitize_tool_type(tool_type)
         artifact_id, directory = self._allocate(TOOL_COUNTER, str, self._tool_values(tool, size))
-        directory.mkdir(parents=True, exist_ok=True)
+        try:
+            nofollow.check_path(self._scope.root, directory)
+            directory.mkdir(parents=True, exist_ok=True)
+        except (OSError, SymlinkRefused):
+            # The caller never learns the id, so no one else could remove the row: a failed
+            # allocation must not leave a row that points at no file.
+            self.discard_tool_output(artifact_id)
+            raise
         return AllocatedPath(artifact_id, directory / tool_log_name(artifact_id, tool))
 
     @staticmethod
@@ -129,7 +136,7 @@ class ArtifactManager:
     def finalize_tool_output(self, artifact_id: str) -> int:
         """Record the size of a tool-output file the caller wrote; returns it."""
         info = self._require(TOOL_OUTPUT, artifact_id)
-        size = (self.directory() / (info.name or "")).stat().st_size
+        size = nofollow.size(self._scope.root, self.directory() / (info.name or ""))
         self._set_size(TOOL_OUTPUT, artifact_id, size)
         return size
 
@@ -140,7 +147,10 @@ class ArtifactManager:
             row = rows.get_artifact(conn, self.session_id, TOOL_OUTPUT, artifact_id)
             rows.delete_artifact(conn, self.session_id, TOOL_OUTPUT, artifact_id)
         if row is not None and row.name:
-            (self._scope.dir_for(info.tenant_id) / row.name).unlink(missing_ok=True)
+            try:
+                nofollow.unlink(self._scope.root, self._scope.dir_for(info.tenant_id) / row.name)
+            except SymlinkRefused as exc:
+                logger.warning("discard refused a symlink", extra={"path": exc.path})
 
     def output_sink(
         self, tool_type: str, *, head_bytes: int = 0, max_columns: int = 0

@@ -39,7 +39,7 @@ from core.db import is_sqlite, read_connection, write_transaction
 from core.errors import BlobCorrupted, BlobError, BlobNotFound, InvalidBlobHash
 from core.fsio import fsync_dir, replace_atomically
 from core.metrics import metrics
-from core.models import BlobRefRow, BlobRow, table_of, utcnow
+from core.models import BlobRefRow, BlobRow, SessionRow, table_of, utcnow
 from core.records import PlainRecord
 from core.translate import translated
 
@@ -52,6 +52,8 @@ Codec = Literal["gzip", "identity"]
 SUFFIXES: dict[Codec, str] = {"gzip": ".blob.gz", "identity": ".blob"}
 # A blob file GC has moved aside under its row lock, until the row delete commits.
 QUARANTINE_SUFFIX = ".gc"
+# Where ``blobs verify`` moves corrupt files (under the blob root).
+CORRUPT_DIR = "corrupt"
 # Compression must save at least this share of the bytes to be worth a decode on every read.
 MIN_COMPRESSION_SAVING = 0.10
 DEFAULT_GZIP_LEVEL = 6
@@ -195,15 +197,22 @@ class BlobIndex:
         if rows:
             conn.execute(self._upsert, sorted(rows, key=lambda r: str(r["hash"])))
 
-    def refresh(self, conn: Connection, hashes: Sequence[str]) -> dict[str, int]:
-        """Refresh ``last_written_at`` of registered blobs; return their sizes by hash."""
+    def refresh(
+        self, conn: Connection, hashes: Sequence[str], *, tenant_id: str | None = None
+    ) -> dict[str, int]:
+        """Refresh ``last_written_at`` of registered blobs; return their sizes by hash.
+
+        With ``tenant_id``, only blobs some session of that tenant already references count
+        (invariant 9): one statement per hash whether or not the blob exists, so the answer
+        for another tenant's blob is the answer for a blob that was never stored.
+        """
         found: dict[str, int] = {}
         for blob_hash in sorted(set(hashes)):  # one row at a time, in hash order: no deadlock
+            query = update(_blobs).where(_blobs.c.hash == blob_hash)
+            if tenant_id is not None:
+                query = query.where(_referenced_by_tenant(tenant_id))
             row = conn.execute(
-                update(_blobs)
-                .where(_blobs.c.hash == blob_hash)
-                .values(last_written_at=utcnow())
-                .returning(_blobs.c.size)
+                query.values(last_written_at=utcnow()).returning(_blobs.c.size)
             ).first()
             if row is not None:
                 found[blob_hash] = int(row.size)
@@ -245,6 +254,15 @@ class BlobIndex:
             saved_by_dedup=max(0, int(ref_bytes or 0) - int(unique_ref_bytes or 0)),
             saved_by_compression=int(raw) - int(stored),
         )
+
+
+def _referenced_by_tenant(tenant_id: str) -> Any:
+    sessions = table_of(SessionRow)
+    return exists().where(
+        _refs.c.hash == _blobs.c.hash,
+        _refs.c.session_id == sessions.c.id,
+        sessions.c.tenant_id == tenant_id,
+    )
 
 
 def _upsert_statement(engine: Engine) -> Any:
@@ -322,6 +340,14 @@ class BlobStore(ABC):
     def iter_files(self) -> Iterator[BlobFile]:
         """Every stored object, registered or not (temporary files excluded)."""
 
+    @abstractmethod
+    def _discard_other_codecs(self, blob_hash: str, keep: Codec) -> None:
+        """Remove the object stored under any codec but ``keep`` (a replaced bad copy)."""
+
+    @abstractmethod
+    def quarantine_corrupt(self, blob_hash: str) -> list[str]:
+        """Move a corrupt stored object out of the store, for inspection; where it went."""
+
     # the API ----------------------------------------------------------------------------
 
     def put(self, data: bytes) -> PutResult:
@@ -380,16 +406,17 @@ class BlobStore(ABC):
     def info(self, blob_hash: str) -> BlobInfo | None:
         return self.index.info(check_hash(blob_hash))
 
-    def refresh(self, hashes: Iterable[str]) -> dict[str, int]:
+    def refresh(self, hashes: Iterable[str], *, tenant_id: str | None = None) -> dict[str, int]:
         """Refresh ``last_written_at`` of stored blobs, as a re-put would; sizes by hash.
 
-        Hashes that are unregistered or whose object is gone are left out of the result.
+        Hashes that are unregistered or whose object is gone are left out of the result, and
+        so, with ``tenant_id``, are blobs no session of that tenant references.
         """
         wanted = [check_hash(h) for h in hashes]
         if not wanted:
             return {}
         with write_transaction(self.index.engine) as conn:
-            sizes = self.index.refresh(conn, wanted)
+            sizes = self.index.refresh(conn, wanted, tenant_id=tenant_id)
             return {h: size for h, size in sizes.items() if self._find(h) is not None}
 
     def stats(self) -> BlobStats:
@@ -400,10 +427,44 @@ class BlobStore(ABC):
     def _stage(self, blob_hash: str, data: bytes) -> _Stored:
         found = self._find(blob_hash)
         if found is not None:
-            return _Stored(found[0], found[1], None, written=False)
+            problem = self.check_stored(blob_hash, len(data))
+            if problem is None:
+                return _Stored(found[0], found[1], None, written=False)
+            # Invariant 13: a re-put of the content repairs a damaged file, never trusts it.
+            log.warning(
+                "stored blob is corrupt; replacing it from the put's content",
+                extra={"blob_hash": blob_hash, "problem": problem},
+            )
+        return self._replace(blob_hash, data)
+
+    def _replace(self, blob_hash: str, data: bytes) -> _Stored:
+        """Write the content atomically, then drop a stale file stored under another codec."""
         codec, payload = encode_blob(data, level=self.gzip_level)
         self._write(blob_hash, codec, payload)
+        self._discard_other_codecs(blob_hash, codec)
         return _Stored(codec, len(payload), payload, written=True)
+
+    def check_stored(self, blob_hash: str, size: int | None = None) -> str | None:
+        """Why the stored object is not this blob (None when it is, or is absent).
+
+        The cheap check first: a stored identity file, or decoded content, of the wrong
+        size; only then the hash of the content.
+        """
+        found = self._read(blob_hash)
+        if found is None:
+            return None
+        codec, stored = found
+        if codec == "identity" and size is not None and len(stored) != size:
+            return f"stored size {len(stored)} != content size {size}"
+        try:
+            data = decode_blob(codec, stored)
+        except zlib.error as exc:
+            return f"cannot decode {codec} data: {exc}"
+        if size is not None and len(data) != size:
+            return f"decoded size {len(data)} != content size {size}"
+        if sha256_hex(data) != blob_hash:
+            return "content does not match its hash"
+        return None
 
     def _register(self, unique: dict[str, bytes], staged: dict[str, _Stored]) -> dict[str, _Stored]:
         """Row locks first, then make sure every object exists, then commit (invariant 6)."""
@@ -423,12 +484,10 @@ class BlobStore(ABC):
         log.warning(
             "blob vanished before registration; re-creating", extra={"blob_hash": blob_hash}
         )
-        if staged.payload is not None:
-            codec, payload = staged.codec, staged.payload
-        else:
-            codec, payload = encode_blob(data, level=self.gzip_level)
-        self._write(blob_hash, codec, payload)
-        return _Stored(codec, len(payload), payload, written=True)
+        if staged.payload is None:
+            return self._replace(blob_hash, data)
+        self._write(blob_hash, staged.codec, staged.payload)
+        return _Stored(staged.codec, len(staged.payload), staged.payload, written=True)
 
 
 def _count_puts(results: Sequence[PutResult]) -> None:
@@ -567,6 +626,34 @@ class FileBlobStore(BlobStore):
     def iter_files(self) -> Iterator[BlobFile]:
         for leaf in fanout_dirs(self.root):
             yield from _blob_files(leaf)
+
+    def _discard_other_codecs(self, blob_hash: str, keep: Codec) -> None:
+        for codec in SUFFIXES:
+            if codec == keep:
+                continue
+            path = self.path_for(blob_hash, codec)
+            with contextlib.suppress(FileNotFoundError):
+                path.unlink()
+                fsync_dir(path.parent)
+
+    def quarantine_corrupt(self, blob_hash: str) -> list[str]:
+        # Outside the two-character fan-out directories, so no scan ever takes it for a blob.
+        target = self.root / CORRUPT_DIR
+        target.mkdir(parents=True, exist_ok=True)
+        stamp = utcnow().strftime("%Y%m%dT%H%M%S%f")
+        moved: list[str] = []
+        for codec in SUFFIXES:
+            path = self.path_for(blob_hash, codec)
+            aside = target / f"{path.name}.{stamp}"
+            try:
+                os.replace(path, aside)
+            except FileNotFoundError:
+                continue
+            fsync_dir(path.parent)
+            moved.append(os.fspath(aside))
+        if moved:
+            fsync_dir(target)
+        return moved
 
 
 def _make_dirs(root: Path, directory: Path) -> list[Path]:

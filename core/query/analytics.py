@@ -11,6 +11,7 @@ can therefore move its cursor to the head it saw, even past rows its filter reje
 from __future__ import annotations
 
 import dataclasses
+import logging
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -33,11 +34,13 @@ from sqlalchemy import (
     func,
     select,
 )
+from sqlalchemy.exc import OperationalError
 from sqlalchemy.sql.elements import ColumnElement
 
 from core.artifacts import stats_by_kind
 from core.blobs.store import BlobIndex
 from core.db import is_sqlite, keyset_pages, read_connection
+from core.journal.usage import saturate
 from core.models import BlobRefRow, BlobRow, EventRow, SessionRow, table_of
 from core.records import Page
 
@@ -47,6 +50,7 @@ _refs = table_of(BlobRefRow)
 _blobs = table_of(BlobRow)
 
 MAX_PAGE = 10_000
+log = logging.getLogger(__name__)
 _TOKEN_FIELDS = ("input", "output", "cacheRead", "cacheWrite", "totalTokens")
 
 
@@ -511,10 +515,13 @@ def _top_sessions(
     ]
 
 
-def _usage_sums(engine: Engine) -> list[ColumnElement[Any]]:
+def _usage_sums(engine: Engine, aggregate: Any = func.sum) -> list[ColumnElement[Any]]:
     """Sums of the ``message.usage`` fields, then of its cost (a number or ``cost.total``)."""
-    sums = [func.sum(_json_number(engine, "message", "usage", name)) for name in _TOKEN_FIELDS]
-    cost = func.sum(
+    sums = [
+        aggregate(_json_number(engine, "message", "usage", name)).label(name)
+        for name in _TOKEN_FIELDS
+    ]
+    cost = aggregate(
         func.coalesce(
             _json_number(engine, "message", "usage", "cost"),
             _json_number(engine, "message", "usage", "cost", "total"),
@@ -526,10 +533,29 @@ def _usage_sums(engine: Engine) -> list[ColumnElement[Any]]:
 def _token_totals(
     conn: Connection, engine: Engine, scope: Sequence[ColumnElement[bool]]
 ) -> TokenTotals:
-    row = conn.execute(
-        select(*_usage_sums(engine)).where(_events.c.type == "message", *scope)
-    ).one()
-    return TokenTotals(*(_plain(v) for v in row))
+    row: Sequence[Any]
+    try:
+        row = conn.execute(_token_sums(engine, scope, func.sum)).one()
+    except OperationalError as exc:
+        # SQLite's sum() fails on integer overflow; total() adds in floating point and
+        # never does. Only stored data from before write validation can get here.
+        if not is_sqlite(engine) or "overflow" not in str(exc):
+            raise
+        log.warning("token sums overflow int64; summing as floats", extra={"error": str(exc)})
+        row = tuple(
+            int(v) if isinstance(v, float) and v.is_integer() else v
+            for v in conn.execute(_token_sums(engine, scope, func.total)).one()
+        )
+    names = (*_TOKEN_FIELDS, "cost")
+    return TokenTotals(
+        *(saturate(_plain(v), what=f"stats.tokens.{n}") for n, v in zip(names, row, strict=True))
+    )
+
+
+def _token_sums(
+    engine: Engine, scope: Sequence[ColumnElement[bool]], aggregate: Any
+) -> Select[Any]:
+    return select(*_usage_sums(engine, aggregate)).where(_events.c.type == "message", *scope)
 
 
 def _entry_day(engine: Engine) -> ColumnElement[Any]:
