@@ -565,10 +565,11 @@ def _entry_day(engine: Engine) -> ColumnElement[Any]:
         is_text = func.json_type(_events.c.payload, "$.timestamp") == "text"
         stamp = func.json_extract(_events.c.payload, "$.timestamp")
     else:
-        is_text = func.jsonb_typeof(func.jsonb_extract_path(_events.c.payload, "timestamp")) == (
+        # events.payload is json (exact text), not jsonb: the json_* functions
+        is_text = func.json_typeof(func.json_extract_path(_events.c.payload, "timestamp")) == (
             "string"
         )
-        stamp = func.jsonb_extract_path_text(_events.c.payload, "timestamp")
+        stamp = func.json_extract_path_text(_events.c.payload, "timestamp")
     return case((is_text, func.substr(stamp, 1, 10)), else_=_day(engine))
 
 
