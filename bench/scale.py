@@ -1,0 +1,278 @@
+"""Does the cost of per-session operations stay flat as the journal grows?
+
+    python -m bench.scale [--sizes 10000:1000,100000:5000,1000000:20000] [--repeats 5]
+
+For each size (events:sessions) a fresh PostgreSQL database is migrated and filled with COPY:
+sessions over 10 tenants and 30 days, events in a realistic mix (user / assistant with usage /
+tool results / model changes / custom), one manifest row every 20 events onto a pool of
+registered blobs (one blob per 200 events), and 1,000 more registered blobs that nothing
+references, written a day ago, with their files: GC's candidates. Then one real 200-turn
+session (`bench.peers.workload`, 1,010 events with screenshots) is appended through the
+library, and the database is analyzed. At each size, medians of ``--repeats``:
+
+append p50 (single events into existing sessions), ``state()`` of the 200-turn session,
+``list_sessions`` first page and a deep cursor (half way), ``list_events`` page with a
+``since`` filter (``events --since``), ``stats()``, and one ``gc_blobs(apply=True)`` that
+collects the 1,000 candidates. Each is reported as a ratio to its value at the first size.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import io
+import os
+import random
+import statistics
+import tempfile
+import time
+import uuid
+from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import orjson
+import psycopg
+
+from bench.peers.workload import session as workload_session
+from bench.peers.workload import split
+from core import SessionStore, Settings
+from core.journal.journal import _encode_cursor
+from core.query.analytics import EventFilter
+from core.migrate import upgrade
+
+ADMIN = "postgresql://postgres@127.0.0.1:5432/postgres"
+CANDIDATES = 1000
+DAYS = 30
+TENANTS = [f"tenant-{i}" for i in range(10)]
+EPOCH = datetime(2026, 10, 1, tzinfo=UTC)
+
+
+def templates(rng: random.Random) -> list[tuple[str, bytes]]:
+    """Payloads in the pi format (type, JSON text with an ``@ID@`` slot), sizes ~0.1-3 KB."""
+    words = "the a test run fix file read write retry upload storage session error ok".split()
+
+    def text(n: int) -> str:
+        return " ".join(rng.choice(words) for _ in range(n))
+
+    out: list[tuple[str, bytes]] = []
+    for i in range(200):
+        kind = i % 10
+        if kind in (0, 5):
+            payload: dict[str, Any] = {
+                "type": "message",
+                "message": {"role": "user", "content": [{"type": "text", "text": text(30)}]},
+            }
+        elif kind in (1, 3, 6, 8):
+            payload = {
+                "type": "message",
+                "message": {
+                    "role": "assistant",
+                    "content": [
+                        {"type": "text", "text": text(rng.randrange(20, 200))},
+                        {"type": "toolCall", "id": f"t{i}", "name": "bash", "arguments": {}},
+                    ],
+                    "model": "claude-sonnet-4",
+                    "usage": {"input": rng.randrange(10**5), "output": rng.randrange(10**3)},
+                },
+            }
+        elif kind in (2, 4, 7):
+            payload = {
+                "type": "message",
+                "message": {
+                    "role": "toolResult",
+                    "toolCallId": f"t{i}",
+                    "toolName": "bash",
+                    "content": [{"type": "text", "text": text(rng.randrange(20, 500))}],
+                },
+            }
+        elif i % 20 == 9:
+            payload = {"type": "model_change", "provider": "anthropic", "modelId": "claude-4"}
+        else:
+            payload = {"type": "custom", "customType": "bench", "data": {"k": text(5)}}
+        payload["id"] = "@ID@"
+        payload["timestamp"] = "2026-11-01T00:00:00Z"
+        out.append((payload["type"], orjson.dumps(payload)))
+    return out
+
+
+def copy_text(value: bytes) -> bytes:
+    """Escape for COPY's text format (orjson output holds no raw tab or newline)."""
+    return value.replace(b"\\", b"\\\\")
+
+
+def blob_hash(i: int) -> str:
+    return hashlib.sha256(f"scale blob {i}".encode()).hexdigest()
+
+
+def fill(url: str, blob_root: Path, events: int, sessions: int, seed: int = 5) -> None:
+    """COPY sessions, events, blobs and manifest rows; write the blob files."""
+    rng = random.Random(seed)
+    tpl = templates(rng)
+    ids = [str(uuid.UUID(int=rng.getrandbits(128))) for _ in range(sessions)]
+    span = timedelta(days=DAYS).total_seconds()
+    created = sorted(EPOCH + timedelta(seconds=rng.random() * span) for _ in ids)
+    referenced = max(1, events // 200)
+    old = datetime.now(UTC) - timedelta(days=1)
+    heads = [0] * sessions
+    with psycopg.connect(url) as conn:
+        with conn.cursor().copy(
+            "COPY sessions (id, tenant_id, head_seq, created_at, updated_at) FROM STDIN"
+        ) as cp:
+            for i, sid in enumerate(ids):
+                # head_seq is fixed below, after the events are known
+                cp.write_row((sid, TENANTS[i % len(TENANTS)], 0, created[i], created[i]))
+        buf = io.BytesIO()
+        with conn.cursor().copy(
+            "COPY events (position, session_id, seq, type, payload, recorded_at) FROM STDIN"
+        ) as cp:
+            for p in range(1, events + 1):
+                s = rng.randrange(sessions)
+                heads[s] += 1
+                kind, body = tpl[p % len(tpl)]
+                when = EPOCH + timedelta(seconds=span * p / events)
+                row = b"\t".join(
+                    (
+                        str(p).encode(),
+                        ids[s].encode(),
+                        str(heads[s]).encode(),
+                        kind.encode(),
+                        copy_text(body.replace(b"@ID@", f"{p:012x}".encode())),
+                        when.isoformat().encode(),
+                    )
+                )
+                buf.write(row + b"\n")
+                if buf.tell() > 1 << 20:
+                    cp.write(buf.getvalue())
+                    buf = io.BytesIO()
+            cp.write(buf.getvalue())
+        # where each event went: manifest rows need (position, session) pairs; recompute
+        conn.execute(
+            "SELECT setval(pg_get_serial_sequence('events', 'position'), %s)", (events,)
+        )
+        with conn.cursor().copy(
+            "COPY blobs (hash, size, stored_size, codec, created_at, last_written_at) FROM STDIN"
+        ) as cp:
+            for i in range(referenced + CANDIDATES):
+                cp.write_row((blob_hash(i), 1, 1, "identity", old, old))
+        conn.execute(
+            "INSERT INTO blob_refs (position, session_id, pointer, hash, size, encoding) "
+            "SELECT position, session_id, '/message/content/1/data', "
+            "encode(sha256(convert_to('scale blob ' || ((position / 20) %% %s), 'UTF8')), "
+            "'hex'), 1, 'base64' FROM events WHERE position %% 20 = 0",
+            (referenced,),
+        )
+        conn.execute(
+            "UPDATE sessions s SET head_seq = e.head FROM (SELECT session_id, max(seq) AS head "
+            "FROM events GROUP BY session_id) e WHERE s.id = e.session_id"
+        )
+        conn.commit()
+    for i in range(referenced + CANDIDATES):
+        h = blob_hash(i)
+        directory = blob_root / h[0:2] / h[2:4]
+        directory.mkdir(parents=True, exist_ok=True)
+        (directory / f"{h}.blob").write_bytes(b"x")
+
+
+def median_of(repeats: int, fn: Callable[[], object]) -> float:
+    fn()  # warm-up: imports, prepared statements, caches
+    times = []
+    for _ in range(repeats):
+        started = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - started)
+    return statistics.median(times)
+
+
+def measure(url: str, root: Path, events: int, sessions: int, repeats: int) -> dict[str, float]:
+    blob_root = root / "blobs"
+    settings = Settings(data_dir=root, database_url=url, blob_url=blob_root.as_uri())
+    out: dict[str, float] = {}
+    with SessionStore.from_settings(settings) as store:
+        big = store.journal.create_session(tenant_id=TENANTS[0], title="200 turns")
+        first, _ = split(workload_session(200))
+        for i in range(0, len(first), 100):
+            store.append(big.id, first[i : i + 100])
+        with psycopg.connect(url.replace("+psycopg", ""), autocommit=True) as conn:
+            conn.execute("VACUUM ANALYZE")
+            row = conn.execute(
+                "SELECT created_at, id FROM sessions ORDER BY created_at, id OFFSET %s LIMIT 1",
+                (sessions // 2,),
+            ).fetchone()
+        assert row is not None
+        deep = _encode_cursor(row[0], row[1])
+        targets = [s.id for s in store.list_sessions(limit=100).items]
+        lat = []
+        for i in range(100):
+            started = time.perf_counter()
+            store.append(targets[i % len(targets)], [{"type": "custom", "id": f"a{i}"}])
+            lat.append(time.perf_counter() - started)
+        out["append p50"] = statistics.median(lat)
+        store.state(big.id)  # the first call may write a snapshot; measure what follows
+        out["state() 200 turns"] = median_of(repeats, lambda: store.state(big.id))
+        out["list_sessions first page"] = median_of(repeats, lambda: store.list_sessions())
+        out["list_sessions deep cursor"] = median_of(
+            repeats, lambda: store.list_sessions(cursor=deep)
+        )
+        since = EPOCH + timedelta(days=DAYS / 2)
+        out["events --since page"] = median_of(
+            repeats, lambda: store.list_events(EventFilter(since=since), limit=100)
+        )
+        out["stats"] = median_of(repeats, lambda: store.stats())
+        started = time.perf_counter()
+        report = store.gc_blobs(apply=True, grace=3600)
+        out["GC 1,000 candidates"] = time.perf_counter() - started
+        out["gc_deleted"] = float(getattr(report, "deleted", getattr(report, "blobs_deleted", -1)))
+    return out
+
+
+def run_size(events: int, sessions: int, repeats: int) -> dict[str, float]:
+    name = f"scale_{uuid.uuid4().hex[:8]}"
+    with psycopg.connect(ADMIN, autocommit=True) as admin:
+        admin.execute(f'CREATE DATABASE "{name}"')
+    url = f"postgresql+psycopg://postgres@127.0.0.1:5432/{name}"
+    try:
+        upgrade(url)
+        with tempfile.TemporaryDirectory(prefix="scale-") as tmp:
+            root = Path(tmp)
+            started = time.perf_counter()
+            fill(url.replace("+psycopg", ""), root / "blobs", events, sessions)
+            print(f"  filled {events:,} events in {time.perf_counter() - started:.0f} s", flush=True)
+            result = measure(url, root, events, sessions, repeats)
+            result["load"] = os.getloadavg()[0]
+            return result
+    finally:
+        with psycopg.connect(ADMIN, autocommit=True) as admin:
+            admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sizes", default="10000:1000,100000:5000,1000000:20000")
+    parser.add_argument("--repeats", type=int, default=5)
+    args = parser.parse_args()
+    sizes = [tuple(int(x) for x in s.split(":")) for s in args.sizes.split(",")]
+    results = []
+    for events, sessions in sizes:
+        print(f"size {events:,} events / {sessions:,} sessions", flush=True)
+        r = run_size(events, sessions, args.repeats)
+        print("  " + ", ".join(f"{k} {v * 1e3:.1f} ms" for k, v in r.items() if k[0] != "g"))
+        results.append((events, sessions, r))
+    base = results[0][2]
+    metrics = [k for k in base if k not in ("load", "gc_deleted")]
+    head = " | ".join(f"{e:,} ev / {s:,} sessions" for e, s, _ in results)
+    print(f"\n| operation | {head} | ratio at the largest |")
+    print("|---|" + "---|" * (len(results) + 1))
+    for m in metrics:
+        cells = " | ".join(
+            f"{r[m] * 1e3:.1f} ms ({r[m] / base[m]:.2f}x)" for _, _, r in results
+        )
+        print(f"| {m} | {cells} | **{results[-1][2][m] / base[m]:.2f}x** |")
+    loads = " / ".join(f"{r['load']:.1f}" for _, _, r in results)
+    deleted = " / ".join(f"{r['gc_deleted']:.0f}" for _, _, r in results)
+    print(f"\nload average at the end of each size: {loads}; GC deleted {deleted}")
+
+
+if __name__ == "__main__":
+    main()
