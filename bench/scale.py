@@ -39,8 +39,8 @@ from bench.peers.workload import session as workload_session
 from bench.peers.workload import split
 from core import SessionStore, Settings
 from core.journal.journal import _encode_cursor
-from core.query.analytics import EventFilter
 from core.migrate import upgrade
+from core.query.analytics import EventFilter
 
 ADMIN = "postgresql://postgres@127.0.0.1:5432/postgres"
 CANDIDATES = 1000
@@ -148,9 +148,7 @@ def fill(url: str, blob_root: Path, events: int, sessions: int, seed: int = 5) -
                     buf = io.BytesIO()
             cp.write(buf.getvalue())
         # where each event went: manifest rows need (position, session) pairs; recompute
-        conn.execute(
-            "SELECT setval(pg_get_serial_sequence('events', 'position'), %s)", (events,)
-        )
+        conn.execute("SELECT setval(pg_get_serial_sequence('events', 'position'), %s)", (events,))
         with conn.cursor().copy(
             "COPY blobs (hash, size, stored_size, codec, created_at, last_written_at) FROM STDIN"
         ) as cp:
@@ -238,7 +236,9 @@ def run_size(events: int, sessions: int, repeats: int) -> dict[str, float]:
             root = Path(tmp)
             started = time.perf_counter()
             fill(url.replace("+psycopg", ""), root / "blobs", events, sessions)
-            print(f"  filled {events:,} events in {time.perf_counter() - started:.0f} s", flush=True)
+            print(
+                f"  filled {events:,} events in {time.perf_counter() - started:.0f} s", flush=True
+            )
             result = measure(url, root, events, sessions, repeats)
             result["load"] = os.getloadavg()[0]
             return result
@@ -265,9 +265,7 @@ def main() -> None:
     print(f"\n| operation | {head} | ratio at the largest |")
     print("|---|" + "---|" * (len(results) + 1))
     for m in metrics:
-        cells = " | ".join(
-            f"{r[m] * 1e3:.1f} ms ({r[m] / base[m]:.2f}x)" for _, _, r in results
-        )
+        cells = " | ".join(f"{r[m] * 1e3:.1f} ms ({r[m] / base[m]:.2f}x)" for _, _, r in results)
         print(f"| {m} | {cells} | **{results[-1][2][m] / base[m]:.2f}x** |")
     loads = " / ".join(f"{r['load']:.1f}" for _, _, r in results)
     deleted = " / ".join(f"{r['gc_deleted']:.0f}" for _, _, r in results)

@@ -63,9 +63,7 @@ SYSTEMS = (
     System("ours", "this project (SessionStore, PostgreSQL)", "sessionstore", None),
     System("es", "eventsourcing 9.5.6 (aggregate)", "eventsourcing_peer", "eventsourcing"),
     System("lg", "LangGraph 1.2.22 PostgresSaver", "langgraph_peer", "langgraph", (), ("plain",)),
-    System(
-        "lgd", "LangGraph 1.2.22 DeltaChannel", "langgraph_peer", "langgraph", (), ("delta",)
-    ),
+    System("lgd", "LangGraph 1.2.22 DeltaChannel", "langgraph_peer", "langgraph", (), ("delta",)),
     System(
         "adk",
         "Google ADK 2.13.0 DatabaseSessionService",
@@ -151,9 +149,7 @@ class Samples:
         self.values.setdefault(metric, []).append(value)
 
 
-def one_round(
-    system: System, workload: Path, expected: dict[str, Any], samples: Samples
-) -> None:
+def one_round(system: System, workload: Path, expected: dict[str, Any], samples: Samples) -> None:
     for op in ("single",):
         name = create_db()
         try:
@@ -263,7 +259,9 @@ def report(
             continue
         v = s.values
         checks = "all " + str(len(s.checks)) + " ok" if set(s.checks) == {"ok"} else s.checks
-        batch = fmt_rate(v.get("batch")) if system.batch else f"no batch ({fmt_rate(v.get('batch'))})"
+        batch = (
+            fmt_rate(v.get("batch")) if system.batch else f"no batch ({fmt_rate(v.get('batch'))})"
+        )
         lines.append(
             f"| {system.label} | {fmt_rate(v.get('single'))} | {batch} "
             f"| {fmt_mb(v.get('storage'), raw200)} | {fmt_mb(v.get('growth'), raw_growth)} "
@@ -279,13 +277,23 @@ def targets(results: dict[str, Samples]) -> list[str]:
         s = results.get(key)
         return s.values.get(metric) if s else None
 
-    peers_single = [
-        (med(x), k) for k in ("es", "lg", "lgd", "adk") if (x := v(k, "single"))
-    ]
+    peers_single = [(med(x), k) for k in ("es", "lg", "lgd", "adk") if (x := v(k, "single"))]
     best = max(peers_single) if peers_single else (float("nan"), "-")
     rows = [
-        ("batch-100 vs LangGraph DeltaChannel", ratio(v("ours", "batch"), v("lgd", "batch")), ">= 1.0x", 1.0, True),
-        ("batch-100 vs raw floor", ratio(v("ours", "batch"), v("raw", "batch")), ">= 0.85x", 0.85, True),
+        (
+            "batch-100 vs LangGraph DeltaChannel",
+            ratio(v("ours", "batch"), v("lgd", "batch")),
+            ">= 1.0x",
+            1.0,
+            True,
+        ),
+        (
+            "batch-100 vs raw floor",
+            ratio(v("ours", "batch"), v("raw", "batch")),
+            ">= 0.85x",
+            0.85,
+            True,
+        ),
         (
             f"single vs best peer ({best[1]})",
             (med(v("ours", "single") or [float("nan")]) / best[0]),
@@ -293,8 +301,20 @@ def targets(results: dict[str, Samples]) -> list[str]:
             3.0,
             True,
         ),
-        ("rebuild (fresh) vs DeltaChannel", ratio(v("ours", "rebuild_first"), v("lgd", "rebuild_first")), "<= 1.0x", 1.0, False),
-        ("rebuild (warm) vs DeltaChannel", ratio(v("ours", "rebuild_warm"), v("lgd", "rebuild_warm")), "<= 1.0x", 1.0, False),
+        (
+            "rebuild (fresh) vs DeltaChannel",
+            ratio(v("ours", "rebuild_first"), v("lgd", "rebuild_first")),
+            "<= 1.0x",
+            1.0,
+            False,
+        ),
+        (
+            "rebuild (warm) vs DeltaChannel",
+            ratio(v("ours", "rebuild_warm"), v("lgd", "rebuild_warm")),
+            "<= 1.0x",
+            1.0,
+            False,
+        ),
     ]
     out = [
         "| target | ratio of medians | target | met |",
