@@ -23,7 +23,9 @@ class Settings(BaseSettings):
         "Default: SQLite in the data dir.",
     )
     blob_url: str | None = Field(
-        default=None, description="The blob store (file:///…). Default: file:// in the data dir."
+        default=None,
+        description="The blob store: file:///… or s3://bucket/prefix (the AWS_* variables "
+        "configure S3). Default: file:// in the data dir.",
     )
     artifact_root: Path | None = Field(
         default=None, description="The artifact directories. Default: in the data dir."
@@ -151,8 +153,10 @@ class Settings(BaseSettings):
             raise ValueError(
                 f"database_url must be sqlite:///… or postgresql+psycopg://…, got {url!r}"
             )
-        if not self.resolved_blob_url.startswith("file://"):
-            raise ValueError(f"blob_url must be file:///…, got {self.resolved_blob_url!r}")
+        if not self.resolved_blob_url.startswith(("file://", "s3://")):
+            raise ValueError(
+                f"blob_url must be file:///… or s3://bucket/prefix, got {self.resolved_blob_url!r}"
+            )
         return self
 
     @property

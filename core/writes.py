@@ -7,6 +7,7 @@ Shared step for step by the library (``SessionStore.append``) and the queue (the
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -14,6 +15,7 @@ from core.blobs.externalize import PersistedBatch, Persister, missing_ref_error
 from core.blobs.store import BlobStore
 from core.errors import BlobsMissing
 from core.journal import Journal, check_batch
+from core.metrics import metrics
 from core.records import AppendResult, PreparedEvent
 from core.settings import Settings
 
@@ -55,6 +57,24 @@ class Writer:
         *,
         expected_seq: int | None = None,
         idempotency_key: str | None = None,
+    ) -> AppendResult:
+        started = time.perf_counter()
+        result = self._append(
+            session_id, events, expected_seq=expected_seq, idempotency_key=idempotency_key
+        )
+        observed = metrics()
+        observed.append_seconds.observe(time.perf_counter() - started)
+        if not result.replayed:
+            observed.events_appended.inc(result.last_seq - result.first_seq + 1)
+        return result
+
+    def _append(
+        self,
+        session_id: str,
+        events: Sequence[Any],
+        *,
+        expected_seq: int | None,
+        idempotency_key: str | None,
     ) -> AppendResult:
         encoded = self.validate(events)
         plan = self.persister.plan(events, encoded)

@@ -180,6 +180,13 @@ def celery_config(settings: Settings) -> dict[str, Any]:
     }
 
 
+def check_broker(app: Celery) -> str:
+    """Connect to the app's broker once (no retries): a health check."""
+    with app.connection_for_write() as conn:
+        conn.ensure_connection(max_retries=1)
+        return f"broker {conn.as_uri()} answers"
+
+
 def create_app(settings: Settings | None = None) -> Celery:
     """A new app; ``settings`` defaults to ``Settings()`` read when first configured."""
     # Task modules register (shared_task) before any app finalizes; imported here, not at

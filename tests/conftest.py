@@ -151,3 +151,43 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     keep = [item for item in items if item.get_closest_marker("smoke")]
     config.hook.pytest_deselected(items=[item for item in items if item not in keep])
     items[:] = keep
+
+
+@pytest.fixture(scope="session")
+def s3_endpoint() -> Iterator[str]:
+    """A real S3 HTTP API: moto's server mode in a thread, for the whole run (no mocks
+    in-process: clients talk HTTP to it). The standard AWS variables point at it."""
+    from moto.server import ThreadedMotoServer
+
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    endpoint = f"http://{host}:{port}"
+    saved = {k: os.environ.get(k) for k in _AWS_TEST_ENV}
+    os.environ.update({**_AWS_TEST_ENV, "AWS_ENDPOINT_URL": endpoint})
+    yield endpoint
+    for key, value in saved.items():
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
+    server.stop()
+
+
+_AWS_TEST_ENV = {
+    "AWS_ACCESS_KEY_ID": "test",
+    "AWS_SECRET_ACCESS_KEY": "test",
+    "AWS_REGION": "us-east-1",
+    "AWS_ALLOW_HTTP": "true",
+    "AWS_ENDPOINT_URL": "",
+}
+
+
+@pytest.fixture
+def s3_bucket(s3_endpoint: str) -> str:
+    """A fresh, empty bucket on the moto server; returns ``s3://<bucket>``."""
+    import urllib.request
+
+    name = f"t-{uuid.uuid4().hex[:16]}"
+    urllib.request.urlopen(urllib.request.Request(f"{s3_endpoint}/{name}", method="PUT"))
+    return f"s3://{name}"

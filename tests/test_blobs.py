@@ -10,13 +10,16 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import obstore
 import pytest
 from sqlalchemy import Engine
 
+from core.blobs.objects import ObjectBlobStore
 from core.blobs.store import (
     BLOB_REF_PREFIX,
     BlobIndex,
     BlobStore,
+    Codec,
     FileBlobStore,
     encode_blob,
     is_valid_hash,
@@ -53,6 +56,42 @@ def stored_files(store: FileBlobStore) -> list[Path]:
     return sorted(p for p in store.root.rglob("*") if p.is_file())
 
 
+class RawObjects:
+    """Direct access to what a backend stored, bypassing the store: to inspect its layout
+    and to corrupt it. Keys are ``ab/cd/<hash><suffix>`` on every backend."""
+
+    def __init__(self, store: BlobStore) -> None:
+        self.store = store
+
+    def key(self, blob_hash: str, codec: Codec) -> str:
+        if isinstance(self.store, FileBlobStore):
+            return self.store.path_for(blob_hash, codec).relative_to(self.store.root).as_posix()
+        assert isinstance(self.store, ObjectBlobStore)
+        return self.store.key_for(blob_hash, codec)
+
+    def keys(self) -> list[str]:
+        if isinstance(self.store, FileBlobStore):
+            return [p.relative_to(self.store.root).as_posix() for p in stored_files(self.store)]
+        assert isinstance(self.store, ObjectBlobStore)
+        return sorted(m["path"] for page in obstore.list(self.store.store) for m in page)
+
+    def read(self, blob_hash: str, codec: Codec) -> bytes:
+        if isinstance(self.store, FileBlobStore):
+            return self.store.path_for(blob_hash, codec).read_bytes()
+        assert isinstance(self.store, ObjectBlobStore)
+        key = self.store.key_for(blob_hash, codec)
+        return bytes(obstore.get(self.store.store, key).bytes())
+
+    def write(self, key: str, data: bytes) -> None:
+        if isinstance(self.store, FileBlobStore):
+            path = self.store.root / key
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_bytes(data)
+            return
+        assert isinstance(self.store, ObjectBlobStore)
+        obstore.put(self.store.store, key, data)
+
+
 class BlobStoreContract:
     """Each backend supplies ``blob_store``; the tests below are the contract."""
 
@@ -69,6 +108,10 @@ class BlobStoreContract:
     @pytest.fixture
     def blob_store(self, engine: Engine, tmp_path: Path) -> BlobStore:
         raise NotImplementedError
+
+    @pytest.fixture
+    def raw(self, blob_store: BlobStore) -> RawObjects:
+        return RawObjects(blob_store)
 
     # round trips and layout -------------------------------------------------------------
 
@@ -93,18 +136,14 @@ class BlobStoreContract:
         assert blob_store.get(result.hash) == data
         assert blob_store.exists(result.hash)
 
-    def test_file_layout_and_gzip_encoding(self, blob_store: BlobStore) -> None:
-        assert isinstance(blob_store, FileBlobStore)
+    def test_layout_and_gzip_encoding(self, blob_store: BlobStore, raw: RawObjects) -> None:
         text, image = blob_store.put(TEXT), blob_store.put(png_like())
-        h = text.hash
-        gz = blob_store.root / h[0:2] / h[2:4] / f"{h}.blob.gz"
-        assert gz.is_file()
-        assert gzip.decompress(gz.read_bytes()) == TEXT
-        assert text.stored_size == gz.stat().st_size < len(TEXT)
-        h = image.hash
-        assert (blob_store.root / h[0:2] / h[2:4] / f"{h}.blob").is_file()
-        assert stored_files(blob_store) == sorted(
-            [gz, blob_store.root / h[0:2] / h[2:4] / f"{h}.blob"]
+        t, i = text.hash, image.hash
+        stored = raw.read(t, "gzip")
+        assert gzip.decompress(stored) == TEXT
+        assert text.stored_size == len(stored) < len(TEXT)
+        assert raw.keys() == sorted(
+            [f"{t[0:2]}/{t[2:4]}/{t}.blob.gz", f"{i[0:2]}/{i[2:4]}/{i}.blob"]
         )
 
     def test_codec_needs_ten_percent_saving(self) -> None:
@@ -125,13 +164,12 @@ class BlobStoreContract:
 
     # dedup and re-put -------------------------------------------------------------------
 
-    def test_identical_content_is_one_blob(self, blob_store: BlobStore) -> None:
-        assert isinstance(blob_store, FileBlobStore)
+    def test_identical_content_is_one_blob(self, blob_store: BlobStore, raw: RawObjects) -> None:
         first = blob_store.put(TEXT)
         again = blob_store.put_many([TEXT, TEXT, b"other"])
         assert [r.hash for r in again] == [first.hash, first.hash, sha256_hex(b"other")]
         assert [r.written for r in again] == [False, False, True]
-        assert len(stored_files(blob_store)) == 2
+        assert len(raw.keys()) == 2
         assert blob_store.stats().blob_count == 2
 
     def test_every_put_refreshes_last_written_at(self, blob_store: BlobStore) -> None:
@@ -189,13 +227,11 @@ class BlobStoreContract:
         info = blob_store.info(h)
         assert info is not None and info.stored_size == result.stored_size
 
-    def test_remove_file_and_iter_files(self, blob_store: BlobStore) -> None:
-        assert isinstance(blob_store, FileBlobStore)
+    def test_remove_file_and_iter_files(self, blob_store: BlobStore, raw: RawObjects) -> None:
         assert list(blob_store.iter_files()) == []
         a, b = blob_store.put(TEXT), blob_store.put(png_like())
-        junk = blob_store.root / a.hash[0:2] / a.hash[2:4] / ".tmp-leftover.part"
-        junk.write_bytes(b"partial")
-        (blob_store.root / "README").write_text("not a blob")
+        raw.write(f"{a.hash[0:2]}/{a.hash[2:4]}/.tmp-leftover.part", b"partial")
+        raw.write("README", b"not a blob")
         files = {f.hash: f for f in blob_store.iter_files()}
         assert set(files) == {a.hash, b.hash}
         assert (files[a.hash].codec, files[b.hash].codec) == ("gzip", "identity")
@@ -206,7 +242,95 @@ class BlobStoreContract:
         with pytest.raises(BlobNotFound):
             blob_store.get(a.hash)
 
-    # durability ---------------------------------------------------------------------------
+    # corruption -------------------------------------------------------------------------
+
+    @pytest.mark.parametrize("data", [TEXT, png_like()], ids=["gzip", "identity"])
+    def test_flipped_bytes_are_detected(
+        self, blob_store: BlobStore, raw: RawObjects, data: bytes
+    ) -> None:
+        result = blob_store.put(data)
+        h, key = result.hash, raw.key(result.hash, result.codec)
+        good = raw.read(h, result.codec)
+        for where in (0, len(good) // 2, len(good) - 1):
+            flipped = bytearray(good)
+            flipped[where] ^= 0xFF
+            raw.write(key, bytes(flipped))
+            with pytest.raises(BlobCorrupted) as caught:
+                blob_store.get(h)
+            assert caught.value.blob_hash == h
+        raw.write(key, good)
+        assert blob_store.get(h) == data
+
+    def test_truncated_and_substituted_files_are_detected(
+        self, blob_store: BlobStore, raw: RawObjects
+    ) -> None:
+        h = blob_store.put(TEXT).hash
+        key = raw.key(h, "gzip")
+        raw.write(key, raw.read(h, "gzip")[:-40])
+        with pytest.raises(BlobCorrupted):
+            blob_store.get(h)
+        raw.write(key, zlib.compress(b"some other content", 6, wbits=31))
+        with pytest.raises(BlobCorrupted, match="does not match its hash"):
+            blob_store.get(h)
+
+    # invariant 9: hashes are validated before any path is built -------------------------
+
+    def test_bad_hashes_never_reach_the_storage(
+        self, blob_store: BlobStore, raw: RawObjects, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        touched: list[str] = []
+        for name in ("_find", "_read", "_write"):
+            monkeypatch.setattr(blob_store, name, lambda *a, n=name: touched.append(n))
+        for bad in BAD_HASHES:
+            calls = {
+                "get": lambda: blob_store.get(bad),  # noqa: B023
+                "exists": lambda: blob_store.exists(bad),  # noqa: B023
+                "info": lambda: blob_store.info(bad),  # noqa: B023
+                "remove_file": lambda: blob_store.remove_file(bad),  # noqa: B023
+                "refresh": lambda: blob_store.refresh([GOOD, bad]),  # noqa: B023
+                "key": lambda: raw.key(bad, "gzip"),  # noqa: B023
+                "make_ref": lambda: make_ref(bad),  # noqa: B023
+            }
+            for what, call in calls.items():
+                with pytest.raises(InvalidBlobHash):
+                    call()
+                    pytest.fail(f"{what}({bad!r}) was accepted")
+            assert parse_ref(BLOB_REF_PREFIX + bad) is None, bad
+        assert touched == []
+        assert raw.keys() == []
+
+    def test_put_many_of_nothing(self, blob_store: BlobStore) -> None:
+        assert blob_store.put_many([]) == []
+
+    def test_unknown_blob(self, blob_store: BlobStore) -> None:
+        with pytest.raises(BlobNotFound):
+            blob_store.get(GOOD)
+        assert blob_store.exists(GOOD) is False
+        assert blob_store.info(GOOD) is None
+
+    def test_unregistered_file_does_not_exist(self, blob_store: BlobStore, engine: Engine) -> None:
+        h = blob_store.put(TEXT).hash
+        with engine.begin() as conn:
+            conn.execute(BlobRow.__table__.delete())  # type: ignore[attr-defined]
+        assert blob_store.exists(h) is False
+
+    # stats ------------------------------------------------------------------------------
+
+    def test_stats_report_sizes_and_compression(self, blob_store: BlobStore) -> None:
+        empty = blob_store.stats()
+        assert (empty.blob_count, empty.raw_bytes, empty.stored_bytes) == (0, 0, 0)
+        text, image = blob_store.put(TEXT), blob_store.put(png_like(1000))
+        blob_store.put(TEXT)
+        stats = blob_store.stats()
+        assert stats.blob_count == 2
+        assert stats.raw_bytes == len(TEXT) + image.size
+        assert stats.stored_bytes == text.stored_size + image.stored_size
+        assert stats.saved_by_compression == len(TEXT) - text.stored_size > 0
+        assert stats.saved_by_dedup == 0  # nothing references them yet (see test_persist)
+
+
+class FileDurability:
+    """What only the file backend has: temporary file, fsync, rename, directory fsync."""
 
     def test_write_is_temp_fsync_rename_then_dir_fsync(
         self, blob_store: BlobStore, monkeypatch: pytest.MonkeyPatch
@@ -246,93 +370,8 @@ class BlobStoreContract:
         assert stored_files(blob_store) == []
         assert blob_store.info(sha256_hex(TEXT)) is None  # never registered without a file
 
-    # corruption -------------------------------------------------------------------------
 
-    @pytest.mark.parametrize("data", [TEXT, png_like()], ids=["gzip", "identity"])
-    def test_flipped_bytes_are_detected(self, blob_store: BlobStore, data: bytes) -> None:
-        assert isinstance(blob_store, FileBlobStore)
-        h = blob_store.put(data).hash
-        [path] = stored_files(blob_store)
-        good = path.read_bytes()
-        for where in (0, len(good) // 2, len(good) - 1):
-            raw = bytearray(good)
-            raw[where] ^= 0xFF
-            path.write_bytes(bytes(raw))
-            with pytest.raises(BlobCorrupted) as caught:
-                blob_store.get(h)
-            assert caught.value.blob_hash == h
-        path.write_bytes(good)
-        assert blob_store.get(h) == data
-
-    def test_truncated_and_substituted_files_are_detected(self, blob_store: BlobStore) -> None:
-        assert isinstance(blob_store, FileBlobStore)
-        h = blob_store.put(TEXT).hash
-        path = blob_store.path_for(h, "gzip")
-        path.write_bytes(path.read_bytes()[:-40])
-        with pytest.raises(BlobCorrupted):
-            blob_store.get(h)
-        path.write_bytes(zlib.compress(b"some other content", 6, wbits=31))
-        with pytest.raises(BlobCorrupted, match="does not match its hash"):
-            blob_store.get(h)
-
-    # invariant 9: hashes are validated before any path is built -------------------------
-
-    def test_bad_hashes_never_reach_the_filesystem(
-        self, blob_store: BlobStore, monkeypatch: pytest.MonkeyPatch
-    ) -> None:
-        assert isinstance(blob_store, FileBlobStore)
-        touched: list[str] = []
-        for name in ("_find", "_read", "_write"):
-            monkeypatch.setattr(blob_store, name, lambda *a, n=name: touched.append(n))
-        for bad in BAD_HASHES:
-            calls = {
-                "get": lambda: blob_store.get(bad),  # noqa: B023
-                "exists": lambda: blob_store.exists(bad),  # noqa: B023
-                "info": lambda: blob_store.info(bad),  # noqa: B023
-                "remove_file": lambda: blob_store.remove_file(bad),  # noqa: B023
-                "refresh": lambda: blob_store.refresh([GOOD, bad]),  # noqa: B023
-                "path_for": lambda: blob_store.path_for(bad, "gzip"),  # noqa: B023
-                "make_ref": lambda: make_ref(bad),  # noqa: B023
-            }
-            for what, call in calls.items():
-                with pytest.raises(InvalidBlobHash):
-                    call()
-                    pytest.fail(f"{what}({bad!r}) was accepted")
-            assert parse_ref(BLOB_REF_PREFIX + bad) is None, bad
-        assert touched == []
-        assert not blob_store.root.exists()
-
-    def test_put_many_of_nothing(self, blob_store: BlobStore) -> None:
-        assert blob_store.put_many([]) == []
-
-    def test_unknown_blob(self, blob_store: BlobStore) -> None:
-        with pytest.raises(BlobNotFound):
-            blob_store.get(GOOD)
-        assert blob_store.exists(GOOD) is False
-        assert blob_store.info(GOOD) is None
-
-    def test_unregistered_file_does_not_exist(self, blob_store: BlobStore, engine: Engine) -> None:
-        h = blob_store.put(TEXT).hash
-        with engine.begin() as conn:
-            conn.execute(BlobRow.__table__.delete())  # type: ignore[attr-defined]
-        assert blob_store.exists(h) is False
-
-    # stats ------------------------------------------------------------------------------
-
-    def test_stats_report_sizes_and_compression(self, blob_store: BlobStore) -> None:
-        empty = blob_store.stats()
-        assert (empty.blob_count, empty.raw_bytes, empty.stored_bytes) == (0, 0, 0)
-        text, image = blob_store.put(TEXT), blob_store.put(png_like(1000))
-        blob_store.put(TEXT)
-        stats = blob_store.stats()
-        assert stats.blob_count == 2
-        assert stats.raw_bytes == len(TEXT) + image.size
-        assert stats.stored_bytes == text.stored_size + image.stored_size
-        assert stats.saved_by_compression == len(TEXT) - text.stored_size > 0
-        assert stats.saved_by_dedup == 0  # nothing references them yet (see test_persist)
-
-
-class TestFileBlobStoreOnSQLite(BlobStoreContract):
+class TestFileBlobStoreOnSQLite(BlobStoreContract, FileDurability):
     @pytest.fixture
     def url(self, sqlite_url: str) -> str:
         return sqlite_url
@@ -342,7 +381,7 @@ class TestFileBlobStoreOnSQLite(BlobStoreContract):
         return FileBlobStore(tmp_path / "blobs", BlobIndex(engine))
 
 
-class TestFileBlobStoreOnPostgres(BlobStoreContract):
+class TestFileBlobStoreOnPostgres(BlobStoreContract, FileDurability):
     @pytest.fixture
     def url(self, pg_url: str) -> str:
         return pg_url
@@ -352,6 +391,28 @@ class TestFileBlobStoreOnPostgres(BlobStoreContract):
         return FileBlobStore(tmp_path / "blobs", BlobIndex(engine))
 
 
+class TestObjectBlobStoreOnSQLite(BlobStoreContract):
+    """s3:// against moto's S3 server (real HTTP)."""
+
+    @pytest.fixture
+    def url(self, sqlite_url: str) -> str:
+        return sqlite_url
+
+    @pytest.fixture
+    def blob_store(self, engine: Engine, s3_bucket: str) -> BlobStore:
+        return open_blob_store(f"{s3_bucket}/blobs", engine)
+
+
+class TestObjectBlobStoreOnPostgres(BlobStoreContract):
+    @pytest.fixture
+    def url(self, pg_url: str) -> str:
+        return pg_url
+
+    @pytest.fixture
+    def blob_store(self, engine: Engine, s3_bucket: str) -> BlobStore:
+        return open_blob_store(f"{s3_bucket}/blobs", engine)
+
+
 def test_ref_helpers() -> None:
     assert is_valid_hash(GOOD) and not is_valid_hash(GOOD.upper()) and not is_valid_hash(None)
     assert parse_ref(make_ref(GOOD)) == GOOD
@@ -359,12 +420,12 @@ def test_ref_helpers() -> None:
     assert parse_ref("blob:sha256:" + GOOD + " ") is None
 
 
-def test_blob_url_must_be_file(tmp_path: Path) -> None:
+def test_blob_url_must_be_file_or_s3(tmp_path: Path) -> None:
     engine = make_engine(f"sqlite:///{tmp_path / 'j.db'}")
     try:
         store = open_blob_store((tmp_path / "b").as_uri(), engine)
         assert isinstance(store, FileBlobStore) and store.root == tmp_path / "b"
-        for url in ("s3://bucket/x", "file://otherhost/x"):
+        for url in ("gs://bucket/x", "file://otherhost/x", "http://example/x"):
             with pytest.raises(BlobError):
                 open_blob_store(url, engine)
     finally:

@@ -25,6 +25,7 @@ from core.blobs.externalize import parse_pointer, set_at_pointer
 from core.blobs.store import BLOB_REF_PREFIX, BlobStore
 from core.errors import BlobCorrupted, BlobNotFound, InvalidBlobHash
 from core.journal import Journal
+from core.metrics import metrics
 from core.records import BlobEncoding, ManifestEntry, StoredEvent
 
 log = logging.getLogger(__name__)
@@ -52,14 +53,17 @@ def _fetch(blobs: BlobStore, entry: ManifestEntry, where: _Where) -> str | None:
         data = blobs.get(entry.hash)
     except BlobNotFound:
         log.warning("blob missing on rehydrate; keeping the ref", extra=extra)
+        metrics().rehydrate_misses.labels("missing").inc()
         return None
     except (BlobCorrupted, InvalidBlobHash) as exc:
         log.error("blob unreadable on rehydrate; keeping the ref: %s", exc, extra=extra)
+        metrics().rehydrate_misses.labels("corrupt").inc()
         return None
     try:
         return decode_value(data, entry.encoding)
     except UnicodeDecodeError:
         log.error("utf8 blob is not UTF-8; keeping the ref", extra=extra)
+        metrics().rehydrate_misses.labels("corrupt").inc()
         return None
 
 

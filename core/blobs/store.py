@@ -38,6 +38,7 @@ from sqlalchemy.exc import OperationalError
 from core.db import is_sqlite, read_connection, write_transaction
 from core.errors import BlobCorrupted, BlobError, BlobNotFound, InvalidBlobHash
 from core.fsio import fsync_dir, replace_atomically
+from core.metrics import metrics
 from core.models import BlobRefRow, BlobRow, table_of, utcnow
 from core.records import PlainRecord
 
@@ -342,10 +343,12 @@ class BlobStore(ABC):
                 if attempt == _DEADLOCK_RETRIES or not _is_deadlock(exc):
                     raise
                 log.warning("blob registration deadlocked; retrying", extra={"attempt": attempt})
-        return [
+        results = [
             PutResult(h, len(unique[h]), staged[h].stored_size, staged[h].codec, staged[h].written)
             for h in hashes
         ]
+        _count_puts(results)
+        return results
 
     def get(self, blob_hash: str) -> bytes:
         """The verified content; ``BlobCorrupted`` rather than wrong bytes."""
@@ -366,6 +369,10 @@ class BlobStore(ABC):
         """Registered in the ``blobs`` table and present in storage."""
         check_hash(blob_hash)
         return self._find(blob_hash) is not None and self.index.registered(blob_hash)
+
+    def has_stored(self, blob_hash: str) -> bool:
+        """Whether the storage holds an object for the hash (registered or not, unverified)."""
+        return self._find(check_hash(blob_hash)) is not None
 
     def info(self, blob_hash: str) -> BlobInfo | None:
         return self.index.info(check_hash(blob_hash))
@@ -419,6 +426,21 @@ class BlobStore(ABC):
             codec, payload = encode_blob(data, level=self.gzip_level)
         self._write(blob_hash, codec, payload)
         return _Stored(codec, len(payload), payload, written=True)
+
+
+def _count_puts(results: Sequence[PutResult]) -> None:
+    """Bytes written anew, and bytes a put found already stored (dedup), for the metrics."""
+    written: set[str] = set()
+    new = dedup = 0
+    for r in results:
+        if r.written and r.hash not in written:
+            written.add(r.hash)
+            new += r.size
+        else:
+            dedup += r.size
+    observed = metrics()
+    observed.blob_bytes_put.inc(new)
+    observed.blob_bytes_deduplicated.inc(dedup)
 
 
 def _row(blob_hash: str, data: bytes, stored: _Stored, now: datetime) -> dict[str, Any]:
@@ -591,8 +613,14 @@ def parse_blob_name(name: str) -> tuple[str, Codec] | None:
 
 
 def open_blob_store(url: str, engine: Engine) -> BlobStore:
-    """The blob backend for a URL (only ``file://`` so far)."""
+    """The blob backend for a URL: ``file:///absolute/path`` or ``s3://bucket/prefix``."""
     parsed = urlparse(url)
+    if parsed.scheme == "s3":
+        from core.blobs.objects import ObjectBlobStore, open_s3_store  # obstore loads lazily
+
+        return ObjectBlobStore(open_s3_store(url), BlobIndex(engine))
     if parsed.scheme != "file" or parsed.netloc not in ("", "localhost"):
-        raise BlobError(f"unsupported blob URL {url!r}: expected file:///absolute/path")
+        raise BlobError(
+            f"unsupported blob URL {url!r}: expected file:///absolute/path or s3://bucket/prefix"
+        )
     return FileBlobStore(Path(url2pathname(parsed.path)), BlobIndex(engine))

@@ -19,6 +19,7 @@ from core.artifacts.fsio import sweep_staging
 from core.artifacts.records import OVERSIZED
 from core.db import read_connection
 from core.maintenance.runs import Progress
+from core.metrics import metrics
 from core.models import ArtifactRow, table_of, utcnow
 
 log = logging.getLogger(__name__)
@@ -96,6 +97,10 @@ def expire_artifacts(
     except OSError as exc:
         report.errors.append(f"cannot sweep staging directories: {exc}")
     report.seconds = time.monotonic() - started
+    if apply:
+        observed = metrics()
+        observed.maintenance_runs.labels("expire_artifacts").inc()
+        observed.maintenance_removed.labels("expire_artifacts").inc(report.deleted)
     log.info("artifact expiry finished", extra={"expire": report.to_dict()})
     return report
 

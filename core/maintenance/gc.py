@@ -56,6 +56,7 @@ from sqlalchemy.sql.elements import ColumnElement
 from core.blobs.store import BlobStore, FileBlobStore, fanout_dirs, parse_blob_name
 from core.db import is_sqlite, read_connection, write_transaction
 from core.maintenance.runs import Progress
+from core.metrics import metrics
 from core.models import BlobRefRow, BlobRow, table_of, utcnow
 
 log = logging.getLogger(__name__)
@@ -541,7 +542,7 @@ def gc_blobs(
     time_budget_s: float | None = None,
 ) -> GcReport:
     """Collect unreferenced blobs older than ``grace_s``; a dry run unless ``apply``."""
-    return BlobGc(
+    report = BlobGc(
         engine,
         blobs,
         apply=apply,
@@ -550,3 +551,8 @@ def gc_blobs(
         progress=progress,
         time_budget_s=time_budget_s,
     ).run()
+    if apply:
+        observed = metrics()
+        observed.maintenance_runs.labels("gc_blobs").inc()
+        observed.maintenance_removed.labels("gc_blobs").inc(report.deleted + report.orphans)
+    return report

@@ -13,6 +13,7 @@ import errno
 import logging
 import os
 import shutil
+import time
 import uuid
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -29,6 +30,7 @@ from core.artifacts.records import AGENT_OUTPUT, ArtifactInfo
 from core.db import read_connection, write_transaction
 from core.errors import SessionNotFound
 from core.journal import Journal
+from core.metrics import metrics
 from core.models import SessionRow, table_of, utcnow
 from core.records import COPY_DONE, COPY_FAILED, COPY_PENDING, Session
 from core.sessions.queries import children, session_or_none
@@ -131,7 +133,11 @@ class ForkCopies:
             if fork.copy_status not in (COPY_PENDING, COPY_FAILED):
                 return CopyReport(fork_id, fork.copy_status)
             plan = _plan_copy(conn, self.journal, self.root, fork)
+        started = time.perf_counter()
         outcome = _run_copy(plan)
+        observed = metrics()
+        observed.fork_copy_seconds.observe(time.perf_counter() - started)
+        observed.fork_copy_bytes.inc(outcome.bytes)
         return self._finish_copy(plan, outcome)
 
     def _finish_copy(self, plan: _CopyPlan, outcome: _CopyOutcome) -> CopyReport:

@@ -10,7 +10,18 @@ from tasks.cli.common import app, err_console
 
 def _register() -> None:
     # Each module adds its commands to ``app`` when imported.
-    from tasks.cli import config, db, demo, maintenance, query, read, runtime, sessions, writes  # noqa: F401
+    from tasks.cli import (  # noqa: F401
+        config,
+        db,
+        demo,
+        health,
+        maintenance,
+        query,
+        read,
+        runtime,
+        sessions,
+        writes,
+    )
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -5,6 +5,8 @@ Any further arguments go to Celery as they are (e.g. ``sessionstore worker -c 4 
 
 from __future__ import annotations
 
+import os
+
 import typer
 
 from tasks.app import get_app
@@ -14,9 +16,20 @@ _PASS_THROUGH = {"allow_extra_args": True, "ignore_unknown_options": True}
 
 
 @app.command("worker", context_settings=_PASS_THROUGH)
-def worker(ctx: typer.Context) -> None:
+def worker(
+    ctx: typer.Context,
+    metrics_port: int | None = typer.Option(
+        None, "--metrics-port", help="Serve Prometheus /metrics on this port (all processes)."
+    ),
+    metrics_addr: str = typer.Option("127.0.0.1", "--metrics-addr", help="Address to bind."),
+) -> None:
     """Run a Celery worker for the sessionstore queue."""
-    load_settings()  # fail early, in one line, on bad configuration
+    settings = load_settings()  # fail early, in one line, on bad configuration
+    if metrics_port is not None:
+        from tasks.metrics import serve_metrics
+
+        directory = settings.data_dir.resolve() / "metrics" / str(os.getpid())
+        serve_metrics(metrics_port, directory, addr=metrics_addr)
     get_app().worker_main(["worker", "--loglevel=INFO", *ctx.args])
 
 

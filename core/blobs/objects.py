@@ -1,0 +1,211 @@
+"""Blobs on S3-compatible object storage (``s3://bucket/prefix``), through obstore.
+
+obstore is the object-store library: one API for S3, GCS, Azure and local files, a Rust
+core (fast, no botocore start-up cost), and conditional puts, which content addressing
+needs. It reads the standard AWS variables (``AWS_ACCESS_KEY_ID``, ``AWS_REGION``,
+``AWS_ENDPOINT_URL``, ``AWS_ALLOW_HTTP`` …), so any S3-compatible service works.
+
+The guarantees of the file backend, by object-storage means:
+
+- A put never overwrites good content: it is a conditional create (``If-None-Match``);
+  on a collision the stored object is verified against the hash, and only a corrupt one
+  is overwritten.
+- An object is whole or absent (S3 puts are atomic), so no temporary objects exist.
+- GC's "move aside under the row lock" is a server-side copy to ``.gc/`` plus a delete;
+  ``purge``/``restore`` finish or undo it, as on disk. Its grace window reads the
+  object's ``last_modified``.
+- Keys are built in one place from a validated hash (invariant 9).
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+from typing import Any, TypeVar
+
+import obstore
+from obstore.exceptions import AlreadyExistsError
+from obstore.store import S3Store
+
+from core.blobs.store import (
+    SUFFIXES,
+    BlobFile,
+    BlobIndex,
+    BlobStore,
+    Codec,
+    check_hash,
+    decode_blob,
+    parse_blob_name,
+    sha256_hex,
+)
+from core.errors import StorageUnavailable
+
+log = logging.getLogger(__name__)
+
+QUARANTINE_PREFIX = ".gc"
+_T = TypeVar("_T")
+
+
+def open_s3_store(url: str) -> S3Store:
+    """An obstore S3 store for ``s3://bucket/prefix``, configured from the environment."""
+    try:
+        return S3Store.from_url(url)
+    except Exception as exc:  # obstore raises its own configuration errors
+        raise StorageUnavailable("blobs", f"cannot open {url}: {exc}") from exc
+
+
+def storage_call(component: str, call: Callable[[], _T]) -> _T:
+    """Run an object-store call; a missing object raises ``FileNotFoundError`` and a
+    conditional-put collision ``AlreadyExistsError`` as obstore raises them, anything else
+    (connection refused, timeouts, 5xx after obstore's retries) is ``StorageUnavailable``."""
+    try:
+        return call()
+    except (FileNotFoundError, AlreadyExistsError, StopIteration):
+        raise
+    except Exception as exc:
+        raise StorageUnavailable(component, f"{component} storage failed: {exc}") from exc
+
+
+class ObjectBlobStore(BlobStore):
+    def __init__(self, store: S3Store, index: BlobIndex, *, gzip_level: int = 6) -> None:
+        super().__init__(index, gzip_level=gzip_level)
+        self.store = store
+
+    def key_for(self, blob_hash: str, codec: Codec) -> str:
+        """The one place a hash becomes a key; it validates first (invariant 9)."""
+        check_hash(blob_hash)
+        return f"{blob_hash[0:2]}/{blob_hash[2:4]}/{blob_hash}{SUFFIXES[codec]}"
+
+    def _call(self, call: Callable[[], _T]) -> _T:
+        return storage_call("blobs", call)
+
+    def _head(self, key: str) -> dict[str, Any] | None:
+        try:
+            return dict(self._call(lambda: obstore.head(self.store, key)))
+        except FileNotFoundError:
+            return None
+
+    def _get(self, key: str) -> bytes | None:
+        try:
+            return self._call(lambda: obstore.get(self.store, key).bytes().to_bytes())
+        except FileNotFoundError:
+            return None
+
+    def _find(self, blob_hash: str) -> tuple[Codec, int] | None:
+        for codec in SUFFIXES:
+            meta = self._head(self.key_for(blob_hash, codec))
+            if meta is not None:
+                return codec, int(meta["size"])
+        return None
+
+    def _read(self, blob_hash: str) -> tuple[Codec, bytes] | None:
+        for codec in SUFFIXES:
+            data = self._get(self.key_for(blob_hash, codec))
+            if data is not None:
+                return codec, data
+        if self._unquarantine(blob_hash):  # a GC died between copy-aside and row delete
+            return self._read(blob_hash)
+        return None
+
+    def _write(self, blob_hash: str, codec: Codec, payload: bytes) -> None:
+        key = self.key_for(blob_hash, codec)
+        try:
+            self._call(lambda: obstore.put(self.store, key, payload, mode="create"))
+            return
+        except AlreadyExistsError:
+            pass
+        # Someone stored this key first: keep theirs if it is this content, else repair.
+        if self._intact(blob_hash, codec):
+            return
+        log.warning("stored blob object is corrupt; overwriting it", extra={"blob_hash": blob_hash})
+        self._call(lambda: obstore.put(self.store, key, payload, mode="overwrite"))
+
+    def _intact(self, blob_hash: str, codec: Codec) -> bool:
+        stored = self._get(self.key_for(blob_hash, codec))
+        if stored is None:
+            return False
+        try:
+            return sha256_hex(decode_blob(codec, stored)) == blob_hash
+        except Exception:
+            return False
+
+    def remove_file(self, blob_hash: str) -> bool:
+        removed = False
+        for codec in SUFFIXES:
+            key = self.key_for(blob_hash, codec)
+            if self._head(key) is not None:
+                self._call(lambda key=key: obstore.delete(self.store, key))  # type: ignore[misc]
+                removed = True
+        return removed
+
+    def quarantine_file(self, blob_hash: str) -> list[Path]:
+        moved: list[Path] = []
+        for codec in SUFFIXES:
+            key = self.key_for(blob_hash, codec)
+            aside = f"{QUARANTINE_PREFIX}/{key}"
+            try:
+                self._call(lambda key=key, aside=aside: obstore.copy(self.store, key, aside))  # type: ignore[misc]
+            except FileNotFoundError:
+                continue
+            self._call(lambda key=key: obstore.delete(self.store, key))  # type: ignore[misc]
+            moved.append(Path(aside))
+        return moved
+
+    def purge_quarantined(self, moved: Sequence[Path]) -> None:
+        keys = [p.as_posix() for p in moved]
+        if keys:
+            self._call(lambda: obstore.delete(self.store, keys))
+
+    def restore_quarantined(self, moved: Sequence[Path]) -> None:
+        for path in moved:
+            aside = path.as_posix()
+            original = aside[len(QUARANTINE_PREFIX) + 1 :]
+            try:
+                self._call(lambda a=aside, o=original: obstore.copy(self.store, a, o))  # type: ignore[misc]
+            except FileNotFoundError:
+                continue
+            self._call(lambda a=aside: obstore.delete(self.store, a))  # type: ignore[misc]
+
+    def _unquarantine(self, blob_hash: str) -> bool:
+        asides = [
+            Path(f"{QUARANTINE_PREFIX}/{self.key_for(blob_hash, codec)}") for codec in SUFFIXES
+        ]
+        present = [a for a in asides if self._head(a.as_posix()) is not None]
+        self.restore_quarantined(present)
+        return bool(present)
+
+    def iter_quarantined(self) -> Iterator[tuple[str, Path]]:
+        for meta in self._list(QUARANTINE_PREFIX + "/"):
+            parsed = parse_blob_name(meta["path"].rsplit("/", 1)[-1])
+            if parsed is not None:
+                yield parsed[0], Path(meta["path"])
+
+    def iter_files(self) -> Iterator[BlobFile]:
+        for meta in self._list(None):
+            key = str(meta["path"])
+            parsed = parse_blob_name(key.rsplit("/", 1)[-1])
+            if parsed is None or key.startswith(QUARANTINE_PREFIX + "/"):
+                continue
+            if key != self.key_for(*parsed):  # only the canonical layout is ours
+                continue
+            modified = meta["last_modified"].timestamp()
+            yield BlobFile(parsed[0], parsed[1], Path(key), int(meta["size"]), modified)
+
+    def probe(self) -> None:
+        """Write, read back and delete a small object outside the blob layout."""
+        key = f".health/{uuid.uuid4().hex}"
+        self._call(lambda: obstore.put(self.store, key, b"ok"))
+        if self._get(key) != b"ok":
+            raise StorageUnavailable("blobs", "the object store returned other bytes")
+        self._call(lambda: obstore.delete(self.store, key))
+
+    def _list(self, prefix: str | None) -> Iterator[Any]:
+        stream = self._call(lambda: obstore.list(self.store, prefix=prefix, chunk_size=1000))
+        while True:
+            try:
+                page = self._call(lambda: next(stream))
+            except StopIteration:
+                return
+            yield from page

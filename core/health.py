@@ -1,0 +1,103 @@
+"""Health checks of the backends a deployment needs, each bounded by a timeout.
+
+``sessionstore health`` runs these (plus the broker check, which belongs to the queue layer)
+and compose uses it as the services' healthcheck. A check returns a short detail when the
+backend works and raises when it does not; ``run_checks`` turns both, and a timeout, into
+``CheckResult``s.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import time
+import uuid
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from sqlalchemy.engine import make_url
+
+from core import migrate
+from core.blobs import open_blob_store
+from core.blobs.objects import ObjectBlobStore
+from core.blobs.store import FileBlobStore
+from core.db import make_engine
+from core.errors import DatabaseMissing, SchemaNotCurrent
+from core.records import PlainRecord
+from core.settings import Settings
+
+Check = Callable[[], str]
+
+
+@dataclass(frozen=True, slots=True)
+class CheckResult(PlainRecord):
+    name: str
+    ok: bool
+    detail: str
+    seconds: float
+
+
+def run_checks(checks: Mapping[str, Check], *, timeout_s: float) -> list[CheckResult]:
+    """Run every check at once; one that has not answered within ``timeout_s`` fails."""
+    pool = concurrent.futures.ThreadPoolExecutor(max_workers=max(1, len(checks)))
+    started = time.monotonic()
+    futures = {name: pool.submit(check) for name, check in checks.items()}
+    results = [_outcome(name, future, started, timeout_s) for name, future in futures.items()]
+    pool.shutdown(wait=False, cancel_futures=True)  # a hung check must not hang the command
+    return results
+
+
+def _outcome(
+    name: str, future: concurrent.futures.Future[str], started: float, timeout_s: float
+) -> CheckResult:
+    remaining = max(0.0, timeout_s - (time.monotonic() - started))
+    try:
+        detail, ok = future.result(timeout=remaining), True
+    except concurrent.futures.TimeoutError:
+        detail, ok = f"no answer within {timeout_s:g} s", False
+    except Exception as exc:
+        detail, ok = " ".join(f"{type(exc).__name__}: {exc}".split()), False
+    return CheckResult(name, ok, detail, round(time.monotonic() - started, 3))
+
+
+def storage_checks(settings: Settings) -> dict[str, Check]:
+    """The database (reachable, schema at head), the blob store and the artifact store."""
+    return {
+        "database": lambda: check_database(settings),
+        "blobs": lambda: check_blobs(settings),
+        "artifacts": lambda: check_artifacts(settings.resolved_artifact_root),
+    }
+
+
+def check_database(settings: Settings) -> str:
+    url = settings.resolved_database_url
+    parsed = make_url(url)
+    if parsed.get_backend_name() == "sqlite" and parsed.database not in (None, "", ":memory:"):
+        if not Path(parsed.database).exists():
+            raise DatabaseMissing(parsed.database)  # a check never creates one
+    current, head = migrate.current_revision(url), migrate.head_revision(url)
+    if current != head:
+        raise SchemaNotCurrent(f"schema at {current or 'none'}, code expects {head}")
+    return f"schema at {current}"
+
+
+def check_blobs(settings: Settings) -> str:
+    engine = make_engine(settings.resolved_database_url, pool_size=1)
+    try:
+        store = open_blob_store(settings.resolved_blob_url, engine)
+        if isinstance(store, ObjectBlobStore):
+            store.probe()
+            return f"object store {settings.resolved_blob_url} answers"
+        assert isinstance(store, FileBlobStore)
+        return check_artifacts(store.root, what="blob directory")
+    finally:
+        engine.dispose()
+
+
+def check_artifacts(root: Path, *, what: str = "artifact directory") -> str:
+    """The directory exists (or can be created) and takes a file."""
+    root.mkdir(parents=True, exist_ok=True)
+    probe = root / f".health-{uuid.uuid4().hex}"
+    probe.write_bytes(b"ok")
+    probe.unlink()
+    return f"{what} {root} is writable"

@@ -1,0 +1,32 @@
+"""``sessionstore health``: are the database, broker, blob and artifact storage usable?"""
+
+from __future__ import annotations
+
+import typer
+
+from tasks.cli.common import JsonOption, app, console, load_settings, print_json
+
+
+@app.command("health")
+def health(
+    as_json: bool = JsonOption,
+    timeout: float = typer.Option(5.0, "--timeout", min=0.1, help="Seconds per check."),
+) -> None:
+    """Check the database (schema current), broker, blob and artifact storage; exit 1 and
+    name what failed if any check does (compose uses this as the healthcheck)."""
+    from core.health import run_checks, storage_checks
+    from tasks.app import check_broker, create_app
+
+    settings = load_settings()
+    checks = storage_checks(settings)
+    checks["broker"] = lambda: check_broker(create_app(settings))
+    results = run_checks(checks, timeout_s=timeout)
+    failed = [r.name for r in results if not r.ok]
+    if as_json:
+        print_json({"ok": not failed, "checks": [r.to_dict() for r in results]})
+    else:
+        for r in results:
+            mark = "[green]ok[/]" if r.ok else "[red]FAILED[/]"
+            console.print(f"{r.name:<10} {mark}  {r.detail}", highlight=False)
+    if failed:
+        raise typer.Exit(code=1)

@@ -1,0 +1,73 @@
+"""``sessionstore health`` through the real CLI: each backend checked, failures named."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.support import free_port
+
+EXECUTABLE = Path(sys.executable).with_name("sessionstore")
+
+
+def _health(env: dict[str, str], *args: str) -> tuple[int, dict[str, Any]]:
+    run = subprocess.run(
+        [str(EXECUTABLE), "health", "--json", "--timeout", "8", *args],
+        env={**os.environ, **env},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    return run.returncode, json.loads(run.stdout)
+
+
+def _failed(report: dict[str, Any]) -> list[str]:
+    return [c["name"] for c in report["checks"] if not c["ok"]]
+
+
+def test_embedded_defaults_are_healthy_once_migrated(tmp_path: Path) -> None:
+    env = {"SESSIONSTORE_DATA_DIR": str(tmp_path / "data")}
+    code, report = _health(env)
+    assert code == 1 and _failed(report) == ["database"]  # never created by a check
+    assert "no database at" in report["checks"][0]["detail"]
+    assert not (tmp_path / "data" / "journal.db").exists()
+    subprocess.run([str(EXECUTABLE), "db", "upgrade"], env={**os.environ, **env}, check=True)
+    code, report = _health(env)
+    assert (code, _failed(report)) == (0, [])
+    assert {c["name"] for c in report["checks"]} == {"database", "blobs", "artifacts", "broker"}
+
+
+def test_a_dead_broker_and_a_dead_database_are_named(tmp_path: Path) -> None:
+    closed = free_port()
+    env = {
+        "SESSIONSTORE_DATA_DIR": str(tmp_path / "data"),
+        "SESSIONSTORE_DATABASE_URL": f"postgresql+psycopg://postgres@127.0.0.1:{closed}/x",
+        "SESSIONSTORE_BROKER_URL": f"redis://127.0.0.1:{closed}/0",
+    }
+    code, report = _health(env)
+    assert code == 1 and sorted(_failed(report)) == ["broker", "database"]
+
+
+@pytest.mark.postgres
+def test_postgres_redis_and_s3_healthy_then_s3_stopped(
+    pg_url: str, redis_url: str, s3_bucket: str, tmp_path: Path
+) -> None:
+    env = {
+        "SESSIONSTORE_DATA_DIR": str(tmp_path / "data"),
+        "SESSIONSTORE_DATABASE_URL": pg_url,
+        "SESSIONSTORE_BROKER_URL": redis_url,
+        "SESSIONSTORE_BLOB_URL": f"{s3_bucket}/blobs",
+    }
+    code, report = _health(env)
+    assert (code, _failed(report)) == (0, [])
+    blobs = next(c for c in report["checks"] if c["name"] == "blobs")
+    assert blobs["detail"].startswith("object store s3://")
+    stopped = f"http://127.0.0.1:{free_port()}"  # nothing listens there
+    code, report = _health({**env, "AWS_ENDPOINT_URL": stopped, "AWS_MAX_RETRIES": "0"})
+    assert code == 1 and _failed(report) == ["blobs"]
