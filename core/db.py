@@ -8,25 +8,26 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, TypeVar
 
-import orjson
 import psycopg
 from sqlalchemy import Connection, Engine, create_engine, event, text
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.engine import make_url
 from sqlalchemy.pool import ConnectionPoolEntry
 
+from core import exact_json
+
 _WRITE = "sessionstore_write"
 _T = TypeVar("_T")
-
-
-def dumps_json(value: Any) -> str:
-    return orjson.dumps(value).decode()
 
 
 def make_engine(url: str, *, pool_size: int = 10) -> Engine:
     """Build an engine; on SQLite: WAL, a long busy timeout, and immediate write transactions."""
     parsed = make_url(url)
-    common: dict[str, Any] = {"json_serializer": dumps_json, "json_deserializer": orjson.loads}
+    # JSON columns round-trip exactly (wide integers included) on both backends.
+    common: dict[str, Any] = {
+        "json_serializer": exact_json.dumps_str,
+        "json_deserializer": exact_json.loads,
+    }
     if parsed.get_backend_name() == "sqlite":
         if parsed.database and parsed.database != ":memory:":
             Path(parsed.database).parent.mkdir(parents=True, exist_ok=True)

@@ -28,6 +28,10 @@ from sqlmodel import Field, SQLModel
 # SQLite only aliases the rowid for exactly "INTEGER PRIMARY KEY".
 BigIntPK = BigInteger().with_variant(Integer(), "sqlite")
 JsonPayload = JSON().with_variant(JSONB(), "postgresql")
+# An event's payload is its JSON text on both backends (PostgreSQL ``json``, not ``jsonb``):
+# jsonb would reorder keys, drop -0.0 and turn 1e16 into an integer (see core.exact_json).
+# Queries use PostgreSQL's json operators on it directly; migration 0009 explains the choice.
+EventPayload = JSON()
 
 
 class UTCDateTime(TypeDecorator[datetime]):
@@ -101,7 +105,7 @@ class EventRow(SQLModel, table=True):
     )
     seq: int = Field(sa_column=Column(BigInteger, nullable=False))
     type: str = Field(sa_column=Column(String(256), nullable=False))
-    payload: dict[str, Any] = Field(sa_column=Column(JsonPayload, nullable=False))
+    payload: dict[str, Any] = Field(sa_column=Column(EventPayload, nullable=False))
     recorded_at: datetime = Field(sa_column=Column(TZDateTime, nullable=False))
 
 

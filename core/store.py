@@ -82,6 +82,11 @@ class SessionStore:
         return open_blob_store(self.settings.resolved_blob_url, self.engine)
 
     @cached_property
+    def _rehydrator(self) -> Rehydrator:
+        """Shared by this store's reads: its cache of verified blob values lives as long."""
+        return Rehydrator(self.blobs)
+
+    @cached_property
     def _writer(self) -> Writer:
         return Writer(self.journal, self.blobs, self.settings)
 
@@ -206,7 +211,7 @@ class SessionStore:
 
     def rehydrate(self, events: Sequence[StoredEvent], *, lazy: bool = False) -> list[StoredEvent]:
         """Restore externalized values from the manifest (exact, or as ``LazyBlob``s)."""
-        return Rehydrator(self.blobs).read(self.journal, events, lazy=lazy)
+        return self._rehydrator.read(self.journal, events, lazy=lazy)
 
     # state and analysts' queries ----------------------------------------------------------
 
@@ -227,7 +232,7 @@ class SessionStore:
             at_seq=at_seq,
             tenant_id=tenant_id,
             snapshot_every=self.settings.snapshot_every,
-            rehydrate=Rehydrator(self.blobs).loader(self.journal, rehydrate),
+            rehydrate=self._rehydrator.loader(self.journal, rehydrate),
         )
 
     def list_events(

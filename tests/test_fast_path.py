@@ -22,6 +22,7 @@ from hypothesis import HealthCheck, given
 from hypothesis import settings as hsettings
 from hypothesis import strategies as st
 
+from core import exact_json
 from core.blobs.externalize import Persister
 from core.errors import InvalidEvent
 from core.journal import validation
@@ -133,7 +134,7 @@ def plan_parts(persister: Persister, events: list[dict[str, Any]], *, fast: bool
     plan = persister.plan(events, encoded)
     slots = [(s.event, s.pointer, s.data, s.encoding) for w in plan.walkers for s in w.slots]
     refs = [(r.event, r.pointer, r.hash) for w in plan.walkers for r in w.input_refs]
-    return [orjson.dumps(p) for p in plan.payloads], slots, refs, plan.encoded
+    return [exact_json.dumps(p) for p in plan.payloads], slots, refs, plan.encoded
 
 
 @hsettings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])

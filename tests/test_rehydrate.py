@@ -173,9 +173,9 @@ def test_metadata_only_reads_never_touch_the_blob_store(
     session_id, evs = filled
     gets = CountingGets(store, monkeypatch)
     manifests: list[int] = []
-    real_manifest = store.journal.manifest
+    real_manifest = store.journal.manifest_of
     monkeypatch.setattr(
-        store.journal, "manifest", lambda p: manifests.append(1) or real_manifest(p)
+        store.journal, "manifest_of", lambda p: manifests.append(1) or real_manifest(p)
     )
     plain = store.read(session_id)
     assert manifests == [] and gets.calls == []
@@ -270,3 +270,54 @@ def test_corrupted_blob_is_never_returned(
     assert events[1].payload["message"]["content"][0]["data"] == make_ref(damaged)
     assert events[0].payload["message"]["content"][0] == "a" * 20_000
     assert warnings_about(caplog, damaged)[0].levelno == logging.ERROR
+
+
+def test_only_the_path_to_a_ref_is_copied(
+    store: SessionStore, filled: tuple[str, list[dict[str, Any]]]
+) -> None:
+    session = store.create_session(tenant_id="acme")
+    event = image_event(PNG + bytes(3000))
+    event["meta"] = {"kept": ["as", "stored"]}
+    store.append(session.id, [event])
+    [plain] = store.read(session.id)
+    [restored] = store.rehydrate([plain])
+    assert restored.payload == event
+    assert restored.payload["meta"] is plain.payload["meta"]  # shared, not copied
+    assert plain.payload["message"]["content"][0]["data"].startswith("blob:sha256:")
+
+
+def _flip_middle_byte(path: Path) -> bytes:
+    original = path.read_bytes()
+    damaged = bytearray(original)
+    damaged[len(damaged) // 2] ^= 0x01
+    path.write_bytes(bytes(damaged))
+    return original
+
+
+def test_a_verified_value_is_read_once_per_store_and_a_corrupt_one_never_cached(
+    store: SessionStore,
+    filled: tuple[str, list[dict[str, Any]]],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    session_id, evs = filled
+    image_hash = sha256_hex(PNG + bytes(3000))
+    assert isinstance(store.blobs, FileBlobStore)
+    path = store.blobs.path_for(image_hash, "identity")
+
+    original = _flip_middle_byte(path)  # corrupt before the first read: never cached
+    first = store.read(session_id, rehydrate=True)
+    assert first[1].payload["message"]["content"][0]["data"] == make_ref(image_hash)
+    path.write_bytes(original)
+
+    gets = CountingGets(store, monkeypatch)
+    assert [e.payload for e in store.read(session_id, rehydrate=True)] == evs
+    assert gets.calls == [image_hash]  # the texts were verified by the first read
+    gets.calls.clear()
+    _flip_middle_byte(path)  # after verification: the cache holds the verified content
+    assert [e.payload for e in store.read(session_id, rehydrate=True)] == evs
+    assert gets.calls == []
+
+    # Another store (another process) has verified nothing: it finds the corruption.
+    with SessionStore.from_settings(store.settings) as other:
+        again = other.read(session_id, rehydrate=True)
+    assert again[1].payload["message"]["content"][0]["data"] == make_ref(image_hash)

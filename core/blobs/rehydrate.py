@@ -16,12 +16,12 @@ from __future__ import annotations
 import base64
 import dataclasses
 import logging
+import threading
+from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Literal
 
-import orjson
-
-from core.blobs.externalize import parse_pointer, set_at_pointer
+from core.blobs.externalize import parse_pointer
 from core.blobs.store import BLOB_REF_PREFIX, BlobStore
 from core.errors import BlobCorrupted, BlobNotFound, InvalidBlobHash
 from core.journal import Journal
@@ -41,8 +41,58 @@ class _Where:
     pointer: str
 
 
-def _fetch(blobs: BlobStore, entry: ManifestEntry, where: _Where) -> str | None:
+class VerifiedValues:
+    """Decoded values of blobs this process has read and verified, most recent first.
+
+    Keyed by (hash, encoding), bounded by total characters. Only a value decoded from bytes
+    that matched their hash (``BlobStore.get``) enters, so a hit serves the blob's content
+    and never a corrupt copy; a blob that fails is never cached, and a file corrupted after
+    its value was cached is found by the next uncached read or ``blobs verify``. Saves the
+    file read, the SHA-256 and the base64 of every image on every rebuild.
+    """
+
+    def __init__(self, *, max_chars: int = 64 * 1024 * 1024) -> None:
+        self.max_chars = max_chars
+        self._values: OrderedDict[tuple[str, BlobEncoding], str] = OrderedDict()
+        self._chars = 0
+        self._lock = threading.Lock()
+
+    def get(self, key: tuple[str, BlobEncoding]) -> str | None:
+        with self._lock:
+            value = self._values.get(key)
+            if value is not None:
+                self._values.move_to_end(key, last=False)
+            return value
+
+    def put(self, key: tuple[str, BlobEncoding], value: str) -> None:
+        if len(value) > self.max_chars // 4:
+            return  # one huge value would evict everything else
+        with self._lock:
+            if key in self._values:
+                return
+            self._values[key] = value
+            self._values.move_to_end(key, last=False)
+            self._chars += len(value)
+            while self._chars > self.max_chars:
+                _, dropped = self._values.popitem(last=True)
+                self._chars -= len(dropped)
+
+
+def _fetch(
+    blobs: BlobStore, entry: ManifestEntry, where: _Where, verified: VerifiedValues | None
+) -> str | None:
     """The original string, or None (logged) when the blob cannot give it back."""
+    key = (entry.hash, entry.encoding)
+    cached = verified.get(key) if verified is not None else None
+    if cached is not None:
+        return cached
+    value = _fetch_verified(blobs, entry, where)
+    if value is not None and verified is not None:
+        verified.put(key, value)
+    return value
+
+
+def _fetch_verified(blobs: BlobStore, entry: ManifestEntry, where: _Where) -> str | None:
     extra = {
         "session_id": where.session_id,
         "seq": where.seq,
@@ -76,14 +126,21 @@ def decode_value(data: bytes, encoding: BlobEncoding) -> str:
 class LazyBlob:
     """An externalized value that is read from the blob store on first ``load()``."""
 
-    __slots__ = ("_blobs", "_value", "_where", "encoding", "hash", "size")
+    __slots__ = ("_blobs", "_value", "_verified", "_where", "encoding", "hash", "size")
 
-    def __init__(self, blobs: BlobStore, entry: ManifestEntry, where: _Where) -> None:
+    def __init__(
+        self,
+        blobs: BlobStore,
+        entry: ManifestEntry,
+        where: _Where,
+        verified: VerifiedValues | None = None,
+    ) -> None:
         self.hash = entry.hash
         self.size = entry.size
         self.encoding: BlobEncoding = entry.encoding
         self._blobs = blobs
         self._where = where
+        self._verified = verified
         self._value: str | None = None
 
     @property
@@ -98,7 +155,7 @@ class LazyBlob:
         """The original string; the ref string if the blob cannot be read (logged)."""
         if self._value is None:
             entry = ManifestEntry(self._where.pointer, self.hash, self.size, self.encoding)
-            self._value = _fetch(self._blobs, entry, self._where) or self.ref
+            self._value = _fetch(self._blobs, entry, self._where, self._verified) or self.ref
         return self._value
 
     def __eq__(self, other: object) -> bool:
@@ -126,10 +183,11 @@ def materialize(value: Any) -> Any:
 
 
 class Rehydrator:
-    """Resolves manifest entries against one blob store; caches blobs for one call."""
+    """Resolves manifest entries against one blob store, with its cache of verified values."""
 
-    def __init__(self, blobs: BlobStore) -> None:
+    def __init__(self, blobs: BlobStore, *, verified: VerifiedValues | None = None) -> None:
         self.blobs = blobs
+        self.verified = verified if verified is not None else VerifiedValues()
 
     def read(
         self, journal: Journal, events: Sequence[StoredEvent], *, lazy: bool = False
@@ -137,7 +195,7 @@ class Rehydrator:
         """``events`` with their externalized values restored from the journal's manifest."""
         if not events:
             return list(events)
-        return self.events(events, journal.manifest([e.position for e in events]), lazy=lazy)
+        return self.events(events, journal.manifest_of(events), lazy=lazy)
 
     def loader(
         self, journal: Journal, mode: RehydrateMode
@@ -177,8 +235,13 @@ class Rehydrator:
         lazy: bool = False,
         cache: dict[tuple[str, BlobEncoding], str] | None = None,
     ) -> dict[str, Any]:
-        """A rehydrated copy of ``event.payload`` (the stored one is never modified)."""
-        payload: dict[str, Any] = orjson.loads(orjson.dumps(event.payload))
+        """A rehydrated copy of ``event.payload`` (the stored one is never modified).
+
+        Only the objects and arrays on the way to a ref are copied (shallowly, once each);
+        everything else is shared with the stored payload, which is final as decoded.
+        """
+        payload = dict(event.payload)
+        copied = {id(payload)}
         cache = {} if cache is None else cache
         for entry in entries:
             where = _Where(event.session_id, event.seq, entry.pointer)
@@ -189,15 +252,38 @@ class Rehydrator:
                 )
                 continue
             if lazy:
-                set_at_pointer(payload, entry.pointer, LazyBlob(self.blobs, entry, where))
+                lazy_blob = LazyBlob(self.blobs, entry, where, self.verified)
+                _set_copying(payload, entry.pointer, lazy_blob, copied)
                 continue
             key = (entry.hash, entry.encoding)
             # Failures are not cached, so every pointer to a missing blob gets its warning.
-            value = cache[key] if key in cache else _fetch(self.blobs, entry, where)
+            value = cache[key] if key in cache else _fetch(self.blobs, entry, where, self.verified)
             if value is not None:
                 cache[key] = value
-                set_at_pointer(payload, entry.pointer, value)
+                _set_copying(payload, entry.pointer, value, copied)
         return payload
+
+
+def _set_copying(root: dict[str, Any], pointer: str, value: Any, copied: set[int]) -> None:
+    """Set the value at ``pointer``, first copying each container on the way not yet copied.
+
+    ``copied`` holds the ids of the containers that are already this payload's own (they
+    stay referenced from ``root``, so their ids are not reused meanwhile).
+    """
+    *parents, last = parse_pointer(pointer)
+    target: Any = root
+    for token in parents:
+        key: Any = int(token) if isinstance(target, list) else token
+        child = target[key]
+        if id(child) not in copied:
+            child = child.copy()
+            copied.add(id(child))
+            target[key] = child
+        target = child
+    if isinstance(target, list):
+        target[int(last)] = value
+    else:
+        target[last] = value
 
 
 def _holds_ref(payload: Any, entry: ManifestEntry) -> bool:

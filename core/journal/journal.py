@@ -14,7 +14,6 @@ from contextlib import contextmanager
 from datetime import datetime
 from typing import Any
 
-import orjson
 from sqlalchemy import (
     Connection,
     Engine,
@@ -29,6 +28,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.exc import IntegrityError
 
+from core import exact_json
 from core.db import advisory_lock, is_sqlite, keyset_pages, read_connection, write_transaction
 from core.errors import (
     BlobsMissing,
@@ -37,12 +37,14 @@ from core.errors import (
     SessionNotFound,
     SessionStoreError,
 )
+from core.journal import manifest
 from core.journal.postgres import (
     PG_APPEND,
     PG_APPEND_KEYED,
     PG_NEXT_POSITIONS,
     SQLITE_LAST_POSITION,
     WRITER_LOCK_KEY,
+    session_events,
 )
 from core.models import (
     BlobRefRow,
@@ -97,8 +99,11 @@ def _to_event(row: Any) -> StoredEvent:
 
 
 def _batch_json(events: Sequence[PreparedEvent]) -> str:
-    """The batch's payloads as one JSON array, reusing each event's JSON where it has one."""
-    parts = [ev.encoded if ev.encoded is not None else orjson.dumps(ev.payload) for ev in events]
+    """The batch's payloads as one JSON array, reusing each event's JSON where it has one
+    (``json_array_elements`` passes each element's text on unchanged: it is what is stored)."""
+    parts = [
+        ev.encoded if ev.encoded is not None else exact_json.dumps(ev.payload) for ev in events
+    ]
     return (b"[" + b",".join(parts) + b"]").decode()
 
 
@@ -503,6 +508,26 @@ class Journal:
         limit: int | None = None,
         tenant_id: str | None = None,
     ) -> list[StoredEvent]:
+        with read_connection(self.engine) as conn:
+            if tenant_id is not None:
+                self.session_in(conn, session_id, tenant_id=tenant_id)
+            events = self._session_events(conn, session_id, after_seq, upto_seq, limit)
+            if not events and tenant_id is None:
+                self.session_in(conn, session_id)
+        return events
+
+    def _session_events(
+        self,
+        conn: Connection,
+        session_id: str,
+        after_seq: int,
+        upto_seq: int | None,
+        limit: int | None,
+    ) -> list[StoredEvent]:
+        if not is_sqlite(self.engine):
+            return session_events(
+                conn, session_id, after_seq=after_seq, upto_seq=upto_seq, limit=limit
+            )
         query = (
             select(*_EVENT_COLUMNS)
             .where(_events.c.session_id == session_id, _events.c.seq > after_seq)
@@ -512,13 +537,7 @@ class Journal:
             query = query.where(_events.c.seq <= upto_seq)
         if limit is not None:
             query = query.limit(max(0, limit))
-        with read_connection(self.engine) as conn:
-            if tenant_id is not None:
-                self.session_in(conn, session_id, tenant_id=tenant_id)
-            rows = conn.execute(query).all()
-            if not rows and tenant_id is None:
-                self.session_in(conn, session_id)
-        return [_to_event(r) for r in rows]
+        return [_to_event(r) for r in conn.execute(query)]
 
     def iter_events(
         self,
@@ -565,28 +584,11 @@ class Journal:
 
     def manifest(self, positions: Sequence[int]) -> dict[int, list[ManifestEntry]]:
         """Manifest rows of these event positions, keyed by position."""
-        found: dict[int, list[ManifestEntry]] = {}
-        if not positions:
-            return found
-        with read_connection(self.engine) as conn:
-            for chunk_start in range(0, len(positions), 900):
-                chunk = list(positions[chunk_start : chunk_start + 900])
-                rows = conn.execute(
-                    select(
-                        _refs.c.position,
-                        _refs.c.pointer,
-                        _refs.c.hash,
-                        _refs.c.size,
-                        _refs.c.encoding,
-                    )
-                    .where(_refs.c.position.in_(chunk))
-                    .order_by(_refs.c.position, _refs.c.id)
-                )
-                for r in rows:
-                    found.setdefault(r.position, []).append(
-                        ManifestEntry(r.pointer, r.hash, r.size, r.encoding)
-                    )
-        return found
+        return manifest.of_positions(self.engine, positions)
+
+    def manifest_of(self, events: Sequence[StoredEvent]) -> dict[int, list[ManifestEntry]]:
+        """Manifest rows of these events, keyed by position: one query per session."""
+        return manifest.of_events(self.engine, events)
 
     def delete_events_of(self, conn: Connection, session_id: str) -> None:
         """Remove a whole session's events and manifest (only with the session itself)."""

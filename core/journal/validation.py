@@ -14,8 +14,6 @@ import orjson
 
 from core.errors import InvalidEvent, WriteTooLarge
 
-_INT64_MIN = -(2**63)
-_UINT64_MAX = 2**64 - 1
 MAX_TYPE_LENGTH = 256
 
 
@@ -83,7 +81,8 @@ def plain_json(value: Any, *, max_depth: int) -> bytes | None:
     """``value`` as compact JSON if it certainly passes the walk below, else None.
 
     The fast path for ordinary events, all in C: orjson refuses non-string keys, lone
-    surrogates, integers outside 64 bits and non-JSON types; decoding the result again and
+    surrogates, integers outside 64 bits (valid, but the walk and ``core.exact_json`` take
+    those) and non-JSON types; decoding the result again and
     comparing catches what it would coerce (NaN and infinities become null, tuples and
     UUIDs and enums of other kinds change type). A U+0000 anywhere, or more nesting than
     allowed, is left to the walk, which reports it with its path.
@@ -160,9 +159,8 @@ def _check_scalar(value: Any) -> None:
     if isinstance(value, bool) or value is None:
         return
     if isinstance(value, int):
-        if not _INT64_MIN <= value <= _UINT64_MAX:
-            raise _Bad("integer outside the 64-bit range JSON consumers can read")
-    elif isinstance(value, float):
+        return  # any size: core.exact_json stores and reads back integers beyond 64 bits
+    if isinstance(value, float):
         if not math.isfinite(value):
             raise _Bad(f"{value!r} is not a JSON number")
     elif isinstance(value, str):

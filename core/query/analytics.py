@@ -99,7 +99,7 @@ class ListedEvent:
 def _json_text(engine: Engine, *path: str) -> ColumnElement[Any]:
     if is_sqlite(engine):
         return func.json_extract(_events.c.payload, "$." + ".".join(path))
-    return func.jsonb_extract_path_text(_events.c.payload, *path)
+    return func.json_extract_path_text(_events.c.payload, *path)
 
 
 def _json_number(engine: Engine, *path: str) -> ColumnElement[Any]:
@@ -108,11 +108,11 @@ def _json_number(engine: Engine, *path: str) -> ColumnElement[Any]:
         where = "$." + ".".join(path)
         kind = func.json_type(_events.c.payload, where)
         return case((kind.in_(["integer", "real"]), func.json_extract(_events.c.payload, where)))
-    node = func.jsonb_extract_path(_events.c.payload, *path)
+    node = func.json_extract_path(_events.c.payload, *path)
     return case(
         (
-            func.jsonb_typeof(node) == "number",
-            cast(func.jsonb_extract_path_text(_events.c.payload, *path), Numeric),
+            func.json_typeof(node) == "number",
+            cast(func.json_extract_path_text(_events.c.payload, *path), Numeric),
         )
     )
 

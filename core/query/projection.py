@@ -18,8 +18,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import asdict, astuple, dataclass, field
 from typing import Any
 
-import orjson
-
+from core import exact_json
 from core.errors import SnapshotFormatError
 from core.query.entry_tree import ROOT, EntryTree
 from core.records import StoredEvent
@@ -329,7 +328,8 @@ def encode_fold(fold: Fold) -> bytes:
         "custom": fold.custom,
         "labels": fold.labels,
     }
-    encoded = orjson.dumps(meta)
+    # exact_json: folded values (usage sums, custom data) may be integers beyond 64 bits
+    encoded = exact_json.dumps(meta)
     return b"".join((_MAGIC, _LENGTH.pack(len(encoded)), encoded, *chunks))
 
 
@@ -339,7 +339,7 @@ def decode_fold(data: bytes) -> Fold:
     try:
         (length,) = _LENGTH.unpack_from(data, 4)
         start = 4 + _LENGTH.size
-        meta = orjson.loads(data[start : start + length])
+        meta = exact_json.loads(data[start : start + length])
         if meta.get("version") != PROJECTION_VERSION:
             raise SnapshotFormatError(f"snapshot of projection version {meta.get('version')}")
         counters = meta["counters"]

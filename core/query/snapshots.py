@@ -48,6 +48,8 @@ _artifacts = table_of(ArtifactRow)
 
 # Context entries a few seqs apart are read with one range query rather than many.
 _MAX_GAP = 64
+# Events a state read keeps from its fold for the context instead of reading them again.
+KEEP_FOLDED = 5000
 
 Rehydrate = Callable[[list[StoredEvent]], list[StoredEvent]]
 
@@ -70,9 +72,14 @@ def session_state(
         raise ValueError(f"at_seq must be >= 0, got {at_seq}")
     session = journal.get_session(session_id, tenant_id=tenant_id)
     target = session.head_seq if at_seq is None else min(at_seq, session.head_seq)
-    fold = fold_at(journal, session_id, target, snapshot_every=snapshot_every)
+    folded: dict[int, StoredEvent] = {}
+    fold = fold_at(journal, session_id, target, snapshot_every=snapshot_every, keep=folded)
     plan = plan_context(fold)
-    events = read_seqs(journal, session_id, plan.seqs(fold.tree))
+    # The context is mostly the latest events, which the fold has just read and decoded:
+    # reuse them, and read only the seqs it did not keep (before a snapshot, or long ago).
+    wanted = plan.seqs(fold.tree)
+    events = read_seqs(journal, session_id, [s for s in wanted if s not in folded])
+    events += [folded[s] for s in wanted if s in folded]
     if rehydrate is not None:
         events = rehydrate(events)
     return build_state(
@@ -84,14 +91,29 @@ def session_state(
     )
 
 
-def fold_at(journal: Journal, session_id: str, seq: int, *, snapshot_every: int) -> Fold:
-    """The fold after ``seq``: from the latest snapshot at or before it, if any."""
+def fold_at(
+    journal: Journal,
+    session_id: str,
+    seq: int,
+    *,
+    snapshot_every: int,
+    keep: dict[int, StoredEvent] | None = None,
+) -> Fold:
+    """The fold after ``seq``: from the latest snapshot at or before it, if any.
+
+    ``keep`` receives the last ``KEEP_FOLDED`` events folded, by seq (payloads are final
+    and shared, never modified).
+    """
     fold = load_snapshot(journal.engine, session_id, seq) if snapshot_every else None
     fold = fold if fold is not None else Fold()
     boundary = seq - seq % snapshot_every if snapshot_every else 0
     pending: bytes | None = None
     for event in journal.iter_events(session_id, after_seq=fold.seq, upto_seq=seq):
         apply(fold, event)
+        if keep is not None:
+            keep[event.seq] = event
+            if len(keep) > KEEP_FOLDED:
+                del keep[next(iter(keep))]  # the oldest: dicts keep insertion order
         if event.seq == boundary:
             pending = encode_fold(fold)
     if pending is not None:

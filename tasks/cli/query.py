@@ -10,10 +10,10 @@ from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Annotated, Any
 
-import orjson
 import typer
 from rich.table import Table
 
+from core import exact_json
 from core.query import analytics
 from core.query.analytics import EventFilter, ListedEvent
 from core.store import SessionStore
@@ -91,12 +91,11 @@ class _Printer:
 
     def write(self, event: ListedEvent) -> None:
         if self.output is Output.jsonl:
-            sys.stdout.write(orjson.dumps(event.to_dict(), default=str).decode() + "\n")
+            # exact_json: integers beyond 64 bits are valid payload values (orjson refuses them)
+            sys.stdout.write(exact_json.dumps_str(event.to_dict()) + "\n")
         elif self.csv is not None:
             row = event.to_dict()
-            self.csv.writerow(
-                (*(row[c] for c in CSV_COLUMNS), orjson.dumps(event.payload, default=str).decode())
-            )
+            self.csv.writerow((*(row[c] for c in CSV_COLUMNS), exact_json.dumps_str(event.payload)))
         elif self.table is not None:
             self.table.add_row(*self._cells(event), _summary(event))
         else:

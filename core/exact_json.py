@@ -1,0 +1,48 @@
+"""JSON text that reads back as exactly the value written (DESIGN invariant 11).
+
+The journal stores each payload as its JSON text (PostgreSQL ``json``, SQLite ``TEXT``), so
+key order, ``-0.0``, integral floats such as ``1e16`` and integers of any size survive on
+both backends. The text is orjson's, which is fast and exact for everything but integers
+beyond 64 bits: orjson refuses to encode those, and on decoding turns them into floats
+without a word. Such a value is therefore encoded by the standard library instead, with a
+space as its second character (``{ "n":…``: valid JSON, never orjson's output, and kept by
+PostgreSQL's ``json`` type and ``json_array_elements``, which a leading space would not
+be). A reader decodes such a text with the standard library and every other text with
+orjson: one byte tells them apart, so the common path pays nothing for the rare one.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import orjson
+
+_MARK = b" "
+_MARK_STR = " "
+
+
+def dumps(value: Any) -> bytes:
+    """Compact JSON of a validated value; wide integers go the standard library's way."""
+    try:
+        return orjson.dumps(value)
+    except orjson.JSONEncodeError:
+        # The validator let the value through, so what orjson refuses here is an integer
+        # outside 64 bits; the stdlib writes those (and floats as their repr, which both
+        # decoders read back as the same float).
+        text = json.dumps(value, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
+        encoded = text.encode("utf-8")
+        if encoded[:1] in (b"{", b"["):
+            return encoded[:1] + _MARK + encoded[1:]
+        return _MARK + _MARK + encoded  # a bare number: leading whitespace is JSON too
+
+
+def dumps_str(value: Any) -> str:
+    return dumps(value).decode("utf-8")
+
+
+def loads(data: bytes | bytearray | memoryview | str) -> Any:
+    """The value of JSON text written by ``dumps`` (or any JSON without wide integers)."""
+    if data[1:2] in (_MARK, _MARK_STR):
+        return json.loads(bytes(data) if isinstance(data, memoryview) else data)
+    return orjson.loads(data)

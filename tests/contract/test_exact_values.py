@@ -1,0 +1,132 @@
+"""Values round-trip exactly on both backends (issue 16, item 5; DESIGN invariant 11).
+
+``read(append(x)) == x`` compared strictly: object key order, the type of every number
+(``1.0`` is not ``1``), the sign of zero, floats bit for bit, integers of any size.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given
+from hypothesis import settings as hsettings
+from hypothesis import strategies as st
+from sqlalchemy import text
+
+from core import SessionStore, exact_json
+
+Strict = tuple[str, Any]
+
+
+def strict(value: Any) -> Strict:
+    """A form of ``value`` in which every difference the journal must keep is visible."""
+    if value is None or isinstance(value, (bool, str)):
+        return (type(value).__name__, value)
+    if isinstance(value, int):
+        return ("int", value)
+    if isinstance(value, float):
+        return ("float", value.hex())  # -0.0 and 0.0 differ; 1e16 stays a float
+    if isinstance(value, list):
+        return ("array", [strict(v) for v in value])
+    assert isinstance(value, dict)
+    return ("object", [(k, strict(v)) for k, v in value.items()])  # in order
+
+
+numbers = st.one_of(
+    st.integers(),
+    st.integers(min_value=-(2**200), max_value=2**200),
+    st.floats(allow_nan=False, allow_infinity=False),
+    st.sampled_from([-0.0, 0.0, 1e16, -1e16, 1e300, 2.0**64, 2**64, 2**64 + 1, -(2**63) - 1]),
+)
+# Keys with U+0000 are refused at write (invariant 8); strings with it become blobs.
+keys = st.text(max_size=6).filter(lambda k: "\x00" not in k)
+scalars = st.one_of(st.none(), st.booleans(), numbers, st.text(max_size=12))
+values = st.recursive(
+    scalars,
+    lambda inner: st.one_of(
+        st.lists(inner, max_size=4),
+        st.dictionaries(keys, inner, max_size=4),
+    ),
+    max_leaves=24,
+)
+events = st.builds(
+    lambda kind, fields: {"type": kind, **fields},
+    st.sampled_from(["message", "custom", "x"]),
+    st.dictionaries(keys.filter(lambda k: k != "type"), values, max_size=5),
+)
+
+
+@hsettings(
+    max_examples=120,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+@given(batch=st.lists(events, min_size=1, max_size=3))
+def test_read_returns_exactly_what_was_appended(
+    store: SessionStore, batch: list[dict[str, Any]]
+) -> None:
+    session = store.create_session(tenant_id="acme")
+    store.append(session.id, batch)
+    read = [e.payload for e in store.read(session.id, rehydrate=True)]
+    assert [strict(e) for e in read] == [strict(e) for e in batch]
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        -0.0,
+        1e16,
+        1.5e300,
+        2**64,
+        -(2**64) - 7,
+        10**40,
+        {"z": 1, "a": 2, "m": {"y": -0.0, "b": [2**70, 1e16]}},
+    ],
+)
+def test_values_jsonb_would_change_come_back_unchanged(store: SessionStore, value: Any) -> None:
+    session = store.create_session(tenant_id="acme")
+    event = {"type": "custom", "z_first": 1, "value": value, "a_last": True}
+    store.append(session.id, [event])
+    (stored,) = store.read(session.id)
+    assert strict(stored.payload) == strict(event)
+    assert list(stored.payload) == ["type", "z_first", "value", "a_last"]
+
+
+def test_the_stored_text_is_what_the_writer_encoded(store: SessionStore) -> None:
+    """The database holds the writer's JSON text itself, so SQL sees the same values."""
+    session = store.create_session(tenant_id="acme")
+    event = {"type": "custom", "b": -0.0, "a": 1e16, "n": 2**70}
+    store.append(session.id, [event])
+    with store.engine.connect() as conn:
+        stored = conn.execute(
+            text("SELECT CAST(payload AS TEXT) FROM events WHERE session_id = :s"),
+            {"s": session.id},
+        ).scalar_one()
+    assert stored.encode() == exact_json.dumps(event)
+    assert math.copysign(1, exact_json.loads(stored)["b"]) == -1
+
+
+def test_state_and_its_snapshots_keep_wide_integers(store: SessionStore) -> None:
+    """A folded number beyond 64 bits (a compaction's tokensBefore) survives a snapshot."""
+    settings = store.settings.model_copy(update={"snapshot_every": 2})
+    session = store.create_session(tenant_id="acme")
+    entries: list[dict[str, Any]] = [
+        {"type": "message", "id": "a", "parentId": None, "message": {"role": "user"}},
+        {
+            "type": "compaction",
+            "id": "b",
+            "parentId": "a",
+            "summary": "s",
+            "firstKeptEntryId": "a",
+            "tokensBefore": 2**70,
+        },
+        {"type": "message", "id": "c", "parentId": "b", "message": {"role": "user"}},
+    ]
+    store.append(session.id, entries)
+    with SessionStore.from_settings(settings) as snapshotting:
+        first = snapshotting.state(session.id)  # folds, stores the snapshot at seq 2
+        again = snapshotting.state(session.id)  # starts from that snapshot
+    assert first.compaction is not None and again.compaction is not None
+    assert first.compaction.tokens_before == again.compaction.tokens_before == 2**70
