@@ -20,7 +20,7 @@ import time
 from collections.abc import Sequence
 from typing import Any, Protocol
 
-SINGLE_N = 200
+SINGLE_N = 100
 BATCH = 100
 READS = 5
 SESSION = "0b5e5510-0019-4000-8000-000000000019"
