@@ -8,11 +8,9 @@ new distinct ones) so storage growth can be measured. The same seed gives the sa
 from __future__ import annotations
 
 import random
-import struct
-import zlib
 from typing import Any
 
-from tasks.cli.samples import EntryBuilder
+from tasks.cli.samples import EntryBuilder, png_bytes
 
 TURNS = 200
 HEADER_EVENTS = 10
@@ -36,18 +34,7 @@ def screenshot(seed: int, width: int = 640, height: int = 400) -> bytes:
             band = (y // 20 + seed) % 7
             pixel = bytes((40 + band * 30, 60 + (seed * 37) % 150, 90 + band * 20))
             rows.append(b"\x00" + pixel * width)
-
-    def chunk(kind: bytes, data: bytes) -> bytes:
-        body = kind + data
-        return struct.pack(">I", len(data)) + body + struct.pack(">I", zlib.crc32(body))
-
-    header = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
-    return (
-        b"\x89PNG\r\n\x1a\n"
-        + chunk(b"IHDR", header)
-        + chunk(b"IDAT", zlib.compress(b"".join(rows), 6))
-        + chunk(b"IEND", b"")
-    )
+    return png_bytes(width, height, rows)
 
 
 def code_text(rng: random.Random, size: int) -> str:
