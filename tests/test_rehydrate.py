@@ -259,12 +259,8 @@ def test_corrupted_blob_is_never_returned(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     session_id, _ = filled
-    damaged = sha256_hex(PNG + bytes(3000))
-    assert isinstance(store.blobs, FileBlobStore)
-    path = store.blobs.path_for(damaged, "identity")  # PNG: never gzipped
-    raw = bytearray(path.read_bytes())
-    raw[len(raw) // 2] ^= 0x01
-    path.write_bytes(bytes(raw))
+    damaged, path = _image_blob(store)
+    _flip_middle_byte(path)
     with caplog.at_level(logging.WARNING, logger="core.blobs.rehydrate"):
         events = store.read(session_id, rehydrate=True)
     assert events[1].payload["message"]["content"][0]["data"] == make_ref(damaged)
@@ -286,6 +282,13 @@ def test_only_the_path_to_a_ref_is_copied(
     assert plain.payload["message"]["content"][0]["data"].startswith("blob:sha256:")
 
 
+def _image_blob(store: SessionStore) -> tuple[str, Path]:
+    """Hash and file of the image of ``filled`` (PNG: stored as is, never gzipped)."""
+    image_hash = sha256_hex(PNG + bytes(3000))
+    assert isinstance(store.blobs, FileBlobStore)
+    return image_hash, store.blobs.path_for(image_hash, "identity")
+
+
 def _flip_middle_byte(path: Path) -> bytes:
     original = path.read_bytes()
     damaged = bytearray(original)
@@ -300,10 +303,7 @@ def test_a_verified_value_is_read_once_per_store_and_a_corrupt_one_never_cached(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     session_id, evs = filled
-    image_hash = sha256_hex(PNG + bytes(3000))
-    assert isinstance(store.blobs, FileBlobStore)
-    path = store.blobs.path_for(image_hash, "identity")
-
+    image_hash, path = _image_blob(store)
     original = _flip_middle_byte(path)  # corrupt before the first read: never cached
     first = store.read(session_id, rehydrate=True)
     assert first[1].payload["message"]["content"][0]["data"] == make_ref(image_hash)

@@ -318,6 +318,7 @@ class Journal:
                 # One JSON document for the whole batch: a text[]/jsonb[] parameter would
                 # be escaped element by element on the client, a regex per string.
                 "payloads": _batch_json(events),
+                "types": [ev.type for ev in events],
                 "key": idempotency_key,
                 "lock_key": WRITER_LOCK_KEY,
             },

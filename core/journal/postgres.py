@@ -30,7 +30,9 @@ SQLITE_LAST_POSITION = text("SELECT seq FROM sqlite_sequence WHERE name = 'event
 # allocated only while it is held, and it is held until commit), claim seqs on the session
 # row (only at the expected head, and only for a key not yet written), insert the batch in
 # seq order so positions follow seqs, and (keyed variant) record the write. No row back:
-# no session, the head moved, or the key was already written.
+# no session, the head moved, or the key was already written. The types come as an array
+# next to the payloads: ``payload ->> 'type'`` parsed every event's text once more (about a
+# quarter of the statement's time for a batch of 100 1 KB events).
 PG_APPEND_CTES = """
 WITH writer_lock AS MATERIALIZED (
     SELECT pg_advisory_xact_lock(:lock_key)
@@ -43,7 +45,7 @@ WITH writer_lock AS MATERIALIZED (
     RETURNING head_seq
 ), inserted AS (
     INSERT INTO events (session_id, seq, type, payload, recorded_at)
-    SELECT :sid, claimed.head_seq - :n + e.ord, e.payload ->> 'type', e.payload, :now
+    SELECT :sid, claimed.head_seq - :n + e.ord, (CAST(:types AS text[]))[e.ord], e.payload, :now
     FROM claimed,
          json_array_elements(CAST(:payloads AS json)) WITH ORDINALITY AS e(payload, ord)
     ORDER BY e.ord
