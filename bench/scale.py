@@ -37,12 +37,11 @@ import psycopg
 
 from bench.peers.workload import session as workload_session
 from bench.peers.workload import split
+from bench.pgdb import dsn, scratch_database, url
 from core import SessionStore, Settings
 from core.journal.journal import _encode_cursor
-from core.migrate import upgrade
 from core.query.analytics import EventFilter
 
-ADMIN = "postgresql://postgres@127.0.0.1:5432/postgres"
 CANDIDATES = 1000
 DAYS = 30
 TENANTS = [f"tenant-{i}" for i in range(10)]
@@ -226,25 +225,17 @@ def measure(url: str, root: Path, events: int, sessions: int, repeats: int) -> d
 
 
 def run_size(events: int, sessions: int, repeats: int) -> dict[str, float]:
-    name = f"scale_{uuid.uuid4().hex[:8]}"
-    with psycopg.connect(ADMIN, autocommit=True) as admin:
-        admin.execute(f'CREATE DATABASE "{name}"')
-    url = f"postgresql+psycopg://postgres@127.0.0.1:5432/{name}"
-    try:
-        upgrade(url)
-        with tempfile.TemporaryDirectory(prefix="scale-") as tmp:
-            root = Path(tmp)
-            started = time.perf_counter()
-            fill(url.replace("+psycopg", ""), root / "blobs", events, sessions)
-            print(
-                f"  filled {events:,} events in {time.perf_counter() - started:.0f} s", flush=True
-            )
-            result = measure(url, root, events, sessions, repeats)
-            result["load"] = os.getloadavg()[0]
-            return result
-    finally:
-        with psycopg.connect(ADMIN, autocommit=True) as admin:
-            admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    with (
+        scratch_database("scale", migrate=True) as name,
+        tempfile.TemporaryDirectory(prefix="scale-") as tmp,
+    ):
+        root = Path(tmp)
+        started = time.perf_counter()
+        fill(dsn(name), root / "blobs", events, sessions)
+        print(f"  filled {events:,} events in {time.perf_counter() - started:.0f} s", flush=True)
+        result = measure(url(name), root, events, sessions, repeats)
+        result["load"] = os.getloadavg()[0]
+        return result
 
 
 def main() -> None:

@@ -20,7 +20,6 @@ import subprocess
 import sys
 import tempfile
 import time
-import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -30,10 +29,10 @@ import psycopg
 
 from bench.peers.drivers.common import SINGLE_N, digests
 from bench.peers.workload import session, split
+from bench.pgdb import dsn, scratch_database
 
 ROOT = Path(__file__).resolve().parents[2]
 VENVS = Path(__file__).resolve().parent / ".venvs"
-ADMIN = "postgresql://postgres@127.0.0.1:5432/postgres"
 RESULTS = ROOT / "bench" / "RESULTS.md"
 nan = float("nan")
 START, END = "<!-- peers:start -->", "<!-- peers:end -->"
@@ -98,22 +97,6 @@ def ensure_venv(name: str) -> None:
     marker.write_text("\n".join(pins))
 
 
-def create_db() -> str:
-    name = f"peers_{uuid.uuid4().hex[:10]}"
-    with psycopg.connect(ADMIN, autocommit=True) as admin:
-        admin.execute(f'CREATE DATABASE "{name}"')
-    return name
-
-
-def drop_db(name: str) -> None:
-    with psycopg.connect(ADMIN, autocommit=True) as admin:
-        admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-
-
-def dsn(name: str) -> str:
-    return f"postgresql://postgres@127.0.0.1:5432/{name}"
-
-
 def storage_bytes(name: str, workdir: Path) -> int:
     """Every table of the database (heap, TOAST, indexes) plus files under workdir (blobs)."""
     with psycopg.connect(dsn(name)) as conn:
@@ -153,36 +136,27 @@ class Samples:
 def one_round(
     system: System, workload: Path, expected: dict[str, Any], samples: Samples, *, grow: bool
 ) -> None:
-    for op in ("single",):
-        name = create_db()
-        try:
-            with tempfile.TemporaryDirectory(prefix="peers-") as tmp:
-                r = drive(system, op, name, workload, Path(tmp))
-                samples.add("single", r["ev_s"])
-                samples.loads.append(r["load"])
-        finally:
-            drop_db(name)
-    name = create_db()
-    try:
-        with tempfile.TemporaryDirectory(prefix="peers-") as tmp:
-            workdir = Path(tmp)
-            r = drive(system, "load", name, workload, workdir)
-            samples.add("batch", r["ev_s"])
-            samples.loads.append(r["load"])
-            s200 = storage_bytes(name, workdir)
-            samples.add("storage", s200)
-            r = drive(system, "rebuild", name, workload, workdir)
-            samples.loads.append(r["load"])
-            samples.add("rebuild_first", r["first_s"])
-            samples.add("rebuild_warm", r["warm_s"])
-            got = {k: r[k] for k in ("events", "ids", "images", "image_bytes", "content")}
-            bad = [k for k in got if got[k] != expected[k]]
-            samples.checks.append("ok" if not bad else "MISMATCH " + ",".join(bad))
-            if grow:  # storage is deterministic: growth needs no repeats (the slow part)
-                drive(system, "grow", name, workload, workdir)
-                samples.add("growth", storage_bytes(name, workdir) - s200)
-    finally:
-        drop_db(name)
+    with scratch_database("peers") as name, tempfile.TemporaryDirectory(prefix="peers-") as tmp:
+        r = drive(system, "single", name, workload, Path(tmp))
+        samples.add("single", r["ev_s"])
+        samples.loads.append(r["load"])
+    with scratch_database("peers") as name, tempfile.TemporaryDirectory(prefix="peers-") as tmp:
+        workdir = Path(tmp)
+        r = drive(system, "load", name, workload, workdir)
+        samples.add("batch", r["ev_s"])
+        samples.loads.append(r["load"])
+        s200 = storage_bytes(name, workdir)
+        samples.add("storage", s200)
+        r = drive(system, "rebuild", name, workload, workdir)
+        samples.loads.append(r["load"])
+        samples.add("rebuild_first", r["first_s"])
+        samples.add("rebuild_warm", r["warm_s"])
+        got = {k: r[k] for k in ("events", "ids", "images", "image_bytes", "content")}
+        bad = [k for k in got if got[k] != expected[k]]
+        samples.checks.append("ok" if not bad else "MISMATCH " + ",".join(bad))
+        if grow:  # storage is deterministic: growth needs no repeats (the slow part)
+            drive(system, "grow", name, workload, workdir)
+            samples.add("growth", storage_bytes(name, workdir) - s200)
 
 
 def med(xs: list[float]) -> float:
@@ -221,7 +195,7 @@ def versions() -> dict[str, str]:
     rev = subprocess.run(
         ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True
     ).stdout.strip()
-    with psycopg.connect(ADMIN) as conn:
+    with psycopg.connect(dsn("postgres")) as conn:
         row = conn.execute("SHOW server_version").fetchone()
     out["ours"] = f"sessionstore {rev}, psycopg {psycopg.__version__}"
     out["postgres"] = str(row[0]) if row else "?"
