@@ -28,6 +28,7 @@ import tempfile
 import time
 import uuid
 from collections.abc import Callable
+from contextlib import ExitStack
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -172,70 +173,63 @@ def fill(url: str, blob_root: Path, events: int, sessions: int, seed: int = 5) -
         (directory / f"{h}.blob").write_bytes(b"x")
 
 
-def median_of(repeats: int, fn: Callable[[], object]) -> float:
-    fn()  # warm-up: imports, prepared statements, caches
-    times = []
-    for _ in range(repeats):
-        started = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - started)
-    return statistics.median(times)
+def timed(fn: Callable[[], object]) -> float:
+    started = time.perf_counter()
+    fn()
+    return time.perf_counter() - started
 
 
-def measure(url: str, root: Path, events: int, sessions: int, repeats: int) -> dict[str, float]:
-    blob_root = root / "blobs"
-    settings = Settings(data_dir=root, database_url=url, blob_url=blob_root.as_uri())
-    out: dict[str, float] = {}
-    with SessionStore.from_settings(settings) as store:
-        big = store.journal.create_session(tenant_id=TENANTS[0], title="200 turns")
+class Journal:
+    """One filled journal, open for measuring: the store, its 200-turn session, a deep cursor."""
+
+    def __init__(self, name: str, root: Path, events: int, sessions: int) -> None:
+        self.events, self.sessions = events, sessions
+        settings = Settings(
+            data_dir=root, database_url=url(name), blob_url=(root / "blobs").as_uri()
+        )
+        self.store = SessionStore.from_settings(settings)
+        self.big = self.store.journal.create_session(tenant_id=TENANTS[0], title="200 turns").id
         first, _ = split(workload_session(200))
         for i in range(0, len(first), 100):
-            store.append(big.id, first[i : i + 100])
-        with psycopg.connect(url.replace("+psycopg", ""), autocommit=True) as conn:
+            self.store.append(self.big, first[i : i + 100])
+        with psycopg.connect(dsn(name), autocommit=True) as conn:
             conn.execute("VACUUM ANALYZE")
             row = conn.execute(
                 "SELECT created_at, id FROM sessions ORDER BY created_at, id OFFSET %s LIMIT 1",
                 (sessions // 2,),
             ).fetchone()
         assert row is not None
-        deep = _encode_cursor(row[0], row[1])
-        targets = [s.id for s in store.list_sessions(limit=100).items]
+        self.deep = _encode_cursor(row[0], row[1])
+        self.targets = [s.id for s in self.store.list_sessions(limit=100).items]
+        self.appended = 0
+        self.ops: dict[str, Callable[[], object]] = {
+            "state() 200 turns": lambda: self.store.state(self.big),
+            "list_sessions first page": lambda: self.store.list_sessions(),
+            "list_sessions deep cursor": lambda: self.store.list_sessions(cursor=self.deep),
+            "events --since page": lambda: self.store.list_events(
+                EventFilter(since=EPOCH + timedelta(days=DAYS / 2)), limit=100
+            ),
+            "stats": lambda: self.store.stats(),
+        }
+        for op in self.ops.values():
+            op()  # warm-up: imports, prepared statements, the first snapshot of state()
+
+    def round(self) -> dict[str, float]:
+        """One sample of every operation (append: the p50 of 20 single-event appends)."""
         lat = []
-        for i in range(100):
-            started = time.perf_counter()
-            store.append(targets[i % len(targets)], [{"type": "custom", "id": f"a{i}"}])
-            lat.append(time.perf_counter() - started)
-        out["append p50"] = statistics.median(lat)
-        store.state(big.id)  # the first call may write a snapshot; measure what follows
-        out["state() 200 turns"] = median_of(repeats, lambda: store.state(big.id))
-        out["list_sessions first page"] = median_of(repeats, lambda: store.list_sessions())
-        out["list_sessions deep cursor"] = median_of(
-            repeats, lambda: store.list_sessions(cursor=deep)
-        )
-        since = EPOCH + timedelta(days=DAYS / 2)
-        out["events --since page"] = median_of(
-            repeats, lambda: store.list_events(EventFilter(since=since), limit=100)
-        )
-        out["stats"] = median_of(repeats, lambda: store.stats())
-        started = time.perf_counter()
-        report = store.gc_blobs(apply=True, grace=3600)
-        out["GC 1,000 candidates"] = time.perf_counter() - started
-        out["gc_deleted"] = float(getattr(report, "deleted", getattr(report, "blobs_deleted", -1)))
-    return out
+        for _ in range(20):
+            self.appended += 1
+            target = self.targets[self.appended % len(self.targets)]
+            event = {"type": "custom", "id": f"a{self.appended}"}
+            lat.append(timed(lambda t=target, e=event: self.store.append(t, [e])))
+        out = {"append p50": statistics.median(lat)}
+        out.update({name: timed(op) for name, op in self.ops.items()})
+        return out
 
-
-def run_size(events: int, sessions: int, repeats: int) -> dict[str, float]:
-    with (
-        scratch_database("scale", migrate=True) as name,
-        tempfile.TemporaryDirectory(prefix="scale-") as tmp,
-    ):
-        root = Path(tmp)
+    def gc(self) -> tuple[float, int]:
         started = time.perf_counter()
-        fill(dsn(name), root / "blobs", events, sessions)
-        print(f"  filled {events:,} events in {time.perf_counter() - started:.0f} s", flush=True)
-        result = measure(url(name), root, events, sessions, repeats)
-        result["load"] = os.getloadavg()[0]
-        return result
+        report = self.store.gc_blobs(apply=True, grace=3600)
+        return time.perf_counter() - started, report.deleted
 
 
 def main() -> None:
@@ -244,23 +238,48 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=5)
     args = parser.parse_args()
     sizes = [tuple(int(x) for x in s.split(":")) for s in args.sizes.split(",")]
-    results = []
-    for events, sessions in sizes:
-        print(f"size {events:,} events / {sessions:,} sessions", flush=True)
-        r = run_size(events, sessions, args.repeats)
-        print("  " + ", ".join(f"{k} {v * 1e3:.1f} ms" for k, v in r.items() if k[0] != "g"))
-        results.append((events, sessions, r))
-    base = results[0][2]
-    metrics = [k for k in base if k not in ("load", "gc_deleted")]
-    head = " | ".join(f"{e:,} ev / {s:,} sessions" for e, s, _ in results)
-    print(f"\n| operation | {head} | ratio at the largest |")
-    print("|---|" + "---|" * (len(results) + 1))
-    for m in metrics:
-        cells = " | ".join(f"{r[m] * 1e3:.1f} ms ({r[m] / base[m]:.2f}x)" for _, _, r in results)
-        print(f"| {m} | {cells} | **{results[-1][2][m] / base[m]:.2f}x** |")
-    loads = " / ".join(f"{r['load']:.1f}" for _, _, r in results)
-    deleted = " / ".join(f"{r['gc_deleted']:.0f}" for _, _, r in results)
-    print(f"\nload average at the end of each size: {loads}; GC deleted {deleted}")
+    with ExitStack() as stack:
+        journals = []
+        for events, sessions in sizes:
+            name = stack.enter_context(scratch_database("scale", migrate=True))
+            root = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="scale-")))
+            started = time.perf_counter()
+            fill(dsn(name), root / "blobs", events, sessions)
+            print(f"filled {events:,} events in {time.perf_counter() - started:.0f} s", flush=True)
+            journals.append(Journal(name, root, events, sessions))
+            stack.callback(journals[-1].store.close)
+        # rounds interleave the sizes (rotated), so load drift hits every size alike
+        samples: list[dict[str, list[float]]] = [{} for _ in journals]
+        loads = []
+        for r in range(args.repeats):
+            order = list(range(len(journals)))
+            order = order[r % len(order) :] + order[: r % len(order)]
+            for i in order:
+                for key, value in journals[i].round().items():
+                    samples[i].setdefault(key, []).append(value)
+            loads.append(os.getloadavg()[0])
+            print(f"round {r + 1} done (load {loads[-1]:.1f})", flush=True)
+        gcs = [j.gc() for j in journals]
+    head = " | ".join(f"{e:,} ev / {s:,} sessions" for e, s in sizes)
+    print(f"\n| operation | {head} | per-round ratio largest / first, median (min-max) |")
+    print("|---|" + "---|" * (len(sizes) + 1))
+    base = samples[0]
+    for m in base:
+        cells = " | ".join(
+            f"{statistics.median(x[m]) * 1e3:.1f} ms "
+            f"({statistics.median(x[m]) / statistics.median(base[m]):.2f}x)"
+            for x in samples
+        )
+        per = [a / b for a, b in zip(samples[-1][m], base[m], strict=True)]
+        print(
+            f"| {m} | {cells} | **{statistics.median(per):.2f}x** ({min(per):.2f}-{max(per):.2f}) |"
+        )
+    cells = " | ".join(f"{t * 1e3:.0f} ms ({t / gcs[0][0]:.2f}x)" for t, _ in gcs)
+    print(f"| GC of 1,000 candidates (once) | {cells} | {gcs[-1][0] / gcs[0][0]:.2f}x |")
+    print(
+        f"\nload average after each round: {' / '.join(f'{x:.1f}' for x in loads)}; "
+        f"GC deleted {' / '.join(str(d) for _, d in gcs)}"
+    )
 
 
 if __name__ == "__main__":
