@@ -29,6 +29,7 @@ import time
 import uuid
 from collections.abc import Callable
 from contextlib import ExitStack
+from functools import partial
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -221,7 +222,7 @@ class Journal:
             self.appended += 1
             target = self.targets[self.appended % len(self.targets)]
             event = {"type": "custom", "id": f"a{self.appended}"}
-            lat.append(timed(lambda t=target, e=event: self.store.append(t, [e])))
+            lat.append(timed(partial(self.store.append, target, [event])))
         out = {"append p50": statistics.median(lat)}
         out.update({name: timed(op) for name, op in self.ops.items()})
         return out
