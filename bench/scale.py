@@ -29,8 +29,8 @@ import time
 import uuid
 from collections.abc import Callable
 from contextlib import ExitStack
-from functools import partial
 from datetime import UTC, datetime, timedelta
+from functools import partial
 from pathlib import Path
 from typing import Any
 
