@@ -8,12 +8,14 @@ tool results / model changes / custom), one manifest row every 20 events onto a 
 registered blobs (one blob per 200 events), and 1,000 more registered blobs that nothing
 references, written a day ago, with their files: GC's candidates. Then one real 200-turn
 session (`bench.peers.workload`, 1,010 events with screenshots) is appended through the
-library, and the database is analyzed. At each size, medians of ``--repeats``:
-
-append p50 (single events into existing sessions), ``state()`` of the 200-turn session,
-``list_sessions`` first page and a deep cursor (half way), ``list_events`` page with a
-``since`` filter (``events --since``), ``stats()``, and one ``gc_blobs(apply=True)`` that
-collects the 1,000 candidates. Each is reported as a ratio to its value at the first size.
+library, and the database is analyzed. All sizes are filled first and kept open; then each
+of ``--repeats`` rounds measures every size (in a rotated order), so load drift on a shared
+machine hits all sizes alike. Per round and size: append p50 (of 20 single events into
+existing sessions), ``state()`` of the 200-turn session, ``list_sessions`` first page and a
+deep cursor (half way), a ``list_events`` page with a ``since`` filter (``events --since``)
+and ``stats()``; at the end one ``gc_blobs(apply=True)`` per size collects the 1,000
+candidates. Reported: medians, their ratio to the first size, and the median (min-max) of the
+per-round ratios largest / first.
 """
 
 from __future__ import annotations
