@@ -43,7 +43,7 @@ from bench.peers.workload import session as workload_session
 from bench.peers.workload import split
 from bench.pgdb import dsn, scratch_database, url
 from core import SessionStore, Settings
-from core.journal.journal import _encode_cursor
+from core.journal.sessions import _encode_cursor
 from core.query.analytics import EventFilter
 
 CANDIDATES = 1000
