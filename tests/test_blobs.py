@@ -14,13 +14,13 @@ import obstore
 import pytest
 from sqlalchemy import Engine
 
+from core.blobs.files import FileBlobStore
 from core.blobs.objects import ObjectBlobStore
 from core.blobs.store import (
     BLOB_REF_PREFIX,
     BlobIndex,
     BlobStore,
     Codec,
-    FileBlobStore,
     encode_blob,
     is_valid_hash,
     make_ref,

@@ -14,7 +14,8 @@ from sqlalchemy import func, select
 
 from core import InvalidEvent, SessionStore, Settings
 from core.blobs.externalize import TRANSIENT_FIELDS, canonical_base64
-from core.blobs.store import BLOB_REF_PREFIX, FileBlobStore, make_ref, parse_ref, sha256_hex
+from core.blobs.files import FileBlobStore
+from core.blobs.store import BLOB_REF_PREFIX, make_ref, parse_ref, sha256_hex
 from core.errors import BlobsMissing
 from core.models import BlobRefRow, BlobRow, EventRow
 from core.records import ManifestEntry, StoredEvent

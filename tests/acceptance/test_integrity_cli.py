@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from core import SessionStore, Settings
-from core.blobs.store import FileBlobStore
+from core.blobs.files import FileBlobStore
 from core.sessions.moves import Moves
 from tests.test_cli import assert_user_error, run
 

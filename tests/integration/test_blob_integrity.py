@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from core import SessionStore
-from core.blobs.store import FileBlobStore, sha256_hex
+from core.blobs.files import FileBlobStore
+from core.blobs.store import sha256_hex
 from core.blobs.verify import verify_blobs
 from core.errors import BlobCorrupted
 
