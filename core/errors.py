@@ -127,6 +127,14 @@ class InvalidArtifactPath(ArtifactError):
         return {**super().to_dict(), "path": self.path, "reason": self.reason}
 
 
+class SymlinkRefused(ArtifactError):
+    """A symlink under the data root was refused: none is ever followed."""
+
+    def __init__(self, path: str = "") -> None:
+        self.path = path
+        super().__init__(f"refusing a symlink under the data root: {path}" if path else None)
+
+
 class QuotaExceeded(ArtifactError):
     """An artifact write would exceed a quota."""
 

@@ -19,8 +19,8 @@ from sqlalchemy.engine import make_url
 
 from core import migrate
 from core.blobs import open_blob_store
+from core.blobs.files import FileBlobStore
 from core.blobs.objects import ObjectBlobStore
-from core.blobs.store import FileBlobStore
 from core.db import make_engine
 from core.errors import DatabaseMissing, SchemaNotCurrent
 from core.records import PlainRecord

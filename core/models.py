@@ -307,6 +307,22 @@ class RehydrationRow(SQLModel, table=True):
     builds: int = Field(default=0, sa_column=Column(Integer, nullable=False, default=0))
 
 
+class MoveIntentRow(SQLModel, table=True):
+    """A session move in progress: committed before its directory is renamed (invariant 12).
+
+    The row goes in the move's final transaction; one that outlives it marks a move a crash
+    interrupted, which ``Moves.repair`` completes or rolls back.
+    """
+
+    __tablename__ = "session_moves"
+
+    session_id: str = Field(sa_column=Column(String(SESSION_ID_LEN), primary_key=True))
+    from_tenant: str = Field(sa_column=Column(String(128), nullable=False))
+    to_tenant: str = Field(sa_column=Column(String(128), nullable=False))
+    cwd: str | None = Field(default=None, sa_column=Column(Text, nullable=True))
+    started_at: datetime = Field(sa_column=Column(TZDateTime, nullable=False))
+
+
 metadata = SQLModel.metadata
 
 

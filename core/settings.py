@@ -22,6 +22,11 @@ def default_data_dir() -> Path:
 SHARED: dict[str, Any] = {"worker_and_beat": True}
 
 
+def shared_optional(description: str) -> Any:
+    """An optional setting (default: unset) that worker, beat and producers must share."""
+    return Field(default=None, json_schema_extra=SHARED, description=description)
+
+
 class Settings(BaseSettings):
     """sessionstore configuration, read from ``SESSIONSTORE_*`` environment variables."""
 
@@ -34,34 +39,23 @@ class Settings(BaseSettings):
         "filesystem broker's folders, the beat schedule). Default: the platform's user data "
         "directory (`~/.local/share/sessionstore` on Linux).",
     )
-    database_url: str | None = Field(
-        json_schema_extra=SHARED,
-        default=None,
-        description="The journal, as a SQLAlchemy URL (sqlite:///… or postgresql+psycopg://…). "
+    database_url: str | None = shared_optional(
+        "The journal, as a SQLAlchemy URL (sqlite:///… or postgresql+psycopg://…). "
         "Default: SQLite in the data dir.",
     )
-    blob_url: str | None = Field(
-        json_schema_extra=SHARED,
-        default=None,
-        description="The blob store: file:///… or s3://bucket/prefix (the AWS_* variables "
+    blob_url: str | None = shared_optional(
+        "The blob store: file:///… or s3://bucket/prefix (the AWS_* variables "
         "configure S3). Default: file:// in the data dir.",
     )
-    artifact_root: Path | None = Field(
-        json_schema_extra=SHARED,
-        default=None,
-        description="The artifact directories. Default: in the data dir.",
+    artifact_root: Path | None = shared_optional(
+        "The artifact directories. Default: in the data dir.",
     )
-    broker_url: str | None = Field(
-        json_schema_extra=SHARED,
-        default=None,
-        description="The Celery broker (redis://…). Unset: the embedded broker, kombu's "
+    broker_url: str | None = shared_optional(
+        "The Celery broker (redis://…). Unset: the embedded broker, kombu's "
         "filesystem transport, in the data dir's `queue/` folder.",
     )
-    result_backend: str | None = Field(
-        json_schema_extra=SHARED,
-        default=None,
-        description="The Celery result backend. Unset: the broker's Redis, or an embedded "
-        "SQLite result store.",
+    result_backend: str | None = shared_optional(
+        "The Celery result backend. Unset: the broker's Redis, or an embedded SQLite result store.",
     )
 
     # journal limits

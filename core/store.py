@@ -46,6 +46,7 @@ from core.sessions import (
     ForkCopier,
     ForkCopies,
     Forks,
+    MoveRepair,
     Moves,
     SessionLifecycle,
 )
@@ -148,11 +149,18 @@ class SessionStore:
         return self.journal.resolve_session(ref, tenant_id=tenant_id)
 
     def import_session(
-        self, path: str | Path, *, tenant_id: str, format: str = "auto"
+        self,
+        path: str | Path,
+        *,
+        tenant_id: str,
+        format: str = "auto",
+        blobs_dir: str | Path | None = None,
     ) -> ImportResult:
-        """Import or continue importing an agent's session file (pi v1-v3, and the formats
-        registered in ``core.interop``); idempotent, see ``core.interop.importer``."""
-        return import_session(self, path, tenant_id=tenant_id, format=format)
+        """Import or continue importing an agent's session file (pi v1-v3, oh-my-pi, Claude
+        Code); idempotent, see ``core.interop.importer``. ``blobs_dir``: oh-my-pi's global
+        blob directory (default: next to its sessions directory, else ~/.omp/agent/blobs)."""
+        options = {"blobs_dir": Path(blobs_dir)} if blobs_dir is not None else None
+        return import_session(self, path, tenant_id=tenant_id, format=format, options=options)
 
     def export_session(
         self,
@@ -193,6 +201,10 @@ class SessionStore:
         """Move a session to another tenant and/or cwd, with its artifact directory; all or
         nothing (a failed directory move rolls the metadata back and re-raises)."""
         return self._moves.move(session_id, tenant_id=tenant_id, cwd=cwd)
+
+    def repair_moves(self, *, older_than_s: float = 0.0) -> list[MoveRepair]:
+        """Complete or roll back moves a crash left half done (invariant 12)."""
+        return self._moves.repair(older_than_s=older_than_s)
 
     def delete_session(self, session_id: str, *, tenant_id: str | None = None) -> DeleteReport:
         """Remove a session, its events, manifest rows, artifacts and directory; blobs are

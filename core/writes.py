@@ -84,10 +84,15 @@ class Writer:
             prior = self.journal.find_write(session_id, idempotency_key)
             if prior is not None:
                 return prior
-        batch = self.persister.put(plan)
+        tenant_id = self._tenant_of(session_id) if plan.has_input_refs else None
+        batch = self.persister.put(plan, tenant_id=tenant_id)
         return self._append_batch(
             session_id, batch, expected_seq=expected_seq, idempotency_key=idempotency_key
         )
+
+    def _tenant_of(self, session_id: str) -> str:
+        # Refs without bytes are scoped by the session's tenant (invariant 9).
+        return self.journal.get_session(session_id).tenant_id
 
     def _append_batch(
         self,
@@ -116,7 +121,7 @@ class Writer:
     def _reput_missing(
         self, session_id: str, batch: PersistedBatch, exc: BlobsMissing, attempt: int
     ) -> None:
-        ref = batch.input_ref_for(exc.hashes)
+        ref = batch.input_ref_for(exc.hashes - batch.blobs.keys())
         if ref is not None:  # the producer's ref: we never had its bytes
             raise missing_ref_error(ref) from exc
         if not exc.hashes <= batch.blobs.keys():

@@ -57,7 +57,10 @@ def reconcile_forks(self: Task) -> dict[str, Any]:
         if not run:
             return {"skipped": True, "requeued": 0}
         timeout = settings.fork_copy_timeout_seconds
-        fork_ids = store_for(self.app).pending_forks(older_than_s=timeout, limit=RECONCILE_BATCH)
+        store = store_for(self.app)
+        # Moves a crash left half done (invariant 12); the age spares live moves.
+        repaired = [r.to_dict() for r in store.repair_moves(older_than_s=timeout)]
+        fork_ids = store.pending_forks(older_than_s=timeout, limit=RECONCILE_BATCH)
         for fork_id in fork_ids:
             # Expiring after one timeout keeps a backlog from piling up while no worker
             # runs: the next reconcile sends a fresh one.
@@ -67,4 +70,9 @@ def reconcile_forks(self: Task) -> dict[str, Any]:
             "re-enqueued fork artifact copies still pending",
             extra={"count": len(fork_ids), "older_than_s": timeout, "fork_ids": fork_ids[:20]},
         )
-    return {"skipped": False, "requeued": len(fork_ids), "fork_ids": fork_ids}
+    return {
+        "skipped": False,
+        "requeued": len(fork_ids),
+        "fork_ids": fork_ids,
+        "moves_repaired": repaired,
+    }

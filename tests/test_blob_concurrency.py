@@ -10,7 +10,8 @@ from typing import Any
 
 import pytest
 
-from core.blobs.store import BlobIndex, FileBlobStore, PutResult, sha256_hex
+from core.blobs.files import FileBlobStore
+from core.blobs.store import BlobIndex, PutResult, sha256_hex
 from core.db import make_engine
 from core.errors import BlobNotFound
 

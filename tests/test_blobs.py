@@ -14,13 +14,13 @@ import obstore
 import pytest
 from sqlalchemy import Engine
 
+from core.blobs.files import FileBlobStore
 from core.blobs.objects import ObjectBlobStore
 from core.blobs.store import (
     BLOB_REF_PREFIX,
     BlobIndex,
     BlobStore,
     Codec,
-    FileBlobStore,
     encode_blob,
     is_valid_hash,
     make_ref,
@@ -28,6 +28,7 @@ from core.blobs.store import (
     parse_ref,
     sha256_hex,
 )
+from core.blobs.verify import verify_blobs
 from core.db import make_engine
 from core.errors import BlobCorrupted, BlobError, BlobNotFound, InvalidBlobHash
 from core.models import BlobRow
@@ -272,6 +273,22 @@ class BlobStoreContract:
         raw.write(key, zlib.compress(b"some other content", 6, wbits=31))
         with pytest.raises(BlobCorrupted, match="does not match its hash"):
             blob_store.get(h)
+
+    @pytest.mark.parametrize("data", [TEXT, png_like()], ids=["gzip", "identity"])
+    def test_a_reput_repairs_and_verify_quarantines(
+        self, blob_store: BlobStore, raw: RawObjects, data: bytes
+    ) -> None:
+        result = blob_store.put(data)
+        h, key = result.hash, raw.key(result.hash, result.codec)
+        good = raw.read(h, result.codec)
+        raw.write(key, good[: len(good) // 2])
+        assert blob_store.put(data).written  # verified, found bad, replaced
+        assert blob_store.get(h) == data
+        raw.write(key, good[:-1] + bytes([good[-1] ^ 0x01]))
+        report = verify_blobs(blob_store)
+        assert report.corrupt == [h] and len(report.quarantined) == 1
+        assert key not in raw.keys() and not blob_store.has_stored(h)
+        assert verify_blobs(blob_store).missing == [h]
 
     # invariant 9: hashes are validated before any path is built -------------------------
 

@@ -281,14 +281,15 @@ def test_a_pending_fork_reads_inherited_files_and_oversized_outputs(store: Sessi
     with pytest.raises(ArtifactNotFound):
         files.get("notes/other.md")
 
-    # The parent rewrites its file after the fork: the fork never sees the new content.
+    # The parent rewrites its file after the fork: the fork never sees the new content,
+    # and keeps what it inherited (copy-on-write of the parent's old content, issue 16).
     time.sleep(0.01)
     store.artifacts(parent.id).files.put("notes/plan.md", "the new plan")
-    with pytest.raises(ArtifactNotFound):
-        files.get("notes/plan.md")
+    assert files.get("notes/plan.md") == b"the plan"
 
-    report = store.copy_fork_artifacts(fork.id)  # the rewritten file cannot be copied
-    assert (report.status, report.copied) == ("failed", 2)
+    report = store.copy_fork_artifacts(fork.id)
+    assert (report.status, report.copied, report.already_present) == ("copied", 2, 1)
+    assert files.get("notes/plan.md") == b"the plan"
     assert store.retrieve(oversized, session_id=fork.id) == "z" * 13_000  # its own copy now
 
 

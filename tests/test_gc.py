@@ -27,7 +27,8 @@ from sqlalchemy import delete, select, update
 from sqlalchemy import event as sa_event
 
 from core import InvalidEvent, SessionStore, Settings
-from core.blobs.store import FileBlobStore, sha256_hex
+from core.blobs.files import FileBlobStore
+from core.blobs.store import sha256_hex
 from core.errors import BlobsMissing
 from core.maintenance.gc import TEMP_MIN_AGE_S, BlobGc, GcReport
 from core.models import BlobRefRow, BlobRow, utcnow

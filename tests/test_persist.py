@@ -14,7 +14,8 @@ from sqlalchemy import func, select
 
 from core import InvalidEvent, SessionStore, Settings
 from core.blobs.externalize import TRANSIENT_FIELDS, canonical_base64
-from core.blobs.store import BLOB_REF_PREFIX, FileBlobStore, make_ref, parse_ref, sha256_hex
+from core.blobs.files import FileBlobStore
+from core.blobs.store import BLOB_REF_PREFIX, make_ref, parse_ref, sha256_hex
 from core.errors import BlobsMissing
 from core.models import BlobRefRow, BlobRow, EventRow
 from core.records import ManifestEntry, StoredEvent
@@ -304,8 +305,10 @@ def test_transient_fields_are_dropped_at_any_depth_and_nothing_else(put: Any) ->
 
 
 def test_a_ref_to_a_stored_blob_is_kept_and_recorded(store: SessionStore, put: Any) -> None:
-    raw = PNG + os.urandom(500)
-    h = store.blobs.put(raw).hash
+    raw = PNG + os.urandom(2000)
+    # the tenant's own earlier write carried the bytes (refs are scoped by tenant)
+    put(user(image(base64.b64encode(raw).decode())))
+    h = sha256_hex(raw)
     got = put(user(image(make_ref(h))))
     assert got.payload == user(image(make_ref(h)))
     assert got.refs == [ManifestEntry("/message/content/0/data", h, len(raw), "base64")]
@@ -458,12 +461,14 @@ def test_input_ref_collected_before_the_append_is_invalid(
     store: SessionStore, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     session = store.create_session(tenant_id="acme")
-    h = store.blobs.put(PNG + b"producer's image").hash
+    raw = PNG + b"producer's image" + bytes(2000)
+    store.append(session.id, [user(image(base64.b64encode(raw).decode()))])
+    h = sha256_hex(raw)
     gc_once(store, monkeypatch)
     with pytest.raises(InvalidEvent) as caught:
         store.append(session.id, [user(image(make_ref(h)))])
     assert caught.value.field == "/message/content/0/data"
-    assert count(store, EventRow) == 0
+    assert count(store, EventRow) == 1  # only the write that carried the bytes
 
 
 def test_replayed_write_puts_no_blobs(store: SessionStore, monkeypatch: pytest.MonkeyPatch) -> None:

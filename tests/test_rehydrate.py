@@ -15,8 +15,9 @@ from hypothesis import strategies as st
 
 from core import SessionStore, Settings
 from core.blobs.externalize import TRANSIENT_FIELDS
+from core.blobs.files import FileBlobStore
 from core.blobs.rehydrate import LazyBlob, materialize
-from core.blobs.store import FileBlobStore, make_ref, sha256_hex
+from core.blobs.store import make_ref, sha256_hex
 
 PNG = b"\x89PNG\r\n\x1a\n"
 IMAGE_MIN = 64

@@ -18,7 +18,7 @@ from sqlalchemy import Connection
 
 from core.artifacts import rows
 from core.artifacts.fsio import StagedDelete, StagedFile, prune_empty_dirs, staged_file
-from core.artifacts.inherited import read_artifact_file
+from core.artifacts.inherited import preserve_for_forks, read_artifact_file
 from core.artifacts.paths import FILES_DIR, contained_path, file_name, sanitize_path
 from core.artifacts.records import FILE, ArtifactInfo, FileWriteResult, QuotaUsage
 from core.artifacts.scope import SessionScope
@@ -107,6 +107,8 @@ class SessionFiles:
                 "created_seq": info.head_seq,
             },
         )
+        if old is not None:
+            preserve_for_forks(conn, self._scope.root, self._session_id, old, target)
         self._clear_stale_dir(target)
         staged.publish(directory, target)
         return FileWriteResult(
@@ -172,6 +174,7 @@ class SessionFiles:
         rows.delete_artifact(conn, self._session_id, FILE, rel)
         files_root = self._scope.dir_for(info.tenant_id) / FILES_DIR
         target = contained_path(files_root, rel)
+        preserve_for_forks(conn, self._scope.root, self._session_id, old, target)
         aside.append(StagedDelete(files_root.parent, target))
         # Inside the lock: no concurrent put of this tenant is creating these directories.
         prune_empty_dirs(target.parent, files_root)

@@ -14,7 +14,9 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from core.artifacts.nofollow import artifact_root_of, check_path
 from core.artifacts.paths import STAGING_DIR
+from core.errors import SymlinkRefused
 from core.fsio import fsync_dir as sync_directory
 from core.fsio import write_durably
 
@@ -27,6 +29,7 @@ def fsync_dir(directory: Path) -> None:
 def write_temp(session_root: Path, data: bytes) -> Path:
     """Write ``data`` to a fresh, fsynced file in the session's staging directory."""
     staging = session_root / STAGING_DIR
+    check_path(artifact_root_of(session_root), staging)
     staging.mkdir(parents=True, exist_ok=True)
     tmp = staging / f"{uuid.uuid4().hex}.tmp"
     write_durably(tmp, data)
@@ -72,6 +75,7 @@ class StagedFile:
         staged = session_root / STAGING_DIR / self._name
         if not staged.exists():  # staged under a path the session had just left
             staged = self._staged_in / STAGING_DIR / self._name
+        check_path(artifact_root_of(session_root), target)
         target.parent.mkdir(parents=True, exist_ok=True)
         if target.exists():
             self._backup = session_root / STAGING_DIR / f"{uuid.uuid4().hex}.bak"
@@ -130,6 +134,7 @@ class StagedDelete:
     def __init__(self, session_root: Path, target: Path) -> None:
         self.target = target
         self._aside: Path | None = None
+        check_path(artifact_root_of(session_root), target)
         if target.exists():
             staging = session_root / STAGING_DIR
             staging.mkdir(parents=True, exist_ok=True)
@@ -178,9 +183,12 @@ def sweep_staging(
     files = size = 0
     for tenant in _subdirs(root):
         for session in _subdirs(tenant):
+            staging = os.path.join(session, STAGING_DIR)
             try:
-                entries = list(os.scandir(os.path.join(session, STAGING_DIR)))
-            except (FileNotFoundError, NotADirectoryError):
+                # A planted link in place of the staging directory is never followed.
+                check_path(root, Path(staging))
+                entries = list(os.scandir(staging))
+            except (FileNotFoundError, NotADirectoryError, SymlinkRefused):
                 continue
             for entry in entries:
                 if not entry.name.endswith(TEMP_SUFFIXES):

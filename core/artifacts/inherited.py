@@ -7,18 +7,19 @@ modified since the fork, so a parent's later rewrite never shows through.
 
 from __future__ import annotations
 
-import stat
+import os
+import shutil
 from dataclasses import replace
 from pathlib import Path
 from typing import NamedTuple
 
 from sqlalchemy import Connection, Engine, select
 
-from core.artifacts import rows
+from core.artifacts import nofollow, rows
 from core.artifacts.paths import session_dir
 from core.artifacts.records import ArtifactInfo
 from core.db import read_connection
-from core.errors import SessionNotFound
+from core.errors import SessionNotFound, SymlinkRefused
 from core.journal import Journal
 from core.models import SessionRow, table_of
 from core.records import COPY_FAILED, COPY_PENDING, Session
@@ -53,20 +54,13 @@ def read_artifact_file(engine: Engine, root: Path, own: Path, row: ArtifactInfo)
     The own file wins, and is read again when the fallback comes up empty: the copy may
     have completed in between (files are copied before the status changes).
     """
-    data = _read_bytes(own)
+    data = nofollow.read_bytes(root, own)
     if data is not None:
         return data
     with read_connection(engine) as conn:
         source = inherited_source(conn, root, row.session_id, row)
-    data = _read_bytes(source) if source is not None else None
-    return data if data is not None else _read_bytes(own)
-
-
-def _read_bytes(path: Path) -> bytes | None:
-    try:
-        return path.read_bytes()
-    except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
-        return None
+    data = nofollow.read_bytes(root, source) if source is not None else None
+    return data if data is not None else nofollow.read_bytes(root, own)
 
 
 def inherited_source(
@@ -106,7 +100,11 @@ def ancestor_file(
         if held is None or replace(held, session_id=row.session_id) != row or not held.name:
             return Found(None, False)
         path = session_dir(root, parent.tenant_id, parent.id) / held.name
-        modified, forked_at = _modified_at(path), current.created_at.timestamp()
+        forked_at = current.created_at.timestamp()
+        try:
+            modified = nofollow.mtime(root, path)
+        except SymlinkRefused:
+            return Found(path, True, forked_at)  # whoever opens it refuses (and reports) it
         if modified is not None:
             return Found(path, True, forked_at) if modified <= forked_at else Found(None, False)
         if parent.copy_status not in _UNFINISHED:
@@ -115,17 +113,58 @@ def ancestor_file(
     return Found(None, True)
 
 
-def _modified_at(path: Path) -> float | None:
-    """The file's modification time (POSIX seconds); None if there is no such file."""
-    try:
-        st = path.stat()
-    except (FileNotFoundError, NotADirectoryError):
-        return None
-    return st.st_mtime if stat.S_ISREG(st.st_mode) else None
-
-
 def _session_or_none(conn: Connection, journal: Journal, session_id: str) -> Session | None:
     try:
         return journal.session_in(conn, session_id)
     except SessionNotFound:
         return None
+
+
+def preserve_for_forks(
+    conn: Connection, root: Path, session_id: str, row: ArtifactInfo, path: Path
+) -> list[str]:
+    """Before the session replaces or removes ``row``'s file at ``path``: give each fork
+    whose copy is unfinished and that inherited exactly this content its own link to it.
+
+    Copy-on-write for the fork point: the parent's writes rename over or move aside, never
+    write in place, so a hard link keeps the inherited bytes (and their modification time,
+    which the fork's copy checks) whatever the parent does next. Forks that already have
+    the file, or that inherited other content, are left alone. Returns the forks served.
+    """
+    modified = nofollow.mtime(root, path)
+    if modified is None or not row.name:
+        return []
+    served: list[str] = []
+    found = conn.execute(
+        select(_sessions.c.id, _sessions.c.tenant_id, _sessions.c.created_at).where(
+            _sessions.c.parent_id == session_id, _sessions.c.copy_status.in_(_UNFINISHED)
+        )
+    ).all()
+    for fork_id, tenant_id, created_at in found:
+        held = rows.get_artifact(conn, fork_id, row.kind, row.local_id)
+        if held is None or replace(held, session_id=session_id) != row:
+            continue
+        if modified > created_at.timestamp():
+            continue  # rewritten after that fork: not what it inherited
+        target = session_dir(root, tenant_id, fork_id) / row.name
+        nofollow.check_path(root, target)
+        if _link_new(path, target):
+            served.append(fork_id)
+    return served
+
+
+def _link_new(source: Path, target: Path) -> bool:
+    """``target`` as a new name of ``source``'s inode, never replacing a file already there."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        os.link(source, target, follow_symlinks=False)
+    except FileExistsError:
+        return False
+    except OSError:
+        # no hard links here: a copy with the same times (the fork's copy checks them)
+        if target.exists():
+            return False
+        tmp = target.with_name(f".{target.name}.cow")
+        shutil.copy2(source, tmp, follow_symlinks=False)
+        os.replace(tmp, target)
+    return True

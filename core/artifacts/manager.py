@@ -11,12 +11,12 @@ from __future__ import annotations
 import logging
 import re
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager, nullcontext
+from contextlib import ExitStack, contextmanager, nullcontext
 from pathlib import Path
 
 from sqlalchemy import Connection, Engine
 
-from core.artifacts import rows
+from core.artifacts import nofollow, rows
 from core.artifacts.files import SessionFiles
 from core.artifacts.fsio import staged_file
 from core.artifacts.oversized import OversizedOutputs
@@ -40,7 +40,7 @@ from core.artifacts.records import (
 from core.artifacts.scope import SessionScope
 from core.artifacts.sink import OutputSink
 from core.db import read_connection, write_transaction
-from core.errors import ArtifactError, ArtifactNotFound
+from core.errors import ArtifactError, ArtifactNotFound, SymlinkRefused
 from core.models import utcnow
 from core.settings import Settings
 
@@ -51,6 +51,9 @@ AGENT_COUNTER = "agent"
 # <id>.jsonl must stay under the 255-byte file-name limit, with room to spare.
 MAX_AGENT_ID_CHARS = 200
 _AGENT_ID = re.compile(r"^\d+-[A-Za-z0-9_-]+(\.\d+-[A-Za-z0-9_-]+)*$")
+# Ids another agent chose (an import keeps them): safe as a file name, dots only as separators.
+_FOREIGN_AGENT_ID = re.compile(r"^[A-Za-z0-9_-]+(\.[A-Za-z0-9_-]+)*$")
+_NUMBERED = re.compile(r"^(\d+)-")
 
 
 def agent_counter(parent_id: str | None) -> str:
@@ -110,7 +113,14 @@ class ArtifactManager:
     def _allocate_tool(self, tool_type: str, *, size: int) -> AllocatedPath:
         tool = sanitize_tool_type(tool_type)
         artifact_id, directory = self._allocate(TOOL_COUNTER, str, self._tool_values(tool, size))
-        directory.mkdir(parents=True, exist_ok=True)
+        try:
+            nofollow.check_path(self._scope.root, directory)
+            directory.mkdir(parents=True, exist_ok=True)
+        except (OSError, SymlinkRefused):
+            # The caller never learns the id, so no one else could remove the row: a failed
+            # allocation must not leave a row that points at no file.
+            self.discard_tool_output(artifact_id)
+            raise
         return AllocatedPath(artifact_id, directory / tool_log_name(artifact_id, tool))
 
     @staticmethod
@@ -126,7 +136,7 @@ class ArtifactManager:
     def finalize_tool_output(self, artifact_id: str) -> int:
         """Record the size of a tool-output file the caller wrote; returns it."""
         info = self._require(TOOL_OUTPUT, artifact_id)
-        size = (self.directory() / (info.name or "")).stat().st_size
+        size = nofollow.size(self._scope.root, self.directory() / (info.name or ""))
         self._set_size(TOOL_OUTPUT, artifact_id, size)
         return size
 
@@ -137,7 +147,10 @@ class ArtifactManager:
             row = rows.get_artifact(conn, self.session_id, TOOL_OUTPUT, artifact_id)
             rows.delete_artifact(conn, self.session_id, TOOL_OUTPUT, artifact_id)
         if row is not None and row.name:
-            (self._scope.dir_for(info.tenant_id) / row.name).unlink(missing_ok=True)
+            try:
+                nofollow.unlink(self._scope.root, self._scope.dir_for(info.tenant_id) / row.name)
+            except SymlinkRefused as exc:
+                logger.warning("discard refused a symlink", extra={"path": exc.path})
 
     def output_sink(
         self, tool_type: str, *, head_bytes: int = 0, max_columns: int = 0
@@ -206,6 +219,67 @@ class ArtifactManager:
         slot = self.allocate_agent_output(name, parent_id=parent_id)
         self.write_agent_output(slot.id, content, jsonl=jsonl)
         return slot.id
+
+    # outputs under ids chosen elsewhere (an import keeps the source's ids) ---------------
+
+    def put_tool_output(self, artifact_id: str, tool_type: str, content: str | bytes) -> None:
+        """Store (or replace) tool output ``artifact://<artifact_id>`` under that very id; the
+        counter then continues after it, so later allocations never reuse it."""
+        if not artifact_id.isdecimal() or not artifact_id.isascii():
+            raise ArtifactError(f"a tool-output id is a decimal number, got {artifact_id[:60]!r}")
+        tool = sanitize_tool_type(tool_type)
+        data = _encode(content)
+        values = {**self._tool_values(tool, len(data))(artifact_id), "local_id": artifact_id}
+        self._put(values, {tool_log_name(artifact_id, tool): data})
+        self._raise_counter(TOOL_COUNTER, int(artifact_id) + 1)
+
+    def put_agent_output(
+        self, output_id: str, content: str | bytes, *, jsonl: str | bytes | None = None
+    ) -> None:
+        """Store (or replace) agent output ``agent://<output_id>`` under that very id."""
+        if len(output_id) > MAX_AGENT_ID_CHARS or not _FOREIGN_AGENT_ID.match(output_id):
+            raise ArtifactError(f"not a usable agent-output id: {output_id[:60]!r}")
+        md_name, jsonl_name = agent_output_names(output_id)
+        files = {md_name: _encode(content)}
+        if jsonl is not None:
+            files[jsonl_name] = _encode(jsonl)
+        values = {
+            "kind": AGENT_OUTPUT,
+            "local_id": output_id,
+            "name": md_name,
+            "tool_type": sanitize_agent_name(output_id.rsplit(".", 1)[-1]),
+            "media_type": "text/markdown",
+            "size_bytes": sum(len(d) for d in files.values()),
+        }
+        self._put(values, files)
+        parent, _, own = output_id.rpartition(".")
+        numbered = _NUMBERED.match(own)
+        if numbered:
+            self._raise_counter(agent_counter(parent or None), int(numbered.group(1)) + 1)
+
+    def _put(self, values: dict[str, object], files: dict[str, bytes]) -> None:
+        staging = self.directory()
+        with ExitStack() as stack:
+            staged = {
+                name: stack.enter_context(staged_file(staging, d)) for name, d in files.items()
+            }
+            conn, info, directory = stack.enter_context(self._locked())
+            # the markdown of an agent output is published last: it marks the output complete
+            for name in sorted(staged, key=lambda n: n.endswith(".md")):
+                staged[name].publish(directory, directory / name)
+            rows.upsert_artifact(
+                conn,
+                {
+                    "session_id": self.session_id,
+                    "created_at": utcnow(),
+                    "created_seq": info.head_seq,
+                    **values,
+                },
+            )
+
+    def _raise_counter(self, counter: str, next_value: int) -> None:
+        with write_transaction(self._scope.engine) as conn:
+            rows.set_counter_floor(conn, self.session_id, counter, next_value)
 
     # oversized outputs ---------------------------------------------------------------------
 

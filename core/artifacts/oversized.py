@@ -15,7 +15,7 @@ from datetime import datetime, timedelta
 from sqlalchemy import Engine
 from sqlalchemy.exc import IntegrityError
 
-from core.artifacts import rows
+from core.artifacts import nofollow, rows
 from core.artifacts.fsio import StagedFile, staged_file
 from core.artifacts.inherited import read_artifact_file
 from core.artifacts.paths import oversized_name, sanitize_tool_type, session_dir
@@ -28,7 +28,7 @@ from core.artifacts.records import (
     OversizedStored,
 )
 from core.db import read_connection, write_transaction
-from core.errors import ArtifactError
+from core.errors import ArtifactError, SymlinkRefused
 from core.models import utcnow
 from core.settings import Settings
 
@@ -192,7 +192,7 @@ class OversizedOutputs:
                 rows.delete_artifact(conn, session_id, OVERSIZED, artifact_id)
         directory = session_dir(self.root, info.tenant_id, session_id)
         for artifact_id in ids:
-            (directory / oversized_name(artifact_id)).unlink(missing_ok=True)
+            nofollow.unlink(self.root, directory / oversized_name(artifact_id))
         return len(ids)
 
     def stats(self, *, tenant_id: str | None = None) -> ArtifactStats:
@@ -216,7 +216,10 @@ class OversizedOutputs:
             # Row first: a missing file without a row is invisible, a row without a file
             # already reads as expired.
             path = session_dir(self.root, tenant_id, session_id) / oversized_name(artifact_id)
-            path.unlink(missing_ok=True)
+            try:
+                nofollow.unlink(self.root, path)
+            except SymlinkRefused as exc:  # the row is gone; the planted link stays, unfollowed
+                logger.warning("expiry refused a symlink", extra={"path": exc.path})
         logger.info(
             "oversized outputs expired", extra={"expired": len(expired), "deleted": deleted}
         )

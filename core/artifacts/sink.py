@@ -20,6 +20,7 @@ import os
 from dataclasses import dataclass
 from typing import BinaryIO, Protocol
 
+from core.artifacts.nofollow import create_new
 from core.artifacts.records import AllocatedPath
 from core.errors import ArtifactError, SessionStoreError
 
@@ -100,7 +101,8 @@ def format_size(size: int) -> str:
 
 
 def elision_marker(lines: int, size: int) -> str:
-    return f"[… {lines:,} lines elided ({format_size(size)}) …]"
+    noun = "line" if lines == 1 else "lines"
+    return f"[… {lines:,} {noun} elided ({format_size(size)}) …]"
 
 
 def count_lines(text: str) -> int:
@@ -293,7 +295,7 @@ class OutputSink:
         try:
             slot = self._target.allocate_path(self._tool_type)
             self._artifact_id = slot.id
-            self._file = open(slot.path, "wb", buffering=1 << 20)
+            self._file = open(create_new(slot.path), "wb", buffering=1 << 20)
             self._file.write(text.encode("utf-8", _ERRORS))
         except (OSError, SessionStoreError) as exc:
             self._fail(exc)

@@ -1,11 +1,11 @@
 """Content-addressed, compressed blobs shared by all sessions: the store, externalization
 of large values into blobs on write, and rehydration from the manifest on read."""
 
+from core.blobs.files import FileBlobStore
 from core.blobs.store import (
     BlobIndex,
     BlobStats,
     BlobStore,
-    FileBlobStore,
     PutResult,
     make_ref,
     open_blob_store,

@@ -24,7 +24,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from core.blobs.store import BLOB_REF_PREFIX, BlobStore, looks_like_ref, make_ref, parse_ref
+from core.blobs.store import (
+    BLOB_REF_PREFIX,
+    BlobStore,
+    looks_like_ref,
+    make_ref,
+    parse_ref,
+    sha256_hex,
+)
 from core.errors import InvalidEvent
 from core.journal.validation import pointer_token
 from core.records import BlobEncoding, ManifestEntry, PreparedEvent
@@ -110,6 +117,10 @@ class PersistPlan:
     @property
     def puts_blobs(self) -> bool:
         return any(w.slots or w.input_refs for w in self.walkers)
+
+    @property
+    def has_input_refs(self) -> bool:
+        return any(w.input_refs for w in self.walkers)
 
 
 class _Walker:
@@ -237,10 +248,14 @@ class Persister:
         self.inline_limit = inline_string_limit
 
     def persist(
-        self, events: Sequence[dict[str, Any]], encoded: Sequence[bytes | None] | None = None
+        self,
+        events: Sequence[dict[str, Any]],
+        encoded: Sequence[bytes | None] | None = None,
+        *,
+        tenant_id: str | None = None,
     ) -> PersistedBatch:
         """Externalize a batch; nothing is written if a producer-sent ref is bad."""
-        return self.put(self.plan(events, encoded))
+        return self.put(self.plan(events, encoded), tenant_id=tenant_id)
 
     def plan(
         self, events: Sequence[dict[str, Any]], encoded: Sequence[bytes | None] | None = None
@@ -269,12 +284,16 @@ class Persister:
             return False
         return _WALK_MARKERS.search(as_json) is None
 
-    def put(self, plan: PersistPlan) -> PersistedBatch:
-        """Store the plan's blobs and put their refs (and manifest entries) in place."""
+    def put(self, plan: PersistPlan, *, tenant_id: str | None = None) -> PersistedBatch:
+        """Store the plan's blobs and put their refs (and manifest entries) in place.
+
+        A producer-sent ref is accepted only when the batch itself carries the bytes, or a
+        session of ``tenant_id`` already references the blob (None: no tenant, so neither).
+        """
         events, payloads = plan.events, plan.payloads
         input_refs = [ref for walker in plan.walkers for ref in walker.input_refs]
-        ref_sizes = self._check_input_refs(input_refs)
         slots = [slot for walker in plan.walkers for slot in walker.slots]
+        ref_sizes = self._check_input_refs(input_refs, slots, tenant_id)
         results = self.blobs.put_many([slot.data for slot in slots])
         refs: list[list[ManifestEntry]] = [[] for _ in events]
         for slot, result in zip(slots, results, strict=True):
@@ -304,11 +323,17 @@ class Persister:
         except InvalidEvent as exc:
             raise InvalidEvent(exc.field, exc.reason, index=index) from None
 
-    def _check_input_refs(self, input_refs: list[InputRef]) -> dict[str, int]:
+    def _check_input_refs(
+        self, input_refs: list[InputRef], slots: list[_Slot], tenant_id: str | None
+    ) -> dict[str, int]:
         """Sizes of the referenced blobs, refreshed so GC's grace window starts again."""
         if not input_refs:
             return {}
-        sizes = self.blobs.refresh({r.hash for r in input_refs})
+        carried = {sha256_hex(slot.data): len(slot.data) for slot in slots}
+        others = {r.hash for r in input_refs} - carried.keys()
+        # A ref without a tenant is looked up nowhere: refused like a blob never stored.
+        sizes = self.blobs.refresh(others, tenant_id=tenant_id) if tenant_id is not None else {}
+        sizes.update(carried)
         for ref in input_refs:
             if ref.hash not in sizes:
                 raise missing_ref_error(ref)

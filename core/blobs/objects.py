@@ -30,6 +30,7 @@ from obstore.exceptions import AlreadyExistsError
 from obstore.store import S3Store
 
 from core.blobs.store import (
+    CORRUPT_DIR,
     SUFFIXES,
     BlobFile,
     BlobIndex,
@@ -41,6 +42,7 @@ from core.blobs.store import (
     sha256_hex,
 )
 from core.errors import StorageUnavailable
+from core.models import utcnow
 
 log = logging.getLogger(__name__)
 
@@ -141,16 +143,33 @@ class ObjectBlobStore(BlobStore):
         return removed
 
     def quarantine_file(self, blob_hash: str) -> list[Path]:
-        moved: list[Path] = []
+        return [
+            Path(a) for a in self._move_aside(blob_hash, lambda key: f"{QUARANTINE_PREFIX}/{key}")
+        ]
+
+    def _discard_other_codecs(self, blob_hash: str, keep: Codec) -> None:
         for codec in SUFFIXES:
             key = self.key_for(blob_hash, codec)
-            aside = f"{QUARANTINE_PREFIX}/{key}"
+            if codec != keep and self._head(key) is not None:
+                self._call(lambda key=key: obstore.delete(self.store, key))  # type: ignore[misc]
+
+    def quarantine_corrupt(self, blob_hash: str) -> list[str]:
+        # Outside the fan-out layout, so ``iter_files`` never takes it for a blob.
+        stamp = utcnow().strftime("%Y%m%dT%H%M%S%f")
+        return self._move_aside(blob_hash, lambda key: f"{CORRUPT_DIR}/{key}.{stamp}")
+
+    def _move_aside(self, blob_hash: str, aside_of: Callable[[str], str]) -> list[str]:
+        """Copy each stored object of the hash to ``aside_of(key)``, then delete it."""
+        moved: list[str] = []
+        for codec in SUFFIXES:
+            key = self.key_for(blob_hash, codec)
+            aside = aside_of(key)
             try:
                 self._call(lambda key=key, aside=aside: obstore.copy(self.store, key, aside))  # type: ignore[misc]
             except FileNotFoundError:
                 continue
             self._call(lambda key=key: obstore.delete(self.store, key))  # type: ignore[misc]
-            moved.append(Path(aside))
+            moved.append(aside)
         return moved
 
     def purge_quarantined(self, moved: Sequence[Path]) -> None:

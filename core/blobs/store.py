@@ -15,10 +15,8 @@ Invariant 9: only a 64-character lowercase hex string is ever turned into a path
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import logging
-import os
 import re
 import zlib
 from abc import ABC, abstractmethod
@@ -37,9 +35,8 @@ from sqlalchemy.exc import OperationalError
 
 from core.db import is_sqlite, read_connection, write_transaction
 from core.errors import BlobCorrupted, BlobError, BlobNotFound, InvalidBlobHash
-from core.fsio import fsync_dir, replace_atomically
 from core.metrics import metrics
-from core.models import BlobRefRow, BlobRow, table_of, utcnow
+from core.models import BlobRefRow, BlobRow, SessionRow, table_of, utcnow
 from core.records import PlainRecord
 from core.translate import translated
 
@@ -52,6 +49,8 @@ Codec = Literal["gzip", "identity"]
 SUFFIXES: dict[Codec, str] = {"gzip": ".blob.gz", "identity": ".blob"}
 # A blob file GC has moved aside under its row lock, until the row delete commits.
 QUARANTINE_SUFFIX = ".gc"
+# Where ``blobs verify`` moves corrupt files (under the blob root).
+CORRUPT_DIR = "corrupt"
 # Compression must save at least this share of the bytes to be worth a decode on every read.
 MIN_COMPRESSION_SAVING = 0.10
 DEFAULT_GZIP_LEVEL = 6
@@ -195,15 +194,22 @@ class BlobIndex:
         if rows:
             conn.execute(self._upsert, sorted(rows, key=lambda r: str(r["hash"])))
 
-    def refresh(self, conn: Connection, hashes: Sequence[str]) -> dict[str, int]:
-        """Refresh ``last_written_at`` of registered blobs; return their sizes by hash."""
+    def refresh(
+        self, conn: Connection, hashes: Sequence[str], *, tenant_id: str | None = None
+    ) -> dict[str, int]:
+        """Refresh ``last_written_at`` of registered blobs; return their sizes by hash.
+
+        With ``tenant_id``, only blobs some session of that tenant already references count
+        (invariant 9): one statement per hash whether or not the blob exists, so the answer
+        for another tenant's blob is the answer for a blob that was never stored.
+        """
         found: dict[str, int] = {}
         for blob_hash in sorted(set(hashes)):  # one row at a time, in hash order: no deadlock
+            query = update(_blobs).where(_blobs.c.hash == blob_hash)
+            if tenant_id is not None:
+                query = query.where(_referenced_by_tenant(tenant_id))
             row = conn.execute(
-                update(_blobs)
-                .where(_blobs.c.hash == blob_hash)
-                .values(last_written_at=utcnow())
-                .returning(_blobs.c.size)
+                query.values(last_written_at=utcnow()).returning(_blobs.c.size)
             ).first()
             if row is not None:
                 found[blob_hash] = int(row.size)
@@ -245,6 +251,15 @@ class BlobIndex:
             saved_by_dedup=max(0, int(ref_bytes or 0) - int(unique_ref_bytes or 0)),
             saved_by_compression=int(raw) - int(stored),
         )
+
+
+def _referenced_by_tenant(tenant_id: str) -> Any:
+    sessions = table_of(SessionRow)
+    return exists().where(
+        _refs.c.hash == _blobs.c.hash,
+        _refs.c.session_id == sessions.c.id,
+        sessions.c.tenant_id == tenant_id,
+    )
 
 
 def _upsert_statement(engine: Engine) -> Any:
@@ -322,6 +337,14 @@ class BlobStore(ABC):
     def iter_files(self) -> Iterator[BlobFile]:
         """Every stored object, registered or not (temporary files excluded)."""
 
+    @abstractmethod
+    def _discard_other_codecs(self, blob_hash: str, keep: Codec) -> None:
+        """Remove the object stored under any codec but ``keep`` (a replaced bad copy)."""
+
+    @abstractmethod
+    def quarantine_corrupt(self, blob_hash: str) -> list[str]:
+        """Move a corrupt stored object out of the store, for inspection; where it went."""
+
     # the API ----------------------------------------------------------------------------
 
     def put(self, data: bytes) -> PutResult:
@@ -380,16 +403,17 @@ class BlobStore(ABC):
     def info(self, blob_hash: str) -> BlobInfo | None:
         return self.index.info(check_hash(blob_hash))
 
-    def refresh(self, hashes: Iterable[str]) -> dict[str, int]:
+    def refresh(self, hashes: Iterable[str], *, tenant_id: str | None = None) -> dict[str, int]:
         """Refresh ``last_written_at`` of stored blobs, as a re-put would; sizes by hash.
 
-        Hashes that are unregistered or whose object is gone are left out of the result.
+        Hashes that are unregistered or whose object is gone are left out of the result, and
+        so, with ``tenant_id``, are blobs no session of that tenant references.
         """
         wanted = [check_hash(h) for h in hashes]
         if not wanted:
             return {}
         with write_transaction(self.index.engine) as conn:
-            sizes = self.index.refresh(conn, wanted)
+            sizes = self.index.refresh(conn, wanted, tenant_id=tenant_id)
             return {h: size for h, size in sizes.items() if self._find(h) is not None}
 
     def stats(self) -> BlobStats:
@@ -400,10 +424,44 @@ class BlobStore(ABC):
     def _stage(self, blob_hash: str, data: bytes) -> _Stored:
         found = self._find(blob_hash)
         if found is not None:
-            return _Stored(found[0], found[1], None, written=False)
+            problem = self.check_stored(blob_hash, len(data))
+            if problem is None:
+                return _Stored(found[0], found[1], None, written=False)
+            # Invariant 13: a re-put of the content repairs a damaged file, never trusts it.
+            log.warning(
+                "stored blob is corrupt; replacing it from the put's content",
+                extra={"blob_hash": blob_hash, "problem": problem},
+            )
+        return self._replace(blob_hash, data)
+
+    def _replace(self, blob_hash: str, data: bytes) -> _Stored:
+        """Write the content atomically, then drop a stale file stored under another codec."""
         codec, payload = encode_blob(data, level=self.gzip_level)
         self._write(blob_hash, codec, payload)
+        self._discard_other_codecs(blob_hash, codec)
         return _Stored(codec, len(payload), payload, written=True)
+
+    def check_stored(self, blob_hash: str, size: int | None = None) -> str | None:
+        """Why the stored object is not this blob (None when it is, or is absent).
+
+        The cheap check first: a stored identity file, or decoded content, of the wrong
+        size; only then the hash of the content.
+        """
+        found = self._read(blob_hash)
+        if found is None:
+            return None
+        codec, stored = found
+        if codec == "identity" and size is not None and len(stored) != size:
+            return f"stored size {len(stored)} != content size {size}"
+        try:
+            data = decode_blob(codec, stored)
+        except zlib.error as exc:
+            return f"cannot decode {codec} data: {exc}"
+        if size is not None and len(data) != size:
+            return f"decoded size {len(data)} != content size {size}"
+        if sha256_hex(data) != blob_hash:
+            return "content does not match its hash"
+        return None
 
     def _register(self, unique: dict[str, bytes], staged: dict[str, _Stored]) -> dict[str, _Stored]:
         """Row locks first, then make sure every object exists, then commit (invariant 6)."""
@@ -423,12 +481,10 @@ class BlobStore(ABC):
         log.warning(
             "blob vanished before registration; re-creating", extra={"blob_hash": blob_hash}
         )
-        if staged.payload is not None:
-            codec, payload = staged.codec, staged.payload
-        else:
-            codec, payload = encode_blob(data, level=self.gzip_level)
-        self._write(blob_hash, codec, payload)
-        return _Stored(codec, len(payload), payload, written=True)
+        if staged.payload is None:
+            return self._replace(blob_hash, data)
+        self._write(blob_hash, staged.codec, staged.payload)
+        return _Stored(staged.codec, len(staged.payload), staged.payload, written=True)
 
 
 def _count_puts(results: Sequence[PutResult]) -> None:
@@ -460,153 +516,6 @@ def _row(blob_hash: str, data: bytes, stored: _Stored, now: datetime) -> dict[st
 # the filesystem backend -----------------------------------------------------------------
 
 
-class FileBlobStore(BlobStore):
-    def __init__(
-        self, root: Path, index: BlobIndex, *, gzip_level: int = DEFAULT_GZIP_LEVEL
-    ) -> None:
-        super().__init__(index, gzip_level=gzip_level)
-        self.root = Path(root)
-        self._root = os.fspath(self.root)
-
-    def path_for(self, blob_hash: str, codec: Codec) -> Path:
-        return Path(self._fspath(blob_hash, codec))
-
-    def _fspath(self, blob_hash: str, codec: Codec) -> str:
-        """The one place a hash becomes a path; it validates first (invariant 9)."""
-        check_hash(blob_hash)
-        name = blob_hash + SUFFIXES[codec]
-        return os.path.join(self._root, blob_hash[0:2], blob_hash[2:4], name)
-
-    def _find(self, blob_hash: str) -> tuple[Codec, int] | None:
-        for codec in SUFFIXES:
-            try:
-                return codec, os.stat(self._fspath(blob_hash, codec)).st_size
-            except FileNotFoundError:
-                continue
-        return None
-
-    def _read(self, blob_hash: str) -> tuple[Codec, bytes] | None:
-        found = self._read_stored(blob_hash)
-        if found is None and self._unquarantine(blob_hash):
-            # A GC died between moving this file aside and deleting its row: put it back.
-            # (Should that GC still commit, the file is merely an orphan, swept later.)
-            found = self._read_stored(blob_hash)
-        return found
-
-    def _read_stored(self, blob_hash: str) -> tuple[Codec, bytes] | None:
-        for codec in SUFFIXES:
-            try:
-                with open(self._fspath(blob_hash, codec), "rb") as handle:
-                    return codec, handle.read()
-            except FileNotFoundError:
-                continue
-        return None
-
-    def quarantine_file(self, blob_hash: str) -> list[Path]:
-        moved: list[Path] = []
-        for codec in SUFFIXES:
-            aside = self._aside(blob_hash, codec)
-            try:
-                os.replace(self.path_for(blob_hash, codec), aside)
-            except FileNotFoundError:
-                continue
-            moved.append(aside)
-        return moved
-
-    def purge_quarantined(self, moved: Sequence[Path]) -> None:
-        for path in moved:
-            path.unlink(missing_ok=True)
-        for directory in {path.parent for path in moved}:
-            fsync_dir(directory)
-
-    def restore_quarantined(self, moved: Sequence[Path]) -> None:
-        for path in moved:
-            with contextlib.suppress(FileNotFoundError):
-                os.replace(path, path.with_name(path.name[: -len(QUARANTINE_SUFFIX)]))
-
-    def _aside(self, blob_hash: str, codec: Codec) -> Path:
-        path = self.path_for(blob_hash, codec)
-        return path.with_name(path.name + QUARANTINE_SUFFIX)
-
-    def _unquarantine(self, blob_hash: str) -> bool:
-        moved = [p for p in (self._aside(blob_hash, c) for c in SUFFIXES) if p.exists()]
-        self.restore_quarantined(moved)
-        return bool(moved)
-
-    def iter_quarantined(self) -> Iterator[tuple[str, Path]]:
-        if not self.root.is_dir():
-            return
-        for path in self.root.glob(f"??/??/*{QUARANTINE_SUFFIX}"):
-            parsed = parse_blob_name(path.name[: -len(QUARANTINE_SUFFIX)])
-            if parsed is not None:
-                yield parsed[0], path
-
-    def _write(self, blob_hash: str, codec: Codec, payload: bytes) -> None:
-        path = self.path_for(blob_hash, codec)
-        created = _make_dirs(self.root, path.parent)
-        replace_atomically(path, payload)
-        # A new fan-out directory is durable only once its own parent is synced.
-        for directory in [d.parent for d in created]:
-            fsync_dir(directory)
-        log.debug(
-            "blob written", extra={"blob_hash": blob_hash, "codec": codec, "bytes": len(payload)}
-        )
-
-    def remove_file(self, blob_hash: str) -> bool:
-        removed = False
-        for codec in SUFFIXES:
-            path = self.path_for(blob_hash, codec)
-            try:
-                path.unlink()
-            except FileNotFoundError:
-                continue
-            removed = True
-            fsync_dir(path.parent)
-        return removed
-
-    def iter_files(self) -> Iterator[BlobFile]:
-        for leaf in fanout_dirs(self.root):
-            yield from _blob_files(leaf)
-
-
-def _make_dirs(root: Path, directory: Path) -> list[Path]:
-    """Create ``directory`` (under ``root``); return the directories this call created."""
-    created: list[Path] = []
-    for candidate in [root, directory.parent, directory]:
-        try:
-            candidate.mkdir(parents=True)
-            created.append(candidate)
-        except FileExistsError:
-            pass
-    return created
-
-
-def fanout_dirs(root: Path | str) -> Iterator[str]:
-    """The leaf directories of the two fan-out levels (``<h[0:2]>/<h[2:4]>``) under ``root``."""
-    for first in _subdirs(root):
-        yield from _subdirs(first)
-
-
-def _subdirs(directory: Path | str) -> list[str]:
-    try:
-        with os.scandir(directory) as entries:
-            return sorted(
-                e.path for e in entries if len(e.name) == 2 and e.is_dir(follow_symlinks=False)
-            )
-    except (FileNotFoundError, NotADirectoryError):
-        return []
-
-
-def _blob_files(directory: str) -> Iterator[BlobFile]:
-    with os.scandir(directory) as entries:
-        for entry in entries:
-            parsed = parse_blob_name(entry.name)
-            if parsed is None or not entry.is_file(follow_symlinks=False):
-                continue
-            stat = entry.stat(follow_symlinks=False)
-            yield BlobFile(parsed[0], parsed[1], Path(entry.path), stat.st_size, stat.st_mtime)
-
-
 def parse_blob_name(name: str) -> tuple[str, Codec] | None:
     """(hash, codec) of a blob file's name; None for any other name."""
     for codec, suffix in SUFFIXES.items():
@@ -626,4 +535,6 @@ def open_blob_store(url: str, engine: Engine) -> BlobStore:
         raise BlobError(
             f"unsupported blob URL {url!r}: expected file:///absolute/path or s3://bucket/prefix"
         )
+    from core.blobs.files import FileBlobStore
+
     return FileBlobStore(Path(url2pathname(parsed.path)), BlobIndex(engine))

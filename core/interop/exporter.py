@@ -35,6 +35,22 @@ def export_pi(
 
 def write_pi(session: Session, events: Iterator[StoredEvent], out: IO[str]) -> int:
     """The pi v3 file of ``events`` (the session's, in seq order, rehydrated)."""
+    header, entries = pi_lines(session, events)
+    return pi.write(out, header, entries)
+
+
+def session_lines(
+    store: SessionStore, session: Session, *, at_seq: int | None = None
+) -> tuple[dict[str, Any], Iterator[dict[str, Any]]]:
+    """The header and the entries (rehydrated, lazily read) of a version-3 file."""
+    return pi_lines(session, rehydrated_events(store, session, at_seq))
+
+
+def pi_lines(
+    session: Session, events: Iterator[StoredEvent]
+) -> tuple[dict[str, Any], Iterator[dict[str, Any]]]:
+    """The header and entries of a version-3 file from the session's events: an imported
+    session's stored header (seq 1), or one built from the session row."""
     first = next(events, None)
     if first is not None and first.type == pi.HEADER_TYPE:
         header = first.payload
@@ -47,7 +63,7 @@ def write_pi(session: Session, events: Iterator[StoredEvent], out: IO[str]) -> i
         )
         rest = (e.payload for e in events)
         entries = rest if first is None else _chain(first.payload, rest)
-    return pi.write(out, header, (e for e in entries if e.get("type") != pi.HEADER_TYPE))
+    return header, (e for e in entries if e.get("type") != pi.HEADER_TYPE)
 
 
 def _chain(first: dict[str, Any], rest: Iterator[dict[str, Any]]) -> Iterator[dict[str, Any]]:

@@ -23,7 +23,7 @@ import hashlib
 import importlib
 import importlib.util
 import logging
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
@@ -46,8 +46,11 @@ _offsets = table_of(ImportOffsetRow)
 _sessions = table_of(SessionRow)
 
 ImportStatus = Literal["created", "appended", "unchanged"]
-Parser = Callable[[Path, bytes], ParsedSession]
+# (path, the file's bytes, **options): options are format-specific (oh-my-pi: ``blobs_dir``)
+Parser = Callable[..., ParsedSession]
 Sniffer = Callable[[Path, bytes], bool]
+# runs after each pass's append: files that belong to the session (oh-my-pi's artifacts)
+AfterImport = Callable[["SessionStore", str, ParsedSession], None]
 # interop2's converters register themselves when their module is imported
 _PLUGIN_MODULES = ("core.interop.omp", "core.interop.claude_code")
 _SNIFF_BYTES = 64 * 1024
@@ -64,13 +67,21 @@ class Converter:
     # first, so a specific format (oh-my-pi, which is pi plus artifacts) wins over plain pi.
     sniff: Sniffer
     priority: int = 50
+    after_import: AfterImport | None = None
 
 
 _CONVERTERS: dict[str, Converter] = {}
 
 
-def register_converter(format: str, parse: Parser, *, sniff: Sniffer, priority: int = 50) -> None:
-    _CONVERTERS[format] = Converter(format, parse, sniff, priority)
+def register_converter(
+    format: str,
+    parse: Parser,
+    *,
+    sniff: Sniffer,
+    priority: int = 50,
+    after_import: AfterImport | None = None,
+) -> None:
+    _CONVERTERS[format] = Converter(format, parse, sniff, priority, after_import)
 
 
 def _sniff_pi(path: Path, head: bytes) -> bool:
@@ -127,12 +138,18 @@ class _Offset:
 
 
 def import_session(
-    store: SessionStore, path: str | Path, *, tenant_id: str, format: str = "auto"
+    store: SessionStore,
+    path: str | Path,
+    *,
+    tenant_id: str,
+    format: str = "auto",
+    options: Mapping[str, Any] | None = None,
 ) -> ImportResult:
-    """Import (or continue importing) one session file; see the module docstring."""
+    """Import (or continue importing) one session file; see the module docstring.
+    ``options`` go to the format's parser (oh-my-pi: ``blobs_dir``)."""
     path = Path(path)
     data = path.read_bytes()
-    parsed = parse_file_data(path, data, format=format)
+    parsed = parse_file_data(path, data, format=format, options=options)
     events = [pi.header_event(parsed.header), *(e.entry for e in parsed.entries)]
     lines = [1, *(e.line for e in parsed.entries)]
     external_id = parsed.header.external_id
@@ -145,6 +162,9 @@ def import_session(
     skipped = session.head_seq
     fresh = events[skipped:]
     _append(store, session, fresh, _line_sizes(data, lines[skipped:]))
+    after = converters()[parsed.format].after_import
+    if after is not None:  # before the offset moves: a failed pass runs it again
+        after(store, session.id, parsed)
     _save_offset(store, session.id, path, parsed, len(events), data)
     _link_parent(store, session, parsed, tenant_id)
     status: ImportStatus = "created" if skipped == 0 else "appended" if fresh else "unchanged"
@@ -163,14 +183,20 @@ def import_session(
     return result
 
 
-def parse_file_data(path: Path, data: bytes, *, format: str = "auto") -> ParsedSession:
+def parse_file_data(
+    path: Path,
+    data: bytes,
+    *,
+    format: str = "auto",
+    options: Mapping[str, Any] | None = None,
+) -> ParsedSession:
     if format == "auto":
         format = detect_format(path, data[:_SNIFF_BYTES])
     converter = converters().get(format)
     if converter is None:
         known = ", ".join(sorted(converters()))
         raise ImportFormatError(str(path), f"unknown format {format!r} (known: {known})")
-    return converter.parse(path, data)
+    return converter.parse(path, data, **(options or {}))
 
 
 def _create(store: SessionStore, parsed: ParsedSession, path: Path, tenant_id: str) -> Session:

@@ -36,7 +36,8 @@ def session_files(paths: Iterable[str | Path]) -> list[Path]:
     for raw in paths:
         path = Path(raw).expanduser()
         if path.is_dir():
-            found.update(dict.fromkeys(sorted(p for p in path.rglob(f"*{SUFFIX}") if p.is_file())))
+            below = sorted(p for p in path.rglob(f"*{SUFFIX}") if p.is_file())
+            found.update(dict.fromkeys(p for p in below if not _in_artifacts_dir(p)))
         elif path.is_file():
             found[path] = None
         else:
@@ -44,6 +45,12 @@ def session_files(paths: Iterable[str | Path]) -> list[Path]:
             for match in matches:
                 found.update(dict.fromkeys(session_files([match])))
     return list(found)
+
+
+def _in_artifacts_dir(path: Path) -> bool:
+    """oh-my-pi keeps a subagent's session (``<outputId>.jsonl``) in the artifacts directory
+    ``<stem>/`` of ``<stem>.jsonl``: it is part of that session, not one of its own."""
+    return path.parent.with_name(path.parent.name + SUFFIX).is_file()
 
 
 OnResult = Callable[[ImportResult], None]

@@ -13,6 +13,7 @@ from typing import Any
 import orjson
 
 from core.errors import InvalidEvent, WriteTooLarge
+from core.journal.usage import check_usage
 
 MAX_TYPE_LENGTH = 256
 
@@ -61,6 +62,7 @@ def check_event(event: Any, *, index: int | None = None, max_depth: int) -> byte
         raise InvalidEvent(
             "/type", f"must be 1..{MAX_TYPE_LENGTH} characters without NUL", index=index
         )
+    check_usage(event, index=index)
     encoded = plain_json(event, max_depth=max_depth)
     if encoded is not None:
         return encoded

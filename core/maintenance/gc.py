@@ -53,7 +53,8 @@ from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.sql.elements import ColumnElement
 
-from core.blobs.store import BlobStore, FileBlobStore, fanout_dirs, parse_blob_name
+from core.blobs.files import FileBlobStore, fanout_dirs
+from core.blobs.store import BlobStore, parse_blob_name
 from core.db import is_sqlite, read_connection, write_transaction
 from core.maintenance.runs import Progress
 from core.metrics import metrics

@@ -10,6 +10,8 @@ can therefore move its cursor to the head it saw, even past rows its filter reje
 
 from __future__ import annotations
 
+import dataclasses
+import logging
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -32,11 +34,13 @@ from sqlalchemy import (
     func,
     select,
 )
+from sqlalchemy.exc import OperationalError
 from sqlalchemy.sql.elements import ColumnElement
 
 from core.artifacts import stats_by_kind
 from core.blobs.store import BlobIndex
 from core.db import is_sqlite, keyset_pages, read_connection
+from core.journal.usage import saturate
 from core.models import BlobRefRow, BlobRow, EventRow, SessionRow, table_of
 from core.records import Page
 
@@ -46,6 +50,7 @@ _refs = table_of(BlobRefRow)
 _blobs = table_of(BlobRow)
 
 MAX_PAGE = 10_000
+log = logging.getLogger(__name__)
 _TOKEN_FIELDS = ("input", "output", "cacheRead", "cacheWrite", "totalTokens")
 
 
@@ -289,8 +294,7 @@ class SessionSize:
 
 @dataclass(frozen=True, slots=True)
 class TokenTotals:
-    """Sums of ``message.usage`` over message events (every branch). On SQLite a sum that
-    does not fit in 64 bits is a float (exact sums there would overflow)."""
+    """Sums of ``message.usage`` over message events (every branch)."""
 
     input: int | float = 0
     output: int | float = 0
@@ -298,6 +302,32 @@ class TokenTotals:
     cache_write: int | float = 0
     total_tokens: int | float = 0
     cost: int | float = 0
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+@dataclass(frozen=True, slots=True)
+class DayModelUsage:
+    """Tokens of one model on one day (UTC, from the entries' own ``timestamp``).
+
+    ``responses`` counts assistant messages, except the continuation lines of a response
+    an importer split over several entries (Claude Code's ``claudeCode.responseLine`` > 0),
+    whose usage is only what they add to the response.
+    """
+
+    day: str
+    model: str | None
+    responses: int
+    tokens: TokenTotals
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "day": self.day,
+            "model": self.model,
+            "responses": self.responses,
+            **self.tokens.to_dict(),
+        }
 
 
 @dataclass(frozen=True, slots=True)
@@ -328,6 +358,7 @@ class Stats:
     blobs: BlobSummary
     artifact_bytes: dict[str, int] = field(default_factory=dict)
     artifact_count: dict[str, int] = field(default_factory=dict)
+    usage_by_day: list[DayModelUsage] = field(default_factory=list)
     # events a fork copied from its parent, in scope; counted in the figures above only when
     # ``include_inherited`` (otherwise each event counts once, in the session that wrote it)
     inherited_events: int = 0
@@ -354,14 +385,8 @@ class Stats:
             "events_by_day": [{"day": d, "events": n} for d, n in self.events_by_day],
             "top_sessions_by_events": [size(s) for s in self.top_by_events],
             "top_sessions_by_bytes": [size(s) for s in self.top_by_bytes],
-            "tokens": {
-                "input": self.tokens.input,
-                "output": self.tokens.output,
-                "cache_read": self.tokens.cache_read,
-                "cache_write": self.tokens.cache_write,
-                "total_tokens": self.tokens.total_tokens,
-                "cost": self.tokens.cost,
-            },
+            "tokens": self.tokens.to_dict(),
+            "usage_by_day": [u.to_dict() for u in self.usage_by_day],
             "blobs": {
                 "references": self.blobs.references,
                 "referenced_bytes": self.blobs.referenced_bytes,
@@ -378,26 +403,13 @@ class Stats:
         }
 
 
-_EXACT_FLOAT = 2**53  # floats at or below this magnitude hold integers exactly
-
-
 def _plain(value: Any) -> int | float:
-    """Database sums (Decimal on PostgreSQL, float from SQLite's total()) as int when
-    integral and exact, else float."""
+    """Database sums (Decimal on PostgreSQL) as int when integral, else float."""
     if value is None:
         return 0
     if isinstance(value, Decimal):
         return int(value) if value == value.to_integral_value() else float(value)
-    if isinstance(value, float):
-        exact = value.is_integer() and abs(value) <= _EXACT_FLOAT
-        return int(value) if exact else value
-    return value if isinstance(value, int) else float(value)
-
-
-def _sum(engine: Engine, value: ColumnElement[Any]) -> ColumnElement[Any]:
-    """SUM that cannot fail: SQLite's sum() raises "integer overflow" past 64 bits, its
-    total() sums as a float; PostgreSQL sums numeric exactly."""
-    return func.total(value) if is_sqlite(engine) else func.sum(value)
+    return value if isinstance(value, (int, float)) else float(value)
 
 
 def stats(
@@ -449,6 +461,7 @@ def stats(
         by_events = _top_sessions(conn, engine, scope, top, by_bytes=False)
         by_bytes = _top_sessions(conn, engine, scope, top, by_bytes=True)
         tokens = _token_totals(conn, engine, scope)
+        usage_by_day = _usage_by_day(conn, engine, scope)
         inherited = int(
             conn.execute(
                 select(func.count()).where(*in_scope, _events.c.inherited.is_(True))
@@ -468,6 +481,7 @@ def stats(
         blobs=blobs,
         artifact_bytes={kind: s.total_bytes for kind, s in artifacts.items()},
         artifact_count={kind: s.count for kind, s in artifacts.items()},
+        usage_by_day=usage_by_day,
         inherited_events=inherited,
         include_inherited=include_inherited,
     )
@@ -521,22 +535,98 @@ def _top_sessions(
     ]
 
 
-def _token_totals(
-    conn: Connection, engine: Engine, scope: Sequence[ColumnElement[bool]]
-) -> TokenTotals:
+def _usage_sums(engine: Engine, aggregate: Any = func.sum) -> list[ColumnElement[Any]]:
+    """Sums of the ``message.usage`` fields, then of its cost (a number or ``cost.total``)."""
     sums = [
-        _sum(engine, _json_number(engine, "message", "usage", name)).label(name)
+        aggregate(_json_number(engine, "message", "usage", name)).label(name)
         for name in _TOKEN_FIELDS
     ]
-    cost = _sum(
-        engine,
+    cost = aggregate(
         func.coalesce(
             _json_number(engine, "message", "usage", "cost"),
             _json_number(engine, "message", "usage", "cost", "total"),
         ),
     )
-    row = conn.execute(select(*sums, cost).where(_events.c.type == "message", *scope)).one()
-    return TokenTotals(*(_plain(v) for v in row))
+    return [*sums, cost]
+
+
+def _summed(
+    conn: Connection, engine: Engine, query: Callable[[Any], Select[Any]]
+) -> list[tuple[Any, ...]]:
+    """The rows of ``query(func.sum)``; on SQLite, whose sum() fails on integer overflow,
+    of ``query(func.total)`` after such a failure (total() adds in floating point and never
+    does). Only stored data from before write validation can overflow."""
+    try:
+        return [tuple(row) for row in conn.execute(query(func.sum))]
+    except OperationalError as exc:
+        if not is_sqlite(engine) or "overflow" not in str(exc):
+            raise
+        log.warning("usage sums overflow int64; summing as floats", extra={"error": str(exc)})
+        return [
+            tuple(int(v) if isinstance(v, float) and v.is_integer() else v for v in row)
+            for row in conn.execute(query(func.total))
+        ]
+
+
+def _saturated(values: Sequence[Any], what: str) -> TokenTotals:
+    names = (*_TOKEN_FIELDS, "cost")
+    return TokenTotals(
+        *(saturate(_plain(v), what=f"{what}.{n}") for n, v in zip(names, values, strict=True))
+    )
+
+
+def _token_totals(
+    conn: Connection, engine: Engine, scope: Sequence[ColumnElement[bool]]
+) -> TokenTotals:
+    [row] = _summed(conn, engine, lambda aggregate: _token_sums(engine, scope, aggregate))
+    return _saturated(row, "stats.tokens")
+
+
+def _token_sums(
+    engine: Engine, scope: Sequence[ColumnElement[bool]], aggregate: Any
+) -> Select[Any]:
+    return select(*_usage_sums(engine, aggregate)).where(_events.c.type == "message", *scope)
+
+
+def _entry_day(engine: Engine) -> ColumnElement[Any]:
+    """The day of the entry's own ISO ``timestamp`` (an imported session's events were all
+    recorded on the import's day), else the day the journal recorded it."""
+    if is_sqlite(engine):
+        is_text = func.json_type(_events.c.payload, "$.timestamp") == "text"
+        stamp = func.json_extract(_events.c.payload, "$.timestamp")
+    else:
+        # events.payload is json (exact text), not jsonb: the json_* functions
+        is_text = func.json_typeof(func.json_extract_path(_events.c.payload, "timestamp")) == (
+            "string"
+        )
+        stamp = func.json_extract_path_text(_events.c.payload, "timestamp")
+    return case((is_text, func.substr(stamp, 1, 10)), else_=_day(engine))
+
+
+def _usage_by_day(
+    conn: Connection, engine: Engine, scope: Sequence[ColumnElement[bool]]
+) -> list[DayModelUsage]:
+    day = _entry_day(engine).label("day")
+    model = _json_text(engine, "message", "model").label("model")
+    part = _json_number(engine, "claudeCode", "responseLine")
+    responses = func.count(case((func.coalesce(part, 0) == 0, 1)))
+
+    def query(aggregate: Any) -> Select[Any]:
+        return (
+            select(day, model, responses, *_usage_sums(engine, aggregate))
+            .where(
+                _events.c.type == "message",
+                _json_text(engine, "message", "role") == "assistant",
+                *scope,
+            )
+            .group_by(day, model)
+            .order_by(day, model)
+        )
+
+    return [
+        DayModelUsage(str(d), m, int(_plain(n)), _saturated(values, f"stats.usage.{d}"))
+        for d, m, n, *values in _summed(conn, engine, query)
+    ]
 
 
 def _blob_summary(conn: Connection, engine: Engine, tenant_id: str | None) -> BlobSummary:

@@ -20,6 +20,7 @@ from typing import Any
 
 from core import exact_json
 from core.errors import SnapshotFormatError
+from core.journal.usage import INT64_MAX, INT64_MIN, saturate
 from core.query.entry_tree import ROOT, EntryTree
 from core.records import StoredEvent
 
@@ -28,6 +29,7 @@ PROJECTION_VERSION = 2
 # Entries that contribute to the conversation context.
 CONTEXT_TYPES = frozenset({"message", "custom_message", "branch_summary"})
 _NUMBERS = (int, float)
+_LO, _HI = INT64_MIN, INT64_MAX
 
 
 def _number(value: Any) -> int | float | None:
@@ -70,6 +72,21 @@ class TokenUsage:
             value = value.get("total")
         if type(value) in _NUMBERS:
             self.cost += value
+        # Sums of numbers stored before (or around) write validation can leave int64: clamp
+        # them, so the fold and its snapshots never fail on old data (invariant 11).
+        if not (
+            _LO <= self.input <= _HI
+            and _LO <= self.output <= _HI
+            and _LO <= self.cache_read <= _HI
+            and _LO <= self.cache_write <= _HI
+            and _LO <= self.total_tokens <= _HI
+            and _LO <= self.cost <= _HI
+        ):
+            self._saturate()
+
+    def _saturate(self) -> None:
+        for name in ("input", "output", "cache_read", "cache_write", "total_tokens", "cost"):
+            setattr(self, name, saturate(getattr(self, name), what=f"usage.{name}"))
 
 
 @dataclass(slots=True)

@@ -4,7 +4,7 @@ between tenants, and deletion. (The journal creates sessions and owns their rows
 from core.sessions.fork_copy import CopyReport, ForkCopier, ForkCopies
 from core.sessions.forks import Forks
 from core.sessions.lifecycle import DeleteReport, SessionLifecycle
-from core.sessions.moves import Moves
+from core.sessions.moves import MoveRepair, Moves
 
 __all__ = [
     "CopyReport",
@@ -12,6 +12,7 @@ __all__ = [
     "ForkCopier",
     "ForkCopies",
     "Forks",
+    "MoveRepair",
     "Moves",
     "SessionLifecycle",
 ]

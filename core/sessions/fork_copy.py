@@ -25,10 +25,11 @@ from sqlalchemy import Connection, Select, select, update
 from core.artifacts import rows
 from core.artifacts.fsio import fsync_dir
 from core.artifacts.inherited import ancestor_file
+from core.artifacts.nofollow import check_path, open_file
 from core.artifacts.paths import STAGING_DIR, agent_output_names, contained_path, session_dir
 from core.artifacts.records import AGENT_OUTPUT, ArtifactInfo
 from core.db import read_connection, write_transaction
-from core.errors import SessionNotFound
+from core.errors import SessionNotFound, SymlinkRefused
 from core.journal import Journal
 from core.metrics import metrics
 from core.models import SessionRow, table_of, utcnow
@@ -61,6 +62,8 @@ class CopyReport:
     already_present: int = 0
     missing_at_source: int = 0
     error: str | None = None
+    # artifacts not copied because a symlink stood in their path (never followed)
+    skipped_symlinks: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -94,6 +97,7 @@ class _CopyOutcome:
     bytes: int = 0
     present: int = 0
     errors: list[str] = field(default_factory=list)
+    skipped: list[str] = field(default_factory=list)
 
 
 class ForkCopies:
@@ -134,7 +138,7 @@ class ForkCopies:
                 return CopyReport(fork_id, fork.copy_status)
             plan = _plan_copy(conn, self.journal, self.root, fork)
         started = time.perf_counter()
-        outcome = _run_copy(plan)
+        outcome = _run_copy(plan, self.root)
         observed = metrics()
         observed.fork_copy_seconds.observe(time.perf_counter() - started)
         observed.fork_copy_bytes.inc(outcome.bytes)
@@ -163,6 +167,7 @@ class ForkCopies:
             already_present=plan.present + outcome.present,
             missing_at_source=plan.missing,
             error=error,
+            skipped_symlinks=outcome.skipped,
         )
         _log_copy(plan, report, changed=bool(changed))
         return report
@@ -236,13 +241,19 @@ def _was_inherited(row: ArtifactInfo, fork: Session) -> bool:
     return row.created_seq <= point and row.created_at <= fork.created_at and not expired
 
 
-def _run_copy(plan: _CopyPlan) -> _CopyOutcome:
+def _run_copy(plan: _CopyPlan, root: Path) -> _CopyOutcome:
     outcome = _CopyOutcome()
     staging = plan.directory / STAGING_DIR
     for item in plan.items:
         where = f"{item.row.kind} {item.row.local_id}"
         try:
-            size = _copy_item(item, staging)
+            size = _copy_item(item, staging, root)
+        except SymlinkRefused as exc:
+            log.warning(
+                "fork copy skipped a symlink", extra={"fork_id": plan.fork.id, "path": exc.path}
+            )
+            outcome.skipped.append(f"{where}: {exc.path}")
+            continue
         except _SourceChanged:
             outcome.errors.append(f"{where}: changed in the parent after the fork")
         except FileNotFoundError as exc:
@@ -261,32 +272,47 @@ def _run_copy(plan: _CopyPlan) -> _CopyOutcome:
     return outcome
 
 
-def _copy_item(item: _CopyItem, staging: Path) -> int | None:
+def _copy_item(item: _CopyItem, staging: Path, root: Path) -> int | None:
     """Copy one artifact (an agent output's JSONL sidecar first: the markdown file marks it
     complete); bytes copied, or None if the fork already had it."""
     extra = 0
     if item.row.kind == AGENT_OUTPUT:
         sidecar = agent_output_names(item.row.local_id)[1]
         source = item.source.with_name(sidecar)
-        if source.is_file():
-            target = item.target.with_name(sidecar)
-            extra = _copy_file(source, target, staging, item.not_after) or 0
-    size = _copy_file(item.source, item.target, staging, item.not_after)
+        target = item.target.with_name(sidecar)
+        extra = _copy_file(source, target, staging, item.not_after, root, optional=True) or 0
+    size = _copy_file(item.source, item.target, staging, item.not_after, root)
     return None if size is None else size + extra
 
 
-def _copy_file(source: Path, target: Path, staging: Path, not_after: float) -> int | None:
+def _copy_file(
+    source: Path,
+    target: Path,
+    staging: Path,
+    not_after: float,
+    root: Path,
+    *,
+    optional: bool = False,
+) -> int | None:
     """An independent, fsynced copy at ``target`` unless a file is there already.
 
     Content and modification time come from one open file: the parent replaces files by
-    rename, so the inode we read is the one we checked.
+    rename, so the inode we read is the one we checked. No symlink is followed, on either
+    side (``SymlinkRefused``). ``optional``: a missing source is no error (None).
     """
-    if target.exists():
+    check_path(root, target)
+    check_path(root, staging)
+    if os.path.lexists(target):
         return None
     staging.mkdir(parents=True, exist_ok=True)
+    fd = open_file(root, source)
+    if fd is None:
+        if optional:
+            return None
+        raise FileNotFoundError(errno.ENOENT, "no such artifact file", str(source))
     tmp = staging / f"{uuid.uuid4().hex}.copy"
     try:
-        with open(source, "rb") as src:
+        with os.fdopen(fd, "rb") as src:
             times = os.fstat(src.fileno())
             if times.st_mtime > not_after:
                 raise _SourceChanged(str(source))

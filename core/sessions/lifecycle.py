@@ -17,9 +17,10 @@ from typing import Any
 from sqlalchemy import delete, func, select
 
 from core.artifacts import rows
+from core.artifacts.nofollow import check_path
 from core.artifacts.paths import session_dir
 from core.db import write_transaction
-from core.errors import ForkCopiesInProgress
+from core.errors import ForkCopiesInProgress, SymlinkRefused
 from core.journal import Journal
 from core.models import ArtifactRow, CounterRow, DeadLetterRow, SessionRow, table_of
 from core.query.snapshots import delete_snapshots
@@ -99,10 +100,11 @@ class SessionLifecycle:
         directory = session_dir(self.root, report.tenant_id, report.session_id)
         removed = True
         try:
+            check_path(self.root, directory)  # rmtree itself follows no link inside
             shutil.rmtree(directory)
         except FileNotFoundError:
             pass
-        except OSError as exc:
+        except (OSError, SymlinkRefused) as exc:
             removed = False
             log.warning(
                 "session deleted; its artifact directory could not be removed",

@@ -9,17 +9,22 @@ from __future__ import annotations
 
 import logging
 import os
+import stat
+from dataclasses import dataclass
+from datetime import timedelta
 from pathlib import Path
 
-from sqlalchemy import Connection, update
+from sqlalchemy import Connection, delete, insert, select, update
+from sqlalchemy.exc import IntegrityError
 
 from core.artifacts import rows
 from core.artifacts.fsio import fsync_dir
+from core.artifacts.nofollow import artifact_root_of, check_path
 from core.artifacts.paths import session_dir
-from core.db import write_transaction
+from core.db import read_connection, write_transaction
 from core.errors import InvalidEvent, MoveFailed, QuotaExceeded
 from core.journal import Journal
-from core.models import SessionRow, table_of, utcnow
+from core.models import MoveIntentRow, SessionRow, table_of, utcnow
 from core.records import COPY_PENDING, Session
 from core.sessions.fork_copy import ForkCopies
 from core.sessions.queries import SETTLE_ATTEMPTS, Unsettled, children
@@ -28,6 +33,7 @@ from core.settings import Settings
 log = logging.getLogger(__name__)
 
 _sessions = table_of(SessionRow)
+_moves = table_of(MoveIntentRow)
 
 
 class Moves:
@@ -45,9 +51,11 @@ class Moves:
     ) -> Session:
         """Move a session to another tenant and/or cwd; its artifact directory moves with
         the metadata. If the directory cannot be moved, nothing changes and the error
-        surfaces as it was raised."""
+        surfaces as it was raised. A move an earlier crash left half done is finished (or
+        rolled back) first."""
         if tenant_id is not None and not 0 < len(tenant_id) <= 128:
             raise InvalidEvent("tenant_id", "must be 1..128 characters")
+        self.repair(session_id=session_id)
         for _ in range(SETTLE_ATTEMPTS):
             self.copies.settle(session_id, include_self=True)
             try:
@@ -57,22 +65,26 @@ class Moves:
         raise MoveFailed(f"session {session_id}: fork copies kept starting; retry the move")
 
     def _move_once(self, session_id: str, tenant_id: str | None, cwd: str | None) -> Session:
-        mover: _DirectoryMove | None = None
+        # Invariant 12: the intent is durable before the filesystem is touched, so a crash
+        # at any later step leaves a row that ``repair`` completes or rolls back.
+        source_tenant, target = self._record_intent(session_id, tenant_id, cwd)
+        mover = _DirectoryMove(
+            session_dir(self.root, source_tenant, session_id),
+            session_dir(self.root, target, session_id),
+        )
         try:
             with write_transaction(self.engine) as conn:
                 session = self._lock_tenants(conn, session_id, tenant_id)
                 if session.copy_status == COPY_PENDING or children(conn, session_id):
                     raise Unsettled
-                target = tenant_id or session.tenant_id
-                mover = _DirectoryMove(
-                    session_dir(self.root, session.tenant_id, session_id),
-                    session_dir(self.root, target, session_id),
-                )
+                if session.tenant_id != source_tenant:
+                    raise Unsettled  # moved by someone else since the intent: start over
                 self._relocate(conn, session, target, cwd, mover)
+                _forget_intent(conn, session_id)
                 moved = self.journal.session_in(conn, session_id)
         except BaseException:
-            if mover is not None:
-                mover.undo()
+            mover.undo()
+            self._drop_intent(session_id)
             raise
         log.info(
             "session moved",
@@ -84,6 +96,101 @@ class Moves:
             },
         )
         return moved
+
+    def _record_intent(
+        self, session_id: str, tenant_id: str | None, cwd: str | None
+    ) -> tuple[str, str]:
+        """Commit the move's intent row; (source tenant, target tenant)."""
+        try:
+            with write_transaction(self.engine) as conn:
+                session = self._lock_tenants(conn, session_id, tenant_id)
+                target = tenant_id or session.tenant_id
+                conn.execute(
+                    insert(_moves).values(
+                        session_id=session_id,
+                        from_tenant=session.tenant_id,
+                        to_tenant=target,
+                        cwd=cwd,
+                        started_at=utcnow(),
+                    )
+                )
+        except IntegrityError as exc:
+            raise MoveFailed(f"session {session_id}: another move is in progress") from exc
+        return session.tenant_id, target
+
+    def _drop_intent(self, session_id: str) -> None:
+        try:
+            with write_transaction(self.engine) as conn:
+                _forget_intent(conn, session_id)
+        except Exception as exc:  # the row stays; repair rolls it back later
+            log.error(
+                "could not drop a failed move's intent",
+                extra={"session_id": session_id, "error": str(exc)},
+            )
+
+    # repair ---------------------------------------------------------------------------------
+
+    def pending(self, *, older_than_s: float = 0.0, limit: int = 1000) -> list[MoveIntent]:
+        """Moves whose intent row is older than ``older_than_s`` (crashed), oldest first."""
+        cutoff = utcnow() - timedelta(seconds=older_than_s)
+        query = (
+            select(_moves)
+            .where(_moves.c.started_at <= cutoff)
+            .order_by(_moves.c.started_at)
+            .limit(limit)
+        )
+        with read_connection(self.engine) as conn:
+            found = conn.execute(query)
+            return [MoveIntent(r.session_id, r.from_tenant, r.to_tenant, r.cwd) for r in found]
+
+    def repair(
+        self, *, session_id: str | None = None, older_than_s: float = 0.0
+    ) -> list[MoveRepair]:
+        """Complete or roll back every move a crash left half done (or that of one session).
+
+        The directory decides: renamed (only the target exists) means the move completes;
+        otherwise it rolls back. Runs under the tenants' quota locks, as a move does, so a
+        live move's rename and commit are never split by it; the reconciler passes an age
+        so that it does not roll back a live move between its intent and its rename.
+        """
+        intents = self.pending(older_than_s=older_than_s)
+        if session_id is not None:
+            intents = [i for i in intents if i.session_id == session_id]
+        return [self._repair_one(intent) for intent in intents]
+
+    def _repair_one(self, intent: MoveIntent) -> MoveRepair:
+        source = session_dir(self.root, intent.from_tenant, intent.session_id)
+        target = session_dir(self.root, intent.to_tenant, intent.session_id)
+        with write_transaction(self.engine) as conn:
+            for tenant in sorted({intent.from_tenant, intent.to_tenant}):
+                rows.lock_tenant(conn, tenant)
+            row = conn.execute(
+                select(_sessions.c.tenant_id, _sessions.c.cwd).where(
+                    _sessions.c.id == intent.session_id
+                )
+            ).first()
+            renamed = _is_dir(target) and not _is_dir(source) and source != target
+            if row is None:
+                outcome = "gone"
+            elif row.tenant_id == intent.from_tenant and (renamed or source == target):
+                conn.execute(
+                    update(_sessions)
+                    .where(_sessions.c.id == intent.session_id)
+                    .values(
+                        tenant_id=intent.to_tenant,
+                        cwd=row.cwd if intent.cwd is None else intent.cwd,
+                        updated_at=utcnow(),
+                    )
+                )
+                outcome = "completed"
+            else:
+                outcome = "rolled_back"
+            _forget_intent(conn, intent.session_id)
+        log.warning(
+            "repaired an interrupted session move",
+            extra={"session_id": intent.session_id, "outcome": outcome},
+        )
+        return MoveRepair(intent.session_id, intent.from_tenant, intent.to_tenant, outcome)
 
     def _relocate(
         self,
@@ -132,6 +239,38 @@ class Moves:
     # delete ---------------------------------------------------------------------------------
 
 
+@dataclass(frozen=True, slots=True)
+class MoveIntent:
+    session_id: str
+    from_tenant: str
+    to_tenant: str
+    cwd: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class MoveRepair:
+    session_id: str
+    from_tenant: str
+    to_tenant: str
+    outcome: str  # completed | rolled_back | gone (the session was deleted)
+
+    def to_dict(self) -> dict[str, str]:
+        return {
+            "session_id": self.session_id,
+            "from_tenant": self.from_tenant,
+            "to_tenant": self.to_tenant,
+            "outcome": self.outcome,
+        }
+
+
+def _forget_intent(conn: Connection, session_id: str) -> None:
+    conn.execute(delete(_moves).where(_moves.c.session_id == session_id))
+
+
+def _is_dir(path: Path) -> bool:
+    return stat.S_ISDIR(os.lstat(path).st_mode) if os.path.lexists(path) else False
+
+
 class _DirectoryMove:
     """Rename a session's artifact directory; ``undo`` puts it back after a failed commit."""
 
@@ -143,6 +282,9 @@ class _DirectoryMove:
     def run(self) -> None:
         if self.source == self.target:
             return
+        root = artifact_root_of(self.source)
+        check_path(root, self.source)
+        check_path(root, self.target)
         if not self.source.exists():
             if self.target.exists():
                 # Only this session's id names it: an earlier move renamed the directory and

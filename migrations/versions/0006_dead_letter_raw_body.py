@@ -1,7 +1,7 @@
 """dead_letters: keep undecodable messages byte for byte (raw body, content type, encoding)
 
 Revision ID: 0006
-Revises: 0004
+Revises: 0005
 Create Date: 2026-11-23 20:30:00
 
 A message that fails before the task runs (a body that cannot be decoded, a wrong
@@ -14,7 +14,7 @@ import sqlalchemy as sa
 from alembic import op
 
 revision: str = "0006"
-down_revision: str | None = "0004"
+down_revision: str | None = "0005"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 

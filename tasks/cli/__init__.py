@@ -23,6 +23,7 @@ from typer.core import TyperGroup
 COMMANDS: dict[str, tuple[str, str]] = {
     "append": ("tasks.cli.writes", "Append events from a JSONL file or stdin."),
     "beat": ("tasks.cli.runtime", "Run Celery beat: blob GC, expiry, fork-copy reconciler."),
+    "blobs": ("tasks.cli.blobs", "The blob store: verify every blob, quarantine, repair."),
     "db": ("tasks.cli.db", "Schema management (Alembic): upgrade, check, history..."),
     "dead-letters": ("tasks.cli.writes", "Rejected queued writes: list, show, replay..."),
     "demo": ("tasks.cli.demo", "Run the whole system in a fresh temporary data dir."),

@@ -24,7 +24,7 @@ DEFAULT_TENANT = "default"
 
 
 def _result_dict(result: ImportResult) -> dict[str, object]:
-    return {
+    found: dict[str, object] = {
         "path": result.path,
         "session_id": result.session_id,
         "external_id": result.external_id,
@@ -32,6 +32,9 @@ def _result_dict(result: ImportResult) -> dict[str, object]:
         "skipped": result.skipped,
         "status": result.status,
     }
+    if result.missing_blobs:  # oh-my-pi refs whose bytes were not found (kept as refs)
+        found["missing_blobs"] = result.missing_blobs
+    return found
 
 
 def _error_dict(path: Path, exc: SessionStoreError) -> dict[str, object]:
@@ -56,6 +59,12 @@ def import_files(
     ] = None,
     tenant: str = typer.Option(DEFAULT_TENANT, help="Tenant of the imported sessions."),
     format: str = typer.Option("auto", "--format", help="auto | pi | omp | claude-code."),
+    blobs_dir: Path | None = typer.Option(
+        None,
+        "--blobs-dir",
+        help="oh-my-pi's blob directory [default: <agent dir>/blobs next to the sessions, "
+        "else ~/.omp/agent/blobs].",
+    ),
     watch: Path | None = typer.Option(
         None, "--watch", help="Then follow this directory: new files and appended lines."
     ),
@@ -74,7 +83,9 @@ def import_files(
         with _progress(len(files), sum(_size(f) for f in files), quiet=as_json) as advance:
             for path in files:
                 try:
-                    result = store.import_session(path, tenant_id=tenant, format=format)
+                    result = store.import_session(
+                        path, tenant_id=tenant, format=format, blobs_dir=blobs_dir
+                    )
                 except SessionStoreError as exc:
                     failed += 1
                     _report_error(path, exc, as_json)
@@ -100,6 +111,8 @@ def _report(result: ImportResult, as_json: bool) -> None:
         sys.stdout.flush()  # --watch: a reader of the pipe sees each pass at once
         return
     tail = " (a half-written last line waits)" if result.incomplete_tail else ""
+    if result.missing_blobs:
+        tail += f"; {len(result.missing_blobs)} blob(s) missing, refs kept"
     console.print(
         f"{result.status}: {result.path} -> {result.session_id} "
         f"({result.external_id}): {result.appended} appended, {result.skipped} skipped{tail}",
@@ -169,8 +182,18 @@ class _progress:
 @cli.command("export")
 def export(
     session: str = typer.Argument(help="Session id, or its external id (the agent's own)."),
-    output: Path | None = typer.Option(None, "-o", "--output", help="File [default: stdout]."),
-    format: str = typer.Option("pi", "--format", help="pi (a version-3 pi session file)."),
+    output: Path | None = typer.Option(
+        None, "-o", "--output", help="File [default: stdout]; omp: a directory [default: .]."
+    ),
+    format: str = typer.Option(
+        "pi", "--format", help="pi (a version-3 pi session file) | omp (oh-my-pi's layout)."
+    ),
+    blobs_dir: Path | None = typer.Option(
+        None,
+        "--blobs-dir",
+        help="omp: where the blobs go [default: <agent dir>/blobs when the output is "
+        "<agent dir>/sessions/<project>, else <output>/blobs].",
+    ),
     at_seq: int | None = typer.Option(None, "--at-seq", min=1, help="Only events up to this seq."),
     tenant: str | None = typer.Option(None, help="Fail unless the session is this tenant's."),
     via_queue: bool = typer.Option(
@@ -178,12 +201,17 @@ def export(
     ),
     as_json: bool = JsonOption,
 ) -> None:
-    """Write a session as a pi session file: header, then every entry as it was."""
+    """Write a session as a pi session file (header, then every entry as it was), or as
+    oh-my-pi's layout (the file, its artifacts directory, its blobs). ``--via-queue``: a
+    worker builds it (pi, or the journal's ``events`` as JSONL) and this waits for it."""
     if via_queue:
         _export_via_queue(session, output, format, at_seq, tenant, as_json)
         return
+    if format == "omp":
+        _export_omp(session, output or Path("."), blobs_dir, at_seq, tenant, as_json)
+        return
     if format != "pi":
-        raise typer.BadParameter(f"unknown export format {format!r} (known: pi)")
+        raise typer.BadParameter(f"unknown export format {format!r} (known: pi, omp)")
     with open_store() as store:
         if output is None:
             lines = store.export_session(session, sys.stdout, at_seq=at_seq, tenant_id=tenant)
@@ -237,6 +265,34 @@ def _export_via_queue(
         partial.replace(output)
     if as_json:
         print_json({**result, "path": str(output) if output else None})
+
+
+def _export_omp(
+    session: str,
+    directory: Path,
+    blobs_dir: Path | None,
+    at_seq: int | None,
+    tenant: str | None,
+    as_json: bool,
+) -> None:
+    from core.interop.omp import export_omp
+
+    if blobs_dir is None:
+        resolved = directory.resolve()
+        in_agent = resolved.parent.name == "sessions"
+        blobs_dir = resolved.parent.parent / "blobs" if in_agent else directory / "blobs"
+    with open_store() as store:
+        done = export_omp(
+            store, session, directory, blobs_dir=blobs_dir, at_seq=at_seq, tenant_id=tenant
+        )
+    if as_json:
+        print_json(done.to_dict())
+    else:
+        err_console.print(
+            f"wrote {done.lines} lines to {done.session_file}, {done.artifacts} artifact(s), "
+            f"{done.blobs_written} new blob(s) in {done.blobs_dir}",
+            markup=False,
+        )
 
 
 @sessions_app.command("create")

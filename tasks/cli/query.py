@@ -353,6 +353,30 @@ def stats(
             "events",
         )
     )
+    from rich.table import Column, Table
+
+    usage = Table(
+        Column("day", no_wrap=True),
+        Column("model", overflow="fold"),
+        "responses",
+        "in",
+        "out",
+        "cache r/w",
+        "total",
+        title="Tokens per day (UTC, entry time) and model",
+    )
+    usage.title_justify = "left"
+    for u in data["usage_by_day"]:
+        usage.add_row(
+            u["day"],
+            u["model"] or "?",
+            f"{u['responses']:,}",
+            f"{u['input']:,}",
+            f"{u['output']:,}",
+            f"{u['cache_read']:,} / {u['cache_write']:,}",
+            f"{u['total_tokens']:,}",
+        )
+    console.print(usage)
     for key, title in (
         ("top_sessions_by_events", "Top sessions by events"),
         ("top_sessions_by_bytes", "Top sessions by bytes"),

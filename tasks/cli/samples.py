@@ -25,6 +25,11 @@ def screenshot_png(seed: int, width: int = 320, height: int = 200) -> bytes:
             shade = 30 if (x // 40 + y // 20) % 5 == 0 else 0
             row += bytes(((base[0] + shade) % 256, (base[1] + shade) % 256, base[2] % 256))
         rows.append(bytes(row))
+    return png_bytes(width, height, rows)
+
+
+def png_bytes(width: int, height: int, rows: Sequence[bytes]) -> bytes:
+    """An RGB PNG from its filtered scanlines (each row: a filter byte, then 3 bytes a pixel)."""
 
     def chunk(kind: bytes, data: bytes) -> bytes:
         body = kind + data

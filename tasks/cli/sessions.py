@@ -144,6 +144,7 @@ def copy_artifacts(fork_id: str, as_json: bool = JsonOption) -> None:
     )
 
 
-# ``sessions create`` lives with import/export (external ids); registering it here keeps
-# the lazy loader's rule: `sessions` loads this module, and this module loads that one.
-from tasks.cli import interop  # noqa: E402, F401
+# ``sessions create`` lives with import/export (external ids) and ``sessions repair`` with
+# the move recovery; importing them here keeps the lazy loader's rule: `sessions` loads
+# this module, and this module loads those.
+from tasks.cli import interop, repair  # noqa: E402, F401

@@ -231,21 +231,6 @@ def test_parent_session_becomes_a_fork_link(store: SessionStore, tmp_path: Path)
 # export -------------------------------------------------------------------------------------
 
 
-_PG_KEY_ORDER = pytest.mark.xfail(
-    reason="PostgreSQL jsonb reorders keys until the journal's exact reads (helper 'journal', "
-    "DESIGN invariant 11) land",
-    strict=False,
-)
-
-
-@pytest.fixture
-def exact_reads(backend: str, request: pytest.FixtureRequest) -> None:
-    """Marks a test that needs exact reads (key order, -0.0) as expected to fail on
-    PostgreSQL until the journal's exact reads land."""
-    if backend == "postgres":
-        request.applymarker(_PG_KEY_ORDER)
-
-
 def _export_v3_pairs(store: SessionStore) -> list[tuple[Any, Any]]:
     """(exported line, input line) of the v3 fixture, imported then exported."""
     path = FIXTURES / "v3.jsonl"
@@ -261,29 +246,22 @@ def test_export_of_v3_has_the_input_values(store: SessionStore) -> None:
         assert ours == theirs, f"line {number}"
 
 
-@pytest.mark.usefixtures("exact_reads")
 def test_export_of_v3_is_exact(store: SessionStore) -> None:
     """Same key order, number types and -0.0."""
     for number, (ours, theirs) in enumerate(_export_v3_pairs(store), start=1):
         assert _exact(ours, theirs), f"line {number}"
 
 
-@pytest.mark.xfail(
-    reason="the journal refuses integers beyond 64 bits until its exact values (helper "
-    "'journal', DESIGN invariant 11) land",
-    strict=False,
-)
 def test_export_of_v3_keeps_huge_integers(store: SessionStore, tmp_path: Path) -> None:
     lines = v3_lines()
     lines[8]["data"]["huge"] = 12345678901234567890123
     path = tmp_path / "huge.jsonl"
     write(path, lines)
     assert _lines(path)[8]["data"]["huge"] == 12345678901234567890123  # read exactly
-    result = store.import_session(path, tenant_id=TENANT)  # today: refused by validation
+    result = store.import_session(path, tenant_id=TENANT)
     assert _exact(_export(store, result.session_id)[8], _lines(path)[8])
 
 
-@pytest.mark.usefixtures("exact_reads")
 @pytest.mark.parametrize("make", [v1_lines, v2_lines], ids=["v1", "v2"])
 def test_export_of_v1_v2_is_pis_migration(store: SessionStore, tmp_path: Path, make: Any) -> None:
     from tests.pi_support import pi_context

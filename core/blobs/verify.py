@@ -1,0 +1,157 @@
+"""``blobs verify``: check every registered blob against its hash (invariant 13).
+
+The registry is walked in hash order, a page at a time. Each blob is either fine, missing
+(registered, no file) or corrupt (its content does not hash to its name). Corrupt files are
+moved to the store's ``corrupt/`` directory, never served again. With ``repair_from``, a
+missing or corrupt blob is re-written from a directory of known-good blobs: files named like
+the store's own (``<hash>.blob.gz`` / ``<hash>.blob``) or by the bare hash (raw bytes), at
+any depth. Files on disk that no row registers are reported (blob GC sweeps them).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import zlib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import func, select
+
+from core.blobs.store import (
+    BlobStore,
+    Codec,
+    decode_blob,
+    is_valid_hash,
+    parse_blob_name,
+    sha256_hex,
+)
+from core.db import read_connection
+from core.maintenance.runs import Progress
+from core.models import BlobRow, table_of
+
+log = logging.getLogger(__name__)
+
+_blobs = table_of(BlobRow)
+PAGE = 500
+MAX_LISTED = 1000  # hashes listed per category in a report; the counts are always exact
+
+
+@dataclass(slots=True)
+class VerifyReport:
+    checked: int = 0
+    ok: int = 0
+    missing: list[str] = field(default_factory=list)
+    corrupt: list[str] = field(default_factory=list)
+    unregistered: list[str] = field(default_factory=list)
+    quarantined: list[str] = field(default_factory=list)  # where corrupt files went
+    repaired: list[str] = field(default_factory=list)
+    counts: dict[str, int] = field(default_factory=dict)
+
+    def note(self, kind: str, value: str) -> None:
+        self.counts[kind] = self.counts.get(kind, 0) + 1
+        listed: list[str] = getattr(self, kind)
+        if len(listed) < MAX_LISTED:
+            listed.append(value)
+
+    @property
+    def healthy(self) -> bool:
+        """Nothing is left missing or corrupt (repaired blobs count as healthy)."""
+        broken = self.counts.get("missing", 0) + self.counts.get("corrupt", 0)
+        return broken == self.counts.get("repaired", 0)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "checked": self.checked,
+            "ok": self.ok,
+            **{f"{k}_count": self.counts.get(k, 0) for k in _KINDS},
+            **{k: getattr(self, k) for k in _KINDS},
+            "healthy": self.healthy,
+        }
+
+
+_KINDS = ("missing", "corrupt", "unregistered", "quarantined", "repaired")
+
+
+class KnownGood:
+    """An index of a directory of known-good blobs, by hash (read lazily, verified on use)."""
+
+    def __init__(self, root: Path) -> None:
+        self.files: dict[str, list[tuple[Path, Codec]]] = {}
+        for directory, _dirs, names in os.walk(root):  # os.walk does not follow symlinks
+            for name in names:
+                parsed = parse_blob_name(name)
+                if parsed is None and is_valid_hash(name):
+                    parsed = (name, "identity")
+                if parsed is not None:
+                    path = Path(directory, name)
+                    self.files.setdefault(parsed[0], []).append((path, parsed[1]))
+
+    def content(self, blob_hash: str) -> bytes | None:
+        """Verified content of ``blob_hash``, or None when no good copy is there."""
+        for path, codec in self.files.get(blob_hash, []):
+            try:
+                if path.is_symlink():
+                    continue
+                data = decode_blob(codec, path.read_bytes())
+            except (OSError, zlib.error):
+                continue
+            if sha256_hex(data) == blob_hash:
+                return data
+        return None
+
+
+def verify_blobs(
+    store: BlobStore, *, repair_from: Path | None = None, progress: Progress | None = None
+) -> VerifyReport:
+    """Check, quarantine and (with ``repair_from``) repair every registered blob."""
+    report = VerifyReport()
+    known = KnownGood(repair_from) if repair_from is not None else None
+    engine = store.index.engine
+    with read_connection(engine) as conn:
+        total = int(conn.execute(select(func.count()).select_from(_blobs)).scalar_one())
+    registered: set[str] = set()
+    after = ""
+    while True:
+        with read_connection(engine) as conn:
+            rows = conn.execute(
+                select(_blobs.c.hash, _blobs.c.size)
+                .where(_blobs.c.hash > after)
+                .order_by(_blobs.c.hash)
+                .limit(PAGE)
+            ).all()
+        if not rows:
+            break
+        for row in rows:
+            registered.add(row.hash)
+            _verify_one(store, row.hash, int(row.size), report, known)
+        after = rows[-1].hash
+        if progress is not None:
+            progress("blobs", report.checked, total)
+    for found in store.iter_files():
+        if found.hash not in registered:
+            report.note("unregistered", found.hash)
+    log.info("blobs verified", extra={"report": report.counts, "checked": report.checked})
+    return report
+
+
+def _verify_one(
+    store: BlobStore, blob_hash: str, size: int, report: VerifyReport, known: KnownGood | None
+) -> None:
+    report.checked += 1
+    if not store.has_stored(blob_hash):
+        report.note("missing", blob_hash)
+    else:
+        problem = store.check_stored(blob_hash, size)
+        if problem is None:
+            report.ok += 1
+            return
+        log.error("blob is corrupt", extra={"blob_hash": blob_hash, "problem": problem})
+        report.note("corrupt", blob_hash)
+        for path in store.quarantine_corrupt(blob_hash):
+            report.note("quarantined", path)
+    good = known.content(blob_hash) if known is not None else None
+    if good is not None:
+        store.put(good)  # a put of the content re-writes and re-registers it
+        report.note("repaired", blob_hash)

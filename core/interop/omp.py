@@ -1,0 +1,344 @@
+"""oh-my-pi sessions: a pi version-3 file plus its artifacts directory and a global blob store.
+
+The layout (``docs/blob-artifact-architecture.md`` in oh-my-pi)::
+
+    <sessions>/--<cwd>--/<timestamp>_<id>.jsonl     the session (pi v3 entries)
+    <sessions>/--<cwd>--/<timestamp>_<id>/          its artifacts
+        <n>.<tool>.log                              tool output, artifact://<n>
+        <outputId>.md, <outputId>.jsonl             agent output (and its session), agent://<id>
+    ~/.omp/agent/blobs/<sha256>                     bytes behind ``blob:sha256:<sha256>`` refs
+
+oh-my-pi replaces a large image block's base64 ``data`` by a ref to the decoded bytes, and a
+provider ``image_url`` data URL by a ref to its UTF-8 text. An import puts the values back
+(the bytes are checked against their hash first), so our own externalization stores them
+under the same hash and a pi export has the images inline. A ref whose blob is missing (or
+corrupt) stays in the entry, as oh-my-pi keeps it, under ``missingBlobRef`` (an image's
+``data`` must hold bytes we have), and is reported in ``missing_blobs``.
+
+Artifacts are imported with their ids (``put_tool_output`` / ``put_agent_output``), so
+``artifact://3`` and ``agent://explore`` resolve here to the same content as in oh-my-pi.
+``export_omp`` writes the layout back.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import logging
+import os
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from core.artifacts.inherited import read_artifact_file
+from core.artifacts.manager import MAX_AGENT_ID_CHARS
+from core.artifacts.records import AGENT_OUTPUT, TOOL_OUTPUT
+from core.blobs.externalize import canonical_base64
+from core.blobs.store import BLOB_REF_PREFIX, parse_ref
+from core.fsio import replace_atomically
+from core.interop import exporter, pi
+from core.interop.importer import register_converter
+from core.interop.model import ArtifactFile, Format, ParsedSession
+
+if TYPE_CHECKING:
+    from core.store import SessionStore
+
+log = logging.getLogger(__name__)
+
+FORMAT: Format = "omp"
+MISSING_KEY = "missingBlobRef"
+IMAGE_ARRAY_KEY = "content"
+DATA_URL_KEY = "image_url"
+# oh-my-pi externalizes an image whose base64 is at least this long (BLOB_EXTERNALIZE_THRESHOLD)
+EXTERNALIZE_MIN_CHARS = 1024
+_TOOL_LOG = re.compile(r"^(\d+)\.([A-Za-z0-9_-]+)\.log$")
+_AGENT_OUTPUT = re.compile(r"^([A-Za-z0-9_-]+(?:\.[A-Za-z0-9_-]+)*)\.(md|jsonl)$")
+
+
+def default_blobs_dir(session_file: Path) -> Path:
+    """``<agent dir>/blobs`` when the file sits in ``<agent dir>/sessions/<project>/``,
+    else ``~/.omp/agent/blobs``."""
+    agent_dir = session_file.resolve().parent.parent.parent
+    if session_file.resolve().parent.parent.name == "sessions" and (agent_dir / "blobs").is_dir():
+        return agent_dir / "blobs"
+    return Path.home() / ".omp" / "agent" / "blobs"
+
+
+def artifacts_dir(session_file: Path) -> Path:
+    return session_file.with_suffix("")
+
+
+def sniff_omp(path: Path, head: bytes) -> bool:
+    """A pi header, with an artifacts directory next to the file or blob refs inside it."""
+    if not pi.sniff(head.split(b"\n", 1)[0]):
+        return False
+    return b'"' + BLOB_REF_PREFIX.encode() in head or artifacts_dir(path).is_dir()
+
+
+# reading -------------------------------------------------------------------------------------
+
+
+def parse_omp(path: Path, data: bytes, *, blobs_dir: Path | None = None) -> ParsedSession:
+    """The session file as pi entries with blob refs resolved, plus its artifact files."""
+    parsed = pi.parse(path, data)
+    blobs = _BlobReader(blobs_dir or default_blobs_dir(path))
+    entries = [replace(e, entry=blobs.resolve(e.entry)) for e in parsed.entries]
+    if blobs.missing:
+        log.warning(
+            "blobs referenced by the session are missing; their refs are kept",
+            extra={"path": str(path), "missing": blobs.missing, "blobs_dir": str(blobs.root)},
+        )
+    return replace(
+        parsed,
+        format=FORMAT,
+        entries=entries,
+        artifacts=list_artifacts(artifacts_dir(path)),
+        missing_blobs=blobs.missing,
+    )
+
+
+@dataclass
+class _BlobReader:
+    root: Path
+    missing: list[str] = field(default_factory=list)
+
+    def read(self, ref: str) -> bytes | None:
+        """The blob's bytes, only if they hash to the ref (a corrupt blob counts as missing)."""
+        blob_hash = parse_ref(ref)
+        data = None
+        if blob_hash is not None:
+            try:
+                data = (self.root / blob_hash).read_bytes()
+            except OSError:
+                data = None
+        if data is None or hashlib.sha256(data).hexdigest() != blob_hash:
+            if ref not in self.missing:
+                self.missing.append(ref)
+            return None
+        return data
+
+    def text(self, ref: str) -> str:
+        """A data URL blob's text; the ref itself (reported missing) if it is not UTF-8."""
+        data = self.read(ref)
+        try:
+            return data.decode("utf-8") if data is not None else ref
+        except UnicodeDecodeError:
+            self.missing.append(ref)
+            return ref
+
+    def resolve(self, value: Any) -> Any:
+        if isinstance(value, list):
+            return [self.resolve(v) for v in value]
+        if not isinstance(value, dict):
+            return value
+        out: dict[str, Any] = {}
+        for key, item in value.items():
+            if key == DATA_URL_KEY and _is_ref(item):
+                out[key] = self.text(item)
+            else:
+                out[key] = self.resolve(item)
+        if out.get("type") == "image" and _is_ref(out.get("data")):
+            data = self.read(out["data"])
+            if data is None:
+                out[MISSING_KEY] = out["data"]
+                out["data"] = ""
+            else:
+                out["data"] = base64.b64encode(data).decode("ascii")
+        return out
+
+
+def _is_ref(value: Any) -> bool:
+    return isinstance(value, str) and value.startswith(BLOB_REF_PREFIX)
+
+
+def list_artifacts(directory: Path) -> list[ArtifactFile]:
+    """Tool outputs by number, then agent outputs and their sidecars by name. Anything else
+    (oh-my-pi's ``.artifact-<n>.json`` provenance notes, sub-directories) is skipped."""
+    if not directory.is_dir():
+        return []
+    tools: list[tuple[int, ArtifactFile]] = []
+    agents: list[ArtifactFile] = []
+    for entry in sorted(os.scandir(directory), key=lambda e: e.name):
+        if not entry.is_file(follow_symlinks=False):
+            continue
+        path = Path(entry.path)
+        tool = _TOOL_LOG.match(entry.name)
+        agent = _AGENT_OUTPUT.match(entry.name)
+        if tool:
+            artifact = ArtifactFile("tool_output", tool.group(1), path, tool.group(2))
+            tools.append((int(tool.group(1)), artifact))
+        elif agent and len(agent.group(1)) > MAX_AGENT_ID_CHARS:
+            log.warning("skipping an agent output with an overlong id", extra={"path": entry.path})
+        elif agent and agent.group(2) == "md":
+            agents.append(ArtifactFile("agent_output", agent.group(1), path))
+        elif agent:
+            agents.append(ArtifactFile("sidecar", agent.group(1), path))
+        else:
+            log.debug("skipping a file of the artifacts directory", extra={"path": entry.path})
+    return [a for _, a in sorted(tools, key=lambda t: t[0])] + agents
+
+
+def import_artifacts(store: SessionStore, session_id: str, parsed: ParsedSession) -> int:
+    """Put the session's artifact files in under their ids; returns how many were written.
+    Those already there with the same bytes are skipped, so a re-import writes nothing, and
+    a tool log that grew (a command still running) is replaced."""
+    manager = store.artifacts(session_id)
+    have = manager.directory()
+    sidecars = {a.artifact_id: a.path for a in parsed.artifacts if a.kind == "sidecar"}
+    outputs = {a.artifact_id for a in parsed.artifacts if a.kind == "agent_output"}
+    written = 0
+    for artifact in parsed.artifacts:
+        if artifact.kind == "tool_output":
+            data = artifact.path.read_bytes()
+            tool = artifact.tool_type or "tool"
+            if _same(have, {f"{artifact.artifact_id}.{tool}.log": data}):
+                continue
+            manager.put_tool_output(artifact.artifact_id, tool, data)
+        elif artifact.kind == "agent_output" or artifact.artifact_id not in outputs:
+            md = artifact.path.read_bytes() if artifact.kind == "agent_output" else b""
+            files = {f"{artifact.artifact_id}.md": md}
+            sidecar = sidecars.get(artifact.artifact_id)
+            jsonl = sidecar.read_bytes() if sidecar is not None else None
+            if jsonl is not None:
+                files[f"{artifact.artifact_id}.jsonl"] = jsonl
+            if _same(have, files):
+                continue
+            manager.put_agent_output(artifact.artifact_id, md, jsonl=jsonl)
+        else:
+            continue  # a sidecar, written with its markdown
+        written += 1
+    return written
+
+
+def _same(directory: Path, files: dict[str, bytes]) -> bool:
+    for name, data in files.items():
+        try:
+            if (directory / name).read_bytes() != data:
+                return False
+        except OSError:
+            return False
+    return True
+
+
+def _after_import(store: SessionStore, session_id: str, parsed: ParsedSession) -> None:
+    import_artifacts(store, session_id, parsed)
+
+
+register_converter(FORMAT, parse_omp, sniff=sniff_omp, priority=30, after_import=_after_import)
+
+
+# writing ----------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class OmpExport:
+    session_file: Path
+    artifacts_dir: Path
+    blobs_dir: Path
+    lines: int
+    blobs_written: int
+    artifacts: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "session_file": str(self.session_file),
+            "artifacts_dir": str(self.artifacts_dir),
+            "blobs_dir": str(self.blobs_dir),
+            "lines": self.lines,
+            "blobs_written": self.blobs_written,
+            "artifacts": self.artifacts,
+        }
+
+
+def session_file_name(header: dict[str, Any]) -> str:
+    """oh-my-pi's ``<timestamp>_<id>.jsonl``, the timestamp with ``:`` and ``.`` as ``-``."""
+    stamp = str(header.get("timestamp") or "")
+    return f"{re.sub(r'[:.]', '-', stamp)}_{header.get('id')}.jsonl"
+
+
+def export_omp(
+    store: SessionStore,
+    session_ref: str,
+    out_dir: Path,
+    *,
+    blobs_dir: Path,
+    at_seq: int | None = None,
+    tenant_id: str | None = None,
+) -> OmpExport:
+    """Write the session as oh-my-pi's layout: its file, its artifacts, its blobs."""
+    session = store.resolve_session(session_ref, tenant_id=tenant_id)
+    header, entries = exporter.session_lines(store, session, at_seq=at_seq)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    blobs_dir.mkdir(parents=True, exist_ok=True)
+    target = out_dir / session_file_name(header)
+    writer = _BlobWriter(blobs_dir)
+    with target.open("w", encoding="utf-8", newline="\n") as out:
+        lines = pi.write(out, header, (writer.externalize(e) for e in entries))
+    count = _export_artifacts(store, session.id, artifacts_dir(target))
+    return OmpExport(target, artifacts_dir(target), blobs_dir, lines, writer.written, count)
+
+
+@dataclass
+class _BlobWriter:
+    root: Path
+    written: int = 0
+
+    def put(self, data: bytes) -> str:
+        blob_hash = hashlib.sha256(data).hexdigest()
+        path = self.root / blob_hash
+        if not path.exists():
+            replace_atomically(path, data)
+            self.written += 1
+        return BLOB_REF_PREFIX + blob_hash
+
+    def externalize(self, value: Any, *, in_content: bool = False) -> Any:
+        """oh-my-pi's persistence rule: image blocks of ``content`` arrays and image data
+        URLs become refs; a kept missing ref goes back where oh-my-pi had it."""
+        if isinstance(value, list):
+            return [self.externalize(v, in_content=in_content) for v in value]
+        if not isinstance(value, dict):
+            return value
+        out: dict[str, Any] = {}
+        for key, item in value.items():
+            if key == DATA_URL_KEY and isinstance(item, str) and _is_data_url(item):
+                out[key] = self.put(item.encode("utf-8", "surrogatepass"))
+            else:
+                out[key] = self.externalize(item, in_content=key == IMAGE_ARRAY_KEY)
+        if out.get("type") == "image" and MISSING_KEY in out:
+            out["data"] = out.pop(MISSING_KEY)
+        elif in_content and out.get("type") == "image":
+            data = out.get("data")
+            if isinstance(data, str) and len(data) >= EXTERNALIZE_MIN_CHARS and not _is_ref(data):
+                raw = canonical_base64(data)
+                if raw is not None:
+                    out["data"] = self.put(raw)
+        return out
+
+
+def _is_data_url(value: str) -> bool:
+    return value.startswith("data:image/") and ";base64," in value
+
+
+def _export_artifacts(store: SessionStore, session_id: str, directory: Path) -> int:
+    manager = store.artifacts(session_id)
+    own = manager.directory()
+    count = 0
+    for row in _exportable(manager.list()):
+        root = store.settings.resolved_artifact_root
+        data = read_artifact_file(store.engine, root, own / (row.name or ""), row)
+        if data is None:
+            continue
+        directory.mkdir(parents=True, exist_ok=True)
+        replace_atomically(directory / (row.name or ""), data)
+        if row.kind == AGENT_OUTPUT:
+            sidecar = own / f"{row.local_id}.jsonl"
+            if sidecar.is_file():
+                replace_atomically(directory / sidecar.name, sidecar.read_bytes())
+        count += 1
+    return count
+
+
+def _exportable(rows: list[Any]) -> Iterator[Any]:
+    return (r for r in rows if r.kind in (TOOL_OUTPUT, AGENT_OUTPUT))

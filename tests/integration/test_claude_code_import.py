@@ -1,0 +1,126 @@
+"""Claude Code transcripts through the importer, on both backends: the session, its state,
+its stats (tokens and models per day), images in blobs, and re-imports of a growing file."""
+
+from __future__ import annotations
+
+import base64
+import shutil
+from pathlib import Path
+
+import pytest
+
+from core.blobs.store import parse_ref
+from core.query.analytics import TokenTotals
+from core.store import SessionStore
+
+FIXTURE = (
+    Path(__file__).resolve().parents[1]
+    / "fixtures"
+    / "claude_code"
+    / "7d3c5e2a-91f4-4b6e-8a0d-2c1f9e8b7a60.jsonl"
+)
+SESSION_ID = "7d3c5e2a-91f4-4b6e-8a0d-2c1f9e8b7a60"
+TENANT = "acme"
+
+
+def test_import_makes_a_named_session_found_by_its_claude_id(store: SessionStore) -> None:
+    result = store.import_session(FIXTURE, tenant_id=TENANT, format="claude-code")
+    assert (result.status, result.appended, result.format) == ("created", 21, "claude-code")
+    session = store.resolve_session(SESSION_ID, tenant_id=TENANT)
+    assert session.id == result.session_id and session.external_id == SESSION_ID
+    assert session.title == "Fix the leap-year bug in parse_date"
+    assert session.cwd == "/home/dev/dateparse"
+    header = store.read(session.id, upto_seq=1)[0].payload
+    assert header["type"] == "session" and header["id"] == SESSION_ID
+
+
+def test_state_after_the_compaction(store: SessionStore) -> None:
+    result = store.import_session(FIXTURE, tenant_id=TENANT)  # auto-detected
+    assert result.format == "claude-code"
+    state = store.state(result.session_id)
+    assert [m.role for m in state.messages] == [
+        "compactionSummary",
+        "user",
+        "assistant",
+        "toolResult",
+        "assistant",
+    ]
+    assert state.compaction is not None and state.compaction.tokens_before == 18250
+    assert state.info.model is not None
+    assert state.info.model.model_id == "claude-opus-4-5-20251101"
+    (call,) = state.tool_calls
+    assert (call.name, call.is_error) == ("Write", True)
+    before = store.state(result.session_id, at_seq=15)  # a5, before the compaction
+    assert before.messages[0].role == "user" and before.compaction is None
+    assert before.info.model is not None
+    assert before.info.model.model_id == "claude-sonnet-4-5-20250929"
+
+
+def test_stats_tokens_and_models_per_day(store: SessionStore) -> None:
+    store.import_session(FIXTURE, tenant_id=TENANT)
+    stats = store.stats(tenant_id=TENANT)
+    rows = {(u.day, u.model): u for u in stats.usage_by_day}
+    assert sorted(rows) == [
+        ("2026-01-20", "claude-haiku-4-5-20251001"),
+        ("2026-01-20", "claude-sonnet-4-5-20250929"),
+        ("2026-01-21", "claude-opus-4-5-20251101"),
+    ]
+    sonnet = rows["2026-01-20", "claude-sonnet-4-5-20250929"]
+    # msg_01A is three lines with output 3, 12, 40: one response of 40 output tokens
+    assert sonnet.responses == 3
+    assert sonnet.tokens == TokenTotals(20, 95, 750, 70, 935, 0)
+    opus = rows["2026-01-21", "claude-opus-4-5-20251101"]
+    assert (opus.responses, opus.tokens) == (2, TokenTotals(17, 78, 900, 900, 1895, 0))
+    assert rows["2026-01-20", "claude-haiku-4-5-20251001"].responses == 2  # the sidechain
+    assert (stats.tokens.input, stats.tokens.output) == (677, 208)
+    first = stats.to_dict()["usage_by_day"][0]
+    assert (first["day"], first["responses"], first["output"]) == ("2026-01-20", 2, 35)
+
+
+def test_the_image_is_a_blob_with_the_original_bytes(store: SessionStore) -> None:
+    result = store.import_session(FIXTURE, tenant_id=TENANT)
+    stored = store.read(result.session_id, after_seq=3, upto_seq=4)[0]
+    ref = stored.payload["message"]["content"][1]["data"]
+    blob_hash = parse_ref(ref)
+    assert blob_hash is not None
+    original = FIXTURE.read_text().split('"data":"')[1].split('"')[0]
+    assert store.blobs.get(blob_hash) == base64.b64decode(original)
+    exact = store.read(result.session_id, after_seq=3, upto_seq=4, rehydrate=True)[0]
+    assert exact.payload["message"]["content"][1]["data"] == original
+
+
+def test_reimport_appends_nothing_then_only_what_the_file_grew(
+    store: SessionStore, tmp_path: Path
+) -> None:
+    data = FIXTURE.read_bytes()
+    lines = data.split(b"\n")
+    path = tmp_path / FIXTURE.name
+    # up to the compact boundary: it waits for its summary line
+    path.write_bytes(b"\n".join(lines[:16]) + b"\n")
+    first = store.import_session(path, tenant_id=TENANT)
+    assert (first.appended, first.incomplete_tail) == (16, True)  # header + 15 entries
+    with path.open("ab") as out:
+        out.write(lines[16] + b"\n" + lines[17][:40])  # the summary, half of the next line
+    second = store.import_session(path, tenant_id=TENANT)
+    assert (second.appended, second.incomplete_tail) == (1, True)  # the compaction
+    path.write_bytes(data)
+    third = store.import_session(path, tenant_id=TENANT)
+    assert (third.appended, third.skipped) == (4, 17)
+    again = store.import_session(path, tenant_id=TENANT)
+    assert (again.status, again.appended) == ("unchanged", 0)
+    whole = store.import_session(FIXTURE, tenant_id="other")
+    theirs = [e.payload for e in store.read(whole.session_id)]
+    assert [e.payload for e in store.read(first.session_id)] == theirs
+
+
+@pytest.mark.parametrize("sub", ["agent-4a1f.jsonl"])
+def test_a_subagent_file_is_its_own_session(store: SessionStore, tmp_path: Path, sub: str) -> None:
+    main = tmp_path / FIXTURE.name
+    shutil.copyfile(FIXTURE, main)
+    side = b"\n".join(FIXTURE.read_bytes().split(b"\n")[8:12]) + b"\n"
+    (tmp_path / sub).write_bytes(side)
+    a = store.import_session(main, tenant_id=TENANT)
+    b = store.import_session(tmp_path / sub, tenant_id=TENANT)
+    assert a.session_id != b.session_id
+    assert b.external_id == f"{SESSION_ID}/agent-4a1f"
+    assert store.state(b.session_id).messages[-1].text.startswith("Two callers")

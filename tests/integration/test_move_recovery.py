@@ -1,0 +1,173 @@
+"""Invariant 12 for moves (issue 16, item 4): a fault at every step of a move, then repair:
+the artifacts are reachable and a second move succeeds. Both backends."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import pytest
+from sqlalchemy import func, select
+
+from core import SessionStore, Settings
+from core.models import MoveIntentRow
+from core.sessions.moves import Moves, _DirectoryMove
+
+
+class Injected(Exception):
+    pass
+
+
+def _with_files(store: SessionStore) -> str:
+    session = store.create_session(tenant_id="acme", cwd="/a")
+    artifacts = store.artifacts(session.id)
+    artifacts.files.put("notes/plan.md", "# the plan")
+    assert artifacts.save("tool output", "bash") == "0"
+    return session.id
+
+
+def _intents(store: SessionStore) -> int:
+    table = MoveIntentRow.__table__  # type: ignore[attr-defined]
+    with store.engine.connect() as conn:
+        return int(conn.execute(select(func.count()).select_from(table)).scalar_one())
+
+
+def _reachable(store: SessionStore, sid: str) -> None:
+    tenant = store.get_session(sid).tenant_id
+    assert store.artifacts(sid).files.get("notes/plan.md") == b"# the plan"
+    resolved = store.resolve("artifact://0", session_id=sid, tenant_id=tenant)
+    assert resolved.content in ("tool output", b"tool output")
+
+
+def _then_second_move(store: SessionStore, sid: str) -> None:
+    moved = store.move(sid, tenant_id="initech", cwd="/c")
+    assert (moved.tenant_id, moved.cwd) == ("initech", "/c")
+    _reachable(store, sid)
+    assert _intents(store) == 0
+
+
+STEPS = ["after_intent", "after_rename", "before_commit"]
+
+
+@pytest.mark.parametrize("step", STEPS)
+def test_a_fault_at_each_step_then_repair(
+    store: SessionStore, monkeypatch: pytest.MonkeyPatch, step: str
+) -> None:
+    sid = _with_files(store)
+    real_intent, real_run = Moves._record_intent, _DirectoryMove.run
+    real_relocate = Moves._relocate
+
+    def intent(self: Moves, *args: Any) -> Any:
+        result = real_intent(self, *args)
+        if step == "after_intent":
+            raise Injected(step)  # outside the move's cleanup: as a crash would leave it
+        return result
+
+    def run(self: _DirectoryMove) -> None:
+        real_run(self)
+        if step == "after_rename":
+            raise Injected(step)
+
+    def relocate(self: Moves, *args: Any) -> None:
+        real_relocate(self, *args)
+        if step == "before_commit":
+            raise Injected(step)
+
+    monkeypatch.setattr(Moves, "_record_intent", intent)
+    monkeypatch.setattr(_DirectoryMove, "run", run)
+    monkeypatch.setattr(Moves, "_relocate", relocate)
+    with pytest.raises(Injected):
+        store.move(sid, tenant_id="globex", cwd="/b")
+    monkeypatch.undo()
+
+    store.repair_moves()
+    assert _intents(store) == 0
+    assert store.get_session(sid).tenant_id == "acme"  # nothing was renamed for good
+    _reachable(store, sid)
+    _then_second_move(store, sid)
+
+
+_CRASHER = textwrap.dedent(
+    """
+    import os, signal, sys
+    from core import SessionStore, Settings
+    from core.sessions.moves import Moves, _DirectoryMove
+
+    step, sid = sys.argv[1], sys.argv[2]
+    real_intent, real_run = Moves._record_intent, _DirectoryMove.run
+
+    def intent(self, *args):
+        result = real_intent(self, *args)
+        if step == "after_intent":
+            os.kill(os.getpid(), signal.SIGKILL)
+        return result
+
+    def run(self):
+        real_run(self)
+        if step == "after_rename":  # renamed, the transaction not committed
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    Moves._record_intent = intent
+    _DirectoryMove.run = run
+    with SessionStore.from_settings(Settings()) as store:
+        store.move(sid, tenant_id="globex", cwd="/b")
+    """
+)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("step", ["after_intent", "after_rename"])
+def test_sigkill_mid_move_then_repair(
+    store: SessionStore, settings: Settings, step: str, tmp_path: Path
+) -> None:
+    sid = _with_files(store)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SESSIONSTORE_")}
+    env["SESSIONSTORE_DATA_DIR"] = str(settings.data_dir)
+    env["SESSIONSTORE_DATABASE_URL"] = str(settings.database_url)
+    script = tmp_path / "crash.py"
+    script.write_text(_CRASHER)
+    done = subprocess.run(
+        [sys.executable, str(script), step, sid],
+        env=env,
+        cwd=Path(__file__).resolve().parents[2],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == -signal.SIGKILL, done.stderr
+    assert _intents(store) == 1
+
+    [repaired] = store.repair_moves()
+    expected = "completed" if step == "after_rename" else "rolled_back"
+    assert repaired.outcome == expected
+    assert store.get_session(sid).tenant_id == ("globex" if expected == "completed" else "acme")
+    if expected == "completed":
+        assert store.get_session(sid).cwd == "/b"
+    _reachable(store, sid)
+    _then_second_move(store, sid)
+
+
+def test_a_move_repairs_its_own_interrupted_move_first(
+    store: SessionStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    sid = _with_files(store)
+    real_run = _DirectoryMove.run
+
+    def run_then_crash(self: _DirectoryMove) -> None:
+        real_run(self)
+        raise Injected("crash")
+
+    monkeypatch.setattr(_DirectoryMove, "run", run_then_crash)
+    monkeypatch.setattr(_DirectoryMove, "undo", lambda self: None)  # a crash undoes nothing
+    monkeypatch.setattr(Moves, "_drop_intent", lambda self, sid: None)
+    with pytest.raises(Injected):
+        store.move(sid, tenant_id="globex")
+    monkeypatch.undo()
+    assert _intents(store) == 1
+    _then_second_move(store, sid)  # no separate repair: the move finishes the old one

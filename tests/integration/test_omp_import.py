@@ -1,0 +1,152 @@
+"""oh-my-pi's layout through the importer, on both backends: artifact ids kept, blob refs
+resolved to the original bytes, a missing blob kept and reported, re-imports, a failed
+artifact write retried, and ``export_omp`` reproducing the layout."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from core.artifacts import ArtifactManager
+from core.interop.omp import export_omp, parse_omp
+from core.store import SessionStore
+
+AGENT = Path(__file__).resolve().parents[1] / "fixtures" / "omp" / "agent"
+STEM = "2026-01-22T08-30-00-000Z_9b1e4c7a2f3d4e5f"
+PROJECT = AGENT / "sessions" / "--home-dev-webapp--"
+SESSION_FILE = PROJECT / f"{STEM}.jsonl"
+ARTIFACTS = PROJECT / STEM
+BLOBS = AGENT / "blobs"
+IMAGE_REF = "blob:sha256:3d07e0dd108320931e76e4142395ffd27981c97de8d2ec5981bc43e0629ca270"
+URL_REF = "blob:sha256:9acaebe98b9e02bd1ccc8601586b893f1ae40b3e4b4c2f61c6c9eaa45027004e"
+MISSING_REF = "blob:sha256:" + hashlib.sha256(b"gone").hexdigest()
+TENANT = "acme"
+
+
+@pytest.fixture
+def layout(tmp_path: Path) -> Path:
+    """A writable copy of the fixture's agent directory; returns its session file."""
+    shutil.copytree(AGENT, tmp_path / "agent")
+    return tmp_path / "agent" / "sessions" / "--home-dev-webapp--" / f"{STEM}.jsonl"
+
+
+def test_detection_and_blob_resolution_without_a_store() -> None:
+    from core.interop.importer import detect_format
+
+    assert detect_format(SESSION_FILE, SESSION_FILE.read_bytes()[:65536]) == "omp"
+    parsed = parse_omp(SESSION_FILE, SESSION_FILE.read_bytes())
+    assert parsed.missing_blobs == [MISSING_REF]
+    image = parsed.entries[3].entry["message"]["content"][1]
+    assert base64.b64decode(image["data"]) == (BLOBS / IMAGE_REF[12:]).read_bytes()
+    kinds = [(a.kind, a.artifact_id) for a in parsed.artifacts]
+    assert kinds == [
+        ("tool_output", "0"),
+        ("tool_output", "1"),
+        ("sidecar", "explore"),
+        ("agent_output", "explore"),
+    ]
+
+
+def test_import_keeps_artifact_ids_and_resolves_refs(store: SessionStore) -> None:
+    result = store.import_session(SESSION_FILE, tenant_id=TENANT)
+    assert (result.format, result.appended, result.missing_blobs) == ("omp", 14, [MISSING_REF])
+    sid = result.session_id
+    for url, name in (("artifact://0", "0.bash.log"), ("artifact://1", "1.read.log")):
+        assert store.resolve(url, session_id=sid).content == (ARTIFACTS / name).read_text()
+    assert store.resolve("agent://explore", session_id=sid).content == (
+        (ARTIFACTS / "explore.md").read_text()
+    )
+    sidecar = store.artifacts(sid).directory() / "explore.jsonl"
+    assert sidecar.read_bytes() == (ARTIFACTS / "explore.jsonl").read_bytes()
+    # our refs are oh-my-pi's refs: the same hash of the same bytes
+    stored = store.read(sid, after_seq=4, upto_seq=5)[0].payload
+    assert stored["message"]["content"][1]["data"] == IMAGE_REF
+    assert store.blobs.get(IMAGE_REF[12:]) == (BLOBS / IMAGE_REF[12:]).read_bytes()
+    shown = store.resolve(IMAGE_REF, session_id=sid).content
+    assert base64.b64decode(shown) == (BLOBS / IMAGE_REF[12:]).read_bytes()
+    custom = store.read(sid, after_seq=9, upto_seq=10)[0].payload
+    assert custom["data"]["screenshot"]["image_url"] == URL_REF
+    assert store.resolve(URL_REF, session_id=sid).content == (BLOBS / URL_REF[12:]).read_text()
+    # the missing blob's ref is kept with its image
+    missing = store.read(sid, after_seq=11, upto_seq=12)[0].payload["message"]["content"][1]
+    assert missing == {
+        "type": "image",
+        "data": "",
+        "mimeType": "image/png",
+        "missingBlobRef": MISSING_REF,
+    }
+    # later tool outputs continue after the imported ids
+    assert store.artifacts(sid).save("new output", "bash") == "2"
+
+
+def test_reimport_writes_nothing_and_picks_up_a_grown_tool_log(
+    store: SessionStore, layout: Path
+) -> None:
+    first = store.import_session(layout, tenant_id=TENANT)
+    log = store.artifacts(first.session_id).directory() / "0.bash.log"
+    mtime = log.stat().st_mtime_ns
+    again = store.import_session(layout, tenant_id=TENANT)
+    assert (again.status, again.appended) == ("unchanged", 0)
+    assert log.stat().st_mtime_ns == mtime  # not rewritten
+    with (layout.with_suffix("") / "0.bash.log").open("a") as out:
+        out.write("  ok 313 still running\n")
+    store.import_session(layout, tenant_id=TENANT)
+    assert store.resolve("artifact://0", session_id=first.session_id).content.endswith(
+        "still running\n"
+    )
+
+
+def test_a_failed_artifact_write_is_retried_by_the_next_pass(
+    store: SessionStore, layout: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    real = ArtifactManager.put_agent_output
+
+    def failing(*args: object, **kwargs: object) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(ArtifactManager, "put_agent_output", failing)
+    with pytest.raises(OSError):
+        store.import_session(layout, tenant_id=TENANT)
+    monkeypatch.setattr(ArtifactManager, "put_agent_output", real)
+    second = store.import_session(layout, tenant_id=TENANT)
+    assert second.appended == 0  # the entries were in; only the artifacts were missing
+    assert store.resolve("agent://explore", session_id=second.session_id).content.startswith(
+        "# Login form CSS"
+    )
+
+
+def test_blobs_dir_option(store: SessionStore, layout: Path, tmp_path: Path) -> None:
+    elsewhere = tmp_path / "elsewhere"
+    shutil.move(layout.parents[2] / "blobs", elsewhere)
+    lost = store.import_session(layout, tenant_id="t1")
+    assert sorted(lost.missing_blobs) == sorted([IMAGE_REF, URL_REF, MISSING_REF])
+    found = store.import_session(layout, tenant_id="t2", blobs_dir=elsewhere)
+    assert found.missing_blobs == [MISSING_REF]
+
+
+def test_export_reproduces_the_layout(store: SessionStore, tmp_path: Path, backend: str) -> None:
+    result = store.import_session(SESSION_FILE, tenant_id=TENANT)
+    out = export_omp(store, result.session_id, tmp_path / "sessions", blobs_dir=tmp_path / "blobs")
+    assert out.session_file.name == SESSION_FILE.name
+    lines = out.session_file.read_bytes().splitlines()
+    assert [json.loads(x) for x in lines] == [
+        json.loads(x) for x in SESSION_FILE.read_bytes().splitlines()
+    ]
+    if backend == "sqlite":  # jsonb does not keep key order (see the report of issue 17)
+        assert out.session_file.read_bytes() == SESSION_FILE.read_bytes()
+    exported = {p.name: p.read_bytes() for p in out.artifacts_dir.iterdir()}
+    original = {p.name: p.read_bytes() for p in ARTIFACTS.iterdir() if not p.name.startswith(".")}
+    assert exported == original
+    assert {p.name: p.read_bytes() for p in (tmp_path / "blobs").iterdir()} == {
+        p.name: p.read_bytes() for p in BLOBS.iterdir()
+    }
+    assert out.blobs_written == 2
+    # and it imports again as the same session content
+    again = store.import_session(out.session_file, tenant_id="other", blobs_dir=tmp_path / "blobs")
+    ours = [e.payload for e in store.read(result.session_id)]
+    assert [e.payload for e in store.read(again.session_id)] == ours

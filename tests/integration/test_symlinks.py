@@ -1,0 +1,206 @@
+"""Invariant 9: no symlink under the data root is ever followed (issue 16, item 3).
+
+A property test plants a symlink (absolute, relative, to a directory, to ``..``) at every
+artifact path kind and at directory components, then runs resolve, get, put, delete, fork
+copy, move, expire and session delete. Sentinel files outside the session directory (outside
+the data root, and in another tenant's session) keep their content, mtime and existence,
+and no file appears next to them.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import time
+from collections.abc import Callable
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given
+from hypothesis import settings as hsettings
+from hypothesis import strategies as st
+
+from core import SessionStore
+from core.artifacts import session_dir
+from core.artifacts.fsio import sweep_staging
+from core.artifacts.paths import OVERSIZED_DIR, STAGING_DIR, oversized_name
+from core.errors import SessionStoreError
+from core.models import utcnow
+from tests.test_fork import defer_copies
+
+# where the link goes (relative to the session directory), and what it replaces
+PLACES = {
+    "tool_log": "0.bash.log",
+    "agent_output": "AGENT",  # filled in: the agent output's file name
+    "file": "files/notes/plan.md",
+    "oversized": "OVERSIZED",  # filled in: oversized/<art_id>.txt
+    "files_component": "files/notes",
+    "files_dir": "files",
+    "staging_dir": STAGING_DIR,
+    "oversized_dir": OVERSIZED_DIR,
+    "session_dir": "",
+    "fork_files_dir": "FORK/files",  # in the pending fork's (not yet copied) directory
+    "move_target_tenant": "MOVE_TARGET",  # the tenant directory a move renames into
+}
+LINK_KINDS = ["absolute_file", "absolute_dir", "relative_dir", "dotdot", "dotdot_dotdot"]
+
+
+def _snapshot(*roots: Path) -> dict[str, tuple[bytes, int]]:
+    seen: dict[str, tuple[bytes, int]] = {}
+    for root in roots:
+        for path in sorted(root.rglob("*")):
+            if path.is_file() and not path.is_symlink():
+                seen[str(path)] = (path.read_bytes(), path.stat().st_mtime_ns)
+            elif path.is_dir() and not path.is_symlink():
+                seen[str(path)] = (b"<dir>", 0)
+    return seen
+
+
+def _remove(path: Path) -> None:
+    if path.is_symlink() or path.is_file():
+        path.unlink()
+    elif path.is_dir():
+        shutil.rmtree(path)
+
+
+def _plant(link: Path, kind: str, outside: Path) -> None:
+    _remove(link)
+    link.parent.mkdir(parents=True, exist_ok=True)
+    target: str
+    if kind == "absolute_file":
+        target = str(outside / "secret.txt")
+    elif kind == "absolute_dir":
+        target = str(outside)
+    elif kind == "relative_dir":
+        target = os.path.relpath(outside, link.parent)
+    elif kind == "dotdot":
+        target = ".."
+    else:
+        target = "../.."
+    os.symlink(target, link)
+
+
+def _quietly(action: Callable[[], Any]) -> None:
+    try:
+        action()
+    except (SessionStoreError, OSError):
+        pass  # refused: what matters is what did (not) happen outside
+
+
+@pytest.mark.slow
+@hsettings(
+    max_examples=25,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+@given(place=st.sampled_from(sorted(PLACES)), kind=st.sampled_from(LINK_KINDS))
+def test_a_planted_symlink_never_leads_outside_the_session_directory(
+    store: SessionStore, tmp_path_factory: pytest.TempPathFactory, place: str, kind: str
+) -> None:
+    root = store.settings.resolved_artifact_root
+    outside = tmp_path_factory.mktemp("outside")
+    (outside / "secret.txt").write_text("SECRET")
+    (outside / "files" / "notes").mkdir(parents=True)
+    (outside / "files" / "notes" / "plan.md").write_text("OUTSIDE PLAN")
+    (outside / "0.bash.log").write_text("OUTSIDE LOG")
+    (outside / "left-over.tmp").write_text("NOT A STAGING FILE")
+    neighbour = store.create_session(tenant_id="neighbour")
+    store.artifacts(neighbour.id).files.put("notes/plan.md", "NEIGHBOUR PLAN")
+    store.artifacts(neighbour.id).save("NEIGHBOUR LOG", "bash")
+    neighbour_dir = session_dir(root, "neighbour", neighbour.id)
+
+    session = store.create_session(tenant_id="acme")
+    artifacts = store.artifacts(session.id)
+    assert artifacts.save("tool output", "bash") == "0"
+    agent_id = artifacts.save_agent_output("review", "# review", jsonl='{"a": 1}\n')
+    artifacts.files.put("notes/plan.md", "the plan")
+    stored = store.store_oversized(session.id, "z" * 13_000, "grep")
+    assert stored is not None
+    oversized = stored.ref.artifact_id
+    defer_copies(store)
+    fork = store.fork(session.id)
+    own = session_dir(root, "acme", session.id)
+    agent_file = next(p.name for p in own.iterdir() if p.name.endswith(".md"))
+    move_tenant = f"target-{os.urandom(4).hex()}"
+
+    relative = PLACES[place]
+    if place == "agent_output":
+        link = own / agent_file
+    elif place == "oversized":
+        link = own / oversized_name(oversized)
+    elif place == "fork_files_dir":
+        link = session_dir(root, "acme", fork.id) / "files"
+    elif place == "move_target_tenant":
+        link = session_dir(root, move_tenant, session.id).parent
+    else:
+        link = own / relative if relative else own
+    before = _snapshot(outside, neighbour_dir)
+    _plant(link, kind, outside)
+
+    steps: list[Callable[[], Any]] = [
+        lambda: store.resolve("artifact://0", session_id=session.id),
+        lambda: store.resolve(f"agent://{agent_id}", session_id=session.id),
+        lambda: store.resolve(oversized, session_id=session.id),
+        lambda: store.retrieve(oversized, session_id=session.id),
+        lambda: store.artifacts(session.id).files.get("notes/plan.md"),
+        lambda: store.artifacts(fork.id).files.get("notes/plan.md"),
+        lambda: store.resolve("artifact://0", session_id=fork.id),
+        lambda: store.artifacts(session.id).files.put("notes/plan.md", "REWRITTEN"),
+        lambda: store.artifacts(session.id).files.put("notes/new.md", "NEW"),
+        lambda: store.artifacts(session.id).save("MORE OUTPUT", "bash"),
+        lambda: store.copy_fork_artifacts(fork.id),
+        lambda: store.artifacts(session.id).files.delete("notes/plan.md"),
+        lambda: store.move(session.id, tenant_id=move_tenant),
+        lambda: store.oversized.expire(now=utcnow() + timedelta(days=365), apply=True),
+        lambda: store.expire_artifacts(apply=True),  # also sweeps staging directories
+        lambda: store.delete_session(fork.id),
+        lambda: store.delete_session(session.id),
+    ]
+    for step in steps:
+        _quietly(step)
+
+    assert _snapshot(outside, neighbour_dir) == before
+    assert (outside / "secret.txt").read_text() == "SECRET"
+    assert store.artifacts(neighbour.id).files.get("notes/plan.md") == b"NEIGHBOUR PLAN"
+
+
+def test_fork_copy_skips_a_symlink_and_says_so(store: SessionStore, tmp_path: Path) -> None:
+    (tmp_path / "secret.txt").write_text("SECRET")
+    root = store.settings.resolved_artifact_root
+    parent = store.create_session(tenant_id="acme")
+    store.artifacts(parent.id).files.put("notes/plan.md", "the plan")
+    store.artifacts(parent.id).save("tool output", "bash")
+    defer_copies(store)
+    fork = store.fork(parent.id)
+    log = session_dir(root, "acme", parent.id) / "0.bash.log"
+    log.unlink()
+    os.symlink(tmp_path / "secret.txt", log)
+
+    report = store.copy_fork_artifacts(fork.id)
+
+    assert len(report.skipped_symlinks) == 1 and "0.bash.log" in report.skipped_symlinks[0]
+    assert report.to_dict()["skipped_symlinks"] == report.skipped_symlinks
+    fork_dir = session_dir(root, "acme", fork.id)
+    assert not (fork_dir / "0.bash.log").exists()
+    assert (fork_dir / "files" / "notes" / "plan.md").read_text() == "the plan"
+    with pytest.raises(SessionStoreError):
+        store.resolve("artifact://0", session_id=parent.id)
+
+
+def test_the_staging_sweep_never_follows_a_linked_staging_directory(
+    store: SessionStore, tmp_path: Path
+) -> None:
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "precious.tmp").write_text("PRECIOUS")
+    root = store.settings.resolved_artifact_root
+    session = store.create_session(tenant_id="acme")
+    store.artifacts(session.id).files.put("a.txt", "a")
+    staging = session_dir(root, "acme", session.id) / STAGING_DIR
+    _remove(staging)
+    os.symlink(outside, staging)
+    files, _ = sweep_staging(root, older_than_s=0, apply=True, now=time.time() + 10**6)
+    assert files == 0
+    assert (outside / "precious.tmp").read_text() == "PRECIOUS"
