@@ -6,12 +6,16 @@ huge token totals never overflow; migration 0008 backfills existing forks."""
 from __future__ import annotations
 
 import subprocess
+import uuid
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import orjson
 import pytest
+from hypothesis import HealthCheck, given
+from hypothesis import settings as hsettings
+from hypothesis import strategies as st
 from sqlalchemy import text
 
 from core import SessionStore, Settings, migrate
@@ -105,6 +109,57 @@ def test_stats_count_each_event_once_unless_include_inherited(
     )
     assert done.returncode == 0, done.stderr
     assert "inherited by forks" in done.stdout and "not counted" in done.stdout
+
+
+# (parent index, fork point as a fraction of its head, tokens of each own message)
+_TREES = st.lists(
+    st.tuples(st.integers(0, 50), st.floats(0, 1), st.lists(st.integers(0, 10**6), max_size=3)),
+    min_size=1,
+    max_size=5,
+)
+
+
+@hsettings(
+    max_examples=12,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+@given(tree=_TREES, root=st.lists(st.integers(0, 10**6), max_size=3))
+def test_any_fork_tree_counts_each_message_once(
+    store: SessionStore, tree: list[tuple[int, float, list[int]]], root: list[int]
+) -> None:
+    """Forks of forks at any point, with appends after: by default the tokens are those of
+    the messages ever appended; per session, those of every session's whole history."""
+    tenant = f"t{uuid.uuid4().hex[:8]}"
+    histories: list[list[int]] = []  # per session: the tokens of its messages, in seq order
+    ids: list[str] = []
+
+    def append(index: int, tokens: list[int]) -> None:
+        if tokens:
+            b = SessionBuilder()
+            for n in tokens:
+                b.assistant("x", usage=(n, 0))
+            store.append(ids[index], b.events)
+            histories[index].extend(tokens)
+
+    ids.append(store.create_session(tenant_id=tenant).id)
+    histories.append([])
+    append(0, root)
+    for parent, fraction, tokens in tree:
+        parent %= len(ids)
+        point = int(fraction * len(histories[parent]))
+        ids.append(store.fork(ids[parent], at_seq=point).id)
+        histories.append(histories[parent][:point])
+        append(len(ids) - 1, tokens)
+
+    appended = sum(root) + sum(sum(t) for _, _, t in tree)
+    once = store.stats(tenant_id=tenant)
+    per_session = store.stats(tenant_id=tenant, include_inherited=True)
+    assert once.tokens.input == appended
+    assert once.events == len(root) + sum(len(t) for _, _, t in tree)
+    assert per_session.tokens.input == sum(sum(h) for h in histories)
+    assert per_session.events == sum(len(h) for h in histories)
+    assert once.inherited_events == per_session.inherited_events == per_session.events - once.events
 
 
 HUGE = 2**62  # inside int64, as writes require; four of these sum past it
