@@ -89,13 +89,7 @@ def open_store(*, create: bool = False) -> Iterator[SessionStore]:
 def print_json(value: Any) -> None:
     import orjson
 
-    try:
-        typer.echo(orjson.dumps(value, default=str, option=orjson.OPT_INDENT_2).decode())
-    except TypeError:
-        # orjson stops at 64-bit integers; exact sums (stats on PostgreSQL) can exceed them
-        import json
-
-        typer.echo(json.dumps(value, default=str, indent=2))
+    typer.echo(orjson.dumps(value, default=str, option=orjson.OPT_INDENT_2).decode())
 
 
 def new_table(*headers: str, **options: Any) -> Table:
