@@ -12,6 +12,7 @@ from typing import Any
 
 import orjson
 
+from core import exact_json
 from core.errors import InvalidEvent, WriteTooLarge
 from core.journal.usage import check_usage
 
@@ -231,6 +232,6 @@ def _check_id(value: Any, field: str, max_length: int) -> None:
 def _json_bytes(event: Any) -> bytes:
     """An event the walk accepted, as JSON (subclasses and NUL included)."""
     try:
-        return orjson.dumps(event)
-    except TypeError as exc:  # the walk accepts only JSON kinds: a subclass orjson refuses
+        return exact_json.dumps(event)  # integers of any size are values too (invariant 11)
+    except (TypeError, ValueError) as exc:  # the walk accepts only JSON kinds
         raise InvalidEvent("", f"cannot be encoded as JSON ({exc})") from None

@@ -49,6 +49,14 @@ class _LazyConsole:
     def __getattr__(self, name: str) -> Any:
         return getattr(_console(self._stderr), name)
 
+    # Special methods bypass __getattr__: rich's Progress and Live use the console in a
+    # ``with`` block.
+    def __enter__(self) -> Any:
+        return _console(self._stderr).__enter__()
+
+    def __exit__(self, *exc: Any) -> None:
+        _console(self._stderr).__exit__(*exc)
+
 
 if TYPE_CHECKING:
     console: Console
