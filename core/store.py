@@ -38,6 +38,7 @@ from core.maintenance import (
     gc_blobs,
 )
 from core.query import EventFilter, SessionState, Stats, analytics
+from core.query import stats as query_stats
 from core.query.snapshots import session_state
 from core.records import AppendResult, Page, PreparedEvent, Session, StoredEvent
 from core.sessions import (
@@ -303,7 +304,7 @@ class SessionStore:
     ) -> Stats:
         """Events per type and day, sessions, top sessions, tokens, blob dedup, artifacts;
         each event once across a fork tree unless ``include_inherited`` (per session)."""
-        return analytics.stats(
+        return query_stats.stats(
             self.engine,
             tenant_id=tenant_id,
             since=since,

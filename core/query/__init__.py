@@ -1,7 +1,8 @@
 """Reading the journal: the projection (a fold over events), session state at any seq,
 snapshots, and analysts' queries."""
 
-from core.query.analytics import EventFilter, Stats
+from core.query.analytics import EventFilter
 from core.query.state import SessionState
+from core.query.stats import Stats
 
 __all__ = ["EventFilter", "SessionState", "Stats"]

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from core.blobs.store import parse_ref
-from core.query.analytics import TokenTotals
+from core.query.stats import TokenTotals
 from core.store import SessionStore
 
 FIXTURE = (
