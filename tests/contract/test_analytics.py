@@ -14,7 +14,7 @@ from sqlalchemy import text
 from core import SessionStore, Settings, migrate
 from core.query.analytics import EventFilter, follow_events, head_position, iter_events
 from core.records import Session
-from tests.test_projection import SessionBuilder
+from tests.contract.test_projection import SessionBuilder
 
 BIG = "x" * 40_000  # over inline_string_limit: becomes a blob
 
