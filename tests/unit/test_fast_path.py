@@ -26,8 +26,8 @@ from core import exact_json
 from core.blobs.externalize import Persister
 from core.errors import InvalidEvent
 from core.journal import validation
-from tests.test_rehydrate import IMAGE_MIN, INLINE_LIMIT
-from tests.test_rehydrate import events as rich_events
+from tests.contract.test_rehydrate import IMAGE_MIN, INLINE_LIMIT
+from tests.contract.test_rehydrate import events as rich_events
 
 MAX_DEPTH = 6
 

@@ -17,7 +17,7 @@ from core.query import entry_tree
 from core.query.projection import PROJECTION_VERSION, decode_fold, encode_fold, fold_events
 from core.query.snapshots import list_snapshots
 from core.query.state import build_state, plan_context
-from tests.test_projection import SESSION, SessionBuilder, stored
+from tests.contract.test_projection import SESSION, SessionBuilder, stored
 
 OPS = (
     "user",

@@ -19,7 +19,7 @@ import typer
 
 from core import SessionStore, Settings
 from tasks.cli import main
-from tests.test_projection import SessionBuilder
+from tests.contract.test_projection import SessionBuilder
 
 EXECUTABLE = Path(sys.executable).with_name("sessionstore")
 

@@ -23,8 +23,8 @@ from tasks.app import create_app
 from tasks.cli.samples import EntryBuilder
 from tasks.forks import COPY_TASK, RECONCILE_TASK
 from tasks.runtime import attach_fork_copier
+from tests.contract.test_fork import BIG_OUTPUT, defer_copies
 from tests.support import thread_worker, wait_for
-from tests.test_fork import BIG_OUTPUT, defer_copies
 
 pytestmark = [pytest.mark.postgres, pytest.mark.redis]
 

@@ -29,7 +29,7 @@ from core.models import (
 )
 from core.sessions.moves import _DirectoryMove
 from tasks.cli.samples import EntryBuilder
-from tests.test_fork import build_session, comparable, defer_copies
+from tests.contract.test_fork import build_session, comparable, defer_copies
 
 EXECUTABLE = Path(sys.executable).with_name("sessionstore")
 SESSION_TABLES = [

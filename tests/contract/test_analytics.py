@@ -14,7 +14,7 @@ from sqlalchemy import text
 from core import SessionStore, Settings, migrate
 from core.query.analytics import EventFilter, follow_events, head_position, iter_events
 from core.records import Session
-from tests.test_projection import SessionBuilder
+from tests.contract.test_projection import SessionBuilder
 
 BIG = "x" * 40_000  # over inline_string_limit: becomes a blob
 
@@ -267,7 +267,10 @@ def test_bi_views_flatten_messages_and_pair_tool_calls(pg_store: SessionStore) -
     assert documented  # columns carry COMMENTs for BI tools
 
 
-def test_bi_views_migration_downgrades_and_upgrades(pg_store: SessionStore) -> None:
+def test_bi_views_migration_downgrades_and_upgrades(fresh_pg_url: str, tmp_path: Path) -> None:
+    # Its own database: a downgrade would take the views away from the shared one.
+    settings = Settings(data_dir=tmp_path / "data", database_url=fresh_pg_url)
+    pg_store = SessionStore.from_settings(settings)
     url = pg_store.settings.resolved_database_url
     pg_store.close()
 
@@ -279,8 +282,11 @@ def test_bi_views_migration_downgrades_and_upgrades(pg_store: SessionStore) -> N
                 .all()
             )
 
-    assert views() == {"bi_events", "bi_messages", "bi_tool_calls", "bi_sessions"}
-    migrate.downgrade(url, "0001")
-    assert views() == set()
-    migrate.upgrade(url)
-    assert len(views()) == 4
+    try:
+        assert views() == {"bi_events", "bi_messages", "bi_tool_calls", "bi_sessions"}
+        migrate.downgrade(url, "0001")
+        assert views() == set()
+        migrate.upgrade(url)
+        assert len(views()) == 4
+    finally:
+        pg_store.close()
