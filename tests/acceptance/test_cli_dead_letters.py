@@ -8,7 +8,7 @@ from pathlib import Path
 
 from core import SessionStore, Settings
 from core.errors import ConcurrencyConflict
-from tests.test_cli import assert_user_error, run
+from tests.acceptance.test_cli import assert_user_error, run
 
 
 def _letter(data_dir: Path) -> tuple[str, int]:

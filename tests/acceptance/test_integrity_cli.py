@@ -11,7 +11,7 @@ import pytest
 from core import SessionStore, Settings
 from core.blobs.files import FileBlobStore
 from core.sessions.moves import Moves
-from tests.test_cli import assert_user_error, run
+from tests.acceptance.test_cli import assert_user_error, run
 
 pytestmark = pytest.mark.slow  # each test runs the CLI in subprocesses
 

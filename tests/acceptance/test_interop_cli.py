@@ -9,7 +9,7 @@ import json
 import shutil
 from pathlib import Path
 
-from tests.test_cli import data_dir, run
+from tests.acceptance.test_cli import data_dir, run
 
 __all__ = ["data_dir"]  # the fixture, used by name
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from core import SessionStore
-from tests.test_fork import defer_copies
+from tests.contract.test_fork import defer_copies
 
 FILES = {"a.txt": b"alpha at the fork", "dir/b.md": b"# bee", "c.bin": b"\x00\x01\x02"}
 

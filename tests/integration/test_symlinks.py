@@ -28,7 +28,7 @@ from core.artifacts.fsio import sweep_staging
 from core.artifacts.paths import OVERSIZED_DIR, STAGING_DIR, oversized_name
 from core.errors import SessionStoreError
 from core.models import utcnow
-from tests.test_fork import defer_copies
+from tests.contract.test_fork import defer_copies
 
 # where the link goes (relative to the session directory), and what it replaces
 PLACES = {

@@ -20,9 +20,10 @@ from sqlalchemy import text
 
 from core import SessionStore, Settings, migrate
 from core.db import make_engine
-from tests import test_analytics, test_migrations
-from tests.test_cli_query import EXECUTABLE, _env
-from tests.test_projection import SessionBuilder
+from tests.acceptance.test_cli_query import EXECUTABLE, _env
+from tests.contract import test_analytics
+from tests.contract.test_projection import SessionBuilder
+from tests.integration import test_migrations
 
 # shared fixtures: a migrated PostgreSQL store; an unmigrated database of either backend
 pg_store = test_analytics.pg_store
