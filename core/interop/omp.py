@@ -27,10 +27,10 @@ import hashlib
 import logging
 import os
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import IO, TYPE_CHECKING, Any
 
 from core.artifacts.inherited import read_artifact_file
 from core.artifacts.manager import MAX_AGENT_ID_CHARS
@@ -273,15 +273,29 @@ def export_omp(
     out_dir.mkdir(parents=True, exist_ok=True)
     blobs_dir.mkdir(parents=True, exist_ok=True)
     target = out_dir / session_file_name(header)
-    writer = _BlobWriter(blobs_dir)
+    blobs = _DirectoryBlobs(blobs_dir)
     with target.open("w", encoding="utf-8", newline="\n") as out:
-        lines = pi.write(out, header, (writer.externalize(e) for e in entries))
+        lines = write_session_file(out, header, entries, blobs.put)
     count = _export_artifacts(store, session.id, artifacts_dir(target))
-    return OmpExport(target, artifacts_dir(target), blobs_dir, lines, writer.written, count)
+    return OmpExport(target, artifacts_dir(target), blobs_dir, lines, blobs.written, count)
+
+
+def write_session_file(
+    out: IO[str],
+    header: dict[str, Any],
+    entries: Iterator[dict[str, Any]],
+    put: Callable[[bytes], str],
+) -> int:
+    """oh-my-pi's session file: pi lines whose images are blob refs (``put`` stores the
+    bytes somewhere and returns the ref). The number of lines."""
+    writer = _BlobWriter(put)
+    return pi.write(out, header, (writer.externalize(e) for e in entries))
 
 
 @dataclass
-class _BlobWriter:
+class _DirectoryBlobs:
+    """oh-my-pi's global blobs directory: a file per blob, named by its sha256."""
+
     root: Path
     written: int = 0
 
@@ -292,6 +306,11 @@ class _BlobWriter:
             replace_atomically(path, data)
             self.written += 1
         return BLOB_REF_PREFIX + blob_hash
+
+
+@dataclass
+class _BlobWriter:
+    put: Callable[[bytes], str]
 
     def externalize(self, value: Any, *, in_content: bool = False) -> Any:
         """oh-my-pi's persistence rule: image blocks of ``content`` arrays and image data

@@ -36,7 +36,7 @@ from core.blobs.store import make_ref
 from core.db import read_connection, write_transaction
 from core.errors import InvalidEvent, RehydrateInProgress
 from core.fsio import fsync_dir
-from core.interop import exporter, pi
+from core.interop import exporter, omp, pi
 from core.models import ArtifactRow, RehydrationRow, table_of, utcnow
 from core.records import Session, StoredEvent
 
@@ -45,8 +45,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-Format = Literal["pi", "events"]
-FORMATS: tuple[Format, ...] = ("pi", "events")
+Format = Literal["pi", "omp", "events"]
+FORMATS: tuple[Format, ...] = ("pi", "omp", "events")
 BUILDING, DONE = "building", "done"
 # A build whose heartbeat is older than this is presumed dead and taken over.
 STALE_AFTER_S = 10.0
@@ -261,6 +261,11 @@ def _write(
 ) -> int:
     if fmt == "pi":
         return exporter.write_pi(session, events, out)
+    if fmt == "omp":
+        # oh-my-pi's session file, its images as refs into this store's blobs (the same
+        # sha256 addresses, so ``resolve blob:sha256:…`` gives their bytes)
+        header, entries = exporter.pi_lines(session, events)
+        return omp.write_session_file(out, header, entries, lambda data: store.blobs.put(data).ref)
     count = 0
     for event in events:
         line = {

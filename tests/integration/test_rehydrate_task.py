@@ -11,6 +11,7 @@ import base64
 import hashlib
 import io
 import os
+import shutil
 import signal
 from collections.abc import Iterator
 from datetime import timedelta
@@ -24,6 +25,7 @@ from sqlalchemy import select, update
 from core import SessionStore, Settings
 from core.errors import ResolveNotFound, SessionNotFound
 from core.interop import exporter
+from core.interop.omp import export_omp
 from core.interop.rehydrated import Request, rehydrate
 from core.migrate import upgrade
 from core.models import ArtifactRow, RehydrationRow, table_of, utcnow
@@ -78,8 +80,16 @@ def _artifact_bytes(store: SessionStore, result: dict[str, Any], session_id: str
     return text.encode("utf-8", "surrogatepass")
 
 
-def _exported(store: SessionStore, session_id: str, at_seq: int | None, fmt: str) -> bytes:
+def _exported(
+    store: SessionStore, session_id: str, at_seq: int | None, fmt: str, tmp: Path | None = None
+) -> bytes:
     out = io.StringIO()
+    if fmt == "omp":  # the session file of `sessionstore export --format omp`
+        assert tmp is not None
+        done = export_omp(store, session_id, tmp / "omp", blobs_dir=tmp / "blobs", at_seq=at_seq)
+        data = done.session_file.read_bytes()
+        shutil.rmtree(tmp / "omp")
+        return data
     if fmt == "pi":
         exporter.export_pi(store, session_id, out, at_seq=at_seq)
         return out.getvalue().encode("utf-8", "surrogatepass")
@@ -101,11 +111,11 @@ def app(queue_settings: Settings) -> Celery:
 @pytest.mark.postgres
 @pytest.mark.redis
 def test_output_equals_export_at_head_and_earlier_for_each_format(
-    store: SessionStore, app: Celery
+    store: SessionStore, app: Celery, tmp_path: Path
 ) -> None:
     sid = _session(store)
     with thread_worker(app, concurrency=2):
-        for fmt in ("pi", "events"):
+        for fmt in ("pi", "omp", "events"):
             for at_seq in (None, 5):
                 result = enqueue_rehydrate(
                     sid, tenant_id="acme", at_seq=at_seq, format=fmt, app=app
@@ -115,10 +125,13 @@ def test_output_equals_export_at_head_and_earlier_for_each_format(
                 assert (got["size"], got["sha256"]) == (len(data), hashlib.sha256(data).hexdigest())
                 assert got["head_seq"] == (12 if at_seq is None else at_seq)
                 assert got["missing_blobs"] == []
-                if fmt == "pi":
-                    assert data == _exported(store, sid, at_seq, "pi")
+                if fmt in ("pi", "omp"):
+                    assert data == _exported(store, sid, at_seq, fmt, tmp_path)
                     assert got["entries"] == got["head_seq"] + 1  # the header line too
-                else:
+                if fmt == "omp":  # images are refs, resolvable in this store
+                    ref = data.split(b"blob:sha256:", 1)[1][:64].decode()
+                    assert store.blobs.get(ref).startswith(PNG)
+                if fmt == "events":
                     assert got["entries"] == got["head_seq"]
                     assert data.count(b"\n") == got["head_seq"] and PNG not in data
                     assert base64.b64encode(PNG).decode().encode()[:8] in data  # rehydrated
