@@ -22,6 +22,7 @@ from celery import Celery, Task
 from celery.worker.consumer import Consumer as CeleryConsumer
 from celery.worker.strategy import default as default_strategy
 
+from core.metrics import metrics
 from tasks.app import settings_of
 from tasks.outcomes import dead_lettered
 from tasks.retry import backoff_seconds
@@ -60,6 +61,9 @@ def keep_undeliverable(app: Celery, message: Any, reason: str, connection_errors
         message.reject_log_error(logger, connection_errors, requeue=True)
         return
     _failures["consecutive"] = 0
+    observed = metrics()
+    observed.writes.labels("rejected", "undeliverable").inc()
+    observed.dead_letters.labels("undeliverable").inc()
     logger.error(
         "undeliverable message dead-lettered",
         extra={"task_id": task_id, "dead_letter_id": letter.id, "reason": reason},

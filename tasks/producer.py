@@ -154,7 +154,11 @@ def enqueue_append(
     task_id = write_task_id(session_id, key)
 
     def send() -> AsyncResult:
-        return app.send_task(APPEND_TASK, kwargs=kwargs, task_id=task_id, queue=QUEUE)
+        # enqueued_at: the worker's queue-lag metric (enqueue to commit)
+        headers = {"enqueued_at": time.time()}
+        return app.send_task(
+            APPEND_TASK, kwargs=kwargs, task_id=task_id, queue=QUEUE, headers=headers
+        )
 
     return AppendHandle(send(), session_id, key, send)
 

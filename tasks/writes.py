@@ -17,6 +17,7 @@ from typing import Any, NoReturn
 from celery import Task
 from celery.exceptions import Reject
 
+from core.metrics import metrics
 from tasks.app import sessionstore_task, settings_of
 from tasks.outcomes import APPEND_TASK, dead_lettered, write_task_id
 from tasks.producer import validate_write
@@ -48,14 +49,24 @@ def append(
         outcome = _dead_letter(self, key, session_id, events, expected_seq, exc)
     else:
         outcome = {"status": "ok", "idempotency_key": key, **result.to_dict()}
+        _observe_commit(self, result.replayed)
     _store_under_write_id(self, outcome)
     return outcome
+
+
+def _observe_commit(task: Task, replayed: bool) -> None:
+    observed = metrics()
+    observed.writes.labels("committed", "replayed" if replayed else "").inc()
+    enqueued_at = task.request.get("enqueued_at")
+    if isinstance(enqueued_at, (int, float)) and not replayed:
+        observed.queue_lag_seconds.observe(max(0.0, time.time() - enqueued_at))
 
 
 def _retry_later(task: Task, what: str, exc: BaseException) -> NoReturn:
     """Retry with backoff; if the retry cannot even be published, requeue the message."""
     settings = settings_of(task.app)
     delay = backoff_seconds(task.request.retries, settings.task_visibility_timeout)
+    metrics().writes.labels("retried", type(exc).__name__).inc()
     logger.warning(
         what, extra={"task_id": task.request.id, "retry_in_s": round(delay, 2), "error": repr(exc)}
     )
@@ -83,6 +94,9 @@ def _dead_letter(
     except Exception as exc:
         # No outcome without the letter: back to the queue, later (the database is away).
         _retry_later(task, "could not dead-letter a write; retrying", exc)
+    observed = metrics()
+    observed.writes.labels("rejected", letter.error_type).inc()
+    observed.dead_letters.labels(letter.error_type).inc()
     logger.error(
         "write dead-lettered",
         extra={

@@ -34,6 +34,7 @@ from core.db import read_connection, write_transaction
 from core.errors import ImportConflict, ImportFormatError
 from core.interop import pi
 from core.interop.model import ParsedSession
+from core.metrics import metrics
 from core.models import ImportOffsetRow, SessionRow, table_of, utcnow
 from core.records import PlainRecord, Session, StoredEvent
 
@@ -180,6 +181,9 @@ def import_session(
         missing_blobs=list(parsed.missing_blobs),
     )
     log.info("imported a session file", extra=result.to_dict())
+    observed = metrics()
+    observed.import_entries.inc(len(fresh))
+    observed.import_bytes.inc(sum(_line_sizes(data, lines[skipped:])) if fresh else 0)
     return result
 
 
