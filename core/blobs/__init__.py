@@ -1,6 +1,7 @@
 """Content-addressed, compressed blobs shared by all sessions: the store, externalization
 of large values into blobs on write, and rehydration from the manifest on read."""
 
+from core.blobs.backends import open_blob_store
 from core.blobs.files import FileBlobStore
 from core.blobs.store import (
     BlobIndex,
@@ -8,7 +9,6 @@ from core.blobs.store import (
     BlobStore,
     PutResult,
     make_ref,
-    open_blob_store,
     parse_ref,
     sha256_hex,
 )

@@ -25,8 +25,6 @@ from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 from typing import Any, Literal
-from urllib.parse import urlparse
-from urllib.request import url2pathname
 
 from sqlalchemy import Connection, Engine, exists, func, select, update
 from sqlalchemy.dialects.postgresql import insert as pg_insert
@@ -34,7 +32,7 @@ from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.exc import OperationalError
 
 from core.db import is_sqlite, read_connection, write_transaction
-from core.errors import BlobCorrupted, BlobError, BlobNotFound, InvalidBlobHash
+from core.errors import BlobCorrupted, BlobNotFound, InvalidBlobHash
 from core.metrics import metrics
 from core.models import BlobRefRow, BlobRow, SessionRow, table_of, utcnow
 from core.records import PlainRecord
@@ -522,19 +520,3 @@ def parse_blob_name(name: str) -> tuple[str, Codec] | None:
         if name.endswith(suffix) and is_valid_hash(name[: -len(suffix)]):
             return name[: -len(suffix)], codec
     return None
-
-
-def open_blob_store(url: str, engine: Engine) -> BlobStore:
-    """The blob backend for a URL: ``file:///absolute/path`` or ``s3://bucket/prefix``."""
-    parsed = urlparse(url)
-    if parsed.scheme == "s3":
-        from core.blobs.objects import ObjectBlobStore, open_s3_store  # obstore loads lazily
-
-        return ObjectBlobStore(open_s3_store(url), BlobIndex(engine))
-    if parsed.scheme != "file" or parsed.netloc not in ("", "localhost"):
-        raise BlobError(
-            f"unsupported blob URL {url!r}: expected file:///absolute/path or s3://bucket/prefix"
-        )
-    from core.blobs.files import FileBlobStore
-
-    return FileBlobStore(Path(url2pathname(parsed.path)), BlobIndex(engine))

@@ -12,7 +12,6 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from tasks.cli.common import JsonOption, console, err_console, new_app, open_store, print_json
-from tasks.cli.sessions import sessions_app
 
 cli = new_app()
 
@@ -293,24 +292,3 @@ def _export_omp(
             f"{done.blobs_written} new blob(s) in {done.blobs_dir}",
             markup=False,
         )
-
-
-@sessions_app.command("create")
-def create(
-    external_id: str | None = typer.Option(
-        None, "--id", help="The agent's own id for it (unique per tenant; accepted as an id)."
-    ),
-    tenant: str = typer.Option(DEFAULT_TENANT, help="Tenant of the new session."),
-    title: str | None = typer.Option(None, help="Title."),
-    cwd: str | None = typer.Option(None, help="Working directory the session belongs to."),
-    as_json: bool = JsonOption,
-) -> None:
-    """Create an empty session."""
-    with open_store(create=True) as store:
-        session = store.create_session(
-            tenant_id=tenant, title=title, cwd=cwd, external_id=external_id
-        )
-    if as_json:
-        print_json(session.to_dict())
-    else:
-        console.print(session.id, markup=False, highlight=False)

@@ -144,7 +144,40 @@ def copy_artifacts(fork_id: str, as_json: bool = JsonOption) -> None:
     )
 
 
-# ``sessions create`` lives with import/export (external ids) and ``sessions repair`` with
-# the move recovery; importing them here keeps the lazy loader's rule: `sessions` loads
-# this module, and this module loads those.
-from tasks.cli import interop, repair  # noqa: E402, F401
+@sessions_app.command("create")
+def create(
+    external_id: str | None = typer.Option(
+        None, "--id", help="The agent's own id for it (unique per tenant; accepted as an id)."
+    ),
+    tenant: str = typer.Option("default", help="Tenant of the new session."),
+    title: str | None = typer.Option(None, help="Title."),
+    cwd: str | None = typer.Option(None, help="Working directory the session belongs to."),
+    as_json: bool = JsonOption,
+) -> None:
+    """Create an empty session."""
+    with open_store(create=True) as store:
+        session = store.create_session(
+            tenant_id=tenant, title=title, cwd=cwd, external_id=external_id
+        )
+    if as_json:
+        print_json(session.to_dict())
+    else:
+        console.print(session.id, markup=False, highlight=False)
+
+
+@sessions_app.command("repair")
+def repair(as_json: bool = JsonOption) -> None:
+    """Complete (the directory was renamed) or roll back (it was not) every interrupted move."""
+    with open_store() as store:
+        repaired = store.repair_moves()
+    if as_json:
+        print_json({"repaired": [r.to_dict() for r in repaired]})
+        return
+    if not repaired:
+        console.print("nothing to repair")
+    for r in repaired:
+        console.print(
+            f"{r.session_id}: move {r.from_tenant} -> {r.to_tenant} {r.outcome}",
+            markup=False,
+            highlight=False,
+        )

@@ -14,6 +14,7 @@ import obstore
 import pytest
 from sqlalchemy import Engine
 
+from core.blobs.backends import open_blob_store
 from core.blobs.files import FileBlobStore
 from core.blobs.objects import ObjectBlobStore
 from core.blobs.store import (
@@ -24,7 +25,6 @@ from core.blobs.store import (
     encode_blob,
     is_valid_hash,
     make_ref,
-    open_blob_store,
     parse_ref,
     sha256_hex,
 )
