@@ -13,7 +13,9 @@ from typing import Any
 from core.blobs.store import BlobStore, looks_like_ref, parse_ref
 from core.errors import SessionStoreError
 
-TEXT_PEEK = 200
+TEXT_PEEK = 60
+# Each block of a multi-block content is cut to this, so later blocks stay visible.
+BLOCK_WIDTH = 120
 # How many bytes of a text blob to read for a preview: enough for TEXT_PEEK characters.
 _PEEK_BYTES = TEXT_PEEK * 4
 
@@ -44,8 +46,8 @@ class Previewer:
             if head is None:
                 self._texts[blob_hash] = f"[missing blob {blob_hash[:12]}]"
             else:
-                peek = head[:_PEEK_BYTES].decode("utf-8", errors="replace")
-                self._texts[blob_hash] = peek[:TEXT_PEEK]
+                peek = " ".join(head[:_PEEK_BYTES].decode("utf-8", errors="replace").split())
+                self._texts[blob_hash] = f"{peek[:TEXT_PEEK]}… [text {self._kb(blob_hash)}]"
         return self._texts[blob_hash]
 
     def block(self, block: Any) -> str:
@@ -70,7 +72,7 @@ class Previewer:
 
     def content(self, content: Any) -> str:
         if isinstance(content, list):
-            return " | ".join(self.block(b) for b in content)
+            return " | ".join(shorten(self.block(b), BLOCK_WIDTH) for b in content)
         return self.text(content if content is not None else "")
 
     def message(self, message: dict[str, Any]) -> str:
@@ -111,3 +113,20 @@ def shorten(text: str, width: int) -> str:
     """One line of at most ``width`` characters."""
     text = " ".join(text.split())
     return text if len(text) <= width else text[: width - 1] + "…"
+
+
+def as_stored(value: Any, *, width: int = 60) -> str:
+    """``value`` as stored, as compact JSON: blob refs whole (they are what ``--refs`` is
+    for), any other string over ``width`` characters cut."""
+    from core import exact_json
+
+    def cut(node: Any) -> Any:
+        if isinstance(node, str):
+            return node if looks_like_ref(node) or len(node) <= width else node[:width] + "…"
+        if isinstance(node, list):
+            return [cut(item) for item in node]
+        if isinstance(node, dict):
+            return {key: cut(item) for key, item in node.items()}
+        return node
+
+    return exact_json.dumps_str(cut(value))

@@ -63,18 +63,18 @@ def _when(value: str | None, option: str) -> datetime | None:
     return parsed.replace(tzinfo=UTC) if parsed.tzinfo is None else parsed
 
 
-def _summary(event: ListedEvent, previewer: Previewer | None, width: int = 80) -> str:
+def _summary(event: ListedEvent, previewer: Previewer | None, width: int = 160) -> str:
     """A text preview (blob refs resolved into short previews); with ``--refs``
-    (``previewer`` None) the payload's values as stored, refs and all."""
+    (``previewer`` None) the payload as stored, refs whole and long strings cut."""
     from core.query.preview import shorten
 
     if previewer is not None:
         return shorten(previewer.payload(event.type, event.payload), width)
-    from core import exact_json
+    from core.query.preview import as_stored
 
     message = event.payload.get("message")
     shown = message if event.type == "message" and isinstance(message, dict) else event.payload
-    return shorten(exact_json.dumps_str(shown), width)
+    return as_stored(shown)
 
 
 class _Printer:
@@ -108,10 +108,13 @@ class _Printer:
 
             self.csv.writerow((*(row[c] for c in CSV_COLUMNS), exact_json.dumps_str(event.payload)))
         elif self.table is not None:
-            self.table.add_row(*self._cells(event), _summary(event, self.previewer))
+            from rich.text import Text  # plain text: "[image 3 KB]" is not markup
+
+            cells = (*self._cells(event), _summary(event, self.previewer))
+            self.table.add_row(*(Text(cell) for cell in cells))
         else:
             line = " ".join(self._cells(event))
-            console.print(line, _summary(event, self.previewer, 120), markup=False, soft_wrap=True)
+            console.print(line, _summary(event, self.previewer), markup=False, soft_wrap=True)
         if self.streaming:
             sys.stdout.flush()
 
@@ -304,8 +307,10 @@ def _bytes(n: float) -> str:
 
 def _pairs_table(title: str, rows: Iterable[tuple[str, str]], *headers: str) -> Table:
     table = new_table(*headers, title=title, title_justify="left")
+    from rich.text import Text  # plain text: "[image 3 KB]" is not markup
+
     for row in rows:
-        table.add_row(*row)
+        table.add_row(*(Text(cell) for cell in row))
     return table
 
 
@@ -369,8 +374,9 @@ def stats(
         ("top_sessions_by_events", "Top sessions by events"),
         ("top_sessions_by_bytes", "Top sessions by bytes"),
     ):
-        table = new_table("session", "tenant", "events", "payload", "blobs", title=title)
-        table.title_justify = "left"
+        table = id_table("session", "tenant", title=title, title_justify="left")
+        for name in ("events", "payload", "blobs"):
+            table.add_column(name)
         for s in data[key]:
             table.add_row(
                 s["session_id"],
@@ -379,7 +385,7 @@ def stats(
                 _bytes(s["payload_bytes"]),
                 _bytes(s["blob_bytes"]),
             )
-        console.print(table)
+        print_table(table)
 
 
 # state ----------------------------------------------------------------------------------
@@ -436,9 +442,12 @@ def state(
             "",
         )
     )
-    table = new_table("seq", "role", "text", title="Last messages", title_justify="left")
+    table = new_table("seq", "role", title="Last messages", title_justify="left")
+    table.add_column("text", overflow="fold")  # --refs: a ref is folded, never cut
+    from rich.text import Text  # plain text: "[image 3 KB]" is not markup
+
     for row in rows:
-        table.add_row(*row)
+        table.add_row(*(Text(cell) for cell in row))
     console.print(table)
 
 
@@ -447,9 +456,9 @@ def _message_text(data: dict[str, Any], previewer: Previewer | None) -> str:
 
     if previewer is not None:
         return shorten(previewer.message(data), 200)
-    from core import exact_json
+    from core.query.preview import as_stored
 
-    return shorten(exact_json.dumps_str(data.get("content", data)), 200)
+    return as_stored(data.get("content", data))
 
 
 def _tail(items: list[Any], n: int) -> Iterator[Any]:
