@@ -18,6 +18,7 @@ from datetime import datetime
 from typing import Any
 
 from sqlalchemy import (
+    TIMESTAMP,
     Connection,
     Engine,
     LargeBinary,
@@ -51,7 +52,10 @@ _TOKEN_FIELDS = ("input", "output", "cacheRead", "cacheWrite", "totalTokens")
 class EventFilter:
     """Which events to list. Roles match ``message`` events by ``message.role``.
 
-    ``since`` is inclusive and ``until`` exclusive, on the time the journal recorded the event.
+    ``since`` is inclusive and ``until`` exclusive, on the time the journal recorded the event
+    (``events.recorded_at``). ``entry_since``/``entry_until`` (same bounds) filter on the
+    entry's own time, the payload's ``timestamp`` as the agent wrote it: ISO 8601 text or epoch
+    milliseconds. An event without a readable ``timestamp`` never matches an entry bound.
     """
 
     tenant_id: str | None = None
@@ -60,6 +64,8 @@ class EventFilter:
     roles: tuple[str, ...] = ()
     since: datetime | None = None
     until: datetime | None = None
+    entry_since: datetime | None = None
+    entry_until: datetime | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,6 +121,42 @@ def _json_number(engine: Engine, *path: str) -> ColumnElement[Any]:
     )
 
 
+# ISO 8601 date-times that PostgreSQL's timestamptz cast accepts: checked before the cast, so
+# an odd ``timestamp`` string makes the event not match rather than fail the whole query.
+_PG_ISO = r"^\d{4}-\d{2}-\d{2}[T ]\d{2}:\d{2}(:\d{2}(\.\d+)?)?(Z|[+-]\d{2}(:?\d{2})?)?$"
+_PG_ZONED = r"\d{2}:\d{2}(:\d{2}(\.\d+)?)?(Z|[+-]\d{2}(:?\d{2})?)$"
+
+
+def _entry_ms(engine: Engine) -> ColumnElement[Any]:
+    """The payload's ``timestamp`` in epoch milliseconds, whether stored as a number (epoch
+    ms) or ISO 8601 text (UTC when it names no zone); NULL when absent or unreadable."""
+    if is_sqlite(engine):
+        kind = func.json_type(_events.c.payload, "$.timestamp")
+        value = func.json_extract(_events.c.payload, "$.timestamp")
+        return case(
+            (kind.in_(["integer", "real"]), value),
+            (kind == "text", (func.julianday(value) - 2440587.5) * 86_400_000.0),
+        )
+    text = func.json_extract_path_text(_events.c.payload, "timestamp")  # payload->>'timestamp'
+    kind = func.json_typeof(func.json_extract_path(_events.c.payload, "timestamp"))
+    return case(
+        (kind == "number", cast(text, Numeric)),
+        # zoned text: the zone it names; text without a zone: UTC, as on SQLite
+        (
+            and_(kind == "string", text.op("~")(_PG_ISO), text.op("~")(_PG_ZONED)),
+            func.extract("epoch", cast(text, TIMESTAMP(timezone=True))) * 1000,
+        ),
+        (
+            and_(kind == "string", text.op("~")(_PG_ISO)),
+            func.extract("epoch", func.timezone("UTC", cast(text, TIMESTAMP()))) * 1000,
+        ),
+    )
+
+
+def _epoch_ms(when: datetime) -> float:
+    return when.timestamp() * 1000
+
+
 def _payload_bytes(engine: Engine) -> ColumnElement[Any]:
     """Size of the payload's JSON text as the backend stores or renders it."""
     if is_sqlite(engine):
@@ -161,6 +203,10 @@ def _scope(
         clauses.append(_events.c.recorded_at >= flt.since)
     if flt.until is not None:
         clauses.append(_events.c.recorded_at < flt.until)
+    if flt.entry_since is not None:
+        clauses.append(_entry_ms(engine) >= _epoch_ms(flt.entry_since))
+    if flt.entry_until is not None:
+        clauses.append(_entry_ms(engine) < _epoch_ms(flt.entry_until))
     return clauses
 
 

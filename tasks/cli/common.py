@@ -105,3 +105,26 @@ def new_table(*headers: str, **options: Any) -> Table:
     from rich.table import Table
 
     return Table(*headers, **options)
+
+
+def id_table(*ids: str, **options: Any) -> Table:
+    """A table whose first columns are ids: shown whole, never cut or wrapped (an operator
+    copies them into commands). Print it with ``print_table``."""
+    table = new_table(**options)
+    for name in ids:
+        table.add_column(name, no_wrap=True, overflow="fold")
+    return table
+
+
+def print_table(table: Table) -> None:
+    """Print ``table`` on a console widened to the table's minimum width, so that no-wrap id
+    columns are never truncated on a narrow terminal (COLUMNS=80)."""
+    from rich.console import Console
+    from rich.measure import Measurement
+
+    wide = Console(width=10_000)
+    needed = Measurement.get(wide, wide.options, table).minimum
+    if needed <= console.width:
+        console.print(table)
+    else:
+        Console(width=needed).print(table)

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import typer
 
-from tasks.cli.common import load_settings, new_app
+from tasks.cli.common import JsonOption, load_settings, new_app
 
 cli = new_app()
 
@@ -27,6 +27,7 @@ def demo(
         help="Run against the configured database and broker (asks first: it runs GC).",
     ),
     yes: bool = typer.Option(False, "--yes", "-y", help="With --use-settings: do not ask."),
+    as_json: bool = JsonOption,
 ) -> None:
     """Write a realistic agent session through the queue, fork it, clean up, rebuild it.
 
@@ -47,7 +48,7 @@ def demo(
                 "blob GC and artifact expiry there",
                 abort=True,
             )
-        demo_script.run(settings, tenant)
+        demo_script.run(settings, tenant, as_json=as_json)
         return
     data_dir = Path(tempfile.mkdtemp(prefix="sessionstore-demo-"))
     typer.echo(f"demo data dir: {data_dir}", err=True)
@@ -58,7 +59,7 @@ def demo(
     # Built from defaults only: no SESSIONSTORE_* variable reaches the demo.
     settings = Settings.model_validate({**defaults, "data_dir": data_dir})
     try:
-        demo_script.run(settings, tenant)
+        demo_script.run(settings, tenant, as_json=as_json)
     finally:
         if keep:
             typer.echo(f"kept the demo data dir: {data_dir}", err=True)

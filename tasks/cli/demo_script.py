@@ -173,8 +173,9 @@ def _count_events(store: SessionStore) -> int:
     return int(store.stats(top=1).to_dict()["events"])
 
 
-def run(settings: Settings, tenant: str) -> None:
-    """Write a realistic agent session through the queue, fork it, clean up, rebuild it."""
+def run(settings: Settings, tenant: str, *, as_json: bool = False) -> None:
+    """Write a realistic agent session through the queue, fork it, clean up, rebuild it;
+    print a summary (one JSON document with ``as_json``)."""
     started = time.monotonic()
     celery_app = create_app(settings)
     with SessionStore.from_settings(settings) as store, embedded_worker(celery_app):
@@ -193,6 +194,22 @@ def run(settings: Settings, tenant: str) -> None:
         expired = store.expire_artifacts(apply=True)
         state = store.state(session.id)
         fork_state = store.state(fork_id)
+        if as_json:
+            from tasks.cli.common import print_json
+
+            print_json(
+                {
+                    "session_id": session.id,
+                    "fork_id": fork_id,
+                    "events_written": script.tally.events,
+                    "events": state.counters.events,
+                    "fork_events": fork_state.counters.events,
+                    "gc": _report_line(gc_report),
+                    "expiry": _report_line(expired),
+                    "seconds": round(time.monotonic() - started, 3),
+                }
+            )
+            return
         _print_summary(
             store,
             script.tally,

@@ -12,28 +12,30 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from tasks.cli.common import JsonOption, console, new_app, new_table, open_store, print_json
+from tasks.cli.common import (
+    JsonOption,
+    console,
+    id_table,
+    new_app,
+    new_table,
+    open_store,
+    print_json,
+    print_table,
+)
 
 if TYPE_CHECKING:
     from rich.table import Table
 
     from core.query.analytics import EventFilter, ListedEvent
+    from core.query.preview import Previewer
     from core.store import SessionStore
 
 cli = new_app()
 
 PAGE = 1000
 DEFAULT_LIMIT = 100
-# (name, max width) of the table columns before the summary
-_COLUMNS = (
-    ("position", 8),
-    ("session", 10),
-    ("tenant", 8),
-    ("seq", 5),
-    ("type", 9),
-    ("role", 9),
-    ("recorded", 14),
-)
+# the table columns before the summary: ids are shown whole (an operator copies them)
+_COLUMNS = ("position", "session", "tenant", "seq", "type", "role", "recorded")
 CSV_COLUMNS = ("position", "session_id", "tenant_id", "seq", "type", "role", "recorded_at")
 
 
@@ -61,31 +63,28 @@ def _when(value: str | None, option: str) -> datetime | None:
     return parsed.replace(tzinfo=UTC) if parsed.tzinfo is None else parsed
 
 
-def _summary(event: ListedEvent, width: int = 80) -> str:
-    payload = event.payload
-    message = payload.get("message")
-    if event.type == "message" and isinstance(message, dict):
-        content = message.get("content")
-        if isinstance(content, list):
-            parts = [
-                str(b.get("text") or b.get("name") or b.get("type"))
-                for b in content
-                if isinstance(b, dict)
-            ]
-            text = " | ".join(parts)
-        else:
-            text = str(content if content is not None else message.get("output", ""))
-    else:
-        text = ", ".join(f"{k}={v}" for k, v in payload.items() if k not in {"type", "id"})
-    text = " ".join(text.split())
-    return text if len(text) <= width else text[: width - 1] + "…"
+def _summary(event: ListedEvent, previewer: Previewer | None, width: int = 160) -> str:
+    """A text preview (blob refs resolved into short previews); with ``--refs``
+    (``previewer`` None) the payload as stored, refs whole and long strings cut."""
+    from core.query.preview import shorten
+
+    if previewer is not None:
+        return shorten(previewer.payload(event.type, event.payload), width)
+    from core.query.preview import as_stored
+
+    message = event.payload.get("message")
+    shown = message if event.type == "message" and isinstance(message, dict) else event.payload
+    return as_stored(shown)
 
 
 class _Printer:
     """Writes events in one output format, as they come (tables are printed at the end)."""
 
-    def __init__(self, output: Output, *, streaming: bool) -> None:
+    def __init__(
+        self, output: Output, *, streaming: bool, previewer: Previewer | None = None
+    ) -> None:
         self.output = output
+        self.previewer = previewer
         self.streaming = streaming
         self.table: Table | None = None
         self.csv: Any = None
@@ -93,10 +92,8 @@ class _Printer:
             self.csv = csv.writer(sys.stdout, lineterminator="\n")
             self.csv.writerow((*CSV_COLUMNS, "payload"))
         elif output is Output.table and not streaming:
-            self.table = new_table()
-            for name, width in _COLUMNS:
-                self.table.add_column(name, width=width, no_wrap=True, overflow="ellipsis")
-            self.table.add_column("summary", ratio=1, min_width=20, overflow="fold")
+            self.table = id_table(*_COLUMNS)
+            self.table.add_column("summary", min_width=20, max_width=80, overflow="fold")
 
     def write(self, event: ListedEvent) -> None:
 
@@ -111,9 +108,13 @@ class _Printer:
 
             self.csv.writerow((*(row[c] for c in CSV_COLUMNS), exact_json.dumps_str(event.payload)))
         elif self.table is not None:
-            self.table.add_row(*self._cells(event), _summary(event))
+            from rich.text import Text  # plain text: "[image 3 KB]" is not markup
+
+            cells = (*self._cells(event), _summary(event, self.previewer))
+            self.table.add_row(*(Text(cell) for cell in cells))
         else:
-            console.print(" ".join(self._cells(event)), _summary(event, 120), markup=False)
+            line = " ".join(self._cells(event))
+            console.print(line, _summary(event, self.previewer), markup=False, soft_wrap=True)
         if self.streaming:
             sys.stdout.flush()
 
@@ -131,7 +132,7 @@ class _Printer:
 
     def close(self) -> None:
         if self.table is not None:
-            console.print(self.table)
+            print_table(self.table)
         sys.stdout.flush()
 
 
@@ -146,8 +147,21 @@ def events(
         list[str] | None,
         typer.Option("--role", help="Message role (repeatable): matches message events only."),
     ] = None,
-    since: str | None = typer.Option(None, help="Recorded at or after (ISO 8601; UTC if no zone)."),
-    until: str | None = typer.Option(None, help="Recorded before (ISO 8601; UTC if no zone)."),
+    since: str | None = typer.Option(
+        None, help="Entry's own timestamp at or after (ISO 8601; UTC if no zone)."
+    ),
+    until: str | None = typer.Option(
+        None, help="Entry's own timestamp before (ISO 8601; UTC if no zone)."
+    ),
+    recorded_since: str | None = typer.Option(
+        None, "--recorded-since", help="Recorded by the journal at or after (ISO 8601)."
+    ),
+    recorded_until: str | None = typer.Option(
+        None, "--recorded-until", help="Recorded by the journal before (ISO 8601)."
+    ),
+    refs: bool = typer.Option(
+        False, "--refs", help="Show payloads as stored (blob refs), not text previews."
+    ),
     after_position: int | None = typer.Option(
         None, "--after-position", min=0, help="Start after this global position (the cursor)."
     ),
@@ -168,6 +182,9 @@ def events(
 ) -> None:
     """List events by global position, filtered; or follow new ones with --follow.
 
+    --since/--until filter on the entry's own timestamp (the payload's "timestamp", ISO 8601
+    or epoch ms); --recorded-since/--recorded-until on the time the journal recorded it.
+
     Without --follow, one page is printed and the cursor of the next is shown
     (pass it to --after-position). --follow starts at the current head unless
     --after-position is given, and runs until --limit events, --timeout or Ctrl-C.
@@ -182,15 +199,26 @@ def events(
         session_id=session,
         types=tuple(types or ()),
         roles=tuple(roles or ()),
-        since=_when(since, "--since"),
-        until=_when(until, "--until"),
+        since=_when(recorded_since, "--recorded-since"),
+        until=_when(recorded_until, "--recorded-until"),
+        entry_since=_when(since, "--since"),
+        entry_until=_when(until, "--until"),
     )
     with open_store() as store:
+        previewer = None if refs else _previewer(store)
         if follow:
-            printer = _Printer(Output.jsonl if as_json else output, streaming=True)
-            _follow(store, flt, printer, after_position, limit, poll_interval, timeout)
+            out = Output.jsonl if as_json else output
+            streamer = _Printer(out, streaming=True, previewer=previewer)
+            _follow(store, flt, streamer, after_position, limit, poll_interval, timeout)
         else:
-            _list(store, flt, after_position or 0, limit or DEFAULT_LIMIT, output, as_json)
+            printer = None if as_json else _Printer(output, streaming=False, previewer=previewer)
+            _list(store, flt, after_position or 0, limit or DEFAULT_LIMIT, printer)
+
+
+def _previewer(store: SessionStore) -> Previewer:
+    from core.query.preview import for_blobs
+
+    return for_blobs(store.blobs)
 
 
 def _list(
@@ -198,11 +226,10 @@ def _list(
     flt: EventFilter,
     after_position: int,
     limit: int,
-    output: Output,
-    as_json: bool,
+    printer: _Printer | None,
 ) -> None:
+    """One page, through ``printer``; as one JSON document when it is None (--json)."""
     items: list[ListedEvent] = []
-    printer = None if as_json else _Printer(output, streaming=False)
     cursor: str | None = str(after_position)
     remaining = limit
     while cursor is not None and remaining > 0:
@@ -280,8 +307,10 @@ def _bytes(n: float) -> str:
 
 def _pairs_table(title: str, rows: Iterable[tuple[str, str]], *headers: str) -> Table:
     table = new_table(*headers, title=title, title_justify="left")
+    from rich.text import Text  # plain text: "[image 3 KB]" is not markup
+
     for row in rows:
-        table.add_row(*row)
+        table.add_row(*(Text(cell) for cell in row))
     return table
 
 
@@ -381,8 +410,9 @@ def stats(
         ("top_sessions_by_events", "Top sessions by events"),
         ("top_sessions_by_bytes", "Top sessions by bytes"),
     ):
-        table = new_table("session", "tenant", "events", "payload", "blobs", title=title)
-        table.title_justify = "left"
+        table = id_table("session", "tenant", title=title, title_justify="left")
+        for name in ("events", "payload", "blobs"):
+            table.add_column(name)
         for s in data[key]:
             table.add_row(
                 s["session_id"],
@@ -391,7 +421,7 @@ def stats(
                 _bytes(s["payload_bytes"]),
                 _bytes(s["blob_bytes"]),
             )
-        console.print(table)
+        print_table(table)
 
 
 # state ----------------------------------------------------------------------------------
@@ -403,12 +433,24 @@ def state(
     at_seq: int | None = typer.Option(None, "--at-seq", min=0, help="State after this seq."),
     tenant: str | None = typer.Option(None, help="Fail unless the session is this tenant's."),
     messages: int = typer.Option(10, min=0, help="How many of the last messages to show."),
+    refs: bool = typer.Option(
+        False, "--refs", help="Show messages as stored (blob refs), not text previews."
+    ),
     as_json: bool = JsonOption,
 ) -> None:
-    """A session's state rebuilt from its journal (snapshot + fold)."""
+    """A session's state rebuilt from its journal (snapshot + fold).
+
+    Messages show as text previews (tool calls by name, images as [image N KB], the first
+    characters of stored text); --refs shows them as stored, blob refs and all.
+    """
     with open_store() as store:
         session_id = store.resolve_session(session_id, tenant_id=tenant).id
         result = store.state(session_id, at_seq=at_seq, tenant_id=tenant, rehydrate=False)
+        previewer = None if refs else _previewer(store)
+        rows = [
+            (str(m.seq), m.role, _message_text(m.data, previewer))
+            for m in _tail(result.messages, messages)
+        ]
     if as_json:
         print_json(result.to_dict())
         return
@@ -436,11 +478,23 @@ def state(
             "",
         )
     )
-    table = new_table("seq", "role", "text", title="Last messages", title_justify="left")
-    for message in _tail(result.messages, messages):
-        text = " ".join(message.text.split()) or str(message.content)[:200]
-        table.add_row(str(message.seq), message.role, text[:200])
+    table = new_table("seq", "role", title="Last messages", title_justify="left")
+    table.add_column("text", overflow="fold")  # --refs: a ref is folded, never cut
+    from rich.text import Text  # plain text: "[image 3 KB]" is not markup
+
+    for row in rows:
+        table.add_row(*(Text(cell) for cell in row))
     console.print(table)
+
+
+def _message_text(data: dict[str, Any], previewer: Previewer | None) -> str:
+    from core.query.preview import shorten
+
+    if previewer is not None:
+        return shorten(previewer.message(data), 200)
+    from core.query.preview import as_stored
+
+    return as_stored(data.get("content", data))
 
 
 def _tail(items: list[Any], n: int) -> Iterator[Any]:

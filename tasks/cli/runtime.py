@@ -24,7 +24,10 @@ def worker(
     ),
     metrics_addr: str = typer.Option("127.0.0.1", "--metrics-addr", help="Address to bind."),
 ) -> None:
-    """Run a Celery worker for the sessionstore queue."""
+    """Run a Celery worker for the sessionstore queue.
+
+    No --json: a long-running process whose output is Celery's own log (use
+    `sessionstore queue status --json` or `health --json` to query it)."""
     from tasks.app import get_app
 
     settings = load_settings()  # fail early, in one line, on bad configuration
@@ -38,7 +41,10 @@ def worker(
 
 @cli.command("beat", context_settings=_PASS_THROUGH)
 def beat(ctx: typer.Context) -> None:
-    """Run Celery beat: blob GC, artifact expiry and the fork-copy reconciler."""
+    """Run Celery beat: blob GC, artifact expiry and the fork-copy reconciler.
+
+    No --json: a long-running process whose output is Celery's own log (use
+    `sessionstore maintenance-runs --json` for what its jobs did)."""
     from tasks.app import get_app
 
     settings = load_settings()

@@ -6,7 +6,15 @@ from typing import TYPE_CHECKING
 
 import typer
 
-from tasks.cli.common import JsonOption, console, new_app, new_table, open_store, print_json
+from tasks.cli.common import (
+    JsonOption,
+    console,
+    id_table,
+    new_app,
+    open_store,
+    print_json,
+    print_table,
+)
 
 if TYPE_CHECKING:
     from core.records import Session
@@ -30,18 +38,20 @@ def list_sessions(
     if as_json:
         print_json({"items": [s.to_dict() for s in page.items], "next_cursor": page.next_cursor})
         return
-    table = new_table("id", "tenant", "head", "parent", "copy", "title", "created")
+    table = id_table("id", "tenant", "parent")
+    for name in ("head", "copy", "title", "created"):
+        table.add_column(name)
     for s in page.items:
         table.add_row(
             s.id,
             s.tenant_id,
-            str(s.head_seq),
             s.parent_id or "",
+            str(s.head_seq),
             s.copy_status or "",
             s.title or "",
             s.created_at.strftime("%Y-%m-%d %H:%M:%S"),
         )
-    console.print(table)
+    print_table(table)
     if page.next_cursor:
         console.print(f"next page: --cursor {page.next_cursor}")
 

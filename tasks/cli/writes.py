@@ -12,7 +12,15 @@ from typing import TYPE_CHECKING, Any
 import typer
 
 from core.errors import InvalidEvent
-from tasks.cli.common import JsonOption, console, new_app, new_table, open_store, print_json
+from tasks.cli.common import (
+    JsonOption,
+    console,
+    id_table,
+    new_app,
+    open_store,
+    print_json,
+    print_table,
+)
 
 if TYPE_CHECKING:
     from core.records import AppendResult
@@ -123,17 +131,12 @@ def dead_list(
     as_json: bool = JsonOption,
 ) -> None:
     """List dead letters, oldest first."""
-    from rich.console import Console
-
     with open_store() as store:
         letters = store.dead_letters.list(after_id=after_id, limit=limit)
     if as_json:
         print_json([letter.to_dict() for letter in letters])
         return
-    table = new_table("id")
-    # full ids, never cut or wrapped: an operator copies them into commands
-    table.add_column("session", no_wrap=True)
-    table.add_column("key", no_wrap=True)
+    table = id_table("id", "session", "key")
     table.add_column("error", max_width=60)
     table.add_column("when", no_wrap=True)
     for letter in letters:
@@ -144,8 +147,7 @@ def dead_list(
             f"{letter.error_type}: {letter.error}"[:90],
             letter.created_at.strftime("%Y-%m-%d %H:%M:%S"),
         )
-    ids = max((len(x.session_id) + len(x.idempotency_key) for x in letters), default=0)
-    Console(width=max(console.width, ids + 110)).print(table)
+    print_table(table)
 
 
 @dead_app.command("show")

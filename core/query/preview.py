@@ -1,0 +1,132 @@
+"""Short, human previews of event payloads for the CLI's ``state`` and ``events`` tables.
+
+Blob refs are resolved lazily, one at a time, and only into a preview: an image becomes
+``[image 123 KB]`` from the blob index (its bytes are never read), a text blob its first
+characters. Nothing here writes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from core.blobs.store import BlobStore, looks_like_ref, parse_ref
+from core.errors import SessionStoreError
+
+TEXT_PEEK = 60
+# Each block of a multi-block content is cut to this, so later blocks stay visible.
+BLOCK_WIDTH = 120
+# How many bytes of a text blob to read for a preview: enough for TEXT_PEEK characters.
+_PEEK_BYTES = TEXT_PEEK * 4
+
+BlobSize = Callable[[str], int | None]
+BlobHead = Callable[[str], bytes | None]
+
+
+class Previewer:
+    """Turns payloads into one-line text. ``size`` and ``head`` look a blob up by hash (``None``
+    when it is unknown); results are cached, so a blob is read at most once per previewer."""
+
+    def __init__(self, *, size: BlobSize, head: BlobHead) -> None:
+        self._size = size
+        self._head = head
+        self._texts: dict[str, str] = {}
+
+    def _kb(self, blob_hash: str) -> str:
+        size = self._size(blob_hash)
+        return "?" if size is None else f"{max(1, round(size / 1024)):,} KB"
+
+    def text(self, value: Any) -> str:
+        """``value`` as text, with a blob ref replaced by the first characters of its text."""
+        blob_hash = parse_ref(value) if looks_like_ref(value) else None
+        if blob_hash is None:
+            return str(value)
+        if blob_hash not in self._texts:
+            head = self._head(blob_hash)
+            if head is None:
+                self._texts[blob_hash] = f"[missing blob {blob_hash[:12]}]"
+            else:
+                peek = " ".join(head[:_PEEK_BYTES].decode("utf-8", errors="replace").split())
+                self._texts[blob_hash] = f"{peek[:TEXT_PEEK]}… [text {self._kb(blob_hash)}]"
+        return self._texts[blob_hash]
+
+    def block(self, block: Any) -> str:
+        if not isinstance(block, dict):
+            return self.text(block)
+        kind = block.get("type")
+        if kind == "image":
+            data = block.get("data")
+            blob_hash = parse_ref(data) if looks_like_ref(data) else None
+            if blob_hash is not None:
+                return f"[image {self._kb(blob_hash)}]"
+            size = len(data) * 3 // 4 if isinstance(data, str) else 0
+            return f"[image {max(1, round(size / 1024)):,} KB]"
+        if kind in ("toolCall", "tool_use"):
+            return f"{block.get('name')}()"
+        if kind in ("thinking",):
+            return "[thinking] " + self.text(block.get("thinking", ""))
+        for key in ("text", "content", "name"):
+            if key in block:
+                return self.content(block[key])
+        return f"[{kind}]"
+
+    def content(self, content: Any) -> str:
+        if isinstance(content, list):
+            return " | ".join(shorten(self.block(b), BLOCK_WIDTH) for b in content)
+        return self.text(content if content is not None else "")
+
+    def message(self, message: dict[str, Any]) -> str:
+        text = self.content(message.get("content"))
+        if message.get("role") == "toolResult" and message.get("toolName"):
+            text = f"{message['toolName']} -> {text}"
+        return text
+
+    def payload(self, event_type: str, payload: dict[str, Any]) -> str:
+        message = payload.get("message")
+        if event_type == "message" and isinstance(message, dict):
+            return self.message(message)
+        return ", ".join(
+            f"{k}={self.text(v) if isinstance(v, str) else v}"
+            for k, v in payload.items()
+            if k not in {"type", "id", "parentId", "timestamp"}
+        )
+
+
+def for_blobs(blobs: BlobStore) -> Previewer:
+    """A previewer reading ``blobs``: sizes from the index, text from the verified content
+    (a missing or corrupt blob previews as missing rather than failing the listing)."""
+
+    def size(blob_hash: str) -> int | None:
+        info = blobs.info(blob_hash)
+        return None if info is None else info.size
+
+    def head(blob_hash: str) -> bytes | None:
+        try:
+            return blobs.get(blob_hash)
+        except SessionStoreError:
+            return None
+
+    return Previewer(size=size, head=head)
+
+
+def shorten(text: str, width: int) -> str:
+    """One line of at most ``width`` characters."""
+    text = " ".join(text.split())
+    return text if len(text) <= width else text[: width - 1] + "…"
+
+
+def as_stored(value: Any, *, width: int = 60) -> str:
+    """``value`` as stored, as compact JSON: blob refs whole (they are what ``--refs`` is
+    for), any other string over ``width`` characters cut."""
+    from core import exact_json
+
+    def cut(node: Any) -> Any:
+        if isinstance(node, str):
+            return node if looks_like_ref(node) or len(node) <= width else node[:width] + "…"
+        if isinstance(node, list):
+            return [cut(item) for item in node]
+        if isinstance(node, dict):
+            return {key: cut(item) for key, item in node.items()}
+        return node
+
+    return exact_json.dumps_str(cut(value))

@@ -1,0 +1,164 @@
+"""Issue 18, item 6 (output people can use), through the real ``sessionstore`` executable:
+whole ids in tables on an 80-column terminal, text previews with ``--refs`` for the raw refs,
+``--since/--until`` on the entry's own time against ``--recorded-*`` on journal time, and
+``--json`` on every command. Both journal backends.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from core import SessionStore
+from core.settings import Settings
+from tests.acceptance.test_cli_help import _WALK
+
+EXE = shutil.which("sessionstore") or str(Path(sys.executable).parent / "sessionstore")
+BIG_TEXT = "HEAD-OF-BIG-TEXT " + "x" * 40_000
+IMAGE = bytes(range(256)) * 400  # 100 KiB, shown as [image 100 KB]
+REF = re.compile(r"blob:sha256:[0-9a-f]{64}")
+
+
+def run(settings: Settings, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SESSIONSTORE_")}
+    env.update(
+        COLUMNS="80",
+        SESSIONSTORE_DATABASE_URL=str(settings.database_url),
+        SESSIONSTORE_DATA_DIR=str(settings.data_dir),
+    )
+    result = subprocess.run(
+        [EXE, *args], capture_output=True, text=True, env=env, timeout=120, check=False
+    )
+    assert result.returncode == 0, (args, result.stderr)
+    return result
+
+
+def _entry(entry: str, message: dict[str, Any], timestamp: Any) -> dict[str, Any]:
+    return {
+        "type": "message",
+        "id": entry,
+        "parentId": {"a1": None, "a2": "a1", "a3": "a2"}[entry],
+        "timestamp": timestamp,
+        "message": message,
+    }
+
+
+@pytest.fixture
+def session_id(store: SessionStore) -> str:
+    session = store.create_session(tenant_id="acme-tenant-with-a-long-name", title="t")
+    assert len(session.id) == 36
+    image = {"type": "image", "mimeType": "image/png", "data": base64.b64encode(IMAGE).decode()}
+    store.append(
+        session.id,
+        [
+            # entry time: 2024 (ISO text), recorded now
+            _entry("a1", {"role": "user", "content": "hello there"}, "2024-01-02T03:04:05.000Z"),
+            _entry(
+                "a2",
+                {
+                    "role": "assistant",
+                    "content": [
+                        {"type": "text", "text": "let me look"},
+                        {"type": "toolCall", "id": "c1", "name": "read_file", "arguments": {}},
+                    ],
+                },
+                "2024-06-01T00:00:00Z",
+            ),
+            # entry time: 2025-03-01 as epoch milliseconds, as pi writes it
+            _entry(
+                "a3",
+                {
+                    "role": "toolResult",
+                    "toolName": "read_file",
+                    "toolCallId": "c1",
+                    "content": [{"type": "text", "text": BIG_TEXT}, image],
+                },
+                int(datetime(2025, 3, 1, tzinfo=UTC).timestamp() * 1000),
+            ),
+        ],
+    )
+    return session.id
+
+
+def test_tables_show_whole_ids_at_80_columns(
+    settings: Settings, store: SessionStore, session_id: str
+) -> None:
+    listed = run(settings, "sessions", "list").stdout
+    assert session_id in listed and "acme-tenant-with-a-long-name" in listed
+    events = run(settings, "events").stdout
+    assert events.count(session_id) == 3, events
+    assert "…" not in events.split("summary")[0]
+    stats = run(settings, "stats").stdout
+    assert session_id in stats
+    assert session_id in run(settings, "sessions", "show", session_id).stdout
+
+
+def test_state_and_events_preview_text_and_refs_on_demand(
+    settings: Settings, session_id: str
+) -> None:
+    state = run(settings, "state", session_id).stdout
+    assert "hello there" in state and "read_file" in state
+    assert "HEAD-OF-BIG-TEXT" in state and "[image 100 KB]" in state
+    assert not REF.search(state)
+    raw = run(settings, "state", session_id, "--refs").stdout
+    assert REF.search(raw.replace("\n", "").replace("│", "").replace(" ", "")), raw
+    assert "HEAD-OF-BIG-TEXT" not in raw
+
+    events = re.sub(r"[\s│]", "", run(settings, "events", "--session", session_id).stdout)
+    assert "[image100KB]" in events and "HEAD-OF-BIG-TEXT" in events and "read_file()" in events
+    assert not REF.search(events)
+    raw_events = run(settings, "events", "--session", session_id, "--refs").stdout
+    flat = re.sub(r"[\s│]", "", raw_events)
+    assert REF.search(flat) and "HEAD-OF-BIG-TEXT" not in raw_events
+
+
+def _entries(settings: Settings, *args: str) -> list[str]:
+    out = json.loads(run(settings, "events", "--json", *args).stdout)
+    return [e["payload"]["id"] for e in out["items"]]
+
+
+def test_since_until_filter_entry_time_and_recorded_filter_journal_time(
+    settings: Settings, session_id: str
+) -> None:
+    assert _entries(settings, "--since", "2024-03-01") == ["a2", "a3"]
+    assert _entries(settings, "--until", "2024-06-01T00:00:00+00:00") == ["a1"]
+    assert _entries(settings, "--since", "2024-05-31T23:59:59", "--until", "2025-01-01") == ["a2"]
+    # epoch-ms timestamps compare as instants too
+    assert _entries(settings, "--since", "2025-02-28T23:00:00+02:00") == ["a3"]
+    assert _entries(settings, "--since", "2025-02-28T23:00:00-02:00") == []
+    # every entry was recorded just now: journal time ignores the entries' own 2024 dates
+    hour_ago = (datetime.now(UTC) - timedelta(hours=1)).isoformat()
+    assert _entries(settings, "--recorded-since", hour_ago) == ["a1", "a2", "a3"]
+    assert _entries(settings, "--recorded-until", hour_ago) == []
+    assert _entries(settings, "--since", "2026-01-01") == []
+
+
+# Long-running processes: they hand over to Celery (worker, beat) or run a scripted demo;
+# their help says why they print no JSON.
+NO_JSON = {"worker", "beat"}
+
+
+def test_every_command_offers_json() -> None:
+    result = subprocess.run(
+        [sys.executable, "-c", _WALK], capture_output=True, text=True, timeout=120, check=False
+    )
+    assert result.returncode == 0, result.stderr
+    helps = json.loads(result.stdout)["helps"]
+    leaves = [
+        path for path in helps if path and not any(other.startswith(path + " ") for other in helps)
+    ]
+    assert len(leaves) > 25
+    missing = [p for p in leaves if p not in NO_JSON and "--json" not in helps[p]["text"]]
+    assert missing == []
+    for path in NO_JSON:
+        assert "No --json" in helps[path]["text"], path
