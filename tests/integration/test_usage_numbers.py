@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import math
 from typing import Any
 
@@ -85,6 +86,10 @@ def _old_usage(n: int, usage: str) -> bytes:
 def test_state_and_stats_survive_stored_numbers_that_overflow(
     store: SessionStore, caplog: pytest.LogCaptureFixture
 ) -> None:
+    # Earlier tests in the run may have changed logging (Celery workers configure it).
+    usage_log = logging.getLogger("core.journal.usage")
+    usage_log.disabled = False
+    caplog.set_level(logging.WARNING, logger="core.journal.usage")
     # valid one by one, but their sum overflows int64 (SQLite's sum() raised on it)
     near = store.create_session(tenant_id="t")
     store.append(near.id, [assistant({"input": INT64_MAX}, f"a{i}") for i in range(3)])

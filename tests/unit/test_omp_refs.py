@@ -11,7 +11,7 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from core.interop.omp import MISSING_KEY, _BlobReader, _BlobWriter, list_artifacts
+from core.interop.omp import MISSING_KEY, _BlobReader, _BlobWriter, _DirectoryBlobs, list_artifacts
 
 
 def _ref(data: bytes) -> str:
@@ -89,7 +89,7 @@ def test_write_then_read_gives_the_values_back(
 ) -> None:
     root = tmp_path_factory.mktemp("blobs")
     entry = {"type": "message", "message": {"content": content, "note": text}}
-    written = _BlobWriter(root).externalize(entry)
+    written = _BlobWriter(_DirectoryBlobs(root).put).externalize(entry)
     reader = _BlobReader(root)
     assert reader.resolve(written) == entry
     assert reader.missing == []
