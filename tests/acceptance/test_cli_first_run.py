@@ -12,6 +12,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -155,6 +156,23 @@ def test_broker_stopped_is_one_line(cli: Cli) -> None:
         ExitCode.BROKER_UNAVAILABLE,
         "broker unavailable",
     )
+
+
+@pytest.mark.slow
+def test_publish_retries_as_long_as_the_setting_says(cli: Cli) -> None:
+    """The README's promise: a producer with no broker keeps retrying for
+    SESSIONSTORE_PUBLISH_RETRY_SECONDS (it used to give up after kombu's 4-5 s)."""
+    cli.env["SESSIONSTORE_DATA_DIR"] = str(cli.home / "data")
+    cli.env["SESSIONSTORE_BROKER_URL"] = f"redis://127.0.0.1:{free_port()}/0"
+    assert cli("db", "upgrade").returncode == 0
+    events = json.dumps(_message("hi", "e1")) + "\n"
+    for setting in (1, 8):
+        cli.env["SESSIONSTORE_PUBLISH_RETRY_SECONDS"] = str(setting)
+        started = time.monotonic()
+        result = cli("append", "s1", "--enqueue", stdin=events)
+        elapsed = time.monotonic() - started
+        one_line_error(result, ExitCode.BROKER_UNAVAILABLE, "broker unavailable")
+        assert setting <= elapsed < setting + 15, (setting, elapsed)
 
 
 def test_debug_shows_the_traceback(cli: Cli) -> None:
