@@ -7,12 +7,13 @@ comes back value for value. A session made here gets a header built from its row
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from datetime import datetime
 from typing import IO, TYPE_CHECKING, Any
 
+from core.blobs.rehydrate import Rehydrator
 from core.interop import pi
-from core.records import Session, StoredEvent
+from core.records import ManifestEntry, Session, StoredEvent
 
 if TYPE_CHECKING:
     from core.store import SessionStore
@@ -76,8 +77,27 @@ def rehydrated_events(
 ) -> Iterator[StoredEvent]:
     """The session's events up to ``upto_seq``, each rehydrated on its own: memory holds
     one event's blobs at a time, however large the session."""
-    for event in store.journal.iter_events(session.id, upto_seq=upto_seq, page_size=_PAGE):
-        yield from store.rehydrate([event])
+    for event, _entries in rehydrated_with_manifest(store, session, upto_seq):
+        yield event
+
+
+def rehydrated_with_manifest(
+    store: SessionStore, session: Session, upto_seq: int | None
+) -> Iterator[tuple[StoredEvent, Sequence[ManifestEntry]]]:
+    """Each rehydrated event with its manifest entries: one manifest query per page of
+    events, and one event's blobs in memory at a time."""
+    rehydrator = Rehydrator(store.blobs)
+    after = 0
+    while True:
+        page = store.journal.read(session.id, after_seq=after, upto_seq=upto_seq, limit=_PAGE)
+        if not page:
+            return
+        manifest = store.journal.manifest_of(page)
+        for event in page:
+            entries = manifest.get(event.position, [])
+            [full] = rehydrator.events([event], {event.position: entries}) if entries else [event]
+            yield full, entries
+        after = page[-1].seq
 
 
 def js_iso(stamp: datetime) -> str:

@@ -21,7 +21,7 @@ import logging
 import os
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import IO, TYPE_CHECKING, Any, Literal, cast
@@ -38,7 +38,7 @@ from core.errors import InvalidEvent, RehydrateInProgress
 from core.fsio import fsync_dir
 from core.interop import exporter, omp, pi
 from core.models import ArtifactRow, RehydrationRow, table_of, utcnow
-from core.records import Session, StoredEvent
+from core.records import ManifestEntry, Session, StoredEvent
 
 if TYPE_CHECKING:
     from core.store import SessionStore
@@ -194,8 +194,8 @@ def _build(
 
     def events() -> Iterator[StoredEvent]:
         nonlocal written, beat
-        source = exporter.rehydrated_events(store, session, head)
-        for event in _noting_missing(store, source, missing):
+        source = exporter.rehydrated_with_manifest(store, session, head)
+        for event in _noting_missing(source, missing):
             written += 1
             if time.monotonic() - beat >= _HEARTBEAT_S:
                 _heartbeat(store, key, builder)
@@ -206,7 +206,7 @@ def _build(
 
     with open(staging / name, "x", encoding="utf-8", errors="surrogatepass") as raw:
         out = _HashingWriter(raw)
-        entries = _write(store, session, fmt, head, events(), cast(IO[str], out))
+        entries = _write(store, session, fmt, events(), cast(IO[str], out))
         raw.flush()
         os.fsync(raw.fileno())
     fsync_dir(staging)
@@ -255,7 +255,6 @@ def _write(
     store: SessionStore,
     session: Session,
     fmt: str,
-    head: int,
     events: Iterator[StoredEvent],
     out: IO[str],
 ) -> int:
@@ -281,18 +280,17 @@ def _write(
 
 
 def _noting_missing(
-    store: SessionStore, events: Iterator[StoredEvent], missing: list[str]
+    events: Iterator[tuple[StoredEvent, Sequence[ManifestEntry]]], missing: list[str]
 ) -> Iterator[StoredEvent]:
-    for event in events:
-        missing.extend(_unresolved(store, event))
+    for event, entries in events:
+        missing.extend(_unresolved(event, entries))
         yield event
 
 
-def _unresolved(store: SessionStore, full: StoredEvent) -> list[str]:
+def _unresolved(full: StoredEvent, entries: Sequence[ManifestEntry]) -> list[str]:
     """Blob hashes whose ref is still in place after rehydration (missing or corrupt)."""
-    manifest = store.journal.manifest([full.position]).get(full.position, [])
     left = []
-    for entry in manifest:
+    for entry in entries:
         node: Any = full.payload
         for token in parse_pointer(entry.pointer):
             node = node[int(token)] if isinstance(node, list) else node.get(token)
