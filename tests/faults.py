@@ -39,12 +39,17 @@ def _hang_once_after_commit(dbapi_connection: Any, record: Any) -> None:
     time.sleep(60)
 
 
-SLOW_MANIFEST_S = float(os.environ.get("SS_SLOW_MANIFEST_S", "0"))
+SLOW_BLOB_GET_S = float(os.environ.get("SS_SLOW_BLOB_GET_S", "0"))
 
+if SLOW_BLOB_GET_S:
+    from core.blobs.store import BlobStore
 
-@event.listens_for(Engine, "before_cursor_execute")
-def _slow_manifest_reads(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
-    """With ``SS_SLOW_MANIFEST_S``, every manifest read waits: a rehydrate build that takes
-    long enough to be killed in the middle."""
-    if SLOW_MANIFEST_S and "blob_refs" in statement and statement.lstrip().startswith("SELECT"):
-        time.sleep(SLOW_MANIFEST_S)
+    _real_get = BlobStore.get
+
+    def _slow_get(self: BlobStore, blob_hash: str) -> bytes:
+        """With ``SS_SLOW_BLOB_GET_S``, every blob read waits: a rehydrate build that
+        takes long enough to be killed in the middle."""
+        time.sleep(SLOW_BLOB_GET_S)
+        return _real_get(self, blob_hash)
+
+    BlobStore.get = _slow_get  # type: ignore[method-assign]
