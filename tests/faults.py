@@ -39,17 +39,17 @@ def _hang_once_after_commit(dbapi_connection: Any, record: Any) -> None:
     time.sleep(60)
 
 
-SLOW_BLOB_GET_S = float(os.environ.get("SS_SLOW_BLOB_GET_S", "0"))
+SLOW_REHYDRATE_S = float(os.environ.get("SS_SLOW_REHYDRATE_S", "0"))
 
-if SLOW_BLOB_GET_S:
-    from core.blobs.store import BlobStore
+if SLOW_REHYDRATE_S:
+    from core.blobs.rehydrate import Rehydrator
 
-    _real_get = BlobStore.get
+    _real_events = Rehydrator.events
 
-    def _slow_get(self: BlobStore, blob_hash: str) -> bytes:
-        """With ``SS_SLOW_BLOB_GET_S``, every blob read waits: a rehydrate build that
-        takes long enough to be killed in the middle."""
-        time.sleep(SLOW_BLOB_GET_S)
-        return _real_get(self, blob_hash)
+    def _slow_events(self: Rehydrator, *args: Any, **kwargs: Any) -> Any:
+        """With ``SS_SLOW_REHYDRATE_S``, every rehydration of events waits: a rehydrate
+        build (one call per event with blobs) takes long enough to be killed midway."""
+        time.sleep(SLOW_REHYDRATE_S)
+        return _real_events(self, *args, **kwargs)
 
-    BlobStore.get = _slow_get  # type: ignore[method-assign]
+    Rehydrator.events = _slow_events  # type: ignore[method-assign]

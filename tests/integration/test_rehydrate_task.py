@@ -202,7 +202,7 @@ def test_a_worker_killed_mid_build_serves_nothing_partial_and_the_retry_complete
         visibility_timeout=10,
     )
     app = create_app(queue_settings.with_overrides(task_visibility_timeout=10))
-    slow = {**env, "SS_SLOW_BLOB_GET_S": "0.02"}  # 120 blob reads, ~2.5 s: time to kill it
+    slow = {**env, "SS_SLOW_REHYDRATE_S": "0.02"}  # 120 events, ~2.5 s: time to kill it
     worker = WorkerProcess(slow, tmp_path / "w1.log", concurrency=1, include="tests.faults")
     try:
         handle = enqueue_rehydrate(sid, tenant_id="acme", app=app)
