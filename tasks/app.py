@@ -16,6 +16,7 @@ from typing import Any
 from celery import Celery, shared_task
 from celery.schedules import crontab, schedule
 
+from core.broker import TRANSPORT as EMBEDDED_TRANSPORT
 from core.settings import Settings
 from tasks.results import polling_redis_url
 
@@ -158,6 +159,8 @@ def celery_config(settings: Settings) -> dict[str, Any]:
     hard_limit = max(5, min(900, visibility // 2))
     return {
         "broker_url": broker_url,
+        # The embedded broker: kombu's filesystem transport without its races (core.broker).
+        "broker_transport": None if settings.broker_url else EMBEDDED_TRANSPORT,
         "result_backend": _result_backend(settings),
         # Ack after the task ran, so a crash mid-task redelivers it (writes are idempotent).
         "task_acks_late": True,
