@@ -1,6 +1,7 @@
 """Blob store speed vs the raw hash + codec work, and journal bytes of an image-heavy session.
 
     python bench/blobs.py [--repeats 7] [--sizes 65536,4194304] [--database-url URL]
+    python bench/blobs.py --s3 [--endpoint URL] …   (see bench/blobs_s3.py)
 
 In one run, for text-like data (gzip) and PNG-like data (identity), at each size:
 - raw put work: hashlib.sha256 + the codec (zlib gzip level 6 / nothing);
@@ -126,6 +127,14 @@ def bench_kind(
         "reput_speedup": med["put"] / med["reput"],
         "put_vs_raw_plus_floor": (med["raw_put"] + med["floor"]) / med["put"],
     }
+
+
+def corpora(size: int, count: int) -> list[tuple[str, list[bytes], bool]]:
+    """Distinct text-like (gzip) and PNG-like (identity) contents of one size."""
+    return [
+        ("text (gzip)", variants(text_corpus(size), count), True),
+        ("PNG (identity)", png_like(size, count), False),
+    ]
 
 
 # an image-heavy, realistic session ------------------------------------------------------
@@ -255,7 +264,15 @@ def main() -> None:
     parser.add_argument("--sizes", default=f"{64 * 1024},{4 * MIB}")
     parser.add_argument("--turns", type=int, default=60)
     parser.add_argument("--database-url", default=None, help="default: SQLite in a temp dir")
+    parser.add_argument("--s3", action="store_true", help="blobs on s3:// vs bare obstore")
+    parser.add_argument("--endpoint", default=None, help="--s3: default, a moto server")
+    parser.add_argument("--bucket", default="bench-blobs", help="--s3: the bucket")
     args = parser.parse_args()
+    if args.s3:
+        from bench import blobs_s3
+
+        blobs_s3.run(args, corpora)
+        return
     with tempfile.TemporaryDirectory(prefix="bench-blobs-") as tmp:
         root = Path(tmp).resolve()
         settings = Settings(data_dir=root / "data", database_url=args.database_url)

@@ -266,6 +266,11 @@ class WriteRejected(SessionStoreError):
         )
 
 
+class NotFinishedInTime(SessionStoreError, TimeoutError):
+    """A queued job gave no outcome within the caller's timeout. Nothing is lost: the job
+    is still queued or running (a write is idempotent by its key: wait again or resend)."""
+
+
 class RehydrateInProgress(SessionStoreError):
     """Another worker is building this rehydrated export; ask again shortly."""
 

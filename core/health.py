@@ -9,6 +9,7 @@ backend works and raises when it does not; ``run_checks`` turns both, and a time
 from __future__ import annotations
 
 import concurrent.futures
+import threading
 import time
 import uuid
 from collections.abc import Callable, Mapping
@@ -18,7 +19,7 @@ from pathlib import Path
 from sqlalchemy.engine import make_url
 
 from core import migrate
-from core.blobs import open_blob_store
+from core.blobs import blob_store_for
 from core.blobs.files import FileBlobStore
 from core.blobs.objects import ObjectBlobStore
 from core.db import make_engine
@@ -38,13 +39,27 @@ class CheckResult(PlainRecord):
 
 
 def run_checks(checks: Mapping[str, Check], *, timeout_s: float) -> list[CheckResult]:
-    """Run every check at once; one that has not answered within ``timeout_s`` fails."""
-    pool = concurrent.futures.ThreadPoolExecutor(max_workers=max(1, len(checks)))
+    """Run every check at once; one that has not answered within ``timeout_s`` fails.
+
+    Each check runs in a daemon thread: a check hung on an endpoint that never answers
+    (obstore's own retries can take minutes) must not keep the process alive after the
+    report, as a pool's worker threads would at interpreter exit."""
     started = time.monotonic()
-    futures = {name: pool.submit(check) for name, check in checks.items()}
-    results = [_outcome(name, future, started, timeout_s) for name, future in futures.items()]
-    pool.shutdown(wait=False, cancel_futures=True)  # a hung check must not hang the command
-    return results
+    futures = {name: _start(name, check) for name, check in checks.items()}
+    return [_outcome(name, future, started, timeout_s) for name, future in futures.items()]
+
+
+def _start(name: str, check: Check) -> concurrent.futures.Future[str]:
+    future: concurrent.futures.Future[str] = concurrent.futures.Future()
+
+    def run() -> None:
+        try:
+            future.set_result(check())
+        except BaseException as exc:
+            future.set_exception(exc)
+
+    threading.Thread(target=run, name=f"health-{name}", daemon=True).start()
+    return future
 
 
 def _outcome(
@@ -65,7 +80,7 @@ def storage_checks(settings: Settings) -> dict[str, Check]:
     return {
         "database": lambda: check_database(settings),
         "blobs": lambda: check_blobs(settings),
-        "artifacts": lambda: check_artifacts(settings.resolved_artifact_root),
+        "artifacts": lambda: check_artifact_storage(settings),
     }
 
 
@@ -84,7 +99,7 @@ def check_database(settings: Settings) -> str:
 def check_blobs(settings: Settings) -> str:
     engine = make_engine(settings.resolved_database_url, pool_size=1)
     try:
-        store = open_blob_store(settings.resolved_blob_url, engine)
+        store = blob_store_for(settings, engine)
         if isinstance(store, ObjectBlobStore):
             store.probe()
             return f"object store {settings.resolved_blob_url} answers"
@@ -92,6 +107,13 @@ def check_blobs(settings: Settings) -> str:
         return check_artifacts(store.root, what="blob directory")
     finally:
         engine.dispose()
+
+
+def check_artifact_storage(settings: Settings) -> str:
+    """Write, read back and delete a probe on the artifact store (directory or bucket)."""
+    from core.artifacts.storage import artifact_storage_for
+
+    return artifact_storage_for(settings).probe()
 
 
 def check_artifacts(root: Path, *, what: str = "artifact directory") -> str:

@@ -8,6 +8,8 @@ from typing import Any
 from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from core.errors import BadConfig
+
 
 def default_data_dir() -> Path:
     """The platform's user data directory, never the current directory."""
@@ -48,11 +50,17 @@ class Settings(BaseSettings):
         "configure S3). Default: file:// in the data dir.",
     )
     artifact_root: Path | None = shared_optional(
-        "The artifact directories. Default: in the data dir.",
+        "The artifact directories, as a path (same as artifact_url=file://…). "
+        "Default: in the data dir.",
+    )
+    artifact_url: str | None = shared_optional(
+        "The artifact store: file:///… or s3://bucket/prefix (the AWS_* variables "
+        "configure S3). Default: artifact_root, else file:// in the data dir.",
     )
     broker_url: str | None = shared_optional(
         "The Celery broker (redis://…). Unset: the embedded broker, kombu's "
-        "filesystem transport, in the data dir's `queue/` folder.",
+        "filesystem transport without its races (core.broker), in the data dir's "
+        "`queue/` folder.",
     )
     result_backend: str | None = shared_optional(
         "The Celery result backend. Unset: the broker's Redis, or an embedded SQLite result store.",
@@ -85,6 +93,22 @@ class Settings(BaseSettings):
         default=3600.0,
         ge=0,
         description="GC deletes unreferenced blobs only when older than this.",
+    )
+
+    # object storage (s3:// blob or artifact URLs)
+    s3_request_timeout_seconds: float = Field(
+        json_schema_extra=SHARED,
+        default=30.0,
+        gt=0,
+        description="One S3 request's time limit (its connect phase at most 5 s of it; a "
+        "response that stops sending bytes fails after 10 s).",
+    )
+    s3_retry_seconds: float = Field(
+        json_schema_extra=SHARED,
+        default=20.0,
+        ge=0,
+        description="How long a failed or timed-out S3 request is retried before the "
+        "operation fails as StorageUnavailable (obstore's own default is 3 minutes).",
     )
 
     # artifacts
@@ -193,6 +217,12 @@ class Settings(BaseSettings):
             raise ValueError(
                 f"blob_url must be file:///… or s3://bucket/prefix, got {self.resolved_blob_url!r}"
             )
+        from core.artifacts.storage import artifact_url_of  # no import cycle at load
+
+        try:
+            artifact_url_of(self.resolved_artifact_url)
+        except BadConfig as exc:
+            raise ValueError(str(exc)) from None
         return self
 
     @property
@@ -209,9 +239,36 @@ class Settings(BaseSettings):
 
     @property
     def resolved_artifact_root(self) -> Path:
+        """The filesystem artifact root (with artifact_url=file://…, its path)."""
+        if self.artifact_url and self.artifact_url.startswith("file:"):
+            from urllib.parse import urlparse
+            from urllib.request import url2pathname
+
+            return Path(url2pathname(urlparse(self.artifact_url).path)).resolve()
         if self.artifact_root is not None:
             return self.artifact_root.resolve()
         return (self.data_dir / "artifacts").resolve()
+
+    @property
+    def resolved_artifact_url(self) -> str:
+        """``artifact_url`` if set, else ``artifact_root`` (or the data dir's) as file://."""
+        if self.artifact_url:
+            return self.artifact_url
+        return self.resolved_artifact_root.as_uri()
+
+    @property
+    def artifacts_on_filesystem(self) -> bool:
+        return self.resolved_artifact_url.startswith("file:")
+
+    @property
+    def s3_limits(self) -> tuple[float, float]:
+        """(request timeout, retry window) in seconds, for ``open_s3_store``."""
+        return self.s3_request_timeout_seconds, self.s3_retry_seconds
+
+    @property
+    def artifact_spool_dir(self) -> Path:
+        """Where streamed artifact writes to object storage are spooled (a cache)."""
+        return (self.data_dir / "cache" / "artifact-spool").resolve()
 
     @property
     def is_embedded_broker(self) -> bool:

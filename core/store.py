@@ -24,7 +24,8 @@ from core.artifacts import (
     stats_by_kind,
 )
 from core.artifacts import resolve as resolve_url
-from core.blobs import BlobStats, BlobStore, open_blob_store
+from core.artifacts.storage import ArtifactStorage, artifact_storage_for
+from core.blobs import BlobStats, BlobStore, blob_store_for
 from core.blobs.rehydrate import RehydrateMode, Rehydrator
 from core.interop.exporter import export_pi
 from core.interop.importer import ImportResult, import_session
@@ -88,8 +89,12 @@ class SessionStore:
     # the pieces, built on first use ------------------------------------------------------
 
     @cached_property
+    def artifact_storage(self) -> ArtifactStorage:
+        return artifact_storage_for(self.settings)
+
+    @cached_property
     def blobs(self) -> BlobStore:
-        return open_blob_store(self.settings.resolved_blob_url, self.engine)
+        return blob_store_for(self.settings, self.engine)
 
     @cached_property
     def _rehydrator(self) -> Rehydrator:
@@ -342,6 +347,7 @@ class SessionStore:
             offset=offset,
             limit=limit,
             blob_reader=self.blobs.get,
+            storage=self.artifact_storage,
         )
 
     def store_oversized(

@@ -15,7 +15,6 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from celery import Celery, states
-from celery.exceptions import TimeoutError as CeleryTimeoutError
 from celery.result import AsyncResult
 
 from core.errors import WriteRejected
@@ -24,6 +23,7 @@ from core.records import AppendResult
 from core.settings import Settings
 from tasks.app import QUEUE, get_app, settings_of
 from tasks.outcomes import APPEND_TASK, write_task_id
+from tasks.results import QueueTimeout
 
 __all__ = ["APPEND_TASK", "AppendHandle", "Producer", "WriteRejected", "enqueue_append"]
 
@@ -92,7 +92,7 @@ class AppendHandle:
             if state in states.PROPAGATE_STATES:
                 raise backend.exception_to_python(meta["result"])
             if deadline is not None and time.monotonic() >= deadline:
-                raise CeleryTimeoutError(
+                raise QueueTimeout(
                     f"write {self.idempotency_key} not finished after {timeout}s (state {state})"
                 )
             time.sleep(delay)
@@ -236,6 +236,6 @@ class Producer:
         deadline = time.monotonic() + timeout
         while self.poll():
             if time.monotonic() >= deadline:
-                raise CeleryTimeoutError(f"{len(self._pending)} writes not confirmed in time")
+                raise QueueTimeout(f"{len(self._pending)} writes not confirmed in time")
             self.resend_unconfirmed(older_than=resend_every)
             time.sleep(0.2)

@@ -12,11 +12,11 @@ import uuid
 from typing import Any
 
 from celery import Celery, Task, states
-from celery.exceptions import TimeoutError as CeleryTimeoutError
 
 from core.errors import InvalidEvent, RehydrateInProgress, SessionNotFound, SessionStoreError
 from core.interop.rehydrated import FORMATS, Request, rehydrate
 from tasks.app import QUEUE, get_app, sessionstore_task, settings_of
+from tasks.results import QueueTimeout
 from tasks.retry import backoff_seconds, is_transient
 from tasks.runtime import store_for
 
@@ -74,7 +74,7 @@ class RehydrateHandle:
             if meta["status"] in states.PROPAGATE_STATES:
                 raise SessionStoreError(f"rehydrate {self.id} failed: {meta['result']!r}")
             if deadline is not None and time.monotonic() >= deadline:
-                raise CeleryTimeoutError(f"rehydrate {self.id} not finished after {timeout}s")
+                raise QueueTimeout(f"rehydrate {self.id} not finished after {timeout}s")
             time.sleep(delay)
             delay = min(delay * 1.5, 0.2)
 

@@ -11,6 +11,14 @@ from __future__ import annotations
 from typing import Any
 
 from celery.backends.redis import RedisBackend
+from celery.exceptions import TimeoutError as CeleryTimeoutError
+
+from core.errors import NotFinishedInTime
+
+
+class QueueTimeout(NotFinishedInTime, CeleryTimeoutError):  # type: ignore[misc]
+    """``NotFinishedInTime`` that is also Celery's ``TimeoutError``, so code written
+    against ``AsyncResult.get`` keeps catching it."""
 
 
 class PollingRedisBackend(RedisBackend):  # type: ignore[misc]

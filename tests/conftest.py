@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import os
 import shutil
+import socket
+import threading
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -31,7 +33,23 @@ from core.migrate import upgrade
 PG_ADMIN_DSN = os.environ.get(
     "SESSIONSTORE_TEST_PG_DSN", "postgresql://postgres@127.0.0.1:5432/postgres"
 )
-REDIS_URL = os.environ.get("SESSIONSTORE_TEST_REDIS_URL", "redis://127.0.0.1:6379/13")
+
+
+def _worker_redis_url(base: str, worker: str | None) -> str:
+    """The Redis database of this pytest process: the configured one, or under xdist
+    (``PYTEST_XDIST_WORKER=gwN``) the configured number minus N, modulo 16 (13, 12, 11,
+    10 for four workers by default), so parallel workers never flush each other's queues."""
+    if not worker or not worker.startswith("gw"):
+        return base
+    head, _, db = base.rpartition("/")
+    number = int(db) if db.isdigit() else 0
+    return f"{head}/{(number - int(worker[2:])) % 16}"
+
+
+REDIS_URL = _worker_redis_url(
+    os.environ.get("SESSIONSTORE_TEST_REDIS_URL", "redis://127.0.0.1:6379/13"),
+    os.environ.get("PYTEST_XDIST_WORKER"),
+)
 REQUIRE_SERVICES = (
     os.environ.get("CI", "").lower() == "true"
     or os.environ.get("SESSIONSTORE_REQUIRE_SERVICES") == "1"
@@ -248,3 +266,29 @@ def s3_bucket(s3_endpoint: str) -> str:
     name = f"t-{uuid.uuid4().hex[:16]}"
     urllib.request.urlopen(urllib.request.Request(f"{s3_endpoint}/{name}", method="PUT"))
     return f"s3://{name}"
+
+
+@pytest.fixture
+def black_hole() -> Iterator[str]:
+    """An endpoint that accepts connections and never answers: a hung S3 service, the case
+    where the client's own retries and timeouts would take minutes."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    held: list[socket.socket] = []
+    stop = threading.Event()
+
+    def accept() -> None:
+        listener.settimeout(0.2)
+        while not stop.is_set():
+            try:
+                held.append(listener.accept()[0])
+            except TimeoutError:
+                continue
+
+    thread = threading.Thread(target=accept, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{listener.getsockname()[1]}"
+    stop.set()
+    thread.join(timeout=5)
+    for conn in held:
+        conn.close()
+    listener.close()

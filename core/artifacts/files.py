@@ -12,16 +12,19 @@ from __future__ import annotations
 import builtins
 import logging
 import mimetypes
+import os
+import stat
 from pathlib import Path
 
 from sqlalchemy import Connection
 
-from core.artifacts import rows
-from core.artifacts.fsio import StagedDelete, StagedFile, prune_empty_dirs, staged_file
+from core.artifacts import nofollow, rows
+from core.artifacts.fsio import prune_empty_dirs
 from core.artifacts.inherited import preserve_for_forks, read_artifact_file
 from core.artifacts.paths import FILES_DIR, contained_path, file_name, sanitize_path
 from core.artifacts.records import FILE, ArtifactInfo, FileWriteResult, QuotaUsage
 from core.artifacts.scope import SessionScope
+from core.artifacts.staging import Deleted, Staged, staged_delete, staged_in
 from core.db import read_connection, write_transaction
 from core.errors import ArtifactError, ArtifactNotFound, InvalidArtifactPath, QuotaExceeded
 from core.models import utcnow
@@ -59,7 +62,9 @@ class SessionFiles:
         directory = self._scope.directory()
         target = contained_path(directory / FILES_DIR, rel)
         with (
-            staged_file(directory, body, keep_new=False) as staged,
+            staged_in(
+                self._scope.storage(), self._scope.root, directory, body, keep_new=False
+            ) as staged,
             write_transaction(self._scope.engine) as conn,
         ):
             result = self._put_locked(conn, directory, rel, len(body), media, staged, target)
@@ -75,7 +80,7 @@ class SessionFiles:
         rel: str,
         size: int,
         media_type: str,
-        staged: StagedFile,
+        staged: Staged,
         target: Path,
     ) -> FileWriteResult:
         info = rows.lock_quota(conn, self._session_id)
@@ -108,8 +113,11 @@ class SessionFiles:
             },
         )
         if old is not None:
-            preserve_for_forks(conn, self._scope.root, self._session_id, old, target)
-        self._clear_stale_dir(target)
+            preserve_for_forks(
+                conn, self._scope.root, self._session_id, old, target, storage=self._scope.objects
+            )
+        if self._scope.objects is None:  # object storage has no directories in the way
+            self._clear_stale_dir(target)
         staged.publish(directory, target)
         return FileWriteResult(
             path=rel,
@@ -129,7 +137,9 @@ class SessionFiles:
             raise ArtifactNotFound(f"no file at {rel!r}")
 
         own = contained_path(self._scope.dir_for(info.tenant_id) / FILES_DIR, rel)
-        data = read_artifact_file(self._scope.engine, self._scope.root, own, row)
+        data = read_artifact_file(
+            self._scope.engine, self._scope.root, own, row, self._scope.objects
+        )
         if data is None:
             raise ArtifactNotFound(f"no file at {rel!r}")
         return data
@@ -152,7 +162,7 @@ class SessionFiles:
     def delete(self, path: str) -> FileWriteResult:
         """Remove the file at ``path``; reports usage after the delete."""
         rel = sanitize_path(path)
-        aside: builtins.list[StagedDelete] = []
+        aside: builtins.list[Deleted] = []
         try:
             with write_transaction(self._scope.engine) as conn:
                 result = self._delete_locked(conn, rel, aside)
@@ -165,7 +175,7 @@ class SessionFiles:
         return result
 
     def _delete_locked(
-        self, conn: Connection, rel: str, aside: builtins.list[StagedDelete]
+        self, conn: Connection, rel: str, aside: builtins.list[Deleted]
     ) -> FileWriteResult:
         info = rows.lock_quota(conn, self._session_id)
         old = rows.get_artifact(conn, self._session_id, FILE, rel)
@@ -174,10 +184,12 @@ class SessionFiles:
         rows.delete_artifact(conn, self._session_id, FILE, rel)
         files_root = self._scope.dir_for(info.tenant_id) / FILES_DIR
         target = contained_path(files_root, rel)
-        preserve_for_forks(conn, self._scope.root, self._session_id, old, target)
-        aside.append(StagedDelete(files_root.parent, target))
-        # Inside the lock: no concurrent put of this tenant is creating these directories.
-        prune_empty_dirs(target.parent, files_root)
+        root, objects = self._scope.root, self._scope.objects
+        preserve_for_forks(conn, root, self._session_id, old, target, storage=objects)
+        aside.append(staged_delete(self._scope.storage(), root, files_root.parent, target))
+        if objects is None:
+            # Inside the lock: no concurrent put of this tenant is creating these directories.
+            prune_empty_dirs(target.parent, files_root)
         return FileWriteResult(
             path=rel,
             size_bytes=0,
@@ -213,11 +225,17 @@ class SessionFiles:
         )
         raise QuotaExceeded(scope, limit=limit, used=used, requested=size)
 
-    @staticmethod
-    def _clear_stale_dir(target: Path) -> None:
+    def _clear_stale_dir(self, target: Path) -> None:
         """An empty directory left where the new file goes is removed; a full one conflicts."""
-        if target.is_dir():
-            try:
-                target.rmdir()
-            except OSError as exc:
-                raise InvalidArtifactPath(str(target.name), "a directory is in the way") from exc
+        try:
+            with nofollow.parent_dir(self._scope.root, target) as (fd, name):
+                if not stat.S_ISDIR(os.lstat(name, dir_fd=fd).st_mode):
+                    return
+                try:
+                    os.rmdir(name, dir_fd=fd)
+                except OSError as exc:
+                    raise InvalidArtifactPath(
+                        str(target.name), "a directory is in the way"
+                    ) from exc
+        except (FileNotFoundError, NotADirectoryError):
+            return

@@ -7,18 +7,17 @@ rejection, failed commit) leaves the previous content in place.
 from __future__ import annotations
 
 import os
-import shutil
 import time
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from core.artifacts import nofollow
 from core.artifacts.nofollow import artifact_root_of, check_path
 from core.artifacts.paths import STAGING_DIR
 from core.errors import SymlinkRefused
 from core.fsio import fsync_dir as sync_directory
-from core.fsio import write_durably
 
 
 def fsync_dir(directory: Path) -> None:
@@ -28,11 +27,8 @@ def fsync_dir(directory: Path) -> None:
 
 def write_temp(session_root: Path, data: bytes) -> Path:
     """Write ``data`` to a fresh, fsynced file in the session's staging directory."""
-    staging = session_root / STAGING_DIR
-    check_path(artifact_root_of(session_root), staging)
-    staging.mkdir(parents=True, exist_ok=True)
-    tmp = staging / f"{uuid.uuid4().hex}.tmp"
-    write_durably(tmp, data)
+    tmp = session_root / STAGING_DIR / f"{uuid.uuid4().hex}.tmp"
+    nofollow.write_new(artifact_root_of(session_root), tmp, data)
     return tmp
 
 
@@ -59,6 +55,7 @@ class StagedFile:
         self._keep_new = keep_new
         self._target: Path | None = None
         self._backup: Path | None = None
+        self._root = artifact_root_of(session_root)
 
     @classmethod
     def adopt(cls, session_root: Path, name: str, *, keep_new: bool = True) -> StagedFile:
@@ -69,36 +66,38 @@ class StagedFile:
         staged._keep_new = keep_new
         staged._target = None
         staged._backup = None
+        staged._root = artifact_root_of(session_root)
         return staged
 
     def publish(self, session_root: Path, target: Path) -> None:
+        root = artifact_root_of(session_root)
         staged = session_root / STAGING_DIR / self._name
-        if not staged.exists():  # staged under a path the session had just left
+        if not nofollow.exists(root, staged):  # staged under a path the session had just left
             staged = self._staged_in / STAGING_DIR / self._name
-        check_path(artifact_root_of(session_root), target)
-        target.parent.mkdir(parents=True, exist_ok=True)
-        if target.exists():
-            self._backup = session_root / STAGING_DIR / f"{uuid.uuid4().hex}.bak"
-            _link_or_copy(target, self._backup)
-        os.replace(staged, target)
+        if nofollow.exists(root, target):
+            backup = session_root / STAGING_DIR / f"{uuid.uuid4().hex}.bak"
+            _link_or_copy(root, target, backup)
+            self._backup = backup
+        nofollow.replace(root, staged, target)
         self._target = target
-        fsync_dir(target.parent)
+        self._root = root
         self._prune(session_root)
 
     def commit(self) -> None:
         if self._backup is not None:
-            self._backup.unlink(missing_ok=True)
+            nofollow.unlink(self._root, self._backup)
             self._backup = None
 
     def discard(self) -> None:
         """Undo after a failure: the staged file goes, a replaced file comes back."""
+        root = artifact_root_of(self._staged_in)
         if self._target is not None and self._backup is not None:
-            os.replace(self._backup, self._target)
+            nofollow.replace(root, self._backup, self._target)
             self._backup = None
         elif self._target is not None and not self._keep_new:
-            self._target.unlink(missing_ok=True)
+            nofollow.unlink(root, self._target)
         self._target = None
-        (self._staged_in / STAGING_DIR / self._name).unlink(missing_ok=True)
+        nofollow.unlink(root, self._staged_in / STAGING_DIR / self._name)
 
     def _prune(self, session_root: Path) -> None:
         # Empty directories staging re-created where the session no longer lives.
@@ -120,12 +119,17 @@ def staged_file(session_root: Path, data: bytes, *, keep_new: bool = True) -> It
     staged.commit()
 
 
-def _link_or_copy(source: Path, backup: Path) -> None:
+def _link_or_copy(root: Path, source: Path, backup: Path) -> None:
     # A hard link keeps the target in place (no window where readers miss the file).
     try:
-        os.link(source, backup)
+        nofollow.link(root, source, backup)
+    except SymlinkRefused:
+        raise
     except OSError:
-        shutil.copy2(source, backup)
+        data = nofollow.read_bytes(root, source)
+        if data is None:
+            raise SymlinkRefused(str(source)) from None  # not a regular file: never followed
+        nofollow.write_new(root, backup, data)
 
 
 class StagedDelete:
@@ -134,32 +138,32 @@ class StagedDelete:
     def __init__(self, session_root: Path, target: Path) -> None:
         self.target = target
         self._aside: Path | None = None
-        check_path(artifact_root_of(session_root), target)
-        if target.exists():
-            staging = session_root / STAGING_DIR
-            staging.mkdir(parents=True, exist_ok=True)
-            self._aside = staging / f"{uuid.uuid4().hex}.del"
-            os.replace(target, self._aside)
+        self._root = artifact_root_of(session_root)
+        if nofollow.exists(self._root, target):
+            aside = session_root / STAGING_DIR / f"{uuid.uuid4().hex}.del"
+            nofollow.replace(self._root, target, aside)
+            self._aside = aside
 
     def commit(self) -> None:
         if self._aside is not None:
-            self._aside.unlink(missing_ok=True)
+            nofollow.unlink(self._root, self._aside)
             self._aside = None
 
     def rollback(self) -> None:
         if self._aside is not None:
-            self.target.parent.mkdir(parents=True, exist_ok=True)
-            os.replace(self._aside, self.target)
+            nofollow.replace(self._root, self._aside, self.target)
             self._aside = None
 
 
 def prune_empty_dirs(start: Path, stop: Path) -> None:
-    """Remove empty directories from ``start`` up to (not including) ``stop``."""
+    """Remove empty directories from ``start`` up to (not including) ``stop`` (the
+    artifact root or a directory below it)."""
     current = start
+    root = stop
     while current != stop and stop in current.parents:
         try:
-            current.rmdir()
-        except OSError:
+            nofollow.rmdir(root, current)
+        except (OSError, SymlinkRefused):
             return
         current = current.parent
 
@@ -198,7 +202,7 @@ def sweep_staging(
                     if info.st_ctime > cutoff or not entry.is_file(follow_symlinks=False):
                         continue
                     if apply:
-                        os.unlink(entry.path)
+                        nofollow.unlink(root, Path(entry.path))
                 except FileNotFoundError:  # its operation finished meanwhile
                     continue
                 files += 1

@@ -8,7 +8,6 @@ modified since the fork, so a parent's later rewrite never shows through.
 from __future__ import annotations
 
 import os
-import shutil
 from dataclasses import replace
 from pathlib import Path
 from typing import NamedTuple
@@ -18,6 +17,7 @@ from sqlalchemy import Connection, Engine, select
 from core.artifacts import nofollow, rows
 from core.artifacts.paths import session_dir
 from core.artifacts.records import ArtifactInfo
+from core.artifacts.storage import ArtifactStorage, FileArtifactStorage, key_of
 from core.db import read_connection
 from core.errors import SessionNotFound, SymlinkRefused
 from core.journal import Journal
@@ -47,24 +47,42 @@ class Found(NamedTuple):
     not_after: float = 0.0
 
 
-def read_artifact_file(engine: Engine, root: Path, own: Path, row: ArtifactInfo) -> bytes | None:
+def read_artifact_file(
+    engine: Engine,
+    root: Path,
+    own: Path,
+    row: ArtifactInfo,
+    storage: ArtifactStorage | None = None,
+) -> bytes | None:
     """The bytes of ``row``'s file at ``own`` (the session's own copy); for a fork whose
     artifact copy is unfinished, what it inherited instead. None: neither is there.
 
     The own file wins, and is read again when the fallback comes up empty: the copy may
     have completed in between (files are copied before the status changes).
+    With an object ``storage``, the paths below ``root`` name its keys.
     """
-    data = nofollow.read_bytes(root, own)
+    objects = None if isinstance(storage, FileArtifactStorage) else storage
+
+    def read(path: Path) -> bytes | None:
+        if objects is None:
+            return nofollow.read_bytes(root, path)
+        return objects.read(key_of(root, path))
+
+    data = read(own)
     if data is not None:
         return data
     with read_connection(engine) as conn:
-        source = inherited_source(conn, root, row.session_id, row)
-    data = nofollow.read_bytes(root, source) if source is not None else None
-    return data if data is not None else nofollow.read_bytes(root, own)
+        source = inherited_source(conn, root, row.session_id, row, objects)
+    data = read(source) if source is not None else None
+    return data if data is not None else read(own)
 
 
 def inherited_source(
-    conn: Connection, root: Path, session_id: str, row: ArtifactInfo
+    conn: Connection,
+    root: Path,
+    session_id: str,
+    row: ArtifactInfo,
+    storage: ArtifactStorage | None = None,
 ) -> Path | None:
     """Where a fork reads an inherited artifact from until its copy completes (pending, or
     failed and not yet retried: the fork stays as usable as its ancestors allow).
@@ -78,11 +96,16 @@ def inherited_source(
     session = _session_or_none(conn, journal, session_id)
     if session is None or session.copy_status not in _UNFINISHED:
         return None
-    return ancestor_file(conn, journal, root, session, row).path
+    return ancestor_file(conn, journal, root, session, row, storage).path
 
 
 def ancestor_file(
-    conn: Connection, journal: Journal, root: Path, session: Session, row: ArtifactInfo
+    conn: Connection,
+    journal: Journal,
+    root: Path,
+    session: Session,
+    row: ArtifactInfo,
+    storage: ArtifactStorage | None = None,
 ) -> Found:
     """The file holding the content ``session`` inherited for one of its rows.
 
@@ -102,7 +125,7 @@ def ancestor_file(
         path = session_dir(root, parent.tenant_id, parent.id) / held.name
         forked_at = current.created_at.timestamp()
         try:
-            modified = nofollow.mtime(root, path)
+            modified = _mtime(root, path, storage)
         except SymlinkRefused:
             return Found(path, True, forked_at)  # whoever opens it refuses (and reports) it
         if modified is not None:
@@ -113,6 +136,13 @@ def ancestor_file(
     return Found(None, True)
 
 
+def _mtime(root: Path, path: Path, storage: ArtifactStorage | None) -> float | None:
+    if storage is None or isinstance(storage, FileArtifactStorage):
+        return nofollow.mtime(root, path)
+    version = storage.version(key_of(root, path))
+    return None if version is None else version[0]
+
+
 def _session_or_none(conn: Connection, journal: Journal, session_id: str) -> Session | None:
     try:
         return journal.session_in(conn, session_id)
@@ -121,17 +151,27 @@ def _session_or_none(conn: Connection, journal: Journal, session_id: str) -> Ses
 
 
 def preserve_for_forks(
-    conn: Connection, root: Path, session_id: str, row: ArtifactInfo, path: Path
+    conn: Connection,
+    root: Path,
+    session_id: str,
+    row: ArtifactInfo,
+    path: Path,
+    *,
+    name: str | None = None,
+    storage: ArtifactStorage | None = None,
 ) -> list[str]:
-    """Before the session replaces or removes ``row``'s file at ``path``: give each fork
-    whose copy is unfinished and that inherited exactly this content its own link to it.
+    """Before the session replaces or removes ``row``'s file at ``path`` (``row.name``, or
+    ``name`` for another file of the same artifact: an agent output's JSONL sidecar): give
+    each fork whose copy is unfinished and that inherited exactly this content its own link
+    to it.
 
     Copy-on-write for the fork point: the parent's writes rename over or move aside, never
     write in place, so a hard link keeps the inherited bytes (and their modification time,
     which the fork's copy checks) whatever the parent does next. Forks that already have
     the file, or that inherited other content, are left alone. Returns the forks served.
     """
-    modified = nofollow.mtime(root, path)
+    objects = None if isinstance(storage, FileArtifactStorage) else storage
+    modified = _mtime(root, path, objects)
     if modified is None or not row.name:
         return []
     served: list[str] = []
@@ -146,25 +186,37 @@ def preserve_for_forks(
             continue
         if modified > created_at.timestamp():
             continue  # rewritten after that fork: not what it inherited
-        target = session_dir(root, tenant_id, fork_id) / row.name
-        nofollow.check_path(root, target)
-        if _link_new(path, target):
+        target = session_dir(root, tenant_id, fork_id) / (name or row.name)
+        if objects is not None:  # object storage: a server-side copy, if it has none yet
+            if objects.size(key_of(root, target)) is None:
+                objects.copy(key_of(root, path), key_of(root, target))
+                served.append(fork_id)
+        elif _link_new(root, path, target):
             served.append(fork_id)
     return served
 
 
-def _link_new(source: Path, target: Path) -> bool:
-    """``target`` as a new name of ``source``'s inode, never replacing a file already there."""
-    target.parent.mkdir(parents=True, exist_ok=True)
+def _link_new(root: Path, source: Path, target: Path) -> bool:
+    """``target`` as a new name of ``source``'s inode, never replacing a file already there
+    (neither path followed through a link)."""
     try:
-        os.link(source, target, follow_symlinks=False)
+        nofollow.link(root, source, target)
     except FileExistsError:
         return False
+    except SymlinkRefused:
+        raise
     except OSError:
         # no hard links here: a copy with the same times (the fork's copy checks them)
-        if target.exists():
+        if nofollow.exists(root, target):
             return False
+        fd = nofollow.open_file(root, source)
+        if fd is None:
+            return False
+        with os.fdopen(fd, "rb") as handle:
+            data, times = handle.read(), os.fstat(handle.fileno())
         tmp = target.with_name(f".{target.name}.cow")
-        shutil.copy2(source, tmp, follow_symlinks=False)
-        os.replace(tmp, target)
+        nofollow.write_new(root, tmp, data)
+        with nofollow.parent_dir(root, tmp) as (dir_fd, name):
+            os.utime(name, ns=(times.st_atime_ns, times.st_mtime_ns), dir_fd=dir_fd)
+        nofollow.replace(root, tmp, target)
     return True

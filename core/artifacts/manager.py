@@ -11,14 +11,14 @@ from __future__ import annotations
 import logging
 import re
 from collections.abc import Callable, Iterator
-from contextlib import ExitStack, contextmanager, nullcontext
+from contextlib import AbstractContextManager, ExitStack, contextmanager, nullcontext
 from pathlib import Path
 
 from sqlalchemy import Connection, Engine
 
 from core.artifacts import nofollow, rows
 from core.artifacts.files import SessionFiles
-from core.artifacts.fsio import staged_file
+from core.artifacts.inherited import preserve_for_forks
 from core.artifacts.oversized import OversizedOutputs
 from core.artifacts.paths import (
     agent_output_names,
@@ -39,6 +39,8 @@ from core.artifacts.records import (
 )
 from core.artifacts.scope import SessionScope
 from core.artifacts.sink import OutputSink
+from core.artifacts.staging import Staged, staged_in
+from core.artifacts.storage import key_of
 from core.db import read_connection, write_transaction
 from core.errors import ArtifactError, ArtifactNotFound, SymlinkRefused
 from core.models import utcnow
@@ -101,7 +103,7 @@ class ArtifactManager:
         data = _encode(content)
         tool = sanitize_tool_type(tool_type)
         with (
-            staged_file(self.directory(), data) as staged,
+            self._staged(self.directory(), data) as staged,
             self._locked() as (conn, info, directory),
         ):
             artifact_id = self._allocate_in(
@@ -113,9 +115,14 @@ class ArtifactManager:
     def _allocate_tool(self, tool_type: str, *, size: int) -> AllocatedPath:
         tool = sanitize_tool_type(tool_type)
         artifact_id, directory = self._allocate(TOOL_COUNTER, str, self._tool_values(tool, size))
+        if self._scope.objects is not None:
+            # Object storage: the caller streams into a spool file in the local cache;
+            # ``finalize_tool_output`` uploads it whole (a crash publishes nothing).
+            spool = self._spool_path(directory / tool_log_name(artifact_id, tool))
+            spool.parent.mkdir(parents=True, exist_ok=True)
+            return AllocatedPath(artifact_id, spool)
         try:
-            nofollow.check_path(self._scope.root, directory)
-            directory.mkdir(parents=True, exist_ok=True)
+            nofollow.makedirs(self._scope.root, directory)
         except (OSError, SymlinkRefused):
             # The caller never learns the id, so no one else could remove the row: a failed
             # allocation must not leave a row that points at no file.
@@ -136,9 +143,22 @@ class ArtifactManager:
     def finalize_tool_output(self, artifact_id: str) -> int:
         """Record the size of a tool-output file the caller wrote; returns it."""
         info = self._require(TOOL_OUTPUT, artifact_id)
-        size = nofollow.size(self._scope.root, self.directory() / (info.name or ""))
+        target = self.directory() / (info.name or "")
+        objects = self._scope.objects
+        if objects is None:
+            size = nofollow.size(self._scope.root, target)
+        else:
+            spool = self._spool_path(target)
+            size = spool.stat().st_size
+            objects.put_file(key_of(self._scope.root, target), spool)
+            spool.unlink()
         self._set_size(TOOL_OUTPUT, artifact_id, size)
         return size
+
+    def _spool_path(self, target: Path) -> Path:
+        """Where a streamed tool output waits for its upload (object storage only)."""
+        spool = self._scope.settings.artifact_spool_dir
+        return spool / target.relative_to(self._scope.root)
 
     def discard_tool_output(self, artifact_id: str) -> None:
         """Remove a tool output whose content could not be written (its id stays used)."""
@@ -147,8 +167,13 @@ class ArtifactManager:
             row = rows.get_artifact(conn, self.session_id, TOOL_OUTPUT, artifact_id)
             rows.delete_artifact(conn, self.session_id, TOOL_OUTPUT, artifact_id)
         if row is not None and row.name:
+            target = self._scope.dir_for(info.tenant_id) / row.name
+            if self._scope.objects is not None:
+                self._spool_path(target).unlink(missing_ok=True)
+                self._scope.objects.delete(key_of(self._scope.root, target))
+                return
             try:
-                nofollow.unlink(self._scope.root, self._scope.dir_for(info.tenant_id) / row.name)
+                nofollow.unlink(self._scope.root, target)
             except SymlinkRefused as exc:
                 logger.warning("discard refused a symlink", extra={"path": exc.path})
 
@@ -194,12 +219,16 @@ class ArtifactManager:
         sidecar = _encode(jsonl) if jsonl is not None else None
         staging = self.directory()
         with (
-            staged_file(staging, body) as staged_md,
-            staged_file(staging, sidecar) if sidecar is not None else nullcontext() as staged_jsonl,
+            self._staged(staging, body) as staged_md,
+            self._staged(staging, sidecar)
+            if sidecar is not None
+            else nullcontext() as staged_jsonl,
             self._locked() as (conn, _info, directory),
         ):
-            if rows.get_artifact(conn, self.session_id, AGENT_OUTPUT, output_id) is None:
+            old = rows.get_artifact(conn, self.session_id, AGENT_OUTPUT, output_id)
+            if old is None:
                 raise ArtifactNotFound(f"{AGENT_OUTPUT} not found: {output_id}")
+            self._preserve_for_forks(conn, old, directory, [jsonl_name, md_name])
             if staged_jsonl is not None:  # the sidecar first: the markdown marks it complete
                 staged_jsonl.publish(directory, directory / jsonl_name)
             staged_md.publish(directory, directory / md_name)
@@ -261,11 +290,16 @@ class ArtifactManager:
         staging = self.directory()
         with ExitStack() as stack:
             staged = {
-                name: stack.enter_context(staged_file(staging, d)) for name, d in files.items()
+                name: stack.enter_context(self._staged(staging, d)) for name, d in files.items()
             }
             conn, info, directory = stack.enter_context(self._locked())
             # the markdown of an agent output is published last: it marks the output complete
-            for name in sorted(staged, key=lambda n: n.endswith(".md")):
+            names = sorted(staged, key=lambda n: n.endswith(".md"))
+            kind, local_id = str(values["kind"]), str(values["local_id"])
+            old = rows.get_artifact(conn, self.session_id, kind, local_id)
+            if old is not None:
+                self._preserve_for_forks(conn, old, directory, names)
+            for name in names:
                 staged[name].publish(directory, directory / name)
             rows.upsert_artifact(
                 conn,
@@ -276,6 +310,25 @@ class ArtifactManager:
                     **values,
                 },
             )
+
+    def _preserve_for_forks(
+        self, conn: Connection, old: ArtifactInfo, directory: Path, names: list[str]
+    ) -> None:
+        """Copy-on-write before a rewrite: forks whose copy is unfinished keep the content
+        they inherited (every file of the artifact, the marker file last)."""
+        for name in names:
+            preserve_for_forks(
+                conn,
+                self._scope.root,
+                self.session_id,
+                old,
+                directory / name,
+                name=name,
+                storage=self._scope.objects,
+            )
+
+    def _staged(self, session_root: Path, data: bytes) -> AbstractContextManager[Staged]:
+        return staged_in(self._scope.storage(), self._scope.root, session_root, data)
 
     def _raise_counter(self, counter: str, next_value: int) -> None:
         with write_transaction(self._scope.engine) as conn:

@@ -1,18 +1,23 @@
 """No symlink under the data root is ever followed (invariant 9).
 
-Every artifact read, write, copy, move, delete and expiry checks its path here first:
-each directory component below the artifact root is ``lstat``-ed (a symlink anywhere is
-refused), and files are opened with ``O_NOFOLLOW`` so a link planted at the leaf is refused
-too. Reads open every directory component with ``O_NOFOLLOW`` relative to the previous
-one's descriptor, so swapping a component for a link between the check and the open does
-not help either.
+Every artifact read, write, copy, move, delete and expiry goes through here. Nothing acts
+on a path that was checked earlier: each operation opens the directories below the
+artifact root one component at a time, relative to the previous one's descriptor, with
+``O_NOFOLLOW | O_DIRECTORY`` (creating missing ones with ``mkdir`` at that descriptor), and
+then acts on the leaf name relative to its parent's descriptor (``openat``, ``renameat``,
+``linkat``, ``unlinkat``; files with ``O_NOFOLLOW``). A link anywhere is refused with
+``SymlinkRefused``, and swapping a component for a link between two calls does not help:
+the descriptor already held is the real directory.
 """
 
 from __future__ import annotations
 
 import errno
 import os
+import shutil
 import stat
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from core.errors import InvalidArtifactPath, SymlinkRefused
@@ -108,13 +113,163 @@ def mtime(root: Path, path: Path) -> float | None:
         os.close(fd)
 
 
+_DIR_FLAGS = os.O_RDONLY | _DIRECTORY | _NOFOLLOW | _CLOEXEC
+
+
+def _walk(root: Path, parts: tuple[str, ...], path: Path, *, create: bool) -> int:
+    """A descriptor of ``root/parts``, each component opened without following a link
+    (made first when missing, with ``create``). FileNotFoundError when one is missing.
+
+    The root itself is the configured one: it may be a link, and is made when missing."""
+    if create:
+        os.makedirs(root, exist_ok=True)
+    fd = os.open(root, os.O_RDONLY | _DIRECTORY | _CLOEXEC)
+    try:
+        for part in parts:
+            try:
+                child = os.open(part, _DIR_FLAGS, dir_fd=fd)
+            except FileNotFoundError:
+                if not create:
+                    raise
+                try:
+                    os.mkdir(part, 0o755, dir_fd=fd)
+                except FileExistsError:
+                    pass
+                child = _open_dir(fd, part, path)
+            except OSError as exc:
+                if _is_link(fd, part) or exc.errno == errno.ELOOP:
+                    raise SymlinkRefused(str(path)) from None
+                raise
+            os.close(fd)
+            fd = child
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _open_dir(dir_fd: int, name: str, path: Path) -> int:
+    try:
+        return os.open(name, _DIR_FLAGS, dir_fd=dir_fd)
+    except OSError as exc:
+        if _is_link(dir_fd, name) or exc.errno == errno.ELOOP:
+            raise SymlinkRefused(str(path)) from None
+        raise
+
+
+@contextmanager
+def parent_dir(root: Path, path: Path, *, create: bool = False) -> Iterator[tuple[int, str]]:
+    """(a descriptor of ``path``'s parent directory, the leaf name), reached from ``root``
+    without following any link; missing directories are made with ``create``, otherwise
+    FileNotFoundError. Act on the leaf with ``dir_fd=`` calls only."""
+    parts = _parts(root, path)
+    if not parts:
+        raise InvalidArtifactPath(str(path), "is the artifact root itself")
+    fd = _walk(root, parts[:-1], path, create=create)
+    try:
+        yield fd, parts[-1]
+    finally:
+        os.close(fd)
+
+
+def makedirs(root: Path, path: Path) -> None:
+    """``mkdir -p`` of ``path`` below ``root``, through no link."""
+    os.close(_walk(root, _parts(root, path), path, create=True))
+
+
+def exists(root: Path, path: Path) -> bool:
+    """Whether an entry (of any type, a link included) is at ``path``; its directories are
+    reached through no link."""
+    try:
+        with parent_dir(root, path) as (fd, name):
+            os.lstat(name, dir_fd=fd)
+    except (FileNotFoundError, NotADirectoryError):
+        return False
+    return True
+
+
 def unlink(root: Path, path: Path) -> None:
     """Remove the file at ``path``, if any, reached through no symlink. A link at the leaf
     is removed itself (unlink never touches a link's target)."""
-    check_path(root, path, leaf=False)
     try:
-        os.unlink(path)
-    except FileNotFoundError:
+        with parent_dir(root, path) as (fd, name):
+            os.unlink(name, dir_fd=fd)
+    except (FileNotFoundError, NotADirectoryError):
+        pass
+
+
+def rmdir(root: Path, path: Path) -> None:
+    """Remove the empty directory at ``path``; OSError if it is not empty or absent."""
+    with parent_dir(root, path) as (fd, name):
+        os.rmdir(name, dir_fd=fd)
+
+
+def rmtree(root: Path, path: Path) -> None:
+    """Remove the tree at ``path`` (absent: nothing to do). Links inside it are removed,
+    never followed (``shutil.rmtree`` works by descriptors here)."""
+    try:
+        with parent_dir(root, path) as (fd, name):
+            info = os.lstat(name, dir_fd=fd)
+            if stat.S_ISLNK(info.st_mode):
+                raise SymlinkRefused(str(path))
+            shutil.rmtree(name, dir_fd=fd)
+    except (FileNotFoundError, NotADirectoryError):
+        pass
+
+
+def replace(root: Path, source: Path, target: Path, *, sync: bool = True) -> None:
+    """Rename ``source`` onto ``target`` (replacing a file there; a link there is replaced,
+    never followed), making ``target``'s directories as needed; fsyncs its directory."""
+    with (
+        parent_dir(root, source) as (src_fd, src_name),
+        parent_dir(root, target, create=True) as (dst_fd, dst_name),
+    ):
+        os.replace(src_name, dst_name, src_dir_fd=src_fd, dst_dir_fd=dst_fd)
+        if sync:
+            _fsync_fd(dst_fd)
+
+
+def rename(root: Path, source: Path, target: Path) -> None:
+    """Rename ``source`` (a directory, say) to ``target``, which must not exist as a
+    non-empty directory; fsyncs both directories."""
+    with (
+        parent_dir(root, source) as (src_fd, src_name),
+        parent_dir(root, target, create=True) as (dst_fd, dst_name),
+    ):
+        os.rename(src_name, dst_name, src_dir_fd=src_fd, dst_dir_fd=dst_fd)
+        _fsync_fd(dst_fd)
+        _fsync_fd(src_fd)
+
+
+def link(root: Path, source: Path, target: Path) -> None:
+    """A new name ``target`` for ``source``'s inode (FileExistsError if taken); the link at
+    ``source`` itself is never followed."""
+    with (
+        parent_dir(root, source) as (src_fd, src_name),
+        parent_dir(root, target, create=True) as (dst_fd, dst_name),
+    ):
+        os.link(src_name, dst_name, src_dir_fd=src_fd, dst_dir_fd=dst_fd, follow_symlinks=False)
+
+
+def write_new(root: Path, path: Path, data: bytes) -> None:
+    """A new file at ``path`` holding ``data``, fsynced with its directory."""
+    with parent_dir(root, path, create=True) as (dir_fd, name):
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | _NOFOLLOW | _CLOEXEC
+        fd = os.open(name, flags, 0o644, dir_fd=dir_fd)
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view) :]
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        _fsync_fd(dir_fd)
+
+
+def _fsync_fd(fd: int) -> None:
+    try:
+        os.fsync(fd)
+    except OSError:  # best effort: the change it makes durable was already made
         pass
 
 
@@ -134,9 +289,9 @@ def size(root: Path, path: Path) -> int:
         os.close(fd)
 
 
-def create_new(path: Path) -> int:
-    """A write descriptor of a new file at ``path``: never through a link at the leaf, and
-    never onto an existing file (callers checked the directories with ``check_path``)."""
-    check_path(artifact_root_of(path.parent), path)
-    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | _NOFOLLOW | _CLOEXEC
-    return os.open(path, flags, 0o644)
+def create_new(root: Path, path: Path) -> int:
+    """A write descriptor of a new file at ``path``: never through a link, never onto an
+    existing file; its directories are made as needed."""
+    with parent_dir(root, path, create=True) as (dir_fd, name):
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | _NOFOLLOW | _CLOEXEC
+        return os.open(name, flags, 0o644, dir_fd=dir_fd)

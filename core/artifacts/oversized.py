@@ -11,12 +11,12 @@ import logging
 import re
 import secrets
 from datetime import datetime, timedelta
+from pathlib import Path
 
 from sqlalchemy import Engine
 from sqlalchemy.exc import IntegrityError
 
 from core.artifacts import nofollow, rows
-from core.artifacts.fsio import StagedFile, staged_file
 from core.artifacts.inherited import read_artifact_file
 from core.artifacts.paths import oversized_name, sanitize_tool_type, session_dir
 from core.artifacts.records import (
@@ -27,6 +27,8 @@ from core.artifacts.records import (
     OversizedHint,
     OversizedStored,
 )
+from core.artifacts.staging import Staged, staged_in
+from core.artifacts.storage import FileArtifactStorage, artifact_storage_for, key_of
 from core.db import read_connection, write_transaction
 from core.errors import ArtifactError, SymlinkRefused
 from core.models import utcnow
@@ -64,6 +66,7 @@ class OversizedOutputs:
         self.engine = engine
         self.settings = settings
         self.root = settings.resolved_artifact_root
+        self.storage = artifact_storage_for(settings)
 
     def store(
         self, session_id: str, content: str, tool_name: str, ttl_s: int | None = None
@@ -77,7 +80,8 @@ class OversizedOutputs:
         data = content.encode("utf-8", "surrogatepass")
         with read_connection(self.engine) as conn:
             tenant_id = rows.session_info(conn, session_id).tenant_id
-        with staged_file(session_dir(self.root, tenant_id, session_id), data) as staged:
+        directory = session_dir(self.root, tenant_id, session_id)
+        with staged_in(self.storage, self.root, directory, data) as staged:
             ref = self._insert(
                 session_id,
                 sanitize_tool_type(tool_name),
@@ -95,7 +99,7 @@ class OversizedOutputs:
     def publish_staged(
         self,
         session_id: str,
-        staged: StagedFile,
+        staged: Staged,
         *,
         tool_name: str,
         summary: str,
@@ -119,7 +123,7 @@ class OversizedOutputs:
         self,
         session_id: str,
         tool: str,
-        staged: StagedFile,
+        staged: Staged,
         summary: str,
         ttl: int,
         size: int,
@@ -180,7 +184,7 @@ class OversizedOutputs:
             return None
 
         own = session_dir(self.root, info.tenant_id, session_id) / oversized_name(artifact_id)
-        data = read_artifact_file(self.engine, self.root, own, row)
+        data = read_artifact_file(self.engine, self.root, own, row, self.storage)
         return data.decode("utf-8", "surrogatepass") if data is not None else None
 
     def cleanup_session(self, session_id: str) -> int:
@@ -192,8 +196,14 @@ class OversizedOutputs:
                 rows.delete_artifact(conn, session_id, OVERSIZED, artifact_id)
         directory = session_dir(self.root, info.tenant_id, session_id)
         for artifact_id in ids:
-            nofollow.unlink(self.root, directory / oversized_name(artifact_id))
+            self._remove(directory / oversized_name(artifact_id))
         return len(ids)
+
+    def _remove(self, path: Path) -> None:
+        if isinstance(self.storage, FileArtifactStorage):
+            nofollow.unlink(self.root, path)
+        else:
+            self.storage.delete(key_of(self.root, path))
 
     def stats(self, *, tenant_id: str | None = None) -> ArtifactStats:
         """How many oversized outputs are stored, and their bytes (all tenants by default)."""
@@ -217,7 +227,7 @@ class OversizedOutputs:
             # already reads as expired.
             path = session_dir(self.root, tenant_id, session_id) / oversized_name(artifact_id)
             try:
-                nofollow.unlink(self.root, path)
+                self._remove(path)
             except SymlinkRefused as exc:  # the row is gone; the planted link stays, unfollowed
                 logger.warning("expiry refused a symlink", extra={"path": exc.path})
         logger.info(

@@ -31,6 +31,7 @@ from core.artifacts.records import (
     ArtifactInfo,
     ResolvedResource,
 )
+from core.artifacts.storage import ArtifactStorage, FileArtifactStorage, key_prefix_of
 from core.db import read_connection
 from core.errors import BlobError, ResolveError, ResolveNotFound, SessionNotFound
 from core.models import utcnow
@@ -50,10 +51,12 @@ def resolve(
     offset: int | None = None,
     limit: int | None = None,
     blob_reader: BlobReader | None = None,
+    storage: ArtifactStorage | None = None,
 ) -> ResolvedResource:
     """Resolve ``url`` in the session; ``offset`` (1-based line) and ``limit`` page by lines."""
     _check_paging(offset, limit)
     resolver = _Resolver(engine, root, session_id, tenant_id, blob_reader)
+    resolver.storage = storage
     paged = offset is not None or limit is not None
     if url.startswith("artifact://"):
         found = resolver.artifact(url)
@@ -123,6 +126,7 @@ class _Resolver:
         self.tenant_id = info.tenant_id
         self.root = root
         self.directory = session_dir(root, info.tenant_id, session_id)
+        self.storage: ArtifactStorage | None = None  # None: the filesystem at ``root``
 
     def _rows(self, kind: str, local_id: str) -> tuple[Any, list[str]]:
         with read_connection(self.engine) as conn:
@@ -133,15 +137,20 @@ class _Resolver:
     def _read(self, row: ArtifactInfo) -> str | None:
 
         own = self.directory / (row.name or "")
-        data = read_artifact_file(self.engine, self.root, own, row)
+        data = read_artifact_file(self.engine, self.root, own, row, self.storage)
         return data.decode("utf-8", "replace") if data is not None else None
 
     def _require_directory(self) -> None:
 
-        if self.directory.is_dir() or copy_unfinished(self.engine, self.session_id):
+        if self._has_directory() or copy_unfinished(self.engine, self.session_id):
             return
-        if not self.directory.is_dir():  # again: a copy may have just created it
+        if not self._has_directory():  # again: a copy may have just created it
             raise ResolveNotFound("No artifacts directory found")
+
+    def _has_directory(self) -> bool:
+        if self.storage is None or isinstance(self.storage, FileArtifactStorage):
+            return self.directory.is_dir()
+        return bool(self.storage.keys(key_prefix_of(self.root, self.directory)))
 
     # artifact://<id> -------------------------------------------------------------------------
 

@@ -9,6 +9,7 @@ from sqlalchemy import Engine
 
 from core.artifacts import rows
 from core.artifacts.paths import session_dir
+from core.artifacts.storage import ArtifactStorage, FileArtifactStorage, artifact_storage_for
 from core.db import read_connection
 from core.settings import Settings
 
@@ -19,10 +20,18 @@ class SessionScope:
     settings: Settings
     root: Path
     session_id: str
+    # None: the filesystem at ``root`` (today's code paths); else the object store, whose
+    # keys are the paths below ``root``.
+    objects: ArtifactStorage | None = None
 
     @classmethod
     def create(cls, engine: Engine, settings: Settings, session_id: str) -> SessionScope:
-        return cls(engine, settings, settings.resolved_artifact_root, session_id)
+        storage = artifact_storage_for(settings)
+        objects = None if isinstance(storage, FileArtifactStorage) else storage
+        return cls(engine, settings, settings.resolved_artifact_root, session_id, objects)
+
+    def storage(self) -> ArtifactStorage:
+        return self.objects if self.objects is not None else FileArtifactStorage(self.root)
 
     def dir_for(self, tenant_id: str) -> Path:
         return session_dir(self.root, tenant_id, self.session_id)

@@ -20,7 +20,7 @@ import os
 from dataclasses import dataclass
 from typing import BinaryIO, Protocol
 
-from core.artifacts.nofollow import create_new
+from core.artifacts.nofollow import artifact_root_of, create_new
 from core.artifacts.records import AllocatedPath
 from core.errors import ArtifactError, SessionStoreError
 
@@ -295,7 +295,9 @@ class OutputSink:
         try:
             slot = self._target.allocate_path(self._tool_type)
             self._artifact_id = slot.id
-            self._file = open(create_new(slot.path), "wb", buffering=1 << 20)
+            self._file = open(
+                create_new(artifact_root_of(slot.path.parent), slot.path), "wb", buffering=1 << 20
+            )
             self._file.write(text.encode("utf-8", _ERRORS))
         except (OSError, SessionStoreError) as exc:
             self._fail(exc)

@@ -1,7 +1,7 @@
 """Content-addressed, compressed blobs shared by all sessions: the store, externalization
 of large values into blobs on write, and rehydration from the manifest on read."""
 
-from core.blobs.backends import open_blob_store
+from core.blobs.backends import blob_store_for, open_blob_store
 from core.blobs.files import FileBlobStore
 from core.blobs.store import (
     BlobIndex,
@@ -19,6 +19,7 @@ __all__ = [
     "BlobStore",
     "FileBlobStore",
     "PutResult",
+    "blob_store_for",
     "make_ref",
     "open_blob_store",
     "parse_ref",

@@ -11,17 +11,31 @@ from sqlalchemy import Engine
 from core.blobs.files import FileBlobStore
 from core.blobs.store import BlobIndex, BlobStore
 from core.errors import BlobError
+from core.settings import Settings
 
 
-def open_blob_store(url: str, engine: Engine) -> BlobStore:
-    """The blob backend for a URL: ``file:///absolute/path`` or ``s3://bucket/prefix``."""
+def open_blob_store(
+    url: str, engine: Engine, *, s3_limits: tuple[float, float] | None = None
+) -> BlobStore:
+    """The blob backend for a URL: ``file:///absolute/path`` or ``s3://bucket/prefix``
+    (``s3_limits``: ``Settings.s3_limits``, else the defaults)."""
     parsed = urlparse(url)
     if parsed.scheme == "s3":
-        from core.blobs.objects import ObjectBlobStore, open_s3_store  # obstore loads lazily
+        from core.blobs.objects import (  # obstore loads lazily
+            DEFAULT_S3_LIMITS,
+            ObjectBlobStore,
+            open_s3_store,
+        )
 
-        return ObjectBlobStore(open_s3_store(url), BlobIndex(engine))
+        store = open_s3_store(url, "blobs", s3_limits or DEFAULT_S3_LIMITS)
+        return ObjectBlobStore(store, BlobIndex(engine))
     if parsed.scheme != "file" or parsed.netloc not in ("", "localhost"):
         raise BlobError(
             f"unsupported blob URL {url!r}: expected file:///absolute/path or s3://bucket/prefix"
         )
     return FileBlobStore(Path(url2pathname(parsed.path)), BlobIndex(engine))
+
+
+def blob_store_for(settings: Settings, engine: Engine) -> BlobStore:
+    """The blob backend ``settings`` name, with their S3 limits."""
+    return open_blob_store(settings.resolved_blob_url, engine, s3_limits=settings.s3_limits)

@@ -20,14 +20,19 @@ The guarantees of the file backend, by object-storage means:
 from __future__ import annotations
 
 import logging
+import os
 import uuid
 from collections.abc import Callable, Iterator, Sequence
+from datetime import timedelta
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 import obstore
 from obstore.exceptions import AlreadyExistsError
 from obstore.store import S3Store
+
+if TYPE_CHECKING:
+    from obstore.store import ClientConfig
 
 from core.blobs.store import (
     CORRUPT_DIR,
@@ -36,8 +41,10 @@ from core.blobs.store import (
     BlobIndex,
     BlobStore,
     Codec,
+    _Stored,
     check_hash,
     decode_blob,
+    encode_blob,
     parse_blob_name,
     sha256_hex,
 )
@@ -50,12 +57,62 @@ QUARANTINE_PREFIX = ".gc"
 _T = TypeVar("_T")
 
 
-def open_s3_store(url: str) -> S3Store:
-    """An obstore S3 store for ``s3://bucket/prefix``, configured from the environment."""
+DEFAULT_S3_LIMITS = (30.0, 20.0)
+
+
+def open_s3_store(
+    url: str, component: str = "blobs", limits: tuple[float, float] = DEFAULT_S3_LIMITS
+) -> S3Store:
+    """An obstore S3 store for ``s3://bucket/prefix``, configured from the environment
+    (the one place blobs and artifacts build their store).
+
+    ``limits`` is (request timeout, retry window) in seconds (``Settings.s3_limits``). Left
+    to obstore's defaults, an endpoint that accepts connections and never answers holds
+    each call for 30 s per attempt, retried for 3 minutes."""
+    timeout, retry = limits
     try:
-        return S3Store.from_url(url)
+        return S3Store.from_url(
+            url,
+            client_options=cast(
+                "ClientConfig",
+                {
+                    **_client_options_from_env(),
+                    "timeout": timedelta(seconds=timeout),
+                    "connect_timeout": timedelta(seconds=min(5.0, timeout)),
+                    "read_timeout": timedelta(seconds=min(10.0, timeout)),
+                },
+            ),
+            retry_config={
+                "max_retries": 10 if retry > 0 else 0,
+                "retry_timeout": timedelta(seconds=retry),
+                "backoff": {
+                    "init_backoff": timedelta(milliseconds=100),
+                    "max_backoff": timedelta(seconds=min(5.0, max(retry, 0.1))),
+                    "base": 2.0,
+                },
+            },
+        )
     except Exception as exc:  # obstore raises its own configuration errors
-        raise StorageUnavailable("blobs", f"cannot open {url}: {exc}") from exc
+        raise StorageUnavailable(component, f"cannot open {url}: {exc}") from exc
+
+
+_CLIENT_FLAGS = ("allow_http", "allow_invalid_certificates", "http1_only", "http2_only")
+_CLIENT_STRINGS = ("proxy_url", "proxy_ca_certificate", "proxy_excludes", "user_agent")
+
+
+def _client_options_from_env() -> dict[str, Any]:
+    """The HTTP client's AWS_* variables (AWS_ALLOW_HTTP, AWS_PROXY_URL, ...): obstore reads
+    them only when no client options are passed, and the timeouts are passed."""
+    options: dict[str, Any] = {}
+    for key in _CLIENT_FLAGS:
+        value = os.environ.get(f"AWS_{key.upper()}")
+        if value is not None:
+            options[key] = value.strip().lower() in ("1", "true", "yes", "on")
+    for key in _CLIENT_STRINGS:
+        value = os.environ.get(f"AWS_{key.upper()}")
+        if value:
+            options[key] = value
+    return options
 
 
 def storage_call(component: str, call: Callable[[], _T]) -> _T:
@@ -95,15 +152,16 @@ class ObjectBlobStore(BlobStore):
         except FileNotFoundError:
             return None
 
-    def _find(self, blob_hash: str) -> tuple[Codec, int] | None:
-        for codec in SUFFIXES:
+    def _find(self, blob_hash: str, first: Codec | None = None) -> tuple[Codec, int] | None:
+        for codec in _codecs(first):
             meta = self._head(self.key_for(blob_hash, codec))
             if meta is not None:
                 return codec, int(meta["size"])
         return None
 
     def _read(self, blob_hash: str) -> tuple[Codec, bytes] | None:
-        for codec in SUFFIXES:
+        # The registered codec's key first: a miss on the other key is a round trip.
+        for codec in _codecs(self._registered_codec(blob_hash)):
             data = self._get(self.key_for(blob_hash, codec))
             if data is not None:
                 return codec, data
@@ -111,18 +169,41 @@ class ObjectBlobStore(BlobStore):
             return self._read(blob_hash)
         return None
 
+    def _stage(self, blob_hash: str, data: bytes, first: Codec | None = None) -> _Stored:
+        """Content the index knows takes the base path (look up, verify), its codec first.
+        Content it does not know is most likely new: it goes straight to a conditional
+        create, which verifies whatever it collides with (an orphan, a concurrent put), so
+        a new blob costs no lookups before its PUT. ``_register`` re-checks under the lock."""
+        registered = self._registered_codec(blob_hash)
+        if registered is not None:
+            return super()._stage(blob_hash, data, first or registered)
+        codec, payload = encode_blob(data, level=self.gzip_level)
+        written = self._create(blob_hash, codec, payload)
+        return _Stored(codec, len(payload), payload, written=written)
+
+    def _registered_codec(self, blob_hash: str) -> Codec | None:
+        info = self.index.info(blob_hash)
+        if info is None or info.codec not in SUFFIXES:
+            return None
+        return info.codec
+
     def _write(self, blob_hash: str, codec: Codec, payload: bytes) -> None:
+        self._create(blob_hash, codec, payload)
+
+    def _create(self, blob_hash: str, codec: Codec, payload: bytes) -> bool:
+        """Create the object unless it exists; True if this call wrote it."""
         key = self.key_for(blob_hash, codec)
         try:
             self._call(lambda: obstore.put(self.store, key, payload, mode="create"))
-            return
+            return True
         except AlreadyExistsError:
             pass
         # Someone stored this key first: keep theirs if it is this content, else repair.
         if self._intact(blob_hash, codec):
-            return
+            return False
         log.warning("stored blob object is corrupt; overwriting it", extra={"blob_hash": blob_hash})
         self._call(lambda: obstore.put(self.store, key, payload, mode="overwrite"))
+        return True
 
     def _intact(self, blob_hash: str, codec: Codec) -> bool:
         stored = self._get(self.key_for(blob_hash, codec))
@@ -228,3 +309,10 @@ class ObjectBlobStore(BlobStore):
             except StopIteration:
                 return
             yield from page
+
+
+def _codecs(first: Codec | None) -> tuple[Codec, ...]:
+    """Every codec, ``first`` first."""
+    if first is None:
+        return tuple(SUFFIXES)
+    return (first, *(c for c in SUFFIXES if c != first))

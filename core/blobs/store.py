@@ -290,8 +290,9 @@ class BlobStore(ABC):
     # storage primitives -----------------------------------------------------------------
 
     @abstractmethod
-    def _find(self, blob_hash: str) -> tuple[Codec, int] | None:
-        """Codec and stored size of the stored object, or None."""
+    def _find(self, blob_hash: str, first: Codec | None = None) -> tuple[Codec, int] | None:
+        """Codec and stored size of the stored object, or None (``first``: the codec to try
+        first, when the caller knows it; a lookup per codec costs a round trip on S3)."""
 
     @abstractmethod
     def _write(self, blob_hash: str, codec: Codec, payload: bytes) -> None:
@@ -419,8 +420,8 @@ class BlobStore(ABC):
 
     # put internals ----------------------------------------------------------------------
 
-    def _stage(self, blob_hash: str, data: bytes) -> _Stored:
-        found = self._find(blob_hash)
+    def _stage(self, blob_hash: str, data: bytes, first: Codec | None = None) -> _Stored:
+        found = self._find(blob_hash, first)
         if found is not None:
             problem = self.check_stored(blob_hash, len(data))
             if problem is None:
@@ -473,7 +474,7 @@ class BlobStore(ABC):
         return final
 
     def _ensure(self, blob_hash: str, data: bytes, staged: _Stored) -> _Stored:
-        if self._find(blob_hash) is not None:
+        if self._find(blob_hash, staged.codec) is not None:
             return staged
         # GC removed the object between our write and our row lock: write it again.
         log.warning(

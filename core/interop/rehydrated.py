@@ -19,18 +19,23 @@ import hashlib
 import io
 import logging
 import os
+import tempfile
 import time
 import uuid
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
+from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any, Literal, cast
 
 from sqlalchemy import insert, select, update
 from sqlalchemy.exc import IntegrityError
 
+from core.artifacts import nofollow
 from core.artifacts.fsio import StagedFile
 from core.artifacts.paths import STAGING_DIR, session_dir
+from core.artifacts.staging import ObjectStagedFile, Staged
+from core.artifacts.storage import FileArtifactStorage
 from core.blobs.externalize import parse_pointer
 from core.blobs.store import make_ref
 from core.db import read_connection, write_transaction
@@ -184,9 +189,9 @@ def _build(
     progress: Progress | None,
 ) -> dict[str, Any]:
     key = (session.id, fmt, head)
-    root = session_dir(store.settings.resolved_artifact_root, session.tenant_id, session.id)
+    artifact_root = store.settings.resolved_artifact_root
+    root = session_dir(artifact_root, session.tenant_id, session.id)
     staging = root / STAGING_DIR
-    staging.mkdir(parents=True, exist_ok=True)
     name = f"{uuid.uuid4().hex}.tmp"
     missing: list[str] = []
     written = 0
@@ -204,13 +209,28 @@ def _build(
                 progress(written, head)
             yield event
 
-    with open(staging / name, "x", encoding="utf-8", errors="surrogatepass") as raw:
-        out = _HashingWriter(raw)
-        entries = _write(store, session, fmt, events(), cast(IO[str], out))
-        raw.flush()
-        os.fsync(raw.fileno())
-    fsync_dir(staging)
-    staged = StagedFile.adopt(root, name)
+    storage = store.oversized.storage
+    on_files = isinstance(storage, FileArtifactStorage)
+    if on_files:
+        fd = nofollow.create_new(artifact_root, staging / name)
+    else:  # object storage: spool in the local cache, upload when whole
+        spool_dir = store.settings.artifact_spool_dir
+        spool_dir.mkdir(parents=True, exist_ok=True)
+        fd, spooled = tempfile.mkstemp(prefix="rehydrate-", suffix=".part", dir=spool_dir)
+    try:
+        with open(fd, "w", encoding="utf-8", errors="surrogatepass") as raw:
+            out = _HashingWriter(raw)
+            entries = _write(store, session, fmt, events(), cast(IO[str], out))
+            raw.flush()
+            os.fsync(raw.fileno())
+        if on_files:
+            fsync_dir(staging)
+            staged: Staged = StagedFile.adopt(root, name)
+        else:
+            staged = ObjectStagedFile(storage, artifact_root, root, local=Path(spooled))
+    finally:
+        if not on_files:
+            Path(spooled).unlink(missing_ok=True)
     ttl = store.settings.rehydrate_ttl_seconds
     summary = f"rehydrated {fmt} export of {session.id} at seq {head}"
     ref = store.oversized.publish_staged(

@@ -17,7 +17,9 @@ from sqlalchemy import Engine, func, select
 from core.artifacts import OversizedOutputs
 from core.artifacts.fsio import sweep_staging
 from core.artifacts.records import OVERSIZED
+from core.artifacts.storage import FileArtifactStorage
 from core.db import read_connection
+from core.errors import StorageUnavailable
 from core.maintenance.runs import Progress
 from core.metrics import metrics
 from core.models import ArtifactRow, table_of, utcnow
@@ -87,14 +89,21 @@ def expire_artifacts(
         report.deleted = count
     else:
         _expire_batches(oversized, report, batch_size, progress)
+    max_age = oversized.settings.staging_max_age_seconds
     try:
-        report.stale_temp_files, report.stale_temp_bytes = sweep_staging(
-            oversized.root,
-            older_than_s=oversized.settings.staging_max_age_seconds,
-            apply=apply,
-            now=moment.timestamp(),
-        )
-    except OSError as exc:
+        if not isinstance(oversized.storage, FileArtifactStorage):
+            from core.artifacts.objects import ObjectArtifactStorage  # obstore loads lazily
+
+            assert isinstance(oversized.storage, ObjectArtifactStorage)
+            swept = oversized.storage.sweep_staging(
+                older_than_s=max_age, apply=apply, now=moment.timestamp()
+            )
+        else:
+            swept = sweep_staging(
+                oversized.root, older_than_s=max_age, apply=apply, now=moment.timestamp()
+            )
+        report.stale_temp_files, report.stale_temp_bytes = swept
+    except (OSError, StorageUnavailable) as exc:
         report.errors.append(f"cannot sweep staging directories: {exc}")
     report.seconds = time.monotonic() - started
     if apply:

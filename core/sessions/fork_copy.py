@@ -22,14 +22,20 @@ from typing import Any, Protocol
 
 from sqlalchemy import Connection, Select, select, update
 
-from core.artifacts import rows
-from core.artifacts.fsio import fsync_dir
+from core.artifacts import nofollow, rows
 from core.artifacts.inherited import ancestor_file
-from core.artifacts.nofollow import check_path, open_file
+from core.artifacts.nofollow import open_file
 from core.artifacts.paths import STAGING_DIR, agent_output_names, contained_path, session_dir
 from core.artifacts.records import AGENT_OUTPUT, ArtifactInfo
+from core.artifacts.storage import (
+    ArtifactStorage,
+    FileArtifactStorage,
+    artifact_storage_for,
+    key_of,
+    key_prefix_of,
+)
 from core.db import read_connection, write_transaction
-from core.errors import SessionNotFound, SymlinkRefused
+from core.errors import SessionNotFound, StorageUnavailable, SymlinkRefused
 from core.journal import Journal
 from core.metrics import metrics
 from core.models import SessionRow, table_of, utcnow
@@ -108,6 +114,9 @@ class ForkCopies:
         self.engine = journal.engine
         self.settings = settings
         self.root = settings.resolved_artifact_root
+        self.storage = artifact_storage_for(settings)
+        # None: the filesystem at ``root`` (today's code); else objects, copied server-side.
+        self.objects = None if isinstance(self.storage, FileArtifactStorage) else self.storage
 
     def hand_over(self, fork: Session, copier: ForkCopier | None) -> Session:
         """Start a new fork's pending copy: through ``copier`` (the queue), or here and now."""
@@ -136,9 +145,9 @@ class ForkCopies:
             fork = self.journal.session_in(conn, fork_id)
             if fork.copy_status not in (COPY_PENDING, COPY_FAILED):
                 return CopyReport(fork_id, fork.copy_status)
-            plan = _plan_copy(conn, self.journal, self.root, fork)
+            plan = _plan_copy(conn, self.journal, self.root, fork, self.objects)
         started = time.perf_counter()
-        outcome = _run_copy(plan, self.root)
+        outcome = _run_copy(plan, self.root, self.objects)
         observed = metrics()
         observed.fork_copy_seconds.observe(time.perf_counter() - started)
         observed.fork_copy_bytes.inc(outcome.bytes)
@@ -178,8 +187,13 @@ class ForkCopies:
             plan.directory
         ):
             return
-        if plan.directory.exists():
-            shutil.rmtree(plan.directory, ignore_errors=True)
+        try:
+            if self.objects is not None:
+                self.objects.delete_prefix(key_prefix_of(self.root, plan.directory))
+            else:
+                nofollow.rmtree(self.root, plan.directory)
+        except (OSError, SymlinkRefused, StorageUnavailable) as exc:
+            log.warning("could not remove a stale fork copy", extra={"error": str(exc)})
 
     def pending_forks(self, *, older_than_s: float, limit: int = 1000) -> list[str]:
         """Forks whose copy has been pending for longer than ``older_than_s``, oldest first."""
@@ -215,16 +229,18 @@ def pending_forks_query(cutoff: datetime, limit: int) -> Select[tuple[str]]:
     )
 
 
-def _plan_copy(conn: Connection, journal: Journal, root: Path, fork: Session) -> _CopyPlan:
+def _plan_copy(
+    conn: Connection, journal: Journal, root: Path, fork: Session, objects: ArtifactStorage | None
+) -> _CopyPlan:
     plan = _CopyPlan(fork, session_dir(root, fork.tenant_id, fork.id))
     for row in rows.list_artifacts(conn, fork.id):
         if not row.name:
             continue
         target = contained_path(plan.directory, row.name)
-        if target.exists():
+        if target.exists() if objects is None else objects.size(key_of(root, target)) is not None:
             plan.present += 1
             continue
-        found = ancestor_file(conn, journal, root, fork, row)
+        found = ancestor_file(conn, journal, root, fork, row, objects)
         if found.path is not None:
             plan.items.append(_CopyItem(row, found.path, target, found.not_after))
         elif found.inherited:
@@ -241,13 +257,13 @@ def _was_inherited(row: ArtifactInfo, fork: Session) -> bool:
     return row.created_seq <= point and row.created_at <= fork.created_at and not expired
 
 
-def _run_copy(plan: _CopyPlan, root: Path) -> _CopyOutcome:
+def _run_copy(plan: _CopyPlan, root: Path, objects: ArtifactStorage | None) -> _CopyOutcome:
     outcome = _CopyOutcome()
     staging = plan.directory / STAGING_DIR
     for item in plan.items:
         where = f"{item.row.kind} {item.row.local_id}"
         try:
-            size = _copy_item(item, staging, root)
+            size = _copy_item(item, staging, root, objects)
         except SymlinkRefused as exc:
             log.warning(
                 "fork copy skipped a symlink", extra={"fork_id": plan.fork.id, "path": exc.path}
@@ -257,11 +273,11 @@ def _run_copy(plan: _CopyPlan, root: Path) -> _CopyOutcome:
         except _SourceChanged:
             outcome.errors.append(f"{where}: changed in the parent after the fork")
         except FileNotFoundError as exc:
-            if item.target.exists():
+            if _exists(root, item.target, objects):
                 outcome.present += 1
             else:
                 outcome.errors.append(f"{where}: vanished during the copy ({exc.filename})")
-        except OSError as exc:
+        except (OSError, StorageUnavailable) as exc:
             outcome.errors.append(f"{where}: {exc}")
         else:
             if size is None:
@@ -272,7 +288,13 @@ def _run_copy(plan: _CopyPlan, root: Path) -> _CopyOutcome:
     return outcome
 
 
-def _copy_item(item: _CopyItem, staging: Path, root: Path) -> int | None:
+def _exists(root: Path, path: Path, objects: ArtifactStorage | None) -> bool:
+    return path.exists() if objects is None else objects.size(key_of(root, path)) is not None
+
+
+def _copy_item(
+    item: _CopyItem, staging: Path, root: Path, objects: ArtifactStorage | None
+) -> int | None:
     """Copy one artifact (an agent output's JSONL sidecar first: the markdown file marks it
     complete); bytes copied, or None if the fork already had it."""
     extra = 0
@@ -280,9 +302,55 @@ def _copy_item(item: _CopyItem, staging: Path, root: Path) -> int | None:
         sidecar = agent_output_names(item.row.local_id)[1]
         source = item.source.with_name(sidecar)
         target = item.target.with_name(sidecar)
-        extra = _copy_file(source, target, staging, item.not_after, root, optional=True) or 0
-    size = _copy_file(item.source, item.target, staging, item.not_after, root)
+        extra = _copy(objects, source, target, staging, item.not_after, root, optional=True) or 0
+    size = _copy(objects, item.source, item.target, staging, item.not_after, root)
     return None if size is None else size + extra
+
+
+def _copy(
+    objects: ArtifactStorage | None,
+    source: Path,
+    target: Path,
+    staging: Path,
+    not_after: float,
+    root: Path,
+    *,
+    optional: bool = False,
+) -> int | None:
+    if objects is None:
+        return _copy_file(source, target, staging, not_after, root, optional=optional)
+    return _copy_object(objects, root, source, target, not_after, optional=optional)
+
+
+def _copy_object(
+    objects: ArtifactStorage,
+    root: Path,
+    source: Path,
+    target: Path,
+    not_after: float,
+    *,
+    optional: bool = False,
+) -> int | None:
+    """A server-side copy (no bytes through the worker) unless the target exists.
+
+    The source's version (time and ETag) is read before and after the copy: a rewrite in
+    between changes it, and the copy, which may hold the new content, is removed again.
+    """
+    src, dst = key_of(root, source), key_of(root, target)
+    if objects.size(dst) is not None:
+        return None
+    before = objects.version(src)
+    if before is None:
+        if optional:
+            return None
+        raise FileNotFoundError(errno.ENOENT, "no such artifact object", str(source))
+    if before[0] > not_after:
+        raise _SourceChanged(str(source))
+    objects.copy(src, dst)
+    if objects.version(src) != before:
+        objects.delete(dst)
+        raise _SourceChanged(str(source))
+    return objects.size(dst)
 
 
 def _copy_file(
@@ -300,11 +368,8 @@ def _copy_file(
     rename, so the inode we read is the one we checked. No symlink is followed, on either
     side (``SymlinkRefused``). ``optional``: a missing source is no error (None).
     """
-    check_path(root, target)
-    check_path(root, staging)
-    if os.path.lexists(target):
+    if nofollow.exists(root, target):
         return None
-    staging.mkdir(parents=True, exist_ok=True)
     fd = open_file(root, source)
     if fd is None:
         if optional:
@@ -316,33 +381,34 @@ def _copy_file(
             times = os.fstat(src.fileno())
             if times.st_mtime > not_after:
                 raise _SourceChanged(str(source))
-            with open(tmp, "wb") as dst:
+            with os.fdopen(nofollow.create_new(root, tmp), "wb") as dst:
                 shutil.copyfileobj(src, dst, 1 << 20)
                 dst.flush()
                 os.fsync(dst.fileno())
-        # The source's times: "not modified since the fork" must hold for the copy too.
-        os.utime(tmp, ns=(times.st_atime_ns, times.st_mtime_ns))
-        target.parent.mkdir(parents=True, exist_ok=True)
-        if not _publish_new(tmp, target):
+                # The source's times: "not modified since the fork" must hold for the copy.
+                os.utime(dst.fileno(), ns=(times.st_atime_ns, times.st_mtime_ns))
+        if not _publish_new(root, tmp, target):
             return None
     finally:
-        tmp.unlink(missing_ok=True)
-    fsync_dir(target.parent)
+        nofollow.unlink(root, tmp)
     return times.st_size
 
 
-def _publish_new(tmp: Path, target: Path) -> bool:
-    """Give the staged copy its name unless the name exists (never overwrite)."""
+def _publish_new(root: Path, tmp: Path, target: Path) -> bool:
+    """Give the staged copy its name unless the name exists (never overwrite); fsynced."""
     try:
-        os.link(tmp, target)  # the staged name is removed right after: one name per file
+        nofollow.link(root, tmp, target)  # the staged name is removed right after
     except FileExistsError:
         return False
     except OSError as exc:
         if exc.errno not in _NO_HARD_LINKS:
             raise
-        if target.exists():  # a filesystem without hard links: check, then rename
+        if nofollow.exists(root, target):  # a filesystem without hard links: check, rename
             return False
-        os.replace(tmp, target)
+        nofollow.replace(root, tmp, target)
+        return True
+    with nofollow.parent_dir(root, target) as (dir_fd, _name):
+        os.fsync(dir_fd)
     return True
 
 

@@ -10,15 +10,14 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import shutil
 from dataclasses import dataclass, replace
 from typing import Any
 
 from sqlalchemy import delete, func, select
 
-from core.artifacts import rows
-from core.artifacts.nofollow import check_path
+from core.artifacts import nofollow, rows
 from core.artifacts.paths import session_dir
+from core.artifacts.storage import FileArtifactStorage, artifact_storage_for, key_prefix_of
 from core.db import write_transaction
 from core.errors import ForkCopiesInProgress, SymlinkRefused
 from core.journal import Journal
@@ -58,6 +57,7 @@ class SessionLifecycle:
         self.settings = settings
         self.root = settings.resolved_artifact_root
         self.copies = ForkCopies(journal, settings)
+        self.storage = artifact_storage_for(settings)
 
     def delete(self, session_id: str, *, tenant_id: str | None = None) -> DeleteReport:
         """Remove a session with its events, manifest rows, idempotency records, snapshots,
@@ -100,10 +100,10 @@ class SessionLifecycle:
         directory = session_dir(self.root, report.tenant_id, report.session_id)
         removed = True
         try:
-            check_path(self.root, directory)  # rmtree itself follows no link inside
-            shutil.rmtree(directory)
-        except FileNotFoundError:
-            pass
+            if isinstance(self.storage, FileArtifactStorage):
+                nofollow.rmtree(self.root, directory)  # follows no link, above or inside
+            else:
+                self.storage.delete_prefix(key_prefix_of(self.root, directory))
         except (OSError, SymlinkRefused) as exc:
             removed = False
             log.warning(

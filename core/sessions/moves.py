@@ -17,16 +17,17 @@ from pathlib import Path
 from sqlalchemy import Connection, delete, insert, select, update
 from sqlalchemy.exc import IntegrityError
 
-from core.artifacts import rows
-from core.artifacts.fsio import fsync_dir
+from core.artifacts import nofollow, rows
 from core.artifacts.nofollow import artifact_root_of, check_path
 from core.artifacts.paths import session_dir
+from core.artifacts.storage import FileArtifactStorage, artifact_storage_for
 from core.db import read_connection, write_transaction
 from core.errors import InvalidEvent, MoveFailed, QuotaExceeded
 from core.journal import Journal
 from core.models import MoveIntentRow, SessionRow, table_of, utcnow
 from core.records import COPY_PENDING, Session
 from core.sessions.fork_copy import ForkCopies
+from core.sessions.object_moves import ObjectMove
 from core.sessions.queries import SETTLE_ATTEMPTS, Unsettled, children
 from core.settings import Settings
 
@@ -45,6 +46,7 @@ class Moves:
         self.settings = settings
         self.root = settings.resolved_artifact_root
         self.copies = ForkCopies(journal, settings)
+        self.storage = artifact_storage_for(settings)
 
     def move(
         self, session_id: str, *, tenant_id: str | None = None, cwd: str | None = None
@@ -68,10 +70,7 @@ class Moves:
         # Invariant 12: the intent is durable before the filesystem is touched, so a crash
         # at any later step leaves a row that ``repair`` completes or rolls back.
         source_tenant, target = self._record_intent(session_id, tenant_id, cwd)
-        mover = _DirectoryMove(
-            session_dir(self.root, source_tenant, session_id),
-            session_dir(self.root, target, session_id),
-        )
+        mover = self._mover(source_tenant, target, session_id)
         try:
             with write_transaction(self.engine) as conn:
                 session = self._lock_tenants(conn, session_id, tenant_id)
@@ -96,6 +95,13 @@ class Moves:
             },
         )
         return moved
+
+    def _mover(self, source: str, target: str, session_id: str) -> _DirectoryMove | ObjectMove:
+        source_dir = session_dir(self.root, source, session_id)
+        target_dir = session_dir(self.root, target, session_id)
+        if isinstance(self.storage, FileArtifactStorage):
+            return _DirectoryMove(source_dir, target_dir)
+        return ObjectMove(self.storage, self.root, source_dir, target_dir)
 
     def _record_intent(
         self, session_id: str, tenant_id: str | None, cwd: str | None
@@ -169,7 +175,13 @@ class Moves:
                     _sessions.c.id == intent.session_id
                 )
             ).first()
-            renamed = _is_dir(target) and not _is_dir(source) and source != target
+            if isinstance(self.storage, FileArtifactStorage):
+                renamed = _is_dir(target) and not _is_dir(source) and source != target
+            else:
+                renamed = (
+                    source != target
+                    and ObjectMove(self.storage, self.root, source, target).settle()
+                )
             if row is None:
                 outcome = "gone"
             elif row.tenant_id == intent.from_tenant and (renamed or source == target):
@@ -198,7 +210,7 @@ class Moves:
         session: Session,
         tenant_id: str,
         cwd: str | None,
-        mover: _DirectoryMove,
+        mover: _DirectoryMove | ObjectMove,
     ) -> None:
         """Update the row, then rename the directory (inside the transaction: a failed
         rename raises before the commit; a failed commit is undone by the caller)."""
@@ -285,8 +297,8 @@ class _DirectoryMove:
         root = artifact_root_of(self.source)
         check_path(root, self.source)
         check_path(root, self.target)
-        if not self.source.exists():
-            if self.target.exists():
+        if not nofollow.exists(root, self.source):
+            if nofollow.exists(root, self.target):
                 # Only this session's id names it: an earlier move renamed the directory and
                 # then failed to commit without undoing (a crash). Adopt it.
                 log.warning(
@@ -294,19 +306,16 @@ class _DirectoryMove:
                     extra={"source": str(self.source), "target": str(self.target)},
                 )
             return
-        if self.target.exists():
+        if nofollow.exists(root, self.target):
             raise MoveFailed(f"the target artifact directory already exists: {self.target}")
-        self.target.parent.mkdir(parents=True, exist_ok=True)
-        os.rename(self.source, self.target)
+        nofollow.rename(root, self.source, self.target)  # fsyncs both parents
         self._moved = True
-        fsync_dir(self.source.parent)
-        fsync_dir(self.target.parent)
 
     def undo(self) -> None:
         if not self._moved:
             return
         try:
-            os.rename(self.target, self.source)
+            nofollow.rename(artifact_root_of(self.source), self.target, self.source)
             self._moved = False
         except OSError as exc:
             log.error(

@@ -57,8 +57,20 @@ class DemoSession:
         )
 
     def wait(self) -> None:
+        """Every write confirmed. As the README's delivery contract says, the producer owns
+        a write until its outcome is known: one without an outcome after 15 s is sent again
+        under the same key (idempotent), four times at most."""
+        from core.errors import NotFinishedInTime
+
         for handle in self.tally.handles:
-            handle.get(timeout=60)
+            for attempt in range(4):
+                try:
+                    handle.get(timeout=15)
+                    break
+                except NotFinishedInTime:
+                    if attempt == 3:
+                        raise
+                    handle.resend()
         self.tally.handles.clear()
 
     def run_tool(self, tool: str, output: str) -> str:

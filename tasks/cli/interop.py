@@ -124,7 +124,7 @@ def _report_error(path: Path, exc: SessionStoreError, as_json: bool) -> None:
     if as_json:
         print_json(_error_dict(path, exc))
     else:
-        err_console.print(f"error: {exc.message}", markup=False, highlight=False)
+        err_console.print(f"error: {exc.message}", markup=False, highlight=False, soft_wrap=True)
 
 
 def _follow(store: object, directory: Path, tenant: str, format: str, as_json: bool) -> None:
@@ -236,9 +236,9 @@ def _export_via_queue(
     """Ask the workers for the export, show their progress, then write what they built."""
     import time
 
-    from celery.exceptions import TimeoutError as CeleryTimeoutError
     from rich.progress import Progress
 
+    from core.errors import NotFinishedInTime
     from tasks import enqueue_rehydrate
 
     with open_store() as store:
@@ -250,7 +250,7 @@ def _export_via_queue(
                 try:
                     result = handle.get(timeout=0.5)
                     break
-                except CeleryTimeoutError:
+                except NotFinishedInTime:
                     done = handle.progress()
                     if done is not None:
                         bar.update(task, completed=done[0], total=done[1])

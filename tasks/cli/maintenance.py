@@ -77,7 +77,7 @@ def _print_report(title: str, report: dict[str, Any], applied: bool) -> None:
             table.add_row(key, str(value))
     console.print(table)
     for line in report.get("errors", []):
-        err_console.print(f"error: {line}", markup=False, highlight=False)
+        err_console.print(f"error: {line}", markup=False, highlight=False, soft_wrap=True)
     if not applied:
         console.print("dry run: nothing was deleted; run again with --apply to delete")
 

@@ -12,6 +12,15 @@ from core import SessionStore, Settings
 from core.artifacts import ArtifactManager
 from core.artifacts.paths import FILES_DIR, STAGING_DIR
 from core.errors import ArtifactNotFound, InvalidArtifactPath, QuotaExceeded
+from tests.contract.artifact_backends import (
+    FILE_ONLY,
+    RawArtifacts,
+    artifact_backend,
+    raw,
+    settings,
+)
+
+__all__ = ["FILE_ONLY", "artifact_backend", "raw", "settings"]  # each test on file:// and s3://
 
 FILE_CAP = 100
 SESSION_CAP = 250
@@ -35,15 +44,10 @@ def _manager(store: SessionStore, tenant: str = "acme") -> ArtifactManager:
     return store.artifacts(store.create_session(tenant_id=tenant).id)
 
 
-def _disk_bytes(manager: ArtifactManager) -> int:
-    root = manager.directory() / FILES_DIR
-    return sum(p.stat().st_size for p in root.rglob("*") if p.is_file()) if root.exists() else 0
-
-
 # --- basic operations ------------------------------------------------------------------------
 
 
-def test_put_get_list_delete(store: SessionStore) -> None:
+def test_put_get_list_delete(store: SessionStore, raw: RawArtifacts) -> None:
     manager = _manager(store)
     first = manager.files.put("notes\\todo.md", "- [ ] ship")
     assert first.path == "notes/todo.md" and first.size_bytes == 10
@@ -51,7 +55,7 @@ def test_put_get_list_delete(store: SessionStore) -> None:
     manager.files.put("data/blob.bin", b"\x00\x01\x02")
     manager.files.put("data/sub/x.json", "{}")
     assert manager.files.get("notes//todo.md/") == b"- [ ] ship"
-    assert (manager.directory() / "files" / "notes" / "todo.md").read_bytes() == b"- [ ] ship"
+    assert raw.read(manager.directory() / "files" / "notes" / "todo.md") == b"- [ ] ship"
     listed = manager.files.list()
     assert [(f.local_id, f.media_type) for f in listed] == [
         ("data/blob.bin", "application/octet-stream"),
@@ -64,7 +68,7 @@ def test_put_get_list_delete(store: SessionStore) -> None:
     assert manager.files.stat("data/blob.bin").size_bytes == 3
     removed = manager.files.delete("data/sub/x.json")
     assert (removed.replaced_bytes, removed.session_used_bytes) == (2, 13)
-    assert not (manager.directory() / "files" / "data" / "sub").exists()  # emptied dirs pruned
+    assert raw.gone(manager.directory() / "files" / "data" / "sub")  # emptied dirs pruned
     with pytest.raises(ArtifactNotFound):
         manager.files.get("data/sub/x.json")
     with pytest.raises(ArtifactNotFound):
@@ -72,14 +76,14 @@ def test_put_get_list_delete(store: SessionStore) -> None:
 
 
 @SQLITE_ONLY
-def test_invalid_paths_never_touch_disk(store: SessionStore) -> None:
+def test_invalid_paths_never_touch_disk(store: SessionStore, raw: RawArtifacts) -> None:
     manager = _manager(store)
     for bad in ("../escape", "/abs", "a/.hidden", "con.txt", "c:x", ""):
         with pytest.raises(InvalidArtifactPath):
             manager.files.put(bad, "x")
         with pytest.raises(InvalidArtifactPath):
             manager.files.get(bad)
-    assert not manager.directory().exists()
+    assert raw.gone(manager.directory())
 
 
 @SQLITE_ONLY
@@ -127,7 +131,7 @@ def test_per_file_quota(small: SessionStore) -> None:
     assert manager.files.usage().session_used_bytes == FILE_CAP
 
 
-def test_per_session_quota(small: SessionStore) -> None:
+def test_per_session_quota(small: SessionStore, raw: RawArtifacts) -> None:
     manager = _manager(small)
     manager.files.put("a", b"x" * 100)
     manager.files.put("b", b"x" * 100)
@@ -136,8 +140,8 @@ def test_per_session_quota(small: SessionStore) -> None:
         manager.files.put("d", b"x")
     assert (info.value.scope, info.value.used, info.value.requested) == ("session", 250, 1)
     assert "session quota exceeded" in info.value.message
-    assert not (manager.directory() / "files" / "d").exists()
-    assert _disk_bytes(manager) == SESSION_CAP
+    assert raw.gone(manager.directory() / "files" / "d")
+    assert raw.stored_bytes(manager.directory() / "files") == SESSION_CAP
 
 
 def test_per_tenant_quota_spans_sessions(small: SessionStore) -> None:
@@ -155,7 +159,7 @@ def test_per_tenant_quota_spans_sessions(small: SessionStore) -> None:
     assert other_tenant.files.put("a", b"x" * 100).tenant_used_bytes == 100
 
 
-def test_overwrite_subtracts_the_old_size(small: SessionStore) -> None:
+def test_overwrite_subtracts_the_old_size(small: SessionStore, raw: RawArtifacts) -> None:
     manager = _manager(small)
     manager.files.put("a", b"x" * 100)
     manager.files.put("b", b"x" * 100)
@@ -168,7 +172,11 @@ def test_overwrite_subtracts_the_old_size(small: SessionStore) -> None:
     smaller = manager.files.put("a", b"z" * 10)
     assert smaller.session_used_bytes == 160
     assert manager.files.put("c", b"w" * 100).session_used_bytes == 210
-    assert _disk_bytes(manager) == manager.files.usage().session_used_bytes == 210
+    assert (
+        raw.stored_bytes(manager.directory() / "files")
+        == manager.files.usage().session_used_bytes
+        == 210
+    )
 
 
 def test_shrinking_always_passes_even_over_a_lowered_quota(
@@ -189,7 +197,7 @@ def test_shrinking_always_passes_even_over_a_lowered_quota(
 # --- quotas under 8 concurrent writers --------------------------------------------------------
 
 
-def test_quota_holds_under_eight_concurrent_writers(settings: Settings) -> None:
+def test_quota_holds_under_eight_concurrent_writers(settings: Settings, raw: RawArtifacts) -> None:
     file_cap, session_cap, tenant_cap = 4_000, 20_000, 30_000
     tight = settings.with_overrides(
         quota_file_bytes=file_cap, quota_session_bytes=session_cap, quota_tenant_bytes=tenant_cap
@@ -230,20 +238,20 @@ def test_quota_holds_under_eight_concurrent_writers(settings: Settings) -> None:
         for manager in managers:
             usage = manager.files.usage()
             assert usage.session_used_bytes <= session_cap
-            assert usage.session_used_bytes == _disk_bytes(manager)
+            assert usage.session_used_bytes == raw.stored_bytes(manager.directory() / "files")
             assert sum(f.size_bytes for f in manager.files.list()) == usage.session_used_bytes
             for f in manager.files.list():
                 data = manager.files.get(f.local_id)
                 # one writer's bytes, all of them: never a mix of two writers' content
                 assert len(data) == f.size_bytes and data == data[:1] * len(data)
             staging = manager.directory() / STAGING_DIR
-            assert not staging.exists() or not any(staging.iterdir())
+            assert raw.keys_under(staging) == []
         tenant = managers[0].files.usage().tenant_used_bytes
         assert tenant <= tenant_cap
-        assert tenant == sum(_disk_bytes(m) for m in managers)
+        assert tenant == sum(raw.stored_bytes(m.directory() / "files") for m in managers)
 
 
-def test_usage_matches_disk_after_mixed_operations(store: SessionStore) -> None:
+def test_usage_matches_disk_after_mixed_operations(store: SessionStore, raw: RawArtifacts) -> None:
     manager = _manager(store)
     rng = random.Random(3)
     for i in range(40):
@@ -255,10 +263,13 @@ def test_usage_matches_disk_after_mixed_operations(store: SessionStore) -> None:
                 pass
         else:
             manager.files.put(path, "é" * rng.randint(0, 300) + str(i))
-    assert manager.files.usage().session_used_bytes == _disk_bytes(manager)
+    assert manager.files.usage().session_used_bytes == raw.stored_bytes(
+        manager.directory() / "files"
+    )
 
 
 @SQLITE_ONLY
+@FILE_ONLY  # directories of the filesystem layout
 def test_stale_directory_left_on_disk_is_cleared(store: SessionStore) -> None:
     manager = _manager(store)
     manager.files.put("keep", "x")

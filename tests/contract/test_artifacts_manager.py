@@ -10,19 +10,30 @@ from core import SessionNotFound, SessionStore
 from core.artifacts import agent_counter, counter_values, rows, set_counter_floor
 from core.db import read_connection, write_transaction
 from core.errors import ArtifactError, ArtifactNotFound
+from tests.contract.artifact_backends import (
+    FILE_ONLY,
+    RawArtifacts,
+    artifact_backend,
+    raw,
+    settings,
+)
+
+__all__ = ["FILE_ONLY", "artifact_backend", "raw", "settings"]  # each test on file:// and s3://
 
 # Backend-independent behavior: one backend is enough.
 SQLITE_ONLY = pytest.mark.parametrize("backend", ["sqlite"])
 
 
-def test_tool_outputs_get_sequential_ids_and_log_files(store: SessionStore) -> None:
+def test_tool_outputs_get_sequential_ids_and_log_files(
+    store: SessionStore, raw: RawArtifacts
+) -> None:
     session = store.create_session(tenant_id="acme")
     manager = store.artifacts(session.id)
     assert manager.save("first", "bash") == "0"
     assert manager.save(b"second", "mcp/server:tool") == "1"
     directory = manager.directory()
-    assert (directory / "0.bash.log").read_text() == "first"
-    assert (directory / "1.mcp_server_tool.log").read_text() == "second"
+    assert raw.text(directory / "0.bash.log") == "first"
+    assert raw.text(directory / "1.mcp_server_tool.log") == "second"
     rows = manager.list("tool_output")
     assert [(r.local_id, r.tool_type, r.size_bytes, r.media_type) for r in rows] == [
         ("0", "bash", 5, "text/plain"),
@@ -111,6 +122,7 @@ def test_unknown_or_foreign_session(store: SessionStore) -> None:
 
 
 @SQLITE_ONLY
+@FILE_ONLY  # directories of the filesystem layout
 def test_directory_is_created_lazily(store: SessionStore) -> None:
     manager = store.artifacts(store.create_session(tenant_id="acme").id)
     assert not manager.directory().exists()
@@ -122,7 +134,7 @@ def test_directory_is_created_lazily(store: SessionStore) -> None:
 # --- agent outputs ---------------------------------------------------------------------------
 
 
-def test_agent_output_ids_and_nesting(store: SessionStore) -> None:
+def test_agent_output_ids_and_nesting(store: SessionStore, raw: RawArtifacts) -> None:
     manager = store.artifacts(store.create_session(tenant_id="acme").id)
     top = manager.save_agent_output("Explore", "# found things")
     assert top == "0-Explore"
@@ -134,24 +146,24 @@ def test_agent_output_ids_and_nesting(store: SessionStore) -> None:
     assert grandchild == "0-Explore.0-grep.0-agent"
     assert manager.save_agent_output("next", "z") == "2-next"  # top level unaffected
     directory = manager.directory()
-    assert (directory / "0-Explore.md").read_text() == "# found things"
-    assert (directory / "0-Explore.0-grep.0-agent.md").read_text() == "deep"
+    assert raw.text(directory / "0-Explore.md") == "# found things"
+    assert raw.text(directory / "0-Explore.0-grep.0-agent.md") == "deep"
 
 
 @SQLITE_ONLY
-def test_agent_output_jsonl_sidecar(store: SessionStore) -> None:
+def test_agent_output_jsonl_sidecar(store: SessionStore, raw: RawArtifacts) -> None:
     manager = store.artifacts(store.create_session(tenant_id="acme").id)
     output_id = manager.save_agent_output("task", "result", jsonl='{"a":1}\n{"b":2}\n')
     directory = manager.directory()
-    assert (directory / f"{output_id}.md").read_text() == "result"
-    assert (directory / f"{output_id}.jsonl").read_text() == '{"a":1}\n{"b":2}\n'
+    assert raw.text(directory / f"{output_id}.md") == "result"
+    assert raw.text(directory / f"{output_id}.jsonl") == '{"a":1}\n{"b":2}\n'
     assert manager.list("agent_output")[0].size_bytes == len("result") + 16
     plain = manager.save_agent_output("task", "only markdown")
-    assert not (directory / f"{plain}.jsonl").exists()
+    assert not raw.exists(directory / f"{plain}.jsonl")
 
 
 def test_a_failed_rewrite_keeps_the_previous_agent_output(
-    store: SessionStore, monkeypatch: pytest.MonkeyPatch
+    store: SessionStore, monkeypatch: pytest.MonkeyPatch, raw: RawArtifacts
 ) -> None:
     manager = store.artifacts(store.create_session(tenant_id="acme").id)
     output_id = manager.save_agent_output("task", "version 1", jsonl='{"v":1}\n')
@@ -165,18 +177,18 @@ def test_a_failed_rewrite_keeps_the_previous_agent_output(
     monkeypatch.undo()
 
     directory = manager.directory()
-    assert (directory / f"{output_id}.md").read_text() == "version 1"
-    assert (directory / f"{output_id}.jsonl").read_text() == '{"v":1}\n'
+    assert raw.text(directory / f"{output_id}.md") == "version 1"
+    assert raw.text(directory / f"{output_id}.jsonl") == '{"v":1}\n'
     assert store.resolve(f"agent://{output_id}", session_id=manager.session_id).content == (
         "version 1"
     )
-    assert [p.name for p in (directory / ".tmp").iterdir()] == []  # nothing left staged
+    assert raw.keys_under(directory / ".tmp") == []  # nothing left staged
     assert manager.write_agent_output(output_id, "version 3") == len("version 3")
-    assert (directory / f"{output_id}.md").read_text() == "version 3"
+    assert raw.text(directory / f"{output_id}.md") == "version 3"
 
 
 @SQLITE_ONLY
-def test_agent_output_allocate_then_write(store: SessionStore) -> None:
+def test_agent_output_allocate_then_write(store: SessionStore, raw: RawArtifacts) -> None:
     manager = store.artifacts(store.create_session(tenant_id="acme").id)
     slot = manager.allocate_agent_output("worker")
     assert (slot.id, slot.md_path.name, slot.jsonl_path.name) == (
@@ -186,7 +198,7 @@ def test_agent_output_allocate_then_write(store: SessionStore) -> None:
     )
     assert manager.write_agent_output(slot.id, "v1") == 2
     assert manager.write_agent_output(slot.id, "version 2") == 9
-    assert slot.md_path.read_text() == "version 2"
+    assert raw.text(slot.md_path) == "version 2"
     with pytest.raises(ArtifactNotFound):
         manager.write_agent_output("7-nobody", "x")
 

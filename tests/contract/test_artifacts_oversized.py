@@ -12,6 +12,9 @@ from core.artifacts.oversized import OVERSIZED_ID
 from core.artifacts.paths import oversized_name
 from core.errors import ArtifactError
 from core.models import utcnow
+from tests.contract.artifact_backends import RawArtifacts, artifact_backend, raw, settings
+
+__all__ = ["artifact_backend", "raw", "settings"]  # every test runs on file:// and s3://
 
 # Backend-independent behavior: one backend is enough.
 SQLITE_ONLY = pytest.mark.parametrize("backend", ["sqlite"])
@@ -59,7 +62,7 @@ def test_short_content_summary(store: SessionStore) -> None:
     assert stored is not None and stored.ref.summary == "a b c"
 
 
-def test_custom_ttl_and_expiry(store: SessionStore, sid: str) -> None:
+def test_custom_ttl_and_expiry(store: SessionStore, sid: str, raw: RawArtifacts) -> None:
     stored = store.store_oversized(sid, "y" * 13_000, "bash", ttl_s=60)
     assert stored is not None and stored.ref.ttl_s == 60
     art = stored.ref.artifact_id
@@ -72,7 +75,7 @@ def test_custom_ttl_and_expiry(store: SessionStore, sid: str) -> None:
     assert applied.deleted == 1 and applied.applied
     assert store.retrieve(art, session_id=sid) is None
     path = store.artifacts(sid).directory() / oversized_name(art)
-    assert not path.exists()
+    assert not raw.exists(path)
 
 
 def test_retrieve_is_none_once_expired(store: SessionStore, sid: str) -> None:
@@ -87,10 +90,12 @@ def test_retrieve_is_none_once_expired(store: SessionStore, sid: str) -> None:
 
 
 @SQLITE_ONLY
-def test_retrieve_is_none_when_the_file_is_missing(store: SessionStore, sid: str) -> None:
+def test_retrieve_is_none_when_the_file_is_missing(
+    store: SessionStore, sid: str, raw: RawArtifacts
+) -> None:
     stored = store.store_oversized(sid, "w" * 13_000, "bash")
     assert stored is not None
-    (store.artifacts(sid).directory() / oversized_name(stored.ref.artifact_id)).unlink()
+    raw.delete(store.artifacts(sid).directory() / oversized_name(stored.ref.artifact_id))
     assert store.retrieve(stored.ref.artifact_id, session_id=sid) is None
 
 
@@ -108,7 +113,7 @@ def test_invalid_ttl(store: SessionStore, sid: str) -> None:
         store.store_oversized(sid, "x" * 13_000, "bash", ttl_s=0)
 
 
-def test_cleanup_session_and_stats(store: SessionStore, sid: str) -> None:
+def test_cleanup_session_and_stats(store: SessionStore, sid: str, raw: RawArtifacts) -> None:
     other = store.create_session(tenant_id="globex").id
     sizes = [13_000, 14_000]
     ids = [store.store_oversized(sid, "a" * n, "bash") for n in sizes]
@@ -121,7 +126,9 @@ def test_cleanup_session_and_stats(store: SessionStore, sid: str) -> None:
     for stored in ids:
         assert stored is not None
         assert store.retrieve(stored.ref.artifact_id, session_id=sid) is None
-    assert not any((store.artifacts(sid).directory() / "oversized").iterdir())
+    leftover = raw.keys_under(store.artifacts(sid).directory())
+    assert not [k for k in leftover if "/oversized/" in k]
+    assert not [k for k in leftover if "/.tmp/" in k]  # staging objects/files were removed
     assert store.oversized.stats().count == 1
     assert store.oversized.cleanup_session(sid) == 0
 

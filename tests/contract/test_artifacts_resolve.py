@@ -10,6 +10,9 @@ import pytest
 from core import SessionStore
 from core.artifacts.jsonquery import apply_query, parse_query, path_to_query
 from core.errors import ResolveError, ResolveNotFound
+from tests.contract.artifact_backends import FILE_ONLY, artifact_backend, settings
+
+__all__ = ["FILE_ONLY", "artifact_backend", "settings"]  # each test on file:// and s3://
 
 # Backend-independent behavior: one backend is enough.
 SQLITE_ONLY = pytest.mark.parametrize("backend", ["sqlite"])

@@ -12,6 +12,9 @@ from core import SessionStore, Settings
 from core.artifacts import AllocatedPath, ArtifactManager, OutputSink
 from core.artifacts.sink import ColumnCap, elision_marker, format_size
 from core.errors import ArtifactError, ResolveNotFound
+from tests.contract.artifact_backends import FILE_ONLY, artifact_backend, settings
+
+__all__ = ["FILE_ONLY", "artifact_backend", "settings"]  # each test on file:// and s3://
 
 
 @pytest.fixture

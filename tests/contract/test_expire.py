@@ -17,6 +17,15 @@ from core import SessionStore, Settings
 from core.artifacts.paths import oversized_name
 from core.maintenance.expiry import expire_artifacts
 from core.models import ArtifactRow, utcnow
+from tests.contract.artifact_backends import (  # the file:// and s3:// backends
+    FILE_ONLY,
+    RawArtifacts,
+    artifact_backend,
+    raw,
+    settings,
+)
+
+__all__ = ["artifact_backend", "raw", "settings"]
 
 EXECUTABLE = Path(sys.executable).with_name("sessionstore")
 SQLITE_ONLY = pytest.mark.parametrize("backend", ["sqlite"])
@@ -52,7 +61,7 @@ def _run(store: SessionStore, *, apply: bool, **kwargs: Any) -> Any:
     return expire_artifacts(store.engine, store.oversized, apply=apply, **kwargs)
 
 
-def test_expired_gone_unexpired_kept(store: SessionStore) -> None:
+def test_expired_gone_unexpired_kept(store: SessionStore, raw: RawArtifacts) -> None:
     sid = store.create_session(tenant_id="acme").id
     expired = [_oversized(store, sid, f"old{i}") for i in range(2)]
     kept = _oversized(store, sid, "fresh")
@@ -65,14 +74,14 @@ def test_expired_gone_unexpired_kept(store: SessionStore) -> None:
     assert (dry.expired, dry.deleted, dry.applied) == (2, 2, False)
     assert dry.to_dict()["would_delete"] == 2 and dry.bytes_freed == 2 * len(" old0 " * 4000)
     assert sorted(dry.sample) == sorted((sid, a) for a in expired)
-    assert _rows(store) == 3 and all(_path(store, sid, a).exists() for a in expired)
+    assert _rows(store) == 3 and all(raw.exists(_path(store, sid, a)) for a in expired)
 
     applied = _run(store, apply=True)
 
     assert (applied.expired, applied.deleted, applied.applied) == (2, 2, True)
     assert applied.bytes_freed == dry.bytes_freed and applied.errors == []
     assert _rows(store) == 1
-    assert not any(_path(store, sid, a).exists() for a in expired)
+    assert not any(raw.exists(_path(store, sid, a)) for a in expired)
     assert all(store.retrieve(a, session_id=sid) is None for a in expired)
     assert store.retrieve(kept, session_id=sid) == "fresh " * 4000
     assert _run(store, apply=True).deleted == 0
@@ -135,6 +144,7 @@ def test_cli_dry_run_then_apply(store: SessionStore, settings: Settings) -> None
     assert _rows(store) == 1 and store.retrieve(kept, session_id=sid) == " kept " * 4000
 
 
+@FILE_ONLY  # the staging directory of the filesystem layout
 def test_expiry_sweeps_temporary_files_killed_processes_left(store: SessionStore) -> None:
     sid = store.create_session(tenant_id="acme").id
     store.artifacts(sid).files.put("notes.md", "kept")
@@ -160,6 +170,7 @@ def test_expiry_sweeps_temporary_files_killed_processes_left(store: SessionStore
 
 
 @pytest.mark.slow
+@FILE_ONLY
 @SQLITE_ONLY  # the cap was in the facade, not in a backend
 def test_facade_expires_every_due_artifact_in_one_call(settings: Settings) -> None:
     """No cap: 2,500 due outputs (more than two batches of 1,000) all go in one call."""

@@ -19,6 +19,15 @@ from core.query.state import SessionState
 from core.records import Session
 from core.sessions.fork_copy import pending_forks_query
 from tasks.cli.samples import EntryBuilder, screenshot_png
+from tests.contract.artifact_backends import (
+    FILE_ONLY,
+    RawArtifacts,
+    artifact_backend,
+    raw,
+    settings,
+)
+
+__all__ = ["FILE_ONLY", "RawArtifacts", "artifact_backend", "raw", "settings"]
 
 BIG_OUTPUT = "collected 412 items\n" + "tests/test_upload.py::test_retry PASSED\n" * 600
 
@@ -237,6 +246,7 @@ def test_a_fork_without_artifacts_is_copied_at_once(store: SessionStore) -> None
     assert (fork.copy_status, handed) == ("copied", [])
 
 
+@FILE_ONLY  # filesystem mechanics; S3: test_artifacts_s3_moves.py
 def test_inherited_artifacts_are_copied_in_process_without_a_queue(store: SessionStore) -> None:
     parent = store.create_session(tenant_id="acme")
     build_session(store, parent.id, turns=2)
@@ -342,6 +352,7 @@ def test_reopening_continues_seq_artifact_ids_and_agent_output_ids(settings: Set
             assert reopened.resolve(f"agent://{first_agent}", session_id=sid).content == "# first"
 
 
+@FILE_ONLY  # filesystem mechanics; S3: test_artifacts_s3_moves.py
 def test_a_failed_copy_keeps_serving_unchanged_inherited_artifacts_and_a_retry_completes(
     store: SessionStore,
 ) -> None:

@@ -29,7 +29,16 @@ from core.models import (
 )
 from core.sessions.moves import _DirectoryMove
 from tasks.cli.samples import EntryBuilder
+from tests.contract.artifact_backends import (
+    FILE_ONLY,
+    RawArtifacts,
+    artifact_backend,
+    raw,
+    settings,
+)
 from tests.contract.test_fork import build_session, comparable, defer_copies
+
+__all__ = ["FILE_ONLY", "RawArtifacts", "artifact_backend", "raw", "settings"]
 
 EXECUTABLE = Path(sys.executable).with_name("sessionstore")
 SESSION_TABLES = [
@@ -67,6 +76,7 @@ def _with_files(store: SessionStore) -> str:
 # --- move -------------------------------------------------------------------------------------
 
 
+@FILE_ONLY  # filesystem mechanics; S3: test_artifacts_s3_moves.py
 def test_move_to_another_tenant_takes_the_directory_along(store: SessionStore) -> None:
     sid = _with_files(store)
     old_dir = _directory(store, sid)
@@ -86,6 +96,7 @@ def test_move_to_another_tenant_takes_the_directory_along(store: SessionStore) -
     assert len(store.read_all(tenant_id="globex")) == moved.head_seq
 
 
+@FILE_ONLY  # filesystem mechanics; S3: test_artifacts_s3_moves.py
 def test_moving_only_the_cwd_keeps_the_directory(store: SessionStore) -> None:
     sid = _with_files(store)
     directory = _directory(store, sid)
@@ -94,6 +105,7 @@ def test_moving_only_the_cwd_keeps_the_directory(store: SessionStore) -> None:
     assert _directory(store, sid) == directory and directory.is_dir()
 
 
+@FILE_ONLY  # filesystem mechanics; S3: test_artifacts_s3_moves.py
 def test_a_failed_directory_move_rolls_the_metadata_back(store: SessionStore) -> None:
     sid = _with_files(store)
     before = store.get_session(sid)
@@ -111,6 +123,7 @@ def test_a_failed_directory_move_rolls_the_metadata_back(store: SessionStore) ->
     assert store.artifacts(sid).files.get("notes/plan.md") == b"# the plan"
 
 
+@FILE_ONLY  # filesystem mechanics; S3: test_artifacts_s3_moves.py
 def test_a_failure_after_the_rename_puts_the_directory_back(
     store: SessionStore, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -133,6 +146,7 @@ def test_a_failure_after_the_rename_puts_the_directory_back(
     assert not session_dir(store.settings.resolved_artifact_root, "globex", sid).exists()
 
 
+@FILE_ONLY  # filesystem mechanics; S3: test_artifacts_s3_moves.py
 def test_a_move_never_replaces_an_existing_directory(store: SessionStore) -> None:
     sid = _with_files(store)
     target = session_dir(store.settings.resolved_artifact_root, "globex", sid)
@@ -252,6 +266,7 @@ def _cli(settings: Settings, *argv: str) -> Any:
     return orjson.loads(done.stdout)
 
 
+@FILE_ONLY  # filesystem mechanics; S3: test_artifacts_s3_moves.py
 @pytest.mark.parametrize("backend", ["sqlite"])
 def test_cli_fork_show_move_delete(store: SessionStore, settings: Settings) -> None:
     sid = _with_files(store)
@@ -276,6 +291,7 @@ def test_cli_fork_show_move_delete(store: SessionStore, settings: Settings) -> N
     assert store.get_session(inline["id"]).parent_id == sid
 
 
+@FILE_ONLY  # filesystem mechanics; S3: test_artifacts_s3_moves.py
 @pytest.mark.parametrize("kind", ["tool output", "agent output", "oversized output"])
 def test_an_artifact_write_racing_a_move_lands_in_the_moved_directory(
     store: SessionStore, monkeypatch: pytest.MonkeyPatch, kind: str
@@ -311,6 +327,7 @@ def test_an_artifact_write_racing_a_move_lands_in_the_moved_directory(
     assert not list((store.artifacts(sid).directory() / ".tmp").glob("*.tmp"))
 
 
+@FILE_ONLY  # filesystem mechanics; S3: test_artifacts_s3_moves.py
 def test_a_move_between_reading_the_directory_and_staging_loses_nothing(
     store: SessionStore, monkeypatch: pytest.MonkeyPatch
 ) -> None:

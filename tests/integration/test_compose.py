@@ -3,10 +3,12 @@
 There is no Docker engine here. The run test translates each app service to this machine the
 way compose would run it, with the container names swapped for the test servers: the
 ``postgres``/``redis`` hosts become the local servers, the database a fresh scratch database,
-Redis the test database, named volumes temporary directories, ``/app`` the checkout. Then:
+Redis the test database, ``minio`` a moto S3 server (the bucket the ``bucket`` service
+makes, made there), named volumes temporary directories, ``/app`` the checkout. Then:
 migrate must exit 0 with the schema at head; the worker must answer a ping (and its compose
-healthcheck must pass) and commit a write whose blob lands on the shared data volume; beat
-must publish its periodic jobs to the broker queue and record them in its schedule file.
+healthcheck, ``sessionstore health`` and a ping, must pass) and commit a write whose blob
+lands in the S3 bucket; beat must pass its healthcheck, publish its periodic jobs to the
+broker queue and record them in its schedule file.
 """
 
 from __future__ import annotations
@@ -45,6 +47,7 @@ COMPOSE_FILE = ROOT / "compose.yaml"
 VENV_BIN = Path(sys.executable).parent
 APP_SERVICES = {"migrate", "worker", "beat"}
 PREFIX = "SESSIONSTORE_"
+AWS = "AWS_"  # the standard variables of the S3 client (core/blobs/objects.py)
 # What an operator's .env would set to see beat work within a second.
 FAST_BEAT = {
     "SESSIONSTORE_GC_SCHEDULE": "1",
@@ -149,7 +152,7 @@ def services(compose: dict[str, Any]) -> dict[str, dict[str, Any]]:
 
 
 def test_declares_the_services(services: dict[str, dict[str, Any]]) -> None:
-    assert {"postgres", "redis", "migrate", "worker", "beat"} <= services.keys()
+    assert {"postgres", "redis", "minio", "bucket", "migrate", "worker", "beat"} <= services.keys()
     built = {name for name, svc in services.items() if "build" in svc}
     assert built == APP_SERVICES
     if "flower" in services:  # optional, opt-in
@@ -195,7 +198,32 @@ def test_worker_and_beat_wait_for_healthy_servers_and_a_finished_migrate(
         "postgres": {"condition": "service_healthy"},
         "redis": {"condition": "service_healthy"},
         "migrate": {"condition": "service_completed_successfully"},
+        "bucket": {"condition": "service_completed_successfully"},
     }
+
+
+@pytest.mark.parametrize("name", ["worker", "beat"])
+def test_worker_and_beat_healthchecks_run_sessionstore_health(
+    services: dict[str, dict[str, Any]], name: str
+) -> None:
+    check = " ".join(healthcheck_argv(services[name]))
+    assert check.startswith("sessionstore health") or "sh -c sessionstore health" in check
+    assert "healthcheck" not in services["migrate"] or services["migrate"]["healthcheck"].get(
+        "disable"
+    )
+
+
+def test_minio_is_healthy_before_the_bucket_is_made_and_the_apps_start(
+    services: dict[str, dict[str, Any]],
+) -> None:
+    minio, bucket = services["minio"], services["bucket"]
+    assert str(minio["image"]).startswith("minio/minio:")
+    assert "/data" in named_mounts(minio), "objects must survive the container"
+    assert healthcheck_argv(minio) == ["mc", "ready", "local"]
+    assert bucket["depends_on"] == {"minio": {"condition": "service_healthy"}}
+    assert bucket["restart"] == "no"
+    blob_url = urlsplit(services["worker"]["environment"]["SESSIONSTORE_BLOB_URL"])
+    assert f"mc mb --ignore-existing s3/{blob_url.hostname}" in " ".join(argv(bucket["command"]))
 
 
 def test_worker_and_beat_run_our_celery_app(services: dict[str, dict[str, Any]]) -> None:
@@ -234,10 +262,12 @@ def test_app_configuration_is_sessionstore_settings_only(
     envs = [services[n]["environment"] for n in APP_SERVICES]
     assert all(env == envs[0] for env in envs), "one shared (anchored) environment"
     env = envs[0]
-    unknown = {k for k in env if not k.startswith(PREFIX)} | {
-        k for k in env if k.removeprefix(PREFIX).lower() not in Settings.model_fields
+    ours = {k for k in env if not k.startswith(AWS)}
+    unknown = {k for k in ours if not k.startswith(PREFIX)} | {
+        k for k in ours if k.removeprefix(PREFIX).lower() not in Settings.model_fields
     }
     assert not unknown, f"not a Settings field: {sorted(unknown)}"
+    assert urlsplit(env["AWS_ENDPOINT_URL"]).hostname == "minio"
     assert make_url(env["SESSIONSTORE_DATABASE_URL"]).host == "postgres"
     assert urlsplit(env["SESSIONSTORE_BROKER_URL"]).hostname == "redis"
     assert urlsplit(env["SESSIONSTORE_RESULT_BACKEND"]).hostname == "redis"
@@ -245,19 +275,24 @@ def test_app_configuration_is_sessionstore_settings_only(
     assert settings.resolved_database_url.startswith("postgresql+psycopg://")
 
 
-def test_blobs_and_artifacts_live_on_one_shared_named_volume(
+def test_blobs_and_artifacts_on_s3_and_the_data_dir_on_one_shared_named_volume(
     compose: dict[str, Any], services: dict[str, dict[str, Any]]
 ) -> None:
     env = services["worker"]["environment"]
+    blobs, artifacts = (
+        urlsplit(env["SESSIONSTORE_BLOB_URL"]),
+        urlsplit(env["SESSIONSTORE_ARTIFACT_URL"]),
+    )
+    assert blobs.scheme == artifacts.scheme == "s3"
+    assert blobs.hostname == artifacts.hostname  # the one bucket the `bucket` service makes
+    assert blobs.path != artifacts.path
+    assert "SESSIONSTORE_ARTIFACT_ROOT" not in env
     data_dir = env["SESSIONSTORE_DATA_DIR"]
     volume = named_mounts(services["worker"]).get(data_dir)
-    assert volume, "the data dir must be a named volume"
+    assert volume, "the data dir (caches, upload spools) must be a named volume"
     assert volume in compose["volumes"]
     for name in APP_SERVICES:
         assert named_mounts(services[name]).get(data_dir) == volume
-    blob_path = urlsplit(env["SESSIONSTORE_BLOB_URL"]).path
-    for path in (blob_path, env["SESSIONSTORE_ARTIFACT_ROOT"]):
-        assert Path(path).is_relative_to(data_dir), f"{path} is not on the shared volume"
 
 
 def test_beat_keeps_its_schedule_file_on_a_volume(
@@ -290,9 +325,12 @@ class LocalService:
 class Translation:
     """Container world -> this machine."""
 
-    def __init__(self, *, database_url: str, redis_url: str, volumes_dir: Path) -> None:
+    def __init__(
+        self, *, database_url: str, redis_url: str, s3_endpoint: str, volumes_dir: Path
+    ) -> None:
         self.database = make_url(database_url)
         self.redis_url = redis_url
+        self.s3_endpoint = s3_endpoint
         self.volumes_dir = volumes_dir
 
     def value(self, value: str, mounts: Mapping[str, str]) -> str:
@@ -309,6 +347,8 @@ class Translation:
         if value.startswith(("redis://", "rediss://")):
             assert urlsplit(value).hostname == "redis", value
             return self.redis_url
+        if value.startswith("http://minio:"):
+            return self.s3_endpoint
         for target, volume in mounts.items():
             # A mount point at the start of a path (also inside file:///…), not a suffix.
             pattern = rf"(?<![\w.-]){re.escape(target)}(?=/|$)"
@@ -328,7 +368,8 @@ class Translation:
         assert binary, f"{name}: {args[0]} is not installed with the project"
         inherited = {k: v for k, v in os.environ.items() if not k.startswith(PREFIX)}
         path = f"{VENV_BIN}{os.pathsep}{inherited.get('PATH', '')}"
-        check = healthcheck_argv(spec) if "healthcheck" in spec else None
+        enabled = "healthcheck" in spec and not spec["healthcheck"].get("disable")
+        check = healthcheck_argv(spec) if enabled else None
         return LocalService(name, [binary, *args[1:]], {**inherited, **env, "PATH": path}, check)
 
 
@@ -386,12 +427,41 @@ def scratch_database_url() -> Iterator[str]:
 
 
 @pytest.fixture
-def local(scratch_database_url: str, redis_url: str, tmp_path: Path) -> dict[str, LocalService]:
+def local(
+    scratch_database_url: str, redis_url: str, s3_endpoint: str, tmp_path: Path
+) -> dict[str, LocalService]:
     translation = Translation(
-        database_url=scratch_database_url, redis_url=redis_url, volumes_dir=tmp_path / "volumes"
+        database_url=scratch_database_url,
+        redis_url=redis_url,
+        s3_endpoint=s3_endpoint,
+        volumes_dir=tmp_path / "volumes",
     )
     specs = load_compose(FAST_BEAT)["services"]
+    make_bucket(specs["bucket"], s3_endpoint)
     return {name: translation.service(name, specs[name]) for name in sorted(APP_SERVICES)}
+
+
+def make_bucket(spec: dict[str, Any], endpoint: str) -> None:
+    """What the ``bucket`` service does (``mc mb --ignore-existing s3/NAME``), on moto."""
+    import urllib.error
+    import urllib.request
+
+    found = re.search(r"mc mb --ignore-existing s3/([\w.-]+)", " ".join(argv(spec["command"])))
+    assert found, spec["command"]
+    try:
+        urllib.request.urlopen(
+            urllib.request.Request(f"{endpoint}/{found.group(1)}", method="PUT"), timeout=10
+        )
+    except urllib.error.HTTPError as exc:
+        assert exc.code == 409, exc  # already there: --ignore-existing
+
+
+def bucket_keys(endpoint: str, bucket: str, prefix: str) -> list[str]:
+    import urllib.request
+
+    url = f"{endpoint}/{bucket}?list-type=2&prefix={prefix}"
+    body = urllib.request.urlopen(url, timeout=10).read().decode()
+    return re.findall(r"<Key>([^<]+)</Key>", body)
 
 
 def run_migrate(service: LocalService, log: Path) -> str:
@@ -444,9 +514,17 @@ def check_worker(service: LocalService, log: Path, tmp_path: Path) -> None:
                 result = enqueue_append(session.id, [event], app=app).get(timeout=30)
                 assert (result.first_seq, result.last_seq) == (1, 1)
                 assert store.read(session.id, rehydrate=True)[0].payload == event
-            blob_dir = Path(urlsplit(settings.resolved_blob_url).path)
-            assert blob_dir.is_relative_to(tmp_path / "volumes" / "sessionstore-data")
-            assert any(p.is_file() for p in blob_dir.rglob("*")), "no blob on the volume"
+            blob_url = urlsplit(settings.resolved_blob_url)
+            assert blob_url.scheme == "s3"
+            keys = bucket_keys(service.env["AWS_ENDPOINT_URL"], str(blob_url.hostname), "blobs/")
+            ref = store.read(session.id)[0].payload["data"]
+            assert any(ref.rsplit(":", 1)[-1] in key for key in keys), (ref, keys)
+            # an artifact through the configured artifact storage lands in the bucket too
+            artifact_id = store.artifacts(session.id).save("compose tool output", "bash")
+            endpoint = service.env["AWS_ENDPOINT_URL"]
+            art = urlsplit(settings.artifact_url or "")
+            listed = bucket_keys(endpoint, str(art.hostname), art.path.strip("/") + "/")
+            assert any(k.endswith(f"/{artifact_id}.bash.log") for k in listed), listed
     finally:
         app.close()
 
@@ -467,6 +545,11 @@ def check_beat(service: LocalService, log: Path, redis_url: str) -> None:
                 return wanted <= queued_tasks()
 
             wait_for(published, 45, f"beat to publish {sorted(wanted)}", step=0.2)
+            assert service.healthcheck is not None
+            health = subprocess.run(
+                service.healthcheck, cwd=ROOT, env=service.env, capture_output=True, timeout=60
+            )
+            assert health.returncode == 0, health.stdout + health.stderr
         assert "Sending due task" in log.read_text()
     finally:
         client.close()

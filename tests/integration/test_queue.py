@@ -292,16 +292,17 @@ def test_sigkill_worker_mid_stream_every_accepted_write_lands_once(
     )
     app = create_app(queue_settings.with_overrides(task_visibility_timeout=10))
     sessions = [store.create_session(tenant_id="acme").id for _ in range(4)]
+    keys = [str(uuid.uuid4()) for _ in range(1000)]
+    handles = {  # all queued first: the worker cannot keep up with a slow enqueue and finish
+        key: enqueue_append(sessions[i % 4], [_event(key)], idempotency_key=key, app=app)
+        for i, key in enumerate(keys)
+    }
     first = WorkerProcess(env, tmp_path / "w1.log")
     try:
-        keys = [str(uuid.uuid4()) for _ in range(1000)]
-        handles = {
-            key: enqueue_append(sessions[i % 4], [_event(key)], idempotency_key=key, app=app)
-            for i, key in enumerate(keys)
-        }
-        wait_for(lambda: len(_markers(store)) >= 200, 60, "the first worker to make progress")
+        progress = "the first worker to make progress"
+        wait_for(lambda: _event_count(store) >= 200, 60, progress, step=0.01)
         first.kill()
-        landed_at_kill = len(_markers(store))
+        landed_at_kill = _event_count(store)
         assert landed_at_kill < 1000, "the stream must still be running when the worker dies"
         second = WorkerProcess(env, tmp_path / "w2.log")
         try:

@@ -303,3 +303,36 @@ def test_dead_letter_that_cannot_be_written_is_requeued_not_acked(
         proxy.cut()
     letters = store.dead_letters.list()
     assert sorted(x.idempotency_key for x in letters) == ["bad-while-down", "garbage-1"]
+
+
+def test_a_write_with_no_worker_times_out_typed_and_is_still_delivered(
+    app: Celery, store: SessionStore, queue_settings: Settings, tmp_path: Path
+) -> None:
+    """``get`` past its timeout raises ``NotFinishedInTime`` (a SessionStoreError that is
+    also the builtin and Celery ``TimeoutError``); the write stays queued and lands once a
+    worker runs."""
+    from celery.exceptions import TimeoutError as CeleryTimeoutError
+
+    from core.errors import NotFinishedInTime, SessionStoreError
+
+    sid = store.create_session(tenant_id="acme").id
+    handle = enqueue_append(sid, [note("waiting")], idempotency_key="k", app=app)
+    with pytest.raises(NotFinishedInTime) as info:
+        handle.get(timeout=0.3)
+    assert isinstance(info.value, SessionStoreError)
+    assert isinstance(info.value, TimeoutError)
+    assert isinstance(info.value, CeleryTimeoutError)
+    assert "not finished after 0.3s" in str(info.value)
+    assert store.read(sid) == []
+
+    env = settings_env(
+        database_url=str(queue_settings.database_url),
+        broker_url=str(queue_settings.broker_url),
+        data_dir=tmp_path / "w",
+    )
+    worker = WorkerProcess(env, tmp_path / "worker.log")
+    try:
+        assert handle.get(timeout=60).last_seq == 1
+    finally:
+        worker.stop()
+    assert [e.payload["marker"] for e in store.read(sid)] == ["waiting"]

@@ -204,3 +204,108 @@ def test_the_staging_sweep_never_follows_a_linked_staging_directory(
     files, _ = sweep_staging(root, older_than_s=0, apply=True, now=time.time() + 10**6)
     assert files == 0
     assert (outside / "precious.tmp").read_text() == "PRECIOUS"
+
+
+# The directory components a racing attacker swaps for a link, relative to the session
+# directory ("" is the session directory itself).
+RACED = {"files_component": "files/notes", "staging_dir": STAGING_DIR, "session_dir": ""}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("place", sorted(RACED))
+def test_a_directory_swapped_for_a_link_mid_operation_is_never_followed(
+    store: SessionStore, tmp_path: Path, place: str
+) -> None:
+    """No time-of-check/time-of-use window: a thread keeps swapping a directory component
+    between the real directory and a link to an outside directory while writes, rewrites,
+    deletes, spills, expiry and a fork copy run. Nothing outside is ever created, changed
+    or removed; the operations either succeed or fail with a typed error."""
+    import threading
+
+    outside = tmp_path / "outside"
+    (outside / "notes").mkdir(parents=True)
+    (outside / "notes" / "plan.md").write_bytes(b"outside: must stay")
+    (outside / "sentinel").write_bytes(b"outside")
+    before = _snapshot(outside)
+
+    sid = store.create_session(tenant_id="acme").id
+    store.append(sid, [{"type": "custom", "n": 1}])
+    artifacts = store.artifacts(sid)
+    artifacts.files.put("notes/plan.md", b"inside v0")
+    artifacts.save("tool output at the fork", "bash")
+    directory = session_dir(store.settings.resolved_artifact_root, "acme", sid)
+    target = directory / RACED[place] if RACED[place] else directory
+    target.mkdir(parents=True, exist_ok=True)
+    aside = target.with_name(target.name + ".real")
+    stop = threading.Event()
+    swaps = 0
+
+    def swap() -> None:
+        nonlocal swaps
+        while not stop.is_set():
+            try:
+                os.rename(target, aside)
+            except OSError:  # not there at this instant
+                time.sleep(0.0002)
+                continue
+            try:
+                os.symlink(outside, target)
+            except FileExistsError:
+                pass  # the store made the directory again at once
+            time.sleep(0.0005)
+            while True:  # put the real directory back, whatever the store made meanwhile
+                try:
+                    if target.is_symlink():
+                        target.unlink()
+                    elif target.exists():
+                        shutil.rmtree(target, ignore_errors=True)
+                    os.rename(aside, target)
+                    break
+                except OSError:
+                    continue
+            swaps += 1
+            time.sleep(0.0002)
+
+    errors: list[str] = []
+
+    def attempt(action: Callable[[], Any]) -> None:
+        try:
+            action()
+        except (SessionStoreError, OSError) as exc:
+            errors.append(f"{type(exc).__name__}: {exc}")
+
+    swapper = threading.Thread(target=swap)
+    swapper.start()
+    try:
+        deadline = time.monotonic() + 3.0
+        n = 0
+        while time.monotonic() < deadline:
+            n += 1
+            attempt(lambda n=n: artifacts.files.put("notes/plan.md", f"inside v{n}".encode()))
+            attempt(lambda n=n: artifacts.files.put(f"notes/new-{n}.md", b"new"))
+            attempt(lambda n=n: artifacts.files.delete(f"notes/new-{n}.md"))
+            attempt(lambda: artifacts.save("x" * 200, "bash"))
+            attempt(lambda: store.store_oversized(sid, "y" * 13_000, "grep", ttl_s=1))
+            attempt(lambda: store.expire_artifacts(apply=True))
+            if n % 10 == 0:
+                defer_copies(store)
+                fork = store.fork(sid)
+                attempt(lambda: store.copy_fork_artifacts(fork.id))  # noqa: B023
+    finally:
+        stop.set()
+        swapper.join()
+        if target.is_symlink():
+            target.unlink()
+        if aside.exists() and not target.exists():
+            os.rename(aside, target)
+    assert _snapshot(outside) == before
+    assert not any(p.is_symlink() for p in outside.rglob("*"))
+    assert swaps > 20, f"the race barely ran ({swaps} swaps)"
+    typed = (
+        "SymlinkRefused",
+        "InvalidArtifactPath",  # the path check that resolves it met the link
+        "ArtifactNotFound",
+        "FileNotFoundError",  # a directory vanished under the operation (moved aside)
+        "NotADirectoryError",
+    )
+    assert all(e.startswith(typed) for e in errors), errors

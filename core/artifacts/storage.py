@@ -1,0 +1,259 @@
+"""Where artifact bytes live: one small interface, a filesystem and an S3 implementation.
+
+A key is a relative POSIX path below the artifact root, ``<tenant>/<session>/<name…>``
+(components built by ``paths``: encoded ids, sanitized names). ``check_key`` refuses
+anything else on every backend, so the path-safety rules of the filesystem hold for object
+keys too (no ``..``, no empty or dot components, no backslash, NUL or absolute key).
+
+Guarantees, on each backend by its own means:
+
+- ``put``/``put_file``/``writer`` publish a key whole or not at all (file: a fsynced
+  temporary file in the session's staging directory renamed into place; S3: one PUT, or a
+  multipart upload that only appears when completed). A writer that raises, or a process
+  that dies, never publishes a partial object.
+- ``copy`` never moves bytes through this process on S3 (a server-side ``CopyObject``).
+- Nothing lists to count: quotas come from the database rows (``rows``), never from here.
+- Nothing follows a symlink on the filesystem (``nofollow``).
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Iterator
+from contextlib import AbstractContextManager, contextmanager
+from pathlib import Path, PurePosixPath
+from typing import BinaryIO, Protocol
+from urllib.parse import urlparse
+from urllib.request import url2pathname
+
+from core.artifacts import nofollow
+from core.artifacts.paths import STAGING_DIR
+from core.errors import BadConfig, InvalidArtifactPath, StorageUnavailable
+from core.settings import Settings
+
+_COPY_CHUNK = 1024 * 1024
+
+
+def check_key(key: str) -> str:
+    """``key`` if it is a safe relative key of at least ``<tenant>/<session>/<name>``."""
+    parts = key.split("/")
+    if (
+        len(parts) < 3
+        or key.startswith("/")
+        or any(p in ("", ".", "..") for p in parts)
+        or "\\" in key
+        or "\x00" in key
+    ):
+        raise InvalidArtifactPath(key, "not a safe artifact key")
+    return key
+
+
+def key_of(root: Path, path: Path) -> str:
+    """The key of a path below a filesystem artifact root (callers that still hold paths)."""
+    try:
+        return check_key(PurePosixPath(Path(path).relative_to(root)).as_posix())
+    except ValueError:
+        raise InvalidArtifactPath(str(path), "outside the artifact root") from None
+
+
+def key_prefix_of(root: Path, directory: Path) -> str:
+    """The key prefix of a tenant or session directory below ``root``."""
+    try:
+        return check_prefix(PurePosixPath(Path(directory).relative_to(root)).as_posix())
+    except ValueError:
+        raise InvalidArtifactPath(str(directory), "outside the artifact root") from None
+
+
+class ArtifactStorage(Protocol):
+    """Artifact bytes by key. Missing keys: ``read``/``size`` give None, ``open_read``
+    raises ``FileNotFoundError``, ``delete`` returns False, ``copy`` raises
+    ``FileNotFoundError``. Backend failures raise ``StorageUnavailable("artifacts")``."""
+
+    url: str
+
+    def read(self, key: str) -> bytes | None: ...
+
+    def put(self, key: str, data: bytes) -> None: ...
+
+    def put_file(self, key: str, local: Path) -> None:
+        """Publish the local file's bytes at ``key`` (whole or not at all)."""
+
+    def writer(self, key: str) -> AbstractContextManager[BinaryIO]:
+        """A binary stream whose bytes are published at ``key`` when the block ends
+        cleanly, and discarded when it raises."""
+
+    def delete(self, key: str) -> bool: ...
+
+    def delete_prefix(self, prefix: str) -> int:
+        """Remove every key under ``prefix/`` (a session's directory); the count removed."""
+
+    def keys(self, prefix: str) -> list[str]:
+        """Every key under ``prefix/`` (a session's directory), sorted. Moves and repair
+        use it; quotas never do (they come from the rows)."""
+
+    def copy(self, source: str, target: str) -> None:
+        """``target`` gets ``source``'s bytes; server-side where the backend allows."""
+
+    def size(self, key: str) -> int | None: ...
+
+    def version(self, key: str) -> tuple[float, str] | None:
+        """(modification time, a tag that changes with every write) of a key; None if
+        absent. The fork copy compares them to tell "not rewritten since"."""
+
+    def open_read(self, key: str) -> BinaryIO: ...
+
+    def probe(self) -> str:
+        """Write, read back and delete a small object; a line saying what answered."""
+
+
+class FileArtifactStorage:
+    """The artifact directories on a local filesystem: a thin layer over ``nofollow``."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = Path(root).resolve()
+        self.url = self.root.as_uri()
+
+    def path(self, key: str) -> Path:
+        return self.root / check_key(key)
+
+    def _staging_temp(self, key: str, suffix: str = ".tmp") -> Path:
+        tenant, session = check_key(key).split("/")[:2]
+        return self.root / tenant / session / STAGING_DIR / f"{uuid.uuid4().hex}{suffix}"
+
+    def read(self, key: str) -> bytes | None:
+        return nofollow.read_bytes(self.root, self.path(key))
+
+    def put(self, key: str, data: bytes) -> None:
+        tmp = self._staging_temp(key)
+        nofollow.write_new(self.root, tmp, data)
+        self._publish(tmp, key)
+
+    def put_file(self, key: str, local: Path) -> None:
+        with open(local, "rb") as source, self.writer(key) as out:
+            while chunk := source.read(_COPY_CHUNK):
+                out.write(chunk)
+
+    @contextmanager
+    def writer(self, key: str) -> Iterator[BinaryIO]:
+        tmp = self._staging_temp(key)
+        fd = nofollow.create_new(self.root, tmp)
+        try:
+            with os.fdopen(fd, "wb") as out:
+                yield out
+                out.flush()
+                os.fsync(out.fileno())
+        except BaseException:
+            nofollow.unlink(self.root, tmp)
+            raise
+        self._publish(tmp, key)
+
+    def _publish(self, tmp: Path, key: str) -> None:
+        try:
+            nofollow.replace(self.root, tmp, self.path(key))
+        except BaseException:
+            nofollow.unlink(self.root, tmp)
+            raise
+
+    def delete(self, key: str) -> bool:
+        existed = nofollow.exists(self.root, self.path(key))
+        nofollow.unlink(self.root, self.path(key))
+        return existed
+
+    def keys(self, prefix: str) -> list[str]:
+        directory = self.root / check_prefix(prefix)
+        found = []
+        for base, _dirs, files in os.walk(directory):  # links are listed, never followed
+            found += [Path(base, f).relative_to(self.root).as_posix() for f in files]
+        return sorted(found)
+
+    def delete_prefix(self, prefix: str) -> int:
+        directory = self.root / check_prefix(prefix)
+        count = sum(1 for p in directory.rglob("*") if p.is_file()) if directory.is_dir() else 0
+        nofollow.rmtree(self.root, directory)
+        return count
+
+    def copy(self, source: str, target: str) -> None:
+        check_key(target)
+        with self.open_read(source) as src, self.writer(target) as out:
+            while chunk := src.read(_COPY_CHUNK):
+                out.write(chunk)
+
+    def size(self, key: str) -> int | None:
+        try:
+            return nofollow.size(self.root, self.path(key))
+        except FileNotFoundError:
+            return None
+
+    def version(self, key: str) -> tuple[float, str] | None:
+        fd = nofollow.open_file(self.root, self.path(key))
+        if fd is None:
+            return None
+        try:
+            info = os.fstat(fd)
+        finally:
+            os.close(fd)
+        return info.st_mtime, f"{info.st_ino}:{info.st_mtime_ns}:{info.st_size}"
+
+    def open_read(self, key: str) -> BinaryIO:
+        fd = nofollow.open_file(self.root, self.path(key))
+        if fd is None:
+            raise FileNotFoundError(key)
+        return os.fdopen(fd, "rb")
+
+    def probe(self) -> str:
+        self.root.mkdir(parents=True, exist_ok=True)
+        probe = self.root / f".health-{uuid.uuid4().hex}"
+        nofollow.write_new(self.root, probe, b"ok")
+        if nofollow.read_bytes(self.root, probe) != b"ok":
+            raise StorageUnavailable("artifacts", "the artifact directory returned other bytes")
+        nofollow.unlink(self.root, probe)
+        return f"artifact directory {self.root} is writable"
+
+
+def check_prefix(prefix: str) -> str:
+    """A session (or tenant) prefix: ``<tenant>`` or ``<tenant>/<session>``."""
+    check_key(prefix.rstrip("/") + "/x/x")
+    return prefix.rstrip("/")
+
+
+def artifact_url_of(value: str) -> str:
+    """``file:///abs``/``s3://bucket[/prefix]`` as given, a bare path as a file URL; else
+    ``BadConfig``."""
+    parsed = urlparse(value)
+    if parsed.scheme == "s3":
+        if not parsed.netloc:
+            raise BadConfig(f"artifact_url {value!r}: s3:// needs a bucket (s3://bucket/prefix)")
+        return value.rstrip("/")
+    if parsed.scheme == "file":
+        if parsed.netloc not in ("", "localhost") or not parsed.path.startswith("/"):
+            raise BadConfig(f"artifact_url {value!r}: expected file:///absolute/path")
+        return value
+    if parsed.scheme == "" and value:
+        return Path(value).resolve().as_uri()
+    raise BadConfig(f"artifact_url {value!r}: expected file:///absolute/path or s3://bucket/prefix")
+
+
+def open_artifact_storage(
+    url: str, *, spool_dir: Path | None = None, s3_limits: tuple[float, float] | None = None
+) -> ArtifactStorage:
+    """The backend a URL names. ``spool_dir`` (S3): where streamed writes are spooled
+    locally before their upload (a cache directory; a crash leaves only a spool file).
+    ``s3_limits``: ``Settings.s3_limits``, else the defaults."""
+    url = artifact_url_of(url)
+    if url.startswith("s3://"):
+        from core.artifacts.objects import ObjectArtifactStorage  # obstore loads lazily
+
+        if s3_limits is None:
+            return ObjectArtifactStorage.from_url(url, spool_dir=spool_dir)
+        return ObjectArtifactStorage.from_url(url, spool_dir=spool_dir, s3_limits=s3_limits)
+    return FileArtifactStorage(Path(url2pathname(urlparse(url).path)))
+
+
+def artifact_storage_for(settings: Settings) -> ArtifactStorage:
+    """The artifact backend ``settings`` name: their URL, spool directory and S3 limits."""
+    return open_artifact_storage(
+        settings.resolved_artifact_url,
+        spool_dir=settings.artifact_spool_dir,
+        s3_limits=settings.s3_limits,
+    )

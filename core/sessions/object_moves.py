@@ -1,0 +1,85 @@
+"""A session move on object storage: the directory rename becomes copy, mark, delete.
+
+The intent row (invariant 12) is committed before any object is touched, as on disk. Then:
+
+1. every object under the source prefix is copied (server-side) under the target prefix;
+2. a marker object ``<target>/.tmp/move-complete`` says the target is whole;
+3. the source objects are deleted.
+
+``repair`` reads the marker: present means the copy finished, so the move completes (the
+remaining source objects are deleted, then the marker); absent means it rolls back (the
+partial target objects are deleted). Either way the source or the target is whole at
+every step, and nothing is lost.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+from core.artifacts.paths import STAGING_DIR
+from core.artifacts.storage import ArtifactStorage, key_of, key_prefix_of
+from core.errors import MoveFailed
+
+log = logging.getLogger(__name__)
+
+MARKER = "move-complete"
+
+
+class ObjectMove:
+    """``_DirectoryMove``'s protocol (``run``, ``undo``) on object storage."""
+
+    def __init__(self, storage: ArtifactStorage, root: Path, source: Path, target: Path) -> None:
+        self.storage = storage
+        self.source = key_prefix_of(root, source)
+        self.target = key_prefix_of(root, target)
+        self.marker = key_of(root, target / STAGING_DIR / MARKER)
+        self._moved = False
+
+    def run(self) -> None:
+        if self.source == self.target:
+            return
+        keys = self.storage.keys(self.source)
+        if not keys:
+            return  # nothing stored yet, or an earlier crashed move already moved it all
+        if [k for k in self.storage.keys(self.target) if k != self.marker]:
+            raise MoveFailed(f"the target artifact prefix is not empty: {self.target}")
+        for key in keys:
+            self.storage.copy(key, self.target + key[len(self.source) :])
+        self.storage.put(self.marker, b"")
+        self._moved = True
+        for key in keys:
+            self.storage.delete(key)
+        self.storage.delete(self.marker)
+
+    def undo(self) -> None:
+        """After a failed commit: copy the objects back, then remove the target's."""
+        if not self._moved:
+            return
+        try:
+            for key in self.storage.keys(self.target):
+                if key != self.marker:
+                    self.storage.copy(key, self.source + key[len(self.target) :])
+            self.storage.delete_prefix(self.target)
+            self._moved = False
+        except Exception as exc:
+            log.error(
+                "could not move a session's artifact objects back after a failed move",
+                extra={"source": self.source, "target": self.target, "error": str(exc)},
+            )
+
+    def settle(self) -> bool:
+        """For ``repair``: finish or roll back what a crash left; True if the move is to be
+        completed (the target is whole)."""
+        if self.source == self.target:
+            return True
+        if self.storage.size(self.marker) is not None:
+            for key in self.storage.keys(self.source):
+                self.storage.delete(key)
+            self.storage.delete(self.marker)
+            return True
+        if not self.storage.keys(self.source) and self.storage.keys(self.target):
+            return True  # the marker went last: every source object had been deleted
+        for key in self.storage.keys(self.target):  # a partial copy
+            self.storage.delete(key)
+        return False

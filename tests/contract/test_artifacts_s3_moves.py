@@ -1,0 +1,220 @@
+"""Moves and deletes with artifacts on file:// and s3:// (moto server), and a crash
+mid-move on S3 repaired from the intent record: completed or rolled back, nothing lost."""
+
+from __future__ import annotations
+
+import pytest
+
+from core import SessionStore
+from core.artifacts.paths import oversized_name, session_dir
+from core.artifacts.storage import key_of, key_prefix_of
+from core.sessions.object_moves import MARKER, ObjectMove
+from tests.contract.artifact_backends import RawArtifacts, artifact_backend, raw, settings
+
+__all__ = ["artifact_backend", "raw", "settings"]
+
+S3_ONLY = pytest.mark.parametrize("artifact_backend", ["s3"])
+POSTGRES = pytest.mark.parametrize("backend", ["postgres"])
+
+
+def _session_with_outputs(store: SessionStore, n: int = 3) -> tuple[str, list[str]]:
+    sid = store.create_session(tenant_id="acme").id
+    ids = []
+    for i in range(n):
+        stored = store.store_oversized(sid, f"output {i} " * 2000, "bash")
+        assert stored is not None
+        ids.append(stored.ref.artifact_id)
+    return sid, ids
+
+
+def _texts(store: SessionStore, sid: str, ids: list[str]) -> list[str | None]:
+    return [store.retrieve(a, session_id=sid) for a in ids]
+
+
+def test_move_takes_the_objects_along_and_delete_removes_them(
+    store: SessionStore, raw: RawArtifacts
+) -> None:
+    sid, ids = _session_with_outputs(store)
+    before = _texts(store, sid, ids)
+    old_dir = session_dir(raw.root, "acme", sid)
+    assert len(raw.keys_under(old_dir)) == 3
+    store.move(sid, tenant_id="globex")
+    new_dir = session_dir(raw.root, "globex", sid)
+    assert raw.keys_under(old_dir) == [] and len(raw.keys_under(new_dir)) == 3
+    assert _texts(store, sid, ids) == before
+    store.delete_session(sid)
+    assert raw.keys_under(new_dir) == []
+
+
+def _half_move(store: SessionStore, raw: RawArtifacts, sid: str, *, finish_copy: bool) -> None:
+    """What a worker killed mid-move leaves: the intent row, and the objects part-way."""
+    moves = store._moves
+    moves._record_intent(sid, "globex", None)
+    source = session_dir(raw.root, "acme", sid)
+    target = session_dir(raw.root, "globex", sid)
+    keys = raw.storage.keys(key_prefix_of(raw.root, source))
+    src, dst = key_prefix_of(raw.root, source), key_prefix_of(raw.root, target)
+    copied = keys if finish_copy else keys[:1]
+    for key in copied:
+        raw.storage.copy(key, dst + key[len(src) :])
+    if finish_copy:  # copy done, marker written, killed after deleting one source object
+        raw.storage.put(key_of(raw.root, target / ".tmp" / MARKER), b"")
+        raw.storage.delete(keys[0])
+
+
+@S3_ONLY
+@POSTGRES
+def test_crash_mid_copy_rolls_back(store: SessionStore, raw: RawArtifacts) -> None:
+    sid, ids = _session_with_outputs(store)
+    before = _texts(store, sid, ids)
+    _half_move(store, raw, sid, finish_copy=False)
+    (repair,) = store.repair_moves()
+    assert repair.outcome == "rolled_back"
+    assert store.get_session(sid).tenant_id == "acme"
+    assert raw.keys_under(session_dir(raw.root, "globex", sid)) == []
+    assert _texts(store, sid, ids) == before
+    store.move(sid, tenant_id="globex")  # and a new move goes through
+    assert _texts(store, sid, ids) == before
+
+
+@S3_ONLY
+@POSTGRES
+def test_crash_mid_delete_completes(store: SessionStore, raw: RawArtifacts) -> None:
+    sid, ids = _session_with_outputs(store)
+    before = _texts(store, sid, ids)
+    _half_move(store, raw, sid, finish_copy=True)
+    (repair,) = store.repair_moves()
+    assert repair.outcome == "completed"
+    assert store.get_session(sid).tenant_id == "globex"
+    assert raw.keys_under(session_dir(raw.root, "acme", sid)) == []
+    assert len(raw.keys_under(session_dir(raw.root, "globex", sid))) == 3  # no marker left
+    assert _texts(store, sid, ids) == before
+
+
+@S3_ONLY
+@POSTGRES
+def test_a_failed_commit_puts_the_objects_back(
+    store: SessionStore, raw: RawArtifacts, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    sid, ids = _session_with_outputs(store)
+    before = _texts(store, sid, ids)
+    run = ObjectMove.run
+
+    def move_then_fail(self: ObjectMove) -> None:
+        run(self)
+        raise OSError("commit never happens")
+
+    monkeypatch.setattr(ObjectMove, "run", move_then_fail)
+    with pytest.raises(OSError, match="commit never happens"):
+        store.move(sid, tenant_id="globex")
+    assert store.get_session(sid).tenant_id == "acme"
+    assert raw.keys_under(session_dir(raw.root, "globex", sid)) == []
+    assert _texts(store, sid, ids) == before
+    assert store._moves.pending() == []
+
+
+def test_expired_outputs_named_by_path(store: SessionStore, raw: RawArtifacts) -> None:
+    sid, ids = _session_with_outputs(store, 1)
+    path = session_dir(raw.root, "acme", sid) / oversized_name(ids[0])
+    assert raw.read(path) == ("output 0 " * 2000).encode()
+
+
+def test_fork_copies_the_outputs(store: SessionStore, raw: RawArtifacts) -> None:
+    sid, ids = _session_with_outputs(store)
+    before = _texts(store, sid, ids)
+    fork = store.fork(sid)
+    assert fork.copy_status == "copied"
+    assert _texts(store, fork.id, ids) == before
+    assert len(raw.keys_under(session_dir(raw.root, "acme", fork.id))) == 3
+    store.delete_session(sid)  # the fork's copies are its own
+    assert _texts(store, fork.id, ids) == before
+
+
+@S3_ONLY
+def test_s3_fork_copy_is_server_side(
+    store: SessionStore, raw: RawArtifacts, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No GetObject while a fork is copied: only HEADs and CopyObjects reach the server."""
+    from typing import Any
+
+    import obstore
+
+    from core.artifacts import objects
+
+    sid, ids = _session_with_outputs(store)
+    calls: list[str] = []
+
+    class Counting:
+        def __getattr__(self, name: str) -> Any:
+            real = getattr(obstore, name)
+
+            def counted(*args: Any, **kwargs: Any) -> Any:
+                calls.append(name)
+                return real(*args, **kwargs)
+
+            return counted
+
+    monkeypatch.setattr(objects, "obstore", Counting())
+    fork = store.fork(sid)
+    monkeypatch.undo()
+    assert fork.copy_status == "copied"
+    assert calls.count("copy") == 3
+    assert not {"get", "get_range", "get_ranges", "open_reader"} & set(calls), calls
+    assert _texts(store, fork.id, ids) == _texts(store, sid, ids)
+
+
+def test_move_takes_files_and_agent_outputs_along(store: SessionStore, raw: RawArtifacts) -> None:
+    sid = store.create_session(tenant_id="acme").id
+    artifacts = store.artifacts(sid)
+    artifacts.files.put("notes/plan.md", "# the plan")
+    output = artifacts.save_agent_output("review", "# review", jsonl='{"step": 1}\n')
+    tool = artifacts.save("tool text", "bash")
+    store.move(sid, tenant_id="globex")
+    moved = store.artifacts(sid)
+    assert moved.files.get("notes/plan.md") == b"# the plan"
+    assert moved.files.usage().tenant_used_bytes == len("# the plan")
+    assert store.resolve(f"agent://{output}", session_id=sid).content == "# review"
+    assert store.resolve(f"artifact://{tool}", session_id=sid).content == "tool text"
+    assert raw.keys_under(session_dir(raw.root, "acme", sid)) == []
+    moved.files.delete("notes/plan.md")
+    assert raw.gone(moved.directory() / "files" / "notes" / "plan.md")
+
+
+def test_rehydrated_export_is_a_ttl_artifact_on_either_backend(
+    store: SessionStore, raw: RawArtifacts
+) -> None:
+    from core.interop.rehydrated import Request, rehydrate
+    from tests.contract.test_fork import build_session
+
+    sid = store.create_session(tenant_id="acme").id
+    build_session(store, sid, turns=2)
+    result = rehydrate(store, Request(sid, "acme", "pi"))
+    text = store.resolve(result["ref"], session_id=sid).content
+    assert len(text.encode()) == result["size"] and text.count("\n") >= 4
+    spool = store.settings.artifact_spool_dir
+    assert not spool.exists() or not any(p.is_file() for p in spool.rglob("*"))
+    staged = raw.keys_under(session_dir(raw.root, "acme", sid) / ".tmp")
+    assert staged == []  # the staging object/file went after the publish
+    assert rehydrate(store, Request(sid, "acme", "pi"))["reused"] is True
+
+
+@S3_ONLY
+@POSTGRES
+def test_expiry_sweeps_staged_uploads_killed_processes_left_on_s3(
+    store: SessionStore, raw: RawArtifacts
+) -> None:
+    from datetime import timedelta
+
+    from core.models import utcnow
+
+    sid, _ids = _session_with_outputs(store, 1)
+    staging = session_dir(raw.root, "acme", sid) / ".tmp"
+    raw.storage.put(key_of(raw.root, staging / "dead.tmp"), b"12345")  # a killed upload
+    raw.storage.put(key_of(raw.root, staging / "old.bak"), b"keep")  # for an operator
+    assert store.expire_artifacts(apply=True).stale_temp_files == 0  # could still be live
+    later = utcnow() + timedelta(seconds=store.settings.staging_max_age_seconds + 5)
+    from core.maintenance.expiry import expire_artifacts
+
+    report = expire_artifacts(store.engine, store.oversized, apply=True, now=later)
+    assert (report.stale_temp_files, report.stale_temp_bytes) == (1, 5)
+    assert raw.keys_under(staging) == [key_of(raw.root, staging / "old.bak")]

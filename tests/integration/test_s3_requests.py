@@ -1,0 +1,66 @@
+"""How many S3 requests a blob put and get cost (issue 20, the S3 benchmark's finding).
+
+Each request is a network round trip (milliseconds on S3, against microseconds for a stat on
+disk), so a new blob must cost its conditional PUT plus the one presence check that
+``_register`` makes under the row lock (invariant 6), and a read one GET of the registered
+codec's key. The calls go to a real moto server; the test only counts them on the way.
+"""
+
+from __future__ import annotations
+
+import os
+from collections import Counter
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import obstore
+import pytest
+
+from core import SessionStore, Settings
+
+TEXT = b"".join(b"line %d: the quick brown fox\n" % i for i in range(3000))  # gzip codec
+MEDIA = b"\x89PNG\r\n\x1a\n" + os.urandom(20_000)  # identity codec
+
+
+@pytest.fixture
+def s3_store(database_url: str, s3_bucket: str, tmp_path: Path) -> Iterator[SessionStore]:
+    settings = Settings(
+        data_dir=tmp_path / "data", database_url=database_url, blob_url=f"{s3_bucket}/blobs"
+    )
+    with SessionStore.from_settings(settings) as store:
+        yield store
+
+
+@pytest.fixture
+def requests(monkeypatch: pytest.MonkeyPatch) -> Counter[str]:
+    counts: Counter[str] = Counter()
+
+    def counted(name: str, call: Callable[..., Any]) -> Callable[..., Any]:
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            counts[name] += 1
+            return call(*args, **kwargs)
+
+        return wrapper
+
+    for name in ("put", "get", "head", "delete", "copy", "list"):
+        monkeypatch.setattr(obstore, name, counted(name, getattr(obstore, name)))
+    return counts
+
+
+@pytest.mark.parametrize("content", [TEXT, MEDIA], ids=["gzip", "identity"])
+def test_a_new_blob_costs_one_put_and_one_check_and_a_read_one_get(
+    s3_store: SessionStore, requests: Counter[str], content: bytes
+) -> None:
+    result = s3_store.blobs.put(content)
+    assert result.written
+    assert dict(requests) == {"put": 1, "head": 1}
+
+    requests.clear()
+    assert s3_store.blobs.get(result.hash) == content
+    assert dict(requests) == {"get": 1}
+
+    requests.clear()
+    again = s3_store.blobs.put(content)  # a re-put verifies what is stored, writes nothing
+    assert not again.written
+    assert dict(requests) == {"head": 2, "get": 1}
