@@ -30,6 +30,8 @@ from typing import TYPE_CHECKING, Any, TypeVar, cast
 import obstore
 from obstore.exceptions import AlreadyExistsError
 from obstore.store import S3Store
+from sqlalchemy import literal_column
+from sqlalchemy.dialects.postgresql import insert as pg_insert
 
 if TYPE_CHECKING:
     from obstore.store import ClientConfig
@@ -46,10 +48,12 @@ from core.blobs.store import (
     decode_blob,
     encode_blob,
     parse_blob_name,
+    retry_deadlocks,
     sha256_hex,
 )
+from core.db import is_sqlite, write_transaction
 from core.errors import StorageUnavailable
-from core.models import utcnow
+from core.models import BlobRow, table_of, utcnow
 
 log = logging.getLogger(__name__)
 
@@ -113,6 +117,19 @@ def _client_options_from_env() -> dict[str, Any]:
         if value:
             options[key] = value
     return options
+
+
+_blobs = table_of(BlobRow)
+# Takes each row's lock (inserting the rows of new blobs) and says which existed already,
+# with their codec: PostgreSQL's ``xmax`` is 0 for a row this statement inserted.
+_LOCK_ROWS = (
+    pg_insert(_blobs)
+    .on_conflict_do_update(
+        index_elements=[_blobs.c.hash],
+        set_={"last_written_at": pg_insert(_blobs).excluded.last_written_at},
+    )
+    .returning(_blobs.c.hash, _blobs.c.codec, literal_column("xmax = 0").label("inserted"))
+)
 
 
 def storage_call(component: str, call: Callable[[], _T]) -> _T:
@@ -181,11 +198,84 @@ class ObjectBlobStore(BlobStore):
         written = self._create(blob_hash, codec, payload)
         return _Stored(codec, len(payload), payload, written=written)
 
-    def _registered_codec(self, blob_hash: str) -> Codec | None:
-        info = self.index.info(blob_hash)
-        if info is None or info.codec not in SUFFIXES:
+    def _store(self, unique: dict[str, bytes]) -> dict[str, _Stored]:
+        """On PostgreSQL: the rows first, then the objects, then the commit.
+
+        GC removes an object only while it holds that hash's row lock (a placeholder row for
+        an unregistered object, see ``core.maintenance.gc``), so an object written while this
+        transaction holds the lock is still there when it commits: no presence re-check
+        (one HEAD per new blob, a round trip as slow as the PUT itself), and the upsert that
+        takes the lock also says which blobs were registered (no lookup before the PUT).
+        SQLite's write lock is database-wide and is never held through network calls: the
+        base order (write, then register and re-check) stays there."""
+        if is_sqlite(self.index.engine):
+            return super()._store(unique)
+        encoded = {h: encode_blob(data, level=self.gzip_level) for h, data in unique.items()}
+        return retry_deadlocks(lambda: self._store_under_locks(unique, encoded))
+
+    def _store_under_locks(
+        self, unique: dict[str, bytes], encoded: dict[str, tuple[Codec, bytes]]
+    ) -> dict[str, _Stored]:
+        now = utcnow()
+        rows = {
+            h: {
+                "hash": h,
+                "size": len(unique[h]),
+                "stored_size": len(encoded[h][1]),
+                "codec": encoded[h][0],
+                "created_at": now,
+                "last_written_at": now,
+            }
+            for h in sorted(unique)  # one lock order for every writer
+        }
+        final: dict[str, _Stored] = {}
+        with write_transaction(self.index.engine) as conn:
+            prior = {
+                row.hash: row.codec
+                for row in conn.execute(_LOCK_ROWS, list(rows.values()))
+                if not row.inserted
+            }
+            for h in rows:
+                codec, payload = encoded[h]
+                if h in prior and prior[h] in SUFFIXES:
+                    kept = self._verified(h, prior[h], len(unique[h]))
+                    if kept is not None:
+                        final[h] = kept
+                        continue
+                    self._discard_other_codecs(h, codec)
+                written = self._create(h, codec, payload)
+                final[h] = _Stored(codec, len(payload), payload, written=written)
+            rewritten = [rows[h] for h in prior if final[h].written]
+            if rewritten:  # the object was missing or corrupt: the row describes ours now
+                self.index.upsert(conn, rewritten)
+        return final
+
+    def _verified(self, blob_hash: str, codec: Codec, size: int) -> _Stored | None:
+        """The registered object if it holds this content (size, then hash), else None."""
+        stored = self._get(self.key_for(blob_hash, codec))
+        if stored is None:
+            log.warning(
+                "registered blob object missing; re-creating", extra={"blob_hash": blob_hash}
+            )
             return None
-        return info.codec
+        try:
+            data = decode_blob(codec, stored)
+            intact = len(data) == size and sha256_hex(data) == blob_hash
+        except Exception:
+            intact = False
+        if not intact:
+            # Invariant 13: a re-put of the content repairs a damaged object, never trusts it.
+            log.warning(
+                "stored blob object is corrupt; replacing it", extra={"blob_hash": blob_hash}
+            )
+            return None
+        return _Stored(codec, len(stored), None, written=False)
+
+    def _registered_codec(self, blob_hash: str) -> Codec | None:
+        codec = self.index.codec_of(blob_hash)
+        if codec is None or codec not in SUFFIXES:
+            return None
+        return codec
 
     def _write(self, blob_hash: str, codec: Codec, payload: bytes) -> None:
         self._create(blob_hash, codec, payload)

@@ -20,11 +20,11 @@ import logging
 import re
 import zlib
 from abc import ABC, abstractmethod
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 from sqlalchemy import Connection, Engine, exists, func, select, update
 from sqlalchemy.dialects.postgresql import insert as pg_insert
@@ -55,6 +55,7 @@ DEFAULT_GZIP_LEVEL = 6
 _MEDIA_MAGIC = (b"\x89PNG\r\n\x1a\n", b"\xff\xd8\xff", b"GIF87a", b"GIF89a")
 _GZIP_WBITS = 31  # zlib container = gzip, with a zero mtime so output is deterministic
 _DEADLOCK_RETRIES = 3
+_T = TypeVar("_T")
 
 _blobs = table_of(BlobRow)
 _refs = table_of(BlobRefRow)
@@ -218,6 +219,16 @@ class BlobIndex:
             query = select(_blobs.c.hash).where(_blobs.c.hash == blob_hash)
             return conn.execute(query).first() is not None
 
+    def codec_of(self, blob_hash: str) -> str | None:
+        """The registered codec, in one round trip: a single read needs no transaction
+        (BEGIN and COMMIT would be two more; a read's path is this lookup plus one GET)."""
+        with self.engine.connect() as conn:
+            conn = conn.execution_options(isolation_level="AUTOCOMMIT")
+            codec = conn.execute(
+                select(_blobs.c.codec).where(_blobs.c.hash == blob_hash)
+            ).scalar_one_or_none()
+        return None if codec is None else str(codec)
+
     def info(self, blob_hash: str) -> BlobInfo | None:
         with read_connection(self.engine) as conn:
             row = conn.execute(select(_blobs).where(_blobs.c.hash == blob_hash)).first()
@@ -275,6 +286,18 @@ def _upsert_statement(engine: Engine) -> Any:
 
 def _is_deadlock(exc: OperationalError) -> bool:
     return type(exc.orig).__name__ in {"DeadlockDetected", "SerializationFailure"}
+
+
+def retry_deadlocks(register: Callable[[], _T]) -> _T:
+    """Run a registration transaction again when PostgreSQL picked it as a deadlock victim."""
+    for attempt in range(1, _DEADLOCK_RETRIES + 1):
+        try:
+            return register()
+        except OperationalError as exc:
+            if attempt == _DEADLOCK_RETRIES or not _is_deadlock(exc):
+                raise
+            log.warning("blob registration deadlocked; retrying", extra={"attempt": attempt})
+    raise AssertionError("unreachable")
 
 
 # the interface --------------------------------------------------------------------------
@@ -356,17 +379,7 @@ class BlobStore(ABC):
             return []
         hashes = [sha256_hex(bytes(data)) for data in items]
         unique = dict(zip(hashes, (bytes(d) for d in items), strict=True))
-        # Encoding and the durable write happen before the transaction, so the database
-        # write lock is not held through compression and fsync; the transaction re-checks.
-        staged = {h: self._stage(h, data) for h, data in unique.items()}
-        for attempt in range(1, _DEADLOCK_RETRIES + 1):
-            try:
-                staged = self._register(unique, staged)
-                break
-            except OperationalError as exc:
-                if attempt == _DEADLOCK_RETRIES or not _is_deadlock(exc):
-                    raise
-                log.warning("blob registration deadlocked; retrying", extra={"attempt": attempt})
+        staged = self._store(unique)
         results = [
             PutResult(h, len(unique[h]), staged[h].stored_size, staged[h].codec, staged[h].written)
             for h in hashes
@@ -419,6 +432,13 @@ class BlobStore(ABC):
         return self.index.stats()
 
     # put internals ----------------------------------------------------------------------
+
+    def _store(self, unique: dict[str, bytes]) -> dict[str, _Stored]:
+        """Write and register each blob (hash -> content). Encoding and the durable write
+        happen before the transaction, so the database write lock is not held through
+        compression and fsync; ``_register`` then re-checks under the row locks."""
+        staged = {h: self._stage(h, data) for h, data in unique.items()}
+        return retry_deadlocks(lambda: self._register(unique, staged))
 
     def _stage(self, blob_hash: str, data: bytes, first: Codec | None = None) -> _Stored:
         found = self._find(blob_hash, first)

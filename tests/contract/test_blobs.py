@@ -14,6 +14,8 @@ import obstore
 import pytest
 from sqlalchemy import Engine
 
+import core.blobs.objects as blob_objects
+import core.blobs.store as blob_module
 from core.blobs.backends import open_blob_store
 from core.blobs.files import FileBlobStore
 from core.blobs.objects import ObjectBlobStore
@@ -214,14 +216,14 @@ class BlobStoreContract:
     ) -> None:
         blob_store.put(TEXT)  # on disk and registered: the put will only re-check it
         h = sha256_hex(TEXT)
-        real_stage = blob_store._stage
+        real = blob_objects.retry_deadlocks  # the registration transaction, either protocol
 
-        def stage_then_gc(blob_hash: str, data: bytes) -> Any:
-            staged = real_stage(blob_hash, data)
-            blob_store.remove_file(blob_hash)  # GC wins the race before the row lock
-            return staged
+        def gc_then_register(register: Any) -> Any:
+            blob_store.remove_file(h)  # GC wins the race before the row lock
+            return real(register)
 
-        monkeypatch.setattr(blob_store, "_stage", stage_then_gc)
+        for module in (blob_module, blob_objects):
+            monkeypatch.setattr(module, "retry_deadlocks", gc_then_register)
         result = blob_store.put(TEXT)
         assert result.written is True
         assert blob_store.get(h) == TEXT

@@ -158,6 +158,9 @@ def test_the_s3_endpoint_stopped_mid_stream_loses_no_write_and_leaves_no_danglin
         **settings_env(database_url=pg_url, broker_url=redis_url, data_dir=tmp_path / "w"),
         "SESSIONSTORE_BLOB_URL": blob_url,
         "AWS_ENDPOINT_URL": moto.endpoint,
+        # obstore's own retries would ride out a 3 s outage inside one call: a short retry
+        # window makes the outage reach the task, whose retry is what this test is about.
+        "SESSIONSTORE_S3_RETRY_SECONDS": "0.5",
     }
     saved = os.environ.get("AWS_ENDPOINT_URL")
     os.environ["AWS_ENDPOINT_URL"] = moto.endpoint  # this process's store reads it too

@@ -49,12 +49,15 @@ def requests(monkeypatch: pytest.MonkeyPatch) -> Counter[str]:
 
 
 @pytest.mark.parametrize("content", [TEXT, MEDIA], ids=["gzip", "identity"])
-def test_a_new_blob_costs_one_put_and_one_check_and_a_read_one_get(
+def test_a_new_blob_costs_one_put_and_a_read_one_get(
     s3_store: SessionStore, requests: Counter[str], content: bytes
 ) -> None:
+    postgres = s3_store.engine.dialect.name == "postgresql"
     result = s3_store.blobs.put(content)
     assert result.written
-    assert dict(requests) == {"put": 1, "head": 1}
+    # PostgreSQL: the PUT happens under the row lock, so nothing needs re-checking.
+    # SQLite: the PUT comes first (its lock is database-wide), then one presence check.
+    assert dict(requests) == ({"put": 1} if postgres else {"put": 1, "head": 1})
 
     requests.clear()
     assert s3_store.blobs.get(result.hash) == content
@@ -63,4 +66,21 @@ def test_a_new_blob_costs_one_put_and_one_check_and_a_read_one_get(
     requests.clear()
     again = s3_store.blobs.put(content)  # a re-put verifies what is stored, writes nothing
     assert not again.written
-    assert dict(requests) == {"head": 2, "get": 1}
+    assert dict(requests) == ({"get": 1} if postgres else {"head": 2, "get": 1})
+
+
+@pytest.mark.parametrize("damage", ["missing", "corrupt"])
+def test_a_re_put_repairs_a_registered_object_that_is_missing_or_corrupt(
+    s3_store: SessionStore, damage: str
+) -> None:
+    blobs = s3_store.blobs
+    first = blobs.put(TEXT)
+    key = blobs.key_for(first.hash, first.codec)  # type: ignore[attr-defined]
+    if damage == "missing":
+        obstore.delete(blobs.store, key)  # type: ignore[attr-defined]
+    else:
+        obstore.put(blobs.store, key, b"\x1f\x8b not the content")  # type: ignore[attr-defined]
+    again = blobs.put(TEXT)
+    assert again.written and again.hash == first.hash
+    assert blobs.get(first.hash) == TEXT
+    assert blobs.info(first.hash) is not None
