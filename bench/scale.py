@@ -29,7 +29,7 @@ import statistics
 import tempfile
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from contextlib import ExitStack
 from datetime import UTC, datetime, timedelta
 from functools import partial
@@ -44,6 +44,7 @@ from bench.peers.workload import split
 from bench.pgdb import dsn, scratch_database, url
 from core import SessionStore, Settings
 from core.journal.sessions import _encode_cursor
+from core.query import timeblocks
 from core.query.analytics import EventFilter
 
 CANDIDATES = 1000
@@ -185,7 +186,9 @@ def timed(fn: Callable[[], object]) -> float:
 class Journal:
     """One filled journal, open for measuring: the store, its 200-turn session, a deep cursor."""
 
-    def __init__(self, name: str, root: Path, events: int, sessions: int) -> None:
+    def __init__(
+        self, name: str, root: Path, events: int, sessions: int, skip: Sequence[str] = ()
+    ) -> None:
         self.events, self.sessions = events, sessions
         settings = Settings(
             data_dir=root, database_url=url(name), blob_url=(root / "blobs").as_uri()
@@ -195,6 +198,9 @@ class Journal:
         first, _ = split(workload_session(200))
         for i in range(0, len(first), 100):
             self.store.append(self.big, first[i : i + 100])
+        started = time.perf_counter()
+        timeblocks.summarize(self.store.engine)  # what the first `events --since` would do
+        self.summarized_s = time.perf_counter() - started
         with psycopg.connect(dsn(name), autocommit=True) as conn:
             conn.execute("VACUUM ANALYZE")
             row = conn.execute(
@@ -214,6 +220,7 @@ class Journal:
             ),
             "stats": lambda: self.store.stats(),
         }
+        self.ops = {k: v for k, v in self.ops.items() if k not in skip}
         for op in self.ops.values():
             op()  # warm-up: imports, prepared statements, the first snapshot of state()
 
@@ -239,6 +246,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", default="10000:1000,100000:5000,1000000:20000")
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument(
+        "--skip", type=lambda v: v.split(","), default=[], help="operations to leave out: stats"
+    )
     args = parser.parse_args()
     sizes = [tuple(int(x) for x in s.split(":")) for s in args.sizes.split(",")]
     with ExitStack() as stack:
@@ -249,7 +259,12 @@ def main() -> None:
             started = time.perf_counter()
             fill(dsn(name), root / "blobs", events, sessions)
             print(f"filled {events:,} events in {time.perf_counter() - started:.0f} s", flush=True)
-            journals.append(Journal(name, root, events, sessions))
+            journals.append(Journal(name, root, events, sessions, skip=args.skip))
+            print(
+                f"  summarized its time blocks (once, as the first `events --since` does) in "
+                f"{journals[-1].summarized_s:.2f} s",
+                flush=True,
+            )
             stack.callback(journals[-1].store.close)
         # rounds interleave the sizes (rotated), so load drift hits every size alike
         samples: list[dict[str, list[float]]] = [{} for _ in journals]

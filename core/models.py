@@ -287,6 +287,19 @@ class MaintenanceRunRow(SQLModel, table=True):
     report: dict[str, Any] = Field(sa_column=Column(JsonPayload, nullable=False))
 
 
+class EventTimeBlockRow(SQLModel, table=True):
+    """For each sealed block of positions (``position // TIME_BLOCK``; sealed once the head
+    is past its end, positions committing in order), an upper bound of its events'
+    ``recorded_at``. Time-bounded listings use it to start near their first match instead of
+    at position 1 (``core.query.timeblocks``). Filled lazily by those readers; a session
+    deleted later leaves the bound high, never low."""
+
+    __tablename__ = "event_time_blocks"
+
+    block: int = Field(sa_column=Column(BigInteger, primary_key=True, autoincrement=False))
+    max_recorded_at: datetime = Field(sa_column=Column(TZDateTime, nullable=False))
+
+
 class RehydrationRow(SQLModel, table=True):
     """A rehydrated export of a session at one head, in one format: built once (``status``
     building → done), then reused until its artifact expires."""

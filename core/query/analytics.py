@@ -36,6 +36,7 @@ from sqlalchemy.sql.elements import ColumnElement
 
 from core.db import is_sqlite, keyset_pages, read_connection
 from core.models import BlobRefRow, BlobRow, EventRow, SessionRow, table_of
+from core.query import timeblocks
 from core.records import Page
 
 _events = table_of(EventRow)
@@ -240,6 +241,14 @@ def _listing(
     return [ListedEvent(*row) for row in conn.execute(query)]
 
 
+def _time_floor(engine: Engine, flt: EventFilter, after: int) -> int:
+    """``after``, moved up to just before the first position that can match ``flt.since``
+    (see ``core.query.timeblocks``); the results are the same, the scan is shorter."""
+    if flt.since is None:
+        return after
+    return max(after, timeblocks.first_position_at_or_after(engine, flt.since) - 1)
+
+
 def list_events(
     engine: Engine,
     flt: EventFilter | None = None,
@@ -250,10 +259,10 @@ def list_events(
     """One page of matching events by position; ``next_cursor`` is the position to continue
     after (pass it back as ``after_position``), or None at the end."""
     limit = max(1, min(limit, MAX_PAGE))
+    flt = flt or EventFilter()
+    after = _time_floor(engine, flt, after_position)
     with read_connection(engine) as conn:
-        rows = _listing(
-            conn, engine, flt or EventFilter(), after=after_position, upto=None, limit=limit + 1
-        )
+        rows = _listing(conn, engine, flt, after=after, upto=None, limit=limit + 1)
     items = rows[:limit]
     return Page(items=items, next_cursor=str(items[-1].position) if len(rows) > limit else None)
 
@@ -299,7 +308,7 @@ def follow_events(
     (checked between polls) or when the consumer stops iterating.
     """
     flt = flt or EventFilter()
-    position = after_position
+    position = _time_floor(engine, flt, after_position)
     while True:
         with read_connection(engine) as conn:
             head = _head(conn)
