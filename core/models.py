@@ -70,6 +70,7 @@ class SessionRow(SQLModel, table=True):
     __tablename__ = "sessions"
     __table_args__ = (
         Index("ix_sessions_tenant_created", "tenant_id", "created_at", "id"),
+        Index("ix_sessions_created", "created_at", "id"),  # list_sessions of every tenant
         # the fork reconciler's scan: pending copies, oldest first
         Index("ix_sessions_copy_status_created", "copy_status", "created_at"),
         # an imported session's id in the agent's own files (pi header id), unique per tenant
@@ -289,15 +290,17 @@ class MaintenanceRunRow(SQLModel, table=True):
 
 class EventTimeBlockRow(SQLModel, table=True):
     """For each sealed block of positions (``position // TIME_BLOCK``; sealed once the head
-    is past its end, positions committing in order), an upper bound of its events'
-    ``recorded_at``. Time-bounded listings use it to start near their first match instead of
-    at position 1 (``core.query.timeblocks``). Filled lazily by those readers; a session
-    deleted later leaves the bound high, never low."""
+    is past its end, positions committing in order), upper bounds of its events'
+    ``recorded_at`` and entry time. Time-bounded listings use it to start near their first
+    match instead of at position 1 (``core.query.timeblocks``). Filled lazily by those
+    readers; a session deleted later leaves the bounds high, never low."""
 
     __tablename__ = "event_time_blocks"
 
     block: int = Field(sa_column=Column(BigInteger, primary_key=True, autoincrement=False))
     max_recorded_at: datetime = Field(sa_column=Column(TZDateTime, nullable=False))
+    # the payloads' own ``timestamp`` (epoch ms, rounded up); NULL: no event has one
+    max_entry_ms: int | None = Field(default=None, sa_column=Column(BigInteger, nullable=True))
 
 
 class RehydrationRow(SQLModel, table=True):

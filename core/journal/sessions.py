@@ -10,7 +10,7 @@ import uuid
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Connection, Engine, and_, insert, select
+from sqlalchemy import Connection, Engine, insert, literal, select, tuple_
 from sqlalchemy.exc import IntegrityError
 
 from core.db import read_connection, write_transaction
@@ -120,9 +120,10 @@ class SessionRows:
             query = query.where(_sessions.c.tenant_id == tenant_id)
         if cursor:
             stamp, last_id = _decode_cursor(cursor)
+            # a row comparison: the (created_at, id) indexes serve it as one range
             query = query.where(
-                (_sessions.c.created_at > stamp)
-                | and_(_sessions.c.created_at == stamp, _sessions.c.id > last_id)
+                tuple_(_sessions.c.created_at, _sessions.c.id)
+                > tuple_(literal(stamp, _sessions.c.created_at.type), last_id)
             )
         with read_connection(self.engine) as conn:
             rows = conn.execute(query).all()

@@ -18,7 +18,6 @@ from datetime import datetime
 from typing import Any
 
 from sqlalchemy import (
-    TIMESTAMP,
     Connection,
     Engine,
     LargeBinary,
@@ -37,6 +36,7 @@ from sqlalchemy.sql.elements import ColumnElement
 from core.db import is_sqlite, keyset_pages, read_connection
 from core.models import BlobRefRow, BlobRow, EventRow, SessionRow, table_of
 from core.query import timeblocks
+from core.query.entry_time import entry_ms
 from core.records import Page
 
 _events = table_of(EventRow)
@@ -122,38 +122,6 @@ def _json_number(engine: Engine, *path: str) -> ColumnElement[Any]:
     )
 
 
-# ISO 8601 date-times that PostgreSQL's timestamptz cast accepts: checked before the cast, so
-# an odd ``timestamp`` string makes the event not match rather than fail the whole query.
-_PG_ISO = r"^\d{4}-\d{2}-\d{2}[T ]\d{2}:\d{2}(:\d{2}(\.\d+)?)?(Z|[+-]\d{2}(:?\d{2})?)?$"
-_PG_ZONED = r"\d{2}:\d{2}(:\d{2}(\.\d+)?)?(Z|[+-]\d{2}(:?\d{2})?)$"
-
-
-def _entry_ms(engine: Engine) -> ColumnElement[Any]:
-    """The payload's ``timestamp`` in epoch milliseconds, whether stored as a number (epoch
-    ms) or ISO 8601 text (UTC when it names no zone); NULL when absent or unreadable."""
-    if is_sqlite(engine):
-        kind = func.json_type(_events.c.payload, "$.timestamp")
-        value = func.json_extract(_events.c.payload, "$.timestamp")
-        return case(
-            (kind.in_(["integer", "real"]), value),
-            (kind == "text", (func.julianday(value) - 2440587.5) * 86_400_000.0),
-        )
-    text = func.json_extract_path_text(_events.c.payload, "timestamp")  # payload->>'timestamp'
-    kind = func.json_typeof(func.json_extract_path(_events.c.payload, "timestamp"))
-    return case(
-        (kind == "number", cast(text, Numeric)),
-        # zoned text: the zone it names; text without a zone: UTC, as on SQLite
-        (
-            and_(kind == "string", text.op("~")(_PG_ISO), text.op("~")(_PG_ZONED)),
-            func.extract("epoch", cast(text, TIMESTAMP(timezone=True))) * 1000,
-        ),
-        (
-            and_(kind == "string", text.op("~")(_PG_ISO)),
-            func.extract("epoch", func.timezone("UTC", cast(text, TIMESTAMP()))) * 1000,
-        ),
-    )
-
-
 def _epoch_ms(when: datetime) -> float:
     return when.timestamp() * 1000
 
@@ -205,9 +173,9 @@ def _scope(
     if flt.until is not None:
         clauses.append(_events.c.recorded_at < flt.until)
     if flt.entry_since is not None:
-        clauses.append(_entry_ms(engine) >= _epoch_ms(flt.entry_since))
+        clauses.append(entry_ms(engine) >= _epoch_ms(flt.entry_since))
     if flt.entry_until is not None:
-        clauses.append(_entry_ms(engine) < _epoch_ms(flt.entry_until))
+        clauses.append(entry_ms(engine) < _epoch_ms(flt.entry_until))
     return clauses
 
 
@@ -242,11 +210,12 @@ def _listing(
 
 
 def _time_floor(engine: Engine, flt: EventFilter, after: int) -> int:
-    """``after``, moved up to just before the first position that can match ``flt.since``
-    (see ``core.query.timeblocks``); the results are the same, the scan is shorter."""
-    if flt.since is None:
+    """``after``, moved up to just before the first position that can match the filter's
+    lower time bounds (see ``core.query.timeblocks``): the same results, a shorter scan."""
+    if flt.since is None and flt.entry_since is None:
         return after
-    return max(after, timeblocks.first_position_at_or_after(engine, flt.since) - 1)
+    first = timeblocks.first_position_at_or_after(engine, recorded=flt.since, entry=flt.entry_since)
+    return max(after, first - 1)
 
 
 def list_events(

@@ -28,14 +28,17 @@ from __future__ import annotations
 
 import logging
 from datetime import datetime
+from typing import Any
 
-from sqlalchemy import Engine, func, select
+from sqlalchemy import BigInteger, Engine, cast, func, select
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.exc import SQLAlchemyError
+from sqlalchemy.sql.elements import ColumnElement
 
 from core.db import is_sqlite, read_connection, write_transaction
 from core.models import EventRow, EventTimeBlockRow, table_of
+from core.query.entry_time import entry_ms
 
 log = logging.getLogger(__name__)
 
@@ -45,14 +48,21 @@ _events = table_of(EventRow)
 _blocks = table_of(EventTimeBlockRow)
 
 
-def first_position_at_or_after(engine: Engine, since: datetime) -> int:
-    """A position no later than the first event recorded at or after ``since`` (1 when
-    nothing better is known)."""
+def first_position_at_or_after(
+    engine: Engine, *, recorded: datetime | None = None, entry: datetime | None = None
+) -> int:
+    """A position no later than the first event recorded at or after ``recorded`` and whose
+    entry time is at or after ``entry`` (1 when nothing better is known)."""
+    if recorded is None and entry is None:
+        return 1
     summarize(engine)
+    bounds = []
+    if recorded is not None:
+        bounds.append(_blocks.c.max_recorded_at >= recorded)
+    if entry is not None:
+        bounds.append(_blocks.c.max_entry_ms >= entry.timestamp() * 1000)
     with read_connection(engine) as conn:
-        first = conn.execute(
-            select(func.min(_blocks.c.block)).where(_blocks.c.max_recorded_at >= since)
-        ).scalar_one_or_none()
+        first = conn.execute(select(func.min(_blocks.c.block)).where(*bounds)).scalar_one_or_none()
         last = conn.execute(select(func.max(_blocks.c.block))).scalar_one_or_none()
     if last is None:
         return 1
@@ -76,14 +86,14 @@ def summarize(engine: Engine) -> int:
             return 0
         block = _events.c.position // TIME_BLOCK  # integer division on both backends
         rows = (
-            select(block.label("block"), func.max(_events.c.recorded_at))
+            select(block.label("block"), func.max(_events.c.recorded_at), _entry_bound(engine))
             .where(_events.c.position >= start, _events.c.position < end)
             .group_by(block)
         )
         insert_ = sqlite_insert if is_sqlite(engine) else pg_insert
         statement = (
             insert_(_blocks)
-            .from_select(["block", "max_recorded_at"], rows)
+            .from_select(["block", "max_recorded_at", "max_entry_ms"], rows)
             .on_conflict_do_nothing(index_elements=[_blocks.c.block])
         )
         with write_transaction(engine) as conn:
@@ -91,3 +101,18 @@ def summarize(engine: Engine) -> int:
     except SQLAlchemyError as exc:
         log.debug("event time blocks not summarized: %s", exc)
         return 0
+
+
+def _entry_bound(engine: Engine) -> ColumnElement[Any]:
+    """The block's largest entry time, in whole milliseconds rounded up (an upper bound),
+    clamped to what a BIGINT holds: no ``since`` a datetime can name lies beyond the clamp."""
+    top = func.max(entry_ms(engine))
+    clamped: ColumnElement[Any]
+    if is_sqlite(engine):
+        clamped = func.min(func.max(top, -_CLAMP), _CLAMP)  # SQLite's scalar min/max
+    else:
+        clamped = func.least(func.greatest(top, -_CLAMP), _CLAMP)
+    return cast(clamped, BigInteger) + 1
+
+
+_CLAMP = 9e18

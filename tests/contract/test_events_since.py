@@ -24,13 +24,20 @@ _events = table_of(EventRow)
 _blocks = table_of(EventTimeBlockRow)
 
 
-def _event(i: int) -> dict[str, Any]:
-    return {"type": "message", "message": {"role": "user", "content": f"m{i}"}}
+def _event(i: int, entry_minute: int | None) -> dict[str, Any]:
+    event: dict[str, Any] = {"type": "message", "message": {"role": "user", "content": f"m{i}"}}
+    if entry_minute is not None:  # the entry's own time, as pi writes it
+        when = BASE + timedelta(minutes=entry_minute, seconds=i)
+        event["timestamp"] = when.strftime("%Y-%m-%dT%H:%M:%S.000Z")
+    return event
 
 
-def _append_at(store: SessionStore, session_id: str, n: int, minute: int) -> None:
-    """``n`` events recorded at BASE + ``minute`` (an import or a clock that went back)."""
-    result = store.append(session_id, [_event(i) for i in range(n)])
+def _append_at(
+    store: SessionStore, session_id: str, n: int, minute: int, entry_minute: int | None = None
+) -> None:
+    """``n`` events recorded at BASE + ``minute`` (an import or a clock that went back), with
+    entry times from BASE + ``entry_minute`` (none if None)."""
+    result = store.append(session_id, [_event(i, entry_minute) for i in range(n)])
     with store.engine.begin() as conn:
         conn.execute(
             update(_events)
@@ -39,24 +46,38 @@ def _append_at(store: SessionStore, session_id: str, n: int, minute: int) -> Non
         )
 
 
-def _paged(store: SessionStore, since: datetime, page: int) -> list[int]:
+def _paged(store: SessionStore, since: datetime, page: int, *, entry: bool = False) -> list[int]:
+    flt = EventFilter(entry_since=since) if entry else EventFilter(since=since)
     found: list[int] = []
     cursor = 0
     while True:
-        result = store.list_events(EventFilter(since=since), after_position=cursor, limit=page)
+        result = store.list_events(flt, after_position=cursor, limit=page)
         found += [e.position for e in result.items]
         if result.next_cursor is None:
             return found
         cursor = int(result.next_cursor)
 
 
-def _scanned(store: SessionStore, since: datetime) -> list[int]:
-    return [e.position for e in store.read_all(limit=100_000) if e.recorded_at >= since]
+def _scanned(store: SessionStore, since: datetime, *, entry: bool = False) -> list[int]:
+    if not entry:
+        return [e.position for e in store.read_all(limit=100_000) if e.recorded_at >= since]
+    found = []
+    for e in store.read_all(limit=100_000):
+        stamp = e.payload.get("timestamp")
+        if stamp is not None and datetime.fromisoformat(stamp) >= since:
+            found.append(e.position)
+    return found
 
 
 operation = st.one_of(
-    st.tuples(st.just("append"), st.integers(0, 3), st.integers(1, 9), st.integers(0, 60)),
-    st.tuples(st.just("list"), st.integers(-5, 65), st.integers(1, 7)),
+    st.tuples(
+        st.just("append"),
+        st.integers(0, 3),
+        st.integers(1, 9),
+        st.integers(0, 60),
+        st.none() | st.integers(-30, 90),
+    ),
+    st.tuples(st.just("list"), st.integers(-5, 65), st.integers(1, 7), st.booleans()),
     st.tuples(st.just("delete"), st.integers(0, 3)),
 )
 
@@ -73,15 +94,16 @@ def test_since_listing_equals_a_full_scan(
     monkeypatch.setattr(timeblocks, "TIME_BLOCK", 4)  # many blocks, many boundaries
     sessions = [store.create_session(tenant_id="acme").id for _ in range(4)]
     live = set(range(4))
-    for op in [*ops, ("list", 30, 5), ("list", -5, 100)]:
+    for op in [*ops, ("list", 30, 5, False), ("list", -5, 100, False), ("list", 30, 5, True)]:
         if op[0] == "append" and op[1] in live:
-            _append_at(store, sessions[op[1]], op[2], op[3])
+            _append_at(store, sessions[op[1]], op[2], op[3], op[4])
         elif op[0] == "delete" and op[1] in live:
             store.delete_session(sessions[op[1]])
             live.discard(op[1])
         elif op[0] == "list":
             since = BASE + timedelta(minutes=op[1])
-            assert _paged(store, since, op[2]) == _scanned(store, since)
+            entry = op[3]
+            assert _paged(store, since, op[2], entry=entry) == _scanned(store, since, entry=entry)
 
 
 def test_the_summary_covers_sealed_blocks_only_and_skips_to_the_first_match(
@@ -92,7 +114,7 @@ def test_the_summary_covers_sealed_blocks_only_and_skips_to_the_first_match(
     for minute in range(5):  # 5 appends of 7 events: positions 1-35, minute by minute
         _append_at(store, sid, 7, minute)
     since = BASE + timedelta(minutes=3)
-    first = timeblocks.first_position_at_or_after(store.engine, since)
+    first = timeblocks.first_position_at_or_after(store.engine, recorded=since)
     with store.engine.connect() as conn:
         blocks = dict(conn.execute(select(_blocks.c.block, _blocks.c.max_recorded_at)).all())
         head = conn.execute(select(func.max(_events.c.position))).scalar_one()
@@ -143,3 +165,21 @@ def test_follow_with_since_starts_at_the_summary_and_sees_later_writes(
         )
     ]
     assert seen == _scanned(store, since)
+
+
+def test_an_entry_exactly_at_since_with_a_fraction_of_a_millisecond_is_found(
+    store: SessionStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The entry bound is stored in whole milliseconds, rounded up: never below the entry.
+    (SQLite's date functions keep whole milliseconds, as pi writes them; PostgreSQL keeps
+    microseconds.)"""
+    monkeypatch.setattr(timeblocks, "TIME_BLOCK", 4)
+    sid = store.create_session(tenant_id="acme").id
+    micros = 123_456 if store.engine.dialect.name == "postgresql" else 123_000
+    at = BASE + timedelta(minutes=10, microseconds=micros)
+    early = [{"type": "custom", "timestamp": "2026-11-01T00:01:00Z", "data": i} for i in range(7)]
+    stamp = f"2026-11-01T00:10:00.{micros:06d}Z"
+    exact = {"type": "custom", "timestamp": stamp, "data": "exact"}
+    store.append(sid, [*early, exact, *early])  # the exact one is alone at the top of block 2
+    found = _paged(store, at, 2, entry=True)
+    assert found == _scanned(store, at, entry=True) and len(found) == 1

@@ -1,0 +1,47 @@
+"""An event's entry time: the payload's own ``timestamp``, as epoch milliseconds in SQL
+(``events --since/--until``; the time-block summary's second bound)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy import TIMESTAMP, Engine, Numeric, and_, case, cast, func
+from sqlalchemy.sql.elements import ColumnElement
+
+from core.db import is_sqlite
+from core.models import EventRow, table_of
+
+_events = table_of(EventRow)
+
+# ISO 8601 date-times that PostgreSQL's timestamptz cast accepts: checked before the cast, so
+# an odd ``timestamp`` string makes the event not match rather than fail the whole query.
+_PG_ISO = r"^\d{4}-\d{2}-\d{2}[T ]\d{2}:\d{2}(:\d{2}(\.\d+)?)?(Z|[+-]\d{2}(:?\d{2})?)?$"
+_PG_ZONED = r"\d{2}:\d{2}(:\d{2}(\.\d+)?)?(Z|[+-]\d{2}(:?\d{2})?)$"
+
+
+def entry_ms(engine: Engine) -> ColumnElement[Any]:
+    """The payload's ``timestamp`` in epoch milliseconds, whether stored as a number (epoch
+    ms) or ISO 8601 text (UTC when it names no zone); NULL when absent or unreadable."""
+    if is_sqlite(engine):
+        kind = func.json_type(_events.c.payload, "$.timestamp")
+        value = func.json_extract(_events.c.payload, "$.timestamp")
+        return case(
+            (kind.in_(["integer", "real"]), value),
+            # SQLite's date functions keep whole milliseconds; rounding removes the float
+            # error of julianday (an entry at .123 s came out as ...122.997 ms, below itself)
+            (kind == "text", func.round((func.julianday(value) - 2440587.5) * 86_400_000.0)),
+        )
+    text = func.json_extract_path_text(_events.c.payload, "timestamp")  # payload->>'timestamp'
+    kind = func.json_typeof(func.json_extract_path(_events.c.payload, "timestamp"))
+    return case(
+        (kind == "number", cast(text, Numeric)),
+        # zoned text: the zone it names; text without a zone: UTC, as on SQLite
+        (
+            and_(kind == "string", text.op("~")(_PG_ISO), text.op("~")(_PG_ZONED)),
+            func.extract("epoch", cast(text, TIMESTAMP(timezone=True))) * 1000,
+        ),
+        (
+            and_(kind == "string", text.op("~")(_PG_ISO)),
+            func.extract("epoch", func.timezone("UTC", cast(text, TIMESTAMP()))) * 1000,
+        ),
+    )
