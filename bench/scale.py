@@ -12,10 +12,10 @@ library, and the database is analyzed. All sizes are filled first and kept open;
 of ``--repeats`` rounds measures every size (in a rotated order), so load drift on a shared
 machine hits all sizes alike. Per round and size: append p50 (of 20 single events into
 existing sessions), ``state()`` of the 200-turn session, ``list_sessions`` first page and a
-deep cursor (half way), a ``list_events`` page with a ``since`` filter (``events --since``)
-and ``stats()``; at the end one ``gc_blobs(apply=True)`` per size collects the 1,000
-candidates. Reported: medians, their ratio to the first size, and the median (min-max) of the
-per-round ratios largest / first.
+deep cursor (half way), ``list_events`` pages with a ``since`` filter on the recorded and
+on the entry time (``events --recorded-since`` and ``--since``) and ``stats()``; at the end
+one ``gc_blobs(apply=True)`` per size collects the 1,000 candidates. Reported: medians, their
+ratio to the first size, and the median (min-max) of the per-round ratios largest / first.
 """
 
 from __future__ import annotations
@@ -96,7 +96,7 @@ def templates(rng: random.Random) -> list[tuple[str, bytes]]:
         else:
             payload = {"type": "custom", "customType": "bench", "data": {"k": text(5)}}
         payload["id"] = "@ID@"
-        payload["timestamp"] = "2026-11-01T00:00:00Z"
+        payload["timestamp"] = "@TS@"  # the entry's own time: its recorded time, in pi's form
         out.append((payload["type"], orjson.dumps(payload)))
     return out
 
@@ -142,7 +142,11 @@ def fill(url: str, blob_root: Path, events: int, sessions: int, seed: int = 5) -
                         ids[s].encode(),
                         str(heads[s]).encode(),
                         kind.encode(),
-                        copy_text(body.replace(b"@ID@", f"{p:012x}".encode())),
+                        copy_text(
+                            body.replace(b"@ID@", f"{p:012x}".encode()).replace(
+                                b"@TS@", when.strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3].encode() + b"Z"
+                            )
+                        ),
                         when.isoformat().encode(),
                     )
                 )
@@ -215,8 +219,11 @@ class Journal:
             "state() 200 turns": lambda: self.store.state(self.big),
             "list_sessions first page": lambda: self.store.list_sessions(),
             "list_sessions deep cursor": lambda: self.store.list_sessions(cursor=self.deep),
-            "events --since page": lambda: self.store.list_events(
+            "events --recorded-since page": lambda: self.store.list_events(
                 EventFilter(since=EPOCH + timedelta(days=DAYS / 2)), limit=100
+            ),
+            "events --since page (entry time)": lambda: self.store.list_events(
+                EventFilter(entry_since=EPOCH + timedelta(days=DAYS / 2)), limit=100
             ),
             "stats": lambda: self.store.stats(),
         }

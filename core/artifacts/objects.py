@@ -16,6 +16,7 @@ from __future__ import annotations
 import io
 import os
 import tempfile
+import time
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -63,12 +64,20 @@ class ObjectArtifactStorage:
 
     def put(self, key: str, data: bytes) -> None:
         check_key(key)
-        self._call(lambda: obstore.put(self.store, key, data, use_multipart=False))
+        stamp = _written_now()
+        self._call(
+            lambda: obstore.put(self.store, key, data, use_multipart=False, attributes=stamp)
+        )
 
     def put_file(self, key: str, local: Path) -> None:
         check_key(key)
         multipart = os.path.getsize(local) > _SINGLE_PUT_BYTES
-        self._call(lambda: obstore.put(self.store, key, Path(local), use_multipart=multipart))
+        stamp = _written_now()
+        self._call(
+            lambda: obstore.put(
+                self.store, key, Path(local), use_multipart=multipart, attributes=stamp
+            )
+        )
 
     @contextmanager
     def writer(self, key: str) -> Iterator[BinaryIO]:
@@ -115,12 +124,20 @@ class ObjectArtifactStorage:
             return None
 
     def version(self, key: str) -> tuple[float, str] | None:
+        """(when its content was written, ETag). The write time travels with the object as
+        user metadata, which a server-side copy keeps (CopyObject copies metadata), as a
+        file copy keeps the mtime: the copy's own last-modified is the copy's time, which
+        made a fork of a fork take its parent's fresh copies for rewrites. Objects written
+        without it (by hand, or before this) fall back to last-modified."""
         check_key(key)
         try:
-            meta = self._call(lambda: obstore.head(self.store, key))
+            got = self._call(lambda: obstore.get(self.store, key, options={"head": True}))
         except FileNotFoundError:
             return None
-        return meta["last_modified"].timestamp(), str(meta.get("e_tag") or "")
+        meta = got.meta
+        written = _written_at(dict(got.attributes))
+        when = written if written is not None else meta["last_modified"].timestamp()
+        return when, str(meta.get("e_tag") or "")
 
     def open_read(self, key: str) -> BinaryIO:
         check_key(key)
@@ -181,3 +198,18 @@ class _Reader(io.RawIOBase):
         if not self.closed:
             self._inner.close()
         super().close()
+
+
+WRITTEN_AT = "sessionstore-written-at"  # user metadata: x-amz-meta-sessionstore-written-at
+
+
+def _written_now() -> dict[str, str]:
+    return {WRITTEN_AT: f"{time.time():.6f}"}
+
+
+def _written_at(attributes: dict[str, str]) -> float | None:
+    value = attributes.get(WRITTEN_AT)
+    try:
+        return None if value is None else float(value)
+    except ValueError:
+        return None

@@ -380,3 +380,54 @@ def test_a_failed_copy_keeps_serving_unchanged_inherited_artifacts_and_a_retry_c
     retried = store.copy_fork_artifacts(fork.id)
     assert (retried.status, retried.copied, retried.already_present) == ("copied", 1, 1)
     assert (fork_dir / "oversized" / f"{oversized}.txt").read_text() == "z" * 13_000
+
+
+def test_a_fork_of_a_pending_fork_keeps_every_artifact_through_both_copies(
+    store: SessionStore,
+) -> None:
+    """Grandchild G is forked while its parent C's own copy is still pending; C's copy then
+    runs (on S3 a server-side copy, whose objects get a new last-modified time), then G's.
+    G must find everything C inherited, and keep it when P and C change or go."""
+    parent = store.create_session(tenant_id="acme")
+    build_session(store, parent.id, turns=2)
+    store.artifacts(parent.id).files.put("notes/plan.md", "the plan")
+    stored = store.store_oversized(parent.id, "z" * 13_000, "grep")
+    assert stored is not None
+    handed = defer_copies(store)
+    child = store.fork(parent.id)
+    grandchild = store.fork(child.id)
+    assert [f.id for f in handed] == [child.id, grandchild.id]
+    time.sleep(1.2)  # object stores keep last-modified in whole seconds
+    first = store.copy_fork_artifacts(child.id)
+    assert (first.status, first.error, first.missing_at_source) == ("copied", None, 0)
+    second = store.copy_fork_artifacts(grandchild.id)
+    assert (second.status, second.error, second.missing_at_source) == ("copied", None, 0), second
+    assert second.copied == first.copied
+    # P rewrites and deletes, C goes: G keeps what it had at its fork point
+    store.artifacts(parent.id).files.put("notes/plan.md", "the new plan")
+    store.delete_session(child.id)
+    store.delete_session(parent.id)
+    files = store.artifacts(grandchild.id).files
+    assert files.get("notes/plan.md") == b"the plan"
+    assert store.retrieve(stored.ref.artifact_id, session_id=grandchild.id) == "z" * 13_000
+    assert store.resolve("artifact://1", session_id=grandchild.id).content.startswith("full output")
+
+
+def test_a_fork_of_a_copied_fork_copies_from_it(store: SessionStore) -> None:
+    """C's copy is finished before G is forked: G's copy reads C's objects, which on S3 are
+    newer than P's originals but older than G."""
+    parent = store.create_session(tenant_id="acme")
+    build_session(store, parent.id, turns=1)
+    store.artifacts(parent.id).files.put("notes/plan.md", "the plan")
+    handed = defer_copies(store)
+    child = store.fork(parent.id)
+    time.sleep(1.2)
+    assert store.copy_fork_artifacts(child.id).status == "copied"
+    time.sleep(1.2)
+    grandchild = store.fork(child.id)
+    assert [f.id for f in handed] == [child.id, grandchild.id]
+    store.delete_session(parent.id)
+    report = store.copy_fork_artifacts(grandchild.id)
+    assert (report.status, report.error, report.missing_at_source) == ("copied", None, 0)
+    store.delete_session(child.id)
+    assert store.artifacts(grandchild.id).files.get("notes/plan.md") == b"the plan"
