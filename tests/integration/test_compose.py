@@ -514,14 +514,14 @@ def check_worker(service: LocalService, log: Path, tmp_path: Path) -> None:
                 result = enqueue_append(session.id, [event], app=app).get(timeout=30)
                 assert (result.first_seq, result.last_seq) == (1, 1)
                 assert store.read(session.id, rehydrate=True)[0].payload == event
-            blob_url = urlsplit(settings.resolved_blob_url)
-            assert blob_url.scheme == "s3"
-            keys = bucket_keys(service.env["AWS_ENDPOINT_URL"], str(blob_url.hostname), "blobs/")
-            ref = store.read(session.id)[0].payload["data"]
-            assert any(ref.rsplit(":", 1)[-1] in key for key in keys), (ref, keys)
-            # an artifact through the configured artifact storage lands in the bucket too
-            artifact_id = store.artifacts(session.id).save("compose tool output", "bash")
-            endpoint = service.env["AWS_ENDPOINT_URL"]
+                blob_url = urlsplit(settings.resolved_blob_url)
+                assert blob_url.scheme == "s3"
+                endpoint = service.env["AWS_ENDPOINT_URL"]
+                keys = bucket_keys(endpoint, str(blob_url.hostname), "blobs/")
+                ref = store.read(session.id)[0].payload["data"]
+                assert any(ref.rsplit(":", 1)[-1] in key for key in keys), (ref, keys)
+                # an artifact through the configured artifact storage lands in the bucket too
+                artifact_id = store.artifacts(session.id).save("compose tool output", "bash")
             art = urlsplit(settings.artifact_url or "")
             listed = bucket_keys(endpoint, str(art.hostname), art.path.strip("/") + "/")
             assert any(k.endswith(f"/{artifact_id}.bash.log") for k in listed), listed
