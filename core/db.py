@@ -9,12 +9,28 @@ from typing import Any, TypeVar
 
 from sqlalchemy import Connection, Engine, create_engine, event, text
 from sqlalchemy.engine import make_url
-from sqlalchemy.pool import ConnectionPoolEntry
+from sqlalchemy.pool import ConnectionPoolEntry, NullPool
 
 from core import exact_json
+from core.errors import StoreClosed
 
 _WRITE = "sessionstore_write"
 _T = TypeVar("_T")
+
+
+class _ClosedPool(NullPool):
+    """The pool of a closed store: every checkout fails before a connection is made."""
+
+    def _do_get(self) -> ConnectionPoolEntry:
+        raise StoreClosed("this SessionStore is closed; open another with from_settings()")
+
+
+def close_engine(engine: Engine) -> None:
+    """Close every pooled connection, and refuse later ones with ``StoreClosed``. A plain
+    ``dispose()`` leaves a fresh pool behind: a store used after ``close()`` quietly opened
+    connections that nothing closed (the garbage collector found them, tests later)."""
+    engine.dispose()
+    engine.pool = _ClosedPool(engine.pool._creator)
 
 
 def make_engine(url: str, *, pool_size: int = 10) -> Engine:

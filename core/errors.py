@@ -19,6 +19,10 @@ class SessionStoreError(Exception):
         return {"error": type(self).__name__, "message": self.message}
 
 
+class StoreClosed(SessionStoreError):
+    """A ``SessionStore`` (or its engine) was used after ``close()``."""
+
+
 class SessionNotFound(SessionStoreError):
     """No such session (or not visible to this tenant)."""
 

@@ -27,6 +27,7 @@ from core.artifacts import resolve as resolve_url
 from core.artifacts.storage import ArtifactStorage, artifact_storage_for
 from core.blobs import BlobStats, BlobStore, blob_store_for
 from core.blobs.rehydrate import RehydrateMode, Rehydrator
+from core.db import close_engine
 from core.interop.exporter import export_pi
 from core.interop.importer import ImportResult, import_session
 from core.journal import DeadLetters, Journal
@@ -78,7 +79,8 @@ class SessionStore:
         return cls(settings, migrate.open_engine(settings.resolved_database_url, create=create))
 
     def close(self) -> None:
-        self.engine.dispose()
+        """Close the store's connections; using it afterwards raises ``StoreClosed``."""
+        close_engine(self.engine)
 
     def __enter__(self) -> SessionStore:
         return self

@@ -188,8 +188,13 @@ def contained_path(base: Path, relative: str) -> Path:
     Defense in depth behind the sanitizer: the check uses the resolved real paths.
     """
     target = base / relative
-    real_base = os.path.realpath(base)
-    real_target = os.path.realpath(target)
+    try:
+        real_base = os.path.realpath(base)
+        real_target = os.path.realpath(target)
+    except OSError as exc:
+        # A component changed between realpath's lstat and readlink (a link swapped back
+        # for a directory reads as EINVAL): the path is moving under us, so it is refused.
+        raise InvalidArtifactPath(relative, f"changed while it was resolved ({exc})") from exc
     if os.path.commonpath([real_base, real_target]) != real_base or real_target == real_base:
         raise InvalidArtifactPath(relative, "resolves outside the session directory")
     return target

@@ -12,6 +12,7 @@ import pytest
 from sqlalchemy import text
 
 from core import SessionStore, Settings, migrate
+from core.db import make_engine
 from core.query.analytics import EventFilter, follow_events, head_position, iter_events
 from core.records import Session
 from tests.contract.test_projection import SessionBuilder
@@ -270,12 +271,12 @@ def test_bi_views_flatten_messages_and_pair_tool_calls(pg_store: SessionStore) -
 def test_bi_views_migration_downgrades_and_upgrades(fresh_pg_url: str, tmp_path: Path) -> None:
     # Its own database: a downgrade would take the views away from the shared one.
     settings = Settings(data_dir=tmp_path / "data", database_url=fresh_pg_url)
-    pg_store = SessionStore.from_settings(settings)
-    url = pg_store.settings.resolved_database_url
-    pg_store.close()
+    SessionStore.from_settings(settings).close()  # opens (and checks) the schema
+    url = settings.resolved_database_url
+    engine = make_engine(url, pool_size=1)
 
     def views() -> set[str]:
-        with pg_store.engine.connect() as conn:
+        with engine.connect() as conn:
             return set(
                 conn.execute(text("SELECT viewname FROM pg_views WHERE viewname LIKE 'bi_%'"))
                 .scalars()
@@ -289,4 +290,4 @@ def test_bi_views_migration_downgrades_and_upgrades(fresh_pg_url: str, tmp_path:
         migrate.upgrade(url)
         assert len(views()) == 4
     finally:
-        pg_store.close()
+        engine.dispose()

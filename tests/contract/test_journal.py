@@ -382,3 +382,20 @@ class TestPostgresJournal(JournalContract):
                 text("SELECT pg_typeof(payload)::text FROM events LIMIT 1")
             ).scalar()
         assert (role, kind) == ("assistant", "json")  # the text as written (migration 0009)
+
+
+def test_a_closed_store_refuses_use_and_leaves_no_connection_behind(settings: Settings) -> None:
+    """Used after ``close()``, a store used to open a fresh pool that nothing closed; the
+    garbage collector then found its connections open, much later."""
+    from core.errors import StoreClosed
+
+    store = SessionStore.from_settings(settings)
+    sid = store.create_session(tenant_id="acme").id
+    store.close()
+    with pytest.raises(StoreClosed, match="closed"):
+        store.get_session(sid)
+    with pytest.raises(StoreClosed):
+        store.append(sid, [{"type": "custom", "data": 1}])
+    store.close()  # closing twice is fine
+    with SessionStore.from_settings(settings) as again:
+        assert again.get_session(sid).id == sid

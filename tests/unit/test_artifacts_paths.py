@@ -229,3 +229,18 @@ def test_empty_identifier_is_refused() -> None:
 def test_session_dir_is_root_tenant_session(tmp_path: Path) -> None:
     assert session_dir(tmp_path, "acme", "s-1") == tmp_path / "acme" / "s-1"
     assert session_dir(tmp_path, "../x", "s") == tmp_path / "%2E%2E%2Fx" / "s"
+
+
+def test_a_path_changing_while_it_is_resolved_is_refused_typed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """realpath lstat()s a link, then readlink()s what is by then a directory again: EINVAL.
+    The race test met it as an untyped OSError under load."""
+    import errno
+
+    def racing(path: object, *args: object, **kwargs: object) -> str:
+        raise OSError(errno.EINVAL, "Invalid argument", str(path))
+
+    monkeypatch.setattr(os.path, "realpath", racing)
+    with pytest.raises(InvalidArtifactPath, match="changed while it was resolved"):
+        contained_path(tmp_path, "notes/plan.md")
