@@ -44,7 +44,7 @@ from bench.peers.workload import split
 from bench.pgdb import dsn, scratch_database, url
 from core import SessionStore, Settings
 from core.journal.sessions import _encode_cursor
-from core.query import timeblocks
+from core.query import rollups, timeblocks
 from core.query.analytics import EventFilter
 
 CANDIDATES = 1000
@@ -110,8 +110,15 @@ def blob_hash(i: int) -> str:
     return hashlib.sha256(f"scale blob {i}".encode()).hexdigest()
 
 
-def fill(url: str, blob_root: Path, events: int, sessions: int, seed: int = 5) -> None:
-    """COPY sessions, events, blobs and manifest rows; write the blob files."""
+def fill(
+    url: str, blob_root: Path, events: int, sessions: int, seed: int = 5, *, spread: bool = False
+) -> None:
+    """COPY sessions, events, blobs and manifest rows; write the blob files.
+
+    Each event goes to one of the sessions created around its time (a window of 1% of the
+    sessions: ~200 live at once at 20k sessions, each active for ~7 hours of the 30 days), as
+    agents run; with ``spread``, to any session (each session active on every day: the worst
+    case for the stats rollup, one row per session, day and type)."""
     rng = random.Random(seed)
     tpl = templates(rng)
     ids = [str(uuid.UUID(int=rng.getrandbits(128))) for _ in range(sessions)]
@@ -131,8 +138,13 @@ def fill(url: str, blob_root: Path, events: int, sessions: int, seed: int = 5) -
         with conn.cursor().copy(
             "COPY events (position, session_id, seq, type, payload, recorded_at) FROM STDIN"
         ) as cp:
+            window = max(1, sessions // 200)
             for p in range(1, events + 1):
-                s = rng.randrange(sessions)
+                if spread:
+                    s = rng.randrange(sessions)
+                else:
+                    near = p * sessions // (events + 1) + rng.randrange(-window, window + 1)
+                    s = min(sessions - 1, max(0, near))
                 heads[s] += 1
                 kind, body = tpl[p % len(tpl)]
                 when = EPOCH + timedelta(seconds=span * p / events)
@@ -205,6 +217,9 @@ class Journal:
         started = time.perf_counter()
         timeblocks.summarize(self.store.engine)  # what the first `events --since` would do
         self.summarized_s = time.perf_counter() - started
+        started = time.perf_counter()
+        rollups.roll_up(self.store.engine)  # what the first `stats` would do
+        self.rolled_up_s = time.perf_counter() - started
         with psycopg.connect(dsn(name), autocommit=True) as conn:
             conn.execute("VACUUM ANALYZE")
             row = conn.execute(
@@ -256,6 +271,11 @@ def main() -> None:
     parser.add_argument(
         "--skip", type=lambda v: v.split(","), default=[], help="operations to leave out: stats"
     )
+    parser.add_argument(
+        "--spread",
+        action="store_true",
+        help="every session active on every day (the stats rollup's worst case)",
+    )
     args = parser.parse_args()
     sizes = [tuple(int(x) for x in s.split(":")) for s in args.sizes.split(",")]
     with ExitStack() as stack:
@@ -264,12 +284,13 @@ def main() -> None:
             name = stack.enter_context(scratch_database("scale", migrate=True))
             root = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="scale-")))
             started = time.perf_counter()
-            fill(dsn(name), root / "blobs", events, sessions)
+            fill(dsn(name), root / "blobs", events, sessions, spread=args.spread)
             print(f"filled {events:,} events in {time.perf_counter() - started:.0f} s", flush=True)
             journals.append(Journal(name, root, events, sessions, skip=args.skip))
             print(
                 f"  summarized its time blocks (once, as the first `events --since` does) in "
-                f"{journals[-1].summarized_s:.2f} s",
+                f"{journals[-1].summarized_s:.2f} s; rolled up its stats (once, as the first "
+                f"`stats` does) in {journals[-1].rolled_up_s:.2f} s",
                 flush=True,
             )
             stack.callback(journals[-1].store.close)

@@ -92,6 +92,18 @@ def read_connection(engine: Engine) -> Iterator[Connection]:
         yield conn
 
 
+@contextmanager
+def snapshot_connection(engine: Engine) -> Iterator[Connection]:
+    """A read transaction whose statements all see one snapshot: PostgreSQL's repeatable
+    read (read committed takes a snapshot per statement); SQLite's deferred transaction in
+    WAL mode does so already."""
+    with engine.connect() as conn:
+        if not is_sqlite(engine):
+            conn = conn.execution_options(isolation_level="REPEATABLE READ")
+        with conn.begin():
+            yield conn
+
+
 def keyset_pages(
     fetch: Callable[[int, int], Sequence[_T]], key: Callable[[_T], int], *, after: int, size: int
 ) -> Iterator[_T]:

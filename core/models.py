@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from datetime import UTC, datetime
+from decimal import Decimal
 from typing import Any
 
 from sqlalchemy import (
@@ -15,6 +16,7 @@ from sqlalchemy import (
     Index,
     Integer,
     LargeBinary,
+    Numeric,
     String,
     Table,
     Text,
@@ -346,3 +348,64 @@ def table_of(model: type[SQLModel]) -> Table:
     """A model's Core table, typed (SQLModel leaves ``__table__`` untyped)."""
     table: Table = model.__table__  # type: ignore[attr-defined]
     return table
+
+
+class EventRollupBlockRow(SQLModel, table=True):
+    """A sealed block of positions whose events are counted in ``event_rollups``
+    (``rolled``), or that is always read live (``rolled`` false: its sums overflow SQLite's
+    integers). Claimed in the transaction that rolls it up (``core.query.rollups``)."""
+
+    __tablename__ = "event_rollup_blocks"
+
+    block: int = Field(sa_column=Column(BigInteger, primary_key=True, autoincrement=False))
+    rolled: bool = Field(sa_column=Column(Boolean, nullable=False))
+
+
+ROLLUP_KEY = (
+    "day",
+    "session_id",
+    "type",
+    "entry_day",
+    "model",
+    "has_model",
+    "assistant",
+    "inherited",
+)
+"""The columns of an ``event_rollups`` row's unique key (``core.query.rollups`` upserts on it)."""
+
+
+class EventRollupRow(SQLModel, table=True):
+    """The rolled-up events of one session on one day (UTC, recorded), grouped by type and,
+    for assistant messages, by entry day and model: counts, bytes and ``message.usage``
+    sums. Deleted with the session's events; readers count only rows whose session exists.
+    ``entry_day`` and ``model`` are '' where they do not apply (``has_model`` tells a
+    missing model from an empty one), so the key is unique without NULLs."""
+
+    __tablename__ = "event_rollups"
+    __table_args__ = (
+        Index("uq_event_rollups_key", *ROLLUP_KEY, unique=True),
+        Index("ix_event_rollups_session", "session_id"),
+    )
+
+    id: int | None = Field(
+        default=None, sa_column=Column(BigIntPK, primary_key=True, autoincrement=True)
+    )
+    day: str = Field(sa_column=Column(String(10), nullable=False))
+    session_id: str = Field(sa_column=Column(String(SESSION_ID_LEN), nullable=False))
+    type: str = Field(sa_column=Column(String(256), nullable=False))
+    entry_day: str = Field(sa_column=Column(Text, nullable=False))
+    model: str = Field(sa_column=Column(Text, nullable=False))
+    has_model: bool = Field(sa_column=Column(Boolean, nullable=False))
+    assistant: bool = Field(sa_column=Column(Boolean, nullable=False))
+    inherited: bool = Field(sa_column=Column(Boolean, nullable=False))
+    events: int = Field(sa_column=Column(BigInteger, nullable=False))
+    payload_bytes: int = Field(sa_column=Column(BigInteger, nullable=False))
+    blob_bytes: int = Field(sa_column=Column(BigInteger, nullable=False))
+    responses: int = Field(sa_column=Column(BigInteger, nullable=False))
+    # ``message.usage`` sums: exact decimals on PostgreSQL, SQLite's integers or reals
+    input: Decimal | None = Field(default=None, sa_column=Column(Numeric, nullable=True))
+    output: Decimal | None = Field(default=None, sa_column=Column(Numeric, nullable=True))
+    cache_read: Decimal | None = Field(default=None, sa_column=Column(Numeric, nullable=True))
+    cache_write: Decimal | None = Field(default=None, sa_column=Column(Numeric, nullable=True))
+    total_tokens: Decimal | None = Field(default=None, sa_column=Column(Numeric, nullable=True))
+    cost: Decimal | None = Field(default=None, sa_column=Column(Numeric, nullable=True))

@@ -308,9 +308,11 @@ class SessionStore:
         until: datetime | None = None,
         top: int = 10,
         include_inherited: bool = False,
+        progress: Progress | None = None,
     ) -> Stats:
         """Events per type and day, sessions, top sessions, tokens, blob dedup, artifacts;
-        each event once across a fork tree unless ``include_inherited`` (per session)."""
+        each event once across a fork tree unless ``include_inherited`` (per session).
+        ``progress``: the first call after a bulk load rolls up the journal (once)."""
         return query_stats.stats(
             self.engine,
             tenant_id=tenant_id,
@@ -318,6 +320,7 @@ class SessionStore:
             until=until,
             top=top,
             include_inherited=include_inherited,
+            progress=progress,
         )
 
     # blobs and artifacts ----------------------------------------------------------------

@@ -46,6 +46,7 @@ from core.journal.sessions import MAX_READ_PAGE, SessionRows
 from core.models import (
     BlobRefRow,
     BlobRow,
+    EventRollupRow,
     EventRow,
     ImportOffsetRow,
     SessionRow,
@@ -68,6 +69,7 @@ _writes = table_of(WriteRow)
 _refs = table_of(BlobRefRow)
 _blobs = table_of(BlobRow)
 _offsets = table_of(ImportOffsetRow)
+_rollups = table_of(EventRollupRow)
 
 _EVENT_COLUMNS = (
     _events.c.session_id,
@@ -518,8 +520,10 @@ class Journal(SessionRows):
         return manifest.of_events(self.engine, events)
 
     def delete_events_of(self, conn: Connection, session_id: str) -> None:
-        """Remove a whole session's events and manifest (only with the session itself)."""
+        """Remove a whole session's events, manifest and stats rollup (only with the session
+        itself)."""
         conn.execute(delete(_refs).where(_refs.c.session_id == session_id))
         conn.execute(delete(_writes).where(_writes.c.session_id == session_id))
         conn.execute(delete(_events).where(_events.c.session_id == session_id))
+        conn.execute(delete(_rollups).where(_rollups.c.session_id == session_id))
         conn.execute(delete(_offsets).where(_offsets.c.session_id == session_id))

@@ -45,3 +45,19 @@ def entry_ms(engine: Engine) -> ColumnElement[Any]:
             func.extract("epoch", func.timezone("UTC", cast(text, TIMESTAMP()))) * 1000,
         ),
     )
+
+
+def entry_day(engine: Engine, fallback: ColumnElement[Any]) -> ColumnElement[Any]:
+    """The day (``YYYY-MM-DD``, its first ten characters) of the entry's own ISO
+    ``timestamp`` (an imported session's events were all recorded on the import's day), else
+    ``fallback`` (the day the journal recorded it)."""
+    if is_sqlite(engine):
+        is_text = func.json_type(_events.c.payload, "$.timestamp") == "text"
+        stamp = func.json_extract(_events.c.payload, "$.timestamp")
+    else:
+        # events.payload is json (exact text), not jsonb: the json_* functions
+        is_text = func.json_typeof(func.json_extract_path(_events.c.payload, "timestamp")) == (
+            "string"
+        )
+        stamp = func.json_extract_path_text(_events.c.payload, "timestamp")
+    return case((is_text, func.substr(stamp, 1, 10)), else_=fallback)

@@ -15,29 +15,27 @@ from sqlalchemy import (
     Connection,
     Engine,
     Select,
-    case,
+    String,
     desc,
     func,
+    literal,
     select,
+    union_all,
 )
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.sql.elements import ColumnElement
+from sqlalchemy.sql.selectable import Subquery
 
 from core.artifacts import stats_by_kind
 from core.blobs.store import BlobIndex
-from core.db import is_sqlite, read_connection
+from core.db import is_sqlite, snapshot_connection
 from core.journal.usage import saturate
+from core.maintenance.runs import Progress
+from core.query import rollups
 from core.query.analytics import (
     _TOKEN_FIELDS,
-    EventFilter,
     _blobs,
-    _day,
-    _events,
-    _json_number,
-    _json_text,
-    _payload_bytes,
     _refs,
-    _scope,
     _sessions,
     _tenant_sessions,
 )
@@ -186,6 +184,7 @@ def stats(
     until: datetime | None = None,
     top: int = 10,
     include_inherited: bool = False,
+    progress: Progress | None = None,
 ) -> Stats:
     """Journal stats over events recorded in [since, until); blob and artifact figures are
     current totals (not time-filtered), scoped to the tenant when one is given.
@@ -193,46 +192,36 @@ def stats(
     A fork's copies of its parent's events are left out unless ``include_inherited``: each
     event counts once across a fork tree, in the session that wrote it; with it, every
     session counts all of its events.
+
+    The figures come from the rollup of sealed blocks wholly inside the time range and from
+    the live events for the rest (``core.query.rollups``); rolling up what was sealed since
+    the last call is done first, best effort (``progress("rollup", done, total)``: blocks).
     """
-    flt = EventFilter(tenant_id=tenant_id, since=since, until=until)
-    in_scope = _scope(engine, flt)
-    scope = in_scope if include_inherited else [*in_scope, _events.c.inherited.is_(False)]
     top = max(1, min(top, 1000))
-    with read_connection(engine) as conn:
-        by_type = {
-            t: int(n)
-            for t, n in conn.execute(
-                select(_events.c.type, func.count())
-                .where(*scope)
-                .group_by(_events.c.type)
-                .order_by(_events.c.type)
+    in_tenant = _tenant_sessions(tenant_id) if tenant_id is not None else None
+    rollups.roll_up(engine, progress=progress)
+    with snapshot_connection(engine) as conn:  # the rollup and the live events, at one time
+        the_plan = rollups.plan(conn, since, until)
+
+        def source(aggregate: Any = func.sum, *, tokens: bool = True) -> Subquery:
+            return rollups.figures(
+                engine,
+                the_plan,
+                since=since,
+                until=until,
+                sessions=in_tenant,
+                aggregate=aggregate,
+                tokens=tokens,
             )
-        }
-        day = _day(engine).label("day")
-        by_day = [
-            (str(d), int(n))
-            for d, n in conn.execute(
-                select(day, func.count()).where(*scope).group_by(day).order_by(day)
-            )
-        ]
+
+        src = source(tokens=False)
+        by_type, by_day, inherited = _counts(conn, src, include_inherited)
         sessions_query = select(func.count()).select_from(_sessions)
         if tenant_id is not None:
             sessions_query = sessions_query.where(_sessions.c.tenant_id == tenant_id)
         sessions = int(conn.execute(sessions_query).scalar_one())
-        active = int(
-            conn.execute(
-                select(func.count(func.distinct(_events.c.session_id))).where(*scope)
-            ).scalar_one()
-        )
-        by_events = _top_sessions(conn, engine, scope, top, by_bytes=False)
-        by_bytes = _top_sessions(conn, engine, scope, top, by_bytes=True)
-        tokens = _token_totals(conn, engine, scope)
-        usage_by_day = _usage_by_day(conn, engine, scope)
-        inherited = int(
-            conn.execute(
-                select(func.count()).where(*in_scope, _events.c.inherited.is_(True))
-            ).scalar_one()
-        )
+        active, by_events, by_bytes = _sessions_figures(conn, src, include_inherited, top)
+        tokens, usage_by_day = _usage(conn, engine, source, include_inherited)
         blobs = _blob_summary(conn, engine, tenant_id)
     artifacts = stats_by_kind(engine, tenant_id=tenant_id)
     return Stats(
@@ -253,67 +242,96 @@ def stats(
     )
 
 
-def _top_sessions(
-    conn: Connection,
-    engine: Engine,
-    scope: Sequence[ColumnElement[bool]],
-    top: int,
-    *,
-    by_bytes: bool,
-) -> list[SessionSize]:
+def _counts(
+    conn: Connection, src: Subquery, include_inherited: bool
+) -> tuple[dict[str, int], list[tuple[str, int]], int]:
+    """Events by type and by day (one scan), and the inherited copies in scope."""
+    by_type: dict[str, int] = {}
+    by_day: dict[str, int] = {}
+    inherited = 0
+    rows = conn.execute(
+        select(src.c.type, src.c.day, src.c.inherited, func.sum(src.c.events)).group_by(
+            src.c.type, src.c.day, src.c.inherited
+        )
+    )
+    for kind, day, copied, n in rows:
+        count = int(_plain(n))
+        if copied:
+            inherited += count
+            if not include_inherited:
+                continue
+        by_type[str(kind)] = by_type.get(str(kind), 0) + count
+        by_day[str(day)] = by_day.get(str(day), 0) + count
+    return dict(sorted(by_type.items())), sorted(by_day.items()), inherited
+
+
+def _sessions_figures(
+    conn: Connection, src: Subquery, include_inherited: bool, top: int
+) -> tuple[int, list[SessionSize], list[SessionSize]]:
+    """Active sessions and the top ones by events and by bytes, in one statement over the
+    per-session sums."""
     per_session = (
         select(
-            _events.c.session_id.label("session_id"),
-            func.count().label("events"),
-            func.coalesce(func.sum(_payload_bytes(engine)), 0).label("payload_bytes"),
+            src.c.session_id.label("session_id"),
+            func.sum(src.c.events).label("events"),
+            func.sum(src.c.payload_bytes).label("payload_bytes"),
+            func.sum(src.c.blob_bytes).label("blob_bytes"),
         )
-        .where(*scope)
-        .group_by(_events.c.session_id)
-        .subquery()
+        .where(*_own(src, include_inherited))
+        .group_by(src.c.session_id)
+        .cte("per_session")
     )
-    blob_bytes = (
-        select(_refs.c.session_id.label("session_id"), func.sum(_refs.c.size).label("bytes"))
-        .join(_events, _events.c.position == _refs.c.position)
-        .where(*scope)
-        .group_by(_refs.c.session_id)
-        .subquery()
-    )
-    blob_total = func.coalesce(blob_bytes.c.bytes, 0)
-    order = (
-        desc(per_session.c.payload_bytes + blob_total) if by_bytes else desc(per_session.c.events)
-    )
-    query = (
-        select(
-            per_session.c.session_id,
-            _sessions.c.tenant_id,
-            per_session.c.events,
-            per_session.c.payload_bytes,
-            blob_total,
+    total = per_session.c.payload_bytes + per_session.c.blob_bytes
+
+    def top_by(rank: str, order: ColumnElement[Any]) -> Select[Any]:
+        ranked = (
+            select(
+                literal(rank).label("rank"),
+                per_session.c.session_id,
+                per_session.c.events,
+                per_session.c.payload_bytes,
+                per_session.c.blob_bytes,
+            )
+            .order_by(desc(order), per_session.c.session_id)
+            .limit(top)
+            .subquery()
         )
-        .join(_sessions, _sessions.c.id == per_session.c.session_id)
-        .outerjoin(blob_bytes, blob_bytes.c.session_id == per_session.c.session_id)
-        .order_by(order, per_session.c.session_id)
-        .limit(top)
+        return select(ranked)
+
+    count = select(
+        literal("count").label("rank"),
+        literal(None, String).label("session_id"),
+        func.count().label("events"),
+        literal(0).label("payload_bytes"),
+        literal(0).label("blob_bytes"),
+    ).select_from(per_session)
+    rows: list[Any] = list(
+        conn.execute(
+            union_all(count, top_by("events", per_session.c.events), top_by("bytes", total))
+        )
     )
-    return [
-        SessionSize(sid, tenant, int(n), int(_plain(pb)), int(_plain(bb)))
-        for sid, tenant, n, pb, bb in conn.execute(query)
-    ]
+    tenants = dict(
+        conn.execute(
+            select(_sessions.c.id, _sessions.c.tenant_id).where(
+                _sessions.c.id.in_([r.session_id for r in rows if r.session_id is not None])
+            )
+        ).all()
+    )
+    active = 0
+    ranked: dict[str, list[SessionSize]] = {"events": [], "bytes": []}
+    for rank, sid, n, pb, bb in rows:
+        if rank == "count":
+            active = int(n)
+        elif sid in tenants:
+            size = SessionSize(sid, tenants[sid], int(_plain(n)), int(_plain(pb)), int(_plain(bb)))
+            ranked[rank].append(size)
+    # a union keeps no order: each list again by its own ranking
+    ranked["events"].sort(key=lambda s: (-s.events, s.session_id))
+    ranked["bytes"].sort(key=lambda s: (-s.total_bytes, s.session_id))
+    return active, ranked["events"], ranked["bytes"]
 
 
-def _usage_sums(engine: Engine, aggregate: Any = func.sum) -> list[ColumnElement[Any]]:
-    """Sums of the ``message.usage`` fields, then of its cost (a number or ``cost.total``)."""
-    sums = [
-        aggregate(_json_number(engine, "message", "usage", name)).label(name)
-        for name in _TOKEN_FIELDS
-    ]
-    cost = aggregate(
-        func.coalesce(
-            _json_number(engine, "message", "usage", "cost"),
-            _json_number(engine, "message", "usage", "cost", "total"),
-        ),
-    )
-    return [*sums, cost]
+_TOKENS = rollups.TOKEN_COLUMNS
 
 
 def _summed(
@@ -341,57 +359,38 @@ def _saturated(values: Sequence[Any], what: str) -> TokenTotals:
     )
 
 
-def _token_totals(
-    conn: Connection, engine: Engine, scope: Sequence[ColumnElement[bool]]
-) -> TokenTotals:
-    [row] = _summed(conn, engine, lambda aggregate: _token_sums(engine, scope, aggregate))
-    return _saturated(row, "stats.tokens")
+def _own(src: Subquery, include_inherited: bool) -> list[ColumnElement[bool]]:
+    return [] if include_inherited else [src.c.inherited.is_(False)]
 
 
-def _token_sums(
-    engine: Engine, scope: Sequence[ColumnElement[bool]], aggregate: Any
-) -> Select[Any]:
-    return select(*_usage_sums(engine, aggregate)).where(_events.c.type == "message", *scope)
-
-
-def _entry_day(engine: Engine) -> ColumnElement[Any]:
-    """The day of the entry's own ISO ``timestamp`` (an imported session's events were all
-    recorded on the import's day), else the day the journal recorded it."""
-    if is_sqlite(engine):
-        is_text = func.json_type(_events.c.payload, "$.timestamp") == "text"
-        stamp = func.json_extract(_events.c.payload, "$.timestamp")
-    else:
-        # events.payload is json (exact text), not jsonb: the json_* functions
-        is_text = func.json_typeof(func.json_extract_path(_events.c.payload, "timestamp")) == (
-            "string"
-        )
-        stamp = func.json_extract_path_text(_events.c.payload, "timestamp")
-    return case((is_text, func.substr(stamp, 1, 10)), else_=_day(engine))
-
-
-def _usage_by_day(
-    conn: Connection, engine: Engine, scope: Sequence[ColumnElement[bool]]
-) -> list[DayModelUsage]:
-    day = _entry_day(engine).label("day")
-    model = _json_text(engine, "message", "model").label("model")
-    part = _json_number(engine, "claudeCode", "responseLine")
-    responses = func.count(case((func.coalesce(part, 0) == 0, 1)))
+def _usage(
+    conn: Connection,
+    engine: Engine,
+    source: Callable[..., Subquery],
+    include_inherited: bool,
+) -> tuple[TokenTotals, list[DayModelUsage]]:
+    """Token totals over message events, and per entry day and model over assistant
+    messages, in one scan."""
 
     def query(aggregate: Any) -> Select[Any]:
+        src = source(aggregate)
+        keys = [src.c.assistant, src.c.entry_day, src.c.model, src.c.has_model]
         return (
-            select(day, model, responses, *_usage_sums(engine, aggregate))
-            .where(
-                _events.c.type == "message",
-                _json_text(engine, "message", "role") == "assistant",
-                *scope,
-            )
-            .group_by(day, model)
-            .order_by(day, model)
+            select(*keys, func.sum(src.c.responses), *(aggregate(src.c[n]) for n in _TOKENS))
+            .where(src.c.type == "message", *_own(src, include_inherited))
+            .group_by(*keys)
         )
 
-    return [
-        DayModelUsage(str(d), m, int(_plain(n)), _saturated(values, f"stats.usage.{d}"))
-        for d, m, n, *values in _summed(conn, engine, query)
+    totals: list[Any] = [0] * len(_TOKENS)
+    usage: list[tuple[tuple[str, str, bool], int, list[Any]]] = []
+    for assistant, day, model, known, n, *values in _summed(conn, engine, query):
+        totals = [t + _plain(v) for t, v in zip(totals, values, strict=True)]
+        if assistant:
+            usage.append(((str(day), str(model), bool(known)), int(_plain(n)), values))
+    usage.sort(key=lambda u: u[0])
+    return _saturated(totals, "stats.tokens"), [
+        DayModelUsage(d, m if known else None, n, _saturated(values, f"stats.usage.{d}"))
+        for (d, m, known), n, values in usage
     ]
 
 

@@ -29,6 +29,7 @@ _PHASES = {
     "blobs": "registered blobs",
     "files": "blob files (orphans, temporary files)",
     "artifacts": "expired artifacts",
+    "rollup": "stats rollup (blocks of 256 events; once, then what is new)",
 }
 
 

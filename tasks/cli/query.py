@@ -329,13 +329,16 @@ def stats(
     as_json: bool = JsonOption,
 ) -> None:
     """Events per type and per day, sessions, top sessions, tokens, blob dedup, artifacts."""
-    with open_store() as store:
+    from tasks.cli.maintenance import _bars
+
+    with open_store() as store, _bars(True) as bars:
         result = store.stats(
             tenant_id=tenant,
             since=_when(since, "--since"),
             until=_when(until, "--until"),
             top=top,
             include_inherited=include_inherited,
+            progress=bars,
         )
     data = result.to_dict()
     if as_json:
