@@ -218,7 +218,7 @@ def run_queue(
     t0 = time.perf_counter()
     for i, events in enumerate(payloads):
         handle = enqueue_append(sessions[i % len(sessions)], events, app=app)
-        keys.append(backend.get_key_for_task(handle.id))
+        keys.append(backend.get_key_for_task(handle.task_id))
     t1 = time.perf_counter()
     wait_stored(client, keys)
     t2 = time.perf_counter()

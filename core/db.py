@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -9,6 +10,7 @@ from typing import Any, TypeVar
 
 from sqlalchemy import Connection, Engine, create_engine, event, text
 from sqlalchemy.engine import make_url
+from sqlalchemy.exc import OperationalError
 from sqlalchemy.pool import ConnectionPoolEntry, NullPool
 
 from core import exact_json
@@ -16,6 +18,7 @@ from core.errors import StoreClosed
 
 _WRITE = "sessionstore_write"
 _T = TypeVar("_T")
+log = logging.getLogger(__name__)
 
 
 class _ClosedPool(NullPool):
@@ -118,8 +121,9 @@ def keyset_pages(
         cursor = key(page[-1])
 
 
-def advisory_lock(conn: Connection, key: int | str) -> None:
-    """Hold a named lock until ``conn``'s transaction ends, the same way on both backends.
+def advisory_lock(conn: Connection, key: int | str, *, shared: bool = False) -> None:
+    """Hold a named lock until ``conn``'s transaction ends, the same way on both backends
+    (``shared``: with other shared holders, excluding an exclusive one).
 
     PostgreSQL: a transaction-scoped advisory lock (an int key as is, a text key hashed).
     SQLite: nothing to take, because a write transaction (``write_transaction``) already
@@ -127,16 +131,30 @@ def advisory_lock(conn: Connection, key: int | str) -> None:
     """
     if conn.dialect.name != "postgresql":
         return
-    if isinstance(key, int):
-        conn.execute(_PG_LOCK_INT, {"key": key})
-    else:
-        conn.execute(_PG_LOCK_TEXT, {"key": key})
-
-
-_PG_LOCK_INT = text("SELECT pg_advisory_xact_lock(:key)")
-_PG_LOCK_TEXT = text("SELECT pg_advisory_xact_lock(hashtext(:key))")
+    kind = "_shared" if shared else ""
+    argument = ":key" if isinstance(key, int) else "hashtext(:key)"
+    conn.execute(text(f"SELECT pg_advisory_xact_lock{kind}({argument})"), {"key": key})
 
 
 def display_url(url: str) -> str:
     """A database URL fit to print: the password hidden."""
     return make_url(url).render_as_string(hide_password=True)
+
+
+_DEADLOCK_RETRIES = 3
+
+
+def _is_deadlock(exc: OperationalError) -> bool:
+    return type(exc.orig).__name__ in {"DeadlockDetected", "SerializationFailure"}
+
+
+def retry_deadlocks(transaction: Callable[[], _T]) -> _T:
+    """Run a transaction again when PostgreSQL picked it as a deadlock victim."""
+    for attempt in range(1, _DEADLOCK_RETRIES + 1):
+        try:
+            return transaction()
+        except OperationalError as exc:
+            if attempt == _DEADLOCK_RETRIES or not _is_deadlock(exc):
+                raise
+            log.warning("transaction deadlocked; retrying", extra={"attempt": attempt})
+    raise AssertionError("unreachable")

@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import os
 import tempfile
+from collections.abc import Sequence
 from pathlib import Path
 
 
@@ -44,15 +45,37 @@ def write_durably(path: Path, data: bytes) -> None:
 def replace_atomically(path: Path, data: bytes, *, prefix: str = ".tmp-") -> None:
     """Put ``data`` at ``path``: readers see the old content or the whole new one, and
     after a crash the file is one or the other. The directory must exist."""
-    fd, tmp = tempfile.mkstemp(prefix=prefix, suffix=".part", dir=path.parent)
+    replace_many_atomically([(path, data)], prefix=prefix)
+
+
+def replace_many_atomically(items: Sequence[tuple[Path, bytes]], *, prefix: str = ".tmp-") -> None:
+    """``replace_atomically`` for several files, synced together: every temporary file is
+    written, then each is fsynced (after the first, ext4 has usually committed the rest
+    with it), then renamed, then each directory is fsynced once. A file is renamed only
+    after its own fsync returned, so a crash never exposes a partial one."""
+    fds: list[int] = []
+    temps: list[tuple[str, Path]] = []
     try:
-        with open(fd, "wb") as handle:
-            handle.write(data)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
+        try:
+            for path, data in items:
+                fd, tmp = tempfile.mkstemp(prefix=prefix, suffix=".part", dir=path.parent)
+                fds.append(fd)
+                temps.append((tmp, path))
+                view = memoryview(data)
+                while view:
+                    view = view[os.write(fd, view) :]
+            for fd in fds:
+                os.fsync(fd)
+        finally:
+            for fd in fds:
+                with contextlib.suppress(OSError):
+                    os.close(fd)
+        for tmp, path in temps:
+            os.replace(tmp, path)
     except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
+        for tmp, _ in temps:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp)
         raise
-    fsync_dir(path.parent)
+    for directory in dict.fromkeys(path.parent for path, _ in items):
+        fsync_dir(directory)

@@ -373,6 +373,10 @@ ROLLUP_KEY = (
 )
 """The columns of an ``event_rollups`` row's unique key (``core.query.rollups`` upserts on it)."""
 
+ROLLUP_LOCK = "sessionstore:event_rollups"
+"""Roll-ups hold it shared, a session delete exclusively: the upsert locks rollup rows in no
+set order, the delete in index order, so the two could deadlock over one session's rows."""
+
 
 class EventRollupRow(SQLModel, table=True):
     """The rolled-up events of one session on one day (UTC, recorded), grouped by type and,

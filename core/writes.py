@@ -8,11 +8,14 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
+from functools import partial
 from typing import Any
 
+from sqlalchemy import Connection
+
 from core.blobs.externalize import PersistedBatch, Persister, missing_ref_error
-from core.blobs.store import BlobStore
+from core.blobs.store import BlobStore, StagedPuts, count_puts
 from core.errors import BlobsMissing
 from core.journal import Journal, check_batch
 from core.metrics import metrics
@@ -85,7 +88,8 @@ class Writer:
             if prior is not None:
                 return prior
         tenant_id = self._tenant_of(session_id) if plan.has_input_refs else None
-        batch = self.persister.put(plan, tenant_id=tenant_id)
+        # The new blobs are stored now and registered in the append's own transaction.
+        batch = self.persister.put(plan, tenant_id=tenant_id, register=False)
         return self._append_batch(
             session_id, batch, expected_seq=expected_seq, idempotency_key=idempotency_key
         )
@@ -102,21 +106,36 @@ class Writer:
         expected_seq: int | None,
         idempotency_key: str | None,
     ) -> AppendResult:
-        """Append; if GC took a blob of ours in between, put it again and retry."""
+        """Append, registering the batch's staged blobs in the same transaction; if GC
+        took a blob of ours in between, put it again and retry."""
+        staged = batch.staged
+        # Rows a backend registered while staging (in a commit of its own) are share-locked
+        # by the append like any ref; the others are upserted, and held, by its transaction.
+        register = None
+        if staged is not None and not staged.registered:
+            register = partial(self._register_in_append, staged)
         attempt = 1
         while True:
             try:
-                return self.journal.append(
+                result = self.journal.append(
                     session_id,
                     batch.events,
                     expected_seq=expected_seq,
                     idempotency_key=idempotency_key,
+                    before=register,
                 )
+                if staged is not None:
+                    count_puts(staged.results())
+                return result
             except BlobsMissing as exc:
                 if attempt >= _APPEND_ATTEMPTS:
                     raise
                 self._reput_missing(session_id, batch, exc, attempt)
                 attempt += 1
+
+    def _register_in_append(self, staged: StagedPuts, conn: Connection) -> Collection[str]:
+        self.blobs.register_staged(conn, staged)
+        return staged.unique.keys()
 
     def _reput_missing(
         self, session_id: str, batch: PersistedBatch, exc: BlobsMissing, attempt: int

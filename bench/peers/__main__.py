@@ -185,6 +185,8 @@ def versions() -> dict[str, str]:
     out = {}
     for name in VENV_PINS:
         py = VENVS / name / "bin" / "python"
+        if not py.exists():  # a run of some systems only (--systems)
+            continue
         freeze = subprocess.run(
             [str(py), "-m", "pip", "freeze"], capture_output=True, text=True, check=True
         ).stdout

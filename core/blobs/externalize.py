@@ -27,6 +27,7 @@ from typing import Any
 from core.blobs.store import (
     BLOB_REF_PREFIX,
     BlobStore,
+    StagedPuts,
     looks_like_ref,
     make_ref,
     parse_ref,
@@ -82,6 +83,8 @@ class PersistedBatch:
     # bytes of every blob this batch put, so a blob GC'd before the append can be re-put
     blobs: dict[str, bytes] = field(default_factory=dict)
     input_refs: list[InputRef] = field(default_factory=list)
+    # blobs stored but not yet registered (``Persister.put(register=False)``)
+    staged: StagedPuts | None = None
 
     def input_ref_for(self, hashes: set[str]) -> InputRef | None:
         """The first producer-sent ref among ``hashes`` (those cannot be re-put)."""
@@ -198,12 +201,33 @@ class _Walker:
 
 
 def canonical_base64(text: str) -> bytes | None:
-    """The decoded bytes, only if encoding them again gives back exactly ``text``."""
+    """The decoded bytes, only if encoding them again gives back exactly ``text``.
+
+    Strict decoding (``validate=True``) already refuses every other alphabet, whitespace,
+    missing or misplaced padding; what it still accepts and encoding would change is a
+    length that is not the encoded length (extra padding) or a last character carrying
+    non-zero bits the padding leaves over. So the check looks at
+    that one character instead of encoding a screenshot's bytes again."""
     try:
         raw = base64.b64decode(text, validate=True)
     except (binascii.Error, ValueError):
         return None
-    return raw if base64.b64encode(raw) == text.encode("ascii") else None
+    if len(text) != 4 * ((len(raw) + 2) // 3):  # e.g. a stray "=" after whole quanta
+        return None
+    if text.endswith("=="):
+        spare = 0xF  # one byte in the last quantum: the low 4 bits of the 2nd character
+        last = text[-3]
+    elif text.endswith("="):
+        spare = 0x3  # two bytes: the low 2 bits of the 3rd character
+        last = text[-2]
+    else:
+        return raw
+    return raw if _B64_VALUE[last] & spare == 0 else None
+
+
+_B64_VALUE = {
+    c: i for i, c in enumerate("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/")
+}
 
 
 def _is_image_data_url(value: Any) -> bool:
@@ -284,17 +308,26 @@ class Persister:
             return False
         return _WALK_MARKERS.search(as_json) is None
 
-    def put(self, plan: PersistPlan, *, tenant_id: str | None = None) -> PersistedBatch:
+    def put(
+        self, plan: PersistPlan, *, tenant_id: str | None = None, register: bool = True
+    ) -> PersistedBatch:
         """Store the plan's blobs and put their refs (and manifest entries) in place.
 
         A producer-sent ref is accepted only when the batch itself carries the bytes, or a
         session of ``tenant_id`` already references the blob (None: no tenant, so neither).
+        ``register=False``: the blobs are stored durably but left for the caller to
+        register in the transaction that appends the batch (``PersistedBatch.staged``).
         """
         events, payloads = plan.events, plan.payloads
         input_refs = [ref for walker in plan.walkers for ref in walker.input_refs]
         slots = [slot for walker in plan.walkers for slot in walker.slots]
         ref_sizes = self._check_input_refs(input_refs, slots, tenant_id)
-        results = self.blobs.put_many([slot.data for slot in slots])
+        staged: StagedPuts | None = None
+        if register or not slots:
+            results = self.blobs.put_many([slot.data for slot in slots])
+        else:
+            staged = self.blobs.stage_many([slot.data for slot in slots])
+            results = staged.results()
         refs: list[list[ManifestEntry]] = [[] for _ in events]
         for slot, result in zip(slots, results, strict=True):
             set_at_pointer(payloads[slot.event], slot.pointer, make_ref(result.hash))
@@ -314,7 +347,7 @@ class Persister:
             )
         ]
         put = {r.hash: slot.data for slot, r in zip(slots, results, strict=True)}
-        return PersistedBatch(prepared, put, input_refs)
+        return PersistedBatch(prepared, put, input_refs, staged)
 
     def _walk(self, index: int, event: dict[str, Any]) -> tuple[_Walker, dict[str, Any]]:
         walker = _Walker(index, image_min=self.image_min, inline_limit=self.inline_limit)

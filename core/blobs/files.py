@@ -18,10 +18,12 @@ from core.blobs.store import (
     BlobIndex,
     BlobStore,
     Codec,
+    _Stored,
     check_hash,
+    encode_blob,
     parse_blob_name,
 )
-from core.fsio import fsync_dir, replace_atomically
+from core.fsio import fsync_dir, replace_many_atomically
 from core.models import utcnow
 
 log = logging.getLogger(__name__)
@@ -109,15 +111,39 @@ class FileBlobStore(BlobStore):
                 yield parsed[0], path
 
     def _write(self, blob_hash: str, codec: Codec, payload: bytes) -> None:
-        path = self.path_for(blob_hash, codec)
-        created = _make_dirs(self.root, path.parent)
-        replace_atomically(path, payload)
+        self._write_all({blob_hash: (codec, payload)})
+
+    def _stage_all(self, unique: dict[str, bytes]) -> dict[str, _Stored]:
+        """As the base, but the new files are written and synced together."""
+        staged: dict[str, _Stored] = {}
+        new: dict[str, tuple[Codec, bytes]] = {}
+        for blob_hash, data in unique.items():
+            kept = self._kept(blob_hash, data)
+            if kept is not None:
+                staged[blob_hash] = kept
+            else:
+                new[blob_hash] = encode_blob(data, level=self.gzip_level)
+        self._write_all(new)
+        for blob_hash, (codec, payload) in new.items():
+            self._discard_other_codecs(blob_hash, codec)
+            staged[blob_hash] = _Stored(codec, len(payload), payload, written=True)
+        return staged
+
+    def _write_all(self, files: dict[str, tuple[Codec, bytes]]) -> None:
+        """Write blob files durably and atomically, synced together (one pass of fsyncs)."""
+        if not files:
+            return
+        items = [(self.path_for(h, codec), payload) for h, (codec, payload) in files.items()]
+        created = [d for path, _ in items for d in _make_dirs(self.root, path.parent)]
+        replace_many_atomically(items)
         # A new fan-out directory is durable only once its own parent is synced.
-        for directory in [d.parent for d in created]:
+        for directory in dict.fromkeys(d.parent for d in created):
             fsync_dir(directory)
-        log.debug(
-            "blob written", extra={"blob_hash": blob_hash, "codec": codec, "bytes": len(payload)}
-        )
+        for blob_hash, (codec, payload) in files.items():
+            log.debug(
+                "blob written",
+                extra={"blob_hash": blob_hash, "codec": codec, "bytes": len(payload)},
+            )
 
     def remove_file(self, blob_hash: str) -> bool:
         removed = False

@@ -43,15 +43,16 @@ from core.blobs.store import (
     BlobIndex,
     BlobStore,
     Codec,
+    StagedPuts,
     _Stored,
+    by_hash,
     check_hash,
     decode_blob,
     encode_blob,
     parse_blob_name,
-    retry_deadlocks,
     sha256_hex,
 )
-from core.db import is_sqlite, write_transaction
+from core.db import is_sqlite, retry_deadlocks, write_transaction
 from core.errors import StorageUnavailable
 from core.models import BlobRow, table_of, utcnow
 
@@ -198,7 +199,16 @@ class ObjectBlobStore(BlobStore):
         written = self._create(blob_hash, codec, payload)
         return _Stored(codec, len(payload), payload, written=written)
 
-    def _store(self, unique: dict[str, bytes]) -> dict[str, _Stored]:
+    def stage_many(self, items: Sequence[bytes]) -> StagedPuts:
+        """On PostgreSQL the objects are stored under their row locks, so staging registers
+        too, in its own transaction (``register_staged`` then has nothing left to do)."""
+        if is_sqlite(self.index.engine):
+            return super().stage_many(items)
+        hashes, unique = by_hash(items)
+        final = self._store_registered(unique)
+        return StagedPuts(hashes, unique, final, registered=True, final=final)
+
+    def _store_registered(self, unique: dict[str, bytes]) -> dict[str, _Stored]:
         """On PostgreSQL: the rows first, then the objects, then the commit.
 
         GC removes an object only while it holds that hash's row lock (a placeholder row for
@@ -208,8 +218,6 @@ class ObjectBlobStore(BlobStore):
         takes the lock also says which blobs were registered (no lookup before the PUT).
         SQLite's write lock is database-wide and is never held through network calls: the
         base order (write, then register and re-check) stays there."""
-        if is_sqlite(self.index.engine):
-            return super()._store(unique)
         encoded = {h: encode_blob(data, level=self.gzip_level) for h, data in unique.items()}
         return retry_deadlocks(lambda: self._store_under_locks(unique, encoded))
 

@@ -20,18 +20,17 @@ import logging
 import re
 import zlib
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterable, Iterator, Sequence
-from dataclasses import dataclass
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
-from typing import Any, Literal, TypeVar
+from typing import Any, Literal
 
 from sqlalchemy import Connection, Engine, exists, func, select, update
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
-from sqlalchemy.exc import OperationalError
 
-from core.db import is_sqlite, read_connection, write_transaction
+from core.db import is_sqlite, read_connection, retry_deadlocks, write_transaction
 from core.errors import BlobCorrupted, BlobNotFound, InvalidBlobHash
 from core.metrics import metrics
 from core.models import BlobRefRow, BlobRow, SessionRow, table_of, utcnow
@@ -54,8 +53,6 @@ MIN_COMPRESSION_SAVING = 0.10
 DEFAULT_GZIP_LEVEL = 6
 _MEDIA_MAGIC = (b"\x89PNG\r\n\x1a\n", b"\xff\xd8\xff", b"GIF87a", b"GIF89a")
 _GZIP_WBITS = 31  # zlib container = gzip, with a zero mtime so output is deterministic
-_DEADLOCK_RETRIES = 3
-_T = TypeVar("_T")
 
 _blobs = table_of(BlobRow)
 _refs = table_of(BlobRefRow)
@@ -178,6 +175,30 @@ class _Stored:
     written: bool
 
 
+@dataclass
+class StagedPuts:
+    """Blobs stored durably (``stage_many``), to be registered in one transaction.
+
+    ``registered``: a backend that registers while it stores (objects on PostgreSQL) has
+    already committed the rows, and ``final`` is set."""
+
+    hashes: list[str]  # per item, in order (duplicates included)
+    unique: dict[str, bytes]
+    staged: dict[str, _Stored]
+    registered: bool = False
+    final: dict[str, _Stored] | None = field(default=None, repr=False)
+
+    def results(self) -> list[PutResult]:
+        final = self.final if self.final is not None else self.staged
+        results = []
+        for h in self.hashes:
+            stored = final[h]
+            results.append(
+                PutResult(h, len(self.unique[h]), stored.stored_size, stored.codec, stored.written)
+            )
+        return results
+
+
 # the registry table ---------------------------------------------------------------------
 
 
@@ -284,22 +305,6 @@ def _upsert_statement(engine: Engine) -> Any:
     )
 
 
-def _is_deadlock(exc: OperationalError) -> bool:
-    return type(exc.orig).__name__ in {"DeadlockDetected", "SerializationFailure"}
-
-
-def retry_deadlocks(register: Callable[[], _T]) -> _T:
-    """Run a registration transaction again when PostgreSQL picked it as a deadlock victim."""
-    for attempt in range(1, _DEADLOCK_RETRIES + 1):
-        try:
-            return register()
-        except OperationalError as exc:
-            if attempt == _DEADLOCK_RETRIES or not _is_deadlock(exc):
-                raise
-            log.warning("blob registration deadlocked; retrying", extra={"attempt": attempt})
-    raise AssertionError("unreachable")
-
-
 # the interface --------------------------------------------------------------------------
 
 
@@ -377,15 +382,28 @@ class BlobStore(ABC):
         """Store each item (identical content once) and register all in one transaction."""
         if not items:
             return []
-        hashes = [sha256_hex(bytes(data)) for data in items]
-        unique = dict(zip(hashes, (bytes(d) for d in items), strict=True))
-        staged = self._store(unique)
-        results = [
-            PutResult(h, len(unique[h]), staged[h].stored_size, staged[h].codec, staged[h].written)
-            for h in hashes
-        ]
-        _count_puts(results)
+        puts = self.stage_many(items)
+        if not puts.registered:
+            puts.final = retry_deadlocks(lambda: self._register(puts.unique, puts.staged))
+        results = puts.results()
+        count_puts(results)
         return results
+
+    @translated
+    def stage_many(self, items: Sequence[bytes]) -> StagedPuts:
+        """Store each item durably, registering none yet: ``register_staged`` does, inside
+        the transaction that commits the events referencing them (invariant 2: registered
+        no later than the reference commits; one commit per append instead of two)."""
+        hashes, unique = by_hash(items)
+        return StagedPuts(hashes, unique, self._stage_all(unique))
+
+    def register_staged(self, conn: Connection, puts: StagedPuts) -> list[PutResult]:
+        """Register staged blobs in the caller's write transaction: their row locks (hash
+        order), then each object re-checked and re-created if GC took it meanwhile. The
+        results count (``count_puts``) once that transaction has committed."""
+        if not puts.registered:
+            puts.final = self._register_in(conn, puts.unique, puts.staged)
+        return puts.results()
 
     @translated
     def get(self, blob_hash: str) -> bytes:
@@ -433,25 +451,29 @@ class BlobStore(ABC):
 
     # put internals ----------------------------------------------------------------------
 
-    def _store(self, unique: dict[str, bytes]) -> dict[str, _Stored]:
-        """Write and register each blob (hash -> content). Encoding and the durable write
-        happen before the transaction, so the database write lock is not held through
-        compression and fsync; ``_register`` then re-checks under the row locks."""
-        staged = {h: self._stage(h, data) for h, data in unique.items()}
-        return retry_deadlocks(lambda: self._register(unique, staged))
+    def _stage_all(self, unique: dict[str, bytes]) -> dict[str, _Stored]:
+        """Encode and durably write each blob, before any transaction: the database write
+        lock is never held through compression and fsync."""
+        return {h: self._stage(h, data) for h, data in unique.items()}
 
     def _stage(self, blob_hash: str, data: bytes, first: Codec | None = None) -> _Stored:
+        kept = self._kept(blob_hash, data, first)
+        return kept if kept is not None else self._replace(blob_hash, data)
+
+    def _kept(self, blob_hash: str, data: bytes, first: Codec | None = None) -> _Stored | None:
+        """The stored object, if there is one and it holds this content (verified)."""
         found = self._find(blob_hash, first)
-        if found is not None:
-            problem = self.check_stored(blob_hash, len(data))
-            if problem is None:
-                return _Stored(found[0], found[1], None, written=False)
-            # Invariant 13: a re-put of the content repairs a damaged file, never trusts it.
-            log.warning(
-                "stored blob is corrupt; replacing it from the put's content",
-                extra={"blob_hash": blob_hash, "problem": problem},
-            )
-        return self._replace(blob_hash, data)
+        if found is None:
+            return None
+        problem = self.check_stored(blob_hash, len(data))
+        if problem is None:
+            return _Stored(found[0], found[1], None, written=False)
+        # Invariant 13: a re-put of the content repairs a damaged file, never trusts it.
+        log.warning(
+            "stored blob is corrupt; replacing it from the put's content",
+            extra={"blob_hash": blob_hash, "problem": problem},
+        )
+        return None
 
     def _replace(self, blob_hash: str, data: bytes) -> _Stored:
         """Write the content atomically, then drop a stale file stored under another codec."""
@@ -483,14 +505,20 @@ class BlobStore(ABC):
         return None
 
     def _register(self, unique: dict[str, bytes], staged: dict[str, _Stored]) -> dict[str, _Stored]:
-        """Row locks first, then make sure every object exists, then commit (invariant 6)."""
-        now = utcnow()
         with write_transaction(self.index.engine) as conn:
-            self.index.upsert(conn, [_row(h, unique[h], staged[h], now) for h in staged])
-            final = {h: self._ensure(h, unique[h], staged[h]) for h in sorted(staged)}
-            changed = [_row(h, unique[h], s, now) for h, s in final.items() if s is not staged[h]]
-            if changed:
-                self.index.upsert(conn, changed)
+            return self._register_in(conn, unique, staged)
+
+    def _register_in(
+        self, conn: Connection, unique: dict[str, bytes], staged: dict[str, _Stored]
+    ) -> dict[str, _Stored]:
+        """Row locks first, then make sure every object exists (invariant 6); the caller
+        commits."""
+        now = utcnow()
+        self.index.upsert(conn, [_row(h, unique[h], staged[h], now) for h in staged])
+        final = {h: self._ensure(h, unique[h], staged[h]) for h in sorted(staged)}
+        changed = [_row(h, unique[h], s, now) for h, s in final.items() if s is not staged[h]]
+        if changed:
+            self.index.upsert(conn, changed)
         return final
 
     def _ensure(self, blob_hash: str, data: bytes, staged: _Stored) -> _Stored:
@@ -506,7 +534,13 @@ class BlobStore(ABC):
         return _Stored(staged.codec, len(staged.payload), staged.payload, written=True)
 
 
-def _count_puts(results: Sequence[PutResult]) -> None:
+def by_hash(items: Sequence[bytes]) -> tuple[list[str], dict[str, bytes]]:
+    """Each item's hash, in order, and the distinct contents by hash."""
+    hashes = [sha256_hex(bytes(data)) for data in items]
+    return hashes, dict(zip(hashes, (bytes(d) for d in items), strict=True))
+
+
+def count_puts(results: Sequence[PutResult]) -> None:
     """Bytes written anew, and bytes a put found already stored (dedup), for the metrics."""
     written: set[str] = set()
     new = dedup = 0

@@ -7,7 +7,7 @@ position safe to follow (DESIGN invariant 4).
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 from contextlib import contextmanager
 from datetime import datetime
 from typing import Any
@@ -26,7 +26,14 @@ from sqlalchemy import (
 from sqlalchemy.exc import IntegrityError
 
 from core import exact_json
-from core.db import advisory_lock, is_sqlite, keyset_pages, read_connection, write_transaction
+from core.db import (
+    advisory_lock,
+    is_sqlite,
+    keyset_pages,
+    read_connection,
+    retry_deadlocks,
+    write_transaction,
+)
 from core.errors import (
     BlobsMissing,
     ConcurrencyConflict,
@@ -36,7 +43,6 @@ from core.errors import (
 from core.journal import manifest
 from core.journal.postgres import (
     PG_APPEND,
-    PG_APPEND_KEYED,
     PG_NEXT_POSITIONS,
     SQLITE_LAST_POSITION,
     WRITER_LOCK_KEY,
@@ -44,6 +50,7 @@ from core.journal.postgres import (
 )
 from core.journal.sessions import MAX_READ_PAGE, SessionRows
 from core.models import (
+    ROLLUP_LOCK,
     BlobRefRow,
     BlobRow,
     EventRollupRow,
@@ -114,13 +121,29 @@ class Journal(SessionRows):
         *,
         expected_seq: int | None = None,
         idempotency_key: str | None = None,
+        before: Callable[[Connection], Collection[str]] | None = None,
     ) -> AppendResult:
+        """Append ``events`` to a session, atomically (invariants 3-5).
+
+        ``before`` runs first inside the append's transaction (the writer registers the
+        batch's new blobs there) and returns the blob hashes it holds locked: those need no
+        second check. A transaction chosen as a deadlock victim runs again.
+        """
         if idempotency_key is not None and not 0 < len(idempotency_key) <= 200:
             raise InvalidEvent("idempotency_key", "must be 1..200 characters")
-        single_statement = not is_sqlite(self.engine) and not any(ev.refs for ev in events)
-        try:
+        single_statement = (
+            not is_sqlite(self.engine) and before is None and not any(ev.refs for ev in events)
+        )
+
+        def attempt() -> AppendResult:
             with self._append_connection(single_statement) as conn:
-                return self._append_in(conn, session_id, events, expected_seq, idempotency_key)
+                held = before(conn) if before is not None else ()
+                return self._append_in(
+                    conn, session_id, events, expected_seq, idempotency_key, held
+                )
+
+        try:
+            return retry_deadlocks(attempt)
         except IntegrityError as exc:
             # The one place a unique-key violation becomes a domain answer: the same key
             # committed by a concurrent writer is a replay; anything else is a conflict.
@@ -154,8 +177,9 @@ class Journal(SessionRows):
         events: Sequence[PreparedEvent],
         expected_seq: int | None,
         idempotency_key: str | None,
+        held: Collection[str] = (),
     ) -> AppendResult:
-        self._require_blobs(conn, {ref.hash for ev in events for ref in ev.refs})
+        self._require_blobs(conn, {ref.hash for ev in events for ref in ev.refs} - set(held))
         now = utcnow()
         if is_sqlite(self.engine):
             written = self._write_generic(
@@ -172,7 +196,8 @@ class Journal(SessionRows):
             head = self.session_in(conn, session_id).head_seq  # raises SessionNotFound
             raise ConcurrencyConflict(session_id, expected_seq or 0, head)
         first_seq, positions = written
-        self._insert_manifest(conn, session_id, positions, [ev.refs for ev in events])
+        if is_sqlite(self.engine):  # PostgreSQL's one statement wrote the manifest too
+            self._insert_manifest(conn, session_id, positions, [ev.refs for ev in events])
         return AppendResult(session_id, first_seq, first_seq + len(events) - 1, positions)
 
     def _write_generic(
@@ -229,9 +254,13 @@ class Journal(SessionRows):
         now: datetime,
     ) -> tuple[int, list[int]] | None:
         """The same write as one statement: a round trip per append, whatever the batch."""
-        sql = PG_APPEND_KEYED if idempotency_key is not None else PG_APPEND
+        refs = [
+            {"ord": i, "pointer": r.pointer, "hash": r.hash, "size": r.size, "encoding": r.encoding}
+            for i, ev in enumerate(events, start=1)
+            for r in ev.refs
+        ]
         rows = conn.execute(
-            sql,
+            PG_APPEND[idempotency_key is not None, bool(refs)],
             {
                 "sid": session_id,
                 "n": len(events),
@@ -243,6 +272,7 @@ class Journal(SessionRows):
                 "types": [ev.type for ev in events],
                 "key": idempotency_key,
                 "lock_key": WRITER_LOCK_KEY,
+                "refs": exact_json.dumps(refs).decode() if refs else None,
             },
         ).all()
         if not rows:
@@ -525,5 +555,6 @@ class Journal(SessionRows):
         conn.execute(delete(_refs).where(_refs.c.session_id == session_id))
         conn.execute(delete(_writes).where(_writes.c.session_id == session_id))
         conn.execute(delete(_events).where(_events.c.session_id == session_id))
+        advisory_lock(conn, ROLLUP_LOCK)  # no roll-up meanwhile (see ROLLUP_LOCK)
         conn.execute(delete(_rollups).where(_rollups.c.session_id == session_id))
         conn.execute(delete(_offsets).where(_offsets.c.session_id == session_id))

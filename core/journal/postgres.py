@@ -51,16 +51,32 @@ WITH writer_lock AS MATERIALIZED (
     ORDER BY e.ord
     RETURNING position, seq
 )"""
-PG_APPEND = text(PG_APPEND_CTES + "\nSELECT position, seq FROM inserted ORDER BY seq")
-PG_APPEND_KEYED = text(
-    PG_APPEND_CTES
-    + """, recorded AS (
+# The batch's manifest rows, in the same statement (a round trip less per append with
+# blob refs): each ref names its event by ordinal in the batch. The blob rows themselves
+# are upserted (and locked) by a statement before this one, so row locks are always
+# taken before the writers' lock.
+_PG_MANIFEST = """, manifest AS (
+    INSERT INTO blob_refs (position, session_id, pointer, hash, size, encoding)
+    SELECT i.position, :sid, r.pointer, r.hash, r.size, r.encoding
+    FROM json_to_recordset(CAST(:refs AS json))
+         AS r(ord BIGINT, pointer TEXT, hash TEXT, size BIGINT, encoding TEXT)
+    JOIN inserted AS i ON i.seq = (SELECT head_seq FROM claimed) - :n + r.ord
+)"""
+_PG_RECORD = """, recorded AS (
     INSERT INTO writes (session_id, idempotency_key, first_seq, last_seq, positions, created_at)
     SELECT :sid, :key, min(seq), max(seq), to_json(array_agg(position ORDER BY seq)), :now
     FROM inserted HAVING count(*) > 0
-)
-SELECT position, seq FROM inserted ORDER BY seq"""
-)
+)"""
+_PG_RESULT = "\nSELECT position, seq FROM inserted ORDER BY seq"
+PG_APPEND = {
+    (keyed, refs): text(
+        PG_APPEND_CTES + (_PG_MANIFEST if refs else "") + (_PG_RECORD if keyed else "") + _PG_RESULT
+    )
+    for keyed in (False, True)
+    for refs in (False, True)
+}
+"""The append statement by (idempotency key given, manifest rows given)."""
+
 
 _SESSION_EVENTS = (
     "SELECT session_id, seq, position, type, payload, recorded_at FROM events "

@@ -99,10 +99,22 @@ def plain_json(value: Any, *, max_depth: int) -> bytes | None:
     copy = orjson.loads(encoded)
     if copy != value:
         return None
-    # Each level needs an opening bracket, so few brackets bound the depth.
-    if encoded.count(b"{") + encoded.count(b"[") > max_depth and _depth(copy) > max_depth:
+    if _too_deep(encoded, copy, max_depth):
         return None
     return encoded
+
+
+# Counting brackets reads every byte; the walk's cost follows the nodes. A large event is
+# mostly one long string (a screenshot, a tool's output), so it is walked instead.
+_COUNT_BRACKETS_BELOW = 64 * 1024
+
+
+def _too_deep(encoded: bytes, copy: Any, max_depth: int) -> bool:
+    # Each level needs an opening bracket, so few brackets bound the depth.
+    if len(encoded) < _COUNT_BRACKETS_BELOW:
+        if encoded.count(b"{") + encoded.count(b"[") <= max_depth:
+            return False
+    return _depth(copy) > max_depth
 
 
 def _depth(value: Any) -> int:

@@ -62,13 +62,13 @@ from sqlalchemy import (
 )
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
-from sqlalchemy.exc import OperationalError, SQLAlchemyError
+from sqlalchemy.exc import OperationalError, ProgrammingError, SQLAlchemyError
 from sqlalchemy.sql.elements import ColumnElement
 from sqlalchemy.sql.selectable import Subquery
 
-from core.db import is_sqlite, read_connection, write_transaction
+from core.db import advisory_lock, is_sqlite, read_connection, write_transaction
 from core.maintenance.runs import Progress
-from core.models import ROLLUP_KEY, EventRollupBlockRow, EventRollupRow, table_of
+from core.models import ROLLUP_KEY, ROLLUP_LOCK, EventRollupBlockRow, EventRollupRow, table_of
 from core.query.analytics import (
     _TOKEN_FIELDS,
     _day,
@@ -129,24 +129,24 @@ def roll_up(
     for lo in range(first, end, ROLLUP_CHUNK_BLOCKS):
         if progress is not None:
             progress("rollup", lo - first, end - first)
-        hi = min(lo + ROLLUP_CHUNK_BLOCKS, end)
         try:
-            done += _roll_up_blocks(engine, lo, hi)
-        except OperationalError as exc:
-            if not (is_sqlite(engine) and "overflow" in str(exc)):
-                log.debug("event rollups stopped at block %d: %s", lo, exc)
-                return done
-            try:
-                done += sum(_roll_up_one_by_one(engine, block) for block in range(lo, hi))
-            except SQLAlchemyError as again:
-                log.debug("event rollups stopped at block %d: %s", lo, again)
-                return done
+            done += _roll_up_chunk(engine, lo, min(lo + ROLLUP_CHUNK_BLOCKS, end))
         except SQLAlchemyError as exc:
             log.debug("event rollups stopped at block %d: %s", lo, exc)
             return done
     if progress is not None and end > first:
         progress("rollup", end - first, end - first)
     return done
+
+
+def _roll_up_chunk(engine: Engine, lo: int, hi: int) -> int:
+    """Blocks [lo, hi) in one transaction; on SQLite's integer overflow, one at a time."""
+    try:
+        return _roll_up_blocks(engine, lo, hi)
+    except OperationalError as exc:
+        if not (is_sqlite(engine) and "overflow" in str(exc)):
+            raise
+    return sum(_roll_up_one_by_one(engine, block) for block in range(lo, hi))
 
 
 def _roll_up_one_by_one(engine: Engine, block: int) -> int:
@@ -173,6 +173,7 @@ def _roll_up_blocks(engine: Engine, lo: int, hi: int, *, rolled: bool = True) ->
         .returning(_marks.c.block)
     )
     with write_transaction(engine) as conn:
+        advisory_lock(conn, ROLLUP_LOCK, shared=True)  # no session delete meanwhile
         claimed = sorted(int(b) for b in conn.execute(claim).scalars())
         if claimed and rolled:
             for a, b in _runs(claimed):
@@ -310,10 +311,24 @@ def _day_start(when: datetime) -> datetime:
 
 
 def plan(conn: Connection, since: datetime | None, until: datetime | None) -> Plan:
-    """Split ``[since, until)`` into whole UTC days (from the rollup) and the cut parts."""
-    marks = conn.execute(select(_marks.c.block, _marks.c.rolled).order_by(_marks.c.block)).all()
-    rolled_end = (int(marks[-1][0]) + 1) * TIME_BLOCK if marks else 0
-    unrolled = _runs([int(b) for b, ok in marks if not ok])
+    """Split ``[since, until)`` into whole UTC days (from the rollup) and the cut parts.
+    A reader that may not read the rollup's tables reads everything live."""
+    for bound in (since, until):
+        if bound is not None and bound.tzinfo is None:
+            raise ValueError("naive datetime: sessionstore stores UTC-aware datetimes only")
+    try:
+        with conn.begin_nested():  # a savepoint: a refused read leaves the snapshot usable
+            return _plan(conn, since, until)
+    except ProgrammingError as exc:  # e.g. a role granted SELECT before migration 0014
+        log.debug("event rollups not readable; stats read every event: %s", exc)
+        return Plan(0, [], None, [])
+
+
+def _plan(conn: Connection, since: datetime | None, until: datetime | None) -> Plan:
+    last = conn.execute(select(func.max(_marks.c.block))).scalar_one_or_none()
+    rolled_end = 0 if last is None else (int(last) + 1) * TIME_BLOCK
+    skipped = select(_marks.c.block).where(_marks.c.rolled.is_(False)).order_by(_marks.c.block)
+    unrolled = _runs([int(b) for b in conn.execute(skipped).scalars()])
     first: datetime | None = None
     if since is not None:
         first = _day_start(since)
@@ -331,8 +346,8 @@ def plan(conn: Connection, since: datetime | None, until: datetime | None) -> Pl
     if until is not None and end is not None and end < until:
         cut.append((end, until))
     days = (
-        None if first is None else first.strftime("%Y-%m-%d"),
-        None if end is None else end.strftime("%Y-%m-%d"),
+        None if first is None else first.date().isoformat(),  # years < 1000 padded too
+        None if end is None else end.date().isoformat(),
     )
     return Plan(rolled_end, unrolled, days, cut)
 

@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from decimal import Decimal
+from decimal import Decimal, localcontext
 from typing import Any
 
 from sqlalchemy import (
@@ -381,17 +382,28 @@ def _usage(
             .group_by(*keys)
         )
 
-    totals: list[Any] = [0] * len(_TOKENS)
-    usage: list[tuple[tuple[str, str, bool], int, list[Any]]] = []
+    columns: list[list[Any]] = [[] for _ in _TOKENS]
+    usage: list[tuple[tuple[str, bool, str], int, list[Any]]] = []
     for assistant, day, model, known, n, *values in _summed(conn, engine, query):
-        totals = [t + _plain(v) for t, v in zip(totals, values, strict=True)]
-        if assistant:
-            usage.append(((str(day), str(model), bool(known)), int(_plain(n)), values))
+        for column, value in zip(columns, values, strict=True):
+            if value is not None:
+                column.append(value)
+        if assistant:  # a model's rows, then the rows without one (PostgreSQL's NULLS LAST)
+            usage.append(((str(day), not known, str(model)), int(_plain(n)), values))
     usage.sort(key=lambda u: u[0])
-    return _saturated(totals, "stats.tokens"), [
-        DayModelUsage(d, m if known else None, n, _saturated(values, f"stats.usage.{d}"))
-        for (d, m, known), n, values in usage
+    return _saturated([_exact_sum(c) for c in columns], "stats.tokens"), [
+        DayModelUsage(d, None if unknown else m, n, _saturated(values, f"stats.usage.{d}"))
+        for (d, unknown, m), n, values in usage
     ]
+
+
+def _exact_sum(values: list[Any]) -> Any:
+    """The sum of per-group sums as SQL would give it in one: exact for integers and
+    PostgreSQL's decimals (whatever the order), correctly rounded for floats."""
+    if any(isinstance(v, float) for v in values):
+        return math.fsum(float(v) for v in values)
+    with localcontext(prec=100):
+        return sum(values, start=0)
 
 
 def _blob_summary(conn: Connection, engine: Engine, tenant_id: str | None) -> BlobSummary:

@@ -65,10 +65,12 @@ def test_watch_survives_sigkill_and_doubles_nothing(store: SessionStore, tmp_pat
         stdout=subprocess.PIPE,
     )
     try:
-        time.sleep(4)
-        watcher.send_signal(signal.SIGKILL)  # mid-stream: maybe mid-append
+        # Kill it once it is importing (a loaded CI machine can take seconds to start it),
+        # while the agent is still writing: mid-stream, maybe mid-append.
+        wait_for(lambda: '"session_id"' in log.read_text(), 30, "the watcher to import")
+        time.sleep(1)
+        watcher.send_signal(signal.SIGKILL)
         watcher.wait(timeout=10)
-        assert log.read_text().count('"session_id"') > 0  # it was importing when killed
         time.sleep(1)  # the agent keeps writing while no watcher runs
         watcher = _watcher(directory, env, log)
         out, _ = agent.communicate(timeout=60)
@@ -88,4 +90,6 @@ def test_watch_survives_sigkill_and_doubles_nothing(store: SessionStore, tmp_pat
             if process.poll() is None:
                 process.kill()
                 process.wait(timeout=10)
+        if agent.stdout is not None:  # a failure before communicate() left the pipe open
+            agent.stdout.close()
     assert "Traceback" not in log.read_text(errors="replace")

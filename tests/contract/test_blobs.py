@@ -194,6 +194,9 @@ class BlobStoreContract:
         monkeypatch.setattr(
             blob_store, "_write", lambda h, *a: writes.append(h) or real_write(h, *a)
         )
+        if isinstance(blob_store, FileBlobStore):  # its batches write through _write_all
+            real_all = blob_store._write_all
+            monkeypatch.setattr(blob_store, "_write_all", lambda f: writes.extend(f) or real_all(f))
         assert blob_store.put(TEXT).written is False
         assert writes == []
 
@@ -348,32 +351,82 @@ class BlobStoreContract:
         assert stats.saved_by_dedup == 0  # nothing references them yet (see test_persist)
 
 
+def durable_steps(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Record each fsync (of a file or a directory) and rename, in order, as they happen."""
+    steps: list[str] = []
+    real_fsync, real_replace = os.fsync, os.replace
+
+    def fsync(fd: int) -> None:
+        steps.append("fsync-dir" if Path(f"/proc/self/fd/{fd}").is_dir() else "fsync-file")
+        real_fsync(fd)
+
+    def replace(src: Any, dst: Any) -> None:
+        assert Path(src).parent == Path(dst).parent and Path(src).name.startswith(".tmp-")
+        steps.append("rename")
+        real_replace(src, dst)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    monkeypatch.setattr(os, "replace", replace)
+    return steps
+
+
 class FileDurability:
     """What only the file backend has: temporary file, fsync, rename, directory fsync."""
 
     def test_write_is_temp_fsync_rename_then_dir_fsync(
         self, blob_store: BlobStore, monkeypatch: pytest.MonkeyPatch
     ) -> None:
-        steps: list[str] = []
-        real_fsync, real_replace = os.fsync, os.replace
-
-        def fsync(fd: int) -> None:
-            steps.append("fsync-dir" if Path(f"/proc/self/fd/{fd}").is_dir() else "fsync-file")
-            real_fsync(fd)
-
-        def replace(src: Any, dst: Any) -> None:
-            assert Path(src).parent == Path(dst).parent and Path(src).name.startswith(".tmp-")
-            steps.append("rename")
-            real_replace(src, dst)
-
-        monkeypatch.setattr(os, "fsync", fsync)
-        monkeypatch.setattr(os, "replace", replace)
+        steps = durable_steps(monkeypatch)
         blob_store.put(TEXT)
         assert steps[:3] == ["fsync-file", "rename", "fsync-dir"]
         assert set(steps[3:]) <= {"fsync-dir"}  # newly created parent directories
         steps.clear()
         blob_store.put(TEXT)  # existing blob: no write at all
         assert steps == []
+
+    def test_a_batch_is_written_then_synced_then_renamed_together(
+        self, blob_store: BlobStore, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        steps = durable_steps(monkeypatch)
+        items = [TEXT, png_like(), b"third" * 1000, TEXT]
+        results = blob_store.put_many(items)
+        assert [r.written for r in results] == [True, True, True, True]
+        assert steps[:6] == ["fsync-file"] * 3 + ["rename"] * 3
+        assert set(steps[6:]) == {"fsync-dir"}
+        for data, result in zip(items, results, strict=True):
+            assert blob_store.get(result.hash) == data
+
+    @pytest.mark.parametrize("failing", ["write", "fsync", "replace"])
+    def test_a_batch_that_fails_midway_leaves_no_temp_file_and_no_row(
+        self, blob_store: BlobStore, monkeypatch: pytest.MonkeyPatch, failing: str
+    ) -> None:
+        """The second file's write, fsync or rename fails (disk full): no temporary file
+        stays, and nothing is registered; a file already renamed is complete (an orphan for
+        GC)."""
+        calls: list[int] = []
+        real = getattr(os, failing)
+
+        def flaky(*args: Any) -> Any:
+            of_a_directory = failing == "fsync" and Path(f"/proc/self/fd/{args[0]}").is_dir()
+            if not of_a_directory:
+                calls.append(1)
+                if len(calls) == 2:
+                    raise OSError(28, "No space left on device")
+            return real(*args)
+
+        monkeypatch.setattr(os, failing, flaky)
+        items = [TEXT, png_like(), b"third" * 1000]
+        with pytest.raises(OSError, match="No space left"):
+            blob_store.put_many(items)
+        monkeypatch.setattr(os, failing, real)
+        assert isinstance(blob_store, FileBlobStore)
+        leftovers = [p for p in blob_store.root.rglob("*") if p.name.endswith(".part")]
+        assert leftovers == []
+        assert all(blob_store.info(sha256_hex(d)) is None for d in items)
+        for path in stored_files(blob_store):  # what was renamed is whole
+            h = path.name.split(".")[0]
+            assert h in {sha256_hex(d) for d in items}
+            assert blob_store.check_stored(h) is None
 
     def test_failed_write_leaves_no_temp_file(
         self, blob_store: BlobStore, monkeypatch: pytest.MonkeyPatch

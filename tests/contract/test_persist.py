@@ -4,19 +4,23 @@ from __future__ import annotations
 
 import base64
 import copy
+import logging
 import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from psycopg.errors import DeadlockDetected
 from sqlalchemy import func, select
+from sqlalchemy.exc import OperationalError
 
 from core import InvalidEvent, SessionStore, Settings
 from core.blobs.externalize import TRANSIENT_FIELDS, canonical_base64
 from core.blobs.files import FileBlobStore
-from core.blobs.store import BLOB_REF_PREFIX, make_ref, parse_ref, sha256_hex
-from core.errors import BlobsMissing
+from core.blobs.store import BLOB_REF_PREFIX, StagedPuts, make_ref, parse_ref, sha256_hex
+from core.db import write_transaction
+from core.errors import BlobsMissing, ConcurrencyConflict
 from core.models import BlobRefRow, BlobRow, EventRow
 from core.records import ManifestEntry, StoredEvent
 
@@ -435,9 +439,78 @@ def gc_once(store: SessionStore, monkeypatch: pytest.MonkeyPatch, *, times: int 
     return calls
 
 
+def test_blobs_gc_took_before_the_append_are_recreated_in_its_transaction(
+    store: SessionStore, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The batch's blobs are registered by the append's own transaction: a file GC removed
+    after staging is written again under the row lock, and the append needs no retry."""
+    session = store.create_session(tenant_id="acme")
+    event = user(image(image_b64(2048)), "q" * 20_000)
+    calls = gc_once(store, monkeypatch)
+    with caplog.at_level(logging.WARNING, logger="core.blobs.store"):
+        store.append(session.id, [event])
+    assert len(calls) == 1
+    assert caplog.text.count("blob vanished before registration") == 2
+    [back] = store.read(session.id, rehydrate=True)
+    assert back.payload == event
+    assert count(store, BlobRow) == 2
+
+
+def test_a_failed_append_registers_none_of_its_blobs(store: SessionStore) -> None:
+    """The registration commits with the events or not at all: a conflicting append leaves
+    its blob files unregistered (orphans for GC's file sweep), never a row of its own."""
+    session = store.create_session(tenant_id="acme")
+    with pytest.raises(ConcurrencyConflict):
+        store.append(session.id, [user("r" * 20_000)], expected_seq=5)
+    assert count(store, BlobRow) == 0
+    assert len(list(store.blobs.iter_files())) == 1
+
+
+def test_an_append_chosen_as_a_deadlock_victim_runs_again_whole(
+    store: SessionStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """PostgreSQL may pick the append's transaction as a deadlock victim once its blob rows
+    are locked: it rolls back whole and runs again, registering and writing once."""
+    session = store.create_session(tenant_id="acme")
+    real = store.blobs.register_staged
+    calls: list[int] = []
+
+    def register_staged(conn: Any, puts: StagedPuts) -> Any:
+        calls.append(1)
+        results = real(conn, puts)
+        if len(calls) == 1:
+            raise OperationalError("INSERT INTO blobs", {}, DeadlockDetected("deadlock detected"))
+        return results
+
+    monkeypatch.setattr(store.blobs, "register_staged", register_staged)
+    event = user("d" * 20_000)
+    got = store.append(session.id, [event])
+    assert len(calls) == 2
+    assert (got.first_seq, got.last_seq) == (1, 1)
+    [back] = store.read(session.id, rehydrate=True)
+    assert back.payload == event
+    assert count(store, BlobRow) == 1 and count(store, EventRow) == 1
+
+
+def registered_while_staging(store: SessionStore, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Stage as a backend that registers in its own transaction does (objects on
+    PostgreSQL): then GC can take a blob between that commit and the append."""
+    real = store.blobs.stage_many
+
+    def stage_many(items: Any) -> StagedPuts:
+        puts = real(items)
+        with write_transaction(store.engine) as conn:
+            store.blobs.register_staged(conn, puts)
+        puts.registered = True
+        return puts
+
+    monkeypatch.setattr(store.blobs, "stage_many", stage_many)
+
+
 def test_append_reputs_blobs_gc_took_and_retries(
     store: SessionStore, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    registered_while_staging(store, monkeypatch)
     session = store.create_session(tenant_id="acme")
     event = user(image(image_b64(2048)), "q" * 20_000)
     calls = gc_once(store, monkeypatch)
@@ -449,6 +522,7 @@ def test_append_reputs_blobs_gc_took_and_retries(
 
 
 def test_append_retries_are_bounded(store: SessionStore, monkeypatch: pytest.MonkeyPatch) -> None:
+    registered_while_staging(store, monkeypatch)
     session = store.create_session(tenant_id="acme")
     calls = gc_once(store, monkeypatch, times=100)
     with pytest.raises(BlobsMissing):

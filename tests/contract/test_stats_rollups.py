@@ -7,7 +7,9 @@ cut blocks, a reader that may not write the rollup, and a roll-up that fails hal
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -16,7 +18,7 @@ from hypothesis import strategies as st
 from sqlalchemy import func, select, update
 from sqlalchemy.exc import OperationalError, ProgrammingError
 
-from core import SessionStore
+from core import SessionStore, Settings
 from core.errors import SessionStoreError
 from core.models import EventRollupBlockRow, EventRollupRow, EventRow, table_of
 from core.query import rollups
@@ -383,3 +385,111 @@ def test_the_roll_up_reports_its_progress_per_transaction(
     calls.clear()
     store.stats(progress=lambda *a: calls.append(a))
     assert calls == []  # nothing new to roll up: no bar
+
+
+def test_bounds_before_the_year_1000_compare_as_days(
+    store: SessionStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The rollup's days are compared as text: ``strftime("%Y")`` gave '500-01-01' for
+    the year 500, which sorts after '2026-11-01' (found in review)."""
+    monkeypatch.setattr(rollups, "TIME_BLOCK", 4)
+    sid = store.create_session(tenant_id="acme").id
+    _append_at(store, sid, 10, 4, 0, 1)
+    assert stats(store.engine).events == 10  # rolled up
+    ancient = datetime(500, 1, 1, tzinfo=UTC)
+    assert stats(store.engine, until=ancient).events == 0
+    assert stats(store.engine, since=ancient).events == 10
+    assert stats(store.engine, since=datetime(1, 1, 1, tzinfo=UTC)).events == 10
+
+
+def test_token_totals_add_the_groups_exactly(
+    store: SessionStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Totals over several (day, model) groups are added as one SQL sum would: exact
+    decimals on PostgreSQL (0.1 + 0.2 is 0.3 there), correctly rounded floats on SQLite."""
+    monkeypatch.setattr(rollups, "TIME_BLOCK", 4)
+    sid = store.create_session(tenant_id="acme").id
+
+    def message(model: str, cost: float) -> dict[str, Any]:
+        usage = {"input": 1, "cost": cost}
+        return {"type": "message", "message": {"role": "assistant", "model": model, "usage": usage}}
+
+    store.append(sid, [message("a", 0.1), message("b", 0.2)])
+    got = stats(store.engine)
+    if store.engine.dialect.name == "postgresql":
+        assert got.tokens.cost == 0.3  # 0.1 + 0.2 in floats is 0.30000000000000004
+    else:
+        assert got.tokens.cost == 0.1 + 0.2  # what SQLite's own sum gives
+    assert got.tokens.input == 2
+    assert [u.model for u in got.usage_by_day] == ["a", "b"]
+
+
+def test_usage_rows_without_a_model_come_after_the_models(store: SessionStore) -> None:
+    sid = store.create_session(tenant_id="acme").id
+    bare = {"type": "message", "message": {"role": "assistant", "usage": {"input": 1}}}
+    named = {"type": "message", "message": {"role": "assistant", "model": "m", "usage": {}}}
+    store.append(sid, [bare, named])
+    assert [u.model for u in stats(store.engine).usage_by_day] == ["m", None]
+
+
+def test_naive_bounds_are_refused_with_a_clear_error(store: SessionStore) -> None:
+    with pytest.raises(ValueError, match="naive datetime"):
+        stats(store.engine, since=datetime(2026, 11, 1))
+
+
+@pytest.fixture
+def pg_store(pg_url: str, tmp_path: Path) -> Iterator[SessionStore]:
+    settings = Settings(data_dir=tmp_path / "data", database_url=pg_url)
+    with SessionStore.from_settings(settings) as store:
+        yield store
+
+
+@pytest.mark.postgres
+def test_a_role_that_may_not_read_the_rollup_gets_every_figure_live(
+    pg_store: SessionStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An analyst's role granted SELECT before migration 0014 cannot read the new tables:
+    stats() reads every event instead (in a savepoint, so the snapshot stays usable)."""
+    import uuid
+
+    from core.db import make_engine
+
+    monkeypatch.setattr(rollups, "TIME_BLOCK", 4)
+    sid = pg_store.create_session(tenant_id="acme").id
+    _append_at(pg_store, sid, 10, 4, 0, 1)
+    whole = stats(pg_store.engine)  # rolled up by the owner
+    role = f"analyst_{uuid.uuid4().hex[:8]}"
+    url = pg_store.engine.url
+    with pg_store.engine.begin() as conn:
+        conn.exec_driver_sql(f"CREATE ROLE {role} LOGIN")
+        conn.exec_driver_sql(f"GRANT SELECT ON ALL TABLES IN SCHEMA public TO {role}")
+        conn.exec_driver_sql(f"REVOKE SELECT ON event_rollups, event_rollup_blocks FROM {role}")
+    analyst = make_engine(url.set(username=role).render_as_string(hide_password=False))
+    try:
+        _same(stats(analyst), whole)
+    finally:
+        analyst.dispose()
+        with pg_store.engine.begin() as conn:
+            conn.exec_driver_sql(f"DROP OWNED BY {role}")
+            conn.exec_driver_sql(f"DROP ROLE {role}")
+
+
+@pytest.mark.postgres
+def test_a_session_delete_waits_for_a_roll_up_in_progress(pg_store: SessionStore) -> None:
+    """Roll-ups hold ROLLUP_LOCK shared and a delete takes it exclusively: the upsert locks
+    rollup rows in no set order and the delete in index order, which could deadlock."""
+    import threading
+
+    from core.db import advisory_lock
+    from core.models import ROLLUP_LOCK
+
+    sid = pg_store.create_session(tenant_id="acme").id
+    pg_store.append(sid, [{"type": "custom", "data": 1}])
+    done = threading.Event()
+    with pg_store.engine.begin() as conn:  # a roll-up in progress
+        advisory_lock(conn, ROLLUP_LOCK, shared=True)
+        deleting = threading.Thread(target=lambda: (pg_store.delete_session(sid), done.set()))
+        deleting.start()
+        assert not done.wait(1.0)  # the delete waits for the roll-up
+    deleting.join(10)
+    assert done.is_set()

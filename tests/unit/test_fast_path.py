@@ -115,11 +115,12 @@ def test_fast_path_declines_what_it_cannot_vouch_for(value: Any) -> None:
     assert validation.plain_json({"type": "m", "v": value}, max_depth=MAX_DEPTH) is None
 
 
-def test_fast_path_depth_limit_is_exact() -> None:
+@pytest.mark.parametrize("padding", ["", "x" * 70_000])  # a large event is walked
+def test_fast_path_depth_limit_is_exact(padding: str) -> None:
     # Many brackets but shallow: still fast; one level too deep: declined.
-    wide = {"type": "m", "items": [{"a": [1]} for _ in range(50)]}
+    wide = {"type": "m", "items": [{"a": [1]} for _ in range(50)], "pad": padding}
     assert validation.plain_json(wide, max_depth=4) is not None
-    deep: dict[str, Any] = {"type": "m"}
+    deep: dict[str, Any] = {"type": "m", "pad": padding}
     node = deep
     for _ in range(3):
         node["x"] = {}

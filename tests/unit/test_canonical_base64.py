@@ -1,0 +1,50 @@
+"""``canonical_base64``'s one-character check agrees with decoding and encoding again."""
+
+from __future__ import annotations
+
+import base64
+import binascii
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from core.blobs.externalize import canonical_base64
+
+_ALPHABET = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/"
+
+
+def reference(text: str) -> bytes | None:
+    """The definition: strict decode, then encode again and compare."""
+    try:
+        raw = base64.b64decode(text, validate=True)
+    except (binascii.Error, ValueError):
+        return None
+    return raw if base64.b64encode(raw) == text.encode("ascii") else None
+
+
+@st.composite
+def almost_base64(draw: st.DrawFn) -> str:
+    """Valid encodings, then with the last characters, the padding or the length damaged."""
+    text = base64.b64encode(draw(st.binary(max_size=64))).decode()
+    for _ in range(draw(st.integers(0, 3))):
+        where = draw(st.integers(0, len(text)))
+        what = draw(st.sampled_from([*_ALPHABET, "=", "==", "\n", " ", "-", "_", "é", ""]))
+        cut = draw(st.integers(0, 2))
+        text = text[:where] + what + text[where + cut :]
+    return text
+
+
+@given(almost_base64())
+def test_agrees_with_the_definition_near_valid_base64(text: str) -> None:
+    assert canonical_base64(text) == reference(text)
+
+
+@given(st.text(alphabet=_ALPHABET + "=\n é\x00\ud800", max_size=40))
+def test_agrees_with_the_definition_on_any_text(text: str) -> None:
+    assert canonical_base64(text) == reference(text)
+
+
+def test_every_last_character_before_padding() -> None:
+    for c in _ALPHABET:
+        for text in (f"AA{c}=", f"A{c}==", f"AAAAAA{c}="):
+            assert canonical_base64(text) == reference(text), text
