@@ -40,6 +40,9 @@ def _hang_once_after_commit(dbapi_connection: Any, record: Any) -> None:
 
 
 SLOW_REHYDRATE_S = float(os.environ.get("SS_SLOW_REHYDRATE_S", "0"))
+# With SS_SLOW_REHYDRATE_WHILE (a path), only while that file exists: the build to kill is
+# slow, the retry that takes it over runs at full speed, well inside its time limit.
+SLOW_REHYDRATE_WHILE = os.environ.get("SS_SLOW_REHYDRATE_WHILE")
 
 if SLOW_REHYDRATE_S:
     from core.blobs.rehydrate import Rehydrator
@@ -49,7 +52,8 @@ if SLOW_REHYDRATE_S:
     def _slow_events(self: Rehydrator, *args: Any, **kwargs: Any) -> Any:
         """With ``SS_SLOW_REHYDRATE_S``, every rehydration of events waits: a rehydrate
         build (one call per event with blobs) takes long enough to be killed midway."""
-        time.sleep(SLOW_REHYDRATE_S)
+        if SLOW_REHYDRATE_WHILE is None or os.path.exists(SLOW_REHYDRATE_WHILE):
+            time.sleep(SLOW_REHYDRATE_S)
         return _real_events(self, *args, **kwargs)
 
     Rehydrator.events = _slow_events  # type: ignore[method-assign]

@@ -202,13 +202,18 @@ def test_a_worker_killed_mid_build_serves_nothing_partial_and_the_retry_complete
         visibility_timeout=10,
     )
     app = create_app(queue_settings.with_overrides(task_visibility_timeout=10))
-    slow = {**env, "SS_SLOW_REHYDRATE_S": "0.02"}  # 120 events, ~2.5 s: time to kill it
+    # 120 events, ~2.5 s: time to kill it. Slow only while `slow_flag` exists: the retry
+    # must finish inside the soft time limit (4 s at this visibility timeout), under load too.
+    slow_flag = tmp_path / "slow"
+    slow_flag.touch()
+    slow = {**env, "SS_SLOW_REHYDRATE_S": "0.02", "SS_SLOW_REHYDRATE_WHILE": str(slow_flag)}
     worker = WorkerProcess(slow, tmp_path / "w1.log", concurrency=1, include="tests.faults")
     try:
         handle = enqueue_rehydrate(sid, tenant_id="acme", app=app)
         wait_for(lambda: handle.progress() is not None, 60, "the build to report progress")
         [child] = _pool_children(worker.proc.pid)
         os.kill(child, signal.SIGKILL)  # the pool process dies mid-build
+        slow_flag.unlink()
         with store.engine.connect() as conn:
             assert conn.execute(select(_rows.c.status)).scalars().all() == ["building"]
             published = select(_artifacts).where(_artifacts.c.session_id == sid)
