@@ -72,6 +72,7 @@ SYSTEMS = (
         batch=False,
     ),
     System("raw", "raw psycopg executemany (floor)", "raw", None),
+    System("rawf", "raw psycopg executemany + the same blob files (floor)", "raw_files", None),
 )
 
 
@@ -247,7 +248,11 @@ def report(
             f"| {fmt_mb(v.get('storage'), raw200)} | {fmt_mb(v.get('growth'), raw_growth)} "
             f"| {fmt_ms(v.get('rebuild_first'))} | {fmt_ms(v.get('rebuild_warm'))} | {checks} |"
         )
-    lines += ["", "Versions: " + "; ".join(f"{k}: {vers[k]}" for k in (*VENV_PINS, "ours")), ""]
+    lines += [
+        "",
+        "Versions: " + "; ".join(f"{k}: {vers[k]}" for k in (*VENV_PINS, "ours") if k in vers),
+        "",
+    ]
     lines += targets(results, raw200, raw_growth)
     return "\n".join(lines) + "\n"
 
@@ -263,6 +268,7 @@ def targets(results: dict[str, Samples], raw200: int, raw_growth: int) -> list[s
     paired = [
         ("batch-100 vs LangGraph DeltaChannel", "batch", "lgd", 1.0, True),
         ("batch-100 vs raw floor", "batch", "raw", 0.85, True),
+        ("batch-100 vs raw + blob files floor", "batch", "rawf", 0.85, True),
         (f"single vs best peer ({best})", "single", best, 3.0, True),
         ("rebuild (fresh process) vs DeltaChannel", "rebuild_first", "lgd", 1.0, False),
         ("rebuild (warm) vs DeltaChannel", "rebuild_warm", "lgd", 1.0, False),
