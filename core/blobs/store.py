@@ -30,6 +30,7 @@ from sqlalchemy import Connection, Engine, exists, func, select, update
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 
+from core.blobs.digests import StoredDigests
 from core.db import is_sqlite, read_connection, retry_deadlocks, write_transaction
 from core.errors import BlobCorrupted, BlobNotFound, InvalidBlobHash
 from core.metrics import metrics
@@ -314,6 +315,7 @@ class BlobStore(ABC):
     def __init__(self, index: BlobIndex, *, gzip_level: int = DEFAULT_GZIP_LEVEL) -> None:
         self.index = index
         self.gzip_level = gzip_level
+        self.digests = StoredDigests()  # stored bytes this process wrote or verified
 
     # storage primitives -----------------------------------------------------------------
 
@@ -479,6 +481,7 @@ class BlobStore(ABC):
         """Write the content atomically, then drop a stale file stored under another codec."""
         codec, payload = encode_blob(data, level=self.gzip_level)
         self._write(blob_hash, codec, payload)
+        self.digests.record(blob_hash, codec, payload)
         self._discard_other_codecs(blob_hash, codec)
         return _Stored(codec, len(payload), payload, written=True)
 
@@ -486,7 +489,8 @@ class BlobStore(ABC):
         """Why the stored object is not this blob (None when it is, or is absent).
 
         The cheap check first: a stored identity file, or decoded content, of the wrong
-        size; only then the hash of the content.
+        size; the stored bytes against the digest this process recorded of them
+        (``StoredDigests``); only then the hash of the decoded content.
         """
         found = self._read(blob_hash)
         if found is None:
@@ -494,6 +498,8 @@ class BlobStore(ABC):
         codec, stored = found
         if codec == "identity" and size is not None and len(stored) != size:
             return f"stored size {len(stored)} != content size {size}"
+        if self.digests.matches(blob_hash, codec, stored):
+            return None
         try:
             data = decode_blob(codec, stored)
         except zlib.error as exc:
@@ -502,6 +508,7 @@ class BlobStore(ABC):
             return f"decoded size {len(data)} != content size {size}"
         if sha256_hex(data) != blob_hash:
             return "content does not match its hash"
+        self.digests.record(blob_hash, codec, stored)
         return None
 
     def _register(self, unique: dict[str, bytes], staged: dict[str, _Stored]) -> dict[str, _Stored]:
@@ -531,6 +538,7 @@ class BlobStore(ABC):
         if staged.payload is None:
             return self._replace(blob_hash, data)
         self._write(blob_hash, staged.codec, staged.payload)
+        self.digests.record(blob_hash, staged.codec, staged.payload)
         return _Stored(staged.codec, len(staged.payload), staged.payload, written=True)
 
 

@@ -121,3 +121,88 @@ def test_rehydrating_read_keeps_the_ref_of_a_corrupt_blob(
         [event] = store.read(session.id, rehydrate=True)
     assert event.payload["data"] == ref
     assert any(r.__dict__.get("blob_hash") == blob_hash for r in caplog.records)
+
+
+# --- re-puts verify the stored bytes by the digest this process recorded (issue 19.2) -------
+
+
+def _count_inflates(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Every full check of stored content (inflate + hash), by codec."""
+    import core.blobs.store as store_module
+
+    calls: list[str] = []
+    real = store_module.decode_blob
+
+    def counting(codec: str, stored: bytes) -> bytes:
+        calls.append(codec)
+        return real(codec, stored)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(store_module, "decode_blob", counting)
+    return calls
+
+
+def test_a_re_put_of_a_gzip_blob_this_process_wrote_hashes_the_stored_bytes_only(
+    store: SessionStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    first = store.blobs.put(TEXT)
+    assert first.codec == "gzip" and first.written
+    inflates = _count_inflates(monkeypatch)
+    for _ in range(3):
+        again = store.blobs.put(TEXT)
+        assert not again.written and again.hash == first.hash
+    assert inflates == []  # proven by the stored bytes' digest, not by inflating them
+    # a store that did not write it (another process) checks it in full, once
+    other = SessionStore.from_settings(store.settings)
+    try:
+        assert not other.blobs.put(TEXT).written
+        assert not other.blobs.put(TEXT).written
+    finally:
+        other.close()
+    assert inflates == ["gzip"]
+
+
+@pytest.mark.parametrize("damage", sorted(DAMAGE))
+def test_a_damaged_file_never_matches_the_recorded_digest(
+    store: SessionStore, damage: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    blob_hash = store.blobs.put(TEXT).hash
+    store.blobs.put(TEXT)  # trusted by digest from here on
+    DAMAGE[damage](_blob_file(store, blob_hash))
+    inflates = _count_inflates(monkeypatch)
+    again = store.blobs.put(TEXT)
+    assert again.written  # repaired from the put's content, not trusted
+    assert inflates == ["gzip"]
+    assert store.blobs.get(blob_hash) == TEXT and verify_blobs(store.blobs).healthy
+
+
+def test_other_valid_gzip_bytes_of_the_same_content_get_the_full_check(
+    store: SessionStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A file rewritten with other bytes that decode to the same content (another gzip
+    level, say by ``blobs verify --repair-from`` in another process) is not what the digest
+    recorded: it is checked in full, found good, and its digest recorded in turn."""
+    import zlib
+
+    blob_hash = store.blobs.put(TEXT).hash
+    path = _blob_file(store, blob_hash)
+    path.write_bytes(zlib.compress(TEXT, 1, wbits=31))
+    inflates = _count_inflates(monkeypatch)
+    assert not store.blobs.put(TEXT).written
+    assert not store.blobs.put(TEXT).written
+    assert inflates == ["gzip"]
+
+
+def test_stored_digests_are_bounded_and_forget() -> None:
+    from core.blobs.digests import StoredDigests
+
+    digests = StoredDigests(max_entries=2)
+    for name in ("a", "b", "c"):
+        digests.record(name * 64, "gzip", name.encode())
+    assert not digests.matches("a" * 64, "gzip", b"a")  # the oldest went first
+    assert digests.matches("b" * 64, "gzip", b"b") and digests.matches("c" * 64, "gzip", b"c")
+    assert not digests.matches("c" * 64, "gzip", b"C")
+    assert not digests.matches("c" * 64, "identity", b"c")  # identity: always the full check
+    digests.record("d" * 64, "identity", b"d")
+    assert not digests.matches("d" * 64, "identity", b"d")
+    digests.forget("c" * 64)
+    assert not digests.matches("c" * 64, "gzip", b"c")
