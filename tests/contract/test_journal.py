@@ -383,6 +383,57 @@ class TestPostgresJournal(JournalContract):
             ).scalar()
         assert (role, kind) == ("assistant", "json")  # the text as written (migration 0009)
 
+    def test_a_streamed_read_is_the_whole_read(
+        self, store: SessionStore, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """Reads come in chunks of rows, decoded as they arrive; every window, across chunk
+        boundaries and with TOASTed payloads among small ones, is what one fetch gives."""
+        from core.journal import postgres
+
+        assert postgres._chunked(), "this libpq has no chunked rows mode: the test is moot"
+        s = store.create_session(tenant_id="acme")
+        rng = random.Random(19)
+        events = [_msg(i, text="x" * rng.choice((0, 10, 5000, 15_000, 70_000))) for i in range(300)]
+        store.append(s.id, events)
+        windows = [(0, None, None), (63, 129, None), (1, None, 64), (250, None, 1), (299, None, 5)]
+        streamed = [store.read(s.id, after_seq=a, upto_seq=u, limit=n) for a, u, n in windows]
+        monkeypatch.setattr(postgres, "_chunked", lambda: False)
+        whole = [store.read(s.id, after_seq=a, upto_seq=u, limit=n) for a, u, n in windows]
+        assert streamed == whole
+        assert [e.payload for e in store.read(s.id, rehydrate=True)] == events
+        assert [len(w) for w in streamed] == [300, 66, 64, 1, 1]
+
+    @pytest.mark.timeout(60)  # the defect it guards against is a hang
+    def test_a_read_that_fails_mid_stream_leaves_its_connection_usable(
+        self, store: SessionStore, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """An error while rows are still arriving: the query is cancelled and drained, the
+        transaction rolled back, and the same pooled connection serves the next read."""
+        from core.journal import postgres
+
+        s = store.create_session(tenant_id="acme")
+        store.append(s.id, [_msg(i, text="y" * 3000) for i in range(500)])
+        backends = set()
+
+        @event.listens_for(store.engine, "checkout")
+        def _seen(dbapi_conn: Any, record: Any, proxy: Any) -> None:
+            backends.add(dbapi_conn.info.backend_pid)
+
+        real = postgres.StoredEvent
+
+        def failing(*args: Any) -> Any:
+            if args[1] == 70:  # the second chunk: the server is still sending
+                raise RuntimeError("decoder failed")
+            return real(*args)
+
+        monkeypatch.setattr(postgres, "StoredEvent", failing)
+        with pytest.raises(RuntimeError, match="decoder failed"):
+            store.read(s.id)
+        monkeypatch.setattr(postgres, "StoredEvent", real)
+        assert [e.seq for e in store.read(s.id)] == list(range(1, 501))
+        assert store.append(s.id, [_msg(501)]).first_seq == 501
+        assert len(backends) == 1, backends  # not a new connection: the old one was sound
+
 
 def test_a_closed_store_refuses_use_and_leaves_no_connection_behind(settings: Settings) -> None:
     """Used after ``close()``, a store used to open a fresh pool that nothing closed; the
