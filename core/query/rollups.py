@@ -359,15 +359,22 @@ def figures(
     since: datetime | None,
     until: datetime | None,
     sessions: Select[Any] | None,
+    by: Sequence[str],
+    sums: Sequence[str],
     aggregate: Any = func.sum,
-    tokens: bool = True,
 ) -> Subquery:
-    """The journal's figures over ``[since, until)`` as rows of the rollup's key and sums:
-    rollup rows of the whole days, live groups for the cut parts and for what is not rolled
-    up. ``sessions``: the session ids in scope (a tenant's), else every existing session.
-    ``aggregate`` sums the live tokens (SQLite's ``total`` after an integer overflow);
-    without ``tokens`` the live rows leave the usage columns (entry day, model, assistant,
-    responses, tokens) empty: figures by type, day and session, which do not read them."""
+    """The journal's figures over ``[since, until)``: the ``sums`` (of ``SUM_COLUMNS``)
+    grouped ``by`` some of the rollup's key columns, per part: the rollup rows of the whole
+    days, live groups for the cut parts and for what is not rolled up. A part's rows are
+    grouped by ``by`` within the part, so a reader that groups them again reads a few rows
+    per part, not one per rollup row: with every session active on every day the rollup
+    has nearly a row per event. ``sessions``: the session ids in scope (a tenant's), else
+    every existing session. ``aggregate`` sums the tokens (SQLite's ``total`` after an
+    integer overflow). Without a usage column in ``by`` or ``sums`` the live rows leave
+    the usage columns (entry day, model, assistant, responses, tokens) empty and the JSON
+    is not read."""
+    usage = {"entry_day", "model", "has_model", "assistant", "responses", *TOKEN_COLUMNS}
+    tokens = not usage.isdisjoint({*by, *sums})
     in_tenant: list[ColumnElement[bool]] = []
     if sessions is not None:
         in_tenant.append(_events.c.session_id.in_(sessions))
@@ -399,6 +406,19 @@ def figures(
         where += [_rollups.c.day < end] if end is not None else []
         columns = [_rollups.c[name] for name in (*KEY_COLUMNS, *SUM_COLUMNS)]
         parts.append(select(*columns).where(*where))
-    if len(parts) == 1:
-        return parts[0].subquery("figures")
-    return union_all(*parts).subquery("figures")
+    grouped = [_regrouped(p, by, sums, aggregate) for p in parts]
+    if len(grouped) == 1:
+        return grouped[0].subquery("figures")
+    return union_all(*grouped).subquery("figures")
+
+
+def _regrouped(
+    part: Select[Any], by: Sequence[str], sums: Sequence[str], aggregate: Any
+) -> Select[Any]:
+    rows = part.subquery()
+    keys = [rows.c[name] for name in by]
+    totals = [
+        (aggregate if name in TOKEN_COLUMNS else func.sum)(rows.c[name]).label(name)
+        for name in sums
+    ]
+    return select(*keys, *totals).group_by(*keys)

@@ -204,24 +204,27 @@ def stats(
     with snapshot_connection(engine) as conn:  # the rollup and the live events, at one time
         the_plan = rollups.plan(conn, since, until)
 
-        def source(aggregate: Any = func.sum, *, tokens: bool = True) -> Subquery:
+        def source(by: Sequence[str], sums: Sequence[str], aggregate: Any = func.sum) -> Subquery:
             return rollups.figures(
                 engine,
                 the_plan,
                 since=since,
                 until=until,
                 sessions=in_tenant,
+                by=by,
+                sums=sums,
                 aggregate=aggregate,
-                tokens=tokens,
             )
 
-        src = source(tokens=False)
-        by_type, by_day, inherited = _counts(conn, src, include_inherited)
+        by_type, by_day, inherited = _counts(
+            conn, source(("type", "day", "inherited"), ("events",)), include_inherited
+        )
         sessions_query = select(func.count()).select_from(_sessions)
         if tenant_id is not None:
             sessions_query = sessions_query.where(_sessions.c.tenant_id == tenant_id)
         sessions = int(conn.execute(sessions_query).scalar_one())
-        active, by_events, by_bytes = _sessions_figures(conn, src, include_inherited, top)
+        per_session = source(("session_id", "inherited"), ("events", "payload_bytes", "blob_bytes"))
+        active, by_events, by_bytes = _sessions_figures(conn, per_session, include_inherited, top)
         tokens, usage_by_day = _usage(conn, engine, source, include_inherited)
         blobs = _blob_summary(conn, engine, tenant_id)
     artifacts = stats_by_kind(engine, tenant_id=tenant_id)
@@ -333,6 +336,7 @@ def _sessions_figures(
 
 
 _TOKENS = rollups.TOKEN_COLUMNS
+_USAGE_BY = ("assistant", "entry_day", "model", "has_model", "type", "inherited")
 
 
 def _summed(
@@ -374,7 +378,7 @@ def _usage(
     messages, in one scan."""
 
     def query(aggregate: Any) -> Select[Any]:
-        src = source(aggregate)
+        src = source(_USAGE_BY, ("responses", *_TOKENS), aggregate)
         keys = [src.c.assistant, src.c.entry_day, src.c.model, src.c.has_model]
         return (
             select(*keys, func.sum(src.c.responses), *(aggregate(src.c[n]) for n in _TOKENS))
