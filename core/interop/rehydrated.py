@@ -149,14 +149,25 @@ def _claim(store: SessionStore, key: tuple[str, str, int], builder: str) -> bool
     except IntegrityError:
         pass
     stale = now - timedelta(seconds=STALE_AFTER_S)
+    # The row is checked again here, not taken from ``_usable``: a build that finished
+    # after ``_usable`` looked is served, not built a second time.
+    live_output = (
+        select(_artifacts.c.local_id)
+        .where(
+            _artifacts.c.session_id == _rows.c.session_id,
+            _artifacts.c.local_id == _rows.c.artifact_id,
+            _artifacts.c.expires_at > now,
+        )
+        .exists()
+    )
+    dead_build = (_rows.c.status == BUILDING) & (_rows.c.heartbeat_at < stale)
     with write_transaction(store.engine) as conn:
         taken = conn.execute(
             update(_rows)
             .where(*_where(key))
-            .where((_rows.c.status == DONE) | (_rows.c.heartbeat_at < stale))
+            .where(dead_build | ((_rows.c.status == DONE) & ~live_output))
             .values(**values)
         ).rowcount
-    # A DONE row is only claimable here when ``_usable`` found its artifact expired.
     return bool(taken)
 
 

@@ -155,6 +155,44 @@ def test_twenty_identical_requests_build_once(store: SessionStore, app: Celery) 
 
 
 @pytest.mark.postgres
+def test_a_build_that_finished_after_the_waiter_looked_is_not_claimed_again(
+    store: SessionStore,
+) -> None:
+    """A waiter looks (``_usable``: still building), the build finishes, the waiter then
+    tries to claim: it must not take a finished build whose output lives (it did: the
+    claim took any DONE row, and one of twenty identical requests in CI built twice)."""
+    from core.interop.rehydrated import _claim
+
+    sid = _session(store, turns=1)
+    first = rehydrate(store, Request(sid, "acme"))
+    key = (sid, "pi", first["head_seq"])
+    assert not _claim(store, key, "waiter")  # done, output live: serve it
+    with store.engine.begin() as conn:  # long done: its heartbeat is old, its output lives
+        conn.execute(
+            update(_rows)
+            .where(_rows.c.session_id == sid)
+            .values(heartbeat_at=utcnow() - timedelta(hours=1))
+        )
+    assert not _claim(store, key, "waiter")
+    assert rehydrate(store, Request(sid, "acme"))["reused"]
+    with store.engine.begin() as conn:  # the output expired: build anew
+        conn.execute(
+            update(_artifacts)
+            .where(_artifacts.c.local_id == first["ref"])
+            .values(expires_at=utcnow() - timedelta(seconds=1))
+        )
+    assert _claim(store, key, "waiter")
+    assert not _claim(store, key, "another")  # a live build (fresh heartbeat) is not taken
+    with store.engine.begin() as conn:  # its builder died: taken over
+        conn.execute(
+            update(_rows)
+            .where(_rows.c.session_id == sid)
+            .values(heartbeat_at=utcnow() - timedelta(minutes=1))
+        )
+    assert _claim(store, key, "another")
+
+
+@pytest.mark.postgres
 @pytest.mark.redis
 def test_another_tenant_is_refused_as_not_found(store: SessionStore, app: Celery) -> None:
     sid = _session(store, turns=1)
