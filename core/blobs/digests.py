@@ -10,41 +10,73 @@ deterministic. Nothing is trusted without reading and hashing what is stored now
 changed in any way no longer matches and gets the full check (and, on a put, the repair).
 Identity blobs need no entry: their stored bytes are the content, and the full check is
 already a single hash.
+
+A digest is recorded only for bytes known to decode to the blob's content: bytes this
+process encoded from content it hashed (the same copy), or bytes it inflated and hashed.
+The content's size is kept beside it, so a caller that states another size gets the full
+check, and its answer, in every process alike.
 """
 
 from __future__ import annotations
 
 import hashlib
+import os
 import threading
+import weakref
 from collections import OrderedDict
 
 
 class StoredDigests:
-    """blob hash -> SHA-256 of its stored gzip bytes, the most recent ``max_entries``."""
+    """blob hash -> SHA-256 of its stored gzip bytes (and the content's size), the most
+    recently used ``max_entries``."""
 
     def __init__(self, *, max_entries: int = 16_384) -> None:
         self.max_entries = max_entries
-        self._digests: OrderedDict[str, bytes] = OrderedDict()
+        self._digests: OrderedDict[str, tuple[bytes, int]] = OrderedDict()
         self._lock = threading.Lock()
+        _instances.add(self)
 
-    def record(self, blob_hash: str, codec: str, stored: bytes) -> None:
+    def record(self, blob_hash: str, codec: str, stored: bytes, size: int) -> None:
+        """``stored`` are gzip bytes known to decode to the content (``size`` bytes)."""
         if codec != "gzip":
             return
         digest = hashlib.sha256(stored).digest()
         with self._lock:
-            self._digests[blob_hash] = digest
+            self._digests[blob_hash] = (digest, size)
             self._digests.move_to_end(blob_hash)
             while len(self._digests) > self.max_entries:
                 self._digests.popitem(last=False)
 
-    def matches(self, blob_hash: str, codec: str, stored: bytes) -> bool:
-        """Whether ``stored`` are the very gzip bytes recorded for this blob."""
+    def matches(self, blob_hash: str, codec: str, stored: bytes, size: int | None = None) -> bool:
+        """Whether ``stored`` are the very gzip bytes recorded for this blob, and (when
+        given) ``size`` the size of its content."""
         if codec != "gzip":
             return False
         with self._lock:
             known = self._digests.get(blob_hash)
-        return known is not None and hashlib.sha256(stored).digest() == known
+            if known is not None:
+                self._digests.move_to_end(blob_hash)
+        if known is None or (size is not None and size != known[1]):
+            return False
+        return hashlib.sha256(stored).digest() == known[0]
 
     def forget(self, blob_hash: str) -> None:
         with self._lock:
             self._digests.pop(blob_hash, None)
+
+    def _after_fork(self) -> None:
+        # A thread of the parent may have held the lock when it forked; in the child that
+        # thread does not exist and would never release it. The digests stay valid.
+        self._lock = threading.Lock()
+
+
+_instances: weakref.WeakSet[StoredDigests] = weakref.WeakSet()
+
+
+def _reset_locks_in_child() -> None:
+    for digests in list(_instances):
+        digests._after_fork()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_reset_locks_in_child)

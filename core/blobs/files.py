@@ -125,7 +125,7 @@ class FileBlobStore(BlobStore):
                 new[blob_hash] = encode_blob(data, level=self.gzip_level)
         self._write_all(new)
         for blob_hash, (codec, payload) in new.items():
-            self.digests.record(blob_hash, codec, payload)
+            self.digests.record(blob_hash, codec, payload, len(unique[blob_hash]))
             self._discard_other_codecs(blob_hash, codec)
             staged[blob_hash] = _Stored(codec, len(payload), payload, written=True)
         return staged

@@ -114,9 +114,17 @@ def encode_blob(data: bytes, *, level: int = DEFAULT_GZIP_LEVEL) -> tuple[Codec,
 
 
 def decode_blob(codec: Codec, stored: bytes) -> bytes:
+    """The content of stored bytes; ``zlib.error`` unless they are exactly one whole gzip
+    member (``zlib.decompress`` ignores bytes after the member: a damaged file too)."""
     if codec == "identity":
         return stored
-    return zlib.decompress(stored, wbits=_GZIP_WBITS)
+    inflater = zlib.decompressobj(wbits=_GZIP_WBITS)
+    data = inflater.decompress(stored)
+    if not inflater.eof:
+        raise zlib.error("incomplete or truncated stream")
+    if inflater.unused_data:
+        raise zlib.error(f"{len(inflater.unused_data)} bytes after the end of the stream")
+    return data
 
 
 # records --------------------------------------------------------------------------------
@@ -481,7 +489,7 @@ class BlobStore(ABC):
         """Write the content atomically, then drop a stale file stored under another codec."""
         codec, payload = encode_blob(data, level=self.gzip_level)
         self._write(blob_hash, codec, payload)
-        self.digests.record(blob_hash, codec, payload)
+        self.digests.record(blob_hash, codec, payload, len(data))
         self._discard_other_codecs(blob_hash, codec)
         return _Stored(codec, len(payload), payload, written=True)
 
@@ -498,7 +506,7 @@ class BlobStore(ABC):
         codec, stored = found
         if codec == "identity" and size is not None and len(stored) != size:
             return f"stored size {len(stored)} != content size {size}"
-        if self.digests.matches(blob_hash, codec, stored):
+        if self.digests.matches(blob_hash, codec, stored, size):
             return None
         try:
             data = decode_blob(codec, stored)
@@ -508,7 +516,7 @@ class BlobStore(ABC):
             return f"decoded size {len(data)} != content size {size}"
         if sha256_hex(data) != blob_hash:
             return "content does not match its hash"
-        self.digests.record(blob_hash, codec, stored)
+        self.digests.record(blob_hash, codec, stored, len(data))
         return None
 
     def _register(self, unique: dict[str, bytes], staged: dict[str, _Stored]) -> dict[str, _Stored]:
@@ -538,14 +546,20 @@ class BlobStore(ABC):
         if staged.payload is None:
             return self._replace(blob_hash, data)
         self._write(blob_hash, staged.codec, staged.payload)
-        self.digests.record(blob_hash, staged.codec, staged.payload)
+        self.digests.record(blob_hash, staged.codec, staged.payload, len(data))
         return _Stored(staged.codec, len(staged.payload), staged.payload, written=True)
 
 
 def by_hash(items: Sequence[bytes]) -> tuple[list[str], dict[str, bytes]]:
-    """Each item's hash, in order, and the distinct contents by hash."""
-    hashes = [sha256_hex(bytes(data)) for data in items]
-    return hashes, dict(zip(hashes, (bytes(d) for d in items), strict=True))
+    """Each item's hash, in order, and the distinct contents by hash.
+
+    Each item is copied once and that copy is both hashed and kept: a caller's
+    ``bytearray`` changed by another thread between two copies would otherwise store
+    one content under the other's hash.
+    """
+    contents = [bytes(data) for data in items]
+    hashes = [sha256_hex(data) for data in contents]
+    return hashes, dict(zip(hashes, contents, strict=True))
 
 
 def count_puts(results: Sequence[PutResult]) -> None:

@@ -192,17 +192,112 @@ def test_other_valid_gzip_bytes_of_the_same_content_get_the_full_check(
     assert inflates == ["gzip"]
 
 
-def test_stored_digests_are_bounded_and_forget() -> None:
+def test_stored_digests_are_bounded_most_recently_used_and_forget() -> None:
     from core.blobs.digests import StoredDigests
 
     digests = StoredDigests(max_entries=2)
     for name in ("a", "b", "c"):
-        digests.record(name * 64, "gzip", name.encode())
-    assert not digests.matches("a" * 64, "gzip", b"a")  # the oldest went first
+        digests.record(name * 64, "gzip", name.encode(), 1)
+    assert not digests.matches("a" * 64, "gzip", b"a")  # the least recently used went first
     assert digests.matches("b" * 64, "gzip", b"b") and digests.matches("c" * 64, "gzip", b"c")
     assert not digests.matches("c" * 64, "gzip", b"C")
     assert not digests.matches("c" * 64, "identity", b"c")  # identity: always the full check
-    digests.record("d" * 64, "identity", b"d")
+    digests.record("d" * 64, "identity", b"d", 1)
     assert not digests.matches("d" * 64, "identity", b"d")
-    digests.forget("c" * 64)
-    assert not digests.matches("c" * 64, "gzip", b"c")
+    assert digests.matches("b" * 64, "gzip", b"b")  # used: "c" is now the oldest
+    digests.record("e" * 64, "gzip", b"e", 1)
+    assert digests.matches("b" * 64, "gzip", b"b") and not digests.matches("c" * 64, "gzip", b"c")
+    digests.forget("b" * 64)
+    assert not digests.matches("b" * 64, "gzip", b"b")
+
+
+def test_a_digest_vouches_only_for_the_content_size_recorded_with_it(
+    store: SessionStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``blobs verify`` passes the registered size: a wrong one is reported by a process
+    that holds the digest exactly as by one that does not."""
+    blob_hash = store.blobs.put(TEXT).hash
+    inflates = _count_inflates(monkeypatch)
+    assert store.blobs.check_stored(blob_hash, len(TEXT)) is None
+    assert inflates == []
+    problem = store.blobs.check_stored(blob_hash, len(TEXT) + 1)
+    assert problem is not None and "size" in problem
+    assert inflates == ["gzip"]
+
+
+class _Flaky(bytearray):
+    """A buffer another thread rewrites between two reads of it: each copy differs."""
+
+    def __init__(self, first: bytes, then: bytes) -> None:
+        super().__init__(first)
+        self.copies = [first, then]
+
+    def __bytes__(self) -> bytes:
+        return self.copies.pop(0) if len(self.copies) > 1 else self.copies[0]
+
+
+def test_a_buffer_changed_during_a_put_is_stored_under_the_hash_of_what_was_stored(
+    store: SessionStore,
+) -> None:
+    other = TEXT.replace(b"fox", b"cat")
+    result = store.blobs.put(_Flaky(TEXT, other))  # type: ignore[arg-type]
+    assert store.blobs.get(result.hash) == TEXT and result.hash == sha256_hex(TEXT)
+    assert not store.blobs.put(TEXT).written  # and the digest it recorded is a true one
+    assert store.blobs.get(sha256_hex(TEXT)) == TEXT
+
+
+def test_a_trusted_file_replaced_by_another_contents_gzip_is_repaired(
+    store: SessionStore,
+) -> None:
+    import zlib
+
+    blob_hash = store.blobs.put(TEXT).hash
+    store.blobs.put(TEXT)  # the digest is recorded
+    _blob_file(store, blob_hash).write_bytes(zlib.compress(TEXT[:-1] + b"!", 6, wbits=31))
+    assert store.blobs.put(TEXT).written
+    assert store.blobs.get(blob_hash) == TEXT
+
+
+def test_bytes_after_the_gzip_stream_make_a_file_corrupt(store: SessionStore) -> None:
+    """zlib alone ignores what follows a gzip member: a file with bytes appended is damaged
+    (read, re-put and verify all say so), not recorded as good."""
+    blob_hash = store.blobs.put(TEXT).hash
+    path = _blob_file(store, blob_hash)
+    path.write_bytes(path.read_bytes() + b"appended")
+    with pytest.raises(BlobCorrupted, match="after the end"):
+        store.blobs.get(blob_hash)
+    assert not verify_blobs(store.blobs).healthy
+    assert store.blobs.put(TEXT).written
+    assert store.blobs.get(blob_hash) == TEXT and verify_blobs(store.blobs).healthy
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="fork() is POSIX")
+def test_a_child_forked_while_the_digest_lock_was_held_can_put(store: SessionStore) -> None:
+    """Forked while a thread of the parent was inside the digests' lock (here the forking
+    thread itself holds it), the child neither inherits the held lock nor hangs."""
+    import signal
+    import time
+
+    store.blobs.put(TEXT)
+    lock = store.blobs.digests._lock
+    lock.acquire()
+    try:
+        pid = os.fork()
+        if pid == 0:  # the child: exit codes only, never back into pytest
+            code = 1
+            try:
+                signal.alarm(20)
+                store.blobs.digests.record("f" * 64, "gzip", b"x", 1)
+                code = 0 if store.blobs.digests.matches("f" * 64, "gzip", b"x") else 2
+            finally:
+                os._exit(code)
+    finally:
+        lock.release()
+    deadline = time.monotonic() + 30
+    while (done := os.waitpid(pid, os.WNOHANG)) == (0, 0) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    if done == (0, 0):
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+        pytest.fail("the forked child hung on the inherited digest lock")
+    assert os.waitstatus_to_exitcode(done[1]) == 0
