@@ -305,6 +305,9 @@ class EventTimeBlockRow(SQLModel, table=True):
     max_entry_ms: int | None = Field(default=None, sa_column=Column(BigInteger, nullable=True))
 
 
+REHYDRATION_BUILDING, REHYDRATION_DONE = "building", "done"  # RehydrationRow.status
+
+
 class RehydrationRow(SQLModel, table=True):
     """A rehydrated export of a session at one head, in one format: built once (``status``
     building → done), then reused until its artifact expires."""

@@ -12,8 +12,9 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
+from datetime import timedelta
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import redis
 from celery import Celery
@@ -21,6 +22,9 @@ from celery.contrib.testing.worker import start_worker
 
 from tasks import AppendHandle
 from tasks.outcomes import write_task_id
+
+if TYPE_CHECKING:
+    from core import SessionStore
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -278,3 +282,18 @@ def send_raw(app: Celery, session_id: Any, events: Any, *, key: str, **extra: An
         return app.send_task("sessionstore.append", kwargs=kwargs, task_id=task_id)
 
     return AppendHandle(send(), str(session_id), key, send)
+
+
+def set_output_expiry(store: SessionStore, artifact_id: str, from_now: timedelta) -> None:
+    """Move an artifact's ``expires_at`` to ``from_now`` from now (negative: expired)."""
+    from sqlalchemy import update
+
+    from core.models import ArtifactRow, table_of, utcnow
+
+    artifacts = table_of(ArtifactRow)
+    with store.engine.begin() as conn:
+        conn.execute(
+            update(artifacts)
+            .where(artifacts.c.local_id == artifact_id)
+            .values(expires_at=utcnow() + from_now)
+        )

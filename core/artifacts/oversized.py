@@ -205,6 +205,19 @@ class OversizedOutputs:
         else:
             self.storage.delete(key_of(self.root, path))
 
+    def discard(self, session_id: str, tenant_id: str, artifact_id: str) -> int:
+        """Remove one oversized output, row then file; how many rows went (0 or 1)."""
+        with write_transaction(self.engine) as conn:
+            deleted = rows.delete_artifact(conn, session_id, OVERSIZED, artifact_id)
+        # Row first: a missing file without a row is invisible, a row without a file
+        # already reads as expired.
+        path = session_dir(self.root, tenant_id, session_id) / oversized_name(artifact_id)
+        try:
+            self._remove(path)
+        except SymlinkRefused as exc:  # the row is gone; the planted link stays, unfollowed
+            logger.warning("oversized output removal refused a symlink", extra={"path": exc.path})
+        return deleted
+
     def stats(self, *, tenant_id: str | None = None) -> ArtifactStats:
         """How many oversized outputs are stored, and their bytes (all tenants by default)."""
         with read_connection(self.engine) as conn:
@@ -219,17 +232,7 @@ class OversizedOutputs:
             expired = rows.expired_oversized(conn, moment, limit)
         if not apply:
             return ExpireReport([(s, a) for s, _, a in expired], 0, False)
-        deleted = 0
-        for session_id, tenant_id, artifact_id in expired:
-            with write_transaction(self.engine) as conn:
-                deleted += rows.delete_artifact(conn, session_id, OVERSIZED, artifact_id)
-            # Row first: a missing file without a row is invisible, a row without a file
-            # already reads as expired.
-            path = session_dir(self.root, tenant_id, session_id) / oversized_name(artifact_id)
-            try:
-                self._remove(path)
-            except SymlinkRefused as exc:  # the row is gone; the planted link stays, unfollowed
-                logger.warning("expiry refused a symlink", extra={"path": exc.path})
+        deleted = sum(self.discard(s, t, a) for s, t, a in expired)
         logger.info(
             "oversized outputs expired", extra={"expired": len(expired), "deleted": deleted}
         )

@@ -7,8 +7,12 @@ expiring artifact: what the ``sessionstore.rehydrate`` task serves to whoever as
   expiry all work on it). Memory does not grow with the session.
 - **Deduplicated.** A ``rehydrations`` row per (session, format, head) is claimed by one
   builder; identical requests wait for it and get the same result, and a finished output is
-  reused until its artifact expires. A builder that stops heart-beating (a killed worker)
-  is taken over; its staged file was never published, so nothing partial is ever served.
+  reused until its artifact expires (with some life left: see ``_reuse_margin``). A
+  thread of the build heart-beats the claim whatever the build is doing; a builder that
+  stops heart-beating (a killed worker) is taken over, and only the builder holding the
+  claim can finish it: one that lost it discards its output and waits for the other's, so
+  one request key never yields two artifacts. A staged file is published only whole, so
+  nothing partial is ever served.
 - **Safe.** The session is looked up within the caller's tenant; a blob that is missing
   or corrupt stays a ref in the output and is listed in the result.
 """
@@ -20,6 +24,7 @@ import io
 import logging
 import os
 import tempfile
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator, Sequence
@@ -28,12 +33,13 @@ from datetime import timedelta
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any, Literal, cast
 
-from sqlalchemy import insert, select, update
+from sqlalchemy import Connection, insert, select, update
 from sqlalchemy.exc import IntegrityError
 
 from core.artifacts import nofollow
 from core.artifacts.fsio import StagedFile
 from core.artifacts.paths import STAGING_DIR, session_dir
+from core.artifacts.records import OVERSIZED
 from core.artifacts.staging import ObjectStagedFile, Staged
 from core.artifacts.storage import FileArtifactStorage
 from core.blobs.externalize import parse_pointer
@@ -42,7 +48,14 @@ from core.db import read_connection, write_transaction
 from core.errors import InvalidEvent, RehydrateInProgress
 from core.fsio import fsync_dir
 from core.interop import exporter, omp, pi
-from core.models import ArtifactRow, RehydrationRow, table_of, utcnow
+from core.models import (
+    REHYDRATION_BUILDING,
+    REHYDRATION_DONE,
+    ArtifactRow,
+    RehydrationRow,
+    table_of,
+    utcnow,
+)
 from core.records import ManifestEntry, Session, StoredEvent
 
 if TYPE_CHECKING:
@@ -52,10 +65,13 @@ log = logging.getLogger(__name__)
 
 Format = Literal["pi", "omp", "events"]
 FORMATS: tuple[Format, ...] = ("pi", "omp", "events")
-BUILDING, DONE = "building", "done"
+BUILDING, DONE = REHYDRATION_BUILDING, REHYDRATION_DONE
 # A build whose heartbeat is older than this is presumed dead and taken over.
 STALE_AFTER_S = 10.0
 _HEARTBEAT_S = 1.0
+# A finished output is reused only while it has this much life left (a quarter of the TTL
+# when that is shorter): the caller must still be able to fetch it.
+_MIN_LIFE_S = 60.0
 _PROGRESS_EVERY = 50  # events
 _rows = table_of(RehydrationRow)
 _artifacts = table_of(ArtifactRow)
@@ -94,16 +110,19 @@ def rehydrate(
         if found is not None:
             return {**found, "reused": True}
         if _claim(store, key, builder):
-            break
+            try:
+                with _Heartbeat(store, key, builder) as beat:
+                    result = _build(store, session, request.format, head, beat, progress)
+            except _ClaimLost:
+                log.warning("rehydrate build taken over; waiting for the other's result")
+            except BaseException:
+                _release(store, key, builder)
+                raise
+            else:
+                return {**result, "reused": False}
         if deadline is not None and time.monotonic() >= deadline:
             raise RehydrateInProgress(f"session {session.id}: another build is running")
         time.sleep(0.2)  # someone else is building it: wait for their result
-    try:
-        result = _build(store, session, request.format, head, builder, progress)
-    except BaseException:
-        _release(store, key, builder)
-        raise
-    return {**result, "reused": False}
 
 
 def _head_of(session: Session, at_seq: int | None) -> int:
@@ -115,19 +134,39 @@ def _head_of(session: Session, at_seq: int | None) -> int:
 
 
 def _usable(store: SessionStore, key: tuple[str, str, int]) -> dict[str, Any] | None:
-    """A finished build whose artifact has not expired."""
+    """A finished build whose artifact has life left."""
     with read_connection(store.engine) as conn:
         row = conn.execute(select(_rows).where(*_where(key))).first()
         if row is None or row.status != DONE or row.result is None:
             return None
-        expires = conn.execute(
-            select(_artifacts.c.expires_at).where(
-                _artifacts.c.session_id == key[0], _artifacts.c.local_id == row.artifact_id
-            )
-        ).scalar()
-    if expires is None or expires <= utcnow():
-        return None
+        if not _has_life_left(conn, store, key[0], row.artifact_id):
+            return None
     return dict(row.result)
+
+
+def _reuse_margin(store: SessionStore) -> timedelta:
+    return timedelta(seconds=min(_MIN_LIFE_S, store.settings.rehydrate_ttl_seconds / 4))
+
+
+def _has_life_left(
+    conn: Connection, store: SessionStore, session_id: str, artifact_id: str | None
+) -> bool:
+    """The output artifact exists and expires no sooner than the reuse margin from now.
+
+    The one test of both ``_usable`` and ``_claim``: a finished row is either served or
+    taken over, never neither (which would leave its waiters waiting)."""
+    if artifact_id is None:
+        return False
+    alive_until = utcnow() + _reuse_margin(store)
+    found = conn.execute(
+        select(_artifacts.c.id).where(
+            _artifacts.c.session_id == session_id,
+            _artifacts.c.kind == OVERSIZED,
+            _artifacts.c.local_id == artifact_id,
+            _artifacts.c.expires_at > alive_until,
+        )
+    ).first()
+    return found is not None
 
 
 def _where(key: tuple[str, str, int]) -> list[Any]:
@@ -149,26 +188,28 @@ def _claim(store: SessionStore, key: tuple[str, str, int], builder: str) -> bool
     except IntegrityError:
         pass
     stale = now - timedelta(seconds=STALE_AFTER_S)
-    # The row is checked again here, not taken from ``_usable``: a build that finished
-    # after ``_usable`` looked is served, not built a second time.
-    live_output = (
-        select(_artifacts.c.local_id)
-        .where(
-            _artifacts.c.session_id == _rows.c.session_id,
-            _artifacts.c.local_id == _rows.c.artifact_id,
-            _artifacts.c.expires_at > now,
-        )
-        .exists()
-    )
-    dead_build = (_rows.c.status == BUILDING) & (_rows.c.heartbeat_at < stale)
     with write_transaction(store.engine) as conn:
-        taken = conn.execute(
-            update(_rows)
+        # The row locked first (SQLite's write transaction holds the whole database), then
+        # checked again here, not taken from ``_usable``: a build that finished after
+        # ``_usable`` looked is served, not built a second time. The artifact is looked up
+        # in a statement of its own, after the lock: under read committed it then sees
+        # what a builder committed while this claim waited for the row.
+        row = conn.execute(
+            select(
+                _rows.c.status, _rows.c.artifact_id, (_rows.c.heartbeat_at < stale).label("dead")
+            )
             .where(*_where(key))
-            .where(dead_build | ((_rows.c.status == DONE) & ~live_output))
-            .values(**values)
-        ).rowcount
-    return bool(taken)
+            .with_for_update()
+        ).first()
+        if row is None:
+            return False  # removed meanwhile (pruned, or the session deleted): look again
+        if row.status == BUILDING:
+            takeable = bool(row.dead)
+        else:
+            takeable = not _has_life_left(conn, store, key[0], row.artifact_id)
+        if takeable:
+            conn.execute(update(_rows).where(*_where(key)).values(**values))
+    return takeable
 
 
 def _release(store: SessionStore, key: tuple[str, str, int], builder: str) -> None:
@@ -182,13 +223,52 @@ def _release(store: SessionStore, key: tuple[str, str, int], builder: str) -> No
         )
 
 
-def _heartbeat(store: SessionStore, key: tuple[str, str, int], builder: str) -> None:
-    with write_transaction(store.engine) as conn:
-        conn.execute(
-            update(_rows)
-            .where(*_where(key), _rows.c.builder == builder)
-            .values(heartbeat_at=utcnow())
-        )
+def _holding(key: tuple[str, str, int], builder: str) -> list[Any]:
+    return [*_where(key), _rows.c.builder == builder, _rows.c.status == BUILDING]
+
+
+class _ClaimLost(Exception):
+    """Another builder took this build over (this one's heartbeat had stopped)."""
+
+
+class _Heartbeat:
+    """Keeps a claim alive from a thread of its own, whatever the build is doing (a long
+    blob read, an fsync, an upload), and notes when the claim was lost."""
+
+    def __init__(self, store: SessionStore, key: tuple[str, str, int], builder: str) -> None:
+        self.store, self.key, self.builder = store, key, builder
+        self.lost = False
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="rehydrate-heartbeat", daemon=True)
+
+    def __enter__(self) -> _Heartbeat:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=30)
+
+    def check(self) -> None:
+        if self.lost:
+            raise _ClaimLost
+
+    def _run(self) -> None:
+        while not self._stop.wait(_HEARTBEAT_S):
+            try:
+                if not self.beat():
+                    self.lost = True
+                    return
+            except Exception:  # the database away for a moment: the next beat tries again
+                log.warning("rehydrate heartbeat failed", exc_info=True)
+
+    def beat(self) -> bool:
+        """Refresh the claim; False when this builder no longer holds it."""
+        with write_transaction(self.store.engine) as conn:
+            held = conn.execute(
+                update(_rows).where(*_holding(self.key, self.builder)).values(heartbeat_at=utcnow())
+            ).rowcount
+        return bool(held)
 
 
 def _build(
@@ -196,7 +276,7 @@ def _build(
     session: Session,
     fmt: str,
     head: int,
-    builder: str,
+    beat: _Heartbeat,
     progress: Progress | None,
 ) -> dict[str, Any]:
     key = (session.id, fmt, head)
@@ -206,16 +286,13 @@ def _build(
     name = f"{uuid.uuid4().hex}.tmp"
     missing: list[str] = []
     written = 0
-    beat = time.monotonic()
 
     def events() -> Iterator[StoredEvent]:
-        nonlocal written, beat
+        nonlocal written
         source = exporter.rehydrated_with_manifest(store, session, head)
         for event in _noting_missing(source, missing):
             written += 1
-            if time.monotonic() - beat >= _HEARTBEAT_S:
-                _heartbeat(store, key, builder)
-                beat = time.monotonic()
+            beat.check()  # taken over: stop here, the other builder's output is awaited
             if progress is not None and written % _PROGRESS_EVERY == 0:
                 progress(written, head)
             yield event
@@ -239,9 +316,18 @@ def _build(
             staged: Staged = StagedFile.adopt(root, name)
         else:
             staged = ObjectStagedFile(storage, artifact_root, root, local=Path(spooled))
+    except BaseException:
+        if on_files:  # nothing half-written is left for the staging sweep
+            nofollow.unlink(artifact_root, staging / name)
+        raise
     finally:
         if not on_files:
             Path(spooled).unlink(missing_ok=True)
+    try:
+        beat.check()
+    except _ClaimLost:
+        staged.discard()
+        raise
     ttl = store.settings.rehydrate_ttl_seconds
     summary = f"rehydrated {fmt} export of {session.id} at seq {head}"
     ref = store.oversized.publish_staged(
@@ -265,9 +351,9 @@ def _build(
         "expires_at": ref.expires_at.isoformat(),
     }
     with write_transaction(store.engine) as conn:
-        conn.execute(
+        finished = conn.execute(
             update(_rows)
-            .where(*_where(key))
+            .where(*_holding(key, beat.builder))
             .values(
                 status=DONE,
                 artifact_id=ref.artifact_id,
@@ -275,7 +361,10 @@ def _build(
                 heartbeat_at=utcnow(),
                 builds=_rows.c.builds + 1,
             )
-        )
+        ).rowcount
+    if not finished:  # taken over while publishing: the other builder's output stands
+        store.oversized.discard(session.id, session.tenant_id, ref.artifact_id)
+        raise _ClaimLost
     log.info("rehydrated export built", extra={k: result[k] for k in ("ref", "size", "entries")})
     if progress is not None:
         progress(head, head)

@@ -12,21 +12,22 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Engine, func, select
+from sqlalchemy import Engine, delete, func, select
 
 from core.artifacts import OversizedOutputs
 from core.artifacts.fsio import sweep_staging
 from core.artifacts.records import OVERSIZED
 from core.artifacts.storage import FileArtifactStorage
-from core.db import read_connection
+from core.db import read_connection, write_transaction
 from core.errors import StorageUnavailable
 from core.maintenance.runs import Progress
 from core.metrics import metrics
-from core.models import ArtifactRow, table_of, utcnow
+from core.models import REHYDRATION_DONE, ArtifactRow, RehydrationRow, table_of, utcnow
 
 log = logging.getLogger(__name__)
 
 _artifacts = table_of(ArtifactRow)
+_rehydrations = table_of(RehydrationRow)
 
 DEFAULT_BATCH = 1000
 MAX_ERRORS_KEPT = 50
@@ -43,6 +44,8 @@ class ExpireRunReport:
     deleted: int = 0
     bytes_freed: int = 0
     sample: list[tuple[str, str]] = field(default_factory=list)  # (session_id, artifact_id)
+    # records of finished rehydrated exports whose artifact is gone (removed when applied)
+    rehydrations_pruned: int = 0
     # temporary files killed processes left in staging directories (removed when applied)
     stale_temp_files: int = 0
     stale_temp_bytes: int = 0
@@ -56,6 +59,7 @@ class ExpireRunReport:
             "expired": self.expired,
             "deleted" if self.applied else "would_delete": self.deleted,
             "bytes_freed": self.bytes_freed,
+            "rehydrations_pruned": self.rehydrations_pruned,
             "stale_temp_files": self.stale_temp_files,
             "stale_temp_bytes": self.stale_temp_bytes,
             "sample": [list(s) for s in self.sample],
@@ -89,6 +93,7 @@ def expire_artifacts(
         report.deleted = count
     else:
         _expire_batches(oversized, report, batch_size, progress)
+        report.rehydrations_pruned = _prune_rehydrations(engine)
     max_age = oversized.settings.staging_max_age_seconds
     try:
         if not isinstance(oversized.storage, FileArtifactStorage):
@@ -134,6 +139,26 @@ def _expire_batches(
             progress("artifacts", report.deleted, report.expired)
         if batch.deleted == 0 or len(batch.expired) < batch_size:
             return
+
+
+def _prune_rehydrations(engine: Engine) -> int:
+    """Forget finished rehydrated exports whose artifact is gone (expired, or deleted): the
+    next request builds afresh either way, and the rows would otherwise pile up, one per
+    (session, format, head) ever asked for. Builds in progress are never touched."""
+    output = (
+        select(_artifacts.c.id)
+        .where(
+            _artifacts.c.session_id == _rehydrations.c.session_id,
+            _artifacts.c.kind == OVERSIZED,
+            _artifacts.c.local_id == _rehydrations.c.artifact_id,
+        )
+        .exists()
+    )
+    with write_transaction(engine) as conn:
+        pruned = conn.execute(
+            delete(_rehydrations).where(_rehydrations.c.status == REHYDRATION_DONE, ~output)
+        ).rowcount
+    return int(pruned)
 
 
 def _expired_totals(engine: Engine, moment: datetime) -> tuple[int, int]:

@@ -21,7 +21,14 @@ from core.artifacts.storage import FileArtifactStorage, artifact_storage_for, ke
 from core.db import write_transaction
 from core.errors import ForkCopiesInProgress, SymlinkRefused
 from core.journal import Journal
-from core.models import ArtifactRow, CounterRow, DeadLetterRow, SessionRow, table_of
+from core.models import (
+    ArtifactRow,
+    CounterRow,
+    DeadLetterRow,
+    RehydrationRow,
+    SessionRow,
+    table_of,
+)
 from core.query.snapshots import delete_snapshots
 from core.sessions.fork_copy import ForkCopies
 from core.sessions.queries import SETTLE_ATTEMPTS, Unsettled, children
@@ -33,6 +40,7 @@ _sessions = table_of(SessionRow)
 _artifacts = table_of(ArtifactRow)
 _counters = table_of(CounterRow)
 _letters = table_of(DeadLetterRow)
+_rehydrations = table_of(RehydrationRow)
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,7 +69,8 @@ class SessionLifecycle:
 
     def delete(self, session_id: str, *, tenant_id: str | None = None) -> DeleteReport:
         """Remove a session with its events, manifest rows, idempotency records, snapshots,
-        artifact rows, counters and dead letters, then its directory. Blobs stay for GC;
+        artifact rows, counters, dead letters and rehydrated-export records, then its
+        directory. Blobs stay for GC;
         forks keep working (their events are their own, their copies are finished first)."""
         self.journal.get_session(session_id, tenant_id=tenant_id)
         for _ in range(SETTLE_ATTEMPTS):
@@ -87,7 +96,7 @@ class SessionLifecycle:
             forks = children(conn, session_id, statuses=None)
             self.journal.delete_events_of(conn, session_id)
             delete_snapshots(conn, session_id)
-            for table in (_artifacts, _counters, _letters, _sessions):
+            for table in (_artifacts, _counters, _letters, _rehydrations, _sessions):
                 column = table.c.id if table is _sessions else table.c.session_id
                 conn.execute(delete(table).where(column == session_id))
         return DeleteReport(

@@ -32,7 +32,7 @@ from core.models import ArtifactRow, RehydrationRow, table_of, utcnow
 from tasks import enqueue_rehydrate
 from tasks.app import create_app
 from tasks.embedded import embedded_worker
-from tests.support import WorkerProcess, settings_env, thread_worker, wait_for
+from tests.support import WorkerProcess, set_output_expiry, settings_env, thread_worker, wait_for
 
 PNG = b"\x89PNG\r\n\x1a\n"
 _rows = table_of(RehydrationRow)
@@ -175,12 +175,7 @@ def test_a_build_that_finished_after_the_waiter_looked_is_not_claimed_again(
         )
     assert not _claim(store, key, "waiter")
     assert rehydrate(store, Request(sid, "acme"))["reused"]
-    with store.engine.begin() as conn:  # the output expired: build anew
-        conn.execute(
-            update(_artifacts)
-            .where(_artifacts.c.local_id == first["ref"])
-            .values(expires_at=utcnow() - timedelta(seconds=1))
-        )
+    set_output_expiry(store, first["ref"], timedelta(seconds=-1))
     assert _claim(store, key, "waiter")
     assert not _claim(store, key, "another")  # a live build (fresh heartbeat) is not taken
     with store.engine.begin() as conn:  # its builder died: taken over
@@ -211,12 +206,7 @@ def test_expiry_removes_the_output_and_resolve_then_says_not_found(
     sid = _session(store, turns=1)
     with thread_worker(app, concurrency=1):
         first = enqueue_rehydrate(sid, tenant_id="acme", app=app).get(timeout=60)
-    with store.engine.begin() as conn:
-        conn.execute(
-            update(_artifacts)
-            .where(_artifacts.c.local_id == first["ref"])
-            .values(expires_at=utcnow() - timedelta(seconds=1))
-        )
+    set_output_expiry(store, first["ref"], timedelta(seconds=-1))
     report = store.expire_artifacts(apply=True)
     assert report.deleted == 1
     with pytest.raises(ResolveNotFound):

@@ -1,0 +1,259 @@
+"""Rehydrate-on-demand claims, on both backends: one request key yields one artifact, a
+live build is never taken over, a reused output has life left, and the records of finished
+builds do not pile up (an adversarial review of the claim, after e6c50c7)."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterator
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+from sqlalchemy import insert, select, text, update
+
+from core import SessionStore, Settings
+from core.artifacts.records import OVERSIZED
+from core.interop import rehydrated
+from core.interop.rehydrated import Request, rehydrate
+from core.models import ArtifactRow, RehydrationRow, table_of, utcnow
+from tests.support import set_output_expiry, wait_for
+
+_rows = table_of(RehydrationRow)
+_artifacts = table_of(ArtifactRow)
+
+
+def _session(store: SessionStore) -> str:
+    sid = store.create_session(tenant_id="acme", cwd="/work").id
+    store.append(
+        sid,
+        [
+            {"type": "message", "id": f"m{i}", "parentId": None, "message": {"role": "user"}}
+            for i in range(3)
+        ],
+    )
+    return sid
+
+
+def _outputs(store: SessionStore, sid: str) -> list[str]:
+    with store.engine.connect() as conn:
+        return list(
+            conn.execute(
+                select(_artifacts.c.local_id).where(
+                    _artifacts.c.session_id == sid, _artifacts.c.kind == OVERSIZED
+                )
+            ).scalars()
+        )
+
+
+def _row(store: SessionStore, sid: str) -> Any:
+    with store.engine.connect() as conn:
+        return conn.execute(select(_rows).where(_rows.c.session_id == sid)).one()
+
+
+def _set_row(store: SessionStore, sid: str, **values: Any) -> None:
+    with store.engine.begin() as conn:
+        conn.execute(update(_rows).where(_rows.c.session_id == sid).values(**values))
+
+
+class _Gate:
+    """Holds the first build's ``publish_staged`` until released; later calls pass."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch, store: SessionStore) -> None:
+        self.reached = threading.Event()
+        self.release = threading.Event()
+        self._first = True
+        publish: Callable[..., Any] = store.oversized.publish_staged
+
+        def gated(*args: Any, **kwargs: Any) -> Any:
+            if self._first:
+                self._first = False
+                self.reached.set()
+                assert self.release.wait(60)
+            return publish(*args, **kwargs)
+
+        monkeypatch.setattr(store.oversized, "publish_staged", gated)
+
+
+@pytest.fixture
+def in_thread() -> Iterator[Callable[[Callable[[], Any]], dict[str, Any]]]:
+    threads: list[threading.Thread] = []
+
+    def start(work: Callable[[], Any]) -> dict[str, Any]:
+        box: dict[str, Any] = {}
+
+        def run() -> None:
+            try:
+                box["result"] = work()
+            except BaseException as exc:  # reported by the test
+                box["error"] = exc
+
+        thread = threading.Thread(target=run, daemon=True)
+        threads.append(thread)
+        thread.start()
+        return box
+
+    yield start
+    for thread in threads:
+        thread.join(60)
+        assert not thread.is_alive()
+
+
+def test_a_builder_taken_over_discards_its_output_and_serves_the_winners(
+    store: SessionStore, monkeypatch: pytest.MonkeyPatch, in_thread: Any
+) -> None:
+    """Builder A stalls with its heartbeat stopped; B takes the build over and finishes; A,
+    released, must not finish too (it did: two artifacts for one request key)."""
+    monkeypatch.setattr(rehydrated, "_HEARTBEAT_S", 3600.0)  # A's heartbeat never comes
+    sid = _session(store)
+    gate = _Gate(monkeypatch, store)
+    a = in_thread(lambda: rehydrate(store, Request(sid, "acme")))
+    assert gate.reached.wait(60)
+    _set_row(store, sid, heartbeat_at=utcnow() - timedelta(minutes=1))  # A looks dead
+    b = rehydrate(store, Request(sid, "acme"), wait_s=30)
+    assert not b["reused"]
+    gate.release.set()
+    wait_for(lambda: "result" in a or "error" in a, 60, "builder A")
+    assert "error" not in a, a
+    assert a["result"]["ref"] == b["ref"] and a["result"]["reused"]
+    assert _outputs(store, sid) == [b["ref"]]  # A's published output was discarded
+    row = _row(store, sid)
+    assert (row.status, row.artifact_id, row.builds) == ("done", b["ref"], 1)
+    assert store.retrieve(b["ref"], session_id=sid) is not None
+
+
+def test_a_stalled_build_keeps_its_claim_and_its_waiter_waits(
+    store: SessionStore, monkeypatch: pytest.MonkeyPatch, in_thread: Any
+) -> None:
+    """The heartbeat comes from a thread of the build, so a build stalled outside its event
+    loop (a slow upload, an fsync) for longer than the staleness limit is not taken over."""
+    monkeypatch.setattr(rehydrated, "_HEARTBEAT_S", 0.05)
+    monkeypatch.setattr(rehydrated, "STALE_AFTER_S", 0.5)
+    sid = _session(store)
+    gate = _Gate(monkeypatch, store)
+    a = in_thread(lambda: rehydrate(store, Request(sid, "acme")))
+    assert gate.reached.wait(60)
+    b = in_thread(lambda: rehydrate(store, Request(sid, "acme"), wait_s=60))
+    time.sleep(2.0)  # four times the staleness limit
+    assert "result" not in b and "error" not in b  # B still waits for A
+    gate.release.set()
+    wait_for(lambda: all("result" in x or "error" in x for x in (a, b)), 60, "both requests")
+    assert "error" not in a and "error" not in b, (a, b)
+    assert not a["result"]["reused"] and b["result"]["reused"]
+    assert a["result"]["ref"] == b["result"]["ref"]
+    assert _outputs(store, sid) == [a["result"]["ref"]] and _row(store, sid).builds == 1
+
+
+def test_an_output_about_to_expire_is_built_anew_not_served(store: SessionStore) -> None:
+    sid = _session(store)
+    first = rehydrate(store, Request(sid, "acme"))
+    set_output_expiry(store, first["ref"], timedelta(seconds=1))
+    again = rehydrate(store, Request(sid, "acme"))
+    assert not again["reused"] and again["ref"] != first["ref"]
+    assert rehydrate(store, Request(sid, "acme"))["ref"] == again["ref"]  # it has life left
+
+
+def test_a_file_artifact_with_the_outputs_name_is_not_taken_for_it(store: SessionStore) -> None:
+    """Artifact ids are unique per kind: a file artifact named like the output (listed
+    first, living long) must not make an expired output look alive."""
+    sid = _session(store)
+    first = rehydrate(store, Request(sid, "acme"))
+    output = _artifacts.c.local_id == first["ref"]
+    with store.engine.begin() as conn:
+        row = dict(conn.execute(select(_artifacts).where(output)).one()._mapping)
+        row.pop("id")
+        conn.execute(_artifacts.delete().where(output))
+        far = utcnow() + timedelta(days=30)
+        conn.execute(insert(_artifacts).values({**row, "kind": "file", "expires_at": far}))
+        gone = utcnow() - timedelta(seconds=1)
+        conn.execute(insert(_artifacts).values({**row, "expires_at": gone}))
+    again = rehydrate(store, Request(sid, "acme"), wait_s=10)
+    assert not again["reused"] and again["ref"] != first["ref"]
+
+
+def test_expiry_prunes_finished_records_whose_output_is_gone_and_delete_removes_all(
+    store: SessionStore,
+) -> None:
+    gone, live, building = _session(store), _session(store), _session(store)
+    first = rehydrate(store, Request(gone, "acme"))
+    rehydrate(store, Request(live, "acme"))
+    rehydrate(store, Request(building, "acme"))
+    _set_row(store, building, status="building", artifact_id=None)
+    set_output_expiry(store, first["ref"], timedelta(seconds=-1))
+    report = store.expire_artifacts(apply=True)
+    assert report.deleted == 1 and report.rehydrations_pruned == 1
+    assert report.to_dict()["rehydrations_pruned"] == 1
+    with store.engine.connect() as conn:
+        left = set(conn.execute(select(_rows.c.session_id)).scalars())
+    assert left == {live, building}
+    store.delete_session(live)
+    store.delete_session(building)
+    with store.engine.connect() as conn:
+        assert conn.execute(select(_rows)).all() == []
+
+
+@pytest.fixture
+def pg_store(pg_url: str, tmp_path: Path) -> Iterator[SessionStore]:
+    with SessionStore.from_settings(Settings(data_dir=tmp_path / "data", database_url=pg_url)) as s:
+        yield s
+
+
+@pytest.mark.postgres
+def test_a_claim_waiting_on_the_row_sees_the_output_committed_with_it(
+    pg_store: SessionStore, in_thread: Any
+) -> None:
+    """PostgreSQL: a claim that starts while the builder's last transaction (its output and
+    its DONE) is uncommitted, and reaches the row after it commits, must see that output.
+
+    One UPDATE re-checked the row's new version but its NOT EXISTS subquery with its own
+    older snapshot, and took the finished build. The claim now locks the row, then looks.
+    """
+    store = pg_store
+    sid = _session(store)
+    first = rehydrate(store, Request(sid, "acme"))
+    key = (sid, "pi", first["head_seq"])
+    _set_row(
+        store,
+        sid,
+        status="building",
+        artifact_id=None,
+        builder="builder",
+        heartbeat_at=utcnow() - timedelta(minutes=1),
+    )
+    with store.engine.begin() as conn:
+        mine = _artifacts.c.session_id == sid
+        conn.execute(update(_artifacts).where(mine).values(local_id="art_0000000000000001"))
+        artifact = dict(conn.execute(select(_artifacts).where(mine)).one()._mapping)
+        conn.execute(_artifacts.delete().where(mine))
+    artifact.pop("id")
+    with store.engine.connect() as builder:
+        tx = builder.begin()
+        # The builder holds the row (no new version yet: the claim's INSERT fails at once
+        # and its next statement starts before the builder's output exists) ...
+        builder.execute(select(_rows).where(_rows.c.session_id == sid).with_for_update())
+        claim = in_thread(lambda: rehydrated._claim(store, key, "waiter"))
+
+        def claim_waits_for_the_row() -> bool:
+            with store.engine.connect() as look:  # a transaction of its own: fresh stats
+                waiting = look.execute(
+                    text(
+                        "SELECT count(*) FROM pg_stat_activity"
+                        " WHERE wait_event_type = 'Lock' AND datname = current_database()"
+                    )
+                ).scalar_one()
+            return bool(waiting)
+
+        wait_for(claim_waits_for_the_row, 30, "the claim to wait on the row lock")
+        # ... then publishes its output and marks the build done, in one commit.
+        builder.execute(insert(_artifacts).values(artifact))
+        builder.execute(
+            update(_rows)
+            .where(_rows.c.session_id == sid)
+            .values(status="done", artifact_id=artifact["local_id"])
+        )
+        tx.commit()
+    wait_for(lambda: "result" in claim or "error" in claim, 30, "the claim")
+    assert claim == {"result": False}
+    assert rehydrate(store, Request(sid, "acme"))["reused"]
