@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from sqlalchemy import Engine, delete, func, select
@@ -22,12 +22,20 @@ from core.db import read_connection, write_transaction
 from core.errors import StorageUnavailable
 from core.maintenance.runs import Progress
 from core.metrics import metrics
-from core.models import REHYDRATION_DONE, ArtifactRow, RehydrationRow, table_of, utcnow
+from core.models import (
+    REHYDRATION_DONE,
+    ArtifactRow,
+    RehydrationRow,
+    SessionRow,
+    table_of,
+    utcnow,
+)
 
 log = logging.getLogger(__name__)
 
 _artifacts = table_of(ArtifactRow)
 _rehydrations = table_of(RehydrationRow)
+_sessions = table_of(SessionRow)
 
 DEFAULT_BATCH = 1000
 MAX_ERRORS_KEPT = 50
@@ -93,8 +101,9 @@ def expire_artifacts(
         report.deleted = count
     else:
         _expire_batches(oversized, report, batch_size, progress)
-        report.rehydrations_pruned = _prune_rehydrations(engine)
     max_age = oversized.settings.staging_max_age_seconds
+    if apply:  # by the clock, not ``now``: whether a build is alive is a matter of real time
+        report.rehydrations_pruned = _prune_rehydrations(engine, utcnow(), max_age)
     try:
         if not isinstance(oversized.storage, FileArtifactStorage):
             from core.artifacts.objects import ObjectArtifactStorage  # obstore loads lazily
@@ -141,10 +150,23 @@ def _expire_batches(
             return
 
 
-def _prune_rehydrations(engine: Engine) -> int:
-    """Forget finished rehydrated exports whose artifact is gone (expired, or deleted): the
-    next request builds afresh either way, and the rows would otherwise pile up, one per
-    (session, format, head) ever asked for. Builds in progress are never touched."""
+# A finished record is pruned only once it has been finished this long: a rebuild that
+# finishes while the prune runs has a fresh ``heartbeat_at``, which PostgreSQL re-checks on
+# the row's newest version (a subquery alone would be read in the statement's snapshot).
+_PRUNE_SETTLED = timedelta(minutes=5)
+
+
+def _prune_rehydrations(engine: Engine, moment: datetime, max_age_s: float) -> int:
+    """Forget records of rehydrated exports no request can use (the next request builds
+    afresh either way, and they would otherwise pile up, one per (session, format, head)
+    ever asked for):
+
+    - finished, their output gone (expired or deleted), settled for ``_PRUNE_SETTLED``;
+    - builds whose heartbeat stopped ``max_age_s`` ago (``staging_max_age_seconds``, as
+      their staged files): a killed or failed build nobody asked for again;
+    - of a session that no longer exists (a request racing the session's delete).
+
+    A build in progress heart-beats every second, so it is never touched."""
     output = (
         select(_artifacts.c.id)
         .where(
@@ -154,10 +176,16 @@ def _prune_rehydrations(engine: Engine) -> int:
         )
         .exists()
     )
+    session = select(_sessions.c.id).where(_sessions.c.id == _rehydrations.c.session_id).exists()
+    finished = _rehydrations.c.status == REHYDRATION_DONE
+    beat = _rehydrations.c.heartbeat_at
+    useless = (
+        (finished & (beat < moment - _PRUNE_SETTLED) & ~output)
+        | (~finished & (beat < moment - timedelta(seconds=max_age_s)))
+        | ~session
+    )
     with write_transaction(engine) as conn:
-        pruned = conn.execute(
-            delete(_rehydrations).where(_rehydrations.c.status == REHYDRATION_DONE, ~output)
-        ).rowcount
+        pruned = conn.execute(delete(_rehydrations).where(useless)).rowcount
     return int(pruned)
 
 

@@ -173,25 +173,43 @@ def test_a_file_artifact_with_the_outputs_name_is_not_taken_for_it(store: Sessio
     assert not again["reused"] and again["ref"] != first["ref"]
 
 
-def test_expiry_prunes_finished_records_whose_output_is_gone_and_delete_removes_all(
+def test_expiry_prunes_records_no_request_can_use_and_delete_removes_all(
     store: SessionStore,
 ) -> None:
-    gone, live, building = _session(store), _session(store), _session(store)
-    first = rehydrate(store, Request(gone, "acme"))
-    rehydrate(store, Request(live, "acme"))
-    rehydrate(store, Request(building, "acme"))
-    _set_row(store, building, status="building", artifact_id=None)
-    set_output_expiry(store, first["ref"], timedelta(seconds=-1))
+    """Pruned: finished with the output gone (once settled), a build whose heartbeat
+    stopped as long ago as staged files are kept, a record whose session is gone. Kept: a
+    live output, a build dead only for minutes, a just-finished record (a rebuild racing
+    the prune), whatever its output."""
+    hour = timedelta(hours=1)
+    max_age = timedelta(seconds=store.settings.staging_max_age_seconds)
+    names = ("gone", "just_done", "live", "dead", "recent")
+    sids = {name: _session(store) for name in names}
+    refs = {name: rehydrate(store, Request(sid, "acme"))["ref"] for name, sid in sids.items()}
+    for name in ("gone", "just_done"):
+        set_output_expiry(store, refs[name], timedelta(seconds=-1))
+    _set_row(store, sids["gone"], heartbeat_at=utcnow() - hour)
+    _set_row(store, sids["live"], heartbeat_at=utcnow() - 24 * hour)
+    _set_row(store, sids["dead"], status="building", heartbeat_at=utcnow() - max_age - hour)
+    _set_row(store, sids["recent"], status="building", heartbeat_at=utcnow() - timedelta(minutes=5))
+    orphan = store.create_session(tenant_id="acme").id
+    with store.engine.connect() as conn:
+        live_row = conn.execute(select(_rows).where(_rows.c.session_id == sids["live"])).one()
+    store.delete_session(orphan)
+    with store.engine.begin() as conn:  # a request that raced the session's delete
+        conn.execute(insert(_rows).values({**live_row._mapping, "session_id": orphan}))
+
     report = store.expire_artifacts(apply=True)
-    assert report.deleted == 1 and report.rehydrations_pruned == 1
-    assert report.to_dict()["rehydrations_pruned"] == 1
+
+    assert report.deleted == 2 and report.rehydrations_pruned == 3
+    assert report.to_dict()["rehydrations_pruned"] == 3
     with store.engine.connect() as conn:
         left = set(conn.execute(select(_rows.c.session_id)).scalars())
-    assert left == {live, building}
-    store.delete_session(live)
-    store.delete_session(building)
+    assert left == {sids[name] for name in ("just_done", "live", "recent")}
+    for name in names:
+        store.delete_session(sids[name])
     with store.engine.connect() as conn:
         assert conn.execute(select(_rows)).all() == []
+    assert store.expire_artifacts(apply=False).rehydrations_pruned == 0
 
 
 @pytest.fixture
