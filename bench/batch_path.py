@@ -11,6 +11,12 @@ PostgreSQL database and blob directory (as ``bench.peers`` does), once under cPr
 fsync, rename, directory fsync each) against one call for all (``replace_many_atomically``),
 each file in a directory of its own, as new blobs land in fresh fan-out directories;
 interleaved, medians with min-max.
+
+    python -m bench.batch_path validation [--rounds 9]
+
+``validation``: the session's 1,010 events through ``check_batch`` (what an append pays),
+and the parts of its fast path one by one (encode, the U+0000 scan, decode, compare) next to
+the full walk that names a bad field; interleaved, medians with min-max.
 """
 
 from __future__ import annotations
@@ -25,12 +31,14 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
+import orjson
 from sqlalchemy import event
 
 from bench.peers.workload import session, split
 from bench.pgdb import scratch_database, url
 from core import SessionStore, Settings
 from core.fsio import replace_atomically, replace_many_atomically
+from core.journal import validation
 
 
 def _load(store: SessionStore, events: list[dict[str, Any]]) -> float:
@@ -104,6 +112,41 @@ def fsync(files: int, rounds: int) -> None:
         )
 
 
+def _walk_all(events: list[dict[str, Any]], depth: int) -> None:
+    for entry in events:
+        validation._walk(entry, 1, depth)
+
+
+def validation_parts(rounds: int) -> None:
+    events, _ = split(session())
+    encoded = [orjson.dumps(e) for e in events]
+    decoded = [orjson.loads(b) for b in encoded]
+    depth = Settings().max_event_depth
+    parts: dict[str, Any] = {
+        "check_batch (all of it)": lambda: [
+            validation.check_batch(events[i : i + 100], max_events=1000, max_depth=depth)
+            for i in range(0, len(events), 100)
+        ],
+        "encode (orjson.dumps)": lambda: [orjson.dumps(e) for e in events],
+        "U+0000 scan": lambda: [b"\\u0000" in b for b in encoded],
+        "decode (orjson.loads)": lambda: [orjson.loads(b) for b in encoded],
+        "compare": lambda: [a == b for a, b in zip(decoded, events, strict=True)],
+        "walk (_walk)": lambda: _walk_all(events, depth),
+    }
+    samples: dict[str, list[float]] = {name: [] for name in parts}
+    for _ in range(rounds):
+        for name, run in parts.items():  # interleaved
+            started = time.perf_counter()
+            run()
+            samples[name].append((time.perf_counter() - started) * 1e3)
+    total = statistics.median(samples["check_batch (all of it)"])
+    print(f"{len(events):,} events, {sum(map(len, encoded)) / 1e6:.2f} MB of JSON, {rounds} rounds")
+    print("| part | ms | min-max | share of check_batch |\n|---|---|---|---|")
+    for name, ms in samples.items():
+        median = statistics.median(ms)
+        print(f"| {name} | {median:.1f} | {min(ms):.1f}-{max(ms):.1f} | {median / total:.0%} |")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="what", required=True)
@@ -111,9 +154,12 @@ def main() -> None:
     sync = sub.add_parser("fsync")
     sync.add_argument("--files", type=int, default=4)
     sync.add_argument("--rounds", type=int, default=15)
+    sub.add_parser("validation").add_argument("--rounds", type=int, default=9)
     args = parser.parse_args()
     if args.what == "profile":
         profile(args.top)
+    elif args.what == "validation":
+        validation_parts(args.rounds)
     else:
         fsync(args.files, args.rounds)
 

@@ -14,17 +14,17 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
 from datetime import timedelta
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import redis
 from celery import Celery
 from celery.contrib.testing.worker import start_worker
+from sqlalchemy import update
 
+from core import SessionStore
+from core.models import ArtifactRow, table_of, utcnow
 from tasks import AppendHandle
 from tasks.outcomes import write_task_id
-
-if TYPE_CHECKING:
-    from core import SessionStore
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -284,16 +284,14 @@ def send_raw(app: Celery, session_id: Any, events: Any, *, key: str, **extra: An
     return AppendHandle(send(), str(session_id), key, send)
 
 
+_artifacts = table_of(ArtifactRow)
+
+
 def set_output_expiry(store: SessionStore, artifact_id: str, from_now: timedelta) -> None:
     """Move an artifact's ``expires_at`` to ``from_now`` from now (negative: expired)."""
-    from sqlalchemy import update
-
-    from core.models import ArtifactRow, table_of, utcnow
-
-    artifacts = table_of(ArtifactRow)
     with store.engine.begin() as conn:
         conn.execute(
-            update(artifacts)
-            .where(artifacts.c.local_id == artifact_id)
+            update(_artifacts)
+            .where(_artifacts.c.local_id == artifact_id)
             .values(expires_at=utcnow() + from_now)
         )

@@ -205,8 +205,8 @@ class OversizedOutputs:
         else:
             self.storage.delete(key_of(self.root, path))
 
-    def discard(self, session_id: str, tenant_id: str, artifact_id: str) -> int:
-        """Remove one oversized output, row then file; how many rows went (0 or 1)."""
+    def discard(self, session_id: str, tenant_id: str, artifact_id: str) -> bool:
+        """Remove one oversized output, row then file; whether it had a row."""
         with write_transaction(self.engine) as conn:
             deleted = rows.delete_artifact(conn, session_id, OVERSIZED, artifact_id)
         # Row first: a missing file without a row is invisible, a row without a file

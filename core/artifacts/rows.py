@@ -229,6 +229,19 @@ def file_conflict(conn: Connection, session_id: str, path: str) -> str | None:
 # --- oversized outputs ------------------------------------------------------------------------
 
 
+def oversized_exists(session_id: Any, local_id: Any, *, expires_after: Any = None) -> Any:
+    """EXISTS: oversized output ``local_id`` of ``session_id`` (values or columns), alive
+    past ``expires_after`` when given."""
+    where = [
+        _artifacts.c.session_id == session_id,
+        _artifacts.c.kind == OVERSIZED,
+        _artifacts.c.local_id == local_id,
+    ]
+    if expires_after is not None:
+        where.append(_artifacts.c.expires_at > expires_after)
+    return select(_artifacts.c.id).where(*where).exists()
+
+
 def expired_oversized(conn: Connection, now: datetime, limit: int) -> list[tuple[str, str, str]]:
     """(session id, tenant id, artifact id) of oversized outputs expired at ``now``."""
     rows = conn.execute(

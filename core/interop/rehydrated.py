@@ -37,9 +37,9 @@ from sqlalchemy import Connection, insert, select, update
 from sqlalchemy.exc import IntegrityError
 
 from core.artifacts import nofollow
+from core.artifacts import rows as artifact_rows
 from core.artifacts.fsio import StagedFile
 from core.artifacts.paths import STAGING_DIR, session_dir
-from core.artifacts.records import OVERSIZED
 from core.artifacts.staging import ObjectStagedFile, Staged
 from core.artifacts.storage import FileArtifactStorage
 from core.blobs.externalize import parse_pointer
@@ -48,14 +48,9 @@ from core.db import read_connection, write_transaction
 from core.errors import InvalidEvent, RehydrateInProgress
 from core.fsio import fsync_dir
 from core.interop import exporter, omp, pi
-from core.models import (
-    REHYDRATION_BUILDING,
-    REHYDRATION_DONE,
-    ArtifactRow,
-    RehydrationRow,
-    table_of,
-    utcnow,
-)
+from core.models import REHYDRATION_BUILDING as BUILDING
+from core.models import REHYDRATION_DONE as DONE
+from core.models import RehydrationRow, table_of, utcnow
 from core.records import ManifestEntry, Session, StoredEvent
 
 if TYPE_CHECKING:
@@ -65,7 +60,6 @@ log = logging.getLogger(__name__)
 
 Format = Literal["pi", "omp", "events"]
 FORMATS: tuple[Format, ...] = ("pi", "omp", "events")
-BUILDING, DONE = REHYDRATION_BUILDING, REHYDRATION_DONE
 # A build whose heartbeat is older than this is presumed dead and taken over.
 STALE_AFTER_S = 10.0
 _HEARTBEAT_S = 1.0
@@ -74,7 +68,6 @@ _HEARTBEAT_S = 1.0
 _MIN_LIFE_S = 60.0
 _PROGRESS_EVERY = 50  # events
 _rows = table_of(RehydrationRow)
-_artifacts = table_of(ArtifactRow)
 
 Progress = Callable[[int, int], None]  # (events written, events in total)
 
@@ -158,15 +151,8 @@ def _has_life_left(
     if artifact_id is None:
         return False
     alive_until = utcnow() + _reuse_margin(store)
-    found = conn.execute(
-        select(_artifacts.c.id).where(
-            _artifacts.c.session_id == session_id,
-            _artifacts.c.kind == OVERSIZED,
-            _artifacts.c.local_id == artifact_id,
-            _artifacts.c.expires_at > alive_until,
-        )
-    ).first()
-    return found is not None
+    alive = artifact_rows.oversized_exists(session_id, artifact_id, expires_after=alive_until)
+    return bool(conn.execute(select(alive)).scalar())
 
 
 def _where(key: tuple[str, str, int]) -> list[Any]:
@@ -216,11 +202,7 @@ def _release(store: SessionStore, key: tuple[str, str, int], builder: str) -> No
     """A failed build gives its claim up at once (waiters take over without the timeout)."""
     stale = utcnow() - timedelta(seconds=STALE_AFTER_S + 1)
     with write_transaction(store.engine) as conn:
-        conn.execute(
-            update(_rows)
-            .where(*_where(key), _rows.c.builder == builder, _rows.c.status == BUILDING)
-            .values(heartbeat_at=stale)
-        )
+        conn.execute(update(_rows).where(*_holding(key, builder)).values(heartbeat_at=stale))
 
 
 def _holding(key: tuple[str, str, int], builder: str) -> list[Any]:

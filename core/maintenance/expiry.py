@@ -15,6 +15,7 @@ from typing import Any
 from sqlalchemy import Engine, delete, func, select
 
 from core.artifacts import OversizedOutputs
+from core.artifacts import rows as artifact_rows
 from core.artifacts.fsio import sweep_staging
 from core.artifacts.records import OVERSIZED
 from core.artifacts.storage import FileArtifactStorage
@@ -167,15 +168,7 @@ def _prune_rehydrations(engine: Engine, moment: datetime, max_age_s: float) -> i
     - of a session that no longer exists (a request racing the session's delete).
 
     A build in progress heart-beats every second, so it is never touched."""
-    output = (
-        select(_artifacts.c.id)
-        .where(
-            _artifacts.c.session_id == _rehydrations.c.session_id,
-            _artifacts.c.kind == OVERSIZED,
-            _artifacts.c.local_id == _rehydrations.c.artifact_id,
-        )
-        .exists()
-    )
+    output = artifact_rows.oversized_exists(_rehydrations.c.session_id, _rehydrations.c.artifact_id)
     session = select(_sessions.c.id).where(_sessions.c.id == _rehydrations.c.session_id).exists()
     finished = _rehydrations.c.status == REHYDRATION_DONE
     beat = _rehydrations.c.heartbeat_at

@@ -32,6 +32,7 @@ from core import InvalidEvent, SessionStore, Settings
 from core.blobs.files import FileBlobStore
 from core.blobs.objects import ObjectBlobStore
 from core.blobs.store import sha256_hex
+from core.db import is_sqlite
 from core.errors import BlobsMissing
 from core.maintenance.gc import TEMP_MIN_AGE_S, BlobGc, GcReport
 from core.models import BlobRefRow, BlobRow, utcnow
@@ -451,7 +452,7 @@ def _gc_loop(store: SessionStore, stop: threading.Event, totals: Counter[str]) -
     # On SQLite a GC run holds the database's write lock; run back to back, it starved the
     # writers (SQLite's busy handler polls, the loop re-takes the lock at once). A beat
     # schedule runs GC every few minutes: a short pause keeps the race, not the starvation.
-    pause = 0.05 if store.engine.dialect.name == "sqlite" else 0.0
+    pause = 0.05 if is_sqlite(store.engine) else 0.0
     while not stop.is_set():
         report: GcReport = store.gc_blobs(apply=True, grace=0)
         totals["runs"] += 1
