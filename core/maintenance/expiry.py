@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import Engine, delete, func, select
+from sqlalchemy import Engine, delete, func, select, tuple_
 
 from core.artifacts import OversizedOutputs
 from core.artifacts import rows as artifact_rows
@@ -45,7 +45,8 @@ SAMPLE_SIZE = 20
 
 @dataclass(slots=True)
 class ExpireRunReport:
-    """Oversized outputs expired at ``now``; on a dry run ``deleted`` is what would go."""
+    """Oversized outputs expired at ``now``; on a dry run ``deleted`` and
+    ``rehydrations_pruned`` are what would go."""
 
     applied: bool
     now: datetime
@@ -103,8 +104,10 @@ def expire_artifacts(
     else:
         _expire_batches(oversized, report, batch_size, progress)
     max_age = oversized.settings.staging_max_age_seconds
-    if apply:  # by the clock, not ``now``: whether a build is alive is a matter of real time
-        report.rehydrations_pruned = _prune_rehydrations(engine, utcnow(), max_age)
+    # By the clock, not ``now``: whether a build is alive is a matter of real time. Outputs
+    # by ``moment``: those an apply run has just deleted, those a dry run would.
+    useless = _useless_rehydrations(utcnow(), moment, max_age)
+    report.rehydrations_pruned = _prune_rehydrations(engine, useless, apply, batch_size)
     try:
         if not isinstance(oversized.storage, FileArtifactStorage):
             from core.artifacts.objects import ObjectArtifactStorage  # obstore loads lazily
@@ -157,29 +160,48 @@ def _expire_batches(
 _PRUNE_SETTLED = timedelta(minutes=5)
 
 
-def _prune_rehydrations(engine: Engine, moment: datetime, max_age_s: float) -> int:
-    """Forget records of rehydrated exports no request can use (the next request builds
-    afresh either way, and they would otherwise pile up, one per (session, format, head)
-    ever asked for):
+def _useless_rehydrations(clock: datetime, outputs_at: datetime, max_age_s: float) -> Any:
+    """Records of rehydrated exports no request can use (the next request builds afresh
+    either way, and they would otherwise pile up, one per (session, format, head) ever asked
+    for):
 
-    - finished, their output gone (expired or deleted), settled for ``_PRUNE_SETTLED``;
+    - finished, settled for ``_PRUNE_SETTLED``, their output gone or expired at
+      ``outputs_at`` (no request reuses an expired output);
     - builds whose heartbeat stopped ``max_age_s`` ago (``staging_max_age_seconds``, as
       their staged files): a killed or failed build nobody asked for again;
     - of a session that no longer exists (a request racing the session's delete).
 
-    A build in progress heart-beats every second, so it is never touched."""
-    output = artifact_rows.oversized_exists(_rehydrations.c.session_id, _rehydrations.c.artifact_id)
+    A build in progress heart-beats every second, so it is never one of them."""
+    output = artifact_rows.oversized_exists(
+        _rehydrations.c.session_id, _rehydrations.c.artifact_id, expires_after=outputs_at
+    )
     session = select(_sessions.c.id).where(_sessions.c.id == _rehydrations.c.session_id).exists()
     finished = _rehydrations.c.status == REHYDRATION_DONE
     beat = _rehydrations.c.heartbeat_at
-    useless = (
-        (finished & (beat < moment - _PRUNE_SETTLED) & ~output)
-        | (~finished & (beat < moment - timedelta(seconds=max_age_s)))
+    return (
+        (finished & (beat < clock - _PRUNE_SETTLED) & ~output)
+        | (~finished & (beat < clock - timedelta(seconds=max_age_s)))
         | ~session
     )
-    with write_transaction(engine) as conn:
-        pruned = conn.execute(delete(_rehydrations).where(useless)).rowcount
-    return int(pruned)
+
+
+def _prune_rehydrations(engine: Engine, useless: Any, apply: bool, batch_size: int) -> int:
+    """How many ``useless`` records there are; with ``apply``, delete them, ``batch_size``
+    per transaction (a backlog is never one long transaction holding the writer lock)."""
+    if not apply:
+        with read_connection(engine) as conn:
+            query = select(func.count()).select_from(_rehydrations).where(useless)
+            return int(conn.execute(query).scalar_one())
+    key = tuple_(*_rehydrations.primary_key.columns)
+    batch = select(*_rehydrations.primary_key.columns).where(useless).limit(batch_size)
+    statement = delete(_rehydrations).where(key.in_(batch), useless)
+    pruned = 0
+    while True:
+        with write_transaction(engine) as conn:
+            deleted = int(conn.execute(statement).rowcount)
+        pruned += deleted
+        if deleted < batch_size:
+            return pruned
 
 
 def _expired_totals(engine: Engine, moment: datetime) -> tuple[int, int]:

@@ -198,7 +198,9 @@ def test_expiry_prunes_records_no_request_can_use_and_delete_removes_all(
     with store.engine.begin() as conn:  # a request that raced the session's delete
         conn.execute(insert(_rows).values({**live_row._mapping, "session_id": orphan}))
 
-    report = store.expire_artifacts(apply=True)
+    dry = store.expire_artifacts(apply=False)  # what an apply run prunes, nothing removed
+    assert dry.deleted == 2 and dry.rehydrations_pruned == 3
+    report = store.expire_artifacts(apply=True, batch_size=1)  # a batch per record
 
     assert report.deleted == 2 and report.rehydrations_pruned == 3
     assert report.to_dict()["rehydrations_pruned"] == 3
