@@ -114,17 +114,27 @@ def encode_blob(data: bytes, *, level: int = DEFAULT_GZIP_LEVEL) -> tuple[Codec,
 
 
 def decode_blob(codec: Codec, stored: bytes) -> bytes:
-    """The content of stored bytes; ``zlib.error`` unless they are exactly one whole gzip
-    member (``zlib.decompress`` ignores bytes after the member: a damaged file too)."""
+    """The content of stored bytes; ``zlib.error`` unless they are whole gzip members and
+    nothing else (``zlib.decompress`` ignores bytes after the first member: a damaged file
+    too). This store writes one member; several, as ``cat a.gz b.gz`` makes, are valid gzip
+    (RFC 1952) and decode to their concatenation, as every gzip reader does."""
     if codec == "identity":
         return stored
-    inflater = zlib.decompressobj(wbits=_GZIP_WBITS)
-    data = inflater.decompress(stored)
-    if not inflater.eof:
-        raise zlib.error("incomplete or truncated stream")
-    if inflater.unused_data:
-        raise zlib.error(f"{len(inflater.unused_data)} bytes after the end of the stream")
-    return data
+    parts: list[bytes] = []
+    rest = stored
+    while True:
+        inflater = zlib.decompressobj(wbits=_GZIP_WBITS)
+        try:
+            parts.append(inflater.decompress(rest))
+            if not inflater.eof:
+                raise zlib.error("incomplete or truncated stream")
+        except zlib.error as exc:
+            if not parts:
+                raise
+            raise zlib.error(f"{len(rest)} bytes after the end of the stream: {exc}") from None
+        rest = inflater.unused_data
+        if not rest:
+            return parts[0] if len(parts) == 1 else b"".join(parts)
 
 
 # records --------------------------------------------------------------------------------

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gzip
 import logging
 import os
 from collections.abc import Callable
@@ -269,6 +270,34 @@ def test_bytes_after_the_gzip_stream_make_a_file_corrupt(store: SessionStore) ->
     assert not verify_blobs(store.blobs).healthy
     assert store.blobs.put(TEXT).written
     assert store.blobs.get(blob_hash) == TEXT and verify_blobs(store.blobs).healthy
+
+
+@pytest.mark.parametrize(
+    "tail", [b"\x1f\x8b", gzip.compress(b"more", mtime=0)[:-3], b"\x00" * 8], ids=repr
+)
+def test_a_partial_member_or_padding_after_the_stream_makes_a_file_corrupt(
+    store: SessionStore, tail: bytes
+) -> None:
+    blob_hash = store.blobs.put(TEXT).hash
+    path = _blob_file(store, blob_hash)
+    path.write_bytes(path.read_bytes() + tail)
+    with pytest.raises(BlobCorrupted, match="after the end"):
+        store.blobs.get(blob_hash)
+    assert not verify_blobs(store.blobs).healthy
+
+
+def test_a_file_of_several_gzip_members_is_valid_gzip_and_is_served(store: SessionStore) -> None:
+    """``cat a.gz b.gz`` is valid gzip (RFC 1952): the members decode to their
+    concatenation, checked against the hash as one file is. A member too many is not."""
+    blob_hash = store.blobs.put(TEXT).hash
+    path = _blob_file(store, blob_hash)
+    half = len(TEXT) // 2
+    path.write_bytes(gzip.compress(TEXT[:half]) + gzip.compress(TEXT[half:]))
+    assert store.blobs.get(blob_hash) == TEXT
+    assert verify_blobs(store.blobs).healthy
+    path.write_bytes(path.read_bytes() + gzip.compress(b"!"))
+    with pytest.raises(BlobCorrupted):
+        store.blobs.get(blob_hash)
 
 
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="fork() is POSIX")
