@@ -22,14 +22,18 @@ import threading
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import psycopg
 import pytest
 import redis
+from celery import Celery
+from celery import _state as celery_state
 from hypothesis import settings as hypothesis_settings
 
 from core import SessionStore, Settings
 from core.migrate import upgrade
+from tests.support import close_celery_clients
 
 # CI (``CI=true``) draws one fixed set of examples per property, derived from the test's
 # own code (a changed test or Hypothesis version draws a new set), so a landing is never
@@ -226,6 +230,24 @@ def redis_url() -> Iterator[str]:
     yield REDIS_URL
     client.flushdb()
     client.close()
+
+
+@pytest.fixture(autouse=True)
+def _celery_clients_closed(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """Every Celery app a test creates, and every result backend it opens (in any thread,
+    workers' included), is closed when the test ends (``close_celery_clients``)."""
+    before = set(celery_state._get_active_apps())
+    backends: list[Any] = []
+    get_backend = Celery._get_backend
+
+    def tracked(app: Celery) -> Any:
+        backend = get_backend(app)
+        backends.append(backend)
+        return backend
+
+    monkeypatch.setattr(Celery, "_get_backend", tracked)
+    yield
+    close_celery_clients(set(celery_state._get_active_apps()) - before, backends)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
