@@ -19,7 +19,7 @@ from core.artifacts.records import OVERSIZED
 from core.interop import rehydrated
 from core.interop.rehydrated import Request, rehydrate
 from core.models import ArtifactRow, RehydrationRow, table_of, utcnow
-from tests.support import set_output_expiry, wait_for
+from tests.support import TcpProxy, set_output_expiry, wait_for
 
 _rows = table_of(RehydrationRow)
 _artifacts = table_of(ArtifactRow)
@@ -144,6 +144,42 @@ def test_a_stalled_build_keeps_its_claim_and_its_waiter_waits(
     assert not a["result"]["reused"] and b["result"]["reused"]
     assert a["result"]["ref"] == b["result"]["ref"]
     assert _outputs(store, sid) == [a["result"]["ref"]] and _row(store, sid).builds == 1
+
+
+@pytest.mark.postgres
+def test_a_heartbeat_failing_while_the_database_is_away_resumes_and_the_build_finishes(
+    pg_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, in_thread: Any, caplog: Any
+) -> None:
+    """The database is unreachable for a while, shorter than the staleness limit, in the
+    middle of a build: the heartbeats that fail are logged, the next ones land again, the
+    claim is never lost, and the build finishes once (its own next queries reconnect)."""
+    monkeypatch.setattr(rehydrated, "_HEARTBEAT_S", 0.05)
+    proxy = TcpProxy(("127.0.0.1", 5432))
+    proxied = pg_url.replace("127.0.0.1:5432", f"127.0.0.1:{proxy.port}")
+    settings = Settings(data_dir=tmp_path / "data", database_url=proxied)
+    try:
+        with SessionStore.from_settings(settings) as store:
+            sid = _session(store)
+            gate = _Gate(monkeypatch, store)
+            a = in_thread(lambda: rehydrate(store, Request(sid, "acme")))
+            assert gate.reached.wait(60)
+            proxy.cut()
+            time.sleep(1.5)
+            proxy.restore()
+            cut_over = utcnow()
+            wait_for(lambda: _row(store, sid).heartbeat_at > cut_over, 10, "a heartbeat")
+            assert _row(store, sid).status == "building"
+            gate.release.set()
+            wait_for(lambda: "result" in a or "error" in a, 60, "the build")
+            assert "error" not in a, a
+            assert not a["result"]["reused"] and _outputs(store, sid) == [a["result"]["ref"]]
+            row = _row(store, sid)
+            assert (row.status, row.artifact_id, row.builds) == ("done", a["result"]["ref"], 1)
+            assert store.retrieve(a["result"]["ref"], session_id=sid) is not None
+    finally:
+        proxy.close()
+    failed = [r for r in caplog.records if r.getMessage() == "rehydrate heartbeat failed"]
+    assert failed, "no heartbeat failed while the database was away"
 
 
 def test_an_output_about_to_expire_is_built_anew_not_served(store: SessionStore) -> None:
