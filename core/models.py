@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from typing import Any
 
@@ -15,6 +15,7 @@ from sqlalchemy import (
     ForeignKey,
     Index,
     Integer,
+    Interval,
     LargeBinary,
     Numeric,
     String,
@@ -23,9 +24,12 @@ from sqlalchemy import (
     TypeDecorator,
     UniqueConstraint,
     false,
+    func,
+    literal,
 )
 from sqlalchemy.dialects.postgresql import JSONB
-from sqlalchemy.engine import Dialect
+from sqlalchemy.engine import Dialect, Engine
+from sqlalchemy.sql.elements import ColumnElement
 from sqlmodel import Field, SQLModel
 
 # SQLite only aliases the rowid for exactly "INTEGER PRIMARY KEY".
@@ -66,6 +70,18 @@ HASH_LEN = 64
 
 def utcnow() -> datetime:
     return datetime.now(UTC)
+
+
+def database_clock(engine: Engine, ago: timedelta = timedelta(0)) -> ColumnElement[datetime]:
+    """The time ``ago`` before now by the database's clock, as a SQL expression, for times
+    that one host writes and another judges (a heartbeat and its staleness). PostgreSQL's
+    ``clock_timestamp()`` is one clock for every host that shares the database, so their
+    skew never turns a live heartbeat stale; an embedded SQLite database has one host, and
+    its clock is that host's."""
+    if engine.dialect.name == "sqlite":
+        return literal(utcnow() - ago, TZDateTime)
+    now = func.clock_timestamp(type_=DateTime(timezone=True))
+    return now - literal(ago, Interval()) if ago else now
 
 
 class SessionRow(SQLModel, table=True):

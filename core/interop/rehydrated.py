@@ -50,7 +50,7 @@ from core.fsio import fsync_dir
 from core.interop import exporter, omp, pi
 from core.models import REHYDRATION_BUILDING as BUILDING
 from core.models import REHYDRATION_DONE as DONE
-from core.models import RehydrationRow, table_of, utcnow
+from core.models import RehydrationRow, database_clock, table_of, utcnow
 from core.records import ManifestEntry, Session, StoredEvent
 
 if TYPE_CHECKING:
@@ -161,8 +161,8 @@ def _where(key: tuple[str, str, int]) -> list[Any]:
 
 def _claim(store: SessionStore, key: tuple[str, str, int], builder: str) -> bool:
     """Become the builder: a new row, or a row whose build finished, expired or died."""
-    now = utcnow()
-    values = {"status": BUILDING, "builder": builder, "heartbeat_at": now}
+    engine = store.engine
+    values = {"status": BUILDING, "builder": builder, "heartbeat_at": database_clock(engine)}
     try:
         with write_transaction(store.engine) as conn:
             conn.execute(
@@ -173,8 +173,8 @@ def _claim(store: SessionStore, key: tuple[str, str, int], builder: str) -> bool
         return True
     except IntegrityError:
         pass
-    stale = now - timedelta(seconds=STALE_AFTER_S)
-    with write_transaction(store.engine) as conn:
+    stale = database_clock(engine, timedelta(seconds=STALE_AFTER_S))
+    with write_transaction(engine) as conn:
         # The row locked first (SQLite's write transaction holds the whole database), then
         # checked again here, not taken from ``_usable``: a build that finished after
         # ``_usable`` looked is served, not built a second time. The artifact is looked up
@@ -200,7 +200,7 @@ def _claim(store: SessionStore, key: tuple[str, str, int], builder: str) -> bool
 
 def _release(store: SessionStore, key: tuple[str, str, int], builder: str) -> None:
     """A failed build gives its claim up at once (waiters take over without the timeout)."""
-    stale = utcnow() - timedelta(seconds=STALE_AFTER_S + 1)
+    stale = database_clock(store.engine, timedelta(seconds=STALE_AFTER_S + 1))
     with write_transaction(store.engine) as conn:
         conn.execute(update(_rows).where(*_holding(key, builder)).values(heartbeat_at=stale))
 
@@ -248,7 +248,9 @@ class _Heartbeat:
         """Refresh the claim; False when this builder no longer holds it."""
         with write_transaction(self.store.engine) as conn:
             held = conn.execute(
-                update(_rows).where(*_holding(self.key, self.builder)).values(heartbeat_at=utcnow())
+                update(_rows)
+                .where(*_holding(self.key, self.builder))
+                .values(heartbeat_at=database_clock(self.store.engine))
             ).rowcount
         return bool(held)
 
@@ -340,7 +342,7 @@ def _build(
                 status=DONE,
                 artifact_id=ref.artifact_id,
                 result=result,
-                heartbeat_at=utcnow(),
+                heartbeat_at=database_clock(store.engine),
                 builds=_rows.c.builds + 1,
             )
         ).rowcount

@@ -28,6 +28,7 @@ from core.models import (
     ArtifactRow,
     RehydrationRow,
     SessionRow,
+    database_clock,
     table_of,
     utcnow,
 )
@@ -104,9 +105,10 @@ def expire_artifacts(
     else:
         _expire_batches(oversized, report, batch_size, progress)
     max_age = oversized.settings.staging_max_age_seconds
-    # By the clock, not ``now``: whether a build is alive is a matter of real time. Outputs
-    # by ``moment``: those an apply run has just deleted, those a dry run would.
-    useless = _useless_rehydrations(utcnow(), moment, max_age)
+    # Builds by the database's clock (their heartbeats'), not ``now``: whether a build is
+    # alive is a matter of real time. Outputs by ``moment``: those an apply run has just
+    # deleted, those a dry run would.
+    useless = _useless_rehydrations(engine, moment, max_age)
     report.rehydrations_pruned = _prune_rehydrations(engine, useless, apply, batch_size)
     try:
         if not isinstance(oversized.storage, FileArtifactStorage):
@@ -160,7 +162,7 @@ def _expire_batches(
 _PRUNE_SETTLED = timedelta(minutes=5)
 
 
-def _useless_rehydrations(clock: datetime, outputs_at: datetime, max_age_s: float) -> Any:
+def _useless_rehydrations(engine: Engine, outputs_at: datetime, max_age_s: float) -> Any:
     """Records of rehydrated exports no request can use (the next request builds afresh
     either way, and they would otherwise pile up, one per (session, format, head) ever asked
     for):
@@ -179,8 +181,8 @@ def _useless_rehydrations(clock: datetime, outputs_at: datetime, max_age_s: floa
     finished = _rehydrations.c.status == REHYDRATION_DONE
     beat = _rehydrations.c.heartbeat_at
     return (
-        (finished & (beat < clock - _PRUNE_SETTLED) & ~output)
-        | (~finished & (beat < clock - timedelta(seconds=max_age_s)))
+        (finished & (beat < database_clock(engine, _PRUNE_SETTLED)) & ~output)
+        | (~finished & (beat < database_clock(engine, timedelta(seconds=max_age_s))))
         | ~session
     )
 

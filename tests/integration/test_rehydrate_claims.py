@@ -7,13 +7,14 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Iterator
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 import pytest
 from sqlalchemy import insert, select, text, update
 
+import core.models
 from core import SessionStore, Settings
 from core.artifacts.records import OVERSIZED
 from core.interop import rehydrated
@@ -180,6 +181,34 @@ def test_a_heartbeat_failing_while_the_database_is_away_resumes_and_the_build_fi
         proxy.close()
     failed = [r for r in caplog.records if r.getMessage() == "rehydrate heartbeat failed"]
     assert failed, "no heartbeat failed while the database was away"
+
+
+@pytest.mark.postgres
+def test_a_host_whose_clock_runs_ahead_does_not_take_a_live_build_over(
+    pg_store: SessionStore, monkeypatch: pytest.MonkeyPatch, in_thread: Any
+) -> None:
+    """Heartbeats are written and judged by the database's clock: a request on a host whose
+    clock runs 30 s ahead (three staleness limits) waits for a build whose last heartbeat is
+    a few seconds old, instead of taking it over (by its own clock it looked dead)."""
+    store = pg_store
+    monkeypatch.setattr(rehydrated, "_HEARTBEAT_S", 3600.0)  # only the claim's own beat
+    sid = _session(store)
+    gate = _Gate(monkeypatch, store)
+    a = in_thread(lambda: rehydrate(store, Request(sid, "acme")))
+    assert gate.reached.wait(60)
+    ahead = timedelta(seconds=3 * rehydrated.STALE_AFTER_S)
+    skewed = lambda: datetime.now(UTC) + ahead  # noqa: E731
+    monkeypatch.setattr(rehydrated, "utcnow", skewed)
+    monkeypatch.setattr(core.models, "utcnow", skewed)
+    b = in_thread(lambda: rehydrate(store, Request(sid, "acme"), wait_s=60))
+    time.sleep(1.0)
+    assert "result" not in b and "error" not in b, b  # B waits for A
+    assert _row(store, sid).builds == 0
+    gate.release.set()
+    wait_for(lambda: all("result" in x or "error" in x for x in (a, b)), 60, "both requests")
+    assert "error" not in a and "error" not in b, (a, b)
+    assert not a["result"]["reused"] and b["result"]["ref"] == a["result"]["ref"]
+    assert _outputs(store, sid) == [a["result"]["ref"]] and _row(store, sid).builds == 1
 
 
 def test_an_output_about_to_expire_is_built_anew_not_served(store: SessionStore) -> None:
