@@ -10,10 +10,11 @@ import psycopg
 import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
-from sqlalchemy import inspect
+from sqlalchemy import inspect, text
 
 from core import migrate
 from core.db import make_engine
+from core.errors import SchemaNotCurrent
 from core.models import metadata
 from tests.conftest import PG_ADMIN_DSN, drop_pg_database, pg_url_for
 
@@ -63,3 +64,32 @@ def test_upgrade_downgrade_upgrade_round_trip(empty_url: str) -> None:
     assert migrate.current_revision(empty_url) is None
     migrate.upgrade(empty_url)
     assert _diff(empty_url) == [] and migrate.is_current(empty_url)
+
+
+def test_the_head_constant_is_the_scripts_head() -> None:
+    """Stores check the schema against ``HEAD_REVISION`` without loading Alembic: a new
+    migration must move it too."""
+    assert migrate.HEAD_REVISION == migrate.scripts_head()
+    assert [r.revision for r in migrate.history(None)][-1] == migrate.HEAD_REVISION
+
+
+def test_the_revision_is_read_as_alembic_reads_it_at_every_step(empty_url: str) -> None:
+    """None on an empty database, then each revision on the way up, as Alembic's own
+    ``MigrationContext`` reports it."""
+    engine = make_engine(empty_url, pool_size=1)
+    try:
+        seen = []
+        for step in [None, *(r.revision for r in migrate.history(None))]:
+            if step is not None:
+                migrate.upgrade(empty_url, step)
+            with engine.connect() as conn:
+                alembic_says = MigrationContext.configure(conn).get_current_revision()
+            assert migrate.engine_revision(engine) == alembic_says == step
+            seen.append(step)
+        assert seen[-1] == migrate.HEAD_REVISION and migrate.is_current(empty_url)
+        with engine.begin() as conn:  # a second head, as a foreign branch would leave
+            conn.execute(text("INSERT INTO alembic_version (version_num) VALUES ('0001')"))
+        with pytest.raises(SchemaNotCurrent, match="several heads"):
+            migrate.engine_revision(engine)
+    finally:
+        engine.dispose()
