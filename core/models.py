@@ -32,6 +32,8 @@ from sqlalchemy.engine import Dialect, Engine
 from sqlalchemy.sql.elements import ColumnElement
 from sqlmodel import Field, SQLModel
 
+from core.db import is_sqlite
+
 # SQLite only aliases the rowid for exactly "INTEGER PRIMARY KEY".
 BigIntPK = BigInteger().with_variant(Integer(), "sqlite")
 JsonPayload = JSON().with_variant(JSONB(), "postgresql")
@@ -78,7 +80,7 @@ def database_clock(engine: Engine, ago: timedelta = timedelta(0)) -> ColumnEleme
     ``clock_timestamp()`` is one clock for every host that shares the database, so their
     skew never turns a live heartbeat stale; an embedded SQLite database has one host, and
     its clock is that host's."""
-    if engine.dialect.name == "sqlite":
+    if is_sqlite(engine):
         return literal(utcnow() - ago, TZDateTime)
     now = func.clock_timestamp(type_=DateTime(timezone=True))
     return now - literal(ago, Interval()) if ago else now

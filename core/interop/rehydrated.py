@@ -164,7 +164,7 @@ def _claim(store: SessionStore, key: tuple[str, str, int], builder: str) -> bool
     engine = store.engine
     values = {"status": BUILDING, "builder": builder, "heartbeat_at": database_clock(engine)}
     try:
-        with write_transaction(store.engine) as conn:
+        with write_transaction(engine) as conn:
             conn.execute(
                 insert(_rows).values(
                     session_id=key[0], format=key[1], head_seq=key[2], builds=0, **values

@@ -78,15 +78,13 @@ def test_the_revision_is_read_as_alembic_reads_it_at_every_step(empty_url: str) 
     ``MigrationContext`` reports it."""
     engine = make_engine(empty_url, pool_size=1)
     try:
-        seen = []
         for step in [None, *(r.revision for r in migrate.history(None))]:
             if step is not None:
                 migrate.upgrade(empty_url, step)
             with engine.connect() as conn:
                 alembic_says = MigrationContext.configure(conn).get_current_revision()
             assert migrate.engine_revision(engine) == alembic_says == step
-            seen.append(step)
-        assert seen[-1] == migrate.HEAD_REVISION and migrate.is_current(empty_url)
+        assert step == migrate.HEAD_REVISION and migrate.is_current(empty_url)
         with engine.begin() as conn:  # a second head, as a foreign branch would leave
             conn.execute(text("INSERT INTO alembic_version (version_num) VALUES ('0001')"))
         with pytest.raises(SchemaNotCurrent, match="several heads"):

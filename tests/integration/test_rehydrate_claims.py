@@ -14,7 +14,6 @@ from typing import Any
 import pytest
 from sqlalchemy import insert, select, text, update
 
-import core.models
 from core import SessionStore, Settings
 from core.artifacts.records import OVERSIZED
 from core.interop import rehydrated
@@ -209,7 +208,6 @@ def test_a_host_whose_clock_runs_ahead_does_not_take_a_live_build_over(
     ahead = timedelta(seconds=3 * rehydrated.STALE_AFTER_S)
     skewed = lambda: datetime.now(UTC) + ahead  # noqa: E731
     monkeypatch.setattr(rehydrated, "utcnow", skewed)
-    monkeypatch.setattr(core.models, "utcnow", skewed)
     b = in_thread(lambda: rehydrate(store, Request(sid, "acme"), wait_s=60))
     time.sleep(1.0)
     assert "result" not in b and "error" not in b, b  # B waits for A
