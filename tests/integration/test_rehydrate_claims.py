@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from sqlalchemy import insert, select, text, update
+from sqlalchemy import event, insert, select, text, update
 
 from core import SessionStore, Settings
 from core.artifacts.records import OVERSIZED
@@ -273,7 +273,25 @@ def test_expiry_prunes_records_no_request_can_use_and_delete_removes_all(
 
     dry = store.expire_artifacts(apply=False)  # what an apply run prunes, nothing removed
     assert dry.deleted == 2 and dry.rehydrations_pruned == 3
-    report = store.expire_artifacts(apply=True, batch_size=1)  # a batch per record
+    deletes: list[str] = []  # each DELETE of records, marked once its transaction commits
+
+    def on_execute(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
+        if statement.lstrip().upper().startswith("DELETE FROM REHYDRATIONS"):
+            deletes.append(statement)
+
+    def on_commit(conn: Any) -> None:
+        if deletes and not deletes[-1].endswith("-- committed"):
+            deletes[-1] += " -- committed"
+
+    event.listen(store.engine, "before_cursor_execute", on_execute)
+    event.listen(store.engine, "commit", on_commit)
+    try:
+        report = store.expire_artifacts(apply=True, batch_size=1)  # a batch per record
+    finally:
+        event.remove(store.engine, "before_cursor_execute", on_execute)
+        event.remove(store.engine, "commit", on_commit)
+    # three batches of one, then one that finds nothing: each DELETE committed on its own
+    assert len(deletes) == 4 and all(d.endswith("-- committed") for d in deletes)
 
     assert report.deleted == 2 and report.rehydrations_pruned == 3
     assert report.to_dict()["rehydrations_pruned"] == 3
