@@ -18,7 +18,10 @@ results (pi keeps each ``toolResult`` in its own message). The mapping is the ta
   ``custom`` entry ``claude-code.<type>`` holding the line, so nothing is lost and pi's
   context ignores it.
 - Each entry keeps what pi has no field for under ``claudeCode``: the line without its
-  ``message.content`` (``isSidechain``, ``agentId``, ``requestId``, the raw usage, …).
+  ``message.content`` (``isSidechain``, ``agentId``, ``requestId``, the raw usage, …). The
+  content is kept there too (``claudeCode.message.content``) whenever mapping the entries back
+  (``_content_back``) would not give it exactly, so no value of a line is ever dropped:
+  ``line_content`` reads it back either way.
 """
 
 from __future__ import annotations
@@ -123,8 +126,17 @@ def _is_boundary(value: dict[str, Any]) -> bool:
 
 def _is_compact_summary(value: dict[str, Any] | None) -> bool:
     return (
-        value is not None and value.get("type") == "user" and value.get("isCompactSummary") is True
+        value is not None
+        and value.get("type") == "user"
+        and value.get("isCompactSummary") is True
+        and _has_content(value)
     )
+
+
+def _has_content(value: dict[str, Any]) -> bool:
+    """A message line pi can map; one without ``message.content`` is kept whole instead."""
+    message = value.get("message")
+    return isinstance(message, dict) and "content" in message
 
 
 @dataclass
@@ -178,9 +190,9 @@ class _Converter:
             self._compaction(line, summary)
         elif _is_compact_summary(value):
             self._compaction(None, line)
-        elif kind == "assistant" and isinstance(value.get("message"), dict):
+        elif kind == "assistant" and _has_content(value):
             self._assistant(line)
-        elif kind == "user" and isinstance(value.get("message"), dict):
+        elif kind == "user" and _has_content(value):
             self._user(line)
         else:
             self._custom(line)
@@ -252,48 +264,38 @@ class _Converter:
             text = content if isinstance(content, str) else json.dumps(content)
             messages.append({"role": "user", "content": text, "timestamp": millis})
         else:
-            messages = self._user_blocks(content, millis, meta)
+            messages = self._user_blocks(content, millis) or [_empty_user(millis)]
         results = [m for m in messages if m["role"] == "toolResult"]
         if len(results) == 1 and "toolUseResult" in meta:
             results[0]["details"] = meta.pop("toolUseResult")
-        self._emit_chain(line, messages or [_empty_user(millis)], meta)
+        _keep_content(meta, messages, content)
+        self._emit_chain(line, messages, meta)
 
-    def _user_blocks(
-        self, blocks: list[Any], millis: int, meta: dict[str, Any]
-    ) -> list[dict[str, Any]]:
+    def _user_blocks(self, blocks: list[Any], millis: int) -> list[dict[str, Any]]:
         messages: list[dict[str, Any]] = []
         pending: list[dict[str, Any]] = []
-        for index, block in enumerate(blocks):
+        for block in blocks:
             if isinstance(block, dict) and block.get("type") == "tool_result":
                 if pending:
                     messages.append({"role": "user", "content": pending, "timestamp": millis})
                     pending = []
-                messages.append(self._tool_result(block, millis, meta, index))
+                messages.append(self._tool_result(block, millis))
                 continue
             converted = _user_block(block)
-            if converted is None:
-                meta.setdefault("unmappedContent", []).append({"index": index, "block": block})
-            else:
+            if converted is not None:
                 pending.append(converted)
         if pending:
             messages.append({"role": "user", "content": pending, "timestamp": millis})
         return messages
 
-    def _tool_result(
-        self, block: dict[str, Any], millis: int, meta: dict[str, Any], index: int
-    ) -> dict[str, Any]:
+    def _tool_result(self, block: dict[str, Any], millis: int) -> dict[str, Any]:
         call_id = block.get("tool_use_id")
         raw = block.get("content")
         content: list[dict[str, Any]] = []
         if isinstance(raw, str):
             content = [{"type": "text", "text": raw}]
         elif isinstance(raw, list):
-            for item in raw:
-                converted = _user_block(item)
-                if converted is None:
-                    meta.setdefault("unmappedContent", []).append({"index": index, "block": item})
-                else:
-                    content.append(converted)
+            content = [c for c in map(_user_block, raw) if c is not None]
         return {
             "role": "toolResult",
             "toolCallId": call_id if isinstance(call_id, str) else "",
@@ -309,16 +311,11 @@ class _Converter:
         value = line.value
         source = value["message"]
         meta = _meta(value)
-        content: list[dict[str, Any]] = []
-        blocks = source.get("content")
+        blocks = source["content"]
         if isinstance(blocks, str):
             blocks = [{"type": "text", "text": blocks}]
-        for index, block in enumerate(blocks if isinstance(blocks, list) else []):
-            converted = self._assistant_block(block)
-            if converted is None:
-                meta.setdefault("unmappedContent", []).append({"index": index, "block": block})
-            else:
-                content.append(converted)
+        converted = map(self._assistant_block, blocks if isinstance(blocks, list) else [])
+        content = [block for block in converted if block is not None]
         key = _response_key(value)
         if key is not None:
             meta["responseLine"] = self.response_lines.get(key, 0)
@@ -338,6 +335,7 @@ class _Converter:
             message["errorMessage"] = "\n".join(
                 b["text"] for b in content if b.get("type") == "text"
             )
+        _keep_content(meta, [message], source["content"])
         self._emit_chain(line, [message], meta)
 
     def _assistant_block(self, block: Any) -> dict[str, Any] | None:
@@ -405,7 +403,10 @@ class _Converter:
         entry["summary"] = _text_of(svalue.get("message")) if summary else _text_of(bvalue)
         entry["firstKeptEntryId"] = self._first_kept(metadata) or entry_id
         entry["tokensBefore"] = tokens if isinstance(tokens, int) else 0
-        entry["details"] = {META_KEY: {"boundary": bvalue or None, "summary": _meta(svalue)}}
+        kept = _meta(svalue)
+        if summary is not None and not _same(entry["summary"], svalue["message"]["content"]):
+            kept["message"]["content"] = svalue["message"]["content"]
+        entry["details"] = {META_KEY: {"boundary": bvalue or None, "summary": kept}}
         for uuid in (bvalue.get("uuid"), svalue.get("uuid")):
             if isinstance(uuid, str):
                 self.aliases[uuid] = entry_id
@@ -460,12 +461,83 @@ def _empty_user(millis: int) -> dict[str, Any]:
 
 
 def _meta(value: dict[str, Any]) -> dict[str, Any]:
-    """The line without the content pi now holds (and without repeating its type)."""
+    """The line without the content pi now holds (``_keep_content`` may put it back)."""
     meta = {k: v for k, v in value.items() if k != "message"}
     message = value.get("message")
     if isinstance(message, dict):
         meta["message"] = {k: v for k, v in message.items() if k != "content"}
     return meta
+
+
+def _same(a: Any, b: Any) -> bool:
+    """The same JSON: key order counts, and 0 is not false nor 1.0 the integer 1."""
+    return json.dumps(a) == json.dumps(b)
+
+
+def _keep_content(meta: dict[str, Any], messages: list[dict[str, Any]], content: Any) -> None:
+    """Keep the line's content as written unless its messages map back to it exactly."""
+    if not _same(_content_back(messages), content):
+        meta["message"]["content"] = content
+
+
+def line_content(entries: list[dict[str, Any]]) -> Any:
+    """A ``user``/``assistant`` line's ``message.content`` as written, from the entries it
+    became in journal order (``<uuid>#1`` …, then ``<uuid>``), or a compaction's summary
+    line's content from the compaction (see docs/formats.md)."""
+    last = entries[-1]
+    if last["type"] == "compaction":
+        kept = last["details"][META_KEY]["summary"]["message"]
+        return kept["content"] if "content" in kept else last["summary"]
+    kept = last[META_KEY]["message"]
+    if "content" in kept:
+        return kept["content"]
+    return _content_back([entry["message"] for entry in entries])
+
+
+def _content_back(messages: list[dict[str, Any]]) -> Any:
+    """The Claude Code content a line's pi messages stand for, where the mapping is exact."""
+    first = messages[0]
+    if len(messages) == 1 and first["role"] == "user" and isinstance(first["content"], str):
+        return first["content"]
+    blocks: list[Any] = []
+    for message in messages:
+        if message["role"] == "toolResult":
+            blocks.append(_tool_result_back(message))
+        else:
+            blocks.extend(map(_block_back, message["content"]))
+    return blocks
+
+
+def _tool_result_back(message: dict[str, Any]) -> dict[str, Any]:
+    content: Any = [_block_back(block) for block in message["content"]]
+    if len(content) == 1 and content[0]["type"] == "text":
+        content = content[0]["text"]
+    block = {"tool_use_id": message["toolCallId"], "type": "tool_result", "content": content}
+    if message["isError"]:
+        block["is_error"] = True
+    return block
+
+
+def _block_back(block: dict[str, Any]) -> dict[str, Any]:
+    kind = block["type"]
+    if kind == "text":
+        return {"type": "text", "text": block["text"]}
+    if kind == "image":
+        source = {"type": "base64", "media_type": block["mimeType"], "data": block["data"]}
+        return {"type": "image", "source": source}
+    if kind == "toolCall":
+        return {
+            "type": "tool_use",
+            "id": block["id"],
+            "name": block["name"],
+            "input": block["arguments"],
+        }
+    if block.get("redacted") is True:
+        return {"type": "redacted_thinking", "data": block["thinkingSignature"]}
+    thinking = {"type": "thinking", "thinking": block["thinking"]}
+    if "thinkingSignature" in block:
+        thinking["signature"] = block["thinkingSignature"]
+    return thinking
 
 
 def _response_key(value: dict[str, Any]) -> str | None:

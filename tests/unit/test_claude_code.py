@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from core.errors import ImportFormatError
-from core.interop.claude_code import looks_like_claude_code, parse_claude_code
+from core.interop.claude_code import line_content, looks_like_claude_code, parse_claude_code
 from core.interop.importer import detect_format
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "claude_code"
@@ -213,7 +213,7 @@ def test_several_tool_results_on_one_line_chain_under_its_uuid(tmp_path: Path) -
     assert [e["message"]["role"] for e in entries[2:5]] == ["toolResult", "toolResult", "user"]
     assert [e["message"]["toolName"] for e in entries[2:4]] == ["A", "B"]
     assert entries[5]["message"]["content"] == []
-    assert entries[5]["claudeCode"]["unmappedContent"][0]["block"]["type"] == "server_tool_use"
+    assert entries[5]["claudeCode"]["message"]["content"] == [server]  # kept as written
 
 
 def test_a_growing_file_only_ever_appends(tmp_path: Path) -> None:
@@ -345,3 +345,144 @@ def test_any_lines_give_a_well_formed_tree(lines: list[dict[str, Any]]) -> None:
         assert entry["parentId"] is None or entry["parentId"] in seen
         seen.add(entry["id"])
         json.dumps(entry)
+
+
+def same(a: Any, b: Any) -> bool:
+    """The same JSON: key order counts, and 0 is not false nor 1.0 the integer 1."""
+    return json.dumps(a) == json.dumps(b)
+
+
+def entries_by_line(data: bytes) -> dict[int, list[dict[str, Any]]]:
+    lines: dict[int, list[dict[str, Any]]] = defaultdict(list)
+    for p in parse_claude_code(Path("s.jsonl"), data).entries:
+        lines[p.line].append(p.entry)
+    return lines
+
+
+def test_what_pi_has_no_place_for_is_kept_as_written() -> None:
+    """The blocks a tester found dropped: each line's content comes back exactly."""
+    contents = [
+        [{"type": "text", "text": "hi", "cache_control": {"type": "ephemeral"}}],
+        [
+            {"type": "text", "text": "see", "citations": [{"url": "u", "cited_text": "c"}]},
+            {"type": "tool_use", "id": "t1", "name": "Bash", "input": "a string", "caller": {}},
+        ],
+        [
+            {
+                "type": "tool_result",
+                "tool_use_id": "t1",
+                "content": [{"type": "text", "text": "ok", "extra": 1}],
+                "is_error": False,
+                "cache_control": {"type": "ephemeral"},
+            }
+        ],
+        None,
+        {"weird": "dict"},
+        [{"type": "tool_result", "tool_use_id": "t1", "content": 42}],
+    ]
+    kinds = ["user", "assistant", "user", "user", "user", "user"]
+    lines = [
+        cc_line(kind, f"u{i}", f"u{i - 1}" if i else None, role=kind, content=content)
+        for i, (kind, content) in enumerate(zip(kinds, contents, strict=True))
+    ]
+    data = "".join(json.dumps(x) + "\n" for x in lines).encode()
+    got = [line_content(entries) for entries in entries_by_line(data).values()]
+    assert same(got, contents)
+    # content the mapping gives back exactly is not stored twice
+    plain = cc_line("user", "p", None, role="user", content=[{"type": "text", "text": "hi"}])
+    (entry,) = entries_by_line(json.dumps(plain).encode() + b"\n")[1]
+    assert "content" not in entry["claudeCode"]["message"]
+
+
+_value = st.recursive(  # any JSON value a line can hold (JSON has no NaN nor infinities)
+    st.none()
+    | st.booleans()
+    | st.integers()
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text(),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=5), inner),
+    max_leaves=8,
+)
+_odd_keys = st.sampled_from(
+    [
+        *("type", "text", "id", "name", "input", "content", "is_error", "tool_use_id"),
+        *("source", "signature", "data", "thinking", "cache_control", "citations", "caller"),
+    ]
+)
+# any keys, mostly ones the mapping reads or knows, with values of any type
+_extra = st.dictionaries(_odd_keys | st.text(max_size=4), _value, max_size=2)
+
+
+def _block(base: dict[str, Any]) -> st.SearchStrategy[dict[str, Any]]:
+    return st.builds(lambda extra: {**base, **extra}, st.one_of(st.just({}), _extra))
+
+
+_text = st.text(max_size=8)
+_mapped = st.one_of(
+    _text.flatmap(lambda t: _block({"type": "text", "text": t})),
+    _text.flatmap(
+        lambda d: _block(
+            {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": d}}
+        )
+    ),
+    _text.flatmap(lambda t: _block({"type": "thinking", "thinking": t, "signature": "s"})),
+    _text.flatmap(lambda d: _block({"type": "redacted_thinking", "data": d})),
+    st.dictionaries(_text, _value, max_size=2).flatmap(
+        lambda i: _block({"type": "tool_use", "id": "t", "name": "T", "input": i})
+    ),
+    _text,
+    _value,
+)
+_result_content = st.one_of(_text, st.lists(_mapped, max_size=3), _value)
+_tool_result = st.builds(
+    lambda content, error, extra: {
+        "tool_use_id": "t",
+        "type": "tool_result",
+        "content": content,
+        **({"is_error": True} if error else {}),
+        **extra,
+    },
+    _result_content,
+    st.booleans(),
+    st.one_of(st.just({}), _extra),
+)
+_content = st.one_of(_text, st.lists(st.one_of(_mapped, _tool_result), max_size=4), _value)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    kind=st.sampled_from(["user", "assistant", "compaction"]),
+    content=_content,
+    tool_use_result=st.just({}) | _value.map(lambda v: {"toolUseResult": v}),
+)
+def test_every_content_comes_back_exactly(
+    kind: str, content: Any, tool_use_result: dict[str, Any]
+) -> None:
+    """Whatever a line's ``message.content`` holds (blocks with extra keys, values of odd
+    types, blocks pi has no shape for), it is recoverable from the entries the line became,
+    and the rest of the line is in ``claudeCode``."""
+    role = "user" if kind == "compaction" else kind
+    line = {**cc_line(role, "x", None, role=role, content=content), **tool_use_result}
+    lines = [line]
+    if kind == "compaction":
+        boundary = {"type": "system", "subtype": "compact_boundary", "uuid": "b"}
+        lines = [boundary, {**line, "isCompactSummary": True}]
+    data = "".join(json.dumps(x) + "\n" for x in lines).encode()
+    (entries,) = entries_by_line(data).values()
+    assert same(line_content(entries), content)
+    last = entries[-1]
+    meta = last["details"]["claudeCode"]["summary"] if kind == "compaction" else last["claudeCode"]
+    rest = {k: v for k, v in meta["message"].items() if k != "content"}
+    if "toolUseResult" in line and "toolUseResult" not in meta:  # on the one tool result
+        (result,) = [e["message"] for e in entries if e["message"]["role"] == "toolResult"]
+        meta = {**meta, "toolUseResult": result["details"]}
+    want = {k: v for k, v in lines[-1].items() if k != "message"}
+    assert same({k: meta[k] for k in want}, want) and set(meta) == {*want, "message"}
+    assert same(rest, {"role": role})
+
+
+@pytest.mark.parametrize("kind", ["user", "assistant"])
+def test_a_message_line_without_content_is_kept_whole(kind: str) -> None:
+    line = cc_line(kind, "x", None, role=kind)
+    (entry,) = entries_by_line(json.dumps(line).encode() + b"\n")[1]
+    assert entry["customType"] == f"claude-code.{kind}" and same(entry["data"], line)
