@@ -7,10 +7,13 @@ Blobs, artifacts and the embedded queue's lock files all write through these.
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
-import tempfile
-from collections.abc import Sequence
+import secrets
+from collections.abc import Iterator, Sequence
 from pathlib import Path
+
+from core import nofollow
 
 
 def fsync_dir(directory: Path, *, strict: bool = True) -> None:
@@ -48,19 +51,56 @@ def replace_atomically(path: Path, data: bytes, *, prefix: str = ".tmp-") -> Non
     replace_many_atomically([(path, data)], prefix=prefix)
 
 
-def replace_many_atomically(items: Sequence[tuple[Path, bytes]], *, prefix: str = ".tmp-") -> None:
+def replace_many_atomically(
+    items: Sequence[tuple[Path, bytes]], *, prefix: str = ".tmp-", root: Path | None = None
+) -> None:
     """``replace_atomically`` for several files, synced together: every temporary file is
     written, then each is fsynced (after the first, ext4 has usually committed the rest
     with it), then renamed, then each directory is fsynced once. A file is renamed only
-    after its own fsync returned, so a crash never exposes a partial one."""
+    after its own fsync returned, so a crash never exposes a partial one.
+
+    Each step acts relative to a descriptor of the file's directory. With ``root`` that
+    descriptor is reached through no symlink below ``root`` (``core.nofollow``:
+    ``SymlinkRefused``), missing directories are made, and new ones synced into their
+    parents; without it the directories must exist."""
+    made: set[tuple[str, ...]] = set()
+    with contextlib.ExitStack() as stack:
+        dirs: dict[Path, int] = {}
+        for path, _ in items:
+            if path.parent not in dirs:
+                dirs[path.parent] = stack.enter_context(_directory(path, root, made))
+        _write_renamed([(dirs[path.parent], path.name, data) for path, data in items], prefix)
+        for fd in dirs.values():
+            os.fsync(fd)
+    if root is not None and made:
+        nofollow.sync_dirs(root, made)
+
+
+@contextlib.contextmanager
+def _directory(path: Path, root: Path | None, made: set[tuple[str, ...]]) -> Iterator[int]:
+    """A descriptor of ``path``'s directory (see ``replace_many_atomically``)."""
+    if root is not None:
+        with nofollow.parent_dir(root, path, create=True, made=made) as (fd, _):
+            yield fd
+        return
+    fd = os.open(path.parent, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    try:
+        yield fd
+    finally:
+        os.close(fd)
+
+
+def _write_renamed(entries: Sequence[tuple[int, str, bytes]], prefix: str) -> None:
+    """Write each (directory descriptor, name, data) to a temporary file beside its name,
+    fsync them all, then rename each onto its name; nothing is left on failure."""
     fds: list[int] = []
-    temps: list[tuple[str, Path]] = []
+    temps: list[tuple[int, str, str]] = []
     try:
         try:
-            for path, data in items:
-                fd, tmp = tempfile.mkstemp(prefix=prefix, suffix=".part", dir=path.parent)
+            for dir_fd, name, data in entries:
+                tmp, fd = _create_temp(dir_fd, prefix)
                 fds.append(fd)
-                temps.append((tmp, path))
+                temps.append((dir_fd, tmp, name))
                 view = memoryview(data)
                 while view:
                     view = view[os.write(fd, view) :]
@@ -70,12 +110,30 @@ def replace_many_atomically(items: Sequence[tuple[Path, bytes]], *, prefix: str 
             for fd in fds:
                 with contextlib.suppress(OSError):
                     os.close(fd)
-        for tmp, path in temps:
-            os.replace(tmp, path)
+        for dir_fd, tmp, name in temps:
+            os.replace(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
     except BaseException:
-        for tmp, _ in temps:
+        for dir_fd, tmp, _ in temps:
             with contextlib.suppress(FileNotFoundError):
-                os.unlink(tmp)
+                os.unlink(tmp, dir_fd=dir_fd)
         raise
-    for directory in dict.fromkeys(path.parent for path, _ in items):
-        fsync_dir(directory)
+
+
+_TEMP_FLAGS = (
+    os.O_WRONLY
+    | os.O_CREAT
+    | os.O_EXCL
+    | getattr(os, "O_NOFOLLOW", 0)
+    | getattr(os, "O_CLOEXEC", 0)
+)
+
+
+def _create_temp(dir_fd: int, prefix: str) -> tuple[str, int]:
+    """A new private file ``<prefix><random>.part`` in ``dir_fd``, as ``mkstemp`` makes."""
+    for _ in range(100):
+        name = f"{prefix}{secrets.token_hex(6)}.part"
+        try:
+            return name, os.open(name, _TEMP_FLAGS, 0o600, dir_fd=dir_fd)
+        except FileExistsError:
+            continue
+    raise FileExistsError(errno.EEXIST, "no free temporary file name", prefix)

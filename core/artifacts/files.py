@@ -18,7 +18,8 @@ from pathlib import Path
 
 from sqlalchemy import Connection
 
-from core.artifacts import nofollow, rows
+from core import nofollow
+from core.artifacts import rows
 from core.artifacts.fsio import prune_empty_dirs
 from core.artifacts.inherited import preserve_for_forks, read_artifact_file
 from core.artifacts.paths import FILES_DIR, contained_path, file_name, sanitize_path

@@ -13,11 +13,11 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from core.artifacts import nofollow
-from core.artifacts.nofollow import artifact_root_of, check_path
+from core import nofollow
 from core.artifacts.paths import STAGING_DIR
 from core.errors import SymlinkRefused
 from core.fsio import fsync_dir as sync_directory
+from core.nofollow import artifact_root_of, check_path
 
 
 def fsync_dir(directory: Path) -> None:

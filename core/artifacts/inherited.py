@@ -14,7 +14,8 @@ from typing import NamedTuple
 
 from sqlalchemy import Connection, Engine, select
 
-from core.artifacts import nofollow, rows
+from core import nofollow
+from core.artifacts import rows
 from core.artifacts.paths import session_dir
 from core.artifacts.records import ArtifactInfo
 from core.artifacts.storage import ArtifactStorage, FileArtifactStorage, key_of

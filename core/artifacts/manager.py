@@ -16,7 +16,8 @@ from pathlib import Path
 
 from sqlalchemy import Connection, Engine
 
-from core.artifacts import nofollow, rows
+from core import nofollow
+from core.artifacts import rows
 from core.artifacts.files import SessionFiles
 from core.artifacts.inherited import preserve_for_forks
 from core.artifacts.oversized import OversizedOutputs

@@ -16,7 +16,8 @@ from pathlib import Path
 from sqlalchemy import Engine
 from sqlalchemy.exc import IntegrityError
 
-from core.artifacts import nofollow, rows
+from core import nofollow
+from core.artifacts import rows
 from core.artifacts.inherited import read_artifact_file
 from core.artifacts.paths import oversized_name, sanitize_tool_type, session_dir
 from core.artifacts.records import (

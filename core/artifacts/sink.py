@@ -20,9 +20,9 @@ import os
 from dataclasses import dataclass
 from typing import BinaryIO, Protocol
 
-from core.artifacts.nofollow import artifact_root_of, create_new
 from core.artifacts.records import AllocatedPath
 from core.errors import ArtifactError, SessionStoreError
+from core.nofollow import artifact_root_of, create_new
 
 logger = logging.getLogger(__name__)
 

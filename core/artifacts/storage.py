@@ -27,7 +27,7 @@ from typing import BinaryIO, Protocol
 from urllib.parse import urlparse
 from urllib.request import url2pathname
 
-from core.artifacts import nofollow
+from core import nofollow
 from core.artifacts.paths import STAGING_DIR
 from core.errors import BadConfig, InvalidArtifactPath, StorageUnavailable
 from core.settings import Settings

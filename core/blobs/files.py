@@ -1,14 +1,20 @@
 """Blobs as files: ``<root>/<h[0:2]>/<h[2:4]>/<hash>.blob[.gz]``, written durably
-(temporary file, fsync, rename, directory fsync)."""
+(temporary file, fsync, rename, directory fsync).
+
+No symlink below the root is followed (invariant 9): every read, write, move and delete
+acts relative to a descriptor of the fan-out directory, reached through ``core.nofollow``;
+a link is ``SymlinkRefused``.
+"""
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 
+from core import nofollow
 from core.blobs.store import (
     CORRUPT_DIR,
     DEFAULT_GZIP_LEVEL,
@@ -24,7 +30,6 @@ from core.blobs.store import (
     parse_blob_name,
 )
 from core.fsio import fsync_dir, replace_many_atomically
-from core.models import utcnow
 
 log = logging.getLogger(__name__)
 
@@ -36,6 +41,7 @@ class FileBlobStore(BlobStore):
         super().__init__(index, gzip_level=gzip_level)
         self.root = Path(root)
         self._root = os.fspath(self.root)
+        self._root_made = False
 
     def path_for(self, blob_hash: str, codec: Codec) -> Path:
         return Path(self._fspath(blob_hash, codec))
@@ -46,13 +52,48 @@ class FileBlobStore(BlobStore):
         name = blob_hash + SUFFIXES[codec]
         return os.path.join(self._root, blob_hash[0:2], blob_hash[2:4], name)
 
+    @contextmanager
+    def _fanout(self, blob_hash: str) -> Iterator[int | None]:
+        """A descriptor of the hash's fan-out directory (reached through no link), or None
+        when it does not exist."""
+        check_hash(blob_hash)
+        fd = nofollow.open_dir(self.root, self.root / blob_hash[0:2] / blob_hash[2:4])
+        try:
+            yield fd
+        finally:
+            if fd is not None:
+                os.close(fd)
+
+    def _present(self, fd: int, blob_hash: str) -> dict[Codec, int]:
+        """Stored size by codec of the hash's files in its fan-out directory ``fd``."""
+        sizes: dict[Codec, int] = {}
+        for codec, suffix in SUFFIXES.items():
+            info = nofollow.lstat_at(fd, blob_hash + suffix, self.path_for(blob_hash, codec))
+            if info is not None:
+                sizes[codec] = info.st_size
+        return sizes
+
+    def _ordered(self, blob_hash: str, present: list[Codec], first: Codec | None) -> list[Codec]:
+        """The stored codecs, the one to serve first: with two files (a damaged leftover
+        beside a good copy, say), ``first`` or else the registered codec."""
+        if len(present) < 2:
+            return present
+        wanted = first or self.index.codec_of(blob_hash)
+        return sorted(present, key=lambda codec: codec != wanted)
+
     def _find(self, blob_hash: str, first: Codec | None = None) -> tuple[Codec, int] | None:
-        for codec in SUFFIXES:  # a stat per codec costs microseconds: no need for ``first``
-            try:
-                return codec, os.stat(self._fspath(blob_hash, codec)).st_size
-            except FileNotFoundError:
-                continue
-        return None
+        found = self._find_stored(blob_hash, first)
+        if found is None and self._unquarantine(blob_hash):
+            found = self._find_stored(blob_hash, first)  # as ``_read`` does
+        return found
+
+    def _find_stored(self, blob_hash: str, first: Codec | None) -> tuple[Codec, int] | None:
+        with self._fanout(blob_hash) as fd:
+            if fd is None:
+                return None
+            sizes = self._present(fd, blob_hash)
+        codecs = self._ordered(blob_hash, list(sizes), first)
+        return (codecs[0], sizes[codecs[0]]) if codecs else None
 
     def _read(self, blob_hash: str) -> tuple[Codec, bytes] | None:
         found = self._read_stored(blob_hash)
@@ -63,52 +104,82 @@ class FileBlobStore(BlobStore):
         return found
 
     def _read_stored(self, blob_hash: str) -> tuple[Codec, bytes] | None:
-        for codec in SUFFIXES:
-            try:
-                with open(self._fspath(blob_hash, codec), "rb") as handle:
-                    return codec, handle.read()
-            except FileNotFoundError:
-                continue
+        with self._fanout(blob_hash) as fd:
+            if fd is None:
+                return None
+            for codec in self._ordered(blob_hash, list(self._present(fd, blob_hash)), None):
+                data = self._read_at(fd, blob_hash, codec)
+                if data is not None:
+                    return codec, data
         return None
+
+    def _read_at(self, fd: int, blob_hash: str, codec: Codec) -> bytes | None:
+        path = self.path_for(blob_hash, codec)
+        file_fd = nofollow.open_at(fd, path.name, path)
+        if file_fd is None:
+            return None
+        with os.fdopen(file_fd, "rb") as handle:
+            return handle.read()
+
+    def _read_codec(self, blob_hash: str, codec: Codec) -> bytes | None:
+        with self._fanout(blob_hash) as fd:
+            return None if fd is None else self._read_at(fd, blob_hash, codec)
 
     def quarantine_file(self, blob_hash: str) -> list[Path]:
         moved: list[Path] = []
-        for codec in SUFFIXES:
-            aside = self._aside(blob_hash, codec)
-            try:
-                os.replace(self.path_for(blob_hash, codec), aside)
-            except FileNotFoundError:
-                continue
-            moved.append(aside)
+        with self._fanout(blob_hash) as fd:
+            if fd is None:
+                return moved
+            for codec in SUFFIXES:
+                path = self.path_for(blob_hash, codec)
+                if nofollow.lstat_at(fd, path.name, path) is None:
+                    continue
+                aside = self._aside(blob_hash, codec)
+                try:
+                    os.replace(path.name, aside.name, src_dir_fd=fd, dst_dir_fd=fd)
+                except FileNotFoundError:
+                    continue
+                moved.append(aside)
         return moved
 
     def purge_quarantined(self, moved: Sequence[Path]) -> None:
         for path in moved:
-            path.unlink(missing_ok=True)
+            nofollow.unlink(self.root, path)
         for directory in {path.parent for path in moved}:
-            fsync_dir(directory)
+            nofollow.sync_dir(self.root, directory)
 
     def restore_quarantined(self, moved: Sequence[Path]) -> None:
         for path in moved:
-            with contextlib.suppress(FileNotFoundError):
-                os.replace(path, path.with_name(path.name[: -len(QUARANTINE_SUFFIX)]))
+            original = path.with_name(path.name[: -len(QUARANTINE_SUFFIX)])
+            try:
+                nofollow.replace(self.root, path, original, sync=False)
+            except FileNotFoundError:
+                continue
 
     def _aside(self, blob_hash: str, codec: Codec) -> Path:
         path = self.path_for(blob_hash, codec)
         return path.with_name(path.name + QUARANTINE_SUFFIX)
 
     def _unquarantine(self, blob_hash: str) -> bool:
-        moved = [p for p in (self._aside(blob_hash, c) for c in SUFFIXES) if p.exists()]
+        with self._fanout(blob_hash) as fd:
+            if fd is None:
+                return False
+            moved = [
+                aside
+                for aside in (self._aside(blob_hash, c) for c in SUFFIXES)
+                if nofollow.lstat_at(fd, aside.name, aside) is not None
+            ]
         self.restore_quarantined(moved)
         return bool(moved)
 
     def iter_quarantined(self) -> Iterator[tuple[str, Path]]:
-        if not self.root.is_dir():
-            return
-        for path in self.root.glob(f"??/??/*{QUARANTINE_SUFFIX}"):
-            parsed = parse_blob_name(path.name[: -len(QUARANTINE_SUFFIX)])
-            if parsed is not None:
-                yield parsed[0], path
+        for leaf in fanout_dirs(self.root):
+            for entry in _entries(leaf):
+                if not entry.name.endswith(QUARANTINE_SUFFIX):
+                    continue
+                parsed = parse_blob_name(entry.name[: -len(QUARANTINE_SUFFIX)])
+                if parsed is not None and entry.is_file(follow_symlinks=False):
+                    yield parsed[0], Path(entry.path)
 
     def _write(self, blob_hash: str, codec: Codec, payload: bytes) -> None:
         self._write_all({blob_hash: (codec, payload)})
@@ -131,31 +202,51 @@ class FileBlobStore(BlobStore):
         return staged
 
     def _write_all(self, files: dict[str, tuple[Codec, bytes]]) -> None:
-        """Write blob files durably and atomically, synced together (one pass of fsyncs)."""
+        """Write blob files durably and atomically, synced together (one pass of fsyncs),
+        never through a link below the root (``SymlinkRefused``)."""
         if not files:
             return
+        new_root = self._make_root()
         items = [(self.path_for(h, codec), payload) for h, (codec, payload) in files.items()]
-        created = [d for path, _ in items for d in _make_dirs(self.root, path.parent)]
-        replace_many_atomically(items)
-        # A new fan-out directory is durable only once its own parent is synced.
-        for directory in dict.fromkeys(d.parent for d in created):
-            fsync_dir(directory)
+        replace_many_atomically(items, root=self.root)
+        if new_root:
+            fsync_dir(self.root.parent)
         for blob_hash, (codec, payload) in files.items():
             log.debug(
                 "blob written",
                 extra={"blob_hash": blob_hash, "codec": codec, "bytes": len(payload)},
             )
 
+    def _make_root(self) -> bool:
+        """Make the root if missing (checked once); whether this call made it. Each write
+        makes the fan-out directories it needs."""
+        if self._root_made:
+            return False
+        self._root_made = True
+        try:
+            self.root.mkdir(parents=True)
+        except FileExistsError:
+            return False
+        return True
+
     def remove_file(self, blob_hash: str) -> bool:
-        removed = False
-        for codec in SUFFIXES:
-            path = self.path_for(blob_hash, codec)
-            try:
-                path.unlink()
-            except FileNotFoundError:
-                continue
-            removed = True
-            fsync_dir(path.parent)
+        return bool(self._unlink(blob_hash, SUFFIXES))
+
+    def _unlink(self, blob_hash: str, codecs: Iterable[Codec]) -> list[Codec]:
+        """Remove the hash's files under ``codecs`` (a link there is removed itself, never
+        followed); the codecs removed."""
+        removed: list[Codec] = []
+        with self._fanout(blob_hash) as fd:
+            if fd is None:
+                return removed
+            for codec in codecs:
+                try:
+                    os.unlink(blob_hash + SUFFIXES[codec], dir_fd=fd)
+                except FileNotFoundError:
+                    continue
+                removed.append(codec)
+            if removed:
+                os.fsync(fd)
         return removed
 
     def iter_files(self) -> Iterator[BlobFile]:
@@ -163,44 +254,18 @@ class FileBlobStore(BlobStore):
             yield from _blob_files(leaf)
 
     def _discard_other_codecs(self, blob_hash: str, keep: Codec) -> None:
-        for codec in SUFFIXES:
-            if codec == keep:
-                continue
-            path = self.path_for(blob_hash, codec)
-            with contextlib.suppress(FileNotFoundError):
-                path.unlink()
-                fsync_dir(path.parent)
+        self._unlink(blob_hash, (codec for codec in SUFFIXES if codec != keep))
 
-    def quarantine_corrupt(self, blob_hash: str) -> list[str]:
+    def _move_corrupt(self, blob_hash: str, codec: Codec, stamp: str) -> str | None:
         # Outside the two-character fan-out directories, so no scan ever takes it for a blob.
-        target = self.root / CORRUPT_DIR
-        target.mkdir(parents=True, exist_ok=True)
-        stamp = utcnow().strftime("%Y%m%dT%H%M%S%f")
-        moved: list[str] = []
-        for codec in SUFFIXES:
-            path = self.path_for(blob_hash, codec)
-            aside = target / f"{path.name}.{stamp}"
-            try:
-                os.replace(path, aside)
-            except FileNotFoundError:
-                continue
-            fsync_dir(path.parent)
-            moved.append(os.fspath(aside))
-        if moved:
-            fsync_dir(target)
-        return moved
-
-
-def _make_dirs(root: Path, directory: Path) -> list[Path]:
-    """Create ``directory`` (under ``root``); return the directories this call created."""
-    created: list[Path] = []
-    for candidate in [root, directory.parent, directory]:
+        path = self.path_for(blob_hash, codec)
+        aside = self.root / CORRUPT_DIR / f"{path.name}.{stamp}"
         try:
-            candidate.mkdir(parents=True)
-            created.append(candidate)
-        except FileExistsError:
-            pass
-    return created
+            nofollow.replace(self.root, path, aside)
+        except FileNotFoundError:
+            return None
+        nofollow.sync_dir(self.root, path.parent)
+        return os.fspath(aside)
 
 
 def fanout_dirs(root: Path | str) -> Iterator[str]:
@@ -215,6 +280,14 @@ def _subdirs(directory: Path | str) -> list[str]:
             return sorted(
                 e.path for e in entries if len(e.name) == 2 and e.is_dir(follow_symlinks=False)
             )
+    except (FileNotFoundError, NotADirectoryError):
+        return []
+
+
+def _entries(directory: str) -> list[os.DirEntry[str]]:
+    try:
+        with os.scandir(directory) as entries:
+            return list(entries)
     except (FileNotFoundError, NotADirectoryError):
         return []
 

@@ -332,24 +332,32 @@ class ObjectBlobStore(BlobStore):
             if codec != keep and self._head(key) is not None:
                 self._call(lambda key=key: obstore.delete(self.store, key))  # type: ignore[misc]
 
-    def quarantine_corrupt(self, blob_hash: str) -> list[str]:
+    def _read_codec(self, blob_hash: str, codec: Codec) -> bytes | None:
+        return self._get(self.key_for(blob_hash, codec))
+
+    def _move_corrupt(self, blob_hash: str, codec: Codec, stamp: str) -> str | None:
         # Outside the fan-out layout, so ``iter_files`` never takes it for a blob.
-        stamp = utcnow().strftime("%Y%m%dT%H%M%S%f")
-        return self._move_aside(blob_hash, lambda key: f"{CORRUPT_DIR}/{key}.{stamp}")
+        key = self.key_for(blob_hash, codec)
+        return self._move_one(key, f"{CORRUPT_DIR}/{key}.{stamp}")
 
     def _move_aside(self, blob_hash: str, aside_of: Callable[[str], str]) -> list[str]:
-        """Copy each stored object of the hash to ``aside_of(key)``, then delete it."""
+        """Move each stored object of the hash to ``aside_of(key)``."""
         moved: list[str] = []
         for codec in SUFFIXES:
             key = self.key_for(blob_hash, codec)
-            aside = aside_of(key)
-            try:
-                self._call(lambda key=key, aside=aside: obstore.copy(self.store, key, aside))  # type: ignore[misc]
-            except FileNotFoundError:
-                continue
-            self._call(lambda key=key: obstore.delete(self.store, key))  # type: ignore[misc]
-            moved.append(aside)
+            aside = self._move_one(key, aside_of(key))
+            if aside is not None:
+                moved.append(aside)
         return moved
+
+    def _move_one(self, key: str, aside: str) -> str | None:
+        """Copy ``key`` to ``aside``, then delete it; None when there is no such object."""
+        try:
+            self._call(lambda: obstore.copy(self.store, key, aside))
+        except FileNotFoundError:
+            return None
+        self._call(lambda: obstore.delete(self.store, key))
+        return aside
 
     def purge_quarantined(self, moved: Sequence[Path]) -> None:
         keys = [p.as_posix() for p in moved]

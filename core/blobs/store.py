@@ -47,8 +47,11 @@ Codec = Literal["gzip", "identity"]
 SUFFIXES: dict[Codec, str] = {"gzip": ".blob.gz", "identity": ".blob"}
 # A blob file GC has moved aside under its row lock, until the row delete commits.
 QUARANTINE_SUFFIX = ".gc"
-# Where ``blobs verify`` moves corrupt files (under the blob root).
+# Where ``blobs verify`` moves corrupt files (under the blob root), named
+# ``<blob file name>.<CORRUPT_STAMP>``.
 CORRUPT_DIR = "corrupt"
+CORRUPT_STAMP = "%Y%m%dT%H%M%S%f"
+_STAMPED_RE = re.compile(r"(.+)\.[0-9]{8}T[0-9]{12}")
 # Compression must save at least this share of the bytes to be worth a decode on every read.
 MIN_COMPRESSION_SAVING = 0.10
 DEFAULT_GZIP_LEVEL = 6
@@ -254,6 +257,14 @@ class BlobIndex:
                 found[blob_hash] = int(row.size)
         return found
 
+    def lock(self, conn: Connection, blob_hash: str) -> bool:
+        """Take the row's lock in the caller's write transaction (``FOR UPDATE``; SQLite's
+        write transaction already excludes every writer); whether the row exists."""
+        query = select(_blobs.c.hash).where(_blobs.c.hash == blob_hash)
+        if not is_sqlite(self.engine):
+            query = query.with_for_update()
+        return conn.execute(query).first() is not None
+
     def registered(self, blob_hash: str) -> bool:
         with read_connection(self.engine) as conn:
             query = select(_blobs.c.hash).where(_blobs.c.hash == blob_hash)
@@ -389,8 +400,13 @@ class BlobStore(ABC):
         """Remove the object stored under any codec but ``keep`` (a replaced bad copy)."""
 
     @abstractmethod
-    def quarantine_corrupt(self, blob_hash: str) -> list[str]:
-        """Move a corrupt stored object out of the store, for inspection; where it went."""
+    def _read_codec(self, blob_hash: str, codec: Codec) -> bytes | None:
+        """The bytes stored under ``codec`` (unverified), or None."""
+
+    @abstractmethod
+    def _move_corrupt(self, blob_hash: str, codec: Codec, stamp: str) -> str | None:
+        """Move the object stored under ``codec`` out of the store, for inspection (to
+        ``corrupt/``, its name suffixed with ``.<stamp>``); where it went, None if absent."""
 
     # the API ----------------------------------------------------------------------------
 
@@ -504,16 +520,41 @@ class BlobStore(ABC):
         return _Stored(codec, len(payload), payload, written=True)
 
     def check_stored(self, blob_hash: str, size: int | None = None) -> str | None:
-        """Why the stored object is not this blob (None when it is, or is absent).
+        """Why the stored object is not this blob (None when it is, or is absent)."""
+        found = self._read(blob_hash)
+        if found is None:
+            return None
+        return self._problem(blob_hash, *found, size)
+
+    def quarantine_corrupt(self, blob_hash: str, size: int) -> list[str]:
+        """Move each stored object of the hash that does not hold its content out of the
+        store (``_move_corrupt``); where they went.
+
+        Under the blob row's lock (the one a put registers under, and GC deletes under),
+        each object is checked again first: one a concurrent put repaired after the caller's
+        check is left in place, and so is a good copy under the other codec. Nothing moves
+        once the row is gone (GC's orphan sweep owns an unregistered object)."""
+        stamp = utcnow().strftime(CORRUPT_STAMP)
+        moved: list[str] = []
+        with write_transaction(self.index.engine) as conn:
+            if not self.index.lock(conn, blob_hash):
+                return moved
+            for codec in SUFFIXES:
+                stored = self._read_codec(blob_hash, codec)
+                if stored is None or self._problem(blob_hash, codec, stored, size) is None:
+                    continue
+                aside = self._move_corrupt(blob_hash, codec, stamp)
+                if aside is not None:
+                    moved.append(aside)
+        return moved
+
+    def _problem(self, blob_hash: str, codec: Codec, stored: bytes, size: int | None) -> str | None:
+        """Why ``stored`` (under ``codec``) is not this blob; None when it is.
 
         The cheap check first: a stored identity file, or decoded content, of the wrong
         size; the stored bytes against the digest this process recorded of them
         (``StoredDigests``); only then the hash of the decoded content.
         """
-        found = self._read(blob_hash)
-        if found is None:
-            return None
-        codec, stored = found
         if codec == "identity" and size is not None and len(stored) != size:
             return f"stored size {len(stored)} != content size {size}"
         if self.digests.matches(blob_hash, codec, stored, size):
@@ -601,8 +642,12 @@ def _row(blob_hash: str, data: bytes, stored: _Stored, now: datetime) -> dict[st
 # the filesystem backend -----------------------------------------------------------------
 
 
-def parse_blob_name(name: str) -> tuple[str, Codec] | None:
-    """(hash, codec) of a blob file's name; None for any other name."""
+def parse_blob_name(name: str, *, stamped: bool = False) -> tuple[str, Codec] | None:
+    """(hash, codec) of a blob file's name; None for any other name. ``stamped``: the
+    name of a file ``blobs verify`` moved to ``corrupt/`` parses too."""
+    unstamped = _STAMPED_RE.fullmatch(name) if stamped else None
+    if unstamped is not None:
+        name = unstamped[1]
     for codec, suffix in SUFFIXES.items():
         if name.endswith(suffix) and is_valid_hash(name[: -len(suffix)]):
             return name[: -len(suffix)], codec

@@ -2,10 +2,13 @@
 
 The registry is walked in hash order, a page at a time. Each blob is either fine, missing
 (registered, no file) or corrupt (its content does not hash to its name). Corrupt files are
-moved to the store's ``corrupt/`` directory, never served again. With ``repair_from``, a
+moved to the store's ``corrupt/`` directory, never served again (a symlink there, or in a
+blob's directories, is refused: ``SymlinkRefused``). With ``repair_from``, a
 missing or corrupt blob is re-written from a directory of known-good blobs: files named like
-the store's own (``<hash>.blob.gz`` / ``<hash>.blob``) or by the bare hash (raw bytes), at
-any depth. Files on disk that no row registers are reported (blob GC sweeps them).
+the store's own (``<hash>.blob.gz`` / ``<hash>.blob``, or as ``corrupt/`` names them, with a
+time stamp after) or by the bare hash (raw bytes), at any depth. Files on disk that no row
+registers are reported (blob GC sweeps them). Corrupt files are moved under the blob row's
+lock, after a check under it: a file a concurrent put has just repaired stays.
 """
 
 from __future__ import annotations
@@ -81,7 +84,7 @@ class KnownGood:
         self.files: dict[str, list[tuple[Path, Codec]]] = {}
         for directory, _dirs, names in os.walk(root):  # os.walk does not follow symlinks
             for name in names:
-                parsed = parse_blob_name(name)
+                parsed = parse_blob_name(name, stamped=True)  # corrupt/ holds stamped names
                 if parsed is None and is_valid_hash(name):
                     parsed = (name, "identity")
                 if parsed is not None:
@@ -142,15 +145,19 @@ def _verify_one(
     report.checked += 1
     if not store.has_stored(blob_hash):
         report.note("missing", blob_hash)
+    elif store.check_stored(blob_hash, size) is None:
+        report.ok += 1
+        return
     else:
+        # Re-checked under the row's lock: only files still bad move, a repaired one stays.
+        for path in store.quarantine_corrupt(blob_hash, size):
+            report.note("quarantined", path)
         problem = store.check_stored(blob_hash, size)
-        if problem is None:
-            report.ok += 1
+        if problem is None and store.has_stored(blob_hash):
+            report.ok += 1  # repaired meanwhile, or a good copy under the other codec
             return
         log.error("blob is corrupt", extra={"blob_hash": blob_hash, "problem": problem})
         report.note("corrupt", blob_hash)
-        for path in store.quarantine_corrupt(blob_hash):
-            report.note("quarantined", path)
     good = known.content(blob_hash) if known is not None else None
     if good is not None:
         store.put(good)  # a put of the content re-writes and re-registers it

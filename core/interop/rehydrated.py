@@ -36,7 +36,7 @@ from typing import IO, TYPE_CHECKING, Any, Literal, cast
 from sqlalchemy import Connection, insert, select, update
 from sqlalchemy.exc import IntegrityError
 
-from core.artifacts import nofollow
+from core import nofollow
 from core.artifacts import rows as artifact_rows
 from core.artifacts.fsio import StagedFile
 from core.artifacts.paths import STAGING_DIR, session_dir

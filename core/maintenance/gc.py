@@ -53,9 +53,11 @@ from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.sql.elements import ColumnElement
 
+from core import nofollow
 from core.blobs.files import FileBlobStore, fanout_dirs
 from core.blobs.store import BlobStore, parse_blob_name
 from core.db import is_sqlite, read_connection, write_transaction
+from core.errors import SymlinkRefused
 from core.maintenance.runs import Progress
 from core.metrics import metrics
 from core.models import BlobRefRow, BlobRow, table_of, utcnow
@@ -362,7 +364,7 @@ class BlobGc:
         for blob_hash, size in eligible:
             try:
                 aside = self.blobs.quarantine_file(blob_hash)
-            except OSError as exc:
+            except (OSError, SymlinkRefused) as exc:
                 # The file may still be there: keep its row, so it stays a valid blob.
                 self.report.error(f"blob {blob_hash}: cannot remove: {exc}")
                 continue
@@ -429,7 +431,7 @@ class BlobGc:
                 return False  # registered since the scan: not an orphan
             try:
                 removed = self.blobs.remove_file(blob_hash)
-            except OSError as exc:
+            except (OSError, SymlinkRefused) as exc:
                 self.report.error(f"orphan {blob_hash}: cannot remove: {exc}")
                 removed = False
             conn.execute(delete(_blobs).where(_blobs.c.hash == blob_hash))
@@ -462,14 +464,20 @@ class BlobGc:
                 continue
             if self.apply:
                 try:
-                    os.unlink(f.path)
+                    self._remove_temp(f.path)
                 except FileNotFoundError:
                     continue
-                except OSError as exc:
+                except (OSError, SymlinkRefused) as exc:
                     self.report.error(f"temp file {f.path}: cannot remove: {exc}")
                     continue
             self.report.temp_files += 1
             self.report.temp_bytes += f.size or 0
+
+    def _remove_temp(self, path: str) -> None:
+        if isinstance(self.blobs, FileBlobStore):  # through no link below the root
+            nofollow.unlink(self.blobs.root, Path(path))
+        else:
+            os.unlink(path)
 
 
 @dataclass(frozen=True, slots=True)

@@ -22,9 +22,9 @@ from typing import Any, Protocol
 
 from sqlalchemy import Connection, Select, select, update
 
-from core.artifacts import nofollow, rows
+from core import nofollow
+from core.artifacts import rows
 from core.artifacts.inherited import ancestor_file
-from core.artifacts.nofollow import open_file
 from core.artifacts.paths import STAGING_DIR, agent_output_names, contained_path, session_dir
 from core.artifacts.records import AGENT_OUTPUT, ArtifactInfo
 from core.artifacts.storage import (
@@ -39,6 +39,7 @@ from core.errors import SessionNotFound, StorageUnavailable, SymlinkRefused
 from core.journal import Journal
 from core.metrics import metrics
 from core.models import SessionRow, table_of, utcnow
+from core.nofollow import open_file
 from core.records import COPY_DONE, COPY_FAILED, COPY_PENDING, Session
 from core.sessions.queries import children, session_or_none
 from core.settings import Settings

@@ -15,7 +15,8 @@ from typing import Any
 
 from sqlalchemy import delete, func, select
 
-from core.artifacts import nofollow, rows
+from core import nofollow
+from core.artifacts import rows
 from core.artifacts.paths import session_dir
 from core.artifacts.storage import FileArtifactStorage, artifact_storage_for, key_prefix_of
 from core.db import write_transaction

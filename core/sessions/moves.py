@@ -17,14 +17,15 @@ from pathlib import Path
 from sqlalchemy import Connection, delete, insert, select, update
 from sqlalchemy.exc import IntegrityError
 
-from core.artifacts import nofollow, rows
-from core.artifacts.nofollow import artifact_root_of, check_path
+from core import nofollow
+from core.artifacts import rows
 from core.artifacts.paths import session_dir
 from core.artifacts.storage import FileArtifactStorage, artifact_storage_for
 from core.db import read_connection, write_transaction
 from core.errors import InvalidEvent, MoveFailed, QuotaExceeded
 from core.journal import Journal
 from core.models import MoveIntentRow, SessionRow, table_of, utcnow
+from core.nofollow import artifact_root_of, check_path
 from core.records import COPY_PENDING, Session
 from core.sessions.fork_copy import ForkCopies
 from core.sessions.object_moves import ObjectMove

@@ -360,10 +360,12 @@ def durable_steps(monkeypatch: pytest.MonkeyPatch) -> list[str]:
         steps.append("fsync-dir" if Path(f"/proc/self/fd/{fd}").is_dir() else "fsync-file")
         real_fsync(fd)
 
-    def replace(src: Any, dst: Any) -> None:
+    def replace(src: Any, dst: Any, *, src_dir_fd: Any = None, dst_dir_fd: Any = None) -> None:
+        # beside its target: the same directory descriptor, or the same directory
+        assert src_dir_fd == dst_dir_fd
         assert Path(src).parent == Path(dst).parent and Path(src).name.startswith(".tmp-")
         steps.append("rename")
-        real_replace(src, dst)
+        real_replace(src, dst, src_dir_fd=src_dir_fd, dst_dir_fd=dst_dir_fd)
 
     monkeypatch.setattr(os, "fsync", fsync)
     monkeypatch.setattr(os, "replace", replace)
@@ -406,13 +408,13 @@ class FileDurability:
         calls: list[int] = []
         real = getattr(os, failing)
 
-        def flaky(*args: Any) -> Any:
+        def flaky(*args: Any, **kwargs: Any) -> Any:
             of_a_directory = failing == "fsync" and Path(f"/proc/self/fd/{args[0]}").is_dir()
             if not of_a_directory:
                 calls.append(1)
                 if len(calls) == 2:
                     raise OSError(28, "No space left on device")
-            return real(*args)
+            return real(*args, **kwargs)
 
         monkeypatch.setattr(os, failing, flaky)
         items = [TEXT, png_like(), b"third" * 1000]
@@ -433,7 +435,7 @@ class FileDurability:
     ) -> None:
         assert isinstance(blob_store, FileBlobStore)
 
-        def broken_replace(src: Any, dst: Any) -> None:
+        def broken_replace(src: Any, dst: Any, **kwargs: Any) -> None:
             raise OSError("disk full")
 
         monkeypatch.setattr(os, "replace", broken_replace)

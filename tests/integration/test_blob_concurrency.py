@@ -1,4 +1,5 @@
-"""Eight processes put the same blob: one file, one row, and no reader sees a partial file."""
+"""Eight processes put the same blob: one file, one row, and no reader sees a partial file;
+``blobs verify`` against a put that repairs the file it is checking."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import pytest
 
 from core.blobs.files import FileBlobStore
 from core.blobs.store import BlobIndex, PutResult, sha256_hex
+from core.blobs.verify import verify_blobs
 from core.db import make_engine
 from core.errors import BlobNotFound
 
@@ -111,3 +113,36 @@ def test_eight_processes_put_the_same_blob(database_url: str, tmp_path: Path) ->
     files = [p for p in root.rglob("*") if p.is_file()]
     assert files == [reader.path]  # one file, no temporary leftovers
     assert (stats.blob_count, stats.raw_bytes) == (1, len(data))
+
+
+def test_verify_leaves_a_file_a_concurrent_put_repaired(database_url: str, tmp_path: Path) -> None:
+    """verify finds a blob corrupt; before it moves the file, another process's put of the
+    content repairs it. verify re-checks under the row's lock and leaves the good file: the
+    blob stays readable and nothing is quarantined. (The interleaving is forced: the put
+    runs right after verify's first check, through a store of its own.)"""
+    engine = make_engine(database_url)
+    writer = FileBlobStore(tmp_path / "blobs", BlobIndex(engine))
+    verifier = FileBlobStore(tmp_path / "blobs", BlobIndex(engine))
+    content = b"important tool output\n" * 500
+    result = writer.put(content)
+    path = writer.path_for(result.hash, result.codec)
+    damaged = bytearray(path.read_bytes())
+    damaged[-9] ^= 0xFF
+    path.write_bytes(bytes(damaged))
+    first_check = verifier.check_stored
+    repairs: list[bool] = []
+
+    def check_then_a_put_repairs(blob_hash: str, size: int | None = None) -> str | None:
+        problem = first_check(blob_hash, size)
+        if not repairs:
+            repairs.append(writer.put(content).written)
+        return problem
+
+    verifier.check_stored = check_then_a_put_repairs  # type: ignore[method-assign]
+    try:
+        report = verify_blobs(verifier)
+        assert repairs == [True]
+        assert report.quarantined == [] and report.corrupt == [] and report.healthy
+        assert writer.get(result.hash) == content
+    finally:
+        engine.dispose()

@@ -12,7 +12,7 @@ import pytest
 
 from core import SessionStore
 from core.blobs.files import FileBlobStore
-from core.blobs.store import sha256_hex
+from core.blobs.store import parse_blob_name, sha256_hex
 from core.blobs.verify import verify_blobs
 from core.errors import BlobCorrupted
 
@@ -98,6 +98,73 @@ def test_verify_repairs_from_a_directory_and_reports_unregistered(
     assert report.healthy
     assert blobs.get(corrupt_hash) == TEXT and blobs.get(missing_hash) == MEDIA
     assert seen and seen[-1] == ("blobs", 2, 2)
+
+
+def test_a_damaged_file_under_the_other_codec_never_shadows_the_registered_one(
+    store: SessionStore,
+) -> None:
+    """A good registered ``.blob`` (identity) with a damaged ``.blob.gz`` beside it: the
+    registered file is read first, so the blob is served, re-puts keep its codec, and
+    verify finds it healthy and moves neither file."""
+    result = store.blobs.put(MEDIA)
+    blobs = store.blobs
+    assert isinstance(blobs, FileBlobStore) and result.codec == "identity"
+    good = blobs.path_for(result.hash, "identity")
+    blobs.path_for(result.hash, "gzip").write_bytes(b"\x1f\x8b garbage")
+
+    assert blobs.get(result.hash) == MEDIA
+    assert blobs.put(MEDIA).codec == "identity" and not blobs.put(MEDIA).written
+    report = verify_blobs(blobs)
+    assert report.ok == 1 and report.quarantined == [] and report.healthy
+    assert good.read_bytes() == MEDIA
+    info = blobs.info(result.hash)
+    assert info is not None and info.codec == "identity"
+
+
+def test_verify_quarantines_only_the_bad_one_of_two_files(store: SessionStore) -> None:
+    """The registered identity file is damaged and a good gzip copy lies beside it: verify
+    moves the damaged one only, and the blob is served from the other."""
+    result = store.blobs.put(MEDIA)
+    blobs = store.blobs
+    assert isinstance(blobs, FileBlobStore)
+    _flip(blobs.path_for(result.hash, "identity"))
+    blobs.path_for(result.hash, "gzip").write_bytes(gzip.compress(MEDIA))
+
+    report = verify_blobs(blobs)
+    [aside] = report.quarantined
+    assert parse_blob_name(Path(aside).name, stamped=True) == (result.hash, "identity")
+    assert report.ok == 1 and report.corrupt == [] and report.healthy
+    assert blobs.get(result.hash) == MEDIA
+
+
+def test_verify_repairs_from_files_named_as_the_corrupt_directory_names_them(
+    store: SessionStore, tmp_path: Path
+) -> None:
+    """``--repair-from <blob root>/corrupt``: a good copy there (``<hash>.blob.<stamp>``)
+    brings a missing blob back."""
+    result = store.blobs.put(MEDIA)
+    path = _blob_file(store, result.hash)
+    corrupt = tmp_path / "corrupt"
+    corrupt.mkdir()
+    os.replace(path, corrupt / f"{path.name}.20260101T000000123456")
+
+    report = verify_blobs(store.blobs, repair_from=corrupt)
+    assert report.missing == [result.hash] and report.repaired == [result.hash]
+    assert report.healthy and store.blobs.get(result.hash) == MEDIA
+
+
+def test_a_file_an_interrupted_gc_left_aside_is_found_by_exists_and_verify(
+    store: SessionStore,
+) -> None:
+    """A GC that died between moving a registered blob's file aside (``.gc``) and its
+    commit: ``exists`` and ``blobs verify`` put the file back, as ``get`` does."""
+    result = store.blobs.put(TEXT)
+    assert store.blobs.quarantine_file(result.hash)  # what GC does; then the "crash"
+    assert store.blobs.exists(result.hash)
+    report = verify_blobs(store.blobs)
+    assert report.ok == 1 and report.missing == [] and report.healthy
+    assert _blob_file(store, result.hash).name.endswith(".blob.gz")
+    assert store.blobs.get(result.hash) == TEXT
 
 
 def test_a_wrong_known_good_file_is_not_used(store: SessionStore, tmp_path: Path) -> None:

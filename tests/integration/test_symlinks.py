@@ -26,7 +26,10 @@ from core import SessionStore
 from core.artifacts import session_dir
 from core.artifacts.fsio import sweep_staging
 from core.artifacts.paths import OVERSIZED_DIR, STAGING_DIR, oversized_name
-from core.errors import SessionStoreError
+from core.blobs.files import FileBlobStore
+from core.blobs.store import CORRUPT_DIR, sha256_hex
+from core.blobs.verify import verify_blobs
+from core.errors import BlobCorrupted, SessionStoreError, SymlinkRefused
 from core.models import utcnow
 from tests.contract.test_fork import defer_copies
 
@@ -309,3 +312,96 @@ def test_a_directory_swapped_for_a_link_mid_operation_is_never_followed(
         "NotADirectoryError",
     )
     assert [e for e in errors if not e.startswith(typed)] == []
+
+
+# blobs: the same rule under the blob root --------------------------------------------------
+
+
+def _blob_root(store: SessionStore) -> Path:
+    assert isinstance(store.blobs, FileBlobStore)
+    return store.blobs.root
+
+
+def _swap_for_link(directory: Path, outside: Path) -> Path:
+    """Move ``directory`` to ``outside`` and leave a link to it in its place."""
+    moved = outside / directory.name
+    shutil.move(directory, moved)
+    os.symlink(moved, directory)
+    return moved
+
+
+@pytest.mark.parametrize("level", [1, 2])
+def test_a_blob_write_never_follows_a_linked_fanout_directory(
+    store: SessionStore, tmp_path: Path, level: int
+) -> None:
+    """A planted link as a fan-out directory (``<root>/ab`` or ``<root>/ab/cd``): the put is
+    refused with ``SymlinkRefused`` and writes nothing outside; nothing is registered."""
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    content = b"planted fan-out link " * 100
+    blob_hash = sha256_hex(content)
+    link = _blob_root(store).joinpath(*[blob_hash[0:2], blob_hash[2:4]][:level])
+    link.parent.mkdir(parents=True, exist_ok=True)
+    os.symlink(outside, link)
+
+    with pytest.raises(SymlinkRefused):
+        store.blobs.put(content)
+    with pytest.raises(SymlinkRefused):
+        store.blobs.get(blob_hash)
+    assert list(outside.rglob("*")) == []
+    assert store.blobs.info(blob_hash) is None
+
+
+def test_gc_never_deletes_through_a_linked_fanout_directory(
+    store: SessionStore, tmp_path: Path
+) -> None:
+    """An unreferenced, registered blob whose fan-out directory was swapped for a link to
+    a directory outside: GC reports the refusal and keeps the row; the file outside, an
+    unregistered blob file and a stale temporary file beside it all stay."""
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    result = store.blobs.put(b"unreferenced content " * 200)
+    assert isinstance(store.blobs, FileBlobStore)
+    directory = store.blobs.path_for(result.hash, result.codec).parent
+    orphan = b"never registered " * 300
+    (directory / (sha256_hex(orphan) + ".blob")).write_bytes(orphan)
+    (directory / ".tmp-abandoned.part").write_bytes(b"partial")
+    old = time.time() - 10 * 3600
+    for path in directory.iterdir():
+        os.utime(path, (old, old))
+    moved = _swap_for_link(directory, outside)
+    before = _snapshot(outside)
+
+    report = store.gc_blobs(apply=True, grace=0)
+    assert report.deleted == 0 and report.orphans == 0 and report.temp_files == 0
+    assert report.error_count == 1 and "refusing a symlink" in report.errors[0]
+    assert _snapshot(outside) == before and len(list(moved.iterdir())) == 3
+    assert store.blobs.info(result.hash) is not None
+    with pytest.raises(SymlinkRefused):
+        store.blobs.quarantine_file(result.hash)
+    with pytest.raises(SymlinkRefused):
+        store.blobs.purge_quarantined([directory / f"{result.hash}.blob.gz.gc"])
+    assert _snapshot(outside) == before
+
+
+def test_blob_verify_never_moves_a_corrupt_blob_through_a_linked_corrupt_directory(
+    store: SessionStore, tmp_path: Path
+) -> None:
+    """``<blob root>/corrupt`` is a planted link: verify refuses (``SymlinkRefused``) and the
+    corrupt file stays where it is, out of service; nothing lands outside."""
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    result = store.blobs.put(b"some text content " * 200)
+    assert isinstance(store.blobs, FileBlobStore)
+    path = store.blobs.path_for(result.hash, result.codec)
+    data = bytearray(path.read_bytes())
+    data[20:24] = b"XXXX"
+    path.write_bytes(bytes(data))
+    os.symlink(outside, _blob_root(store) / CORRUPT_DIR)
+
+    with pytest.raises(SymlinkRefused):
+        verify_blobs(store.blobs)
+    assert list(outside.iterdir()) == []
+    assert path.read_bytes() == bytes(data)
+    with pytest.raises(BlobCorrupted):
+        store.blobs.get(result.hash)

@@ -1,13 +1,13 @@
 """No symlink under the data root is ever followed (invariant 9).
 
-Every artifact read, write, copy, move, delete and expiry goes through here. Nothing acts
-on a path that was checked earlier: each operation opens the directories below the
-artifact root one component at a time, relative to the previous one's descriptor, with
-``O_NOFOLLOW | O_DIRECTORY`` (creating missing ones with ``mkdir`` at that descriptor), and
-then acts on the leaf name relative to its parent's descriptor (``openat``, ``renameat``,
-``linkat``, ``unlinkat``; files with ``O_NOFOLLOW``). A link anywhere is refused with
-``SymlinkRefused``, and swapping a component for a link between two calls does not help:
-the descriptor already held is the real directory.
+Every artifact and blob-file read, write, copy, move, delete and expiry goes through here.
+Nothing acts on a path that was checked earlier: each operation opens the directories below
+its root (the artifact root, the blob root) one component at a time, relative to the
+previous one's descriptor, with ``O_NOFOLLOW | O_DIRECTORY`` (creating missing ones with
+``mkdir`` at that descriptor), and then acts on the leaf name relative to its parent's
+descriptor (``openat``, ``renameat``, ``linkat``, ``unlinkat``; files with ``O_NOFOLLOW``).
+A link anywhere is refused with ``SymlinkRefused``, and swapping a component for a link
+between two calls does not help: the descriptor already held is the real directory.
 """
 
 from __future__ import annotations
@@ -116,16 +116,25 @@ def mtime(root: Path, path: Path) -> float | None:
 _DIR_FLAGS = os.O_RDONLY | _DIRECTORY | _NOFOLLOW | _CLOEXEC
 
 
-def _walk(root: Path, parts: tuple[str, ...], path: Path, *, create: bool) -> int:
+def _walk(
+    root: Path,
+    parts: tuple[str, ...],
+    path: Path,
+    *,
+    create: bool,
+    made: set[tuple[str, ...]] | None = None,
+) -> int:
     """A descriptor of ``root/parts``, each component opened without following a link
     (made first when missing, with ``create``). FileNotFoundError when one is missing.
+    ``made`` collects the directories (as parts below ``root``) this walk added an entry
+    to, for ``sync_dirs``.
 
     The root itself is the configured one: it may be a link, and is made when missing."""
     if create:
         os.makedirs(root, exist_ok=True)
     fd = os.open(root, os.O_RDONLY | _DIRECTORY | _CLOEXEC)
     try:
-        for part in parts:
+        for depth, part in enumerate(parts):
             try:
                 child = os.open(part, _DIR_FLAGS, dir_fd=fd)
             except FileNotFoundError:
@@ -133,6 +142,8 @@ def _walk(root: Path, parts: tuple[str, ...], path: Path, *, create: bool) -> in
                     raise
                 try:
                     os.mkdir(part, 0o755, dir_fd=fd)
+                    if made is not None:
+                        made.add(parts[:depth])
                 except FileExistsError:
                     pass
                 child = _open_dir(fd, part, path)
@@ -158,18 +169,74 @@ def _open_dir(dir_fd: int, name: str, path: Path) -> int:
 
 
 @contextmanager
-def parent_dir(root: Path, path: Path, *, create: bool = False) -> Iterator[tuple[int, str]]:
+def parent_dir(
+    root: Path, path: Path, *, create: bool = False, made: set[tuple[str, ...]] | None = None
+) -> Iterator[tuple[int, str]]:
     """(a descriptor of ``path``'s parent directory, the leaf name), reached from ``root``
-    without following any link; missing directories are made with ``create``, otherwise
-    FileNotFoundError. Act on the leaf with ``dir_fd=`` calls only."""
+    without following any link; missing directories are made with ``create`` (noted in
+    ``made``, see ``_walk``), otherwise FileNotFoundError. Act on the leaf with ``dir_fd=``
+    calls only."""
     parts = _parts(root, path)
     if not parts:
         raise InvalidArtifactPath(str(path), "is the artifact root itself")
-    fd = _walk(root, parts[:-1], path, create=create)
+    fd = _walk(root, parts[:-1], path, create=create, made=made)
     try:
         yield fd, parts[-1]
     finally:
         os.close(fd)
+
+
+def open_dir(root: Path, directory: Path) -> int | None:
+    """A descriptor of the directory at ``directory`` (``root`` itself included), reached
+    through no link; None when it does not exist. The caller closes it."""
+    try:
+        return _walk(root, _parts(root, directory), directory, create=False)
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+
+
+def sync_dirs(root: Path, made: set[tuple[str, ...]]) -> None:
+    """fsync the directories ``made`` names (parts below ``root``), each reached through no
+    link: a new directory is durable only once its parent is synced."""
+    for parts in sorted(made):
+        fd = _walk(root, parts, root.joinpath(*parts), create=False)
+        try:
+            _fsync_fd(fd)
+        finally:
+            os.close(fd)
+
+
+def sync_dir(root: Path, directory: Path) -> None:
+    """fsync ``directory`` (below ``root``, or ``root`` itself), reached through no link."""
+    sync_dirs(root, {_parts(root, directory)})
+
+
+def open_at(dir_fd: int, name: str, path: Path) -> int | None:
+    """A read-only descriptor of the regular file ``name`` in ``dir_fd`` (``path`` names it
+    in errors), never through a link (``SymlinkRefused``); None when there is no file."""
+    try:
+        fd = os.open(name, os.O_RDONLY | _NOFOLLOW | _CLOEXEC, dir_fd=dir_fd)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        if _is_link(dir_fd, name) or exc.errno == errno.ELOOP:
+            raise SymlinkRefused(str(path)) from None
+        raise
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        return None
+    return fd
+
+
+def lstat_at(dir_fd: int, name: str, path: Path) -> os.stat_result | None:
+    """The entry ``name`` in ``dir_fd``, if a regular file; a link is ``SymlinkRefused``."""
+    try:
+        info = os.lstat(name, dir_fd=dir_fd)
+    except FileNotFoundError:
+        return None
+    if stat.S_ISLNK(info.st_mode):
+        raise SymlinkRefused(str(path))
+    return info if stat.S_ISREG(info.st_mode) else None
 
 
 def makedirs(root: Path, path: Path) -> None:
