@@ -34,6 +34,7 @@ from typing import IO, TYPE_CHECKING, Any
 
 from core.artifacts.inherited import read_artifact_file
 from core.artifacts.manager import MAX_AGENT_ID_CHARS
+from core.artifacts.paths import contained_path, encode_component
 from core.artifacts.records import AGENT_OUTPUT, TOOL_OUTPUT
 from core.blobs.externalize import canonical_base64
 from core.blobs.store import BLOB_REF_PREFIX, parse_ref
@@ -253,9 +254,15 @@ class OmpExport:
 
 
 def session_file_name(header: dict[str, Any]) -> str:
-    """oh-my-pi's ``<timestamp>_<id>.jsonl``, the timestamp with ``:`` and ``.`` as ``-``."""
-    stamp = str(header.get("timestamp") or "")
-    return f"{re.sub(r'[:.]', '-', stamp)}_{header.get('id')}.jsonl"
+    """oh-my-pi's ``<timestamp>_<id>.jsonl``, the timestamp with ``:`` and ``.`` as ``-``.
+
+    oh-my-pi makes both parts itself; ours come from a stored header (a Claude Code subagent's
+    id holds a ``/``, a hostile one anything), so the stem is made one file name by the
+    canonical ``encode_component``: oh-my-pi's own names (ISO time, hex or UUID id) are kept
+    as they are, any other character is percent-encoded.
+    """
+    stamp = re.sub(r"[:.]", "-", str(header.get("timestamp") or ""))
+    return encode_component(f"{stamp}_{header.get('id')}") + ".jsonl"
 
 
 def export_omp(
@@ -272,12 +279,14 @@ def export_omp(
     header, entries = exporter.session_lines(store, session, at_seq=at_seq)
     out_dir.mkdir(parents=True, exist_ok=True)
     blobs_dir.mkdir(parents=True, exist_ok=True)
-    target = out_dir / session_file_name(header)
+    # checked as well as encoded: a symlink left in ``out_dir`` is not written through
+    target = contained_path(out_dir, session_file_name(header))
+    directory = contained_path(out_dir, artifacts_dir(target).name)
     blobs = _DirectoryBlobs(blobs_dir)
     with target.open("w", encoding="utf-8", newline="\n") as out:
         lines = write_session_file(out, header, entries, blobs.put)
-    count = _export_artifacts(store, session.id, artifacts_dir(target))
-    return OmpExport(target, artifacts_dir(target), blobs_dir, lines, blobs.written, count)
+    count = _export_artifacts(store, session.id, directory)
+    return OmpExport(target, directory, blobs_dir, lines, blobs.written, count)
 
 
 def write_session_file(
@@ -350,11 +359,11 @@ def _export_artifacts(store: SessionStore, session_id: str, directory: Path) -> 
         if data is None:
             continue
         directory.mkdir(parents=True, exist_ok=True)
-        replace_atomically(directory / (row.name or ""), data)
+        replace_atomically(contained_path(directory, row.name or ""), data)
         if row.kind == AGENT_OUTPUT:
             sidecar = own / f"{row.local_id}.jsonl"
             if sidecar.is_file():
-                replace_atomically(directory / sidecar.name, sidecar.read_bytes())
+                replace_atomically(contained_path(directory, sidecar.name), sidecar.read_bytes())
         count += 1
     return count
 

@@ -9,6 +9,7 @@ import json
 import shutil
 from pathlib import Path
 
+from core.artifacts.paths import encode_component
 from tests.acceptance.test_cli import data_dir, run
 
 __all__ = ["data_dir"]  # the fixture, used by name
@@ -88,3 +89,46 @@ def test_import_format_errors_are_one_line(data_dir: Path, tmp_path: Path) -> No
     assert "Claude Code transcript" in " ".join(done.stderr.split())
     auto = run(data_dir, "import", str(junk), "--json")
     assert _objects(auto.stdout)[0]["status"] == "error"
+
+
+def _files(root: Path, *, skip: Path) -> set[Path]:
+    return {p for p in root.rglob("*") if p.is_file() and skip not in p.parents}
+
+
+def test_export_omp_names_come_from_the_header_but_stay_inside_the_directory(
+    data_dir: Path, tmp_path: Path
+) -> None:
+    """An absolute ``timestamp`` or a ``/`` in the id (a Claude Code subagent's
+    ``<sessionId>/agent-<id>``) makes one file name inside ``-o``, and nothing is written
+    anywhere else."""
+    hostile = tmp_path / "in" / "hostile.jsonl"
+    hostile.parent.mkdir()
+    header = {"type": "session", "version": 3, "id": "evil", "cwd": "/w"}
+    header["timestamp"] = str(tmp_path / "escaped")
+    entry = {"type": "message", "id": "a1", "parentId": None, "message": {"role": "user"}}
+    hostile.write_text("".join(json.dumps(v) + "\n" for v in (header, entry)))
+    agent = tmp_path / "in" / "project" / "agent-abc.jsonl"
+    agent.parent.mkdir()
+    line = {"type": "user", "uuid": "u1", "parentUuid": None, "sessionId": "main-sess"}
+    line |= {"agentId": "abc", "isSidechain": True, "cwd": "/w"}
+    line |= {"timestamp": "2025-01-01T00:00:00.000Z", "message": {"role": "user", "content": "go"}}
+    agent.write_text(json.dumps(line) + "\n")
+    for path in (hostile, agent):
+        assert run(data_dir, "import", str(path)).returncode == 0
+
+    out = tmp_path / "out"
+    before = _files(tmp_path, skip=data_dir)
+    for external_id in ("evil", "main-sess/agent-abc"):
+        done = run(data_dir, "export", external_id, "--format", "omp", "-o", str(out), "--json")
+        assert done.returncode == 0, done.stderr
+        report = json.loads(done.stdout)
+        session_file = Path(report["session_file"])
+        assert session_file.parent == out
+        assert Path(report["artifacts_dir"]).parent == out
+        assert json.loads(session_file.read_text().splitlines()[0])["id"] == external_id
+    written = _files(tmp_path, skip=data_dir) - before
+    assert {p.parent for p in written} == {out}
+    assert {p.name for p in written} == {
+        "2025-01-01T00-00-00-000Z_main-sess%2Fagent-abc.jsonl",
+        encode_component(f"{str(tmp_path / 'escaped').replace('.', '-')}_evil") + ".jsonl",
+    }

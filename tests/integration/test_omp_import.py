@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from core.artifacts import ArtifactManager
+from core.errors import InvalidArtifactPath
 from core.interop.omp import export_omp, parse_omp
 from core.store import SessionStore
 
@@ -150,3 +151,16 @@ def test_export_reproduces_the_layout(store: SessionStore, tmp_path: Path, backe
     again = store.import_session(out.session_file, tenant_id="other", blobs_dir=tmp_path / "blobs")
     ours = [e.payload for e in store.read(result.session_id)]
     assert [e.payload for e in store.read(again.session_id)] == ours
+
+
+def test_export_does_not_write_through_a_symlink_in_the_directory(
+    store: SessionStore, tmp_path: Path
+) -> None:
+    result = store.import_session(SESSION_FILE, tenant_id=TENANT)
+    outside = tmp_path / "outside.jsonl"
+    outside.write_text("kept\n")
+    (tmp_path / "sessions").mkdir()
+    (tmp_path / "sessions" / SESSION_FILE.name).symlink_to(outside)
+    with pytest.raises(InvalidArtifactPath, match="outside"):
+        export_omp(store, result.session_id, tmp_path / "sessions", blobs_dir=tmp_path / "blobs")
+    assert outside.read_text() == "kept\n"
