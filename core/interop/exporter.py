@@ -51,7 +51,9 @@ def pi_lines(
     session: Session, events: Iterator[StoredEvent]
 ) -> tuple[dict[str, Any], Iterator[dict[str, Any]]]:
     """The header and entries of a version-3 file from the session's events: an imported
-    session's stored header (seq 1), or one built from the session row."""
+    session's stored header (seq 1), or one built from the session row. Only that is the
+    header: a later ``session`` line is an entry, written back where it was, as pi keeps it
+    in its file (its ``getHeader`` is the first)."""
     first = next(events, None)
     if first is not None and first.type == pi.HEADER_TYPE:
         header = first.payload
@@ -64,7 +66,7 @@ def pi_lines(
         )
         rest = (e.payload for e in events)
         entries = rest if first is None else _chain(first.payload, rest)
-    return header, (e for e in entries if e.get("type") != pi.HEADER_TYPE)
+    return header, entries
 
 
 def _chain(first: dict[str, Any], rest: Iterator[dict[str, Any]]) -> Iterator[dict[str, Any]]:

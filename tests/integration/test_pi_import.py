@@ -289,6 +289,23 @@ def test_export_of_v1_v2_is_pis_migration(store: SessionStore, tmp_path: Path, m
         assert _exact(_as_js(ours), theirs), f"line {number}"
 
 
+def test_a_later_session_line_is_exported_where_it_was(
+    store: SessionStore, tmp_path: Path, backend: str
+) -> None:
+    """pi keeps a second ``session`` line in its file (an entry of ``fileEntries``; its header
+    is the first), so the export writes it back in place instead of dropping it."""
+    lines = v3_lines()
+    lines.insert(4, {**lines[0], "id": "other", "cwd": "/elsewhere"})
+    path = tmp_path / "two-headers.jsonl"
+    write(path, lines)
+    result = store.import_session(path, tenant_id=TENANT)
+    assert _export(store, result.session_id) == _lines(path)
+    out = io.StringIO()
+    store.export_session(result.session_id, out)
+    if backend == "sqlite":  # jsonb does not keep key order
+        assert out.getvalue().encode() == path.read_bytes()
+
+
 def test_export_at_seq(store: SessionStore) -> None:
     result = store.import_session(FIXTURES / "v3.jsonl", tenant_id=TENANT)
     assert len(_export(store, result.session_id, at_seq=5)) == 5
