@@ -8,8 +8,11 @@ The layout (``docs/blob-artifact-architecture.md`` in oh-my-pi)::
         <outputId>.md, <outputId>.jsonl             agent output (and its session), agent://<id>
     ~/.omp/agent/blobs/<sha256>                     bytes behind ``blob:sha256:<sha256>`` refs
 
-oh-my-pi replaces a large image block's base64 ``data`` by a ref to the decoded bytes, and a
-provider ``image_url`` data URL by a ref to its UTF-8 text. An import puts the values back
+oh-my-pi replaces a large image's base64 ``data`` by a ref to the decoded bytes (an image
+block of a ``content`` array; newer versions also an image payload under ``images`` or
+``frames``: ``isExternalizableImagePosition``), and a provider ``image_url`` data URL by a ref
+to its UTF-8 text. Both directions use that one rule (``_image_at``), so an export writes a ref
+exactly where the import resolved one. An import puts the values back
 (the bytes are checked against their hash first), so our own externalization stores them
 under the same hash and a pi export has the images inline. A ref whose blob is missing (or
 corrupt) stays in the entry, as oh-my-pi keeps it, under ``missingBlobRef`` (an image's
@@ -50,7 +53,8 @@ log = logging.getLogger(__name__)
 
 FORMAT: Format = "omp"
 MISSING_KEY = "missingBlobRef"
-IMAGE_ARRAY_KEY = "content"
+IMAGE_BLOCK_KEY = "content"
+IMAGE_PAYLOAD_KEYS = frozenset({"images", "frames"})
 DATA_URL_KEY = "image_url"
 # oh-my-pi externalizes an image whose base64 is at least this long (BLOB_EXTERNALIZE_THRESHOLD)
 EXTERNALIZE_MIN_CHARS = 1024
@@ -129,18 +133,18 @@ class _BlobReader:
             self.missing.append(ref)
             return ref
 
-    def resolve(self, value: Any) -> Any:
+    def resolve(self, value: Any, key: str | None = None) -> Any:
         if isinstance(value, list):
-            return [self.resolve(v) for v in value]
+            return [self.resolve(v, key) for v in value]
         if not isinstance(value, dict):
             return value
         out: dict[str, Any] = {}
-        for key, item in value.items():
-            if key == DATA_URL_KEY and _is_ref(item):
-                out[key] = self.text(item)
+        for child, item in value.items():
+            if child == DATA_URL_KEY and _is_ref(item):
+                out[child] = self.text(item)
             else:
-                out[key] = self.resolve(item)
-        if out.get("type") == "image" and _is_ref(out.get("data")):
+                out[child] = self.resolve(item, child)
+        if _image_at(out, key) and _is_ref(out["data"]):
             data = self.read(out["data"])
             if data is None:
                 out[MISSING_KEY] = out["data"]
@@ -152,6 +156,20 @@ class _BlobReader:
 
 def _is_ref(value: Any) -> bool:
     return isinstance(value, str) and value.startswith(BLOB_REF_PREFIX)
+
+
+def _image_at(value: dict[str, Any], key: str | None) -> bool:
+    """oh-my-pi's ``isExternalizableImagePosition``: ``value`` (under ``key``, the nearest
+    object key, arrays passing it on) is an image block of ``content``, or an image payload
+    (an image block, or ``data`` with an ``image/*`` ``mimeType``) under ``images``/``frames``."""
+    if not isinstance(value.get("data"), str):
+        return False
+    block = value.get("type") == "image"
+    if key == IMAGE_BLOCK_KEY:
+        return block
+    mime = value.get("mimeType")
+    payload = block or (isinstance(mime, str) and mime.lower().startswith("image/"))
+    return key in IMAGE_PAYLOAD_KEYS and payload
 
 
 def list_artifacts(directory: Path) -> list[ArtifactFile]:
@@ -321,24 +339,24 @@ class _DirectoryBlobs:
 class _BlobWriter:
     put: Callable[[bytes], str]
 
-    def externalize(self, value: Any, *, in_content: bool = False) -> Any:
-        """oh-my-pi's persistence rule: image blocks of ``content`` arrays and image data
+    def externalize(self, value: Any, key: str | None = None) -> Any:
+        """oh-my-pi's persistence rule: images where ``_image_at`` finds them and image data
         URLs become refs; a kept missing ref goes back where oh-my-pi had it."""
         if isinstance(value, list):
-            return [self.externalize(v, in_content=in_content) for v in value]
+            return [self.externalize(v, key) for v in value]
         if not isinstance(value, dict):
             return value
         out: dict[str, Any] = {}
-        for key, item in value.items():
-            if key == DATA_URL_KEY and isinstance(item, str) and _is_data_url(item):
-                out[key] = self.put(item.encode("utf-8", "surrogatepass"))
+        for child, item in value.items():
+            if child == DATA_URL_KEY and isinstance(item, str) and _is_data_url(item):
+                out[child] = self.put(item.encode("utf-8", "surrogatepass"))
             else:
-                out[key] = self.externalize(item, in_content=key == IMAGE_ARRAY_KEY)
-        if out.get("type") == "image" and MISSING_KEY in out:
+                out[child] = self.externalize(item, child)
+        if MISSING_KEY in out and (out.get("type") == "image" or _image_at(out, key)):
             out["data"] = out.pop(MISSING_KEY)
-        elif in_content and out.get("type") == "image":
-            data = out.get("data")
-            if isinstance(data, str) and len(data) >= EXTERNALIZE_MIN_CHARS and not _is_ref(data):
+        elif _image_at(out, key):
+            data = out["data"]
+            if len(data) >= EXTERNALIZE_MIN_CHARS and not _is_ref(data):
                 raw = canonical_base64(data)
                 if raw is not None:
                     out["data"] = self.put(raw)

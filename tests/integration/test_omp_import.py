@@ -164,3 +164,54 @@ def test_export_does_not_write_through_a_symlink_in_the_directory(
     with pytest.raises(InvalidArtifactPath, match="outside"):
         export_omp(store, result.session_id, tmp_path / "sessions", blobs_dir=tmp_path / "blobs")
     assert outside.read_text() == "kept\n"
+
+
+def test_export_writes_refs_back_exactly_where_the_import_resolved_them(
+    store: SessionStore, tmp_path: Path, backend: str
+) -> None:
+    """Newer oh-my-pi also externalizes image payloads under ``images`` and ``frames``; an
+    image elsewhere stays inline in its file, and so in the export."""
+    blobs, project = tmp_path / "agent" / "blobs", tmp_path / "agent" / "sessions" / "p"
+    blobs.mkdir(parents=True)
+    project.mkdir(parents=True)
+
+    def ref(seed: bytes) -> str:
+        data = seed * 900
+        (blobs / hashlib.sha256(data).hexdigest()).write_bytes(data)
+        return "blob:sha256:" + hashlib.sha256(data).hexdigest()
+
+    inline = base64.b64encode(b"i" * 900).decode()
+    header = {
+        "type": "session",
+        "version": 3,
+        "id": "s-img",
+        "timestamp": "2025-01-01T00:00:00.000Z",
+    }
+    result_message = {
+        "role": "toolResult",
+        "toolCallId": "c",
+        "toolName": "browser",
+        "content": [{"type": "image", "data": ref(b"c"), "mimeType": "image/png"}],
+        "images": [{"type": "image", "data": ref(b"i"), "mimeType": "image/png"}],
+        "details": {"shot": {"type": "image", "data": inline, "mimeType": "image/png"}},
+    }
+    compaction = {"snapcompact": {"frames": [{"data": ref(b"f"), "mimeType": "image/png"}]}}
+    lines = [
+        {**header, "cwd": "/w"},
+        {"type": "message", "id": "a1", "parentId": None, "message": result_message},
+        {"type": "custom", "id": "a2", "parentId": "a1", "customType": "x", "data": compaction},
+    ]
+    session_file = project / "2025-01-01T00-00-00-000Z_s-img.jsonl"
+    session_file.write_text("".join(json.dumps(x, separators=(",", ":")) + "\n" for x in lines))
+    result = store.import_session(session_file, tenant_id=TENANT)
+    assert result.missing_blobs == []
+    stored = store.read(result.session_id, rehydrate=True)[1].payload["message"]
+    assert base64.b64decode(stored["images"][0]["data"]) == b"i" * 900
+
+    out = export_omp(store, result.session_id, tmp_path / "out", blobs_dir=tmp_path / "b2")
+    assert [json.loads(x) for x in out.session_file.read_bytes().splitlines()] == lines
+    if backend == "sqlite":  # jsonb does not keep key order
+        assert out.session_file.read_bytes() == session_file.read_bytes()
+    assert sorted(p.name for p in (tmp_path / "b2").iterdir()) == sorted(
+        p.name for p in blobs.iterdir()
+    )

@@ -82,13 +82,21 @@ _images = st.builds(
 )
 
 
+_payloads = _images.map(lambda image: {"data": image["data"], "mimeType": "image/webp"})
+
+
 @settings(max_examples=100, deadline=None)
-@given(st.lists(st.one_of(_images, _values), max_size=5), st.text())
+@given(
+    st.lists(st.one_of(_images, _values), max_size=5),
+    st.lists(st.one_of(_images, _payloads, _values), max_size=3),
+    st.text(),
+)
 def test_write_then_read_gives_the_values_back(
-    tmp_path_factory: Any, content: list[Any], text: str
+    tmp_path_factory: Any, content: list[Any], images: list[Any], text: str
 ) -> None:
     root = tmp_path_factory.mktemp("blobs")
-    entry = {"type": "message", "message": {"content": content, "note": text}}
+    message = {"content": content, "images": images, "frames": images, "note": text}
+    entry = {"type": "message", "message": message}
     written = _BlobWriter(_DirectoryBlobs(root).put).externalize(entry)
     reader = _BlobReader(root)
     assert reader.resolve(written) == entry
