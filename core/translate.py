@@ -6,6 +6,17 @@ table) runs inside ``storage_errors()``. What escapes it is one of:
 - ``StorageUnavailable``: transient. The database (or broker) was unreachable, the
   connection dropped, a lock or the pool timed out, SQLite was busy, locked or full.
   Retrying later can succeed.
+- ``StorageUnavailable`` too for the blob and artifact files (``storage_errors("blobs")``
+  around the file backends' reads and writes) when the OS error is one a retry can
+  outlive: the disk or quota is full (``ENOSPC``, ``EDQUOT``), the device failed or went
+  read-only (``EIO``, ``EROFS``: an operator repairs or remounts it), or a resource ran out
+  for now (``EAGAIN``, ``ENOMEM``, ``ENOBUFS``, ``ENFILE``, ``EMFILE``, ``EBUSY``,
+  ``ETIMEDOUT``, ``ESTALE``). A write is never bad input because the disk is full: the
+  queue retries it, and the CLI says the storage is unavailable.
+  The other OS errors escape raw: a missing file (``ENOENT``), a refused path
+  (``ENAMETOOLONG``, ``ENOTDIR``, ``EISDIR``, ``ELOOP`` of a refused symlink) or a
+  permission the deployment lacks (``EACCES``, ``EPERM``) is a bug or a configuration to
+  fix, which no retry repairs.
 - ``InvalidEvent``: permanent. The database refused the values themselves: a DataError,
   a string it cannot encode (lone surrogates), a NUL where PostgreSQL forbids it, a number
   out of its range. Retrying cannot succeed.
@@ -17,6 +28,7 @@ retry from these types alone and never import a driver's exception module.
 
 from __future__ import annotations
 
+import errno
 import functools
 import sqlite3
 from collections.abc import Callable, Iterator
@@ -52,12 +64,29 @@ _SQLITE_TRANSIENT = (
     "unable to open database file",
 )
 _SQLITE_PERMANENT = ("too large", "string or blob too big")
+# OS errors on the blob and artifact files that a retry can outlive (module docstring).
+_TRANSIENT_ERRNOS = {
+    errno.ENOSPC,
+    errno.EDQUOT,
+    errno.EIO,
+    errno.EROFS,
+    errno.EAGAIN,
+    errno.ENOMEM,
+    errno.ENOBUFS,
+    errno.ENFILE,
+    errno.EMFILE,
+    errno.EBUSY,
+    errno.ETIMEDOUT,
+    errno.ESTALE,
+}
 # Broker (redis-py, kombu) errors are recognised by name, so core imports neither.
 _BROKER_MODULES = ("redis", "kombu", "amqp")
 _BROKER_TRANSIENT = {"ConnectionError", "TimeoutError", "BusyLoadingError", "OperationalError"}
 
 
-def _reason(exc: BaseException) -> str:
+def reason_of(exc: BaseException) -> str:
+    """The first line of a driver's message: obstore, for one, appends a multi-line debug
+    dump (``--debug`` shows it, in the traceback of the typed error's cause)."""
     orig = getattr(exc, "orig", None) or exc
     return str(orig).split("\n", 1)[0][:300] or type(orig).__name__
 
@@ -67,11 +96,11 @@ def translate(exc: BaseException, *, component: str = "database") -> SessionStor
     if isinstance(exc, SessionStoreError):
         return exc
     if _is_unavailable(exc):
-        return StorageUnavailable(component, f"{component} is unavailable: {_reason(exc)}")
+        return StorageUnavailable(component, f"{component} is unavailable: {reason_of(exc)}")
     if _is_bad_value(exc):
-        return InvalidEvent("", f"the {component} refused a value: {_reason(exc)}")
+        return InvalidEvent("", f"the {component} refused a value: {reason_of(exc)}")
     if _is_broker_error(exc):
-        return StorageUnavailable("broker", f"broker is unavailable: {_reason(exc)}")
+        return StorageUnavailable("broker", f"broker is unavailable: {reason_of(exc)}")
     return None
 
 
@@ -94,6 +123,8 @@ def _is_unavailable(exc: BaseException) -> bool:
         return isinstance(exc, sa_exc.OperationalError)
     if isinstance(exc, sqlite3.OperationalError):
         return any(p in str(exc).lower() for p in _SQLITE_TRANSIENT)
+    if isinstance(exc, OSError) and exc.errno in _TRANSIENT_ERRNOS:
+        return True
     return isinstance(
         exc, (sa_exc.TimeoutError, psycopg.OperationalError, ConnectionError, TimeoutError)
     )

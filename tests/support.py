@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import os
 import shutil
 import signal
@@ -110,6 +111,32 @@ class TcpProxy:
             for s in (src, dst):
                 with suppress(OSError):
                     s.shutdown(socket.SHUT_RDWR)
+
+
+class DiskFull:
+    """While ``full`` is set, every write to a file under ``root`` fails with ENOSPC, as
+    on a full disk; other files (the journal, the broker's) are untouched. The fault sits
+    at the ``os.write`` boundary, so it needs no mount (and no root); ``refused`` counts
+    the writes it failed. Install it with ``monkeypatch.setattr(os, "write", fault.write)``.
+    """
+
+    def __init__(self, root: Path) -> None:
+        self.root = os.path.realpath(root)
+        self.full = threading.Event()
+        self.refused = 0
+        self._real_write = os.write
+
+    def write(self, fd: int, data: Any) -> int:
+        if self.full.is_set() and self._under_root(fd):
+            self.refused += 1
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return self._real_write(fd, data)
+
+    def _under_root(self, fd: int) -> bool:
+        try:
+            return os.readlink(f"/proc/self/fd/{fd}").startswith(self.root + os.sep)
+        except OSError:  # a pipe or socket closed meanwhile: not a file of ours
+            return False
 
 
 class RedisServer:

@@ -18,6 +18,7 @@ from core.artifacts.paths import STAGING_DIR
 from core.errors import SymlinkRefused
 from core.fsio import fsync_dir as sync_directory
 from core.nofollow import artifact_root_of, check_path
+from core.translate import storage_errors
 
 
 def fsync_dir(directory: Path) -> None:
@@ -25,6 +26,7 @@ def fsync_dir(directory: Path) -> None:
     sync_directory(directory, strict=False)
 
 
+@storage_errors("artifacts")  # a full disk is StorageUnavailable, as on S3
 def write_temp(session_root: Path, data: bytes) -> Path:
     """Write ``data`` to a fresh, fsynced file in the session's staging directory."""
     tmp = session_root / STAGING_DIR / f"{uuid.uuid4().hex}.tmp"

@@ -31,6 +31,7 @@ from core import nofollow
 from core.artifacts.paths import STAGING_DIR
 from core.errors import BadConfig, InvalidArtifactPath, StorageUnavailable
 from core.settings import Settings
+from core.translate import storage_errors
 
 _COPY_CHUNK = 1024 * 1024
 
@@ -124,6 +125,7 @@ class FileArtifactStorage:
     def read(self, key: str) -> bytes | None:
         return nofollow.read_bytes(self.root, self.path(key))
 
+    @storage_errors("artifacts")
     def put(self, key: str, data: bytes) -> None:
         tmp = self._staging_temp(key)
         nofollow.write_new(self.root, tmp, data)
@@ -137,16 +139,17 @@ class FileArtifactStorage:
     @contextmanager
     def writer(self, key: str) -> Iterator[BinaryIO]:
         tmp = self._staging_temp(key)
-        fd = nofollow.create_new(self.root, tmp)
-        try:
-            with os.fdopen(fd, "wb") as out:
-                yield out
-                out.flush()
-                os.fsync(out.fileno())
-        except BaseException:
-            nofollow.unlink(self.root, tmp)
-            raise
-        self._publish(tmp, key)
+        with storage_errors("artifacts"):  # a full disk is StorageUnavailable, as on S3
+            fd = nofollow.create_new(self.root, tmp)
+            try:
+                with os.fdopen(fd, "wb") as out:
+                    yield out
+                    out.flush()
+                    os.fsync(out.fileno())
+            except BaseException:
+                nofollow.unlink(self.root, tmp)
+                raise
+            self._publish(tmp, key)
 
     def _publish(self, tmp: Path, key: str) -> None:
         try:

@@ -30,6 +30,7 @@ from core.blobs.store import (
     parse_blob_name,
 )
 from core.fsio import fsync_dir, replace_many_atomically
+from core.translate import storage_errors
 
 log = logging.getLogger(__name__)
 
@@ -81,6 +82,7 @@ class FileBlobStore(BlobStore):
         wanted = first or self.index.codec_of(blob_hash)
         return sorted(present, key=lambda codec: codec != wanted)
 
+    @storage_errors("blobs")
     def _find(self, blob_hash: str, first: Codec | None = None) -> tuple[Codec, int] | None:
         found = self._find_stored(blob_hash, first)
         if found is None and self._unquarantine(blob_hash):
@@ -103,6 +105,7 @@ class FileBlobStore(BlobStore):
             found = self._read_stored(blob_hash)
         return found
 
+    @storage_errors("blobs")
     def _read_stored(self, blob_hash: str) -> tuple[Codec, bytes] | None:
         with self._fanout(blob_hash) as fd:
             if fd is None:
@@ -201,6 +204,7 @@ class FileBlobStore(BlobStore):
             staged[blob_hash] = _Stored(codec, len(payload), payload, written=True)
         return staged
 
+    @storage_errors("blobs")
     def _write_all(self, files: dict[str, tuple[Codec, bytes]]) -> None:
         """Write blob files durably and atomically, synced together (one pass of fsyncs),
         never through a link below the root (``SymlinkRefused``)."""

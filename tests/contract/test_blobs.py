@@ -32,7 +32,13 @@ from core.blobs.store import (
 )
 from core.blobs.verify import verify_blobs
 from core.db import make_engine
-from core.errors import BlobCorrupted, BlobError, BlobNotFound, InvalidBlobHash
+from core.errors import (
+    BlobCorrupted,
+    BlobError,
+    BlobNotFound,
+    InvalidBlobHash,
+    StorageUnavailable,
+)
 from core.models import BlobRow
 
 PNG = b"\x89PNG\r\n\x1a\n"
@@ -402,9 +408,9 @@ class FileDurability:
     def test_a_batch_that_fails_midway_leaves_no_temp_file_and_no_row(
         self, blob_store: BlobStore, monkeypatch: pytest.MonkeyPatch, failing: str
     ) -> None:
-        """The second file's write, fsync or rename fails (disk full): no temporary file
-        stays, and nothing is registered; a file already renamed is complete (an orphan for
-        GC)."""
+        """The second file's write, fsync or rename fails (disk full): the put raises the
+        transient ``StorageUnavailable("blobs")``, no temporary file stays, and nothing is
+        registered; a file already renamed is complete (an orphan for GC)."""
         calls: list[int] = []
         real = getattr(os, failing)
 
@@ -418,8 +424,9 @@ class FileDurability:
 
         monkeypatch.setattr(os, failing, flaky)
         items = [TEXT, png_like(), b"third" * 1000]
-        with pytest.raises(OSError, match="No space left"):
+        with pytest.raises(StorageUnavailable, match="No space left") as info:
             blob_store.put_many(items)
+        assert info.value.component == "blobs"
         monkeypatch.setattr(os, failing, real)
         assert isinstance(blob_store, FileBlobStore)
         leftovers = [p for p in blob_store.root.rglob("*") if p.name.endswith(".part")]

@@ -6,6 +6,7 @@ DataError, a string it cannot encode, a number out of its range) gives ``Invalid
 
 from __future__ import annotations
 
+import os
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
@@ -13,9 +14,10 @@ from pathlib import Path
 import pytest
 
 from core import SessionStore, Settings
+from core.blobs.files import FileBlobStore
 from core.errors import InvalidEvent, StorageUnavailable
 from core.translate import is_unavailable
-from tests.support import TcpProxy
+from tests.support import DiskFull, TcpProxy
 
 
 @pytest.fixture
@@ -115,3 +117,48 @@ def test_dead_letters_store_any_value(store: SessionStore) -> None:
     assert again.expected_seq is None and "2**64" not in again.error
     assert "18446744073709551616" in again.error
     assert "\x00" not in again.session_id + again.idempotency_key
+
+
+def test_full_blob_disk_gives_storage_unavailable_and_the_write_lands_once_space_is_back(
+    store: SessionStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A full disk under the blob store is transient, not bad input: the append raises
+    ``StorageUnavailable("blobs")`` (which the queue retries and the CLI reports as storage
+    unavailable), commits nothing, and the same append lands once there is space again."""
+    assert isinstance(store.blobs, FileBlobStore)
+    fault = DiskFull(store.blobs.root)
+    monkeypatch.setattr(os, "write", fault.write)
+    sid = store.create_session(tenant_id="acme").id
+    big = {"type": "message", "message": {"role": "user", "content": "x" * 100_000}}
+    fault.full.set()
+    with pytest.raises(StorageUnavailable) as info:
+        store.append(sid, [big], idempotency_key="k")
+    assert info.value.component == "blobs" and "No space left" in info.value.message
+    assert is_unavailable(info.value) and fault.refused >= 1
+    assert store.read(sid) == []
+    fault.full.clear()
+    result = store.append(sid, [big], idempotency_key="k")
+    assert (result.first_seq, result.replayed) == (1, False)
+    assert store.read(sid, rehydrate=True)[0].payload == big
+
+
+def test_full_artifact_disk_gives_storage_unavailable_and_writes_once_space_is_back(
+    store: SessionStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """As for blobs: a tool output or an oversized output on a full disk is transient."""
+    fault = DiskFull(store.settings.resolved_artifact_root)
+    monkeypatch.setattr(os, "write", fault.write)
+    sid = store.create_session(tenant_id="acme").id
+    artifacts = store.artifacts(sid)
+    big = "line\n" * 5000
+    fault.full.set()
+    with pytest.raises(StorageUnavailable) as info:
+        artifacts.save("output", "bash")
+    assert info.value.component == "artifacts" and "No space left" in info.value.message
+    with pytest.raises(StorageUnavailable):
+        store.store_oversized(sid, big, "bash")
+    assert artifacts.list() == [] and fault.refused >= 2
+    fault.full.clear()
+    assert store.resolve(f"artifact://{artifacts.save('output', 'bash')}", session_id=sid)
+    stored = store.store_oversized(sid, big, "bash")
+    assert stored is not None and artifacts.retrieve(stored.ref.artifact_id) == big

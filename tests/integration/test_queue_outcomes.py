@@ -6,6 +6,7 @@ journal-facing cases run on SQLite too.
 
 from __future__ import annotations
 
+import os
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,11 +19,13 @@ from sqlalchemy import event
 from sqlalchemy.engine import Connection, Engine
 
 from core import SessionStore, Settings
+from core.blobs.files import FileBlobStore
 from core.errors import InvalidEvent, WriteRejected
 from tasks import enqueue_append
 from tasks.app import QUEUE, create_app
 from tasks.outcomes import stored_outcome, write_task_id
 from tests.support import (
+    DiskFull,
     TcpProxy,
     WorkerProcess,
     send_raw,
@@ -263,6 +266,35 @@ def test_sqlite_disk_full_is_retried_not_acked_and_lands_once_space_is_back(
         events = store.read(sid)
     assert sorted(r.last_seq for r in results) == [1, 2, 3]
     assert sorted(e.payload["i"] for e in events) == [0, 1, 2]  # each once
+
+
+@pytest.mark.slow
+def test_full_blob_disk_is_retried_not_dead_lettered_and_lands_once_space_is_back(
+    queue_settings: Settings, store: SessionStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A full disk under the blob store is transient: the worker retries the write (no
+    dead letter, no outcome, so no ack) and it lands once, when there is space again."""
+    assert isinstance(store.blobs, FileBlobStore)
+    fault = DiskFull(store.blobs.root)
+    monkeypatch.setattr(os, "write", fault.write)
+    app = create_app(queue_settings.with_overrides(task_visibility_timeout=20))
+    with thread_worker(app):
+        sid = store.create_session(tenant_id="acme").id
+        fault.full.set()
+        big = {"type": "message", "message": {"role": "user", "content": "x" * 100_000}}
+        handle = enqueue_append(sid, [big], idempotency_key="k-full", app=app)
+        wait_for(
+            lambda: fault.refused >= 2 and handle.result.state == "RETRY",
+            30,
+            "the write to be retried",
+        )
+        assert handle.outcome() is None
+        assert store.read(sid) == [] and store.dead_letters.list() == []
+        fault.full.clear()
+        result = handle.get(timeout=60)
+    assert (result.first_seq, result.last_seq, result.replayed) == (1, 1, False)
+    assert store.read(sid, rehydrate=True)[0].payload == big
+    assert store.dead_letters.list() == []
 
 
 @pytest.mark.slow

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import errno
+import os
 import sqlite3
 
 import psycopg
@@ -74,3 +76,44 @@ def test_domain_errors_pass_and_bugs_stay_raw() -> None:
     with pytest.raises(StorageUnavailable) as typed, storage_errors():
         raise ConnectionResetError("peer reset")
     assert isinstance(typed.value.__cause__, ConnectionResetError)
+
+
+@pytest.mark.parametrize(
+    "code",
+    [
+        errno.ENOSPC,
+        errno.EDQUOT,
+        errno.EIO,
+        errno.EROFS,
+        errno.EAGAIN,
+        errno.ENOMEM,
+        errno.EMFILE,
+        errno.ESTALE,
+    ],
+)
+def test_file_errors_a_retry_can_outlive_are_storage_unavailable(code: int) -> None:
+    """A full disk (or quota, or a failed device) under the blob store is not bad input."""
+    error = OSError(code, os.strerror(code))
+    with pytest.raises(StorageUnavailable) as typed, storage_errors("blobs"):
+        raise error
+    assert typed.value.component == "blobs" and typed.value.__cause__ is error
+    assert os.strerror(code) in typed.value.message
+    assert is_transient(error) and is_transient(typed.value)
+
+
+@pytest.mark.parametrize(
+    "error",
+    [
+        FileNotFoundError(errno.ENOENT, "No such file or directory"),
+        PermissionError(errno.EACCES, "Permission denied"),
+        OSError(errno.ENAMETOOLONG, "File name too long"),
+        OSError(errno.ELOOP, "Too many levels of symbolic links"),
+        OSError("no errno: a bug, not the disk"),
+    ],
+)
+def test_file_errors_no_retry_repairs_stay_raw(error: OSError) -> None:
+    assert translate(error, component="blobs") is None
+    assert not is_transient(error)
+    with pytest.raises(OSError) as raw, storage_errors("blobs"):
+        raise error
+    assert raw.value is error
