@@ -55,6 +55,7 @@ from core.blobs.store import (
 from core.db import is_sqlite, retry_deadlocks, write_transaction
 from core.errors import StorageUnavailable
 from core.models import BlobRow, table_of, utcnow
+from core.translate import reason_of
 
 log = logging.getLogger(__name__)
 
@@ -98,7 +99,7 @@ def open_s3_store(
             },
         )
     except Exception as exc:  # obstore raises its own configuration errors
-        raise StorageUnavailable(component, f"cannot open {url}: {exc}") from exc
+        raise StorageUnavailable(component, f"cannot open {url}: {reason_of(exc)}") from exc
 
 
 _CLIENT_FLAGS = ("allow_http", "allow_invalid_certificates", "http1_only", "http2_only")
@@ -142,7 +143,9 @@ def storage_call(component: str, call: Callable[[], _T]) -> _T:
     except (FileNotFoundError, AlreadyExistsError, StopIteration):
         raise
     except Exception as exc:
-        raise StorageUnavailable(component, f"{component} storage failed: {exc}") from exc
+        raise StorageUnavailable(
+            component, f"{component} is unavailable: {reason_of(exc)}"
+        ) from exc
 
 
 class ObjectBlobStore(BlobStore):

@@ -22,15 +22,29 @@ class ExitCode(IntEnum):
     BAD_INPUT = 3  # invalid events, an unreadable file, a bad value
     NOT_FOUND = 4  # a bad id: no such session, dead letter, artifact or blob
     BAD_CONFIG = 5  # a bad URL or setting in SESSIONSTORE_* variables
-    DATABASE_UNAVAILABLE = 6  # the journal database cannot be reached
+    STORAGE_UNAVAILABLE = 6  # the database, blob store or artifact store is unreachable or full
+    DATABASE_UNAVAILABLE = 6  # the name of code 6 before blobs and artifacts shared it
     BROKER_UNAVAILABLE = 7  # the Celery broker cannot be reached
     SCHEMA_NOT_CURRENT = 8  # the schema is missing or behind: `sessionstore db upgrade`
     DATABASE_MISSING = 9  # no embedded database at the path (read-only commands never create one)
 
 
+# By the unavailable component (``StorageUnavailable.component``): what it is, what to check.
+_COMPONENTS = {
+    "database": ("database", "check SESSIONSTORE_DATABASE_URL and that the database runs"),
+    "broker": ("broker", "check SESSIONSTORE_BROKER_URL and that the broker runs"),
+    "blobs": (
+        "blob store",
+        "check SESSIONSTORE_BLOB_URL and its disk's free space; for s3:// also "
+        "AWS_ENDPOINT_URL, the AWS_* credentials and that the endpoint runs",
+    ),
+    "artifacts": (
+        "artifact store",
+        "check SESSIONSTORE_ARTIFACT_URL and its disk's free space; for s3:// also "
+        "AWS_ENDPOINT_URL, the AWS_* credentials and that the endpoint runs",
+    ),
+}
 _HINTS = {
-    ExitCode.DATABASE_UNAVAILABLE: "check SESSIONSTORE_DATABASE_URL and that the database runs",
-    ExitCode.BROKER_UNAVAILABLE: "check SESSIONSTORE_BROKER_URL and that the broker runs",
     ExitCode.SCHEMA_NOT_CURRENT: "run `sessionstore db upgrade`",
     ExitCode.DATABASE_MISSING: "check SESSIONSTORE_DATA_DIR and SESSIONSTORE_DATABASE_URL, "
     "or create it with `sessionstore db upgrade`",
@@ -60,23 +74,12 @@ def _driver_component(exc: BaseException) -> str | None:
 
 def classify(exc: BaseException) -> tuple[ExitCode, str] | None:
     """(exit code, one-line message) for an expected failure; None for a bug."""
-    code: ExitCode
     if isinstance(exc, errors.StorageUnavailable):
-        code = (
-            ExitCode.BROKER_UNAVAILABLE
-            if exc.component == "broker"
-            else ExitCode.DATABASE_UNAVAILABLE
-        )
-        return code, f"{exc.component} unavailable: {exc.message}"
+        detail = exc.message.removeprefix(f"{exc.component} is unavailable: ")
+        return _unavailable(exc.component, detail)
     component = _driver_component(exc)
     if component is not None:
-        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-        code = (
-            ExitCode.BROKER_UNAVAILABLE
-            if component == "broker"
-            else (ExitCode.DATABASE_UNAVAILABLE)
-        )
-        return code, f"{component} unavailable: {first}"
+        return _unavailable(component, (str(exc).strip().splitlines() or [type(exc).__name__])[0])
     if isinstance(exc, errors.SchemaNotCurrent):
         return ExitCode.SCHEMA_NOT_CURRENT, exc.message
     if isinstance(exc, errors.DatabaseMissing):
@@ -101,6 +104,13 @@ def classify(exc: BaseException) -> tuple[ExitCode, str] | None:
     if isinstance(exc, (OSError, ValueError)):
         return ExitCode.BAD_INPUT, str(exc)
     return None
+
+
+def _unavailable(component: str, detail: str) -> tuple[ExitCode, str]:
+    """A storage backend is unreachable (or full): which one, why, and what to check."""
+    code = ExitCode.BROKER_UNAVAILABLE if component == "broker" else ExitCode.STORAGE_UNAVAILABLE
+    name, hint = _COMPONENTS.get(component, (component, ""))
+    return code, f"{name} unavailable: {detail}" + (f" ({hint})" if hint else "")
 
 
 def debug_enabled(argv: list[str]) -> bool:

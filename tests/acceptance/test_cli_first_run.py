@@ -141,7 +141,39 @@ def test_database_at_a_closed_port_is_one_line(cli: Cli) -> None:
     port = free_port()
     cli.env["SESSIONSTORE_DATABASE_URL"] = f"postgresql+psycopg://postgres@127.0.0.1:{port}/x"
     for args in (("sessions", "list"), ("stats",), ("db", "check")):
-        one_line_error(cli(*args), ExitCode.DATABASE_UNAVAILABLE, "database unavailable")
+        one_line_error(
+            cli(*args), ExitCode.STORAGE_UNAVAILABLE, "database unavailable", "DATABASE_URL"
+        )
+
+
+def test_object_store_at_a_closed_port_is_one_short_line_naming_it(cli: Cli) -> None:
+    """An unreachable S3 blob store: storage unavailable (6), naming the blob store and its
+    settings, not the database; obstore's debug dump (865 bytes) only with --debug."""
+    cli.env.update(
+        {
+            "SESSIONSTORE_DATA_DIR": str(cli.home / "data"),
+            "AWS_ENDPOINT_URL": f"http://127.0.0.1:{free_port()}",
+            "AWS_ALLOW_HTTP": "true",
+            "AWS_ACCESS_KEY_ID": "x",
+            "AWS_SECRET_ACCESS_KEY": "x",
+            "AWS_REGION": "us-east-1",
+            "SESSIONSTORE_S3_RETRY_SECONDS": "0",
+            "SESSIONSTORE_S3_REQUEST_TIMEOUT_SECONDS": "2",
+        }
+    )
+    assert cli("db", "upgrade").returncode == 0
+    cli.env["SESSIONSTORE_BLOB_URL"] = "s3://bkt/blobs"
+    for args in (("gc",), ("blobs", "verify")):
+        line = one_line_error(
+            cli(*args),
+            ExitCode.STORAGE_UNAVAILABLE,
+            "blob store unavailable",
+            "SESSIONSTORE_BLOB_URL",
+            "AWS_ENDPOINT_URL",
+        )
+        assert "DATABASE_URL" not in line and "Debug source" not in line
+        assert len(line) < 500, line
+    assert "Debug source" in cli("--debug", "gc").stderr
 
 
 def test_broker_stopped_is_one_line(cli: Cli) -> None:

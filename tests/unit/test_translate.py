@@ -12,6 +12,7 @@ import redis.exceptions
 from kombu.exceptions import OperationalError as KombuOperationalError
 from sqlalchemy import exc as sa_exc
 
+from core.blobs.objects import storage_call
 from core.errors import ConcurrencyConflict, InvalidEvent, StorageUnavailable
 from core.translate import storage_errors, translate
 from tasks.retry import is_transient
@@ -117,3 +118,17 @@ def test_file_errors_no_retry_repairs_stay_raw(error: OSError) -> None:
     with pytest.raises(OSError) as raw, storage_errors("blobs"):
         raise error
     assert raw.value is error
+
+
+def test_an_object_store_error_keeps_its_first_line_not_the_debug_dump() -> None:
+    """obstore appends a debug dump of dozens of lines (865 bytes for a refused connection);
+    the typed error keeps the summary, and the dump stays on its cause (``--debug``)."""
+    dump = "Generic S3 error: Error performing HEAD http://h/b/k - HTTP error\n\nDebug source:\n{"
+
+    def refused() -> None:
+        raise RuntimeError(dump)
+
+    with pytest.raises(StorageUnavailable) as typed:
+        storage_call("blobs", refused)
+    assert typed.value.message == "blobs is unavailable: " + dump.split("\n")[0]
+    assert str(typed.value.__cause__) == dump
