@@ -244,14 +244,17 @@ def makedirs(root: Path, path: Path) -> None:
     os.close(_walk(root, _parts(root, path), path, create=True))
 
 
-def exists(root: Path, path: Path) -> bool:
+def exists(root: Path, path: Path, *, refuse_link: bool = False) -> bool:
     """Whether an entry (of any type, a link included) is at ``path``; its directories are
-    reached through no link."""
+    reached through no link. With ``refuse_link``, a link at ``path`` is refused
+    (``SymlinkRefused``) instead of counted: for callers that take "exists" as "done"."""
     try:
         with parent_dir(root, path) as (fd, name):
-            os.lstat(name, dir_fd=fd)
+            mode = os.lstat(name, dir_fd=fd).st_mode
     except (FileNotFoundError, NotADirectoryError):
         return False
+    if refuse_link and stat.S_ISLNK(mode):
+        raise SymlinkRefused(str(path))
     return True
 
 

@@ -96,6 +96,7 @@ class _CopyPlan:
     present: int = 0
     missing: int = 0
     lost: list[str] = field(default_factory=list)
+    skipped: list[str] = field(default_factory=list)
 
 
 @dataclass(slots=True)
@@ -155,9 +156,14 @@ class ForkCopies:
         return self._finish_copy(plan, outcome)
 
     def _finish_copy(self, plan: _CopyPlan, outcome: _CopyOutcome) -> CopyReport:
+        skipped = plan.skipped + outcome.skipped
         reasons = plan.lost + outcome.errors
-        status = COPY_FAILED if reasons else COPY_DONE
-        error = _summarize(reasons, len(plan.items) + len(plan.lost)) if reasons else None
+        # A skipped artifact is not copied yet: the copy stays pending, so the reconciler
+        # retries it until the link is removed (then the fork gets the file).
+        status = COPY_FAILED if reasons else COPY_PENDING if skipped else COPY_DONE
+        reasons += [f"{where} (a symlink, not followed)" for where in skipped]
+        total = len(plan.items) + len(plan.lost) + len(plan.skipped)
+        error = _summarize(reasons, total) if reasons else None
         with write_transaction(self.engine) as conn:
             changed = conn.execute(
                 update(_sessions)
@@ -177,7 +183,7 @@ class ForkCopies:
             already_present=plan.present + outcome.present,
             missing_at_source=plan.missing,
             error=error,
-            skipped_symlinks=outcome.skipped,
+            skipped_symlinks=skipped,
         )
         _log_copy(plan, report, changed=bool(changed))
         return report
@@ -237,9 +243,13 @@ def _plan_copy(
     for row in rows.list_artifacts(conn, fork.id):
         if not row.name:
             continue
-        target = contained_path(plan.directory, row.name)
-        if target.exists() if objects is None else objects.size(key_of(root, target)) is not None:
-            plan.present += 1
+        try:
+            target = _target(root, plan.directory, row.name, objects)
+            if _exists(root, target, objects):
+                plan.present += 1
+                continue
+        except SymlinkRefused as exc:
+            plan.skipped.append(_skip(plan.fork, row, exc))
             continue
         found = ancestor_file(conn, journal, root, fork, row, objects)
         if found.path is not None:
@@ -249,6 +259,19 @@ def _plan_copy(
         elif _was_inherited(row, fork):
             plan.lost.append(f"{row.kind} {row.local_id}: changed or removed in the parent")
     return plan
+
+
+def _target(root: Path, directory: Path, name: str, objects: ArtifactStorage | None) -> Path:
+    """The fork's own path for an artifact. A link on the way (or at it) is refused first:
+    ``contained_path`` resolves links, and would take one for an escape or for the fork's."""
+    if objects is None:
+        nofollow.check_path(root, directory / name)
+    return contained_path(directory, name)
+
+
+def _skip(fork: Session, row: ArtifactInfo, exc: SymlinkRefused) -> str:
+    log.warning("fork copy skipped a symlink", extra={"fork_id": fork.id, "path": exc.path})
+    return f"{row.kind} {row.local_id}: {exc.path}"
 
 
 def _was_inherited(row: ArtifactInfo, fork: Session) -> bool:
@@ -266,18 +289,12 @@ def _run_copy(plan: _CopyPlan, root: Path, objects: ArtifactStorage | None) -> _
         try:
             size = _copy_item(item, staging, root, objects)
         except SymlinkRefused as exc:
-            log.warning(
-                "fork copy skipped a symlink", extra={"fork_id": plan.fork.id, "path": exc.path}
-            )
-            outcome.skipped.append(f"{where}: {exc.path}")
+            outcome.skipped.append(_skip(plan.fork, item.row, exc))
             continue
         except _SourceChanged:
             outcome.errors.append(f"{where}: changed in the parent after the fork")
         except FileNotFoundError as exc:
-            if _exists(root, item.target, objects):
-                outcome.present += 1
-            else:
-                outcome.errors.append(f"{where}: vanished during the copy ({exc.filename})")
+            outcome.errors.append(f"{where}: vanished during the copy ({exc.filename})")
         except (OSError, StorageUnavailable) as exc:
             outcome.errors.append(f"{where}: {exc}")
         else:
@@ -290,7 +307,10 @@ def _run_copy(plan: _CopyPlan, root: Path, objects: ArtifactStorage | None) -> _
 
 
 def _exists(root: Path, path: Path, objects: ArtifactStorage | None) -> bool:
-    return path.exists() if objects is None else objects.size(key_of(root, path)) is not None
+    """Whether the fork has this file; a link there is no file of its (``SymlinkRefused``)."""
+    if objects is None:
+        return nofollow.exists(root, path, refuse_link=True)
+    return objects.size(key_of(root, path)) is not None
 
 
 def _copy_item(
@@ -298,14 +318,20 @@ def _copy_item(
 ) -> int | None:
     """Copy one artifact (an agent output's JSONL sidecar first: the markdown file marks it
     complete); bytes copied, or None if the fork already had it."""
-    extra = 0
-    if item.row.kind == AGENT_OUTPUT:
-        sidecar = agent_output_names(item.row.local_id)[1]
-        source = item.source.with_name(sidecar)
-        target = item.target.with_name(sidecar)
-        extra = _copy(objects, source, target, staging, item.not_after, root, optional=True) or 0
-    size = _copy(objects, item.source, item.target, staging, item.not_after, root)
-    return None if size is None else size + extra
+    extra: int | None = 0
+    try:
+        if item.row.kind == AGENT_OUTPUT:
+            sidecar = agent_output_names(item.row.local_id)[1]
+            source = item.source.with_name(sidecar)
+            target = item.target.with_name(sidecar)
+            extra = _copy(objects, source, target, staging, item.not_after, root, optional=True)
+        size = _copy(objects, item.source, item.target, staging, item.not_after, root)
+    except FileNotFoundError:
+        # another copy may have finished it (a link there is refused: SymlinkRefused)
+        if _exists(root, item.target, objects):
+            return None
+        raise
+    return None if size is None else size + (extra or 0)
 
 
 def _copy(
@@ -369,7 +395,7 @@ def _copy_file(
     rename, so the inode we read is the one we checked. No symlink is followed, on either
     side (``SymlinkRefused``). ``optional``: a missing source is no error (None).
     """
-    if nofollow.exists(root, target):
+    if nofollow.exists(root, target, refuse_link=True):
         return None
     fd = open_file(root, source)
     if fd is None:
@@ -400,11 +426,14 @@ def _publish_new(root: Path, tmp: Path, target: Path) -> bool:
     try:
         nofollow.link(root, tmp, target)  # the staged name is removed right after
     except FileExistsError:
+        # taken since the check: by another copy, or by a link (refused, not taken as one)
+        nofollow.exists(root, target, refuse_link=True)
         return False
     except OSError as exc:
         if exc.errno not in _NO_HARD_LINKS:
             raise
-        if nofollow.exists(root, target):  # a filesystem without hard links: check, rename
+        # a filesystem without hard links: check, rename
+        if nofollow.exists(root, target, refuse_link=True):
             return False
         nofollow.replace(root, tmp, target)
         return True
@@ -430,6 +459,6 @@ def _log_copy(plan: _CopyPlan, report: CopyReport, *, changed: bool) -> None:
         "missing_at_source": report.missing_at_source,
     }
     if report.error and changed:
-        log.warning("fork artifact copy failed: %s", report.error, extra=extra)
+        log.warning("fork artifact copy %s: %s", report.status, report.error, extra=extra)
     else:
         log.info("fork artifact copy finished", extra=extra)

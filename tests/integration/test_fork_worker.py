@@ -8,6 +8,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -189,6 +190,53 @@ def test_a_lost_copy_task_is_recovered_by_the_reconciler(app: Celery, store: Ses
     assert store.get_session(fork.id).copy_status == "copied"
     for url, content in urls.items():
         assert store.resolve(url, session_id=fork.id).content == content
+
+
+def _reconcile_until_sent(app: Celery, fork_id: str) -> None:
+    """One reconciler run that re-enqueues the fork (a run in a used period is skipped)."""
+
+    def sent() -> bool:
+        outcome = app.send_task(RECONCILE_TASK)
+        wait_for(outcome.ready, 30, "the reconciler")
+        return bool(outcome.result.get("fork_ids") == [fork_id])
+
+    wait_for(sent, 30, "a reconciler run", step=0.2)
+
+
+def test_a_link_planted_in_the_fork_keeps_its_copy_pending_until_it_is_removed(
+    queue_settings: Settings, tmp_path: Path
+) -> None:
+    """A link where one inherited file goes: the reconciler's copy skips that file (copies
+    the rest) and leaves the copy pending; once the link is removed, the next reconciler
+    run completes it with the parent's bytes."""
+    settings = queue_settings.with_overrides(reconcile_schedule="1")
+    app = create_app(settings)
+    (tmp_path / "secret.txt").write_text("SECRET")
+    with SessionStore.from_settings(settings) as plain:
+        store = attach_fork_copier(plain, app)
+        sid, urls = _parent(store)
+        defer_copies(store)
+        fork = store.fork(sid)
+        fork_dir = _directory(store, fork.id)
+        log_name = next(n for n in _files(_directory(store, sid)) if n.endswith(".bash.log"))
+        fork_dir.mkdir(parents=True)
+        os.symlink(tmp_path / "secret.txt", fork_dir / log_name)
+        with thread_worker(app):
+            time.sleep(1.0)  # older than the copy timeout
+            _reconcile_until_sent(app, fork.id)
+            wait_for(lambda: store.get_session(fork.id).copy_error is not None, 30, "the copy")
+            assert store.get_session(fork.id).copy_status == "pending"
+            assert "symlink" in (store.get_session(fork.id).copy_error or "")
+            assert (fork_dir / "files" / "src" / "app" / "notes.md").read_text() == "# notes\n"
+
+            (fork_dir / log_name).unlink()
+            _reconcile_until_sent(app, fork.id)
+            _wait_copied(store, fork.id)
+        assert store.get_session(fork.id).copy_status == "copied"
+        assert (fork_dir / log_name).read_text() == BIG_OUTPUT
+        for url, content in urls.items():
+            assert store.resolve(url, session_id=fork.id).content == content
+    assert (tmp_path / "secret.txt").read_text() == "SECRET"
 
 
 def test_the_copy_task_is_idempotent_and_never_overwrites(app: Celery, store: SessionStore) -> None:

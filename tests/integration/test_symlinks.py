@@ -192,6 +192,83 @@ def test_fork_copy_skips_a_symlink_and_says_so(store: SessionStore, tmp_path: Pa
         store.resolve("artifact://0", session_id=parent.id)
 
 
+def _reconcile(store: SessionStore, fork_id: str) -> dict[str, Any]:
+    """What the reconciler does for a pending fork: find it, run its copy."""
+    assert fork_id in store.pending_forks(older_than_s=0)
+    return store.copy_fork_artifacts(fork_id).to_dict()
+
+
+def test_a_linked_fork_directory_is_no_copy_and_the_copy_ends_once_it_is_removed(
+    store: SessionStore,
+) -> None:
+    """The fork's directory is a link to another tenant's session directory holding a file
+    of the same name: that file is neither taken for the fork's copy nor read nor served,
+    the copy stays pending, and once the link is removed it completes with the parent's
+    bytes."""
+    root = store.settings.resolved_artifact_root
+    neighbour = store.create_session(tenant_id="other")
+    store.artifacts(neighbour.id).files.put("notes/plan.md", "NEIGHBOUR PLAN")
+    parent = store.create_session(tenant_id="acme")
+    store.artifacts(parent.id).files.put("notes/plan.md", "the plan")
+    defer_copies(store)
+    fork = store.fork(parent.id)
+    fork_dir = session_dir(root, "acme", fork.id)
+    fork_dir.parent.mkdir(parents=True, exist_ok=True)
+    os.symlink(session_dir(root, "other", neighbour.id), fork_dir)
+    before = _snapshot(session_dir(root, "other", neighbour.id))
+
+    report = store.copy_fork_artifacts(fork.id)
+
+    assert (report.status, report.copied, report.already_present) == ("pending", 0, 0)
+    assert len(report.skipped_symlinks) == 1 and str(fork_dir) in report.skipped_symlinks[0]
+    assert "symlink" in (store.get_session(fork.id).copy_error or "")
+    with pytest.raises(SessionStoreError):
+        store.artifacts(fork.id).files.get("notes/plan.md")
+    assert _snapshot(session_dir(root, "other", neighbour.id)) == before
+
+    fork_dir.unlink()  # the README's remedy
+    again = _reconcile(store, fork.id)
+
+    assert (again["status"], again["copied"], again["skipped_symlinks"]) == ("copied", 1, [])
+    assert store.get_session(fork.id).copy_error is None
+    assert store.artifacts(fork.id).files.get("notes/plan.md") == b"the plan"
+    assert (fork_dir / "files" / "notes" / "plan.md").read_text() == "the plan"
+    assert store.artifacts(neighbour.id).files.get("notes/plan.md") == b"NEIGHBOUR PLAN"
+
+
+def test_a_link_at_one_fork_file_skips_that_file_only(store: SessionStore, tmp_path: Path) -> None:
+    """A link planted where one inherited file goes (pointing outside the session
+    directory) skips that file; the others are copied, the copy stays pending, and once the
+    link is removed the reconciler's run copies the parent's bytes."""
+    (tmp_path / "secret.txt").write_text("SECRET")
+    root = store.settings.resolved_artifact_root
+    parent = store.create_session(tenant_id="acme")
+    store.artifacts(parent.id).files.put("notes/plan.md", "the plan")
+    store.artifacts(parent.id).save("tool output", "bash")
+    defer_copies(store)
+    fork = store.fork(parent.id)
+    fork_dir = session_dir(root, "acme", fork.id)
+    fork_dir.mkdir(parents=True)
+    os.symlink(tmp_path / "secret.txt", fork_dir / "0.bash.log")
+
+    report = store.copy_fork_artifacts(fork.id)
+
+    assert (report.status, report.copied, report.already_present) == ("pending", 1, 0)
+    assert len(report.skipped_symlinks) == 1 and "0.bash.log" in report.skipped_symlinks[0]
+    assert (fork_dir / "files" / "notes" / "plan.md").read_text() == "the plan"
+    assert (tmp_path / "secret.txt").read_text() == "SECRET"
+    with pytest.raises(SessionStoreError):
+        store.resolve("artifact://0", session_id=fork.id)
+
+    (fork_dir / "0.bash.log").unlink()
+    again = _reconcile(store, fork.id)
+
+    assert (again["status"], again["copied"], again["already_present"]) == ("copied", 1, 1)
+    assert store.resolve("artifact://0", session_id=fork.id).content == "tool output"
+    assert (fork_dir / "0.bash.log").read_text() == "tool output"
+    assert (tmp_path / "secret.txt").read_text() == "SECRET"
+
+
 def test_the_staging_sweep_never_follows_a_linked_staging_directory(
     store: SessionStore, tmp_path: Path
 ) -> None:
