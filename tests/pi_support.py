@@ -61,6 +61,12 @@ def pi_context(path: Path, at: list[int] | None = None) -> dict[str, Any]:
     return result
 
 
+def pi_opened(paths: list[Path]) -> list[dict[str, Any]]:
+    """[{header, entries}] of each file as pi opens it (on copies), in one node process."""
+    result: list[dict[str, Any]] = _node("opened", *map(str, paths))
+    return result
+
+
 def pi_append(path: Path, message: dict[str, Any]) -> str:
     """Append a message to the file itself through pi's SessionManager; its entry id."""
     return str(_node("append", str(path), json.dumps(message))["id"])

@@ -22,6 +22,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import math
 import re
 from collections.abc import Iterable, Iterator, Mapping
 from datetime import datetime
@@ -122,8 +123,7 @@ def parse(path: Path, data: bytes) -> ParsedSession:
         raise ImportFormatError(str(path), "the first line is not a pi session header")
     values = [value for _, value in objects]
     header = values[0]
-    raw_version = header.get("version")
-    version = raw_version if isinstance(raw_version, int) and raw_version > 0 else 1
+    version = source_version(header, path=path)
     migrate(values)
     entries = [
         ParsedEntry(number, value)
@@ -160,15 +160,80 @@ def header_of(raw: Mapping[str, Any], *, version: int) -> SessionHeader:
 def migrate(values: list[Any]) -> bool:
     """Bring a parsed file (header first) to version 3 in place; True if anything changed."""
     header = next((v for v in values if isinstance(v, dict) and v.get("type") == "session"), None)
-    raw_version = header.get("version") if header else None
-    version = raw_version if isinstance(raw_version, int) else 1
-    if version >= CURRENT_VERSION:
+    version = _js_version(header)
+    # pi's ``(version ?? 1) >= 3``, ``< 2`` and ``< 3``: NaN (``"abc"``, ``{}``) is none of them
+    if version >= CURRENT_VERSION or math.isnan(version):
         return False
     if version < 2:
         _v1_to_v2(values, str(header.get("id")) if header else "")
     if version < 3:
         _v2_to_v3(values)
     return True
+
+
+def source_version(header: Mapping[str, Any], *, path: Path) -> int:
+    """The version pi migrates the file from: 1, 2 or 3 (3: pi migrates nothing)."""
+    try:
+        version = _js_version(header)
+    except TypeError:
+        raise ImportFormatError(
+            str(path), "pi cannot open this file: its header's version is not comparable"
+        ) from None
+    return 1 if version < 2 else 2 if version < 3 else 3
+
+
+def _js_version(header: Mapping[str, Any] | None) -> float:
+    """``header?.version ?? 1`` as the number JavaScript compares with 3 (``"3"``, ``3.0``
+    and ``[3]`` are 3; ``true`` is 1; ``{}`` is NaN). TypeError where JavaScript throws."""
+    value = header.get("version") if header is not None else None
+    return 1.0 if value is None else _js_to_number(value)
+
+
+# JavaScript's StringToNumber: optional white space around a decimal literal (a sign,
+# Infinity, an exponent; no separators) or an unsigned 0x / 0o / 0b integer; empty is 0
+_JS_SPACE = (
+    "\t\n\v\f\r \u00a0\u1680"
+    + "".join(map(chr, range(0x2000, 0x200B)))
+    + "\u2028\u2029\u202f\u205f\u3000\ufeff"
+)
+_JS_DECIMAL = re.compile(r"[+-]?(?:Infinity|(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?)")
+_JS_RADIX = {"x": 16, "X": 16, "o": 8, "O": 8, "b": 2, "B": 2}
+_JS_INTEGER = re.compile(r"0([xX][0-9a-fA-F]+|[oO][0-7]+|[bB][01]+)")
+
+
+def _js_to_number(value: Any) -> float:
+    if isinstance(value, bool):
+        return float(value)
+    if isinstance(value, (int, float)):
+        try:
+            return float(value)
+        except OverflowError:  # JSON.parse reads an integer beyond a double as ±Infinity
+            return math.copysign(math.inf, value)
+    text = value if isinstance(value, str) else _js_to_string(value)
+    text = text.strip(_JS_SPACE)
+    if not text:
+        return 0.0
+    if _JS_DECIMAL.fullmatch(text):
+        return float(text.replace("Infinity", "inf"))
+    radix = _JS_INTEGER.fullmatch(text)
+    if radix:
+        return float(int(radix.group(1)[1:], _JS_RADIX[radix.group(1)[0]]))
+    return math.nan
+
+
+def _js_to_string(value: Any) -> str:
+    """``String(value)`` for a JSON value, as far as a number can be read back from it."""
+    if isinstance(value, dict):
+        if "toString" in value:  # an own, non-callable toString: ToPrimitive throws
+            raise TypeError("Cannot convert object to primitive value")
+        return "[object Object]"
+    if isinstance(value, list):  # Array.prototype.join: null is ""
+        return ",".join("" if v is None else _js_to_string(v) for v in value)
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, float) and math.isinf(value):
+        return "Infinity" if value > 0 else "-Infinity"
+    return str(value)  # a number reads back as itself (the only use of this text)
 
 
 def v1_entry_id(session_id: str, index: int, taken: set[str]) -> str:

@@ -3,14 +3,25 @@ a sample of entries, on both backends: the message list, the model and the think
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from core.errors import ImportFormatError
+from core.interop import pi
 from core.store import SessionStore
 from tests.fixtures.pi.generate import FIXTURES as GENERATORS
 from tests.fixtures.pi.generate import big_tool_output
-from tests.pi_support import FIXTURES, as_json, our_context, pi_append, pi_context
+from tests.pi_support import (
+    FIXTURES,
+    as_json,
+    our_context,
+    pi_append,
+    pi_context,
+    pi_opened,
+)
 
 TENANT = "acme"
 
@@ -71,3 +82,50 @@ def test_round_trip_with_pi(store: SessionStore, tmp_path: Path) -> None:
     assert last[0].payload["message"] == message
     after = store.state(result.session_id, rehydrate=True)
     assert pi_context(exported)["leaf"] == as_json(our_context(after))
+
+
+# Header versions pi reads as 3 (nothing migrated), as 2 (hookMessage renamed), as 1 (ids
+# replaced, the tree made a chain) or as NaN (nothing migrated): JavaScript's
+# ``(version ?? 1) >= 3`` on each kind of JSON value.
+HEADER_VERSIONS = [
+    "3.0", '"3"', '" 3\\n"', '"0x3"', "[3]", '[["3"]]', "2.5", '"2"', "true", "null", "-1",
+    '"abc"', "{}", '{"valueOf":3}', "[1,2]", '""', "[]", '"Infinity"', '"1e0"', '"0b11"',
+]  # fmt: skip
+_ENTRIES = [
+    {"type": "message", "id": "a1", "parentId": None, "message": {"role": "user", "content": "q"}},
+    {"type": "message", "id": "a2", "parentId": "a1", "message": {"role": "hookMessage"}},
+    {"type": "message", "id": "b2", "parentId": "a1", "message": {"role": "user", "content": "b"}},
+]
+
+
+def _by_index(entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Entries with each id replaced by its entry's index (pi draws v1 ids at random)."""
+    index = {e["id"]: i for i, e in enumerate(entries)}
+    links = ("id", "parentId", "firstKeptEntryId")
+    return [{k: index.get(v, v) if k in links else v for k, v in e.items()} for e in entries]
+
+
+def test_header_version_migrates_as_pi(tmp_path: Path) -> None:
+    paths = []
+    for n, version in enumerate(HEADER_VERSIONS):
+        path = tmp_path / f"{n}.jsonl"
+        header = f'{{"type":"session","version":{version},"id":"s","timestamp":"2025-01-01Z"}}'
+        path.write_text("\n".join([header, *map(json.dumps, _ENTRIES)]) + "\n")
+        paths.append(path)
+    kept = [e["id"] for e in _ENTRIES]
+    for version, path, oracle in zip(HEADER_VERSIONS, paths, pi_opened(paths), strict=True):
+        parsed = pi.parse(path, path.read_bytes())
+        ours = as_json([e.entry for e in parsed.entries])
+        assert as_json(parsed.header.raw) == oracle["header"], version
+        same_ids = [e["id"] for e in oracle["entries"]] == kept
+        assert ([e["id"] for e in ours] == kept) == same_ids, version
+        assert _by_index(ours) == _by_index(oracle["entries"]), version
+
+
+def test_header_version_pi_cannot_compare_is_refused(tmp_path: Path) -> None:
+    """pi's ``version >= 3`` throws on an object with its own ``toString`` (pi cannot open
+    the file): a typed error naming the file, not a guess."""
+    path = tmp_path / "v.jsonl"
+    path.write_text('{"type":"session","version":{"toString":1},"id":"s"}\n')
+    with pytest.raises(ImportFormatError, match="version is not comparable"):
+        pi.parse(path, path.read_bytes())

@@ -3,6 +3,8 @@
 //     opens a COPY of FILE with pi's SessionManager (pi rewrites files it migrates) and prints
 //     {header, entries, leaf: buildSessionContext(), at: {INDEX: context at entries[INDEX]}}
 //     (indexes, not ids: pi draws the ids of a migrated version-1 file at random)
+//   node oracle.mjs opened FILE...
+//     [{header, entries}] of each FILE as pi's SessionManager opens it (one node for many files)
 //   node oracle.mjs append FILE MESSAGE_JSON
 //     opens FILE itself and appends one message through pi's API; prints {id}
 import { copyFileSync, mkdtempSync, rmSync } from "node:fs";
@@ -21,6 +23,19 @@ if (command === "context") {
 		const at = {};
 		for (const index of rest) at[index] = buildSessionContext(entries, entries[Number(index)].id);
 		const out = { header: manager.getHeader(), entries, leaf: manager.buildSessionContext(), at };
+		process.stdout.write(JSON.stringify(out));
+	} finally {
+		rmSync(dir, { recursive: true, force: true });
+	}
+} else if (command === "opened") {
+	const dir = mkdtempSync(join(tmpdir(), "pi-oracle-"));
+	try {
+		const out = [file, ...rest].map((path, i) => {
+			const copy = join(dir, `${i}.jsonl`);
+			copyFileSync(path, copy);
+			const manager = SessionManager.open(copy, dir);
+			return { header: manager.getHeader(), entries: manager.getEntries() };
+		});
 		process.stdout.write(JSON.stringify(out));
 	} finally {
 		rmSync(dir, { recursive: true, force: true });
