@@ -96,9 +96,10 @@ def parse_claude_code(path: Path, data: bytes) -> ParsedSession:
     for number, raw in raw_lines:
         starts[number] = offset
         offset += len(raw) + 1
+    replaced: list[int] = []
     lines = [
         _Line(number, starts[number], value)
-        for number, value in pi.iter_objects(raw_lines)
+        for number, value in pi.iter_objects(raw_lines, replaced=replaced)
         if isinstance(value, dict)
     ]
     if lines and not any(line.value.get("type") in _KNOWN_TYPES for line in lines):
@@ -117,6 +118,7 @@ def parse_claude_code(path: Path, data: bytes) -> ParsedSession:
         entries=converter.entries,
         incomplete_tail=incomplete or consumed < complete,
         consumed_bytes=consumed,
+        invalid_utf8_lines=pi.invalid_utf8(path, replaced),
     )
 
 

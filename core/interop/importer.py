@@ -128,6 +128,8 @@ class ImportResult(PlainRecord):
     skipped: int  # events already imported by an earlier pass
     incomplete_tail: bool = False  # a half-written last line was left for the next pass
     missing_blobs: list[str] = field(default_factory=list)
+    # lines read with U+FFFD for invalid UTF-8, as pi reads them (the stored text differs)
+    invalid_utf8_lines: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -179,6 +181,7 @@ def import_session(
         skipped=skipped,
         incomplete_tail=parsed.incomplete_tail,
         missing_blobs=list(parsed.missing_blobs),
+        invalid_utf8_lines=parsed.invalid_utf8_lines,
     )
     log.info("imported a session file", extra=result.to_dict())
     observed = metrics()

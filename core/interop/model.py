@@ -56,3 +56,5 @@ class ParsedSession:
     incomplete_tail: bool = False
     # bytes of the file consumed by ``entries`` (up to and including the last newline)
     consumed_bytes: int = 0
+    # lines whose invalid UTF-8 was read as U+FFFD (as pi reads them): not the file's bytes
+    invalid_utf8_lines: int = 0

@@ -19,6 +19,7 @@ migrated entry is pi's too.
 
 from __future__ import annotations
 
+import codecs
 import hashlib
 import json
 import logging
@@ -62,7 +63,9 @@ def loads_exact(line: bytes | str) -> Any:
             return orjson.loads(line)
         except orjson.JSONDecodeError:
             pass
-    return json.loads(line, parse_constant=_reject_constant)
+    # strict UTF-8 (UnicodeDecodeError): json.loads(bytes) would pass encoded surrogates
+    text = line.removeprefix(codecs.BOM_UTF8).decode("utf-8")
+    return json.loads(text, parse_constant=_reject_constant)
 
 
 _SURROGATE = re.compile("[\ud800-\udfff]")
@@ -86,13 +89,24 @@ def split_lines(data: bytes) -> tuple[list[tuple[int, bytes]], int, bool]:
     return lines, end, end < len(data) and bool(data[end:].strip())
 
 
-def iter_objects(lines: Iterable[tuple[int, bytes]]) -> Iterator[tuple[int, Any]]:
-    """Parsed lines; blank and malformed lines are skipped, as pi skips them."""
+def iter_objects(
+    lines: Iterable[tuple[int, bytes]], *, replaced: list[int] | None = None
+) -> Iterator[tuple[int, Any]]:
+    """Parsed lines; blank and malformed lines are skipped, as pi skips them.
+
+    Invalid UTF-8 is read as pi reads it (Node's decoder): each maximal invalid subsequence
+    becomes U+FFFD, Python's ``errors="replace"`` rule too. The numbers of the lines kept
+    that way (their text is not the file's bytes) are appended to ``replaced``."""
     for number, raw in lines:
         if not raw.strip():
             continue
         try:
-            value = loads_exact(raw)
+            try:
+                value = loads_exact(raw)
+            except UnicodeDecodeError:
+                value = loads_exact(raw.decode("utf-8", "replace"))
+                if replaced is not None:
+                    replaced.append(number)
         except ValueError:
             log.warning("skipping a line that is not JSON", extra={"line": number})
             continue
@@ -118,7 +132,8 @@ def sniff(first_line: bytes) -> bool:
 def parse(path: Path, data: bytes) -> ParsedSession:
     """A pi session file's bytes as a ``ParsedSession`` of version-3 entries."""
     lines, consumed, incomplete = split_lines(data)
-    objects = list(iter_objects(lines))
+    replaced: list[int] = []
+    objects = list(iter_objects(lines, replaced=replaced))
     if not objects or not is_pi_header(objects[0][1]):
         raise ImportFormatError(str(path), "the first line is not a pi session header")
     values = [value for _, value in objects]
@@ -136,7 +151,19 @@ def parse(path: Path, data: bytes) -> ParsedSession:
         entries=entries,
         incomplete_tail=incomplete,
         consumed_bytes=consumed,
+        invalid_utf8_lines=invalid_utf8(path, replaced),
     )
+
+
+def invalid_utf8(path: Path, replaced: list[int]) -> int:
+    """How many lines were read with U+FFFD for invalid UTF-8 (logged with the first)."""
+    if replaced:
+        log.warning(
+            "lines with invalid UTF-8 were read with U+FFFD in place of the bad bytes, as pi "
+            "reads them",
+            extra={"path": str(path), "lines": len(replaced), "first_line": replaced[0]},
+        )
+    return len(replaced)
 
 
 def header_of(raw: Mapping[str, Any], *, version: int) -> SessionHeader:

@@ -33,6 +33,8 @@ def _result_dict(result: ImportResult) -> dict[str, object]:
     }
     if result.missing_blobs:  # oh-my-pi refs whose bytes were not found (kept as refs)
         found["missing_blobs"] = result.missing_blobs
+    if result.invalid_utf8_lines:  # read with U+FFFD for the bad bytes, as pi reads them
+        found["invalid_utf8_lines"] = result.invalid_utf8_lines
     return found
 
 
@@ -112,6 +114,8 @@ def _report(result: ImportResult, as_json: bool) -> None:
     tail = " (a half-written last line waits)" if result.incomplete_tail else ""
     if result.missing_blobs:
         tail += f"; {len(result.missing_blobs)} blob(s) missing, refs kept"
+    if result.invalid_utf8_lines:
+        tail += f"; {result.invalid_utf8_lines} line(s) of invalid UTF-8 read with U+FFFD"
     console.print(
         f"{result.status}: {result.path} -> {result.session_id} "
         f"({result.external_id}): {result.appended} appended, {result.skipped} skipped{tail}",

@@ -88,3 +88,18 @@ def test_sessions_create_and_conflict_errors(run: Run, tmp_path: Path) -> None:
     conflict = run("import", str(path))
     assert conflict.returncode == 1
     assert f"{path}:4:" in conflict.stderr and "Traceback" not in conflict.stderr
+
+
+def test_import_reports_lines_of_invalid_utf8(run: Run, tmp_path: Path) -> None:
+    """Such lines are kept as pi reads them (U+FFFD), and the report says so."""
+    path = tmp_path / "latin1.jsonl"
+    path.write_bytes(
+        b'{"type":"session","version":3,"id":"s-latin1","timestamp":"2025-01-01Z","cwd":"/"}\n'
+        b'{"type":"message","id":"a","parentId":null,"message":{"role":"user","content":"caf\xe9"}}\n'
+    )
+    done = run("import", str(path), "--json")
+    assert done.returncode == 0, done.stderr
+    result = json.loads(done.stdout)
+    assert (result["appended"], result["invalid_utf8_lines"]) == (2, 1)
+    again = run("import", str(path))
+    assert "1 line(s) of invalid UTF-8 read with U+FFFD" in " ".join(again.stdout.split())

@@ -129,3 +129,28 @@ def test_header_version_pi_cannot_compare_is_refused(tmp_path: Path) -> None:
     path.write_text('{"type":"session","version":{"toString":1},"id":"s"}\n')
     with pytest.raises(ImportFormatError, match="version is not comparable"):
         pi.parse(path, path.read_bytes())
+
+
+def test_invalid_utf8_is_read_as_pi_reads_it(store: SessionStore, tmp_path: Path) -> None:
+    """pi (Node's UTF-8 decoder) keeps a line with invalid bytes, each maximal invalid
+    subsequence read as U+FFFD: the import keeps the same entries, with the same text, and
+    says how many lines were read so."""
+    bad = [b"caf\xe9!", b"\xed\xa0\x80", b"\xf0\x9f\x98", b"\xc0\xaf\xe2\x82x", b"\xff"]
+    path = tmp_path / "bad.jsonl"
+    lines = [b'{"type":"session","version":3,"id":"s-bad","timestamp":"2025-01-01Z","cwd":"/"}']
+    parent = "null"
+    for n, raw in enumerate(bad):
+        lines.append(
+            b'{"type":"message","id":"m%d","parentId":%s,"message":{"role":"user","content":"%s"}}'
+            % (n, parent.encode(), raw)
+        )
+        parent = f'"m{n}"'
+    lines.append(b'{"type":"label","id":"k","parentId":"m4","targetId":"m0","label":"\xe9\xe9"}')
+    path.write_bytes(b"\n".join(lines) + b"\n")
+
+    result = store.import_session(path, tenant_id=TENANT)
+    assert result.invalid_utf8_lines == len(bad) + 1
+    oracle = pi_opened([path])[0]
+    assert [e.payload for e in store.read(result.session_id)[1:]] == oracle["entries"]
+    leaf = store.state(result.session_id, rehydrate=True)
+    assert as_json(our_context(leaf)) == pi_context(path)["leaf"]
