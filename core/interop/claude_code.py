@@ -26,6 +26,7 @@ results (pi keeps each ``toolResult`` in its own message). The mapping is the ta
 
 from __future__ import annotations
 
+import itertools
 import json
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -70,13 +71,14 @@ class _Line:
     value: dict[str, Any]
 
 
-def looks_like_claude_code(path: Path, head: bytes) -> bool:
-    """Auto-detection from the file's first bytes: Claude Code lines, not a pi header."""
-    lines, _, _ = pi.split_lines(head)
-    values = [v for _, v in pi.iter_objects(lines[:20]) if isinstance(v, dict)]
-    if not values or values[0].get("type") == pi.HEADER_TYPE:
+def looks_like_claude_code(path: Path, data: bytes) -> bool:
+    """Auto-detection from the file's first lines (whatever their size): Claude Code lines,
+    not a pi header. Lines are parsed one at a time, up to the first that decides."""
+    values = (v for _, v in pi.iter_objects(pi.first_lines(data, 20)) if isinstance(v, dict))
+    first = next(values, None)
+    if first is None or first.get("type") == pi.HEADER_TYPE:
         return False
-    for value in values:
+    for value in itertools.chain([first], values):
         kind = value.get("type")
         if kind in ("user", "assistant", "system") and "uuid" in value and "sessionId" in value:
             return True

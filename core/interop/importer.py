@@ -49,12 +49,12 @@ _sessions = table_of(SessionRow)
 ImportStatus = Literal["created", "appended", "unchanged"]
 # (path, the file's bytes, **options): options are format-specific (oh-my-pi: ``blobs_dir``)
 Parser = Callable[..., ParsedSession]
+# (path, the file's bytes) -> is it mine? A sniffer reads only as far as it needs.
 Sniffer = Callable[[Path, bytes], bool]
 # runs after each pass's append: files that belong to the session (oh-my-pi's artifacts)
 AfterImport = Callable[["SessionStore", str, ParsedSession], None]
 # interop2's converters register themselves when their module is imported
 _PLUGIN_MODULES = ("core.interop.omp", "core.interop.claude_code")
-_SNIFF_BYTES = 64 * 1024
 
 
 # the converter registry ------------------------------------------------------------------
@@ -64,7 +64,7 @@ _SNIFF_BYTES = 64 * 1024
 class Converter:
     format: str
     parse: Parser
-    # auto-detection: (path, the file's first bytes) -> is it mine? Lower priority is asked
+    # auto-detection: (path, the file's bytes) -> is it mine? Lower priority is asked
     # first, so a specific format (oh-my-pi, which is pi plus artifacts) wins over plain pi.
     sniff: Sniffer
     priority: int = 50
@@ -85,8 +85,8 @@ def register_converter(
     _CONVERTERS[format] = Converter(format, parse, sniff, priority, after_import)
 
 
-def _sniff_pi(path: Path, head: bytes) -> bool:
-    return pi.sniff(head.split(b"\n", 1)[0])
+def _sniff_pi(path: Path, data: bytes) -> bool:
+    return pi.sniff(data)
 
 
 register_converter("pi", pi.parse, sniff=_sniff_pi, priority=100)
@@ -103,9 +103,11 @@ def converters() -> dict[str, Converter]:
 _loaded: set[str] = set()
 
 
-def detect_format(path: Path, head: bytes) -> str:
+def detect_format(path: Path, data: bytes) -> str:
+    """The format of a file from its bytes (all of them: a first line or the first blob ref
+    can be far into the file; each sniffer reads only as far as it needs)."""
     for converter in sorted(converters().values(), key=lambda c: c.priority):
-        if converter.sniff(path, head):
+        if converter.sniff(path, data):
             return converter.format
     raise ImportFormatError(str(path), "not a session file of a known format")
 
@@ -198,7 +200,7 @@ def parse_file_data(
     options: Mapping[str, Any] | None = None,
 ) -> ParsedSession:
     if format == "auto":
-        format = detect_format(path, data[:_SNIFF_BYTES])
+        format = detect_format(path, data)
     converter = converters().get(format)
     if converter is None:
         known = ", ".join(sorted(converters()))

@@ -75,11 +75,13 @@ def artifacts_dir(session_file: Path) -> Path:
     return session_file.with_suffix("")
 
 
-def sniff_omp(path: Path, head: bytes) -> bool:
-    """A pi header, with an artifacts directory next to the file or blob refs inside it."""
-    if not pi.sniff(head.split(b"\n", 1)[0]):
+def sniff_omp(path: Path, data: bytes) -> bool:
+    """A pi header, with an artifacts directory next to the file or a blob ref anywhere in
+    it (oh-my-pi's header is pi's: a ref far into the file is the only mark of a file
+    without artifacts; a byte search of the whole file costs far less than its parse)."""
+    if not pi.sniff(data):
         return False
-    return b'"' + BLOB_REF_PREFIX.encode() in head or artifacts_dir(path).is_dir()
+    return artifacts_dir(path).is_dir() or b'"' + BLOB_REF_PREFIX.encode() in data
 
 
 # reading -------------------------------------------------------------------------------------

@@ -89,6 +89,24 @@ def split_lines(data: bytes) -> tuple[list[tuple[int, bytes]], int, bool]:
     return lines, end, end < len(data) and bool(data[end:].strip())
 
 
+def first_lines(data: bytes, count: int) -> Iterator[tuple[int, bytes]]:
+    """The first ``count`` complete lines of ``data`` as ``split_lines`` gives them, whatever
+    their size, one at a time (the rest of the file is not split, nor copied)."""
+    start = 0
+    for number in range(1, count + 1):
+        end = data.find(b"\n", start)
+        if end < 0:
+            return
+        yield number, data[start:end]
+        start = end + 1
+
+
+def first_line(data: bytes) -> bytes:
+    """The first line, complete or not (a header is recognised while still being written)."""
+    end = data.find(b"\n")
+    return data if end < 0 else data[:end]
+
+
 def iter_objects(
     lines: Iterable[tuple[int, bytes]], *, replaced: list[int] | None = None
 ) -> Iterator[tuple[int, Any]]:
@@ -121,10 +139,11 @@ def is_pi_header(value: Any) -> bool:
     )
 
 
-def sniff(first_line: bytes) -> bool:
-    """Auto-detection: a pi (or oh-my-pi) file starts with a session header."""
+def sniff(data: bytes) -> bool:
+    """Auto-detection: a pi (or oh-my-pi) file starts with a session header, whatever the
+    size of that first line."""
     try:
-        return is_pi_header(loads_exact(first_line))
+        return is_pi_header(loads_exact(first_line(data)))
     except ValueError:
         return False
 

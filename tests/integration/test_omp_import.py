@@ -53,6 +53,29 @@ def test_detection_and_blob_resolution_without_a_store() -> None:
     ]
 
 
+def test_detected_by_a_blob_ref_far_into_the_file(store: SessionStore, tmp_path: Path) -> None:
+    """No artifacts directory and the first ref past 64 KiB: still oh-my-pi (its header is
+    pi's), so the ref is resolved instead of failing as plain pi's unknown blob."""
+    project = tmp_path / "agent" / "sessions" / "--w--"
+    project.mkdir(parents=True)
+    (tmp_path / "agent" / "blobs").mkdir()
+    raw = bytes(range(256)) * 12
+    blob_hash = hashlib.sha256(raw).hexdigest()
+    (tmp_path / "agent" / "blobs" / blob_hash).write_bytes(raw)
+    image = {"type": "image", "data": f"blob:sha256:{blob_hash}", "mimeType": "image/png"}
+    lines = [
+        {"type": "session", "version": 3, "id": "late-ref", "timestamp": "2026-01-01Z"},
+        {"type": "message", "id": "a1", "parentId": None, "message": {"content": "y" * 70_000}},
+        {"type": "message", "id": "a2", "parentId": "a1", "message": {"content": [image]}},
+    ]
+    path = project / "2026_late-ref.jsonl"
+    path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    result = store.import_session(path, tenant_id=TENANT)
+    assert (result.format, result.missing_blobs) == ("omp", [])
+    last = store.read(result.session_id, rehydrate=True)[-1].payload
+    assert base64.b64decode(last["message"]["content"][0]["data"]) == raw
+
+
 def test_import_keeps_artifact_ids_and_resolves_refs(store: SessionStore) -> None:
     result = store.import_session(SESSION_FILE, tenant_id=TENANT)
     assert (result.format, result.appended, result.missing_blobs) == ("omp", 14, [MISSING_REF])

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from core.errors import ImportFormatError
 from core.interop.claude_code import line_content, looks_like_claude_code, parse_claude_code
-from core.interop.importer import detect_format
+from core.interop.importer import detect_format, parse_file
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "claude_code"
 SESSION = FIXTURES / "7d3c5e2a-91f4-4b6e-8a0d-2c1f9e8b7a60.jsonl"
@@ -42,6 +42,19 @@ def test_detection() -> None:
     assert not looks_like_claude_code(SESSION, b"not json\n")
     assert not looks_like_claude_code(SESSION, b"")
     assert detect_format(SESSION, SESSION.read_bytes()[:65536]) == "claude-code"
+
+
+def test_detection_of_a_first_line_beyond_64_kib(tmp_path: Path) -> None:
+    """A first prompt with a pasted screenshot: the first line alone is over 64 KiB."""
+    image = {"type": "image", "source": {"type": "base64", "data": "QUJD" * 25_000}}
+    text = {"type": "text", "text": "what is wrong here?"}
+    first = cc_line("user", "u1", None, role="user", content=[text, image])
+    second = cc_line("assistant", "u2", "u1", role="assistant", content=[])
+    path = tmp_path / "big.jsonl"
+    path.write_text(f"{json.dumps(first)}\n{json.dumps(second)}\n")
+    assert path.stat().st_size > 100_000
+    parsed = parse_file(path)  # format "auto"
+    assert (parsed.format, len(parsed.entries)) == ("claude-code", 2)
 
 
 def test_header_title_and_external_id() -> None:
