@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from sqlalchemy import insert, select, update
 
 from core.db import read_connection, write_transaction
-from core.errors import ImportConflict, ImportFormatError
+from core.errors import ImportConflict, ImportFormatError, InvalidEvent, WriteTooLarge
 from core.interop import pi
 from core.interop.model import ParsedSession
 from core.metrics import metrics
@@ -166,7 +166,7 @@ def import_session(
         session = _create(store, parsed, path, tenant_id)
     skipped = session.head_seq
     fresh = events[skipped:]
-    _append(store, session, fresh, _line_sizes(data, lines[skipped:]))
+    _append(store, session, fresh, _line_sizes(data, lines[skipped:]), path, lines[skipped:])
     after = converters()[parsed.format].after_import
     if after is not None:  # before the offset moves: a failed pass runs it again
         after(store, session.id, parsed)
@@ -339,8 +339,15 @@ def _batches(
 
 
 def _append(
-    store: SessionStore, session: Session, events: Sequence[dict[str, Any]], sizes: list[int]
+    store: SessionStore,
+    session: Session,
+    events: Sequence[dict[str, Any]],
+    sizes: list[int],
+    path: Path,
+    lines: Sequence[int],
 ) -> None:
+    """Append the events in batches; an event the journal refuses is named by its file line
+    (the journal's index is the batch's)."""
     settings = store.settings
     head = session.head_seq
     # half the byte limit: a line's size only estimates its event's encoded size
@@ -351,7 +358,14 @@ def _append(
         max_bytes=max(1, settings.max_write_bytes // 2),
     ):
         # expected_seq: a concurrent importer of the same file fails instead of doubling it
-        result = store.append(session.id, batch, expected_seq=head)
+        try:
+            result = store.append(session.id, batch, expected_seq=head)
+        except InvalidEvent as exc:
+            if exc.index is None or isinstance(exc, WriteTooLarge):
+                raise
+            line = lines[head - session.head_seq + exc.index]
+            where = f"{path}:{line}"
+            raise ImportFormatError(where, f"{exc.field or '/'}: {exc.reason}") from exc
         head = result.last_seq
 
 

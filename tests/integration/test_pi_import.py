@@ -16,6 +16,7 @@ from sqlalchemy import select
 from core.errors import ExternalIdTaken, ImportConflict, ImportFormatError, SessionNotFound
 from core.interop.pi import dumps_exact, loads_exact
 from core.models import ImportOffsetRow, table_of
+from core.settings import Settings
 from core.store import SessionStore
 from tests.fixtures.pi.generate import assistant, user, v1_lines, v2_lines, v3_lines, write
 from tests.pi_support import FIXTURES
@@ -172,6 +173,24 @@ def test_not_a_session_file(store: SessionStore, tmp_path: Path) -> None:
     path.write_text('{"type": "message"}\n')
     with pytest.raises(ImportFormatError):
         store.import_session(path, tenant_id=TENANT)
+
+
+def test_refused_entry_is_named_by_its_file_line(settings: Settings, tmp_path: Path) -> None:
+    """A lone surrogate (pi's JSON.stringify writes one for a string cut inside an emoji) is
+    refused by the journal, by design; the error names the file's line and field, not the
+    event's index in its batch, also after a resumed pass and across batches."""
+    path = tmp_path / "s.jsonl"
+    lines = v3_lines()[:5]
+    write(path, lines)
+    with SessionStore.from_settings(settings.model_copy(update={"max_batch_events": 2})) as store:
+        first = store.import_session(path, tenant_id=TENANT)
+        _grow(path, lines, 2)  # file lines 6, 7
+        with path.open("a", encoding="utf-8") as out:  # lines 8, 9
+            out.write('{"type":"custom","id":"x","parentId":null,"data":"cut \\ud83d"}\n')
+            out.write('{"type":"custom","id":"y","parentId":"x","data":"fine"}\n')
+        with pytest.raises(ImportFormatError, match=rf"^invalid event at {path}:8: /data: .*surr"):
+            store.import_session(path, tenant_id=TENANT)
+        assert store.get_session(first.session_id).head_seq == 7  # the batch of lines 6, 7
 
 
 # pi fidelity ------------------------------------------------------------------------------
