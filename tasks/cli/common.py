@@ -6,7 +6,8 @@ imports only typer at module level: rich, pydantic and ``core.store`` load on fi
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import re
+from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from functools import cache
 from typing import TYPE_CHECKING, Any
@@ -16,6 +17,7 @@ import typer
 if TYPE_CHECKING:
     from rich.console import Console
     from rich.table import Table
+    from rich.text import Text
 
     from core.settings import Settings
     from core.store import SessionStore
@@ -95,9 +97,54 @@ def open_store(*, create: bool = False) -> Iterator[SessionStore]:
 
 
 def print_json(value: Any) -> None:
+    """``value`` as indented JSON, exactly (DESIGN invariant 11): key order, ``-0.0`` and
+    integers of any size. orjson writes all but integers beyond 64 bits, which it refuses;
+    the standard library writes those (as ``core.exact_json`` does for the journal)."""
     import orjson
 
-    typer.echo(orjson.dumps(value, default=str, option=orjson.OPT_INDENT_2).decode())
+    try:
+        text = orjson.dumps(value, default=str, option=orjson.OPT_INDENT_2).decode()
+    except orjson.JSONEncodeError:
+        import json
+
+        text = json.dumps(value, default=_json_default, indent=2, ensure_ascii=False)
+    typer.echo(text)
+
+
+def _json_default(value: Any) -> Any:
+    """What orjson writes for the non-JSON values records hold (datetimes as ISO 8601)."""
+    from datetime import date, time
+
+    return value.isoformat() if isinstance(value, date | time) else str(value)
+
+
+# C0 and C1 control characters but newline and tab: an escape sequence in stored text
+# (ESC [ 31 m, an OSC title) would drive the terminal, a carriage return overwrite the line
+_CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+
+
+def plain(value: object) -> Text:
+    """A stored value as literal rich text: ``[/x]`` is not markup, and a control character
+    shows as its ``\\x1b`` escape instead of reaching the terminal. Every value from
+    stored data goes through here before a table or the console prints it."""
+    from rich.text import Text
+
+    shown = "" if value is None else str(value)
+    return Text(_CONTROL.sub(lambda m: f"\\x{ord(m[0]):02x}", shown))
+
+
+def add_row(table: Table, *values: object) -> None:
+    """A row of literal cells (``plain``)."""
+    table.add_row(*(plain(value) for value in values))
+
+
+def print_fields(fields: Mapping[str, object] | Iterable[tuple[str, object]]) -> None:
+    """``key: value`` lines, keys in bold, values literal (``plain``)."""
+    from rich.text import Text
+
+    items = fields.items() if isinstance(fields, Mapping) else fields
+    for key, value in items:
+        console.print(Text.assemble((key, "bold"), ": ", plain(value)), highlight=False)
 
 
 def new_table(*headers: str, **options: Any) -> Table:

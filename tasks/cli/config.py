@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from tasks.cli.common import JsonOption, console, load_settings, new_app, print_json
+from tasks.cli.common import JsonOption, load_settings, new_app, print_fields, print_json
 
 cli = new_app()
 
@@ -32,5 +32,4 @@ def settings(
     if as_json:
         print_json(values)
         return
-    for key, value in values.items():
-        console.print(f"[bold]{key}[/]: {value}", highlight=False)
+    print_fields(values)

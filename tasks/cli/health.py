@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from tasks.cli.common import JsonOption, console, load_settings, new_app, print_json
+from tasks.cli.common import JsonOption, console, load_settings, new_app, plain, print_json
 
 cli = new_app()
 
@@ -29,6 +29,7 @@ def health(
     else:
         for r in results:
             mark = "[green]ok[/]" if r.ok else "[red]FAILED[/]"
-            console.print(f"{r.name:<10} {mark}  {r.detail}", highlight=False)
+            # the detail may quote an error message: literal text, never markup
+            console.print(f"{r.name:<10} {mark}  ", plain(r.detail), sep="", highlight=False)
     if failed:
         raise typer.Exit(code=1)

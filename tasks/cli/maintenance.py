@@ -10,6 +10,7 @@ import typer
 
 from tasks.cli.common import (
     JsonOption,
+    add_row,
     console,
     err_console,
     new_app,
@@ -75,7 +76,7 @@ def _print_report(title: str, report: dict[str, Any], applied: bool) -> None:
     table = new_table("", "", title=title, show_header=False)
     for key, value in report.items():
         if key not in ("errors", "sample"):
-            table.add_row(key, str(value))
+            add_row(table, key, value)
     console.print(table)
     for line in report.get("errors", []):
         err_console.print(f"error: {line}", markup=False, highlight=False, soft_wrap=True)
@@ -139,7 +140,8 @@ def maintenance_runs(
     table = new_table("started", "job", "ran", "seconds", "deleted", "errors")
     for run in runs:
         report = (run.report or {}).get("report") or {}
-        table.add_row(
+        add_row(
+            table,
             run.started_at.strftime("%Y-%m-%d %H:%M:%S"),
             run.job,
             "yes" if run.ran else "skipped",

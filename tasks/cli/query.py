@@ -14,11 +14,13 @@ import typer
 
 from tasks.cli.common import (
     JsonOption,
+    add_row,
     console,
     id_table,
     new_app,
     new_table,
     open_store,
+    plain,
     print_json,
     print_table,
 )
@@ -108,13 +110,10 @@ class _Printer:
 
             self.csv.writerow((*(row[c] for c in CSV_COLUMNS), exact_json.dumps_str(event.payload)))
         elif self.table is not None:
-            from rich.text import Text  # plain text: "[image 3 KB]" is not markup
-
-            cells = (*self._cells(event), _summary(event, self.previewer))
-            self.table.add_row(*(Text(cell) for cell in cells))
+            add_row(self.table, *self._cells(event), _summary(event, self.previewer))
         else:
             line = " ".join(self._cells(event))
-            console.print(line, _summary(event, self.previewer), markup=False, soft_wrap=True)
+            console.print(plain(line), plain(_summary(event, self.previewer)), soft_wrap=True)
         if self.streaming:
             sys.stdout.flush()
 
@@ -307,10 +306,8 @@ def _bytes(n: float) -> str:
 
 def _pairs_table(title: str, rows: Iterable[tuple[str, str]], *headers: str) -> Table:
     table = new_table(*headers, title=title, title_justify="left")
-    from rich.text import Text  # plain text: "[image 3 KB]" is not markup
-
     for row in rows:
-        table.add_row(*(Text(cell) for cell in row))
+        add_row(table, *row)  # plain text: "[image 3 KB]" is not markup
     return table
 
 
@@ -399,7 +396,8 @@ def stats(
     )
     usage.title_justify = "left"
     for u in data["usage_by_day"]:
-        usage.add_row(
+        add_row(
+            usage,
             u["day"],
             u["model"] or "?",
             f"{u['responses']:,}",
@@ -417,7 +415,8 @@ def stats(
         for name in ("events", "payload", "blobs"):
             table.add_column(name)
         for s in data[key]:
-            table.add_row(
+            add_row(
+                table,
                 s["session_id"],
                 s["tenant_id"],
                 f"{s['events']:,}",
@@ -483,10 +482,8 @@ def state(
     )
     table = new_table("seq", "role", title="Last messages", title_justify="left")
     table.add_column("text", overflow="fold")  # --refs: a ref is folded, never cut
-    from rich.text import Text  # plain text: "[image 3 KB]" is not markup
-
     for row in rows:
-        table.add_row(*(Text(cell) for cell in row))
+        add_row(table, *row)  # plain text: "[image 3 KB]" is not markup
     console.print(table)
 
 

@@ -8,10 +8,13 @@ import typer
 
 from tasks.cli.common import (
     JsonOption,
+    add_row,
     console,
     id_table,
     new_app,
     open_store,
+    plain,
+    print_fields,
     print_json,
     print_table,
 )
@@ -42,18 +45,19 @@ def list_sessions(
     for name in ("head", "copy", "title", "created"):
         table.add_column(name)
     for s in page.items:
-        table.add_row(
+        add_row(
+            table,
             s.id,
             s.tenant_id,
-            s.parent_id or "",
+            s.parent_id,
             str(s.head_seq),
-            s.copy_status or "",
-            s.title or "",
+            s.copy_status,
+            s.title,
             s.created_at.strftime("%Y-%m-%d %H:%M:%S"),
         )
     print_table(table)
     if page.next_cursor:
-        console.print(f"next page: --cursor {page.next_cursor}")
+        console.print(f"next page: --cursor {page.next_cursor}", markup=False, highlight=False)
 
 
 @sessions_app.command("show")
@@ -64,8 +68,7 @@ def show(session_id: str, as_json: bool = JsonOption) -> None:
     if as_json:
         print_json(session.to_dict())
         return
-    for key, value in session.to_dict().items():
-        console.print(f"[bold]{key}[/]: {value if value is not None else ''}")
+    print_fields(session.to_dict())
 
 
 # --- fork, move and delete (issue 6) ---
@@ -75,9 +78,8 @@ def _print_session(session: Session, as_json: bool, headline: str) -> None:
     if as_json:
         print_json(session.to_dict())
         return
-    console.print(headline)
-    for key, value in session.to_dict().items():
-        console.print(f"[bold]{key}[/]: {value if value is not None else ''}")
+    console.print(plain(headline), highlight=False)
+    print_fields(session.to_dict())
 
 
 @sessions_app.command("fork")
@@ -133,7 +135,9 @@ def delete(
     console.print(
         f"deleted {session_id}: {report.events} events, {report.artifacts} artifacts"
         + (f"; {len(report.forks)} fork(s) keep their own copies" if report.forks else "")
-        + ("" if report.directory_removed else "; the artifact directory could not be removed")
+        + ("" if report.directory_removed else "; the artifact directory could not be removed"),
+        markup=False,
+        highlight=False,
     )
 
 

@@ -14,10 +14,12 @@ import typer
 from core.errors import InvalidEvent
 from tasks.cli.common import (
     JsonOption,
+    add_row,
     console,
     id_table,
     new_app,
     open_store,
+    print_fields,
     print_json,
     print_table,
 )
@@ -140,8 +142,9 @@ def dead_list(
     table.add_column("error", max_width=60)
     table.add_column("when", no_wrap=True)
     for letter in letters:
-        table.add_row(
-            str(letter.id),
+        add_row(
+            table,
+            letter.id,
             letter.session_id,
             letter.idempotency_key,
             f"{letter.error_type}: {letter.error}"[:90],
@@ -158,8 +161,7 @@ def dead_show(letter_id: int, as_json: bool = JsonOption) -> None:
     if as_json:
         print_json(letter.to_dict(with_payload=True))
         return
-    for field, value in letter.to_dict().items():
-        console.print(f"[bold]{field}[/]: {value}", highlight=False)
+    print_fields(letter.to_dict())
     console.print("[bold]events[/]:")
     console.print_json(letter.payload)
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import base64
 import json
+import math
 import os
 import re
 import shutil
@@ -29,10 +30,10 @@ IMAGE = bytes(range(256)) * 400  # 100 KiB, shown as [image 100 KB]
 REF = re.compile(r"blob:sha256:[0-9a-f]{64}")
 
 
-def run(settings: Settings, *args: str) -> subprocess.CompletedProcess[str]:
+def run(settings: Settings, *args: str, columns: int = 80) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("SESSIONSTORE_")}
     env.update(
-        COLUMNS="80",
+        COLUMNS=str(columns),
         SESSIONSTORE_DATABASE_URL=str(settings.database_url),
         SESSIONSTORE_DATA_DIR=str(settings.data_dir),
     )
@@ -162,3 +163,66 @@ def test_every_command_offers_json() -> None:
     assert missing == []
     for path in NO_JSON:
         assert "No --json" in helps[path]["text"], path
+
+
+def test_json_output_is_exact_for_integers_beyond_64_bits(
+    settings: Settings, store: SessionStore
+) -> None:
+    """``--json`` once crashed (orjson refuses integers beyond 64 bits: a traceback, exit 1)
+    on a value the journal stores and ``-o jsonl`` prints; now every JSON output writes it
+    exactly, with key order and -0.0 as stored."""
+    big = 123456789012345678901234567890
+    session = store.create_session(tenant_id="t1")
+    message = {"role": "user", "content": "hi", "z": -0.0, "n": big, "a": -big}
+    store.append(
+        session.id, [{"type": "message", "id": "a1", "parentId": None, "message": message}]
+    )
+
+    listed = json.loads(run(settings, "events", "--json").stdout)["items"]
+    shown = listed[0]["payload"]["message"]
+    assert shown == message and list(shown) == list(message)
+    assert shown["n"] == big and math.copysign(1, shown["z"]) == -1
+    state = json.loads(run(settings, "state", session.id, "--json").stdout)
+    assert f'"n": {big}, "a": -{big}' in json.dumps(state)
+    assert json.loads(run(settings, "stats", "--json").stdout)["events"] == 1
+
+
+# Stored text that is rich markup, a terminal escape sequence (colour, window title, the C1
+# CSI) and a bell: shown literally, the control characters as their escapes.
+HOSTILE = "[/x] [bold]b[/bold] [link=file:///etc/passwd]l[/link] \x1b[31mred\x1b]0;t\x07 \x9b2J"
+SHOWN = "[/x][bold]b[/bold][link=file:///etc/passwd]l[/link]\\x1b[31mred\\x1b]0;t\\x07\\x9b2J"
+
+
+def _flat(out: str) -> str:
+    return re.sub(r"[\s│┃]", "", out)
+
+
+def test_stored_markup_and_terminal_escapes_are_printed_literally(
+    settings: Settings, store: SessionStore
+) -> None:
+    """Markup in a stored title, cwd, tenant or model once crashed the table output
+    (``MarkupError``: a traceback, exit 1, after a fork or move had committed) or was
+    silently applied; a stored escape sequence reached the terminal raw. Now every command
+    prints stored values literally and exits 0, and a fork happens once."""
+    session = store.create_session(tenant_id=HOSTILE, title=HOSTILE, cwd="/w/" + HOSTILE)
+    message = {"role": "assistant", "model": HOSTILE, "content": HOSTILE, "usage": {"input": 1}}
+    store.append(session.id, [{"type": "message", "id": "a", "parentId": None, "message": message}])
+    commands = [
+        ("sessions", "show", session.id),
+        ("sessions", "list"),
+        ("stats",),
+        ("events",),
+        ("events", "--refs"),
+        ("state", session.id),
+        ("state", session.id, "--refs"),
+        ("sessions", "fork", session.id, "--inline"),
+        ("sessions", "move", session.id, "--cwd", "/w2"),
+    ]
+    for command in commands:
+        out = run(settings, *command, columns=400).stdout  # run() asserts exit 0
+        assert "\x1b" not in out and "\x9b" not in out and "\x07" not in out, command
+        assert SHOWN in _flat(out), (command, out)
+    forks = [s for s in store.list_sessions(limit=100).items if s.parent_id == session.id]
+    assert len(forks) == 1
+    followed = run(settings, "events", "--follow", "--after-position", "0", "--limit", "1")
+    assert SHOWN in _flat(followed.stdout) and "\x1b" not in followed.stdout
