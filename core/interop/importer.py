@@ -1,19 +1,21 @@
-"""Import an agent's session file into the journal: idempotent, resumable, all or nothing
-per pass.
+"""Import an agent's session file into the journal: idempotent and resumable.
 
 A file is read by a converter (one per format, registered here with an auto-detection hook)
-into a ``ParsedSession``. The session's events are then the header (as the event at seq 1,
-so that an export can write it back as it was) followed by the entries in file order, so
-event ``seq`` n is the n-th object of the file.
+into a ``ParsedSession``. The session's file events are then the header (as the event at
+seq 1, so that an export can write it back as it was) followed by the entries in file order.
+Events appended to the session directly (not from the file) may sit between them: a pass
+appends the file's new entries after whatever the session holds.
 
 What makes a pass safe to repeat, and to interrupt:
 
 - the session is found by the header's id (``sessions.external_id``, unique per tenant);
-- ``import_offsets`` keeps the bytes already imported and their SHA-256; a pass first checks
-  that prefix and refuses a changed one with ``ImportConflict`` before writing anything;
-- the session's head is the number of file events already in the journal, so a pass that
-  died between its append and its offset update resumes at the right entry; appends carry
-  ``expected_seq``, so two importers of one file never interleave;
+- ``import_offsets`` keeps how many file events were imported, the bytes they came from and
+  the SHA-256 of those bytes; a pass first checks that prefix and refuses a changed one with
+  ``ImportConflict`` before writing anything;
+- each batch is appended under an idempotency key naming its first file event, so a pass
+  that died between a batch and its offset update resumes after that batch (the key's
+  record says how many events it held), and two importers of one file never double it;
+  appends carry ``expected_seq`` too, so they never interleave;
 - a last line without its newline is an agent mid-write: it is left for the next pass.
 """
 
@@ -55,6 +57,8 @@ Sniffer = Callable[[Path, bytes], bool]
 AfterImport = Callable[["SessionStore", str, ParsedSession], None]
 # interop2's converters register themselves when their module is imported
 _PLUGIN_MODULES = ("core.interop.omp", "core.interop.claude_code")
+# the idempotency keys of an import's batches: this and the index of the batch's first event
+_KEY_PREFIX = "sessionstore.import:"
 
 
 # the converter registry ------------------------------------------------------------------
@@ -160,26 +164,26 @@ def import_session(
     external_id = parsed.header.external_id
     session = store.journal.find_external(tenant_id, external_id)
     offset = _offset_of(store, session.id) if session else None
-    if session is not None:
-        _check_prefix(store, path, data, session, offset, events, lines, parsed.format)
-    else:
+    skipped = _imported(store, path, data, session, offset, events, lines) if session else 0
+    if session is None:
         session = _create(store, parsed, path, tenant_id)
-    skipped = session.head_seq
-    fresh = events[skipped:]
-    _append(store, session, fresh, _line_sizes(data, lines[skipped:]), path, lines[skipped:])
-    after = converters()[parsed.format].after_import
-    if after is not None:  # before the offset moves: a failed pass runs it again
-        after(store, session.id, parsed)
+    elif offset is None:  # adopt an empty named session (``sessions create --id``)
+        _insert_offset(store, session.id, path, parsed.format)
+    sizes = _line_sizes(data, lines)
+    appended = _append(store, session, events, sizes, skipped, path, lines)
     _save_offset(store, session.id, path, parsed, len(events), data)
+    after = converters()[parsed.format].after_import
+    if after is not None:  # every pass: a pass that failed here runs it again
+        after(store, session.id, parsed)
     _link_parent(store, session, parsed, tenant_id)
-    status: ImportStatus = "created" if skipped == 0 else "appended" if fresh else "unchanged"
+    status: ImportStatus = "created" if skipped == 0 else "appended" if appended else "unchanged"
     result = ImportResult(
         path=str(path),
         session_id=session.id,
         external_id=external_id,
         format=parsed.format,
         status=status,
-        appended=len(fresh),
+        appended=appended,
         skipped=skipped,
         incomplete_tail=parsed.incomplete_tail,
         missing_blobs=list(parsed.missing_blobs),
@@ -187,8 +191,8 @@ def import_session(
     )
     log.info("imported a session file", extra=result.to_dict())
     observed = metrics()
-    observed.import_entries.inc(len(fresh))
-    observed.import_bytes.inc(sum(_line_sizes(data, lines[skipped:])) if fresh else 0)
+    observed.import_entries.inc(appended)
+    observed.import_bytes.inc(sum(sizes[skipped:]))
     return result
 
 
@@ -243,7 +247,7 @@ def _offset_of(store: SessionStore, session_id: str) -> _Offset | None:
     return _Offset(row.consumed_bytes, row.lines, row.entries, row.prefix_sha256)
 
 
-def _check_prefix(
+def _imported(
     store: SessionStore,
     path: Path,
     data: bytes,
@@ -251,32 +255,46 @@ def _check_prefix(
     offset: _Offset | None,
     events: Sequence[dict[str, Any]],
     lines: Sequence[int],
-    format: str,
-) -> None:
-    """Refuse (before writing anything) a file whose imported part is not what we have."""
+) -> int:
+    """How many of the file's events the session holds; ``ImportConflict`` (before anything
+    is written) if the part of the file already imported is not what the session has."""
     if offset is None:
-        if session.head_seq == 0:  # adopt an empty named session (``sessions create --id``)
-            _insert_offset(store, session.id, path, format)
-            return
+        if session.head_seq == 0:  # an empty named session (``sessions create --id``)
+            return 0
         raise ImportConflict(
             str(path), 1, f"session {session.id} has this id but was not imported from a file"
         )
+    done = _resumed(store, session.id, offset.entries)
     prefix = data[: offset.consumed_bytes]
     if (
         len(data) >= offset.consumed_bytes
         and hashlib.sha256(prefix).hexdigest() == offset.prefix_sha256
-        and session.head_seq <= len(events)
+        and done <= len(events)
     ):
-        return
+        return done
     # The bytes differ (another path, an export of the session, an edit): what counts is
     # whether any imported entry's value changed.
-    line = _first_differing_line(store, session, events, lines)
+    line = _first_differing_line(store, session, events, lines, done)
     if line is not None:
         raise ImportConflict(str(path), line, "the already-imported part of the file changed")
     log.info(
         "the imported part was re-serialized with the same values",
         extra={"path": str(path), "session_id": session.id},
     )
+    return done
+
+
+def _batch_key(index: int) -> str:
+    """The idempotency key of the batch whose first file event is ``events[index]``."""
+    return f"{_KEY_PREFIX}{index}"
+
+
+def _resumed(store: SessionStore, session_id: str, entries: int) -> int:
+    """``entries`` plus the events of batches a pass committed after its last offset update
+    (it died in between): each batch's key names its first file event."""
+    while (prior := store.journal.find_write(session_id, _batch_key(entries))) is not None:
+        entries += prior.last_seq - prior.first_seq + 1
+    return entries
 
 
 def _first_differing_line(
@@ -284,16 +302,21 @@ def _first_differing_line(
     session: Session,
     events: Sequence[dict[str, Any]],
     lines: Sequence[int],
+    count: int,
 ) -> int | None:
-    """The file line of the first entry that differs from the journal's copy; None if the
-    journal's events are all equal to the file's first ones."""
+    """The file line of the first of the ``count`` file events imported before that the
+    journal does not hold, in order; None if it holds them all. Events appended to the
+    session directly may sit between them: the journal's events are matched in order, not
+    by seq."""
+    if count > len(events):
+        return lines[-1] + 1  # the file lost entries: the first missing one
+    found = 0
     for stored in _stored_events(store, session.id):
-        index = stored.seq - 1
-        if index >= len(events):
-            return lines[-1] + 1  # the file lost entries: the first missing one
-        if _without_transient(events[index]) != stored.payload:
-            return lines[index]
-    return None
+        if found == count:
+            break
+        if _without_transient(events[found]) == stored.payload:
+            found += 1
+    return None if found == count else lines[found]
 
 
 def _stored_events(store: SessionStore, session_id: str) -> Iterator[StoredEvent]:
@@ -324,49 +347,54 @@ def _line_sizes(data: bytes, lines: Sequence[int]) -> list[int]:
     return [lengths[n - 1] if 0 < n <= len(lengths) else 0 for n in lines]
 
 
-def _batches(
-    events: Sequence[dict[str, Any]], sizes: Sequence[int], *, max_events: int, max_bytes: int
-) -> Iterator[Sequence[dict[str, Any]]]:
-    """Runs of events within the journal's limits on events and bytes per write."""
-    start, total = 0, 0
-    for index, size in enumerate(sizes):
-        if index > start and (index - start >= max_events or total + size > max_bytes):
-            yield events[start:index]
-            start, total = index, 0
-        total += size
-    if start < len(events):
-        yield events[start:]
+def _batch_end(sizes: Sequence[int], start: int, *, max_events: int, max_bytes: int) -> int:
+    """The end of the run of events from ``start`` within the journal's limits per write."""
+    total, stop = 0, min(len(sizes), start + max_events)
+    for index in range(start, stop):
+        if index > start and total + sizes[index] > max_bytes:
+            return index
+        total += sizes[index]
+    return stop
 
 
 def _append(
     store: SessionStore,
     session: Session,
     events: Sequence[dict[str, Any]],
-    sizes: list[int],
+    sizes: Sequence[int],
+    start: int,
     path: Path,
     lines: Sequence[int],
-) -> None:
-    """Append the events in batches; an event the journal refuses is named by its file line
-    (the journal's index is the batch's)."""
+) -> int:
+    """Append the file events from ``start`` in batches; the number this pass appended. An
+    event the journal refuses is named by its file line (the journal's index is the batch's)."""
     settings = store.settings
-    head = session.head_seq
-    # half the byte limit: a line's size only estimates its event's encoded size
-    for batch in _batches(
-        events,
-        sizes,
-        max_events=max(1, settings.max_batch_events),
-        max_bytes=max(1, settings.max_write_bytes // 2),
-    ):
-        # expected_seq: a concurrent importer of the same file fails instead of doubling it
+    head, index, appended = session.head_seq, start, 0
+    while index < len(events):
+        end = _batch_end(
+            sizes,
+            index,
+            max_events=max(1, settings.max_batch_events),
+            # half the byte limit: a line's size only estimates its event's encoded size
+            max_bytes=max(1, settings.max_write_bytes // 2),
+        )
+        # expected_seq: a concurrent writer fails this instead of interleaving; the key: a
+        # batch already committed (by a pass that died, or a concurrent importer) is replayed
         try:
-            result = store.append(session.id, batch, expected_seq=head)
+            result = store.append(
+                session.id, events[index:end], expected_seq=head, idempotency_key=_batch_key(index)
+            )
         except InvalidEvent as exc:
             if exc.index is None or isinstance(exc, WriteTooLarge):
                 raise
-            line = lines[head - session.head_seq + exc.index]
-            where = f"{path}:{line}"
+            where = f"{path}:{lines[index + exc.index]}"
             raise ImportFormatError(where, f"{exc.field or '/'}: {exc.reason}") from exc
-        head = result.last_seq
+        index += result.last_seq - result.first_seq + 1
+        if result.replayed:
+            head = store.journal.get_session(session.id).head_seq
+        else:
+            head, appended = result.last_seq, appended + result.last_seq - result.first_seq + 1
+    return appended
 
 
 def _save_offset(

@@ -107,6 +107,31 @@ def test_grown_file_appends_only_the_new_entries(store: SessionStore, tmp_path: 
     assert [e.payload for e in events] == _lines(path)
 
 
+def test_grown_file_after_a_direct_append_appends_every_new_entry(
+    store: SessionStore, tmp_path: Path
+) -> None:
+    """An event appended to an imported session directly is not one of the file's: a later
+    pass appends all the file's new entries after it (it once skipped one per such event)."""
+    path = tmp_path / "s.jsonl"
+    lines = v3_lines()
+    write(path, lines)
+    first = store.import_session(path, tenant_id=TENANT)
+    label = {"type": "label", "id": "L1", "parentId": lines[-1]["id"], "label": "mine"}
+    store.append(first.session_id, [label])
+    _grow(path, lines, 3)
+    grown = store.import_session(path, tenant_id=TENANT)
+    assert (grown.status, grown.appended, grown.skipped) == ("appended", 3, len(lines))
+    payloads = [e.payload for e in store.read(first.session_id, rehydrate=True)]
+    file_events = _lines(path)
+    assert payloads == [*file_events[: len(lines)], label, *file_events[len(lines) :]]
+    # the bytes changing (another copy of the file) still finds every imported entry
+    other = tmp_path / "other.jsonl"
+    other.write_text("".join(json.dumps(v) + "\n" for v in file_events))
+    again = store.import_session(other, tenant_id=TENANT)
+    assert (again.status, again.appended) == ("unchanged", 0)
+    assert store.get_session(first.session_id).head_seq == len(file_events) + 1
+
+
 def test_edited_prefix_is_a_conflict_and_writes_nothing(
     store: SessionStore, tmp_path: Path
 ) -> None:
