@@ -14,6 +14,7 @@ orjson: one byte tells them apart, so the common path pays nothing for the rare 
 from __future__ import annotations
 
 import json
+import math
 from typing import Any
 
 import orjson
@@ -46,3 +47,18 @@ def loads(data: bytes | bytearray | memoryview | str) -> Any:
     if data[1:2] in (_MARK, _MARK_STR):
         return json.loads(bytes(data) if isinstance(data, memoryview) else data)
     return orjson.loads(data)
+
+
+def same_value(a: Any, b: Any) -> bool:
+    """Whether two decoded JSON values are the same JSON, which Python's ``==`` does not
+    tell: ``true`` is not ``1``, ``1`` is not ``1.0``, ``-0.0`` is not ``0.0``. Key order is
+    not part of an object's value."""
+    if type(a) is not type(b):
+        return False
+    if isinstance(a, dict):
+        return a.keys() == b.keys() and all(same_value(v, b[k]) for k, v in a.items())
+    if isinstance(a, list):
+        return len(a) == len(b) and all(same_value(x, y) for x, y in zip(a, b, strict=True))
+    if isinstance(a, float):
+        return a == b and math.copysign(1.0, a) == math.copysign(1.0, b)
+    return bool(a == b)

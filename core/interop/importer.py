@@ -34,6 +34,7 @@ from sqlalchemy import insert, select, update
 
 from core.db import read_connection, write_transaction
 from core.errors import ImportConflict, ImportFormatError, InvalidEvent, WriteTooLarge
+from core.exact_json import same_value
 from core.interop import pi
 from core.interop.model import ParsedSession
 from core.metrics import metrics
@@ -314,7 +315,7 @@ def _first_differing_line(
     for stored in _stored_events(store, session.id):
         if found == count:
             break
-        if _without_transient(events[found]) == stored.payload:
+        if same_value(_without_transient(events[found]), stored.payload):
             found += 1
     return None if found == count else lines[found]
 

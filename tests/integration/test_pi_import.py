@@ -150,6 +150,31 @@ def test_edited_prefix_is_a_conflict_and_writes_nothing(
     assert _offset(store, first.session_id) == before
 
 
+@pytest.mark.parametrize(
+    ("was", "now"),
+    [(1, True), (0, False), (0.0, -0.0), (1, 1.0), (2**70, float(2**70)), ({"a": 1}, {"a": 1.0})],
+)
+def test_a_value_changed_to_one_python_calls_equal_is_a_conflict(
+    store: SessionStore, tmp_path: Path, was: Any, now: Any
+) -> None:
+    """Python's == says 1 == True == 1.0 and 0.0 == -0.0; as JSON they are other values."""
+    path = tmp_path / "s.jsonl"
+    lines = v3_lines()
+    custom = {"type": "custom", "id": "c1", "parentId": lines[-1]["id"], "customType": "x"}
+    lines.append({**custom, "data": {"v": was, "keep": "same"}})
+    write(path, lines)
+    store.import_session(path, tenant_id=TENANT)
+    lines[-1] = {**custom, "data": {"keep": "same", "v": now}}  # key order is no change
+    write(path, lines)
+    _grow(path, lines, 1)
+    with pytest.raises(ImportConflict) as caught:
+        store.import_session(path, tenant_id=TENANT)
+    assert caught.value.line == len(lines)
+    lines[-1] = {**custom, "data": {"keep": "same", "v": was}}
+    write(path, lines)
+    assert store.import_session(path, tenant_id=TENANT).appended == 0
+
+
 def test_lost_entries_are_a_conflict(store: SessionStore, tmp_path: Path) -> None:
     path = tmp_path / "s.jsonl"
     write(path, v3_lines())
