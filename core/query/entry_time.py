@@ -14,8 +14,15 @@ from core.models import EventRow, table_of
 _events = table_of(EventRow)
 
 # ISO 8601 date-times that PostgreSQL's timestamptz cast accepts: checked before the cast, so
-# an odd ``timestamp`` string makes the event not match rather than fail the whole query.
-_PG_ISO = r"^\d{4}-\d{2}-\d{2}[T ]\d{2}:\d{2}(:\d{2}(\.\d+)?)?(Z|[+-]\d{2}(:?\d{2})?)?$"
+# an odd ``timestamp`` string makes the event not match rather than fail the whole query. The
+# cast raises on any impossible field (2025-02-30, month 13, hour 25, year 0, a zone past
+# 15:59), so each field is checked for its range here, the day against its month and year.
+_DAY = (
+    r"(?!0000)(\d{4}-((0[1-9]|1[0-2])-(0[1-9]|1\d|2[0-8])|(0[13-9]|1[0-2])-(29|30)|(0[13578]|1[02])-31)"
+    r"|(\d\d(0[48]|[2468][048]|[13579][26])|([02468][048]|[13579][26])00)-02-29)"
+)
+_TIME = r"(([01]\d|2[0-3]):[0-5]\d(:[0-5]\d(\.\d+)?)?|24:00(:00(\.0+)?)?)"
+_PG_ISO = rf"^({_DAY})[T ]{_TIME}(Z|[+-](0\d|1[0-5])(:?[0-5]\d)?)?$"
 _PG_ZONED = r"\d{2}:\d{2}(:\d{2}(\.\d+)?)?(Z|[+-]\d{2}(:?\d{2})?)$"
 
 
@@ -29,7 +36,17 @@ def entry_ms(engine: Engine) -> ColumnElement[Any]:
             (kind.in_(["integer", "real"]), value),
             # SQLite's date functions keep whole milliseconds; rounding removes the float
             # error of julianday (an entry at .123 s came out as ...122.997 ms, below itself)
-            (kind == "text", func.round((func.julianday(value) - 2440587.5) * 86_400_000.0)),
+            (
+                # julianday rolls an impossible day over (2025-02-30 is 2025-03-02), and takes
+                # year 0: neither matches, as on PostgreSQL
+                and_(
+                    kind == "text",
+                    func.substr(value, 1, 10) >= "0001",
+                    func.date(func.julianday(func.substr(value, 1, 10)))
+                    == func.substr(value, 1, 10),
+                ),
+                func.round((func.julianday(value) - 2440587.5) * 86_400_000.0),
+            ),
         )
     text = func.json_extract_path_text(_events.c.payload, "timestamp")  # payload->>'timestamp'
     kind = func.json_typeof(func.json_extract_path(_events.c.payload, "timestamp"))

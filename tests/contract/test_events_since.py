@@ -183,3 +183,28 @@ def test_an_entry_exactly_at_since_with_a_fraction_of_a_millisecond_is_found(
     store.append(sid, [*early, exact, *early])  # the exact one is alone at the top of block 2
     found = _paged(store, at, 2, entry=True)
     assert found == _scanned(store, at, entry=True) and len(found) == 1
+
+
+@pytest.mark.parametrize(
+    "stamp",
+    [
+        "2025-02-30T10:00:00Z",  # no such day: PostgreSQL's cast raised, SQLite rolled it over
+        "2025-02-29T10:00:00Z",  # not a leap year
+        "2025-04-31T10:00:00Z",
+        "2025-13-01T10:00:00Z",
+        "2025-06-01T25:00:00Z",
+        "0000-06-01T10:00:00Z",  # no year 0 on PostgreSQL
+        "2025-06-01T10:00:00+16:00",  # a zone past PostgreSQL's range
+    ],
+)
+def test_an_impossible_entry_time_matches_no_time_filter_and_fails_nothing(
+    store: SessionStore, monkeypatch: pytest.MonkeyPatch, stamp: str
+) -> None:
+    monkeypatch.setattr(timeblocks, "TIME_BLOCK", 2)
+    good = {"type": "custom", "timestamp": "2024-02-29T10:00:00Z", "data": "leap day"}
+    bad = {"type": "custom", "timestamp": stamp, "data": "bad"}
+    store.append(store.create_session(tenant_id="acme").id, [bad, good, bad, bad, good])
+    since, until = datetime(1, 1, 1, tzinfo=UTC), datetime(9999, 1, 1, tzinfo=UTC)
+    for flt in (EventFilter(entry_since=since), EventFilter(entry_until=until)):
+        found = store.list_events(flt, limit=100).items
+        assert [e.payload["data"] for e in found] == ["leap day", "leap day"]
