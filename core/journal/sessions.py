@@ -35,7 +35,10 @@ def _encode_cursor(created_at: datetime, session_id: str) -> str:
 def _decode_cursor(cursor: str) -> tuple[datetime, str]:
     try:
         stamp, session_id = base64.urlsafe_b64decode(cursor.encode()).decode().split("|", 1)
-        return datetime.fromisoformat(stamp), session_id
+        created_at = datetime.fromisoformat(stamp)
+        if created_at.tzinfo is None:  # the cursors issued name their zone
+            raise ValueError("naive timestamp")
+        return created_at, session_id
     except (ValueError, UnicodeDecodeError) as exc:
         raise InvalidEvent("cursor", f"not a cursor this store issued: {cursor!r}") from exc
 

@@ -215,10 +215,8 @@ def check_write(
     _check_id(session_id, "session_id", MAX_ID_LENGTH)
     if idempotency_key is not None:
         _check_id(idempotency_key, "idempotency_key", MAX_KEY_LENGTH)
-    if expected_seq is not None and (
-        type(expected_seq) is not int or not 0 <= expected_seq <= _INT64_MAX
-    ):
-        raise InvalidEvent("expected_seq", f"must be an integer in 0..2^63-1, not {expected_seq!r}")
+    if expected_seq is not None:
+        check_seq(expected_seq, "expected_seq")
     encoded = check_batch(events, max_events=max_events, max_depth=max_depth)
     size = 2 + len(encoded) - 1
     for part, event in zip(encoded, events, strict=True):
@@ -226,6 +224,12 @@ def check_write(
     if size > max_bytes:
         raise WriteTooLarge("", f"write of {size:,} bytes exceeds the limit of {max_bytes:,} bytes")
     return size
+
+
+def check_seq(value: Any, field: str) -> None:
+    """A seq or position argument fits the journal's BIGINT columns (a bool is no number)."""
+    if type(value) is not int or not 0 <= value <= _INT64_MAX:
+        raise InvalidEvent(field, f"must be an integer in 0..2^63-1, not {value!r}")
 
 
 def _check_id(value: Any, field: str, max_length: int) -> None:

@@ -34,6 +34,7 @@ from sqlalchemy import (
 from sqlalchemy.sql.elements import ColumnElement
 
 from core.db import is_sqlite, keyset_pages, read_connection
+from core.journal.validation import check_seq
 from core.models import BlobRefRow, BlobRow, EventRow, SessionRow, table_of
 from core.query import timeblocks
 from core.query.entry_time import entry_ms
@@ -227,6 +228,7 @@ def list_events(
 ) -> Page:
     """One page of matching events by position; ``next_cursor`` is the position to continue
     after (pass it back as ``after_position``), or None at the end."""
+    check_seq(after_position, "after_position")
     limit = max(1, min(limit, MAX_PAGE))
     flt = flt or EventFilter()
     after = _time_floor(engine, flt, after_position)
@@ -276,6 +278,7 @@ def follow_events(
     Polls every ``poll_interval`` seconds while idle; stops when ``should_stop()`` is true
     (checked between polls) or when the consumer stops iterating.
     """
+    check_seq(after_position, "after_position")
     flt = flt or EventFilter()
     position = _time_floor(engine, flt, after_position)
     while True:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import math
 import multiprocessing
 import os
@@ -93,6 +94,16 @@ class JournalContract:
         assert sorted(seen) == sorted(ids) and len(seen) == 7 and pages == 3
         with pytest.raises(InvalidEvent, match="cursor"):
             store.list_sessions(cursor="garbage!")
+
+    def test_out_of_range_cursors_are_invalid_not_a_driver_error(self, store: SessionStore) -> None:
+        store.append(store.create_session(tenant_id="acme").id, [_msg()])
+        naive = base64.urlsafe_b64encode(b"2024-01-01T00:00:00|x").decode()  # well formed, no zone
+        with pytest.raises(InvalidEvent, match="cursor"):
+            store.list_sessions(cursor=naive)
+        for position in (2**63, -1, True):
+            with pytest.raises(InvalidEvent, match="after_position"):
+                store.list_events(after_position=position)
+        assert store.list_events(after_position=2**63 - 1).items == []
 
     # append and read ------------------------------------------------------------------
 
