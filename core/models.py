@@ -43,6 +43,16 @@ JsonPayload = JSON().with_variant(JSONB(), "postgresql")
 EventPayload = JSON()
 
 
+def as_utc(value: datetime) -> datetime:
+    """An aware ``value`` in UTC. Its offset can carry it past the years datetime holds
+    (0001-01-01T00:00+01:00): then the nearest end of that range, the same bound for any
+    instant a journal can hold."""
+    try:
+        return value.astimezone(UTC)
+    except OverflowError:
+        return (datetime.min if value.year == 1 else datetime.max).replace(tzinfo=UTC)
+
+
 class UTCDateTime(TypeDecorator[datetime]):
     """Timezone-aware UTC datetimes on both backends (SQLite would hand back naive ones)."""
 
@@ -54,7 +64,7 @@ class UTCDateTime(TypeDecorator[datetime]):
             return None
         if value.tzinfo is None:
             raise ValueError("naive datetime: sessionstore stores UTC-aware datetimes only")
-        value = value.astimezone(UTC)
+        value = as_utc(value)
         return value.replace(tzinfo=None) if dialect.name == "sqlite" else value
 
     def process_result_value(self, value: datetime | None, dialect: Dialect) -> datetime | None:

@@ -68,7 +68,14 @@ from sqlalchemy.sql.selectable import Subquery
 
 from core.db import advisory_lock, is_sqlite, read_connection, write_transaction
 from core.maintenance.runs import Progress
-from core.models import ROLLUP_KEY, ROLLUP_LOCK, EventRollupBlockRow, EventRollupRow, table_of
+from core.models import (
+    ROLLUP_KEY,
+    ROLLUP_LOCK,
+    EventRollupBlockRow,
+    EventRollupRow,
+    as_utc,
+    table_of,
+)
 from core.query.analytics import (
     _TOKEN_FIELDS,
     _day,
@@ -306,7 +313,7 @@ class Plan:
 
 
 def _day_start(when: datetime) -> datetime:
-    when = when.astimezone(UTC)
+    when = as_utc(when)
     return datetime(when.year, when.month, when.day, tzinfo=UTC)
 
 

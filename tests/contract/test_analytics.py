@@ -4,7 +4,7 @@ artifacts index of a state, and (PostgreSQL) the BI views."""
 from __future__ import annotations
 
 from collections.abc import Iterator
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
@@ -161,6 +161,26 @@ def test_stats(store: SessionStore) -> None:
     assert acme.artifact_bytes["tool_output"] == everything.artifact_bytes["tool_output"]
     assert store.stats(tenant_id="globex").artifact_bytes["tool_output"] == 0
     assert store.stats(since=datetime.now(UTC) + timedelta(hours=1)).events == 0
+
+
+def test_bounds_whose_offset_leaves_the_datetime_range_act_as_its_ends(
+    store: SessionStore,
+) -> None:
+    """0001-01-01T00:00+01:00 is before the first UTC instant datetime holds, 9999-12-31
+    T23:59:59-01:00 after the last: as bounds they mean the ends of time, as the entry-time
+    bounds already did, instead of an OverflowError."""
+    store.append(store.create_session(tenant_id="acme").id, [{"type": "custom", "n": 1}])
+    first = datetime(1, 1, 1, tzinfo=timezone(timedelta(hours=1)))
+    last = datetime(9999, 12, 31, 23, 59, 59, tzinfo=timezone(timedelta(hours=-1)))
+    assert store.stats(since=first).events == 1 and store.stats(until=last).events == 1
+    assert store.stats(since=last).events == 0 and store.stats(until=first).events == 0
+    for flt, count in (
+        (EventFilter(since=first, until=last), 1),
+        (EventFilter(since=last), 0),
+        (EventFilter(until=first), 0),
+        (EventFilter(entry_since=first, entry_until=last), 0),  # no entry timestamp
+    ):
+        assert len(store.list_events(flt).items) == count
 
 
 def test_state_lists_artifacts_created_up_to_at_seq(store: SessionStore) -> None:
