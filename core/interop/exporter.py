@@ -13,6 +13,7 @@ from typing import IO, TYPE_CHECKING, Any
 
 from core.blobs.rehydrate import Rehydrator
 from core.interop import pi
+from core.journal.validation import check_at_seq
 from core.records import ManifestEntry, Session, StoredEvent
 
 if TYPE_CHECKING:
@@ -31,6 +32,7 @@ def export_pi(
 ) -> int:
     """Write the session (up to ``at_seq``) to ``out``; returns the number of lines."""
     session = store.resolve_session(session_ref, tenant_id=tenant_id)
+    at_seq = check_at_seq(at_seq, session.head_seq)
     return write_pi(session, rehydrated_events(store, session, at_seq), out)
 
 
@@ -44,6 +46,7 @@ def session_lines(
     store: SessionStore, session: Session, *, at_seq: int | None = None
 ) -> tuple[dict[str, Any], Iterator[dict[str, Any]]]:
     """The header and the entries (rehydrated, lazily read) of a version-3 file."""
+    at_seq = check_at_seq(at_seq, session.head_seq)
     return pi_lines(session, rehydrated_events(store, session, at_seq))
 
 

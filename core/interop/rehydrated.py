@@ -48,6 +48,7 @@ from core.db import read_connection, write_transaction
 from core.errors import InvalidEvent, RehydrateInProgress
 from core.fsio import fsync_dir
 from core.interop import exporter, omp, pi
+from core.journal.validation import check_at_seq
 from core.models import REHYDRATION_BUILDING as BUILDING
 from core.models import REHYDRATION_DONE as DONE
 from core.models import RehydrationRow, database_clock, table_of, utcnow
@@ -94,7 +95,7 @@ def rehydrate(
     if request.format not in FORMATS:
         raise InvalidEvent("format", f"must be one of {', '.join(FORMATS)}")
     session = store.get_session(request.session_id, tenant_id=request.tenant_id)
-    head = _head_of(session, request.at_seq)
+    head = check_at_seq(request.at_seq, session.head_seq)
     key = (session.id, request.format, head)
     builder = uuid.uuid4().hex
     deadline = None if wait_s is None else time.monotonic() + wait_s
@@ -116,14 +117,6 @@ def rehydrate(
         if deadline is not None and time.monotonic() >= deadline:
             raise RehydrateInProgress(f"session {session.id}: another build is running")
         time.sleep(0.2)  # someone else is building it: wait for their result
-
-
-def _head_of(session: Session, at_seq: int | None) -> int:
-    if at_seq is None:
-        return session.head_seq
-    if not 0 <= at_seq <= session.head_seq:
-        raise InvalidEvent("at_seq", f"must be from 0 to the head ({session.head_seq})")
-    return at_seq
 
 
 def _usable(store: SessionStore, key: tuple[str, str, int]) -> dict[str, Any] | None:

@@ -232,6 +232,15 @@ def check_seq(value: Any, field: str) -> None:
         raise InvalidEvent(field, f"must be an integer in 0..2^63-1, not {value!r}")
 
 
+def check_at_seq(at_seq: Any, head_seq: int) -> int:
+    """``at_seq`` (None: the head), checked to be a seq from 0 to the head."""
+    if at_seq is None:
+        return head_seq
+    if type(at_seq) is not int or not 0 <= at_seq <= head_seq:
+        raise InvalidEvent("at_seq", f"must be from 0 to the head ({head_seq}), not {at_seq!r}")
+    return at_seq
+
+
 def _check_id(value: Any, field: str, max_length: int) -> None:
     if type(value) is not str:
         raise InvalidEvent(field, f"must be a string, got {type(value).__name__}")

@@ -30,6 +30,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from core.db import is_sqlite, read_connection, write_transaction
 from core.errors import SnapshotFormatError
 from core.journal.journal import Journal
+from core.journal.validation import check_seq
 from core.models import ArtifactRow, SnapshotRow, table_of, utcnow
 from core.query.projection import (
     PROJECTION_VERSION,
@@ -68,8 +69,8 @@ def session_state(
     ``rehydrate`` is applied to the events whose content the state shows, and to nothing
     else: it is where blob refs become (lazy) values.
     """
-    if at_seq is not None and at_seq < 0:
-        raise ValueError(f"at_seq must be >= 0, got {at_seq}")
+    if at_seq is not None:
+        check_seq(at_seq, "at_seq")
     session = journal.get_session(session_id, tenant_id=tenant_id)
     target = session.head_seq if at_seq is None else min(at_seq, session.head_seq)
     folded: dict[int, StoredEvent] = {}

@@ -97,7 +97,8 @@ def classify(exc: BaseException) -> tuple[ExitCode, str] | None:
         return ExitCode.NOT_FOUND, exc.message
     if isinstance(exc, errors.BadConfig):
         return ExitCode.BAD_CONFIG, exc.message
-    if isinstance(exc, (errors.InvalidEvent, errors.InvalidBlobHash, errors.ResolveError)):
+    bad_input = (errors.InvalidEvent, errors.InvalidBlobHash, errors.InvalidForkPoint)
+    if isinstance(exc, (*bad_input, errors.ResolveError)):
         return ExitCode.BAD_INPUT, exc.message
     if isinstance(exc, errors.SessionStoreError):
         return ExitCode.FAILED, exc.message

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import base64
 import csv
 import io
 import os
@@ -205,3 +206,26 @@ def test_stats_and_state_human_and_json(
     with pytest.raises(SystemExit):
         main(["state", acme_id, "--tenant", "globex"])
     assert "session not found" in capsys.readouterr().err
+
+
+def test_out_of_range_values_exit_3_with_one_line(
+    store: SessionStore, cli_env: Settings, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    acme_id, _ = _seed(store)  # a head of 8
+    naive_cursor = base64.urlsafe_b64encode(b"2024-01-01T00:00:00|x").decode()
+    for argv in (
+        ["events", "--after-position", str(2**63), "--json"],
+        ["events", "--follow", "--after-position", str(2**63), "--timeout", "1"],
+        ["sessions", "list", "--cursor", naive_cursor, "--json"],
+        ["export", acme_id, "--at-seq", "9", "-o", str(tmp_path / "x.jsonl")],
+        ["sessions", "fork", acme_id, "--at-seq", "9", "--inline"],
+    ):
+        with pytest.raises(SystemExit) as raised:
+            main(argv)
+        err = capsys.readouterr().err
+        assert raised.value.code == 3, (argv, err)
+        last = err.splitlines()[-1]  # --follow says where it starts first
+        assert last.startswith("error: ") and "Traceback" not in err, (argv, err)
+    for bound in ("0001-01-01T00:00:00+01:00", "9999-12-31T23:59:59-01:00"):
+        for argv in (["stats", "--since", bound], ["events", "--recorded-until", bound]):
+            _run(capsys, *argv, "--json")  # the ends of time, no OverflowError

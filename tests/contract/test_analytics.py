@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from sqlalchemy import text
 
-from core import SessionStore, Settings, migrate
+from core import InvalidEvent, SessionStore, Settings, migrate
 from core.db import make_engine
 from core.query.analytics import EventFilter, follow_events, head_position, iter_events
 from core.records import Session
@@ -311,3 +311,16 @@ def test_bi_views_migration_downgrades_and_upgrades(fresh_pg_url: str, tmp_path:
         assert len(views()) == 4
     finally:
         engine.dispose()
+
+
+def test_state_refuses_a_negative_seq_and_export_one_past_the_head_as_rehydrate_does(
+    store: SessionStore, tmp_path: Path
+) -> None:
+    session = store.create_session(tenant_id="acme")
+    store.append(session.id, [{"type": "custom", "n": 1}, {"type": "custom", "n": 2}])
+    assert store.state(session.id, at_seq=3).seq == 2  # state clamps to the head (by design)
+    for at_seq in (-1, True, "1"):
+        with pytest.raises(InvalidEvent, match="at_seq"):
+            store.state(session.id, at_seq=at_seq)
+    with (tmp_path / "out.jsonl").open("w") as out, pytest.raises(InvalidEvent, match="at_seq"):
+        store.export_session(session.id, out, at_seq=3)
