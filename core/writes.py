@@ -18,6 +18,7 @@ from core.blobs.externalize import PersistedBatch, Persister, missing_ref_error
 from core.blobs.store import BlobStore, StagedPuts, count_puts
 from core.errors import BlobsMissing
 from core.journal import Journal, check_batch
+from core.journal.validation import check_seq
 from core.metrics import metrics
 from core.records import AppendResult, PreparedEvent
 from core.settings import Settings
@@ -79,6 +80,8 @@ class Writer:
         expected_seq: int | None,
         idempotency_key: str | None,
     ) -> AppendResult:
+        if expected_seq is not None:
+            check_seq(expected_seq, "expected_seq")
         encoded = self.validate(events)
         plan = self.persister.plan(events, encoded)
         if idempotency_key is not None and plan.puts_blobs:

@@ -95,6 +95,14 @@ class JournalContract:
         with pytest.raises(InvalidEvent, match="cursor"):
             store.list_sessions(cursor="garbage!")
 
+    def test_expected_seq_must_be_an_int_on_every_backend(self, store: SessionStore) -> None:
+        s = store.create_session(tenant_id="acme")
+        store.append(s.id, [_msg()])
+        for bad in (True, "1", 1.0, -1, 2**63):
+            with pytest.raises(InvalidEvent, match="expected_seq"):
+                store.append(s.id, [_msg(2)], expected_seq=bad)
+        assert store.get_session(s.id).head_seq == 1
+
     def test_out_of_range_cursors_are_invalid_not_a_driver_error(self, store: SessionStore) -> None:
         store.append(store.create_session(tenant_id="acme").id, [_msg()])
         naive = base64.urlsafe_b64encode(b"2024-01-01T00:00:00|x").decode()  # well formed, no zone
