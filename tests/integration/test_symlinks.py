@@ -31,6 +31,7 @@ from core.blobs.store import CORRUPT_DIR, sha256_hex
 from core.blobs.verify import verify_blobs
 from core.errors import BlobCorrupted, SessionStoreError, SymlinkRefused
 from core.models import utcnow
+from core.records import Session
 from tests.contract.test_fork import defer_copies
 
 # where the link goes (relative to the session directory), and what it replaces
@@ -169,14 +170,21 @@ def test_a_planted_symlink_never_leads_outside_the_session_directory(
     assert store.artifacts(neighbour.id).files.get("notes/plan.md") == b"NEIGHBOUR PLAN"
 
 
-def test_fork_copy_skips_a_symlink_and_says_so(store: SessionStore, tmp_path: Path) -> None:
+def _forked_with_a_secret_beside(
+    store: SessionStore, tmp_path: Path
+) -> tuple[Path, Session, Session]:
+    """A parent with a file and a saved tool output, forked with its copy deferred, and
+    ``tmp_path/secret.txt`` outside the artifact root to point links at."""
     (tmp_path / "secret.txt").write_text("SECRET")
-    root = store.settings.resolved_artifact_root
     parent = store.create_session(tenant_id="acme")
     store.artifacts(parent.id).files.put("notes/plan.md", "the plan")
     store.artifacts(parent.id).save("tool output", "bash")
     defer_copies(store)
-    fork = store.fork(parent.id)
+    return store.settings.resolved_artifact_root, parent, store.fork(parent.id)
+
+
+def test_fork_copy_skips_a_symlink_and_says_so(store: SessionStore, tmp_path: Path) -> None:
+    root, parent, fork = _forked_with_a_secret_beside(store, tmp_path)
     log = session_dir(root, "acme", parent.id) / "0.bash.log"
     log.unlink()
     os.symlink(tmp_path / "secret.txt", log)
@@ -240,13 +248,7 @@ def test_a_link_at_one_fork_file_skips_that_file_only(store: SessionStore, tmp_p
     """A link planted where one inherited file goes (pointing outside the session
     directory) skips that file; the others are copied, the copy stays pending, and once the
     link is removed the reconciler's run copies the parent's bytes."""
-    (tmp_path / "secret.txt").write_text("SECRET")
-    root = store.settings.resolved_artifact_root
-    parent = store.create_session(tenant_id="acme")
-    store.artifacts(parent.id).files.put("notes/plan.md", "the plan")
-    store.artifacts(parent.id).save("tool output", "bash")
-    defer_copies(store)
-    fork = store.fork(parent.id)
+    root, _, fork = _forked_with_a_secret_beside(store, tmp_path)
     fork_dir = session_dir(root, "acme", fork.id)
     fork_dir.mkdir(parents=True)
     os.symlink(tmp_path / "secret.txt", fork_dir / "0.bash.log")
