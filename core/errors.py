@@ -223,6 +223,43 @@ class ImportConflict(SessionStoreError):
         return {**super().to_dict(), "path": self.path, "line": self.line, "reason": self.reason}
 
 
+class ImportInterrupted(SessionStoreError):
+    """An import pass failed after it had started writing: what it appended stays, and
+    importing the file again continues after it."""
+
+    def __init__(
+        self,
+        path: str,
+        *,
+        session_id: str,
+        external_id: str,
+        appended: int,
+        skipped: int,
+        cause: Exception,
+    ) -> None:
+        self.path = path
+        self.session_id = session_id
+        self.external_id = external_id
+        self.appended = appended
+        self.skipped = skipped
+        self.cause = cause
+        reason = cause.message if isinstance(cause, SessionStoreError) else str(cause)
+        super().__init__(
+            f"{path}: {reason} (session {session_id} kept the {appended} event(s) appended "
+            "before this; importing the file again continues after them)"
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            **super().to_dict(),
+            "path": self.path,
+            "session_id": self.session_id,
+            "external_id": self.external_id,
+            "appended": self.appended,
+            "skipped": self.skipped,
+        }
+
+
 class ExternalIdTaken(SessionStoreError):
     """Another session of the tenant already has this external id."""
 

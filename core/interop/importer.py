@@ -16,6 +16,11 @@ What makes a pass safe to repeat, and to interrupt:
   that died between a batch and its offset update resumes after that batch (the key's
   record says how many events it held), and two importers of one file never double it;
   appends carry ``expected_seq`` too, so they never interleave;
+- every event a pass would append is checked first, as an append checks it: a bad one fails
+  the pass with ``InvalidEvent`` naming its line, and nothing is written (no session either);
+- a failure while writing (the database, the blob store, an artifact) raises
+  ``ImportInterrupted``, which says what was appended to which session: that stays, and
+  the next pass continues after it;
 - a last line without its newline is an agent mid-write: it is left for the next pass.
 """
 
@@ -33,10 +38,17 @@ from typing import TYPE_CHECKING, Any, Literal
 from sqlalchemy import insert, select, update
 
 from core.db import read_connection, write_transaction
-from core.errors import ImportConflict, ImportFormatError, InvalidEvent, WriteTooLarge
+from core.errors import (
+    ImportConflict,
+    ImportFormatError,
+    ImportInterrupted,
+    InvalidEvent,
+    SessionStoreError,
+)
 from core.exact_json import same_value
 from core.interop import pi
 from core.interop.model import ParsedSession
+from core.journal.validation import check_event
 from core.metrics import metrics
 from core.models import ImportOffsetRow, SessionRow, table_of, utcnow
 from core.records import PlainRecord, Session, StoredEvent
@@ -166,17 +178,31 @@ def import_session(
     session = store.journal.find_external(tenant_id, external_id)
     offset = _offset_of(store, session.id) if session else None
     skipped = _imported(store, path, data, session, offset, events, lines) if session else 0
+    _validate(store, path, events[skipped:], lines[skipped:])
     if session is None:
         session = _create(store, parsed, path, tenant_id)
     elif offset is None:  # adopt an empty named session (``sessions create --id``)
         _insert_offset(store, session.id, path, parsed.format)
     sizes = _line_sizes(data, lines)
-    appended = _append(store, session, events, sizes, skipped, path, lines)
-    _save_offset(store, session.id, path, parsed, len(events), data)
-    after = converters()[parsed.format].after_import
-    if after is not None:  # every pass: a pass that failed here runs it again
-        after(store, session.id, parsed)
-    _link_parent(store, session, parsed, tenant_id)
+    appended = 0
+    try:
+        for count in _append(store, session, events, sizes, skipped):
+            appended += count
+        _save_offset(store, session.id, path, parsed, len(events), data)
+        after = converters()[parsed.format].after_import
+        if after is not None:  # every pass: a pass that failed here runs it again
+            after(store, session.id, parsed)
+        _link_parent(store, session, parsed, tenant_id)
+    except (SessionStoreError, OSError) as exc:
+        # What was appended stays (the next pass continues after it): say so, and where.
+        raise ImportInterrupted(
+            str(path),
+            session_id=session.id,
+            external_id=external_id,
+            appended=appended,
+            skipped=skipped,
+            cause=exc,
+        ) from exc
     status: ImportStatus = "created" if skipped == 0 else "appended" if appended else "unchanged"
     result = ImportResult(
         path=str(path),
@@ -285,6 +311,17 @@ def _imported(
     return done
 
 
+def _validate(store: SessionStore, path: Path, events: Sequence[Any], lines: Sequence[int]) -> None:
+    """Refuse the pass, before anything is written, if the journal would refuse any of its
+    events (the check every append makes), naming the event's line of the file."""
+    max_depth = store.settings.max_event_depth
+    for event, line in zip(events, lines, strict=True):
+        try:
+            check_event(event, max_depth=max_depth)
+        except InvalidEvent as exc:
+            raise InvalidEvent(exc.field, f"{path} line {line}: {exc.reason}") from None
+
+
 def _batch_key(index: int) -> str:
     """The idempotency key of the batch whose first file event is ``events[index]``."""
     return f"{_KEY_PREFIX}{index}"
@@ -364,13 +401,10 @@ def _append(
     events: Sequence[dict[str, Any]],
     sizes: Sequence[int],
     start: int,
-    path: Path,
-    lines: Sequence[int],
-) -> int:
-    """Append the file events from ``start`` in batches; the number this pass appended. An
-    event the journal refuses is named by its file line (the journal's index is the batch's)."""
+) -> Iterator[int]:
+    """Append the file events from ``start`` in batches; yields how many each appended."""
     settings = store.settings
-    head, index, appended = session.head_seq, start, 0
+    head, index = session.head_seq, start
     while index < len(events):
         end = _batch_end(
             sizes,
@@ -381,21 +415,15 @@ def _append(
         )
         # expected_seq: a concurrent writer fails this instead of interleaving; the key: a
         # batch already committed (by a pass that died, or a concurrent importer) is replayed
-        try:
-            result = store.append(
-                session.id, events[index:end], expected_seq=head, idempotency_key=_batch_key(index)
-            )
-        except InvalidEvent as exc:
-            if exc.index is None or isinstance(exc, WriteTooLarge):
-                raise
-            where = f"{path}:{lines[index + exc.index]}"
-            raise ImportFormatError(where, f"{exc.field or '/'}: {exc.reason}") from exc
+        result = store.append(
+            session.id, events[index:end], expected_seq=head, idempotency_key=_batch_key(index)
+        )
         index += result.last_seq - result.first_seq + 1
         if result.replayed:
             head = store.journal.get_session(session.id).head_seq
         else:
-            head, appended = result.last_seq, appended + result.last_seq - result.first_seq + 1
-    return appended
+            head = result.last_seq
+            yield result.last_seq - result.first_seq + 1
 
 
 def _save_offset(

@@ -39,7 +39,9 @@ def _result_dict(result: ImportResult) -> dict[str, object]:
 
 
 def _error_dict(path: Path, exc: SessionStoreError) -> dict[str, object]:
-    return {
+    from core.errors import ImportInterrupted
+
+    found: dict[str, object] = {
         "path": str(path),
         "session_id": None,
         "external_id": None,
@@ -48,6 +50,14 @@ def _error_dict(path: Path, exc: SessionStoreError) -> dict[str, object]:
         "status": "error",
         "error": exc.message,
     }
+    if isinstance(exc, ImportInterrupted):  # it had written: what, and where
+        found.update(
+            session_id=exc.session_id,
+            external_id=exc.external_id,
+            appended=exc.appended,
+            skipped=exc.skipped,
+        )
+    return found
 
 
 @cli.command("import")

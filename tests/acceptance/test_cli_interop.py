@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import sqlite3
 import subprocess
 import sys
 from collections.abc import Callable
@@ -27,9 +28,14 @@ def run(sqlite_url: str, tmp_path: Path) -> Run:
     env["SESSIONSTORE_DATABASE_URL"] = sqlite_url
     env["HOME"] = str(tmp_path / "home")
 
-    def run(*args: str) -> subprocess.CompletedProcess[str]:
+    def run(*args: str, **more_env: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
-            [EXE, *args], capture_output=True, text=True, env=env, timeout=120, check=False
+            [EXE, *args],
+            capture_output=True,
+            text=True,
+            env={**env, **more_env},
+            timeout=120,
+            check=False,
         )
 
     return run
@@ -103,3 +109,55 @@ def test_import_reports_lines_of_invalid_utf8(run: Run, tmp_path: Path) -> None:
     assert (result["appended"], result["invalid_utf8_lines"]) == (2, 1)
     again = run("import", str(path))
     assert "1 line(s) of invalid UTF-8 read with U+FFFD" in " ".join(again.stdout.split())
+
+
+def _entries(count: int, parent: str) -> list[dict[str, object]]:
+    entries: list[dict[str, object]] = []
+    for n in range(count):
+        message = {"role": "user", "content": f"more {n}"}
+        entries.append({"type": "message", "id": f"m{n}", "parentId": parent, "message": message})
+        parent = f"m{n}"
+    return entries
+
+
+def test_import_of_a_bad_line_names_it_and_writes_nothing(run: Run, tmp_path: Path) -> None:
+    path = tmp_path / "s.jsonl"
+    lines = v3_lines()
+    entries = _entries(12, lines[-1]["id"])
+    entries[8]["type"] = "t" * 300  # in the pass's third batch of 5
+    write(path, [*lines, *entries])
+    done = run("import", str(path), "--json", SESSIONSTORE_MAX_BATCH_EVENTS="5")
+    assert done.returncode == 1, done.stderr
+    [report] = _objects(done.stdout)
+    assert (report["status"], report["session_id"], report["appended"]) == ("error", None, 0)
+    assert f"{path} line {len(lines) + 9}:" in str(report["error"])
+    listed = json.loads(run("sessions", "list", "--json").stdout)
+    assert listed["items"] == []  # not even an empty session holds the external id
+
+
+def test_import_failing_midway_reports_what_it_appended(
+    run: Run, tmp_path: Path, sqlite_url: str
+) -> None:
+    """A batch the database refuses after earlier ones committed: the report names the
+    session and what went in; the next pass (the database fine again) continues."""
+    path = tmp_path / "s.jsonl"
+    lines = v3_lines()
+    write(path, [*lines, *_entries(12, lines[-1]["id"])])
+    db = sqlite3.connect(sqlite_url.removeprefix("sqlite:///"))
+    with db:
+        db.execute(
+            "CREATE TRIGGER refuse BEFORE INSERT ON events WHEN NEW.payload LIKE '%\"m10\"%' "
+            "BEGIN SELECT RAISE(ABORT, 'refused by the test'); END"
+        )
+    done = run("import", str(path), "--json", SESSIONSTORE_MAX_BATCH_EVENTS="5")
+    assert done.returncode == 1, done.stderr
+    [report] = _objects(done.stdout)
+    appended = 5 * ((len(lines) + 10) // 5)  # the batches before the one holding m10
+    assert (report["status"], report["appended"], report["skipped"]) == ("error", appended, 0)
+    assert report["external_id"] == lines[0]["id"] and report["session_id"]
+    assert str(report["session_id"]) in str(report["error"])
+    with db:
+        db.execute("DROP TRIGGER refuse")
+    db.close()
+    again = _objects(run("import", str(path), "--json").stdout)
+    assert [(r["session_id"], r["skipped"]) for r in again] == [(report["session_id"], appended)]

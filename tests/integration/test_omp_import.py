@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from core.artifacts import ArtifactManager
-from core.errors import InvalidArtifactPath
+from core.errors import ImportInterrupted, InvalidArtifactPath
 from core.interop.omp import export_omp, parse_omp
 from core.store import SessionStore
 
@@ -134,8 +134,11 @@ def test_a_failed_artifact_write_is_retried_by_the_next_pass(
         raise OSError(28, "No space left on device")
 
     monkeypatch.setattr(ArtifactManager, "put_agent_output", failing)
-    with pytest.raises(OSError):
+    with pytest.raises(ImportInterrupted) as caught:
         store.import_session(layout, tenant_id=TENANT)
+    # the report says the entries went in, and where
+    assert (caught.value.appended, caught.value.skipped) == (14, 0)
+    assert isinstance(caught.value.cause, OSError)
     monkeypatch.setattr(ArtifactManager, "put_agent_output", real)
     second = store.import_session(layout, tenant_id=TENANT)
     assert second.appended == 0  # the entries were in; only the artifacts were missing

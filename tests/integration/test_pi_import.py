@@ -13,7 +13,13 @@ from typing import Any
 import pytest
 from sqlalchemy import select
 
-from core.errors import ExternalIdTaken, ImportConflict, ImportFormatError, SessionNotFound
+from core.errors import (
+    ExternalIdTaken,
+    ImportConflict,
+    ImportFormatError,
+    InvalidEvent,
+    SessionNotFound,
+)
 from core.interop.pi import dumps_exact, loads_exact
 from core.models import ImportOffsetRow, table_of
 from core.settings import Settings
@@ -184,6 +190,33 @@ def test_lost_entries_are_a_conflict(store: SessionStore, tmp_path: Path) -> Non
         store.import_session(path, tenant_id=TENANT)
 
 
+def test_a_bad_entry_fails_the_pass_before_anything_is_written(
+    settings: Settings, tmp_path: Path
+) -> None:
+    """Every event is checked first: a bad one in a later batch names its file line and
+    leaves no session (nor, on a re-import, any new event) behind."""
+    path = tmp_path / "s.jsonl"
+    lines = v3_lines()
+    bad = {"type": "t" * 300, "id": "bad1", "parentId": lines[-1]["id"]}
+    write(path, [*lines, bad])
+    with SessionStore.from_settings(settings.model_copy(update={"max_batch_events": 5})) as store:
+        with pytest.raises(InvalidEvent) as caught:
+            store.import_session(path, tenant_id=TENANT)
+        assert caught.value.field == "/type"
+        assert f"{path} line {len(lines) + 1}:" in caught.value.message
+        assert store.journal.find_external(TENANT, lines[0]["id"]) is None
+        write(path, lines)
+        first = store.import_session(path, tenant_id=TENANT)
+        before = _offset(store, first.session_id)
+        _grow(path, lines, 7)
+        with path.open("a", encoding="utf-8") as out:
+            out.write(json.dumps(bad) + "\n")
+        with pytest.raises(InvalidEvent):
+            store.import_session(path, tenant_id=TENANT)
+        assert store.get_session(first.session_id).head_seq == len(lines)
+        assert _offset(store, first.session_id) == before
+
+
 def test_half_written_last_line_waits_for_its_end(store: SessionStore, tmp_path: Path) -> None:
     path = tmp_path / "s.jsonl"
     lines = v3_lines()
@@ -238,9 +271,11 @@ def test_refused_entry_is_named_by_its_file_line(settings: Settings, tmp_path: P
         with path.open("a", encoding="utf-8") as out:  # lines 8, 9
             out.write('{"type":"custom","id":"x","parentId":null,"data":"cut \\ud83d"}\n')
             out.write('{"type":"custom","id":"y","parentId":"x","data":"fine"}\n')
-        with pytest.raises(ImportFormatError, match=rf"^invalid event at {path}:8: /data: .*surr"):
+        with pytest.raises(InvalidEvent, match=rf"{path} line 8: .*surr") as refused:
             store.import_session(path, tenant_id=TENANT)
-        assert store.get_session(first.session_id).head_seq == 7  # the batch of lines 6, 7
+        assert refused.value.field == "/data"
+        # the pass is checked whole before it writes: lines 6 and 7 are not in either
+        assert store.get_session(first.session_id).head_seq == 5
 
 
 # pi fidelity ------------------------------------------------------------------------------

@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 import core.interop.importer as importer
+from core.errors import ImportInterrupted, StorageUnavailable
 from core.settings import Settings
 from core.store import SessionStore
 from tests.fixtures.pi.generate import v3_lines, write
@@ -76,6 +77,38 @@ def test_a_pass_dies_after_a_batch_then_a_direct_append_then_resume(
         assert (result.appended, result.skipped) == (len(lines) - 10, 10)
         events = store.read(session.id, rehydrate=True)
         assert [e.payload for e in events] == [*lines[:10], label, *lines[10:]]
+
+
+def test_a_write_failure_midway_says_what_was_appended(
+    small_batches: Settings, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A failure while writing (here the database, at the second batch) keeps the first
+    batch, and the error says so: which session, how many events; the next pass continues."""
+    path = tmp_path / "s.jsonl"
+    lines = v3_lines()
+    write(path, lines)
+    with SessionStore.from_settings(small_batches) as store:
+        real = store.append
+        calls = {"n": 0}
+
+        def append(*args: Any, **kwargs: Any) -> Any:
+            calls["n"] += 1
+            if calls["n"] == 2:
+                raise StorageUnavailable("database", "connection lost")
+            return real(*args, **kwargs)
+
+        with monkeypatch.context() as patch:
+            patch.setattr(store, "append", append)
+            with pytest.raises(ImportInterrupted) as caught:
+                store.import_session(path, tenant_id=TENANT)
+        failed = caught.value
+        session = store.resolve_session(lines[0]["id"], tenant_id=TENANT)
+        assert (failed.session_id, failed.appended, failed.skipped) == (session.id, 10, 0)
+        assert isinstance(failed.cause, StorageUnavailable)
+        assert "connection lost" in failed.message and session.id in failed.message
+        assert store.get_session(session.id).head_seq == 10
+        result = store.import_session(path, tenant_id=TENANT)
+        assert (result.appended, result.skipped) == (len(lines) - 10, 10)
 
 
 def _arm(patch: pytest.MonkeyPatch, store: SessionStore, step: str) -> None:
