@@ -210,6 +210,18 @@ class DatabaseMissing(SessionStoreError):
         super().__init__(f"no database at {path}")
 
 
+class UnreadableFile(SessionStoreError):
+    """A file could not be read."""
+
+    def __init__(self, path: str, reason: str) -> None:
+        self.path = path
+        self.reason = reason
+        super().__init__(f"cannot read {path}: {reason}")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**super().to_dict(), "path": self.path, "reason": self.reason}
+
+
 class ImportConflict(SessionStoreError):
     """An already-imported part of a session file changed; nothing was written."""
 

@@ -30,6 +30,8 @@ import hashlib
 import importlib
 import importlib.util
 import logging
+import os
+import stat
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -44,6 +46,7 @@ from core.errors import (
     ImportInterrupted,
     InvalidEvent,
     SessionStoreError,
+    UnreadableFile,
 )
 from core.exact_json import same_value
 from core.interop import pi
@@ -130,7 +133,34 @@ def detect_format(path: Path, data: bytes) -> str:
 
 
 def parse_file(path: Path, *, format: str = "auto") -> ParsedSession:
-    return parse_file_data(path, path.read_bytes(), format=format)
+    return parse_file_data(path, read_file(path), format=format)
+
+
+def read_file(path: Path) -> bytes:
+    """A regular file's bytes; ``UnreadableFile`` for anything else. A FIFO, a device or a
+    socket is never opened: reading one would block, or worse."""
+    try:
+        mode = os.stat(path).st_mode
+        if not stat.S_ISREG(mode):
+            raise UnreadableFile(str(path), f"not a regular file ({_kind(mode)})")
+        # O_NONBLOCK: should the path become a FIFO after the stat, the open does not block
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+        with open(fd, "rb") as file:
+            if not stat.S_ISREG(os.fstat(file.fileno()).st_mode):
+                raise UnreadableFile(str(path), "not a regular file")
+            return file.read()
+    except OSError as exc:
+        raise UnreadableFile(str(path), exc.strerror or str(exc)) from None
+
+
+def _kind(mode: int) -> str:
+    if stat.S_ISDIR(mode):
+        return "a directory"
+    if stat.S_ISFIFO(mode):
+        return "a FIFO"
+    if stat.S_ISSOCK(mode):
+        return "a socket"
+    return "a device"
 
 
 # importing ----------------------------------------------------------------------------------
@@ -170,7 +200,7 @@ def import_session(
     """Import (or continue importing) one session file; see the module docstring.
     ``options`` go to the format's parser (oh-my-pi: ``blobs_dir``)."""
     path = Path(path)
-    data = path.read_bytes()
+    data = read_file(path)
     parsed = parse_file_data(path, data, format=format, options=options)
     events = [pi.header_event(parsed.header), *(e.entry for e in parsed.entries)]
     lines = [1, *(e.line for e in parsed.entries)]

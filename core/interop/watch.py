@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from core.errors import SessionStoreError
+from core.errors import SessionStoreError, UnreadableFile
 from core.interop.importer import ImportResult, import_session
 
 if TYPE_CHECKING:
@@ -31,19 +31,21 @@ _RESCAN_MS = 1000
 
 
 def session_files(paths: Iterable[str | Path]) -> list[Path]:
-    """Files named by ``paths``: a file, a directory (``*.jsonl`` below it), or a glob."""
+    """Files named by ``paths``: a file, a directory (``*.jsonl`` below it), or a glob (the
+    files and directories it matches). A path named outright that is none of these (missing,
+    a FIFO, a device) is kept, for the import to report it unreadable."""
     found: dict[Path, None] = {}
     for raw in paths:
         path = Path(raw).expanduser()
         if path.is_dir():
             below = sorted(p for p in path.rglob(f"*{SUFFIX}") if p.is_file())
             found.update(dict.fromkeys(p for p in below if not _in_artifacts_dir(p)))
-        elif path.is_file():
+        elif path.is_file() or glob.escape(str(path)) == str(path):
             found[path] = None
         else:
             matches = sorted(Path(p) for p in glob.glob(str(path), recursive=True))
-            for match in matches:
-                found.update(dict.fromkeys(session_files([match])))
+            usable = [m for m in matches if m.is_dir() or m.is_file()]
+            found.update(dict.fromkeys(session_files(usable)))
     return list(found)
 
 
@@ -111,14 +113,14 @@ class Follower:
             return None
         try:
             result = import_session(self.store, path, tenant_id=self.tenant_id, format=self.format)
+        except (UnreadableFile, OSError) as exc:  # the file went away since the event
+            log.info("file unreadable", extra={"path": str(path), "error": str(exc)})
+            return None
         except SessionStoreError as exc:
             log.warning("import failed", extra={"path": str(path), "error": exc.message})
             self._sizes[path] = size  # not again until the file changes
             if self.on_error is not None:
                 self.on_error(path, exc)
-            return None
-        except OSError as exc:  # the file went away between the event and the read
-            log.info("file unreadable", extra={"path": str(path), "error": str(exc)})
             return None
         self._sizes[path] = size
         if self.on_result is not None and result.appended:

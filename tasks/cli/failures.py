@@ -98,7 +98,7 @@ def classify(exc: BaseException) -> tuple[ExitCode, str] | None:
     if isinstance(exc, errors.BadConfig):
         return ExitCode.BAD_CONFIG, exc.message
     bad_input = (errors.InvalidEvent, errors.InvalidBlobHash, errors.InvalidForkPoint)
-    if isinstance(exc, (*bad_input, errors.ResolveError)):
+    if isinstance(exc, (*bad_input, errors.ResolveError, errors.UnreadableFile)):
         return ExitCode.BAD_INPUT, exc.message
     if isinstance(exc, errors.SessionStoreError):
         return ExitCode.FAILED, exc.message

@@ -82,14 +82,19 @@ def import_files(
     as_json: bool = JsonOption,
 ) -> None:
     """Import agent session files; again appends only what is new (idempotent)."""
-    from core.errors import SessionStoreError
+    from core.errors import SessionStoreError, UnreadableFile
     from core.interop.watch import DEFAULT_SESSIONS_DIR, session_files
+    from tasks.cli.failures import ExitCode
 
-    files = session_files(paths or ([] if watch else [DEFAULT_SESSIONS_DIR]))
+    # the default directory may not exist (nothing to import); a path named must
+    default = (
+        [] if watch or not DEFAULT_SESSIONS_DIR.expanduser().is_dir() else [DEFAULT_SESSIONS_DIR]
+    )
+    files = session_files(paths or default)
     if not files and watch is None:
         shown = " ".join(paths) if paths else str(DEFAULT_SESSIONS_DIR)
         err_console.print(f"no session files (*.jsonl) in {shown}", markup=False)
-    failed = 0
+    failed, unreadable = 0, 0
     with open_store(create=True) as store:
         with _progress(len(files), sum(_size(f) for f in files), quiet=as_json) as advance:
             for path in files:
@@ -99,14 +104,17 @@ def import_files(
                     )
                 except SessionStoreError as exc:
                     failed += 1
+                    unreadable += isinstance(exc, UnreadableFile)
                     _report_error(path, exc, as_json)
                 else:
                     _report(result, as_json)
                 advance(_size(path))
         if watch is not None:
             _follow(store, watch, tenant, format, as_json)
+    if unreadable:  # a path that is not a readable file: bad input
+        raise typer.Exit(int(ExitCode.BAD_INPUT))
     if failed:
-        raise typer.Exit(1)
+        raise typer.Exit(int(ExitCode.FAILED))
 
 
 def _size(path: Path) -> int:

@@ -161,3 +161,37 @@ def test_import_failing_midway_reports_what_it_appended(
     db.close()
     again = _objects(run("import", str(path), "--json").stdout)
     assert [(r["session_id"], r["skipped"]) for r in again] == [(report["session_id"], appended)]
+
+
+def test_import_of_a_path_that_is_not_a_file_is_bad_input(run: Run, tmp_path: Path) -> None:
+    """A FIFO (never opened: it would block), a device, a dangling link or a missing path:
+    one line each, exit 3 (it once recursed to a RecursionError, or exited 0); the good
+    file named with them is imported all the same."""
+    fifo = tmp_path / "pipe.jsonl"
+    os.mkfifo(fifo)
+    dangling = tmp_path / "dangling.jsonl"
+    dangling.symlink_to(tmp_path / "nowhere")
+    good = tmp_path / "good.jsonl"
+    write(good, v3_lines())
+    bad = [str(fifo), "/dev/null", str(dangling), str(tmp_path / "no" / "such.jsonl")]
+    for path in bad:
+        done = run("import", path)
+        assert done.returncode == 3, done.stderr
+        assert [line for line in done.stderr.splitlines() if line] == [done.stderr.strip()]
+        assert done.stderr.startswith(f"error: cannot read {path}: ")
+    mixed = run("import", *bad, str(good), "--json")
+    assert mixed.returncode == 3, mixed.stderr
+    reports = {str(r["path"]): r for r in _objects(mixed.stdout)}
+    assert [reports[p]["status"] for p in bad] == ["error"] * len(bad)
+    assert reports[str(good)]["status"] == "created"
+
+
+def test_import_of_a_directory_or_glob_without_session_files_is_nothing_to_do(
+    run: Run, tmp_path: Path
+) -> None:
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    for named in (str(empty), str(tmp_path / "none*.jsonl")):
+        done = run("import", named)
+        assert done.returncode == 0, done.stderr
+        assert "no session files" in done.stderr
