@@ -32,7 +32,7 @@ import importlib.util
 import logging
 import os
 import stat
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
@@ -89,6 +89,8 @@ class Converter:
     sniff: Sniffer
     priority: int = 50
     after_import: AfterImport | None = None
+    # the options its parser takes; the others given to an import are not for this format
+    options: frozenset[str] = frozenset()
 
 
 _CONVERTERS: dict[str, Converter] = {}
@@ -101,8 +103,11 @@ def register_converter(
     sniff: Sniffer,
     priority: int = 50,
     after_import: AfterImport | None = None,
+    options: Iterable[str] = (),
 ) -> None:
-    _CONVERTERS[format] = Converter(format, parse, sniff, priority, after_import)
+    _CONVERTERS[format] = Converter(
+        format, parse, sniff, priority, after_import, frozenset(options)
+    )
 
 
 def _sniff_pi(path: Path, data: bytes) -> bool:
@@ -266,7 +271,9 @@ def parse_file_data(
     if converter is None:
         known = ", ".join(sorted(converters()))
         raise ImportFormatError(str(path), f"unknown format {format!r} (known: {known})")
-    return converter.parse(path, data, **(options or {}))
+    # a run over several formats passes each one's options (oh-my-pi's blobs_dir) to all
+    mine = {k: v for k, v in (options or {}).items() if k in converter.options}
+    return converter.parse(path, data, **mine)
 
 
 def _create(store: SessionStore, parsed: ParsedSession, path: Path, tenant_id: str) -> Session:

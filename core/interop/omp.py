@@ -247,7 +247,14 @@ def _after_import(store: SessionStore, session_id: str, parsed: ParsedSession) -
     import_artifacts(store, session_id, parsed)
 
 
-register_converter(FORMAT, parse_omp, sniff=sniff_omp, priority=30, after_import=_after_import)
+register_converter(
+    FORMAT,
+    parse_omp,
+    sniff=sniff_omp,
+    priority=30,
+    after_import=_after_import,
+    options=("blobs_dir",),
+)
 
 
 # writing ----------------------------------------------------------------------------------------

@@ -81,6 +81,25 @@ def test_import_stats_and_export_omp(data_dir: Path, tmp_path: Path) -> None:
     ]
 
 
+def test_blobs_dir_is_passed_only_to_the_format_that_takes_it(
+    data_dir: Path, tmp_path: Path
+) -> None:
+    """``--blobs-dir`` over a run of several formats: oh-my-pi reads its blobs there, and
+    the pi and Claude Code files next to it import as without it (they once crashed the
+    run with a TypeError)."""
+    root = _tree(tmp_path)
+    blobs = tmp_path / "moved-blobs"
+    shutil.move(root / "omp" / "agent" / "blobs", blobs)
+    shutil.copy(FIXTURES / "pi" / "v3.jsonl", root / "v3.jsonl")
+    done = run(data_dir, "import", str(root), "--blobs-dir", str(blobs), "--json")
+    assert done.returncode == 0, done.stderr
+    results = {r["external_id"]: r for r in _objects(done.stdout)}
+    assert {r["status"] for r in results.values()} == {"created"}
+    assert set(results) == {CLAUDE_ID, "9b1e4c7a2f3d4e5f", "0f3c2a10-v3"}
+    omp = results["9b1e4c7a2f3d4e5f"]
+    assert omp["missing_blobs"] == ["blob:sha256:" + hashlib.sha256(b"gone").hexdigest()]
+
+
 def test_import_format_errors_are_one_line(data_dir: Path, tmp_path: Path) -> None:
     junk = tmp_path / "junk.jsonl"
     junk.write_text('{"hello": 1}\n')
