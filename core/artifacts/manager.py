@@ -57,6 +57,7 @@ _AGENT_ID = re.compile(r"^\d+-[A-Za-z0-9_-]+(\.\d+-[A-Za-z0-9_-]+)*$")
 # Ids another agent chose (an import keeps them): safe as a file name, dots only as separators.
 _FOREIGN_AGENT_ID = re.compile(r"^[A-Za-z0-9_-]+(\.[A-Za-z0-9_-]+)*$")
 _NUMBERED = re.compile(r"^(\d+)-")
+_COUNTER_MAX = 2**63 - 1  # counters are BIGINT
 
 
 def agent_counter(parent_id: str | None) -> str:
@@ -332,6 +333,10 @@ class ArtifactManager:
         return staged_in(self._scope.storage(), self._scope.root, session_root, data)
 
     def _raise_counter(self, counter: str, next_value: int) -> None:
+        if next_value > _COUNTER_MAX:
+            # An id kept from elsewhere beyond the counter's range (oh-my-pi's file names
+            # are free text): allocations never get near it, so nothing needs raising.
+            return
         with write_transaction(self._scope.engine) as conn:
             rows.set_counter_floor(conn, self.session_id, counter, next_value)
 

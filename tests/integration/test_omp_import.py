@@ -147,6 +147,23 @@ def test_a_failed_artifact_write_is_retried_by_the_next_pass(
     )
 
 
+def test_artifact_ids_beyond_64_bits_are_kept_as_they_are(
+    store: SessionStore, layout: Path
+) -> None:
+    """oh-my-pi's artifact names are text: a number no counter holds is kept as the id it
+    is (it once failed with OverflowError after the entries committed, on every re-run)."""
+    huge = "9" * 23
+    (layout.with_suffix("") / f"{huge}.bash.log").write_text("huge\n")
+    (layout.with_suffix("") / f"{huge}-task.md").write_text("# task\n")
+    first = store.import_session(layout, tenant_id=TENANT)
+    sid = first.session_id
+    assert store.resolve(f"artifact://{huge}", session_id=sid).content == "huge\n"
+    assert store.resolve(f"agent://{huge}-task", session_id=sid).content == "# task\n"
+    again = store.import_session(layout, tenant_id=TENANT)
+    assert (again.status, again.appended) == ("unchanged", 0)
+    assert store.artifacts(sid).save("new output", "bash") == "2"  # after the fixture's 0, 1
+
+
 def test_blobs_dir_option(store: SessionStore, layout: Path, tmp_path: Path) -> None:
     elsewhere = tmp_path / "elsewhere"
     shutil.move(layout.parents[2] / "blobs", elsewhere)
