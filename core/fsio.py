@@ -51,39 +51,52 @@ def replace_atomically(path: Path, data: bytes, *, prefix: str = ".tmp-") -> Non
     replace_many_atomically([(path, data)], prefix=prefix)
 
 
+#: Files one pass of ``replace_many_atomically`` holds open: a temporary file each, plus
+#: their directories. A batch of a thousand screenshots would otherwise need thousands of
+#: descriptors, past the usual soft limit of 1,024 (EMFILE).
+FILES_PER_PASS = 128
+
+
 def replace_many_atomically(
     items: Sequence[tuple[Path, bytes]], *, prefix: str = ".tmp-", root: Path | None = None
 ) -> None:
     """``replace_atomically`` for several files, synced together: every temporary file is
     written, then each is fsynced (after the first, ext4 has usually committed the rest
     with it), then renamed, then each directory is fsynced once. A file is renamed only
-    after its own fsync returned, so a crash never exposes a partial one.
+    after its own fsync returned, so a crash never exposes a partial one. Files go in
+    passes of ``FILES_PER_PASS``, which bounds the descriptors held at once.
 
     Each step acts relative to a descriptor of the file's directory. With ``root`` that
     descriptor is reached through no symlink below ``root`` (``core.nofollow``:
-    ``SymlinkRefused``), missing directories are made, and new ones synced into their
-    parents; without it the directories must exist."""
+    ``SymlinkRefused``), each directory opened once per pass, missing ones made, and new
+    ones synced into their parents; without it the directories must exist."""
+    for start in range(0, len(items), FILES_PER_PASS):
+        _replace_pass(items[start : start + FILES_PER_PASS], prefix, root)
+
+
+def _replace_pass(items: Sequence[tuple[Path, bytes]], prefix: str, root: Path | None) -> None:
+    if root is None:
+        with contextlib.ExitStack() as stack:
+            dirs: dict[Path, int] = {}
+            for path, _ in items:
+                if path.parent not in dirs:
+                    dirs[path.parent] = stack.enter_context(_open_directory(path.parent))
+            _write_renamed([(dirs[path.parent], path.name, data) for path, data in items], prefix)
+            for fd in dirs.values():
+                os.fsync(fd)
+        return
     made: set[tuple[str, ...]] = set()
-    with contextlib.ExitStack() as stack:
-        dirs: dict[Path, int] = {}
-        for path, _ in items:
-            if path.parent not in dirs:
-                dirs[path.parent] = stack.enter_context(_directory(path, root, made))
-        _write_renamed([(dirs[path.parent], path.name, data) for path, data in items], prefix)
-        for fd in dirs.values():
+    with nofollow.DirTree(root, create=True, made=made) as tree:
+        entries = [(*tree.parent_of(path), data) for path, data in items]
+        _write_renamed(entries, prefix)
+        for fd in dict.fromkeys(fd for fd, _, _ in entries):
             os.fsync(fd)
-    if root is not None and made:
-        nofollow.sync_dirs(root, made)
+        tree.sync(made)  # new directories are durable once their parents are synced
 
 
 @contextlib.contextmanager
-def _directory(path: Path, root: Path | None, made: set[tuple[str, ...]]) -> Iterator[int]:
-    """A descriptor of ``path``'s directory (see ``replace_many_atomically``)."""
-    if root is not None:
-        with nofollow.parent_dir(root, path, create=True, made=made) as (fd, _):
-            yield fd
-        return
-    fd = os.open(path.parent, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+def _open_directory(directory: Path) -> Iterator[int]:
+    fd = os.open(directory, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
     try:
         yield fd
     finally:

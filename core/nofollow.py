@@ -17,7 +17,7 @@ import os
 import shutil
 import stat
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 
 from core.errors import InvalidArtifactPath, SymlinkRefused
@@ -130,33 +130,98 @@ def _walk(
     to, for ``sync_dirs``.
 
     The root itself is the configured one: it may be a link, and is made when missing."""
-    if create:
-        os.makedirs(root, exist_ok=True)
-    fd = os.open(root, os.O_RDONLY | _DIRECTORY | _CLOEXEC)
+    fd = _open_root(root, create=create)
     try:
-        for depth, part in enumerate(parts):
-            try:
-                child = os.open(part, _DIR_FLAGS, dir_fd=fd)
-            except FileNotFoundError:
-                if not create:
-                    raise
-                try:
-                    os.mkdir(part, 0o755, dir_fd=fd)
-                    if made is not None:
-                        made.add(parts[:depth])
-                except FileExistsError:
-                    pass
-                child = _open_dir(fd, part, path)
-            except OSError as exc:
-                if _is_link(fd, part) or exc.errno == errno.ELOOP:
-                    raise SymlinkRefused(str(path)) from None
-                raise
+        for depth in range(len(parts)):
+            child = _child(fd, parts, depth, path, create=create, made=made)
             os.close(fd)
             fd = child
     except BaseException:
         os.close(fd)
         raise
     return fd
+
+
+def _open_root(root: Path, *, create: bool) -> int:
+    if create:
+        os.makedirs(root, exist_ok=True)
+    return os.open(root, os.O_RDONLY | _DIRECTORY | _CLOEXEC)
+
+
+def _child(
+    fd: int,
+    parts: tuple[str, ...],
+    depth: int,
+    path: Path,
+    *,
+    create: bool,
+    made: set[tuple[str, ...]] | None,
+) -> int:
+    """A descriptor of the directory ``parts[depth]`` inside ``fd`` (``root/parts[:depth]``),
+    through no link; made when missing with ``create`` (noted in ``made``)."""
+    part = parts[depth]
+    try:
+        return os.open(part, _DIR_FLAGS, dir_fd=fd)
+    except FileNotFoundError:
+        if not create:
+            raise
+        try:
+            os.mkdir(part, 0o755, dir_fd=fd)
+            if made is not None:
+                made.add(parts[:depth])
+        except FileExistsError:
+            pass
+        return _open_dir(fd, part, path)
+    except OSError as exc:
+        if _is_link(fd, part) or exc.errno == errno.ELOOP:
+            raise SymlinkRefused(str(path)) from None
+        raise
+
+
+class DirTree:
+    """Directories below ``root``, each opened once and held until ``close``: what
+    ``_walk`` does for one path, shared by many (a batch of blob files in a fan-out shares
+    the root and often its first level). Same rules: no link followed (``SymlinkRefused``),
+    missing directories made with ``create`` and noted in ``made``."""
+
+    def __init__(
+        self, root: Path, *, create: bool, made: set[tuple[str, ...]] | None = None
+    ) -> None:
+        self._root, self._create, self._made = Path(root), create, made
+        self._fds: dict[tuple[str, ...], int] = {(): _open_root(root, create=create)}
+
+    def parent_of(self, path: Path) -> tuple[int, str]:
+        """(a descriptor of ``path``'s parent directory, the leaf name); the tree owns it."""
+        parts = _parts(self._root, path)
+        if not parts:
+            raise InvalidArtifactPath(str(path), "is the artifact root itself")
+        return self.directory(parts[:-1], path), parts[-1]
+
+    def directory(self, parts: tuple[str, ...], path: Path) -> int:
+        """A descriptor of ``root/parts`` (``path`` names it in errors); the tree owns it."""
+        fd = self._fds.get(parts)
+        if fd is None:
+            parent = self.directory(parts[:-1], path)
+            fd = _child(parent, parts, len(parts) - 1, path, create=self._create, made=self._made)
+            self._fds[parts] = fd
+        return fd
+
+    def sync(self, made: set[tuple[str, ...]]) -> None:
+        """fsync the directories ``made`` names (best effort, as ``sync_dirs``)."""
+        for parts in sorted(made):
+            _fsync_fd(self.directory(parts, self._root.joinpath(*parts)))
+
+    def close(self) -> None:
+        fds, self._fds = list(self._fds.values()), {}
+        for fd in fds:
+            with suppress(OSError):
+                os.close(fd)
+
+    def __enter__(self) -> DirTree:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
 
 def _open_dir(dir_fd: int, name: str, path: Path) -> int:
@@ -198,12 +263,8 @@ def open_dir(root: Path, directory: Path) -> int | None:
 def sync_dirs(root: Path, made: set[tuple[str, ...]]) -> None:
     """fsync the directories ``made`` names (parts below ``root``), each reached through no
     link: a new directory is durable only once its parent is synced."""
-    for parts in sorted(made):
-        fd = _walk(root, parts, root.joinpath(*parts), create=False)
-        try:
-            _fsync_fd(fd)
-        finally:
-            os.close(fd)
+    with DirTree(root, create=False) as tree:
+        tree.sync(made)
 
 
 def sync_dir(root: Path, directory: Path) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gzip
 import os
+import resource
 import time
 import zlib
 from collections.abc import Iterator
@@ -436,6 +437,22 @@ class FileDurability:
             h = path.name.split(".")[0]
             assert h in {sha256_hex(d) for d in items}
             assert blob_store.check_stored(h) is None
+
+    def test_a_large_batch_fits_the_usual_descriptor_limit(self, blob_store: BlobStore) -> None:
+        """600 new blobs in one put (a batch of screenshots) with 512 descriptors to spare:
+        a pass holds a temporary file and the directories of at most ``FILES_PER_PASS``
+        files, not of all of them at once (which failed with EMFILE, "blobs unavailable",
+        on every retry)."""
+        items = [os.urandom(64) + i.to_bytes(4, "big") for i in range(600)]
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (len(os.listdir("/proc/self/fd")) + 512, hard))
+        try:
+            results = blob_store.put_many(items)
+        finally:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+        assert all(r.written for r in results)
+        for data, result in zip(items, results, strict=True):
+            assert blob_store.get(result.hash) == data
 
     def test_failed_write_leaves_no_temp_file(
         self, blob_store: BlobStore, monkeypatch: pytest.MonkeyPatch
