@@ -31,11 +31,11 @@ from __future__ import annotations
 import errno
 import functools
 import sqlite3
+import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import ParamSpec, TypeVar
 
-import psycopg
 from sqlalchemy import exc as sa_exc
 
 from core.errors import InvalidEvent, SessionStoreError, StorageUnavailable
@@ -109,6 +109,14 @@ def is_unavailable(exc: BaseException) -> bool:
     return isinstance(translate(exc), StorageUnavailable)
 
 
+def _psycopg(name: str) -> tuple[type[BaseException], ...]:
+    """psycopg's exception class ``name``; none while psycopg was never imported, when no
+    psycopg error can exist (the embedded CLI and workers on SQLite never load it: a
+    tenth of a second of every start)."""
+    module = sys.modules.get("psycopg")
+    return () if module is None else (getattr(module, name),)
+
+
 def _is_unavailable(exc: BaseException) -> bool:
     if isinstance(exc, sa_exc.DBAPIError):
         if exc.connection_invalidated:
@@ -118,7 +126,7 @@ def _is_unavailable(exc: BaseException) -> bool:
             return True
         if isinstance(orig, sqlite3.OperationalError):
             return any(p in str(orig).lower() for p in _SQLITE_TRANSIENT)
-        if isinstance(orig, psycopg.OperationalError):
+        if isinstance(orig, _psycopg("OperationalError")):
             return True
         return isinstance(exc, sa_exc.OperationalError)
     if isinstance(exc, sqlite3.OperationalError):
@@ -126,7 +134,7 @@ def _is_unavailable(exc: BaseException) -> bool:
     if isinstance(exc, OSError) and exc.errno in _TRANSIENT_ERRNOS:
         return True
     return isinstance(
-        exc, (sa_exc.TimeoutError, psycopg.OperationalError, ConnectionError, TimeoutError)
+        exc, (sa_exc.TimeoutError, *_psycopg("OperationalError"), ConnectionError, TimeoutError)
     )
 
 
@@ -135,7 +143,8 @@ def _is_bad_value(exc: BaseException) -> bool:
         return True
     if isinstance(exc, sa_exc.StatementError) and exc.orig is not None:
         exc = exc.orig
-    if isinstance(exc, (psycopg.DataError, sqlite3.DataError, UnicodeEncodeError, OverflowError)):
+    bad_values = (*_psycopg("DataError"), sqlite3.DataError, UnicodeEncodeError, OverflowError)
+    if isinstance(exc, bad_values):
         return True
     if isinstance(exc, sqlite3.OperationalError):
         return any(p in str(exc).lower() for p in _SQLITE_PERMANENT)

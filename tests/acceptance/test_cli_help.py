@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -88,3 +89,49 @@ def test_the_reported_helps_render_in_full(command: str) -> None:
     else:  # the [default: …] text that rich swallowed
         assert "none with --follow" in " ".join(result.stdout.split())
         assert "--after-position" in result.stdout and "Ctrl-C" in result.stdout
+
+
+_EMBEDDED = r"""
+import contextlib, io, json, sys
+from tasks.cli import main
+def run(argv):
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        try:
+            main(argv)
+            code = 0
+        except SystemExit as exc:
+            code = exc.code or 0
+    return code, out.getvalue()
+
+
+codes = [run(["db", "upgrade"])[0]]
+code, created = run(["sessions", "create", "--json"])
+codes.append(code)
+session = json.loads(created)["id"]
+codes += [run(["append", session, "-"])[0], run(["sessions", "list", "--json"])[0]]
+loaded = sorted(m for m in sys.modules if m.startswith("psycopg"))
+print(json.dumps({"codes": codes, "psycopg": loaded}))
+"""
+
+
+def test_embedded_commands_never_load_the_postgresql_driver(tmp_path: Path) -> None:
+    """On SQLite no psycopg error can exist, so the error translation does not import psycopg
+    to recognize its errors: a tenth of a second of every embedded command."""
+    env = {
+        **{k: v for k, v in os.environ.items() if not k.startswith("SESSIONSTORE_")},
+        "SESSIONSTORE_DATA_DIR": str(tmp_path),
+    }
+    result = subprocess.run(
+        [sys.executable, "-c", _EMBEDDED],
+        input='{"type": "message", "id": "m1"}\n',
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout.strip().splitlines()[-1])
+    assert report["codes"] == [0, 0, 0, 0], result.stderr
+    assert report["psycopg"] == []
