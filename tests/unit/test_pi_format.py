@@ -56,6 +56,18 @@ def test_write_then_parse_is_exact(data: Any) -> None:
     assert _same(parsed.header.raw, header)
 
 
+def test_numbers_at_the_edges_of_64_bits_are_read_exactly() -> None:
+    """orjson turns an integer beyond 64 bits into a float without a word: each of these must
+    come back as the standard library reads it, wherever it sits in the line."""
+    edges: list[int | float] = [2**63 - 1, 2**63, 2**64 - 1, 2**64, -(2**63), -(2**63) - 1]
+    edges += [10**30, -(10**30), 9.2e18, 9.3e18, -9.3e18, 1e19, 1.5, -0.0, 0]
+    for number in edges:
+        for value in (number, [number], {"a": [{"b": number}], "c": "x"}):
+            line = json.dumps(value)
+            assert _same(pi.loads_exact(line), json.loads(line)), line
+            assert _same(pi.loads_exact(line.encode()), json.loads(line)), line
+
+
 @given(deep=st.integers(min_value=1, max_value=200))
 def test_deep_nesting(deep: int) -> None:
     value: Any = "leaf"
