@@ -125,6 +125,15 @@ class Settings(BaseSettings):
         ge=1,
         description="How long a rehydrated export (sessionstore.rehydrate) is kept.",
     )
+    rehydrate_max_build_seconds: float = Field(
+        default=900.0,
+        gt=0,
+        description="Longest a rehydrated export's build holds its claim. Past it the "
+        "builder stops heart-beating, so a request waiting for the same export takes the "
+        "build over 10 s later (a build hung on a stalled blob read blocks no one for "
+        "longer); the overrunning builder, taken over, discards its output when it finishes. "
+        "Longer than any real build (the default is the cap of the task time limit).",
+    )
     staging_max_age_seconds: float = Field(
         default=6 * 3600.0,
         ge=3600,

@@ -8,11 +8,12 @@ expiring artifact: what the ``sessionstore.rehydrate`` task serves to whoever as
 - **Deduplicated.** A ``rehydrations`` row per (session, format, head) is claimed by one
   builder; identical requests wait for it and get the same result, and a finished output is
   reused until its artifact expires (with some life left: see ``_reuse_margin``). A
-  thread of the build heart-beats the claim whatever the build is doing; a builder that
-  stops heart-beating (a killed worker) is taken over, and only the builder holding the
-  claim can finish it: one that lost it discards its output and waits for the other's, so
-  one request key never yields two artifacts. A staged file is published only whole, so
-  nothing partial is ever served.
+  thread of the build heart-beats the claim whatever the build is doing, for at most
+  ``rehydrate_max_build_seconds``; a builder that stops heart-beating (a killed worker, or
+  one hung past that bound on a stalled blob read) is taken over, and only the builder
+  holding the claim can finish it: one that lost it discards its output and waits for the
+  other's, so one request key never yields two artifacts. A staged file is published only
+  whole, so nothing partial is ever served.
 - **Safe.** The session is looked up within the caller's tenant; a blob that is missing
   or corrupt stays a ref in the output and is listed in the result.
 """
@@ -208,15 +209,22 @@ class _ClaimLost(Exception):
 
 class _Heartbeat:
     """Keeps a claim alive from a thread of its own, whatever the build is doing (a long
-    blob read, an fsync, an upload), and notes when the claim was lost."""
+    blob read, an fsync, an upload), and notes when the claim was lost.
+
+    Only for ``rehydrate_max_build_seconds``: a build hung past it (a read from a stalled
+    endpoint, a deadlock) would otherwise hold its claim forever, its waiters timing out
+    and no one building. After that the thread only watches the claim, which goes stale and
+    is taken over; the build, if it ever moves again, then stops at its next check."""
 
     def __init__(self, store: SessionStore, key: tuple[str, str, int], builder: str) -> None:
         self.store, self.key, self.builder = store, key, builder
         self.lost = False
+        self._until = 0.0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="rehydrate-heartbeat", daemon=True)
 
     def __enter__(self) -> _Heartbeat:
+        self._until = time.monotonic() + self.store.settings.rehydrate_max_build_seconds
         self._thread.start()
         return self
 
@@ -228,10 +236,22 @@ class _Heartbeat:
         if self.lost:
             raise _ClaimLost
 
+    @property
+    def overrun(self) -> bool:
+        return time.monotonic() >= self._until
+
     def _run(self) -> None:
+        warned = False
         while not self._stop.wait(_HEARTBEAT_S):
+            overrun = self.overrun
+            if overrun and not warned:
+                warned = True
+                log.warning(
+                    "rehydrate build overran its time; its claim is left to be taken over",
+                    extra={"session_id": self.key[0], "format": self.key[1], "at_seq": self.key[2]},
+                )
             try:
-                if not self.beat():
+                if not (self.held() if overrun else self.beat()):
                     self.lost = True
                     return
             except Exception:  # the database away for a moment: the next beat tries again
@@ -246,6 +266,21 @@ class _Heartbeat:
                 .values(heartbeat_at=database_clock(self.store.engine))
             ).rowcount
         return bool(held)
+
+    def held(self) -> bool:
+        """Whether this builder still holds the claim (without refreshing it)."""
+        with read_connection(self.store.engine) as conn:
+            row = conn.execute(select(_rows.c.builder).where(*_holding(self.key, self.builder)))
+            return row.first() is not None
+
+    def confirm(self) -> None:
+        """Before publishing: ``_ClaimLost`` unless this builder still holds the claim,
+        which is then refreshed once (an overrun build too: its output is whole, and a
+        publish that hangs lets the claim go stale again), so a waiter does not take over
+        an output about to be served."""
+        if self.lost or not self.beat():
+            self.lost = True
+            raise _ClaimLost
 
 
 def _build(
@@ -301,8 +336,8 @@ def _build(
         if not on_files:
             Path(spooled).unlink(missing_ok=True)
     try:
-        beat.check()
-    except _ClaimLost:
+        beat.confirm()
+    except BaseException:
         staged.discard()
         raise
     ttl = store.settings.rehydrate_ttl_seconds

@@ -4,6 +4,8 @@ builds do not pile up (an adversarial review of the claim, after e6c50c7)."""
 
 from __future__ import annotations
 
+import io
+import logging
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -15,8 +17,9 @@ import pytest
 from sqlalchemy import event, insert, select, text, update
 
 from core import SessionStore, Settings
+from core.artifacts.paths import STAGING_DIR, session_dir
 from core.artifacts.records import OVERSIZED
-from core.interop import rehydrated
+from core.interop import exporter, rehydrated
 from core.interop.rehydrated import Request, rehydrate
 from core.models import ArtifactRow, RehydrationRow, table_of, utcnow
 from tests.support import TcpProxy, set_output_expiry, wait_for
@@ -217,6 +220,107 @@ def test_a_host_whose_clock_runs_ahead_does_not_take_a_live_build_over(
     assert "error" not in a and "error" not in b, (a, b)
     assert not a["result"]["reused"] and b["result"]["ref"] == a["result"]["ref"]
     assert _outputs(store, sid) == [a["result"]["ref"]] and _row(store, sid).builds == 1
+
+
+@pytest.fixture
+def bounded_store(settings: Settings, monkeypatch: pytest.MonkeyPatch) -> Iterator[SessionStore]:
+    """Builds heart-beat for at most half a second and are stale half a second later."""
+    monkeypatch.setattr(rehydrated, "_HEARTBEAT_S", 0.05)
+    monkeypatch.setattr(rehydrated, "STALE_AFTER_S", 0.5)
+    bounded = settings.with_overrides(rehydrate_max_build_seconds=0.5)
+    with SessionStore.from_settings(bounded) as s:
+        yield s
+
+
+class _HungRead:
+    """The first blob read waits until released (an endpoint that stopped answering, with
+    the builder's process and its heartbeat thread alive); later reads pass."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch, store: SessionStore) -> None:
+        self.reached = threading.Event()
+        self.release = threading.Event()
+        self._first = True
+        get: Callable[[str], bytes] = store.blobs.get
+
+        def hung(blob_hash: str) -> bytes:
+            if self._first:
+                self._first = False
+                self.reached.set()
+                assert self.release.wait(60)
+            return get(blob_hash)
+
+        monkeypatch.setattr(store.blobs, "get", hung)
+
+
+def _session_with_a_blob(store: SessionStore) -> str:
+    sid = _session(store)
+    big = {"type": "message", "id": "big", "parentId": "m2", "message": {"content": "x" * 20_000}}
+    store.append(sid, [big])
+    return sid
+
+
+def _exported(store: SessionStore, sid: str) -> str:
+    out = io.StringIO()
+    exporter.export_pi(store, sid, out)
+    return out.getvalue()
+
+
+def test_a_build_hung_past_its_bound_is_taken_over_and_its_late_output_discarded(
+    bounded_store: SessionStore,
+    monkeypatch: pytest.MonkeyPatch,
+    in_thread: Any,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Builder A hangs in a blob read with its heartbeat thread alive: it kept its claim
+    forever, every identical request timed out waiting and none built. Past the build bound
+    its heartbeat stops, B takes over and serves the right content, and A, released, finds
+    its claim gone, discards what it built and serves B's output."""
+    caplog.set_level(logging.WARNING, logger=rehydrated.__name__)
+    store = bounded_store
+    sid = _session_with_a_blob(store)
+    hung = _HungRead(monkeypatch, store)
+    try:
+        started = time.monotonic()
+        a = in_thread(lambda: rehydrate(store, Request(sid, "acme")))
+        assert hung.reached.wait(30)
+        b = rehydrate(store, Request(sid, "acme"), wait_s=8)  # was RehydrateInProgress
+        assert time.monotonic() - started >= 0.5  # not before A's bound
+        assert "result" not in a and "error" not in a  # A still hangs
+        assert not b["reused"] and store.retrieve(b["ref"], session_id=sid) == _exported(store, sid)
+        row = _row(store, sid)
+        assert (row.status, row.artifact_id, row.builds) == ("done", b["ref"], 1)
+    finally:
+        hung.release.set()
+    wait_for(lambda: "result" in a or "error" in a, 30, "builder A")
+    assert "error" not in a, a
+    assert a["result"]["reused"] and a["result"]["ref"] == b["ref"]
+    assert _outputs(store, sid) == [b["ref"]]  # A published nothing, or discarded it
+    row = _row(store, sid)
+    assert (row.status, row.artifact_id, row.builds) == ("done", b["ref"], 1)
+    staging = session_dir(store.settings.resolved_artifact_root, "acme", sid) / STAGING_DIR
+    assert not staging.exists() or not any(staging.iterdir())  # A's staged file is gone
+    said = [r.getMessage() for r in caplog.records if r.name == rehydrated.__name__]
+    assert "rehydrate build taken over; waiting for the other's result" in said  # A lost it
+
+
+def test_a_build_past_its_bound_that_no_one_took_over_still_finishes(
+    bounded_store: SessionStore, monkeypatch: pytest.MonkeyPatch, in_thread: Any
+) -> None:
+    """The bound frees the claim for a waiter; it does not abort a build nobody waits for:
+    the builder, still holding its claim when it finishes, publishes its output once."""
+    store = bounded_store
+    sid = _session_with_a_blob(store)
+    hung = _HungRead(monkeypatch, store)
+    a = in_thread(lambda: rehydrate(store, Request(sid, "acme")))
+    assert hung.reached.wait(30)
+    time.sleep(1.5)  # past the bound and the staleness limit
+    hung.release.set()
+    wait_for(lambda: "result" in a or "error" in a, 30, "builder A")
+    assert "error" not in a, a
+    ref = a["result"]["ref"]
+    assert not a["result"]["reused"] and _outputs(store, sid) == [ref]
+    assert store.retrieve(ref, session_id=sid) == _exported(store, sid)
+    assert rehydrate(store, Request(sid, "acme"))["ref"] == ref
 
 
 def test_an_output_about_to_expire_is_built_anew_not_served(store: SessionStore) -> None:
