@@ -220,13 +220,20 @@ def export(
     via_queue: bool = typer.Option(
         False, "--via-queue", help="Have a worker build it (sessionstore.rehydrate) and wait."
     ),
+    timeout: float | None = typer.Option(
+        None,
+        "--timeout",
+        min=0.1,
+        help="With --via-queue: fail (exit 1) when the worker's result takes longer than "
+        "this many seconds [default: twice SESSIONSTORE_REHYDRATE_MAX_BUILD_SECONDS].",
+    ),
     as_json: bool = JsonOption,
 ) -> None:
     """Write a session as a pi session file (header, then every entry as it was), or as
     oh-my-pi's layout (the file, its artifacts directory, its blobs). ``--via-queue``: a
     worker builds it (pi, or the journal's ``events`` as JSONL) and this waits for it."""
     if via_queue:
-        _export_via_queue(session, output, format, at_seq, tenant, as_json)
+        _export_via_queue(session, output, format, at_seq, tenant, as_json, timeout)
         return
     if format == "omp":
         _export_omp(session, output or Path("."), blobs_dir, at_seq, tenant, as_json)
@@ -254,8 +261,11 @@ def _export_via_queue(
     at_seq: int | None,
     tenant: str | None,
     as_json: bool,
+    timeout: float | None,
 ) -> None:
-    """Ask the workers for the export, show their progress, then write what they built."""
+    """Ask the workers for the export, show their progress, then write what they built;
+    ``NotFinishedInTime`` past ``timeout`` (a build hung on a stalled read is taken over
+    after SESSIONSTORE_REHYDRATE_MAX_BUILD_SECONDS, so the default waits twice that)."""
     import time
 
     from rich.progress import Progress
@@ -265,14 +275,22 @@ def _export_via_queue(
 
     with open_store() as store:
         found = store.resolve_session(session, tenant_id=tenant)
+        bound = 2 * store.settings.rehydrate_max_build_seconds if timeout is None else timeout
+        deadline = time.monotonic() + bound
         handle = enqueue_rehydrate(found.id, tenant_id=found.tenant_id, at_seq=at_seq, format=fmt)
         with Progress(console=err_console, transient=True, disable=as_json) as bar:
             task = bar.add_task("rehydrating", total=None)
             while True:
                 try:
-                    result = handle.get(timeout=0.5)
+                    result = handle.get(timeout=min(0.5, max(0.0, deadline - time.monotonic())))
                     break
                 except NotFinishedInTime:
+                    if time.monotonic() >= deadline:
+                        raise NotFinishedInTime(
+                            f"export of {found.id} via the queue not finished after {bound:g}s "
+                            "(is a worker running? the request stays queued: an identical "
+                            "one later reuses its output)"
+                        ) from None
                     done = handle.progress()
                     if done is not None:
                         bar.update(task, completed=done[0], total=done[1])

@@ -329,6 +329,31 @@ def test_cli_export_via_queue_equals_export(
     assert (tmp_path / "q.jsonl").read_bytes() == (tmp_path / "d.jsonl").read_bytes()
 
 
+def test_cli_export_via_queue_fails_typed_when_its_wait_runs_out(tmp_path: Path) -> None:
+    """No result within --timeout (here no worker at all; a build hung on a stalled read
+    looks the same from the CLI): one line and exit 1, where it waited forever."""
+    import subprocess
+    import sys
+
+    settings = Settings(data_dir=tmp_path / "embedded")
+    upgrade(settings.resolved_database_url)
+    with SessionStore.from_settings(settings) as store:
+        sid = _session(store, turns=1)
+    env = {**os.environ, "SESSIONSTORE_DATA_DIR": str(settings.data_dir)}
+    cli = str(Path(sys.executable).with_name("sessionstore"))
+    argv = [cli, "export", sid, "--via-queue", "-o", str(tmp_path / "q")]
+    # --timeout, then its default: twice the build bound
+    bounded = {**env, "SESSIONSTORE_REHYDRATE_MAX_BUILD_SECONDS": "0.25"}
+    for extra, run_env in ((["--timeout", "0.5"], env), ([], bounded)):
+        done = subprocess.run(
+            argv + extra, env=run_env, capture_output=True, text=True, timeout=30, check=False
+        )
+        assert done.returncode == 1, (done.returncode, done.stderr)
+        line = done.stderr.strip().splitlines()[-1]  # after the progress bar's blank line
+        assert line.startswith(f"error: export of {sid} via the queue not finished after 0.5s")
+    assert not (tmp_path / "q").exists()
+
+
 @pytest.mark.postgres
 @pytest.mark.redis
 @pytest.mark.slow
