@@ -301,6 +301,21 @@ class ForkCopiesInProgress(SessionStoreError):
     """New forks of the session kept starting their artifact copies; retry."""
 
 
+class ForkCopyBlocked(SessionStoreError):
+    """A fork's artifact copy cannot finish (a symlink where it would read or write, never
+    followed): the session its files come from cannot be moved or deleted until it does.
+    ``fork_id`` names the fork, ``paths`` the links; remove them, then retry."""
+
+    def __init__(self, session_id: str, fork_id: str, paths: list[str], action: str) -> None:
+        self.session_id, self.fork_id, self.paths = session_id, fork_id, paths
+        shown = ", ".join(paths[:3]) + (f" and {len(paths) - 3} more" if len(paths) > 3 else "")
+        whose = "its own" if fork_id == session_id else f"its fork {fork_id}'s"
+        super().__init__(
+            f"session {session_id}: cannot {action} it while {whose} artifact copy cannot "
+            f"finish: {shown} (a symlink, not followed); remove it, then retry"
+        )
+
+
 class SnapshotFormatError(SessionStoreError):
     """A stored snapshot could not be decoded (it is ignored and rebuilt from events)."""
 

@@ -35,7 +35,7 @@ from core.artifacts.storage import (
     key_prefix_of,
 )
 from core.db import read_connection, write_transaction
-from core.errors import SessionNotFound, StorageUnavailable, SymlinkRefused
+from core.errors import ForkCopyBlocked, SessionNotFound, StorageUnavailable, SymlinkRefused
 from core.journal import Journal
 from core.metrics import metrics
 from core.models import SessionRow, table_of, utcnow
@@ -208,9 +208,11 @@ class ForkCopies:
         with read_connection(self.engine) as conn:
             return [str(v) for v in conn.execute(query).scalars()]
 
-    def settle(self, session_id: str, *, include_self: bool) -> None:
+    def settle(self, session_id: str, *, include_self: bool, action: str) -> None:
         """Finish the copies that read from this session's directory (and, for a move, its
-        own: a copy running during the rename would write into the old directory)."""
+        own: a copy running during the rename would write into the old directory).
+        ``ForkCopyBlocked`` when one cannot finish (a planted symlink keeps it pending):
+        ``action`` (the move, the delete) would wait on it forever."""
         with read_connection(self.engine) as conn:
             fork_ids = children(conn, session_id, statuses=(COPY_PENDING, COPY_FAILED))
             own = self.journal.session_in(conn, session_id).copy_status
@@ -218,9 +220,11 @@ class ForkCopies:
             fork_ids.append(session_id)
         for fork_id in fork_ids:
             try:
-                self.copy_artifacts(fork_id)
+                report = self.copy_artifacts(fork_id)
             except SessionNotFound:
                 continue
+            if report.status == COPY_PENDING and report.skipped_symlinks:
+                raise ForkCopyBlocked(session_id, fork_id, report.skipped_symlinks, action)
 
     # move -----------------------------------------------------------------------------------
 

@@ -75,7 +75,7 @@ class SessionLifecycle:
         forks keep working (their events are their own, their copies are finished first)."""
         self.journal.get_session(session_id, tenant_id=tenant_id)
         for _ in range(SETTLE_ATTEMPTS):
-            self.copies.settle(session_id, include_self=False)
+            self.copies.settle(session_id, include_self=False, action="delete")
             try:
                 report = self._delete_once(session_id, tenant_id)
             except Unsettled:

@@ -60,7 +60,7 @@ class Moves:
             raise InvalidEvent("tenant_id", "must be 1..128 characters")
         self.repair(session_id=session_id)
         for _ in range(SETTLE_ATTEMPTS):
-            self.copies.settle(session_id, include_self=True)
+            self.copies.settle(session_id, include_self=True, action="move")
             try:
                 return self._move_once(session_id, tenant_id, cwd)
             except Unsettled:

@@ -29,7 +29,7 @@ from core.artifacts.paths import OVERSIZED_DIR, STAGING_DIR, oversized_name
 from core.blobs.files import FileBlobStore
 from core.blobs.store import CORRUPT_DIR, sha256_hex
 from core.blobs.verify import verify_blobs
-from core.errors import BlobCorrupted, SessionStoreError, SymlinkRefused
+from core.errors import BlobCorrupted, ForkCopyBlocked, SessionStoreError, SymlinkRefused
 from core.models import utcnow
 from core.records import Session
 from tests.contract.test_fork import defer_copies
@@ -242,6 +242,41 @@ def test_a_linked_fork_directory_is_no_copy_and_the_copy_ends_once_it_is_removed
     assert store.artifacts(fork.id).files.get("notes/plan.md") == b"the plan"
     assert (fork_dir / "files" / "notes" / "plan.md").read_text() == "the plan"
     assert store.artifacts(neighbour.id).files.get("notes/plan.md") == b"NEIGHBOUR PLAN"
+
+
+@pytest.mark.parametrize("action", ["delete", "move"])
+def test_a_fork_copy_blocked_by_a_link_names_it_to_the_parent_s_delete_and_move(
+    store: SessionStore, tmp_path: Path, action: str
+) -> None:
+    """The parent cannot go (or move) before its fork has its files, and a link planted in
+    the fork's directory keeps that copy pending: the delete or move says so, naming the fork
+    and the link (it said "fork copies kept starting; retry", which no retry could help),
+    and changes nothing. Once the link is removed it succeeds and the fork has its files."""
+    root, parent, fork = _forked_with_a_secret_beside(store, tmp_path)
+    fork_dir = session_dir(root, "acme", fork.id)
+    fork_dir.mkdir(parents=True)
+    os.symlink(tmp_path / "secret.txt", fork_dir / "0.bash.log")
+
+    def act() -> None:
+        if action == "delete":
+            store.delete_session(parent.id)
+        else:
+            store.move(parent.id, tenant_id="elsewhere")
+
+    with pytest.raises(ForkCopyBlocked) as info:
+        act()
+    assert info.value.fork_id == fork.id and "0.bash.log" in info.value.paths[0]
+    assert fork.id in info.value.message and "symlink" in info.value.message
+    assert f"cannot {action}" in info.value.message
+    kept = store.get_session(parent.id)
+    assert (kept.tenant_id, kept.head_seq) == ("acme", parent.head_seq)
+    assert (session_dir(root, "acme", parent.id) / "0.bash.log").exists()
+    assert (tmp_path / "secret.txt").read_text() == "SECRET"
+
+    (fork_dir / "0.bash.log").unlink()
+    act()
+    assert store.artifacts(fork.id).files.get("notes/plan.md") == b"the plan"
+    assert (fork_dir / "0.bash.log").read_text() == "tool output"
 
 
 def test_a_link_at_one_fork_file_skips_that_file_only(store: SessionStore, tmp_path: Path) -> None:
