@@ -24,7 +24,7 @@ from core.journal.usage import INT64_MAX, INT64_MIN, saturate
 from core.query.entry_tree import ROOT, EntryTree
 from core.records import StoredEvent
 
-PROJECTION_VERSION = 2
+PROJECTION_VERSION = 3
 
 # Entries that contribute to the conversation context.
 CONTEXT_TYPES = frozenset({"message", "custom_message", "branch_summary"})
@@ -106,8 +106,10 @@ class Counters:
 
 @dataclass(slots=True)
 class Header:
-    """The ``session`` header event of a coding-agent session file, if one was appended."""
+    """The ``session`` header event of a coding-agent session file, if one was appended: the
+    first, as pi's ``getHeader`` takes it (a later ``session`` line is kept, not read)."""
 
+    seq: int | None = None
     session_id: str | None = None
     version: int | None = None
     cwd: str | None = None
@@ -322,13 +324,17 @@ def _on_custom(fold: Fold, payload: dict[str, Any], seq: int) -> None:
 
 
 def _on_header(fold: Fold, payload: dict[str, Any], seq: int) -> None:
-    header = fold.header
+    if fold.header.seq is not None:
+        return
     version = payload.get("version")
-    header.session_id = _text(payload.get("id")) or header.session_id
-    header.version = version if isinstance(version, int) and not isinstance(version, bool) else None
-    header.cwd = _text(payload.get("cwd")) or header.cwd
-    header.parent_session = _text(payload.get("parentSession")) or header.parent_session
-    header.timestamp = _text(payload.get("timestamp")) or header.timestamp
+    fold.header = Header(
+        seq=seq,
+        session_id=_text(payload.get("id")),
+        version=version if isinstance(version, int) and not isinstance(version, bool) else None,
+        cwd=_text(payload.get("cwd")),
+        parent_session=_text(payload.get("parentSession")),
+        timestamp=_text(payload.get("timestamp")),
+    )
 
 
 def _plain_entry(kind: str) -> Callable[[Fold, dict[str, Any], int], None]:

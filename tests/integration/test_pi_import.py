@@ -393,6 +393,24 @@ def test_export_of_v1_v2_is_pis_migration(store: SessionStore, tmp_path: Path, m
         assert _exact(_as_js(ours), theirs), f"line {number}"
 
 
+def test_a_later_session_line_does_not_change_the_header_state_reports(
+    store: SessionStore, tmp_path: Path
+) -> None:
+    """pi's header is the first ``session`` line (``getHeader``); a later one, kept as a
+    line of the file, changes neither the cwd, the header's id nor its parent session
+    (state took each from the latest session line that had it)."""
+    lines = v3_lines()
+    lines.insert(4, {**lines[0], "id": "other", "cwd": "/elsewhere", "parentSession": "/p.jsonl"})
+    path = tmp_path / "two-headers.jsonl"
+    write(path, lines)
+    session_id = store.import_session(path, tenant_id=TENANT).session_id
+    assert session_id is not None
+    for state in (store.state(session_id), store.state(session_id, at_seq=8)):
+        info = state.info
+        assert (info.cwd, info.header_session_id) == (lines[0]["cwd"], lines[0]["id"])
+        assert info.parent_session == lines[0].get("parentSession")
+
+
 def test_a_later_session_line_is_exported_where_it_was(
     store: SessionStore, tmp_path: Path, backend: str
 ) -> None:
