@@ -8,6 +8,8 @@ previous one's descriptor, with ``O_NOFOLLOW | O_DIRECTORY`` (creating missing o
 descriptor (``openat``, ``renameat``, ``linkat``, ``unlinkat``; files with ``O_NOFOLLOW``).
 A link anywhere is refused with ``SymlinkRefused``, and swapping a component for a link
 between two calls does not help: the descriptor already held is the real directory.
+Files are opened for reading with ``O_NONBLOCK`` and kept only if regular: a FIFO planted
+at a file's name is no file (as absent), never a reader blocked in ``open`` for a writer.
 """
 
 from __future__ import annotations
@@ -25,6 +27,10 @@ from core.errors import InvalidArtifactPath, SymlinkRefused
 _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 _DIRECTORY = getattr(os, "O_DIRECTORY", 0)
 _CLOEXEC = getattr(os, "O_CLOEXEC", 0)
+# A leaf is opened without blocking: opening a FIFO planted there for reading would wait
+# for a writer forever. Only a regular file is kept (``_regular``), in blocking mode.
+_NONBLOCK = getattr(os, "O_NONBLOCK", 0)
+_LEAF_FLAGS = os.O_RDONLY | _NOFOLLOW | _NONBLOCK | _CLOEXEC
 
 
 def _parts(root: Path, path: Path) -> tuple[str, ...]:
@@ -63,12 +69,22 @@ def open_file(root: Path, path: Path) -> int | None:
         fd = _step(fd, part, os.O_RDONLY | _DIRECTORY | _NOFOLLOW | _CLOEXEC, path)
         if fd < 0:
             return None
-    fd = _step(fd, parts[-1], os.O_RDONLY | _NOFOLLOW | _CLOEXEC, path)
-    if fd < 0:
-        return None
-    if not stat.S_ISREG(os.fstat(fd).st_mode):
+    fd = _step(fd, parts[-1], _LEAF_FLAGS, path)
+    return None if fd < 0 else _regular(fd)
+
+
+def _regular(fd: int) -> int | None:
+    """``fd`` in blocking mode if it is a regular file; else None (and it is closed): a
+    FIFO, socket or device is no artifact or blob file."""
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            os.close(fd)
+            return None
+        if _NONBLOCK:
+            os.set_blocking(fd, True)
+    except BaseException:
         os.close(fd)
-        return None
+        raise
     return fd
 
 
@@ -276,17 +292,14 @@ def open_at(dir_fd: int, name: str, path: Path) -> int | None:
     """A read-only descriptor of the regular file ``name`` in ``dir_fd`` (``path`` names it
     in errors), never through a link (``SymlinkRefused``); None when there is no file."""
     try:
-        fd = os.open(name, os.O_RDONLY | _NOFOLLOW | _CLOEXEC, dir_fd=dir_fd)
+        fd = os.open(name, _LEAF_FLAGS, dir_fd=dir_fd)
     except FileNotFoundError:
         return None
     except OSError as exc:
         if _is_link(dir_fd, name) or exc.errno == errno.ELOOP:
             raise SymlinkRefused(str(path)) from None
         raise
-    if not stat.S_ISREG(os.fstat(fd).st_mode):
-        os.close(fd)
-        return None
-    return fd
+    return _regular(fd)
 
 
 def lstat_at(dir_fd: int, name: str, path: Path) -> os.stat_result | None:

@@ -22,6 +22,7 @@ from typing import Any
 
 from sqlalchemy import func, select
 
+from core import nofollow
 from core.blobs.store import (
     BlobStore,
     Codec,
@@ -31,6 +32,7 @@ from core.blobs.store import (
     sha256_hex,
 )
 from core.db import read_connection
+from core.errors import SymlinkRefused
 from core.maintenance.runs import Progress
 from core.models import BlobRow, table_of
 
@@ -81,6 +83,7 @@ class KnownGood:
     """An index of a directory of known-good blobs, by hash (read lazily, verified on use)."""
 
     def __init__(self, root: Path) -> None:
+        self.root = Path(root)
         self.files: dict[str, list[tuple[Path, Codec]]] = {}
         for directory, _dirs, names in os.walk(root):  # os.walk does not follow symlinks
             for name in names:
@@ -95,10 +98,13 @@ class KnownGood:
         """Verified content of ``blob_hash``, or None when no good copy is there."""
         for path, codec in self.files.get(blob_hash, []):
             try:
-                if path.is_symlink():
+                # No link followed, and a FIFO there is no file (never a read that hangs).
+                fd = nofollow.open_file(self.root, path)
+                if fd is None:
                     continue
-                data = decode_blob(codec, path.read_bytes())
-            except (OSError, zlib.error):
+                with os.fdopen(fd, "rb") as handle:
+                    data = decode_blob(codec, handle.read())
+            except (OSError, zlib.error, SymlinkRefused):
                 continue
             if sha256_hex(data) == blob_hash:
                 return data

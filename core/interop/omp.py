@@ -35,12 +35,14 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
+from core import nofollow
 from core.artifacts.inherited import read_artifact_file
 from core.artifacts.manager import MAX_AGENT_ID_CHARS
 from core.artifacts.paths import contained_path, encode_component
 from core.artifacts.records import AGENT_OUTPUT, TOOL_OUTPUT
 from core.blobs.externalize import canonical_base64
 from core.blobs.store import BLOB_REF_PREFIX, parse_ref
+from core.errors import SymlinkRefused
 from core.fsio import replace_atomically
 from core.interop import exporter, pi
 from core.interop.importer import register_converter
@@ -234,11 +236,13 @@ def import_artifacts(store: SessionStore, session_id: str, parsed: ParsedSession
 
 
 def _same(directory: Path, files: dict[str, bytes]) -> bool:
+    root = nofollow.artifact_root_of(directory)
     for name, data in files.items():
         try:
-            if (directory / name).read_bytes() != data:
+            # No link followed, and a FIFO planted there is no file (never a hung read).
+            if nofollow.read_bytes(root, directory / name) != data:
                 return False
-        except OSError:
+        except (OSError, SymlinkRefused):
             return False
     return True
 
