@@ -2,8 +2,9 @@
 
 The registry is walked in hash order, a page at a time. Each blob is either fine, missing
 (registered, no file) or corrupt (its content does not hash to its name). Corrupt files are
-moved to the store's ``corrupt/`` directory, never served again (a symlink there, or in a
-blob's directories, is refused: ``SymlinkRefused``). With ``repair_from``, a
+moved to the store's ``corrupt/`` directory, never served again. A symlink at a blob's file,
+in its directories or at ``corrupt/`` is never followed: it is reported (``symlinks``, each
+refused path once) and the run goes on with the other blobs. With ``repair_from``, a
 missing or corrupt blob is re-written from a directory of known-good blobs: files named like
 the store's own (``<hash>.blob.gz`` / ``<hash>.blob``, or as ``corrupt/`` names them, with a
 time stamp after) or by the bare hash (raw bytes), at any depth. Files on disk that no row
@@ -52,7 +53,9 @@ class VerifyReport:
     unregistered: list[str] = field(default_factory=list)
     quarantined: list[str] = field(default_factory=list)  # where corrupt files went
     repaired: list[str] = field(default_factory=list)
+    symlinks: list[str] = field(default_factory=list)  # refused paths, each once
     counts: dict[str, int] = field(default_factory=dict)
+    _links_seen: set[str] = field(default_factory=set)
 
     def note(self, kind: str, value: str) -> None:
         self.counts[kind] = self.counts.get(kind, 0) + 1
@@ -60,11 +63,20 @@ class VerifyReport:
         if len(listed) < MAX_LISTED:
             listed.append(value)
 
+    def note_symlink(self, blob_hash: str, path: str) -> None:
+        """A link refused on the way to ``blob_hash``'s files (a linked directory is met
+        once per blob below it, and reported once)."""
+        log.error("blob verify refused a symlink", extra={"blob_hash": blob_hash, "path": path})
+        if path not in self._links_seen:
+            self._links_seen.add(path)
+            self.note("symlinks", path)
+
     @property
     def healthy(self) -> bool:
-        """Nothing is left missing or corrupt (repaired blobs count as healthy)."""
+        """Nothing is left missing or corrupt (repaired blobs count as healthy), and no
+        symlink stands under the blob root."""
         broken = self.counts.get("missing", 0) + self.counts.get("corrupt", 0)
-        return broken == self.counts.get("repaired", 0)
+        return broken == self.counts.get("repaired", 0) and not self.counts.get("symlinks")
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -76,7 +88,7 @@ class VerifyReport:
         }
 
 
-_KINDS = ("missing", "corrupt", "unregistered", "quarantined", "repaired")
+_KINDS = ("missing", "corrupt", "unregistered", "quarantined", "repaired", "symlinks")
 
 
 class KnownGood:
@@ -148,23 +160,36 @@ def verify_blobs(
 def _verify_one(
     store: BlobStore, blob_hash: str, size: int, report: VerifyReport, known: KnownGood | None
 ) -> None:
+    """Check one blob; a symlink on its way is reported, and the run goes on."""
     report.checked += 1
-    if not store.has_stored(blob_hash):
-        report.note("missing", blob_hash)
-    elif store.check_stored(blob_hash, size) is None:
-        report.ok += 1
-        return
-    else:
+    try:
+        if not store.has_stored(blob_hash):
+            report.note("missing", blob_hash)
+        elif store.check_stored(blob_hash, size) is None:
+            report.ok += 1
+            return
+        elif _quarantine(store, blob_hash, size, report):
+            report.ok += 1  # repaired meanwhile, or a good copy under the other codec
+            return
+        good = known.content(blob_hash) if known is not None else None
+        if good is not None:
+            store.put(good)  # a put of the content re-writes and re-registers it
+            report.note("repaired", blob_hash)
+    except SymlinkRefused as exc:
+        report.note_symlink(blob_hash, exc.path)
+
+
+def _quarantine(store: BlobStore, blob_hash: str, size: int, report: VerifyReport) -> bool:
+    """Move the corrupt files aside; whether the blob turned out fine after all."""
+    try:
         # Re-checked under the row's lock: only files still bad move, a repaired one stays.
         for path in store.quarantine_corrupt(blob_hash, size):
             report.note("quarantined", path)
-        problem = store.check_stored(blob_hash, size)
-        if problem is None and store.has_stored(blob_hash):
-            report.ok += 1  # repaired meanwhile, or a good copy under the other codec
-            return
-        log.error("blob is corrupt", extra={"blob_hash": blob_hash, "problem": problem})
-        report.note("corrupt", blob_hash)
-    good = known.content(blob_hash) if known is not None else None
-    if good is not None:
-        store.put(good)  # a put of the content re-writes and re-registers it
-        report.note("repaired", blob_hash)
+    except SymlinkRefused as exc:  # a linked corrupt/: the file stays, out of service
+        report.note_symlink(blob_hash, exc.path)
+    problem = store.check_stored(blob_hash, size)
+    if problem is None and store.has_stored(blob_hash):
+        return True
+    log.error("blob is corrupt", extra={"blob_hash": blob_hash, "problem": problem})
+    report.note("corrupt", blob_hash)
+    return False

@@ -35,8 +35,9 @@ def verify(
     as_json: bool = JsonOption,
 ) -> None:
     """Check every registered blob against its hash; quarantine corrupt files (moved to
-    <blob root>/corrupt/); report missing and unregistered files. Exit 1 if any blob is
-    left missing or corrupt."""
+    <blob root>/corrupt/); report missing and unregistered files, and symlinks under the
+    blob root (never followed; the other blobs are still checked). Exit 1 if any blob is
+    left missing or corrupt, or a symlink was found."""
     from core.blobs.verify import verify_blobs
 
     with open_store() as store, _bars(not as_json) as bars:
@@ -49,10 +50,17 @@ def verify(
         for key in ("checked", "ok", "missing", "corrupt", "quarantined", "repaired"):
             table.add_row(key, str(result.get(f"{key}_count", result.get(key))))
         table.add_row("unregistered", str(result["unregistered_count"]))
+        table.add_row("symlinks", str(result["symlinks_count"]))
         console.print(table)
-        for kind in ("missing", "corrupt"):
-            for blob_hash in report_list(result, kind):
-                err_console.print(f"{kind}: {blob_hash}", markup=False, highlight=False)
+        for kind, label in (
+            ("missing", "missing"),
+            ("corrupt", "corrupt"),
+            ("symlinks", "symlink"),
+        ):
+            for value in report_list(result, kind):
+                err_console.print(
+                    f"{label}: {value}", markup=False, highlight=False, soft_wrap=True
+                )
     if not report.healthy:
         raise typer.Exit(code=1)
 

@@ -48,6 +48,40 @@ def test_blobs_verify_reports_quarantines_and_repairs(tmp_path: Path) -> None:
     assert run(data_dir, "blobs", "verify").returncode == 0
 
 
+def test_blobs_verify_reports_symlinks_and_goes_on(tmp_path: Path) -> None:
+    """Two planted links (at a blob's file, as a blob's fan-out directory) and a corrupt
+    blob: all three reported, in the text and in ``--json``; the good blobs are ok; exit 1."""
+    data_dir = _data_dir(tmp_path)
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    with SessionStore.from_settings(Settings(data_dir=data_dir)) as store:
+        blobs = store.blobs
+        assert isinstance(blobs, FileBlobStore)
+        puts = [blobs.put(b"blob %d " % i + TEXT) for i in range(5)]
+        assert len({put.hash[:4] for put in puts}) == 5  # no two share a fan-out directory
+        linked_file, linked_dir, corrupt = (blobs.path_for(p.hash, p.codec) for p in puts[:3])
+    linked_file.unlink()
+    linked_file.symlink_to(outside / "secret")
+    fanout = linked_dir.parent
+    fanout.rename(outside / "fanout")
+    fanout.symlink_to(outside / "fanout")
+    corrupt.write_bytes(corrupt.read_bytes()[:40])
+
+    found = run(data_dir, "blobs", "verify", "--json")
+    assert found.returncode == 1, found.stderr
+    assert "Traceback" not in found.stderr
+    report = json.loads(found.stdout)
+    assert sorted(report["symlinks"]) == sorted([str(linked_file), str(fanout)])
+    assert report["symlinks_count"] == 2 and report["corrupt"] == [puts[2].hash]
+    assert (report["checked"], report["ok"], report["healthy"]) == (5, 2, False)
+
+    text = run(data_dir, "blobs", "verify")
+    assert text.returncode == 1 and "Traceback" not in text.stderr, text.stderr
+    assert f"symlink: {linked_file}" in text.stderr and f"symlink: {fanout}" in text.stderr
+    assert f"missing: {puts[2].hash}" in text.stderr  # the first run moved it to corrupt/
+    assert list(outside.iterdir()) == [outside / "fanout"]
+
+
 def test_sessions_repair_finishes_an_interrupted_move(tmp_path: Path) -> None:
     data_dir = _data_dir(tmp_path)
     with SessionStore.from_settings(Settings(data_dir=data_dir)) as store:

@@ -501,8 +501,8 @@ def test_gc_never_deletes_through_a_linked_fanout_directory(
 def test_blob_verify_never_moves_a_corrupt_blob_through_a_linked_corrupt_directory(
     store: SessionStore, tmp_path: Path
 ) -> None:
-    """``<blob root>/corrupt`` is a planted link: verify refuses (``SymlinkRefused``) and the
-    corrupt file stays where it is, out of service; nothing lands outside."""
+    """``<blob root>/corrupt`` is a planted link: verify reports the link and the blob as
+    corrupt, and the corrupt file stays where it is, out of service; nothing lands outside."""
     outside = tmp_path / "outside"
     outside.mkdir()
     result = store.blobs.put(b"some text content " * 200)
@@ -513,9 +513,55 @@ def test_blob_verify_never_moves_a_corrupt_blob_through_a_linked_corrupt_directo
     path.write_bytes(bytes(data))
     os.symlink(outside, _blob_root(store) / CORRUPT_DIR)
 
-    with pytest.raises(SymlinkRefused):
-        verify_blobs(store.blobs)
+    report = verify_blobs(store.blobs)
+    [refused] = report.symlinks  # the quarantine's target, below the link
+    assert refused.startswith(f"{_blob_root(store) / CORRUPT_DIR}{os.sep}")
+    assert report.corrupt == [result.hash] and report.quarantined == []
+    assert not report.healthy
     assert list(outside.iterdir()) == []
     assert path.read_bytes() == bytes(data)
     with pytest.raises(BlobCorrupted):
         store.blobs.get(result.hash)
+
+
+def test_blob_verify_reports_each_symlink_and_checks_every_other_blob(
+    store: SessionStore, tmp_path: Path
+) -> None:
+    """A link at one blob's file and a linked fan-out directory over another: each is
+    reported once (the report is unhealthy), a corrupt blob is still found and quarantined,
+    and the good blobs are checked and ok; nothing outside is read or changed."""
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "secret.txt").write_bytes(b"not a blob")
+    blobs = store.blobs
+    assert isinstance(blobs, FileBlobStore)
+    linked_file, linked_dir, corrupt, *good = _blobs_in_distinct_fanouts(store, 5)
+    file_link = blobs.path_for(linked_file.hash, linked_file.codec)
+    file_link.unlink()
+    os.symlink(outside / "secret.txt", file_link)
+    fanout = blobs.path_for(linked_dir.hash, linked_dir.codec).parent
+    _swap_for_link(fanout, outside)
+    damaged = blobs.path_for(corrupt.hash, corrupt.codec)
+    damaged.write_bytes(damaged.read_bytes()[:40])
+    before = _snapshot(outside)
+
+    report = verify_blobs(blobs)
+    assert sorted(report.symlinks) == sorted([str(file_link), str(fanout)])
+    assert report.counts["symlinks"] == 2 and not report.healthy
+    assert report.corrupt == [corrupt.hash] and report.counts["quarantined"] == 1
+    assert (report.checked, report.ok, report.missing) == (5, 2, [])
+    assert report.to_dict()["symlinks_count"] == 2
+    assert _snapshot(outside) == before
+    assert file_link.is_symlink() and fanout.is_symlink()  # left for the operator
+    assert [blobs.get(put.hash) for put in good] == [_content(i) for i in range(3, 5)]
+
+
+def _content(i: int) -> bytes:
+    return b"blob %d: " % i + b"the quick brown fox jumps over the lazy dog " * 50
+
+
+def _blobs_in_distinct_fanouts(store: SessionStore, count: int) -> list[Any]:
+    """``count`` blobs put, no two under one ``<h[0:2]>/<h[2:4]>`` directory."""
+    puts = [store.blobs.put(_content(i)) for i in range(count)]
+    assert len({put.hash[:4] for put in puts}) == count
+    return puts
