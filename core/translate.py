@@ -7,7 +7,7 @@ table) runs inside ``storage_errors()``. What escapes it is one of:
   connection dropped, a lock or the pool timed out, SQLite was busy, locked or full.
   Retrying later can succeed.
 - ``StorageUnavailable`` too for the blob and artifact files (``storage_errors("blobs")``
-  around the file backends' reads and writes) when the OS error is one a retry can
+  around the file backends' reads, writes, moves and deletes) when the OS error is one a retry can
   outlive: the disk or quota is full (``ENOSPC``, ``EDQUOT``), the device failed or went
   read-only (``EIO``, ``EROFS``: an operator repairs or remounts it), or a resource ran out
   for now (``EAGAIN``, ``ENOMEM``, ``ENOBUFS``, ``ENFILE``, ``EMFILE``, ``EBUSY``,

@@ -139,6 +139,42 @@ class DiskFull:
             return False
 
 
+class FileFault:
+    """While ``failing`` is set, the ``os`` functions it wraps (``wrap``) fail with
+    ``code`` (EIO: a failing disk) for paths under ``root``; other files are untouched.
+    Paths given relative to a directory descriptor (``dir_fd=``, ``src_dir_fd=``, as
+    ``core.nofollow`` passes them) are resolved through ``/proc/self/fd``. ``refused``
+    counts the calls it failed. Install: ``monkeypatch.setattr(os, "open", fault.wrap(os.open))``.
+    """
+
+    def __init__(self, root: Path, code: int = errno.EIO) -> None:
+        self.root = os.path.realpath(root)
+        self.code = code
+        self.failing = threading.Event()
+        self.failing.set()
+        self.refused = 0
+
+    def wrap(self, func: Callable[..., Any]) -> Callable[..., Any]:
+        def faulty(path: Any, *args: Any, **kwargs: Any) -> Any:
+            if self.failing.is_set() and self._under_root(path, kwargs):
+                self.refused += 1
+                raise OSError(self.code, os.strerror(self.code), os.fsdecode(path))
+            return func(path, *args, **kwargs)
+
+        return faulty
+
+    def _under_root(self, path: Any, kwargs: dict[str, Any]) -> bool:
+        if isinstance(path, int):
+            return False
+        dir_fd = kwargs.get("dir_fd", kwargs.get("src_dir_fd"))
+        try:
+            base = os.readlink(f"/proc/self/fd/{dir_fd}") if dir_fd is not None else os.getcwd()
+        except OSError:
+            return False
+        full = os.path.join(base, os.fsdecode(path))
+        return full == self.root or full.startswith(self.root + os.sep)
+
+
 class RedisServer:
     """A private, persistent redis-server (AOF, fsync always) that a test may kill -9."""
 

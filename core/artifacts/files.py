@@ -29,6 +29,7 @@ from core.artifacts.staging import Deleted, Staged, staged_delete, staged_in
 from core.db import read_connection, write_transaction
 from core.errors import ArtifactError, ArtifactNotFound, InvalidArtifactPath, QuotaExceeded
 from core.models import utcnow
+from core.translate import storage_errors
 
 logger = logging.getLogger(__name__)
 
@@ -226,6 +227,7 @@ class SessionFiles:
         )
         raise QuotaExceeded(scope, limit=limit, used=used, requested=size)
 
+    @storage_errors("artifacts")
     def _clear_stale_dir(self, target: Path) -> None:
         """An empty directory left where the new file goes is removed; a full one conflicts."""
         try:

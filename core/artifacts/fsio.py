@@ -71,6 +71,7 @@ class StagedFile:
         staged._root = artifact_root_of(session_root)
         return staged
 
+    @storage_errors("artifacts")
     def publish(self, session_root: Path, target: Path) -> None:
         root = artifact_root_of(session_root)
         staged = session_root / STAGING_DIR / self._name
@@ -85,11 +86,13 @@ class StagedFile:
         self._root = root
         self._prune(session_root)
 
+    @storage_errors("artifacts")
     def commit(self) -> None:
         if self._backup is not None:
             nofollow.unlink(self._root, self._backup)
             self._backup = None
 
+    @storage_errors("artifacts")
     def discard(self) -> None:
         """Undo after a failure: the staged file goes, a replaced file comes back."""
         root = artifact_root_of(self._staged_in)
@@ -137,6 +140,7 @@ def _link_or_copy(root: Path, source: Path, backup: Path) -> None:
 class StagedDelete:
     """Move a file aside now, remove it on ``commit``, restore it on ``rollback``."""
 
+    @storage_errors("artifacts")
     def __init__(self, session_root: Path, target: Path) -> None:
         self.target = target
         self._aside: Path | None = None
@@ -146,11 +150,13 @@ class StagedDelete:
             nofollow.replace(self._root, target, aside)
             self._aside = aside
 
+    @storage_errors("artifacts")
     def commit(self) -> None:
         if self._aside is not None:
             nofollow.unlink(self._root, self._aside)
             self._aside = None
 
+    @storage_errors("artifacts")
     def rollback(self) -> None:
         if self._aside is not None:
             nofollow.replace(self._root, self._aside, self.target)

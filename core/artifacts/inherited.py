@@ -24,6 +24,7 @@ from core.errors import SessionNotFound, SymlinkRefused
 from core.journal import Journal
 from core.models import SessionRow, table_of
 from core.records import COPY_FAILED, COPY_PENDING, Session
+from core.translate import storage_errors
 
 _MAX_ANCESTORS = 64  # forks of forks walked to find an inherited file
 _UNFINISHED = (COPY_PENDING, COPY_FAILED)
@@ -66,7 +67,8 @@ def read_artifact_file(
 
     def read(path: Path) -> bytes | None:
         if objects is None:
-            return nofollow.read_bytes(root, path)
+            with storage_errors("artifacts"):  # a failing disk, as on S3
+                return nofollow.read_bytes(root, path)
         return objects.read(key_of(root, path))
 
     data = read(own)
@@ -139,7 +141,8 @@ def ancestor_file(
 
 def _mtime(root: Path, path: Path, storage: ArtifactStorage | None) -> float | None:
     if storage is None or isinstance(storage, FileArtifactStorage):
-        return nofollow.mtime(root, path)
+        with storage_errors("artifacts"):
+            return nofollow.mtime(root, path)
     version = storage.version(key_of(root, path))
     return None if version is None else version[0]
 
@@ -197,6 +200,7 @@ def preserve_for_forks(
     return served
 
 
+@storage_errors("artifacts")
 def _link_new(root: Path, source: Path, target: Path) -> bool:
     """``target`` as a new name of ``source``'s inode, never replacing a file already there
     (neither path followed through a link)."""

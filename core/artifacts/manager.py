@@ -43,9 +43,10 @@ from core.artifacts.sink import OutputSink
 from core.artifacts.staging import Staged, staged_in
 from core.artifacts.storage import key_of
 from core.db import read_connection, write_transaction
-from core.errors import ArtifactError, ArtifactNotFound, SymlinkRefused
+from core.errors import ArtifactError, ArtifactNotFound, StorageUnavailable, SymlinkRefused
 from core.models import utcnow
 from core.settings import Settings
+from core.translate import storage_errors
 
 logger = logging.getLogger(__name__)
 
@@ -124,8 +125,9 @@ class ArtifactManager:
             spool.parent.mkdir(parents=True, exist_ok=True)
             return AllocatedPath(artifact_id, spool)
         try:
-            nofollow.makedirs(self._scope.root, directory)
-        except (OSError, SymlinkRefused):
+            with storage_errors("artifacts"):
+                nofollow.makedirs(self._scope.root, directory)
+        except (OSError, SymlinkRefused, StorageUnavailable):
             # The caller never learns the id, so no one else could remove the row: a failed
             # allocation must not leave a row that points at no file.
             self.discard_tool_output(artifact_id)
@@ -148,7 +150,8 @@ class ArtifactManager:
         target = self.directory() / (info.name or "")
         objects = self._scope.objects
         if objects is None:
-            size = nofollow.size(self._scope.root, target)
+            with storage_errors("artifacts"):  # a missing file stays FileNotFoundError
+                size = nofollow.size(self._scope.root, target)
         else:
             spool = self._spool_path(target)
             size = spool.stat().st_size
@@ -175,7 +178,8 @@ class ArtifactManager:
                 self._scope.objects.delete(key_of(self._scope.root, target))
                 return
             try:
-                nofollow.unlink(self._scope.root, target)
+                with storage_errors("artifacts"):
+                    nofollow.unlink(self._scope.root, target)
             except SymlinkRefused as exc:
                 logger.warning("discard refused a symlink", extra={"path": exc.path})
 

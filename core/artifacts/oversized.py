@@ -34,6 +34,7 @@ from core.db import read_connection, write_transaction
 from core.errors import ArtifactError, SymlinkRefused
 from core.models import utcnow
 from core.settings import Settings
+from core.translate import storage_errors
 
 logger = logging.getLogger(__name__)
 
@@ -200,6 +201,7 @@ class OversizedOutputs:
             self._remove(directory / oversized_name(artifact_id))
         return len(ids)
 
+    @storage_errors("artifacts")
     def _remove(self, path: Path) -> None:
         if isinstance(self.storage, FileArtifactStorage):
             nofollow.unlink(self.root, path)

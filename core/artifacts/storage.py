@@ -109,7 +109,10 @@ class ArtifactStorage(Protocol):
 
 
 class FileArtifactStorage:
-    """The artifact directories on a local filesystem: a thin layer over ``nofollow``."""
+    """The artifact directories on a local filesystem: a thin layer over ``nofollow``. An
+    OS error a retry can outlive (a full or failing disk) is ``StorageUnavailable``, on
+    reads and deletes as on writes; a missing file keeps its meaning (None, False,
+    ``FileNotFoundError``)."""
 
     def __init__(self, root: Path) -> None:
         self.root = Path(root).resolve()
@@ -122,6 +125,7 @@ class FileArtifactStorage:
         tenant, session = check_key(key).split("/")[:2]
         return self.root / tenant / session / STAGING_DIR / f"{uuid.uuid4().hex}{suffix}"
 
+    @storage_errors("artifacts")
     def read(self, key: str) -> bytes | None:
         return nofollow.read_bytes(self.root, self.path(key))
 
@@ -158,11 +162,13 @@ class FileArtifactStorage:
             nofollow.unlink(self.root, tmp)
             raise
 
+    @storage_errors("artifacts")
     def delete(self, key: str) -> bool:
         existed = nofollow.exists(self.root, self.path(key))
         nofollow.unlink(self.root, self.path(key))
         return existed
 
+    @storage_errors("artifacts")
     def keys(self, prefix: str) -> list[str]:
         directory = self.root / check_prefix(prefix)
         found = []
@@ -170,24 +176,28 @@ class FileArtifactStorage:
             found += [Path(base, f).relative_to(self.root).as_posix() for f in files]
         return sorted(found)
 
+    @storage_errors("artifacts")
     def delete_prefix(self, prefix: str) -> int:
         directory = self.root / check_prefix(prefix)
         count = sum(1 for p in directory.rglob("*") if p.is_file()) if directory.is_dir() else 0
         nofollow.rmtree(self.root, directory)
         return count
 
+    @storage_errors("artifacts")
     def copy(self, source: str, target: str) -> None:
         check_key(target)
         with self.open_read(source) as src, self.writer(target) as out:
             while chunk := src.read(_COPY_CHUNK):
                 out.write(chunk)
 
+    @storage_errors("artifacts")
     def size(self, key: str) -> int | None:
         try:
             return nofollow.size(self.root, self.path(key))
         except FileNotFoundError:
             return None
 
+    @storage_errors("artifacts")
     def version(self, key: str) -> tuple[float, str] | None:
         fd = nofollow.open_file(self.root, self.path(key))
         if fd is None:
@@ -198,12 +208,14 @@ class FileArtifactStorage:
             os.close(fd)
         return info.st_mtime, f"{info.st_ino}:{info.st_mtime_ns}:{info.st_size}"
 
+    @storage_errors("artifacts")
     def open_read(self, key: str) -> BinaryIO:
         fd = nofollow.open_file(self.root, self.path(key))
         if fd is None:
             raise FileNotFoundError(key)
         return os.fdopen(fd, "rb")
 
+    @storage_errors("artifacts")
     def probe(self) -> str:
         self.root.mkdir(parents=True, exist_ok=True)
         probe = self.root / f".health-{uuid.uuid4().hex}"

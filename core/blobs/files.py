@@ -97,6 +97,7 @@ class FileBlobStore(BlobStore):
         codecs = self._ordered(blob_hash, list(sizes), first)
         return (codecs[0], sizes[codecs[0]]) if codecs else None
 
+    @storage_errors("blobs")
     def _read(self, blob_hash: str) -> tuple[Codec, bytes] | None:
         found = self._read_stored(blob_hash)
         if found is None and self._unquarantine(blob_hash):
@@ -105,7 +106,6 @@ class FileBlobStore(BlobStore):
             found = self._read_stored(blob_hash)
         return found
 
-    @storage_errors("blobs")
     def _read_stored(self, blob_hash: str) -> tuple[Codec, bytes] | None:
         with self._fanout(blob_hash) as fd:
             if fd is None:
@@ -124,10 +124,12 @@ class FileBlobStore(BlobStore):
         with os.fdopen(file_fd, "rb") as handle:
             return handle.read()
 
+    @storage_errors("blobs")
     def _read_codec(self, blob_hash: str, codec: Codec) -> bytes | None:
         with self._fanout(blob_hash) as fd:
             return None if fd is None else self._read_at(fd, blob_hash, codec)
 
+    @storage_errors("blobs")
     def quarantine_file(self, blob_hash: str) -> list[Path]:
         moved: list[Path] = []
         with self._fanout(blob_hash) as fd:
@@ -145,12 +147,14 @@ class FileBlobStore(BlobStore):
                 moved.append(aside)
         return moved
 
+    @storage_errors("blobs")
     def purge_quarantined(self, moved: Sequence[Path]) -> None:
         for path in moved:
             nofollow.unlink(self.root, path)
         for directory in {path.parent for path in moved}:
             nofollow.sync_dir(self.root, directory)
 
+    @storage_errors("blobs")
     def restore_quarantined(self, moved: Sequence[Path]) -> None:
         for path in moved:
             original = path.with_name(path.name[: -len(QUARANTINE_SUFFIX)])
@@ -233,6 +237,7 @@ class FileBlobStore(BlobStore):
             return False
         return True
 
+    @storage_errors("blobs")
     def remove_file(self, blob_hash: str) -> bool:
         return bool(self._unlink(blob_hash, SUFFIXES))
 
@@ -257,9 +262,11 @@ class FileBlobStore(BlobStore):
         for leaf in fanout_dirs(self.root):
             yield from _blob_files(leaf)
 
+    @storage_errors("blobs")
     def _discard_other_codecs(self, blob_hash: str, keep: Codec) -> None:
         self._unlink(blob_hash, (codec for codec in SUFFIXES if codec != keep))
 
+    @storage_errors("blobs")
     def _move_corrupt(self, blob_hash: str, codec: Codec, stamp: str) -> str | None:
         # Outside the two-character fan-out directories, so no scan ever takes it for a blob.
         path = self.path_for(blob_hash, codec)

@@ -143,6 +143,11 @@ def _expire_batches(
     while True:
         try:
             batch = oversized.expire(now=report.now, apply=True, limit=batch_size)
+        except StorageUnavailable as exc:
+            # The disk failed (or filled): every next file would fail too, and each batch
+            # deletes its rows first. Stop; the next run carries on.
+            report.errors.append(f"cannot remove an expired file: {exc}")
+            return
         except OSError as exc:
             # Rows go before files, so the failed one is no longer listed: carry on.
             report.errors.append(f"cannot remove an expired file: {exc}")

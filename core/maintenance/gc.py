@@ -57,7 +57,7 @@ from core import nofollow
 from core.blobs.files import FileBlobStore, fanout_dirs
 from core.blobs.store import BlobStore, parse_blob_name
 from core.db import is_sqlite, read_connection, write_transaction
-from core.errors import SymlinkRefused
+from core.errors import StorageUnavailable, SymlinkRefused
 from core.maintenance.runs import Progress
 from core.metrics import metrics
 from core.models import BlobRefRow, BlobRow, table_of, utcnow
@@ -364,7 +364,7 @@ class BlobGc:
         for blob_hash, size in eligible:
             try:
                 aside = self.blobs.quarantine_file(blob_hash)
-            except (OSError, SymlinkRefused) as exc:
+            except (OSError, SymlinkRefused, StorageUnavailable) as exc:
                 # The file may still be there: keep its row, so it stays a valid blob.
                 self.report.error(f"blob {blob_hash}: cannot remove: {exc}")
                 continue
@@ -431,7 +431,7 @@ class BlobGc:
                 return False  # registered since the scan: not an orphan
             try:
                 removed = self.blobs.remove_file(blob_hash)
-            except (OSError, SymlinkRefused) as exc:
+            except (OSError, SymlinkRefused, StorageUnavailable) as exc:
                 self.report.error(f"orphan {blob_hash}: cannot remove: {exc}")
                 removed = False
             conn.execute(delete(_blobs).where(_blobs.c.hash == blob_hash))

@@ -31,6 +31,7 @@ from core.sessions.fork_copy import ForkCopies
 from core.sessions.object_moves import ObjectMove
 from core.sessions.queries import SETTLE_ATTEMPTS, Unsettled, children
 from core.settings import Settings
+from core.translate import storage_errors
 
 log = logging.getLogger(__name__)
 
@@ -292,6 +293,7 @@ class _DirectoryMove:
         self.target = target
         self._moved = False
 
+    @storage_errors("artifacts")
     def run(self) -> None:
         if self.source == self.target:
             return

@@ -8,7 +8,10 @@ from __future__ import annotations
 
 import os
 import shutil
-from collections.abc import Iterator
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
@@ -17,7 +20,7 @@ from core import SessionStore, Settings
 from core.blobs.files import FileBlobStore
 from core.errors import InvalidEvent, StorageUnavailable
 from core.translate import is_unavailable
-from tests.support import DiskFull, TcpProxy
+from tests.support import DiskFull, FileFault, TcpProxy, set_output_expiry
 
 
 @pytest.fixture
@@ -160,3 +163,162 @@ def test_full_artifact_disk_gives_storage_unavailable_and_writes_once_space_is_b
     assert store.resolve(f"artifact://{artifacts.save('output', 'bash')}", session_id=sid)
     stored = store.store_oversized(sid, big, "bash")
     assert stored is not None and artifacts.retrieve(stored.ref.artifact_id) == big
+
+
+# A failing disk (EIO) under the artifact or blob files, at each step that touches them: the
+# typed, transient StorageUnavailable naming the store, never a raw OSError; a missing file
+# keeps its meaning. The fault sits at one os call (tests.support.FileFault), under one root.
+
+
+def _artifacts_of(store: SessionStore) -> tuple[str, str, str]:
+    """(session id, tool-output id, oversized-output id) with a file ``notes/a.txt``."""
+    sid = store.create_session(tenant_id="acme").id
+    artifacts = store.artifacts(sid)
+    tool_id = artifacts.save("tool output\n", "bash")
+    artifacts.files.put("notes/a.txt", "kept")
+    stored = store.store_oversized(sid, "x" * 20_000, "bash")
+    assert stored is not None
+    return sid, tool_id, stored.ref.artifact_id
+
+
+def _unavailable(component: str, action: Callable[[], object]) -> StorageUnavailable:
+    with pytest.raises(StorageUnavailable) as info:
+        action()
+    assert info.value.component == component, info.value
+    assert "Input/output error" in info.value.message and is_unavailable(info.value)
+    return info.value
+
+
+def test_artifact_reads_on_a_failing_disk_give_storage_unavailable(
+    store: SessionStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    sid, tool_id, art_id = _artifacts_of(store)
+    artifacts = store.artifacts(sid)
+    fault = FileFault(store.settings.resolved_artifact_root)
+    monkeypatch.setattr(os, "open", fault.wrap(os.open))
+
+    _unavailable("artifacts", lambda: store.resolve(f"artifact://{tool_id}", session_id=sid))
+    _unavailable("artifacts", lambda: artifacts.files.get("notes/a.txt"))
+    _unavailable("artifacts", lambda: artifacts.retrieve(art_id))
+    _unavailable("artifacts", lambda: store.resolve(art_id, session_id=sid))
+    fault.failing.clear()
+    assert artifacts.files.get("notes/a.txt") == b"kept"
+    assert artifacts.retrieve(art_id) == "x" * 20_000
+    # A missing file is still no content, not an unavailable store.
+    next(store.settings.resolved_artifact_root.rglob("art_*")).unlink()
+    assert artifacts.retrieve(art_id) is None
+
+
+def test_artifact_deletes_on_a_failing_disk_give_storage_unavailable_and_keep_the_file(
+    store: SessionStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    sid, _tool_id, art_id = _artifacts_of(store)
+    artifacts = store.artifacts(sid)
+    fault = FileFault(store.settings.resolved_artifact_root)
+    monkeypatch.setattr(os, "replace", fault.wrap(os.replace))
+    monkeypatch.setattr(os, "unlink", fault.wrap(os.unlink))
+
+    _unavailable("artifacts", lambda: artifacts.files.delete("notes/a.txt"))
+    _unavailable("artifacts", artifacts.cleanup_oversized)
+    assert fault.refused >= 2
+    fault.failing.clear()
+    assert artifacts.files.get("notes/a.txt") == b"kept"  # the delete rolled back
+    artifacts.files.delete("notes/a.txt")
+    assert [f.local_id for f in artifacts.files.list()] == []
+    assert artifacts.retrieve(art_id) is None
+
+
+def test_a_move_on_a_failing_disk_gives_storage_unavailable_and_changes_nothing(
+    store: SessionStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    sid, _tool_id, _art_id = _artifacts_of(store)
+    fault = FileFault(store.settings.resolved_artifact_root)
+    monkeypatch.setattr(os, "rename", fault.wrap(os.rename))
+
+    _unavailable("artifacts", lambda: store.move(sid, tenant_id="globex"))
+    fault.failing.clear()
+    assert store.get_session(sid).tenant_id == "acme"
+    assert store.artifacts(sid).files.get("notes/a.txt") == b"kept"
+    assert store.move(sid, tenant_id="globex").tenant_id == "globex"
+    assert store.artifacts(sid).files.get("notes/a.txt") == b"kept"
+
+
+def test_expiry_on_a_failing_disk_reports_the_unavailable_store_and_stops(
+    store: SessionStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each batch deletes its rows before the files: on a failing disk expiry stops at the
+    first file it cannot remove, rather than deleting row after row of files it leaves."""
+    sid, _tool_id, first = _artifacts_of(store)
+    second = store.store_oversized(sid, "y" * 20_000, "bash")
+    assert second is not None
+    for art_id in (first, second.ref.artifact_id):
+        set_output_expiry(store, art_id, timedelta(seconds=-10))
+    fault = FileFault(store.settings.resolved_artifact_root)
+    monkeypatch.setattr(os, "unlink", fault.wrap(os.unlink))
+
+    report = store.expire_artifacts(apply=True, batch_size=1)
+    [error] = report.errors
+    assert "artifacts is unavailable" in error and "Input/output error" in error
+    assert report.deleted == 0 and fault.refused == 1
+    fault.failing.clear()
+    assert store.expire_artifacts(apply=True).deleted == 1  # the other one, next run
+
+
+def test_blob_reads_and_deletes_on_a_failing_disk_give_storage_unavailable(
+    store: SessionStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The steps ``get`` takes besides the read itself (putting back a file a dead GC moved
+    aside), and the deletes and moves of GC and verify."""
+    blobs = store.blobs
+    assert isinstance(blobs, FileBlobStore)
+    put = blobs.put(b"some text content " * 200)
+    fault = FileFault(blobs.root)
+    monkeypatch.setattr(os, "replace", fault.wrap(os.replace))
+    monkeypatch.setattr(os, "unlink", fault.wrap(os.unlink))
+
+    _unavailable("blobs", lambda: blobs.quarantine_file(put.hash))
+    _unavailable("blobs", lambda: blobs.remove_file(put.hash))
+    fault.failing.clear()
+    moved = blobs.quarantine_file(put.hash)  # as a GC that then died
+    fault.failing.set()
+    _unavailable("blobs", lambda: blobs.get(put.hash))
+    _unavailable("blobs", lambda: blobs.purge_quarantined(moved))
+    fault.failing.clear()
+    assert blobs.get(put.hash) == b"some text content " * 200  # put back, then read
+
+
+_CLI_WITH_A_FAILING_DISK = """
+import os, sys
+from pathlib import Path
+from tests.support import FileFault
+fault = FileFault(Path(sys.argv[1]))
+os.open = fault.wrap(os.open)
+from tasks.cli import main
+main(sys.argv[2:])
+"""
+
+
+@pytest.mark.slow
+def test_the_cli_reading_an_artifact_on_a_failing_disk_exits_6_with_one_line(
+    tmp_path: Path,
+) -> None:
+    settings = Settings(data_dir=tmp_path / "data")
+    with SessionStore.from_settings(settings) as store:
+        sid, tool_id, _art_id = _artifacts_of(store)
+        root = store.settings.resolved_artifact_root
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SESSIONSTORE_")}
+    env["SESSIONSTORE_DATA_DIR"] = str(tmp_path / "data")
+    args = [str(root), "read", f"artifact://{tool_id}", "--session", sid]
+    result = subprocess.run(
+        [sys.executable, "-c", _CLI_WITH_A_FAILING_DISK, *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=Path(__file__).resolve().parents[2],
+        timeout=120,
+        check=False,
+    )
+    assert result.returncode == 6, result.stderr
+    assert "Traceback" not in result.stderr and result.stdout == ""
+    [line] = result.stderr.strip().splitlines()
+    assert line.startswith("error: artifact store unavailable: ") and "Input/output error" in line
