@@ -7,6 +7,7 @@ modified since the fork, so a parent's later rewrite never shows through.
 
 from __future__ import annotations
 
+import logging
 import os
 from dataclasses import replace
 from pathlib import Path
@@ -16,7 +17,7 @@ from sqlalchemy import Connection, Engine, select
 
 from core import nofollow
 from core.artifacts import rows
-from core.artifacts.paths import session_dir
+from core.artifacts.paths import STAGING_DIR, encode_component, session_dir
 from core.artifacts.records import ArtifactInfo
 from core.artifacts.storage import ArtifactStorage, FileArtifactStorage, key_of
 from core.db import read_connection
@@ -26,7 +27,12 @@ from core.models import SessionRow, table_of
 from core.records import COPY_FAILED, COPY_PENDING, Session
 from core.translate import storage_errors
 
+log = logging.getLogger(__name__)
+
 _MAX_ANCESTORS = 64  # forks of forks walked to find an inherited file
+# Where a parent holds what a fork inherited when the fork's own directory could not take
+# it (a planted link there): ``<parent>/.tmp/forks/<fork>/<name>``, until the fork's copy.
+HELD_DIR = "forks"
 _UNFINISHED = (COPY_PENDING, COPY_FAILED)
 _sessions = table_of(SessionRow)
 
@@ -122,11 +128,16 @@ def ancestor_file(
         parent = _session_or_none(conn, journal, current.parent_id) if current.parent_id else None
         if parent is None:
             return Found(None, False)
+        parent_dir = session_dir(root, parent.tenant_id, parent.id)
+        forked_at = current.created_at.timestamp()
+        # Kept for this fork by a rewrite or delete since (checked then, as below).
+        kept = _held_for(root, parent_dir, current.id, row.name, forked_at, storage)
+        if kept is not None:
+            return Found(kept, True, forked_at)
         held = rows.get_artifact(conn, parent.id, row.kind, row.local_id)
         if held is None or replace(held, session_id=row.session_id) != row or not held.name:
             return Found(None, False)
-        path = session_dir(root, parent.tenant_id, parent.id) / held.name
-        forked_at = current.created_at.timestamp()
+        path = parent_dir / held.name
         try:
             modified = _mtime(root, path, storage)
         except SymlinkRefused:
@@ -137,6 +148,30 @@ def ancestor_file(
             break
         current = parent
     return Found(None, True)
+
+
+def held_dir(parent_dir: Path, fork_id: str) -> Path:
+    """Where the parent at ``parent_dir`` holds the files it kept for the fork ``fork_id``."""
+    return parent_dir / STAGING_DIR / HELD_DIR / encode_component(fork_id)
+
+
+def _held_for(
+    root: Path,
+    parent_dir: Path,
+    fork_id: str,
+    name: str | None,
+    forked_at: float,
+    storage: ArtifactStorage | None,
+) -> Path | None:
+    """The copy the parent kept for the fork, if it is the content the fork inherited."""
+    if not name or (storage is not None and not isinstance(storage, FileArtifactStorage)):
+        return None  # object storage has no links: the fork always gets its own copy
+    path = held_dir(parent_dir, fork_id) / name
+    try:
+        modified = _mtime(root, path, None)
+    except SymlinkRefused:
+        return None
+    return path if modified is not None and modified <= forked_at else None
 
 
 def _mtime(root: Path, path: Path, storage: ArtifactStorage | None) -> float | None:
@@ -195,9 +230,26 @@ def preserve_for_forks(
             if objects.size(key_of(root, target)) is None:
                 objects.copy(key_of(root, path), key_of(root, target))
                 served.append(fork_id)
-        elif _link_new(root, path, target):
+        elif _preserve_file(root, path, target, fork_id, name or row.name):
             served.append(fork_id)
     return served
+
+
+def _preserve_file(root: Path, path: Path, target: Path, fork_id: str, name: str) -> bool:
+    """Link the parent's file into the fork's directory. A link planted on the way there is
+    never written through, and does not fail the parent's write: the file is held beside
+    the parent instead (``held_dir``), where the fork's copy, still pending, finds it once
+    the link is removed."""
+    try:
+        return _link_new(root, path, target)
+    except SymlinkRefused as exc:
+        parent_dir = root.joinpath(*path.relative_to(root).parts[:2])
+        log.warning(
+            "a pending fork's artifact path is a symlink: its inherited file is held beside "
+            "the parent until the link is removed",
+            extra={"fork_id": fork_id, "path": exc.path},
+        )
+        return _link_new(root, path, held_dir(parent_dir, fork_id) / name)
 
 
 @storage_errors("artifacts")

@@ -24,7 +24,7 @@ from sqlalchemy import Connection, Select, select, update
 
 from core import nofollow
 from core.artifacts import rows
-from core.artifacts.inherited import ancestor_file
+from core.artifacts.inherited import ancestor_file, held_dir
 from core.artifacts.paths import STAGING_DIR, agent_output_names, contained_path, session_dir
 from core.artifacts.records import AGENT_OUTPUT, ArtifactInfo
 from core.artifacts.storage import (
@@ -174,7 +174,14 @@ class ForkCopies:
                 .values(copy_status=status, copy_error=error)
             ).rowcount
             current = session_or_none(conn, self.journal, plan.fork.id)
+            parent = (
+                session_or_none(conn, self.journal, plan.fork.parent_id)
+                if plan.fork.parent_id and status == COPY_DONE
+                else None
+            )
         self._drop_stale_directory(plan, current)
+        if parent is not None:
+            self._drop_held(plan.fork.id, parent)
         report = CopyReport(
             fork_id=plan.fork.id,
             status=current.copy_status if current is not None else None,
@@ -201,6 +208,16 @@ class ForkCopies:
                 nofollow.rmtree(self.root, plan.directory)
         except (OSError, SymlinkRefused, StorageUnavailable) as exc:
             log.warning("could not remove a stale fork copy", extra={"error": str(exc)})
+
+    def _drop_held(self, fork_id: str, parent: Session) -> None:
+        """The copy is done: what the parent held for the fork (``held_dir``) is no use."""
+        if self.objects is not None:
+            return
+        held = held_dir(session_dir(self.root, parent.tenant_id, parent.id), fork_id)
+        try:
+            nofollow.rmtree(self.root, held)
+        except (OSError, SymlinkRefused, StorageUnavailable) as exc:
+            log.warning("could not remove files held for a fork", extra={"error": str(exc)})
 
     def pending_forks(self, *, older_than_s: float, limit: int = 1000) -> list[str]:
         """Forks whose copy has been pending for longer than ``older_than_s``, oldest first."""

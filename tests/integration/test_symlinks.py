@@ -565,3 +565,62 @@ def _blobs_in_distinct_fanouts(store: SessionStore, count: int) -> list[Any]:
     puts = [store.blobs.put(_content(i)) for i in range(count)]
     assert len({put.hash[:4] for put in puts}) == count
     return puts
+
+
+def test_a_linked_pending_fork_directory_never_fails_the_parents_write(
+    store: SessionStore, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The parent rewrites (and deletes) artifacts a pending fork inherited while the
+    fork's directory is a planted link: the parent's writes succeed, nothing is written
+    through the link (its target is unchanged), a warning is logged, the fork's copy stays
+    pending, and once the link is removed it completes with the parent's content from
+    before the writes."""
+    root = store.settings.resolved_artifact_root
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "secret.txt").write_text("SECRET")
+    parent = store.create_session(tenant_id="acme")
+    artifacts = store.artifacts(parent.id)
+    artifacts.files.put("notes/plan.md", "the plan")
+    artifacts.files.put("notes/old.md", "old notes")
+    artifacts.put_tool_output("0", "bash", "tool output")
+    artifacts.put_agent_output("explore", "# findings", jsonl='{"turn": 1}\n')
+    defer_copies(store)
+    fork = store.fork(parent.id)
+    fork_dir = session_dir(root, "acme", fork.id)
+    fork_dir.parent.mkdir(parents=True, exist_ok=True)
+    os.symlink(outside, fork_dir)
+    before = _snapshot(outside)
+
+    time.sleep(0.01)  # the rewrites are newer than the fork
+    artifacts.files.put("notes/plan.md", "the new plan")
+    artifacts.files.delete("notes/old.md")
+    artifacts.put_tool_output("0", "bash", "new tool output")
+    artifacts.put_agent_output("explore", "# new findings", jsonl='{"turn": 2}\n')
+
+    assert _snapshot(outside) == before
+    assert "symlink" in caplog.text and fork.id in str(
+        [getattr(r, "fork_id", "") for r in caplog.records]
+    )
+    assert store.get_session(fork.id).copy_status == "pending"
+    assert artifacts.files.get("notes/plan.md") == b"the new plan"
+
+    fork_dir.unlink()  # the README's remedy
+    mine = store.artifacts(fork.id)
+    assert mine.files.get("notes/plan.md") == b"the plan"  # inherited, while still pending
+    again = _reconcile(store, fork.id)
+
+    assert (again["status"], again["skipped_symlinks"]) == ("copied", []), again
+    assert mine.files.get("notes/plan.md") == b"the plan"
+    assert mine.files.get("notes/old.md") == b"old notes"
+    assert store.resolve("artifact://0", session_id=fork.id).content == "tool output"
+    assert store.resolve("agent://explore", session_id=fork.id).content == "# findings"
+    assert (fork_dir / "explore.jsonl").read_text() == '{"turn": 1}\n'
+    assert (fork_dir / "files" / "notes" / "plan.md").read_text() == "the plan"
+    assert store.resolve("artifact://0", session_id=parent.id).content == "new tool output"
+    assert (
+        not (session_dir(root, "acme", parent.id) / STAGING_DIR / "forks")
+        .joinpath(fork.id)
+        .exists()
+    )  # what the parent held for the fork is gone
+    assert _snapshot(outside) == before
