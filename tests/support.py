@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import errno
+import logging
 import os
 import shutil
 import signal
@@ -17,6 +18,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+import pytest
 import redis
 from celery import Celery
 from celery.contrib.testing.worker import start_worker
@@ -376,3 +378,11 @@ def set_output_expiry(store: SessionStore, artifact_id: str, from_now: timedelta
             .where(_artifacts.c.local_id == artifact_id)
             .values(expires_at=utcnow() + from_now)
         )
+
+
+def watch_log(caplog: pytest.LogCaptureFixture, name: str, level: int = logging.WARNING) -> None:
+    """Capture logger ``name`` at ``level`` whatever earlier tests in this process did to
+    logging: a Celery worker started in-process configures it, which disables every logger
+    that existed then (``disabled`` is not reset by ``caplog.set_level``)."""
+    logging.getLogger(name).disabled = False
+    caplog.set_level(level, logger=name)

@@ -23,7 +23,7 @@ from hypothesis import settings as hsettings
 from hypothesis import strategies as st
 
 from core import SessionStore
-from core.artifacts import session_dir
+from core.artifacts import inherited, session_dir
 from core.artifacts.fsio import sweep_staging
 from core.artifacts.paths import OVERSIZED_DIR, STAGING_DIR, oversized_name
 from core.blobs.files import FileBlobStore
@@ -33,6 +33,7 @@ from core.errors import BlobCorrupted, ForkCopyBlocked, SessionStoreError, Symli
 from core.models import utcnow
 from core.records import Session
 from tests.contract.test_fork import defer_copies
+from tests.support import watch_log
 
 # where the link goes (relative to the session directory), and what it replaces
 PLACES = {
@@ -575,6 +576,7 @@ def test_a_linked_pending_fork_directory_never_fails_the_parents_write(
     through the link (its target is unchanged), a warning is logged, the fork's copy stays
     pending, and once the link is removed it completes with the parent's content from
     before the writes."""
+    watch_log(caplog, inherited.__name__)
     root = store.settings.resolved_artifact_root
     outside = tmp_path / "outside"
     outside.mkdir()

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import logging
 import math
 from typing import Any
 
@@ -16,6 +15,7 @@ from core import SessionStore
 from core.errors import InvalidEvent
 from core.journal.usage import INT64_MAX, INT64_MIN, check_usage
 from core.records import PreparedEvent
+from tests.support import watch_log
 
 
 def assistant(usage: dict[str, Any], entry_id: str = "a1") -> dict[str, Any]:
@@ -86,10 +86,7 @@ def _old_usage(n: int, usage: str) -> bytes:
 def test_state_and_stats_survive_stored_numbers_that_overflow(
     store: SessionStore, caplog: pytest.LogCaptureFixture
 ) -> None:
-    # Earlier tests in the run may have changed logging (Celery workers configure it).
-    usage_log = logging.getLogger("core.journal.usage")
-    usage_log.disabled = False
-    caplog.set_level(logging.WARNING, logger="core.journal.usage")
+    watch_log(caplog, "core.journal.usage")
     # valid one by one, but their sum overflows int64 (SQLite's sum() raised on it)
     near = store.create_session(tenant_id="t")
     store.append(near.id, [assistant({"input": INT64_MAX}, f"a{i}") for i in range(3)])
