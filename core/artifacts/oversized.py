@@ -209,17 +209,19 @@ class OversizedOutputs:
             self.storage.delete(key_of(self.root, path))
 
     def discard(self, session_id: str, tenant_id: str, artifact_id: str) -> bool:
-        """Remove one oversized output, row then file; whether it had a row."""
-        with write_transaction(self.engine) as conn:
-            deleted = rows.delete_artifact(conn, session_id, OVERSIZED, artifact_id)
-        # Row first: a missing file without a row is invisible, a row without a file
-        # already reads as expired.
+        """Remove one oversized output, file then row; whether it had a row.
+
+        File first: a row without its file already reads as expired, and the next expiry
+        (or discard) removes it; a file without its row (a failing disk, or a crash between
+        the two) would be found by nothing and kept forever. A file that cannot be removed
+        (``StorageUnavailable``) keeps its row, so it is retried."""
         path = session_dir(self.root, tenant_id, session_id) / oversized_name(artifact_id)
         try:
             self._remove(path)
-        except SymlinkRefused as exc:  # the row is gone; the planted link stays, unfollowed
+        except SymlinkRefused as exc:  # a planted link is no file of ours: it stays, unfollowed
             logger.warning("oversized output removal refused a symlink", extra={"path": exc.path})
-        return deleted
+        with write_transaction(self.engine) as conn:
+            return rows.delete_artifact(conn, session_id, OVERSIZED, artifact_id)
 
     def stats(self, *, tenant_id: str | None = None) -> ArtifactStats:
         """How many oversized outputs are stored, and their bytes (all tenants by default)."""
@@ -229,7 +231,7 @@ class OversizedOutputs:
     def expire(
         self, *, now: datetime | None = None, apply: bool = False, limit: int = 1000
     ) -> ExpireReport:
-        """Oversized outputs past their TTL; with ``apply``, remove them (rows, then files)."""
+        """Oversized outputs past their TTL; with ``apply``, remove them (files, then rows)."""
         moment = now or utcnow()
         with read_connection(self.engine) as conn:
             expired = rows.expired_oversized(conn, moment, limit)

@@ -16,7 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from core import SessionStore, Settings
+import core.artifacts.oversized as oversized_module
+from core import SessionStore, Settings, nofollow
+from core.artifacts.paths import oversized_name, session_dir
 from core.blobs.files import FileBlobStore
 from core.errors import InvalidEvent, StorageUnavailable
 from core.translate import is_unavailable
@@ -246,8 +248,9 @@ def test_a_move_on_a_failing_disk_gives_storage_unavailable_and_changes_nothing(
 def test_expiry_on_a_failing_disk_reports_the_unavailable_store_and_stops(
     store: SessionStore, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Each batch deletes its rows before the files: on a failing disk expiry stops at the
-    first file it cannot remove, rather than deleting row after row of files it leaves."""
+    """On a failing disk expiry stops at the first file it cannot remove, and keeps its row:
+    the next run removes it (it deleted the row first, and the file stayed forever, found by
+    nothing)."""
     sid, _tool_id, first = _artifacts_of(store)
     second = store.store_oversized(sid, "y" * 20_000, "bash")
     assert second is not None
@@ -261,7 +264,32 @@ def test_expiry_on_a_failing_disk_reports_the_unavailable_store_and_stops(
     assert "artifacts is unavailable" in error and "Input/output error" in error
     assert report.deleted == 0 and fault.refused == 1
     fault.failing.clear()
-    assert store.expire_artifacts(apply=True).deleted == 1  # the other one, next run
+    assert store.expire_artifacts(apply=True).deleted == 2  # both, next run
+    oversized = session_dir(
+        store.settings.resolved_artifact_root, store.get_session(sid).tenant_id, sid
+    ) / oversized_name(first)
+    assert not nofollow.exists(store.settings.resolved_artifact_root, oversized)
+
+
+def test_expiry_that_dies_between_the_file_and_its_row_is_finished_by_the_next_run(
+    store: SessionStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The database goes away after the file is removed: the row left behind reads as
+    expired, and the next run removes it (nothing is left that no run would find)."""
+    sid, _tool_id, art_id = _artifacts_of(store)
+    set_output_expiry(store, art_id, timedelta(seconds=-10))
+    real = oversized_module.rows.delete_artifact
+
+    def database_gone(*args: object, **kwargs: object) -> bool:
+        raise StorageUnavailable("database")
+
+    monkeypatch.setattr(oversized_module.rows, "delete_artifact", database_gone)
+    report = store.expire_artifacts(apply=True)
+    assert report.deleted == 0 and report.errors, report
+    monkeypatch.setattr(oversized_module.rows, "delete_artifact", real)
+    assert store.retrieve(art_id, session_id=sid) is None  # its file is gone: expired
+    assert store.expire_artifacts(apply=True).deleted == 1
+    assert store.expire_artifacts(apply=True).deleted == 0
 
 
 def test_blob_reads_and_deletes_on_a_failing_disk_give_storage_unavailable(
