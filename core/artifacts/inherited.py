@@ -55,6 +55,16 @@ class Found(NamedTuple):
     not_after: float = 0.0
 
 
+def read_own_file(root: Path, path: Path, storage: ArtifactStorage | None) -> bytes | None:
+    """The bytes at ``path`` below ``root`` in the artifact storage (local files when
+    ``storage`` is None or the file backend: no link followed), None when absent; nothing
+    inherited is looked for."""
+    if storage is None or isinstance(storage, FileArtifactStorage):
+        with storage_errors("artifacts"):  # a failing disk, as on S3
+            return nofollow.read_bytes(root, path)
+    return storage.read(key_of(root, path))
+
+
 def read_artifact_file(
     engine: Engine,
     root: Path,
@@ -72,10 +82,7 @@ def read_artifact_file(
     objects = None if isinstance(storage, FileArtifactStorage) else storage
 
     def read(path: Path) -> bytes | None:
-        if objects is None:
-            with storage_errors("artifacts"):  # a failing disk, as on S3
-                return nofollow.read_bytes(root, path)
-        return objects.read(key_of(root, path))
+        return read_own_file(root, path, objects)
 
     data = read(own)
     if data is not None:

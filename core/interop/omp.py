@@ -36,16 +36,16 @@ from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
 from core import nofollow
-from core.artifacts.inherited import read_artifact_file
+from core.artifacts.inherited import read_artifact_file, read_own_file
 from core.artifacts.manager import MAX_AGENT_ID_CHARS
 from core.artifacts.paths import contained_path, encode_component
 from core.artifacts.records import AGENT_OUTPUT, TOOL_OUTPUT
 from core.blobs.externalize import canonical_base64
 from core.blobs.store import BLOB_REF_PREFIX, parse_ref
-from core.errors import SymlinkRefused
+from core.errors import SymlinkRefused, UnreadableFile
 from core.fsio import replace_atomically
 from core.interop import exporter, pi
-from core.interop.importer import register_converter
+from core.interop.importer import read_file, register_converter
 from core.interop.model import ArtifactFile, Format, ParsedSession
 
 if TYPE_CHECKING:
@@ -118,9 +118,9 @@ class _BlobReader:
         blob_hash = parse_ref(ref)
         data = None
         if blob_hash is not None:
-            try:
-                data = (self.root / blob_hash).read_bytes()
-            except OSError:
+            try:  # a FIFO or a device named as a blob is no blob: never opened blocking
+                data = read_file(self.root / blob_hash)
+            except UnreadableFile:
                 data = None
         if data is None or hashlib.sha256(data).hexdigest() != blob_hash:
             if ref not in self.missing:
@@ -214,16 +214,16 @@ def import_artifacts(store: SessionStore, session_id: str, parsed: ParsedSession
     written = 0
     for artifact in parsed.artifacts:
         if artifact.kind == "tool_output":
-            data = artifact.path.read_bytes()
+            data = read_file(artifact.path)
             tool = artifact.tool_type or "tool"
             if _same(have, {f"{artifact.artifact_id}.{tool}.log": data}):
                 continue
             manager.put_tool_output(artifact.artifact_id, tool, data)
         elif artifact.kind == "agent_output" or artifact.artifact_id not in outputs:
-            md = artifact.path.read_bytes() if artifact.kind == "agent_output" else b""
+            md = read_file(artifact.path) if artifact.kind == "agent_output" else b""
             files = {f"{artifact.artifact_id}.md": md}
             sidecar = sidecars.get(artifact.artifact_id)
-            jsonl = sidecar.read_bytes() if sidecar is not None else None
+            jsonl = read_file(sidecar) if sidecar is not None else None
             if jsonl is not None:
                 files[f"{artifact.artifact_id}.jsonl"] = jsonl
             if _same(have, files):
@@ -384,17 +384,19 @@ def _export_artifacts(store: SessionStore, session_id: str, directory: Path) -> 
     manager = store.artifacts(session_id)
     own = manager.directory()
     count = 0
+    root = store.settings.resolved_artifact_root
+    storage = store.artifact_storage
     for row in _exportable(manager.list()):
-        root = store.settings.resolved_artifact_root
-        data = read_artifact_file(store.engine, root, own / (row.name or ""), row)
+        data = read_artifact_file(store.engine, root, own / (row.name or ""), row, storage)
         if data is None:
             continue
         directory.mkdir(parents=True, exist_ok=True)
         replace_atomically(contained_path(directory, row.name or ""), data)
-        if row.kind == AGENT_OUTPUT:
-            sidecar = own / f"{row.local_id}.jsonl"
-            if sidecar.is_file():
-                replace_atomically(contained_path(directory, sidecar.name), sidecar.read_bytes())
+        if row.kind == AGENT_OUTPUT:  # its sidecar, from the same storage, through no link
+            name = f"{row.local_id}.jsonl"
+            jsonl = read_own_file(root, own / name, storage)
+            if jsonl is not None:
+                replace_atomically(contained_path(directory, name), jsonl)
         count += 1
     return count
 
