@@ -8,13 +8,14 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Iterator, Mapping
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from functools import cache
 from typing import TYPE_CHECKING, Any
 
 import typer
 
 if TYPE_CHECKING:
+    from celery import Celery
     from rich.console import Console
     from rich.table import Table
     from rich.text import Text
@@ -175,3 +176,16 @@ def print_table(table: Table) -> None:
         console.print(table)
     else:
         Console(width=needed).print(table)
+
+
+def queue_app(stack: ExitStack) -> Celery:
+    """The Celery app a command enqueues through. With the embedded broker nothing else
+    consumes its queue, so a worker runs in this process until ``stack`` closes (as
+    ``append --via-queue`` and ``export --via-queue`` need; with Redis, the workers do)."""
+    from tasks.app import get_app, settings_of
+    from tasks.embedded import embedded_worker
+
+    celery_app = get_app()
+    if settings_of(celery_app).is_embedded_broker:
+        stack.enter_context(embedded_worker(celery_app))
+    return celery_app

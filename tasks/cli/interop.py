@@ -6,12 +6,21 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable
+from contextlib import ExitStack
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from tasks.cli.common import JsonOption, console, err_console, new_app, open_store, print_json
+from tasks.cli.common import (
+    JsonOption,
+    console,
+    err_console,
+    new_app,
+    open_store,
+    print_json,
+    queue_app,
+)
 
 cli = new_app()
 
@@ -273,11 +282,13 @@ def _export_via_queue(
     from core.errors import NotFinishedInTime
     from tasks import enqueue_rehydrate
 
-    with open_store() as store:
+    with open_store() as store, ExitStack() as stack:
         found = store.resolve_session(session, tenant_id=tenant)
         bound = 2 * store.settings.rehydrate_max_build_seconds if timeout is None else timeout
         deadline = time.monotonic() + bound
-        handle = enqueue_rehydrate(found.id, tenant_id=found.tenant_id, at_seq=at_seq, format=fmt)
+        handle = enqueue_rehydrate(
+            found.id, tenant_id=found.tenant_id, at_seq=at_seq, format=fmt, app=queue_app(stack)
+        )
         with Progress(console=err_console, transient=True, disable=as_json) as bar:
             task = bar.add_task("rehydrating", total=None)
             while True:

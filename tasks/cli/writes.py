@@ -22,6 +22,7 @@ from tasks.cli.common import (
     print_fields,
     print_json,
     print_table,
+    queue_app,
 )
 
 if TYPE_CHECKING:
@@ -97,13 +98,9 @@ def append(
 
 
 def _queue_writer(stack: ExitStack) -> Any:
-    from tasks.app import get_app, settings_of
-    from tasks.embedded import embedded_worker
     from tasks.producer import enqueue_append
 
-    celery_app = get_app()
-    if settings_of(celery_app).is_embedded_broker:
-        stack.enter_context(embedded_worker(celery_app))
+    celery_app = queue_app(stack)
 
     def write(session_id: str, events: list[Any], **options: Any) -> AppendResult:
         return enqueue_append(session_id, events, app=celery_app, **options).get(timeout=120)

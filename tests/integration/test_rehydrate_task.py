@@ -329,9 +329,41 @@ def test_cli_export_via_queue_equals_export(
     assert (tmp_path / "q.jsonl").read_bytes() == (tmp_path / "d.jsonl").read_bytes()
 
 
-def test_cli_export_via_queue_fails_typed_when_its_wait_runs_out(tmp_path: Path) -> None:
-    """No result within --timeout (here no worker at all; a build hung on a stalled read
-    looks the same from the CLI): one line and exit 1, where it waited forever."""
+def test_cli_export_via_queue_on_embedded_defaults_needs_no_worker(tmp_path: Path) -> None:
+    """With the embedded broker nothing else consumes the queue: the command runs a worker
+    of its own, as ``append`` does (it waited for one that never came)."""
+    import subprocess
+    import sys
+
+    settings = Settings(data_dir=tmp_path / "embedded")
+    upgrade(settings.resolved_database_url)
+    with SessionStore.from_settings(settings) as store:
+        sid = _session(store, turns=2)
+    env = {
+        **{k: v for k, v in os.environ.items() if not k.startswith("SESSIONSTORE_")},
+        "SESSIONSTORE_DATA_DIR": str(settings.data_dir),
+    }
+    cli = str(Path(sys.executable).with_name("sessionstore"))
+    for name, extra in (("q.jsonl", ["--via-queue", "--timeout", "60"]), ("d.jsonl", [])):
+        done = subprocess.run(
+            [cli, "export", sid, "-o", str(tmp_path / name), *extra],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+        assert done.returncode == 0, done.stderr
+    assert (tmp_path / "q.jsonl").read_bytes() == (tmp_path / "d.jsonl").read_bytes()
+
+
+@pytest.mark.redis
+def test_cli_export_via_queue_fails_typed_when_its_wait_runs_out(
+    redis_url: str, tmp_path: Path
+) -> None:
+    """No result within --timeout (here no worker consumes the Redis queue; a build hung on
+    a stalled read looks the same from the CLI): one line and exit 1, where it waited
+    forever."""
     import subprocess
     import sys
 
@@ -339,7 +371,11 @@ def test_cli_export_via_queue_fails_typed_when_its_wait_runs_out(tmp_path: Path)
     upgrade(settings.resolved_database_url)
     with SessionStore.from_settings(settings) as store:
         sid = _session(store, turns=1)
-    env = {**os.environ, "SESSIONSTORE_DATA_DIR": str(settings.data_dir)}
+    env = {
+        **{k: v for k, v in os.environ.items() if not k.startswith("SESSIONSTORE_")},
+        "SESSIONSTORE_DATA_DIR": str(settings.data_dir),
+        "SESSIONSTORE_BROKER_URL": redis_url,
+    }
     cli = str(Path(sys.executable).with_name("sessionstore"))
     argv = [cli, "export", sid, "--via-queue", "-o", str(tmp_path / "q")]
     # --timeout, then its default: twice the build bound
