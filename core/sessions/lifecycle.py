@@ -20,7 +20,7 @@ from core.artifacts import rows
 from core.artifacts.paths import session_dir
 from core.artifacts.storage import FileArtifactStorage, artifact_storage_for, key_prefix_of
 from core.db import write_transaction
-from core.errors import ForkCopiesInProgress, SymlinkRefused
+from core.errors import ForkCopiesInProgress, StorageUnavailable, SymlinkRefused
 from core.journal import Journal
 from core.models import (
     ArtifactRow,
@@ -114,7 +114,7 @@ class SessionLifecycle:
                 nofollow.rmtree(self.root, directory)  # follows no link, above or inside
             else:
                 self.storage.delete_prefix(key_prefix_of(self.root, directory))
-        except (OSError, SymlinkRefused) as exc:
+        except (OSError, SymlinkRefused, StorageUnavailable) as exc:  # rows are gone: report
             removed = False
             log.warning(
                 "session deleted; its artifact directory could not be removed",

@@ -15,8 +15,9 @@ from sqlalchemy import func, select
 
 from core import SessionNotFound, SessionStore, Settings
 from core.artifacts import fsio, session_dir
+from core.artifacts.objects import ObjectArtifactStorage
 from core.artifacts.paths import encode_component
-from core.errors import MoveFailed, QuotaExceeded
+from core.errors import MoveFailed, QuotaExceeded, StorageUnavailable
 from core.models import (
     ArtifactRow,
     BlobRefRow,
@@ -27,6 +28,7 @@ from core.models import (
     SnapshotRow,
     WriteRow,
 )
+from core.sessions import lifecycle
 from core.sessions.moves import _DirectoryMove
 from tasks.cli.samples import EntryBuilder
 from tests.contract.artifact_backends import (
@@ -208,6 +210,25 @@ def test_delete_removes_the_session_and_everything_that_names_it(store: SessionS
     assert store.blob_stats().blob_count == blobs  # blobs are left for GC
     assert store.gc_blobs(apply=True, grace=0).deleted == blobs
     assert [s.id for s in store.list_sessions().items] == [keep]
+
+
+def test_a_delete_whose_artifacts_cannot_be_removed_reports_it(
+    store: SessionStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The storage fails (S3 away, a failing disk) after the session's rows are gone: the
+    delete is done and says its directory was not removed, as for a local OSError (it
+    raised StorageUnavailable, so the caller saw a failed delete of a deleted session)."""
+    sid = _with_files(store)
+
+    def unavailable(*args: Any, **kwargs: Any) -> None:
+        raise StorageUnavailable("artifacts", "artifacts is unavailable: injected")
+
+    monkeypatch.setattr(lifecycle.nofollow, "rmtree", unavailable)
+    monkeypatch.setattr(ObjectArtifactStorage, "delete_prefix", unavailable)
+    report = store.delete_session(sid)
+    assert report.directory_removed is False
+    with pytest.raises(SessionNotFound):
+        store.get_session(sid)
 
 
 def test_delete_is_scoped_by_tenant(store: SessionStore) -> None:
