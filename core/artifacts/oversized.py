@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import re
 import secrets
+from collections.abc import Collection
 from datetime import datetime, timedelta
 from pathlib import Path
 
@@ -31,7 +32,7 @@ from core.artifacts.records import (
 from core.artifacts.staging import Staged, staged_in
 from core.artifacts.storage import FileArtifactStorage, artifact_storage_for, key_of
 from core.db import read_connection, write_transaction
-from core.errors import ArtifactError, SymlinkRefused
+from core.errors import ArtifactError, SessionNotFound, SymlinkRefused
 from core.models import utcnow
 from core.settings import Settings
 from core.translate import storage_errors
@@ -208,19 +209,27 @@ class OversizedOutputs:
         else:
             self.storage.delete(key_of(self.root, path))
 
-    def discard(self, session_id: str, tenant_id: str, artifact_id: str) -> bool:
+    def discard(self, session_id: str, artifact_id: str) -> bool:
         """Remove one oversized output, file then row; whether it had a row.
 
         File first: a row without its file already reads as expired, and the next expiry
         (or discard) removes it; a file without its row (a failing disk, or a crash between
         the two) would be found by nothing and kept forever. A file that cannot be removed
-        (``StorageUnavailable``) keeps its row, so it is retried."""
-        path = session_dir(self.root, tenant_id, session_id) / oversized_name(artifact_id)
-        try:
-            self._remove(path)
-        except SymlinkRefused as exc:  # a planted link is no file of ours: it stays, unfollowed
-            logger.warning("oversized output removal refused a symlink", extra={"path": exc.path})
+        keeps its row, so it is retried. Both happen under the tenant's quota lock, which a
+        move of the session holds while it renames the directory: the file is removed where
+        the session is now, not where it was when the output was listed."""
         with write_transaction(self.engine) as conn:
+            try:
+                info = rows.lock_quota(conn, session_id)
+            except SessionNotFound:  # deleted meanwhile, with its outputs
+                return False
+            path = session_dir(self.root, info.tenant_id, session_id) / oversized_name(artifact_id)
+            try:
+                self._remove(path)
+            except SymlinkRefused as exc:  # a planted link is no file of ours: it stays
+                logger.warning(
+                    "oversized output removal refused a symlink", extra={"path": exc.path}
+                )
             return rows.delete_artifact(conn, session_id, OVERSIZED, artifact_id)
 
     def stats(self, *, tenant_id: str | None = None) -> ArtifactStats:
@@ -229,16 +238,31 @@ class OversizedOutputs:
             return rows.stats(conn, OVERSIZED, tenant_id=tenant_id)
 
     def expire(
-        self, *, now: datetime | None = None, apply: bool = False, limit: int = 1000
+        self,
+        *,
+        now: datetime | None = None,
+        apply: bool = False,
+        limit: int = 1000,
+        skip: Collection[tuple[str, str]] = (),
     ) -> ExpireReport:
-        """Oversized outputs past their TTL; with ``apply``, remove them (files, then rows)."""
+        """Oversized outputs past their TTL, but those ``skip`` names (session id, artifact
+        id); with ``apply``, remove them (files, then rows). One whose file cannot be removed
+        is reported in ``failed`` and the others still go; ``StorageUnavailable`` (the
+        storage itself failing) ends the call."""
         moment = now or utcnow()
         with read_connection(self.engine) as conn:
-            expired = rows.expired_oversized(conn, moment, limit)
+            listed = rows.expired_oversized(conn, moment, limit + len(skip))
+        expired = [(s, t, a) for s, t, a in listed if (s, a) not in skip][:limit]
         if not apply:
             return ExpireReport([(s, a) for s, _, a in expired], 0, False)
-        deleted = sum(self.discard(s, t, a) for s, t, a in expired)
+        deleted, failed = 0, []
+        for session_id, _tenant, artifact_id in expired:
+            try:
+                deleted += self.discard(session_id, artifact_id)
+            except (OSError, ArtifactError) as exc:  # this file only (a directory in the way)
+                failed.append((session_id, artifact_id, str(exc)))
         logger.info(
-            "oversized outputs expired", extra={"expired": len(expired), "deleted": deleted}
+            "oversized outputs expired",
+            extra={"expired": len(expired), "deleted": deleted, "failed": len(failed)},
         )
-        return ExpireReport([(s, a) for s, _, a in expired], deleted, True)
+        return ExpireReport([(s, a) for s, _, a in expired], deleted, True, failed)

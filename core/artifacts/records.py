@@ -109,6 +109,9 @@ class ExpireReport:
     expired: list[tuple[str, str]] = field(default_factory=list)
     deleted: int = 0
     applied: bool = False
+    # (session id, artifact id, error) of those whose file could not be removed: their rows
+    # stay, for the next run
+    failed: list[tuple[str, str, str]] = field(default_factory=list)
 
 
 @dataclass(frozen=True, slots=True)

@@ -375,7 +375,7 @@ def _build(
             )
         ).rowcount
     if not finished:  # taken over while publishing: the other builder's output stands
-        store.oversized.discard(session.id, session.tenant_id, ref.artifact_id)
+        store.oversized.discard(session.id, ref.artifact_id)
         raise _ClaimLost
     log.info("rehydrated export built", extra={k: result[k] for k in ("ref", "size", "entries")})
     if progress is not None:

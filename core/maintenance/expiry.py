@@ -41,6 +41,9 @@ _sessions = table_of(SessionRow)
 
 DEFAULT_BATCH = 1000
 MAX_ERRORS_KEPT = 50
+# A run stops after this many outputs whose files could not be removed (each is skipped,
+# and each later batch's listing reads past them).
+MAX_FAILED = 1000
 SAMPLE_SIZE = 20
 
 
@@ -140,24 +143,26 @@ def _expire_batches(
     batch_size: int,
     progress: Progress | None,
 ) -> None:
+    failed: set[tuple[str, str]] = set()
     while True:
         try:
-            batch = oversized.expire(now=report.now, apply=True, limit=batch_size)
+            batch = oversized.expire(now=report.now, apply=True, limit=batch_size, skip=failed)
         except StorageUnavailable as exc:
-            # The disk failed (or filled): every next file would fail too, and each batch
-            # deletes its rows first. Stop; the next run carries on.
+            # The disk failed (or filled), or S3 is away: every next file would fail too.
+            # Stop; the rows of what was not removed stay, and the next run carries on.
             report.errors.append(f"cannot remove an expired file: {exc}")
             return
-        except OSError as exc:
-            # Rows go before files, so the failed one is no longer listed: carry on.
-            report.errors.append(f"cannot remove an expired file: {exc}")
-            if len(report.errors) >= MAX_ERRORS_KEPT:
-                return
-            continue
         report.deleted += batch.deleted
+        for session_id, artifact_id, error in batch.failed:
+            # Its row stays (files go first) and it is not listed again in this run.
+            failed.add((session_id, artifact_id))
+            if len(report.errors) < MAX_ERRORS_KEPT:
+                report.errors.append(
+                    f"cannot remove expired output {artifact_id} of session {session_id}: {error}"
+                )
         if progress is not None:
             progress("artifacts", report.deleted, report.expired)
-        if batch.deleted == 0 or len(batch.expired) < batch_size:
+        if len(batch.expired) < batch_size or len(failed) >= MAX_FAILED:
             return
 
 

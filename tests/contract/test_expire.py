@@ -14,6 +14,7 @@ import pytest
 from sqlalchemy import func, select, update
 
 from core import SessionStore, Settings
+from core.artifacts import rows as artifact_rows
 from core.artifacts.paths import oversized_name
 from core.maintenance.expiry import expire_artifacts
 from core.models import ArtifactRow, utcnow
@@ -188,3 +189,57 @@ def test_facade_expires_every_due_artifact_in_one_call(settings: Settings) -> No
         assert store.expire_artifacts(apply=True).expired == 0
         directory = store.artifacts(sid).directory()
         assert not [p for p in directory.iterdir() if p.is_file()]
+
+
+@FILE_ONLY
+def test_one_file_that_cannot_go_holds_back_no_other(store: SessionStore) -> None:
+    """A directory planted at one expired output's name (EISDIR, never a transient error):
+    that output is reported and keeps its row, every other one still expires, in batches
+    that read past it, and the next run reports it again (one stuck output stopped every
+    expiry for good, as each batch listed it first and ended there)."""
+    sid = store.create_session(tenant_id="acme").id
+    ids = [_oversized(store, sid, str(i)) for i in range(5)]
+    for art_id in ids:
+        _expire_now(store, art_id)
+    stuck = _path(store, sid, ids[0])
+    stuck.unlink()
+    stuck.mkdir()
+    (stuck / "x").write_text("planted")
+
+    report = store.expire_artifacts(apply=True, batch_size=2)
+
+    assert report.deleted == 4
+    [error] = report.errors
+    assert ids[0] in error and "Is a directory" in error
+    assert not any(_path(store, sid, a).exists() for a in ids[1:])
+    assert _rows(store) == 1
+    again = store.expire_artifacts(apply=True, batch_size=2)
+    assert (again.deleted, len(again.errors)) == (0, 1)
+
+
+def test_expiry_removes_the_file_where_a_concurrent_move_put_it(
+    store: SessionStore, raw: RawArtifacts, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The session moves to another tenant between the listing of its expired output and
+    the removal: the file is removed at the new place, with its row (expiry removed the old
+    path, which no longer existed, and the moved file stayed with no row to find it)."""
+    sid = store.create_session(tenant_id="acme").id
+    art_id = _oversized(store, sid, "m")
+    _expire_now(store, art_id)
+    real = artifact_rows.expired_oversized
+    listings: list[int] = []
+
+    def listed_then_moved(*args: Any, **kwargs: Any) -> Any:
+        found = real(*args, **kwargs)
+        listings.append(1)
+        if len(listings) == 2:  # the apply batch (the first listing is the report's sample)
+            store.move(sid, tenant_id="globex")
+        return found
+
+    monkeypatch.setattr(artifact_rows, "expired_oversized", listed_then_moved)
+    report = store.expire_artifacts(apply=True)
+
+    assert (report.deleted, report.errors) == (1, [])
+    assert store.get_session(sid).tenant_id == "globex"
+    assert raw.gone(_path(store, sid, art_id))
+    assert _rows(store) == 0
