@@ -49,10 +49,12 @@ def _reject_constant(name: str) -> Any:
 
 
 # orjson reads an integer beyond 64 bits as a float, silently; such a float's magnitude is at
-# least 2**63. A value holding one (rare) is read again by the standard library, which keeps
-# integers exact. Looking for the float in the decoded value costs a twentieth of what
-# searching every line for a run of 19 digits did (as much as the decoding itself).
+# least 2**63, and its literal a run of 19 or more digits. A value holding such a float whose
+# line holds such a run (rare) is read again by the standard library, which keeps integers
+# exact. Looking for the float first costs a twentieth of what searching every line for the
+# digits did (as much as the decoding itself); a float like 1e300 alone changes nothing.
 _WIDE = 2.0**63
+_LONG_DIGITS = re.compile(rb"\d{19}")
 
 
 def loads_exact(line: bytes | str) -> Any:
@@ -65,11 +67,14 @@ def loads_exact(line: bytes | str) -> Any:
     except orjson.JSONDecodeError:
         pass
     else:
-        if not _holds_wide_float(value):
+        if not _holds_wide_float(value) or _LONG_DIGITS.search(line) is None:
             return value
     # strict UTF-8 (UnicodeDecodeError): json.loads(bytes) would pass encoded surrogates
     text = line.removeprefix(codecs.BOM_UTF8).decode("utf-8")
-    return json.loads(text, parse_constant=_reject_constant)
+    try:
+        return json.loads(text, parse_constant=_reject_constant)
+    except RecursionError:  # the standard library's reader recurses: ~1,000 levels at most
+        raise ValueError("nested too deeply to be read exactly") from None
 
 
 def _holds_wide_float(value: Any) -> bool:

@@ -10,6 +10,7 @@ import math
 from pathlib import Path
 from typing import Any
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -66,6 +67,21 @@ def test_numbers_at_the_edges_of_64_bits_are_read_exactly() -> None:
             line = json.dumps(value)
             assert _same(pi.loads_exact(line), json.loads(line)), line
             assert _same(pi.loads_exact(line.encode()), json.loads(line)), line
+
+
+def test_a_large_float_deep_inside_is_read_without_the_standard_library() -> None:
+    """1e300 at depth 1,000 is a plain float: orjson's value stands (it was read again by
+    the standard library, whose reader recursed past its limit: RecursionError, and the
+    import crashed). A wide integer that deep cannot be read exactly: a ValueError, which
+    the reader reports as a line that is not JSON, never a crash."""
+    for depth in (1000, 1020):
+        line = "[" * depth + "1e300" + "]" * depth
+        value = pi.loads_exact(line)
+        for _ in range(depth):
+            [value] = value
+        assert value == 1e300
+    with pytest.raises(ValueError):
+        pi.loads_exact("[" * 1000 + str(10**30) + "]" * 1000)
 
 
 @given(deep=st.integers(min_value=1, max_value=200))
