@@ -240,7 +240,7 @@ class ForkCopies:
                 report = self.copy_artifacts(fork_id)
             except SessionNotFound:
                 continue
-            if report.status == COPY_PENDING and report.skipped_symlinks:
+            if report.skipped_symlinks:  # pending, or failed as well: what it skipped is not copied
                 raise ForkCopyBlocked(session_id, fork_id, report.skipped_symlinks, action)
 
     # move -----------------------------------------------------------------------------------

@@ -280,6 +280,34 @@ def test_a_fork_copy_blocked_by_a_link_names_it_to_the_parent_s_delete_and_move(
     assert (fork_dir / "0.bash.log").read_text() == "tool output"
 
 
+def test_a_fork_copy_blocked_by_a_link_and_failed_elsewhere_still_blocks_the_delete(
+    store: SessionStore, tmp_path: Path
+) -> None:
+    """The copy skips a linked directory and fails on another file (changed in the parent):
+    its status is then "failed", not "pending", and the parent's delete went through,
+    taking the only copy of what the link kept the fork from. It is refused the same way."""
+    root = store.settings.resolved_artifact_root
+    parent = store.create_session(tenant_id="acme")
+    store.artifacts(parent.id).files.put("a.md", "A")
+    store.artifacts(parent.id).files.put("sub/b.md", "B (only copy)")
+    defer_copies(store)
+    fork = store.fork(parent.id)
+    fork_files = session_dir(root, "acme", fork.id) / "files"
+    fork_files.mkdir(parents=True)
+    (tmp_path / "outside").mkdir()
+    os.symlink(tmp_path / "outside", fork_files / "sub")
+    later = time.time() + 3600  # a.md: "changed in the parent" since the fork
+    os.utime(session_dir(root, "acme", parent.id) / "files" / "a.md", (later, later))
+
+    with pytest.raises(ForkCopyBlocked):
+        store.delete_session(parent.id)
+    assert store.get_session(fork.id).copy_status == "failed"
+    (fork_files / "sub").unlink()
+    assert store.artifacts(fork.id).files.get("sub/b.md") == b"B (only copy)"
+    store.delete_session(parent.id)  # the link gone, b.md is copied: nothing is lost
+    assert store.artifacts(fork.id).files.get("sub/b.md") == b"B (only copy)"
+
+
 def test_a_link_at_one_fork_file_skips_that_file_only(store: SessionStore, tmp_path: Path) -> None:
     """A link planted where one inherited file goes (pointing outside the session
     directory) skips that file; the others are copied, the copy stays pending, and once the
