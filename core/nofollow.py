@@ -55,6 +55,18 @@ def check_path(root: Path, path: Path, *, leaf: bool = True) -> None:
             raise SymlinkRefused(str(current))
 
 
+def first_link(root: Path, path: Path) -> Path | None:
+    """The first component of ``path`` below ``root`` that is a symlink (what to remove when
+    an operation there was refused), or None."""
+    try:
+        check_path(root, path)
+    except SymlinkRefused as exc:
+        return Path(exc.path)
+    except InvalidArtifactPath:
+        return None
+    return None
+
+
 def open_file(root: Path, path: Path) -> int | None:
     """A read-only descriptor of the regular file at ``path``, reached without following
     any link below ``root``; None when there is no such file."""

@@ -24,6 +24,7 @@ from typing import Any
 from sqlalchemy import func, select
 
 from core import nofollow
+from core.blobs.files import FileBlobStore
 from core.blobs.store import (
     BlobStore,
     Codec,
@@ -63,9 +64,12 @@ class VerifyReport:
         if len(listed) < MAX_LISTED:
             listed.append(value)
 
-    def note_symlink(self, blob_hash: str, path: str) -> None:
-        """A link refused on the way to ``blob_hash``'s files (a linked directory is met
-        once per blob below it, and reported once)."""
+    def note_symlink(self, blob_hash: str, path: str, root: Path | None = None) -> None:
+        """A link refused on the way to ``blob_hash``'s files, reported once under its own
+        path (a linked directory is met once per blob below it; the refusal names the path
+        asked for, below ``root``, and the link is looked for on the way there)."""
+        link = nofollow.first_link(root, Path(path)) if root is not None else None
+        path = str(link) if link is not None else path
         log.error("blob verify refused a symlink", extra={"blob_hash": blob_hash, "path": path})
         if path not in self._links_seen:
             self._links_seen.add(path)
@@ -176,7 +180,12 @@ def _verify_one(
             store.put(good)  # a put of the content re-writes and re-registers it
             report.note("repaired", blob_hash)
     except SymlinkRefused as exc:
-        report.note_symlink(blob_hash, exc.path)
+        report.note_symlink(blob_hash, exc.path, _root(store))
+
+
+def _root(store: BlobStore) -> Path | None:
+    """The blob root of a store on files (where a link can be), else None."""
+    return store.root if isinstance(store, FileBlobStore) else None
 
 
 def _quarantine(store: BlobStore, blob_hash: str, size: int, report: VerifyReport) -> bool:
@@ -186,7 +195,7 @@ def _quarantine(store: BlobStore, blob_hash: str, size: int, report: VerifyRepor
         for path in store.quarantine_corrupt(blob_hash, size):
             report.note("quarantined", path)
     except SymlinkRefused as exc:  # a linked corrupt/: the file stays, out of service
-        report.note_symlink(blob_hash, exc.path)
+        report.note_symlink(blob_hash, exc.path, _root(store))
     problem = store.check_stored(blob_hash, size)
     if problem is None and store.has_stored(blob_hash):
         return True

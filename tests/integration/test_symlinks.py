@@ -543,14 +543,43 @@ def test_blob_verify_never_moves_a_corrupt_blob_through_a_linked_corrupt_directo
     os.symlink(outside, _blob_root(store) / CORRUPT_DIR)
 
     report = verify_blobs(store.blobs)
-    [refused] = report.symlinks  # the quarantine's target, below the link
-    assert refused.startswith(f"{_blob_root(store) / CORRUPT_DIR}{os.sep}")
+    [refused] = report.symlinks  # the link itself, which the quarantine's target is below
+    assert refused == str(_blob_root(store) / CORRUPT_DIR)
     assert report.corrupt == [result.hash] and report.quarantined == []
     assert not report.healthy
     assert list(outside.iterdir()) == []
     assert path.read_bytes() == bytes(data)
     with pytest.raises(BlobCorrupted):
         store.blobs.get(result.hash)
+
+
+def test_blob_verify_reports_a_linked_first_level_directory_once_under_its_own_path(
+    store: SessionStore, tmp_path: Path
+) -> None:
+    """Three blobs under one first-level fan-out directory, which is swapped for a link: one
+    link is reported, at that directory (it was three, one per second-level directory
+    below it, none of them a link)."""
+    blobs = store.blobs
+    assert isinstance(blobs, FileBlobStore)
+    by_first: dict[str, list[bytes]] = {}
+    n = 0
+    while not any(len(v) == 3 for v in by_first.values()):
+        data = b"blob %d" % n
+        n += 1
+        digest = sha256_hex(data)
+        seconds = {sha256_hex(d)[2:4] for d in by_first.get(digest[:2], [])}
+        if digest[2:4] not in seconds:
+            by_first.setdefault(digest[:2], []).append(data)
+    first, chosen = next((k, v) for k, v in by_first.items() if len(v) == 3)
+    for data in chosen:
+        blobs.put(data)
+    (tmp_path / "outside").mkdir()
+    _swap_for_link(blobs.root / first, tmp_path / "outside")
+
+    report = verify_blobs(blobs)
+
+    assert report.symlinks == [str(blobs.root / first)]
+    assert report.counts["symlinks"] == 1 and not report.healthy
 
 
 def test_blob_verify_reports_each_symlink_and_checks_every_other_blob(
