@@ -106,8 +106,9 @@ class Counters:
 
 @dataclass(slots=True)
 class Header:
-    """The ``session`` header event of a coding-agent session file, if one was appended: the
-    first, as pi's ``getHeader`` takes it (a later ``session`` line is kept, not read)."""
+    """The ``session`` header event of a coding-agent session file, if one was appended as
+    the session's first event (seq 1): the line export writes first, which pi's ``getHeader``
+    takes. A ``session`` event anywhere else is kept as a line, not read."""
 
     seq: int | None = None
     session_id: str | None = None
@@ -324,7 +325,9 @@ def _on_custom(fold: Fold, payload: dict[str, Any], seq: int) -> None:
 
 
 def _on_header(fold: Fold, payload: dict[str, Any], seq: int) -> None:
-    if fold.header.seq is not None:
+    # Only the event at seq 1 is the header, as export writes it (when seq 1 is something
+    # else, export builds the header from the session row, and pi reads that one).
+    if seq != 1:
         return
     version = payload.get("version")
     fold.header = Header(

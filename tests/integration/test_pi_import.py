@@ -411,6 +411,25 @@ def test_a_later_session_line_does_not_change_the_header_state_reports(
         assert info.parent_session == lines[0].get("parentSession")
 
 
+def test_a_session_line_after_seq_1_is_no_header_for_state_or_export(
+    store: SessionStore,
+) -> None:
+    """A session appended to directly: a message at seq 1, then a ``session`` line. Export
+    builds the header from the session row, and pi takes that one; state agrees (it took the
+    later line's cwd, id and parent session)."""
+    session = store.create_session(tenant_id=TENANT, cwd="/row/cwd")
+    store.append(
+        session.id,
+        [
+            {"type": "message", "id": "m1", "parentId": None, "message": {"role": "user"}},
+            {"type": "session", "version": 3, "id": "LATER", "cwd": "/later", "parentSession": "p"},
+        ],
+    )
+    info = store.state(session.id).info
+    assert (info.cwd, info.header_session_id, info.parent_session) == ("/row/cwd", None, None)
+    assert _export(store, session.id)[0]["cwd"] == info.cwd
+
+
 def test_a_later_session_line_is_exported_where_it_was(
     store: SessionStore, tmp_path: Path, backend: str
 ) -> None:
