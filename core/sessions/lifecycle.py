@@ -11,12 +11,14 @@ from __future__ import annotations
 import dataclasses
 import logging
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Any
 
 from sqlalchemy import delete, func, select
 
 from core import nofollow
 from core.artifacts import rows
+from core.artifacts.inherited import held_dir
 from core.artifacts.paths import session_dir
 from core.artifacts.storage import FileArtifactStorage, artifact_storage_for, key_prefix_of
 from core.db import write_transaction
@@ -32,7 +34,7 @@ from core.models import (
 )
 from core.query.snapshots import delete_snapshots
 from core.sessions.fork_copy import ForkCopies
-from core.sessions.queries import SETTLE_ATTEMPTS, Unsettled, children
+from core.sessions.queries import SETTLE_ATTEMPTS, Unsettled, children, session_or_none
 from core.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -77,18 +79,27 @@ class SessionLifecycle:
         for _ in range(SETTLE_ATTEMPTS):
             self.copies.settle(session_id, include_self=False, action="delete")
             try:
-                report = self._delete_once(session_id, tenant_id)
+                report, held = self._delete_once(session_id, tenant_id)
             except Unsettled:
                 continue
+            if held is not None:  # what its parent held for its unfinished copy
+                self._remove_held(held)
             return self._remove_directory(report)
         raise ForkCopiesInProgress(
             f"session {session_id}: fork copies kept starting; retry the delete"
         )
 
-    def _delete_once(self, session_id: str, tenant_id: str | None) -> DeleteReport:
+    def _delete_once(
+        self, session_id: str, tenant_id: str | None
+    ) -> tuple[DeleteReport, Path | None]:
         with write_transaction(self.engine) as conn:
             rows.lock_quota(conn, session_id)
             session = self.journal.session_in(conn, session_id, tenant_id=tenant_id)
+            parent = (
+                session_or_none(conn, self.journal, session.parent_id)
+                if session.parent_id
+                else None
+            )
             if children(conn, session_id):
                 raise Unsettled
             artifacts = conn.execute(
@@ -100,9 +111,21 @@ class SessionLifecycle:
             for table in (_artifacts, _counters, _letters, _rehydrations, _sessions):
                 column = table.c.id if table is _sessions else table.c.session_id
                 conn.execute(delete(table).where(column == session_id))
-        return DeleteReport(
+        report = DeleteReport(
             session_id, session.tenant_id, session.head_seq, int(artifacts), forks, False
         )
+        if parent is None or not isinstance(self.storage, FileArtifactStorage):
+            return report, None
+        return report, held_dir(session_dir(self.root, parent.tenant_id, parent.id), session_id)
+
+    def _remove_held(self, held: Path) -> None:
+        try:
+            nofollow.rmtree(self.root, held)
+        except (OSError, SymlinkRefused, StorageUnavailable) as exc:  # a leftover, not an error
+            log.warning(
+                "files held for a deleted fork could not be removed",
+                extra={"path": str(held), "error": str(exc)},
+            )
 
     def _remove_directory(self, report: DeleteReport) -> DeleteReport:
         # After the commit: a crash here leaves an orphan directory no session names, never

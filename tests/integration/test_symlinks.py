@@ -308,6 +308,33 @@ def test_a_fork_copy_blocked_by_a_link_and_failed_elsewhere_still_blocks_the_del
     assert store.artifacts(fork.id).files.get("sub/b.md") == b"B (only copy)"
 
 
+def test_what_a_parent_held_for_a_fork_goes_with_the_fork(
+    store: SessionStore, tmp_path: Path
+) -> None:
+    """A parent's rewrite held the inherited file for a fork whose directory was a link;
+    deleting the fork before its copy completes removes that held copy too (it stayed in
+    the parent for good, found by nothing, counted by no quota)."""
+    root = store.settings.resolved_artifact_root
+    (tmp_path / "outside").mkdir()
+    parent = store.create_session(tenant_id="acme")
+    store.artifacts(parent.id).files.put("big.bin", b"x" * 50_000)
+    defer_copies(store)
+    fork = store.fork(parent.id)
+    fork_dir = session_dir(root, "acme", fork.id)
+    fork_dir.parent.mkdir(parents=True, exist_ok=True)
+    os.symlink(tmp_path / "outside", fork_dir)
+    time.sleep(0.01)
+    store.artifacts(parent.id).files.put("big.bin", b"y" * 10)  # held for the fork
+    held = inherited.held_dir(session_dir(root, "acme", parent.id), fork.id)
+    assert [p.name for p in held.rglob("*") if p.is_file()] == ["big.bin"]
+    fork_dir.unlink()
+
+    store.delete_session(fork.id)
+
+    assert not held.exists()
+    assert store.artifacts(parent.id).files.get("big.bin") == b"y" * 10
+
+
 def test_a_link_at_one_fork_file_skips_that_file_only(store: SessionStore, tmp_path: Path) -> None:
     """A link planted where one inherited file goes (pointing outside the session
     directory) skips that file; the others are copied, the copy stays pending, and once the
