@@ -10,6 +10,7 @@ cannot overshoot, and the rows always sum to the bytes on disk.
 from __future__ import annotations
 
 import builtins
+import errno
 import logging
 import mimetypes
 import os
@@ -237,6 +238,8 @@ class SessionFiles:
                 try:
                     os.rmdir(name, dir_fd=fd)
                 except OSError as exc:
+                    if exc.errno not in (errno.ENOTEMPTY, errno.EEXIST):
+                        raise  # the disk failing: StorageUnavailable, not bad input
                     raise InvalidArtifactPath(
                         str(target.name), "a directory is in the way"
                     ) from exc

@@ -292,6 +292,24 @@ def test_expiry_that_dies_between_the_file_and_its_row_is_finished_by_the_next_r
     assert store.expire_artifacts(apply=True).deleted == 0
 
 
+def test_a_stale_directory_the_disk_fails_to_remove_is_unavailable_not_bad_input(
+    store: SessionStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An empty directory left where a file goes is removed before the write; EIO on that
+    rmdir is the storage failing (it was "a directory is in the way", bad input, kept)."""
+    sid = store.create_session(tenant_id="acme").id
+    files = store.artifacts(sid).files
+    files.put("keep.txt", "x")
+    stale = session_dir(store.settings.resolved_artifact_root, "acme", sid) / "files" / "n.md"
+    stale.mkdir()
+    fault = FileFault(store.settings.resolved_artifact_root)
+    monkeypatch.setattr(os, "rmdir", fault.wrap(os.rmdir))
+    _unavailable("artifacts", lambda: files.put("n.md", "hello"))
+    fault.failing.clear()
+    files.put("n.md", "hello")
+    assert files.get("n.md") == b"hello"
+
+
 def test_blob_reads_and_deletes_on_a_failing_disk_give_storage_unavailable(
     store: SessionStore, monkeypatch: pytest.MonkeyPatch
 ) -> None:
