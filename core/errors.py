@@ -18,6 +18,20 @@ class SessionStoreError(Exception):
     def to_dict(self) -> dict[str, Any]:
         return {"error": type(self).__name__, "message": self.message}
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Pickled as it is (its args and attributes), not through ``__init__``, whose
+        # parameters differ per class: a process pool or a task result gets the same error.
+        return (_rebuilt, (type(self), self.args, self.__dict__))
+
+
+def _rebuilt(
+    cls: type[SessionStoreError], args: tuple[Any, ...], state: dict[str, Any]
+) -> SessionStoreError:
+    error = cls.__new__(cls)
+    error.args = args
+    error.__dict__.update(state)
+    return error
+
 
 class StoreClosed(SessionStoreError):
     """A ``SessionStore`` (or its engine) was used after ``close()``."""

@@ -89,14 +89,15 @@ def _regular(fd: int) -> int | None:
     """``fd`` in blocking mode if it is a regular file; else None (and it is closed): a
     FIFO, socket or device is no artifact or blob file."""
     try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            os.close(fd)
-            return None
-        if _NONBLOCK:
+        regular = stat.S_ISREG(os.fstat(fd).st_mode)
+        if regular and _NONBLOCK:
             os.set_blocking(fd, True)
     except BaseException:
         os.close(fd)
         raise
+    if not regular:
+        os.close(fd)
+        return None
     return fd
 
 
