@@ -83,7 +83,7 @@ class SessionLifecycle:
             except Unsettled:
                 continue
             if held is not None:  # what its parent held for its unfinished copy
-                self._remove_held(held)
+                self._remove_tree(held, "files held for a deleted fork")
             return self._remove_directory(report)
         raise ForkCopiesInProgress(
             f"session {session_id}: fork copies kept starting; retry the delete"
@@ -118,31 +118,26 @@ class SessionLifecycle:
             return report, None
         return report, held_dir(session_dir(self.root, parent.tenant_id, parent.id), session_id)
 
-    def _remove_held(self, held: Path) -> None:
-        try:
-            nofollow.rmtree(self.root, held)
-        except (OSError, SymlinkRefused, StorageUnavailable) as exc:  # a leftover, not an error
-            log.warning(
-                "files held for a deleted fork could not be removed",
-                extra={"path": str(held), "error": str(exc)},
-            )
-
-    def _remove_directory(self, report: DeleteReport) -> DeleteReport:
-        # After the commit: a crash here leaves an orphan directory no session names, never
-        # a session without its files.
-        directory = session_dir(self.root, report.tenant_id, report.session_id)
-        removed = True
+    def _remove_tree(self, directory: Path, what: str) -> bool:
+        """Remove ``directory`` (its objects on S3) after the rows are gone: a failure is
+        logged and reported, never raised (the delete itself is done)."""
         try:
             if isinstance(self.storage, FileArtifactStorage):
                 nofollow.rmtree(self.root, directory)  # follows no link, above or inside
             else:
                 self.storage.delete_prefix(key_prefix_of(self.root, directory))
-        except (OSError, SymlinkRefused, StorageUnavailable) as exc:  # rows are gone: report
-            removed = False
+        except (OSError, SymlinkRefused, StorageUnavailable) as exc:
             log.warning(
-                "session deleted; its artifact directory could not be removed",
-                extra={"session_id": report.session_id, "path": str(directory), "error": str(exc)},
+                f"{what} could not be removed", extra={"path": str(directory), "error": str(exc)}
             )
+            return False
+        return True
+
+    def _remove_directory(self, report: DeleteReport) -> DeleteReport:
+        # After the commit: a crash here leaves an orphan directory no session names, never
+        # a session without its files.
+        directory = session_dir(self.root, report.tenant_id, report.session_id)
+        removed = self._remove_tree(directory, "the deleted session's artifact directory")
         log.info(
             "session deleted",
             extra={

@@ -329,21 +329,26 @@ def test_cli_export_via_queue_equals_export(
     assert (tmp_path / "q.jsonl").read_bytes() == (tmp_path / "d.jsonl").read_bytes()
 
 
-def test_cli_export_via_queue_on_embedded_defaults_needs_no_worker(tmp_path: Path) -> None:
-    """With the embedded broker nothing else consumes the queue: the command runs a worker
-    of its own, as ``append`` does (it waited for one that never came)."""
-    import subprocess
+def _embedded_cli(tmp_path: Path, *, turns: int) -> tuple[str, dict[str, str], str]:
+    """(a session of ``turns`` turns on embedded defaults, the CLI's environment for them,
+    the CLI's path): no SESSIONSTORE_ variable of the caller's leaks in."""
     import sys
 
     settings = Settings(data_dir=tmp_path / "embedded")
     upgrade(settings.resolved_database_url)
     with SessionStore.from_settings(settings) as store:
-        sid = _session(store, turns=2)
-    env = {
-        **{k: v for k, v in os.environ.items() if not k.startswith("SESSIONSTORE_")},
-        "SESSIONSTORE_DATA_DIR": str(settings.data_dir),
-    }
-    cli = str(Path(sys.executable).with_name("sessionstore"))
+        sid = _session(store, turns=turns)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SESSIONSTORE_")}
+    env["SESSIONSTORE_DATA_DIR"] = str(settings.data_dir)
+    return sid, env, str(Path(sys.executable).with_name("sessionstore"))
+
+
+def test_cli_export_via_queue_on_embedded_defaults_needs_no_worker(tmp_path: Path) -> None:
+    """With the embedded broker nothing else consumes the queue: the command runs a worker
+    of its own, as ``append`` does (it waited for one that never came)."""
+    import subprocess
+
+    sid, env, cli = _embedded_cli(tmp_path, turns=2)
     for name, extra in (("q.jsonl", ["--via-queue", "--timeout", "60"]), ("d.jsonl", [])):
         done = subprocess.run(
             [cli, "export", sid, "-o", str(tmp_path / name), *extra],
@@ -365,18 +370,9 @@ def test_cli_export_via_queue_fails_typed_when_its_wait_runs_out(
     a stalled read looks the same from the CLI): one line and exit 1, where it waited
     forever."""
     import subprocess
-    import sys
 
-    settings = Settings(data_dir=tmp_path / "embedded")
-    upgrade(settings.resolved_database_url)
-    with SessionStore.from_settings(settings) as store:
-        sid = _session(store, turns=1)
-    env = {
-        **{k: v for k, v in os.environ.items() if not k.startswith("SESSIONSTORE_")},
-        "SESSIONSTORE_DATA_DIR": str(settings.data_dir),
-        "SESSIONSTORE_BROKER_URL": redis_url,
-    }
-    cli = str(Path(sys.executable).with_name("sessionstore"))
+    sid, env, cli = _embedded_cli(tmp_path, turns=1)
+    env["SESSIONSTORE_BROKER_URL"] = redis_url
     argv = [cli, "export", sid, "--via-queue", "-o", str(tmp_path / "q")]
     # --timeout, then its default: twice the build bound
     bounded = {**env, "SESSIONSTORE_REHYDRATE_MAX_BUILD_SECONDS": "0.25"}
