@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -15,17 +13,14 @@ from core import SessionStore, Settings
 from core.errors import InvalidEvent
 from tasks.app import create_app
 from tasks.producer import enqueue_append
+from tests.cli_process import EXE, run_cli
 from tests.support import wait_for
-
-EXE = shutil.which("sessionstore") or str(Path(sys.executable).parent / "sessionstore")
 
 
 def run(data_dir: Path, *args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("SESSIONSTORE_")}
     env["SESSIONSTORE_DATA_DIR"] = str(data_dir)
-    return subprocess.run(
-        [EXE, *args], capture_output=True, text=True, env=env, input=stdin, timeout=120, check=False
-    )
+    return run_cli(*args, env=env, input=stdin)
 
 
 def assert_user_error(result: subprocess.CompletedProcess[str], *needles: str) -> None:

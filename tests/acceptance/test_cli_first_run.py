@@ -11,7 +11,6 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 import time
 import uuid
 from collections.abc import Iterator
@@ -22,10 +21,9 @@ import pytest
 
 from core.migrate import head_revision, history
 from tasks.cli.failures import ExitCode
+from tests.cli_process import run_cli
 from tests.conftest import PG_ADMIN_DSN, drop_pg_database, pg_url_for
 from tests.support import ROOT, free_port
-
-EXE = shutil.which("sessionstore") or str(Path(sys.executable).parent / "sessionstore")
 
 
 class Cli:
@@ -40,16 +38,7 @@ class Cli:
         env = {k: v for k, v in os.environ.items() if not k.startswith("SESSIONSTORE_")}
         env.update({"HOME": str(self.home), "XDG_DATA_HOME": "", **self.env})
         env.pop("XDG_DATA_HOME")
-        return subprocess.run(
-            [EXE, *args],
-            capture_output=True,
-            text=True,
-            env=env,
-            cwd=self.cwd,
-            input=stdin,
-            timeout=timeout,
-            check=False,
-        )
+        return run_cli(*args, env=env, cwd=self.cwd, input=stdin, timeout=timeout)
 
 
 @pytest.fixture

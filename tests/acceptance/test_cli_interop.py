@@ -5,20 +5,18 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import sqlite3
 import subprocess
-import sys
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
+from tests.cli_process import run_cli
 from tests.fixtures.pi.generate import v3_lines, write
 from tests.pi_support import FIXTURES
 
 Run = Callable[..., subprocess.CompletedProcess[str]]
-EXE = shutil.which("sessionstore") or str(Path(sys.executable).parent / "sessionstore")
 
 
 @pytest.fixture
@@ -29,14 +27,7 @@ def run(sqlite_url: str, tmp_path: Path) -> Run:
     env["HOME"] = str(tmp_path / "home")
 
     def run(*args: str, **more_env: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            [EXE, *args],
-            capture_output=True,
-            text=True,
-            env={**env, **more_env},
-            timeout=120,
-            check=False,
-        )
+        return run_cli(*args, env={**env, **more_env})
 
     return run
 

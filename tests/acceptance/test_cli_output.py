@@ -11,11 +11,9 @@ import json
 import math
 import os
 import re
-import shutil
 import subprocess
 import sys
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -23,8 +21,8 @@ import pytest
 from core import SessionStore
 from core.settings import Settings
 from tests.acceptance.test_cli_help import _WALK
+from tests.cli_process import run_cli
 
-EXE = shutil.which("sessionstore") or str(Path(sys.executable).parent / "sessionstore")
 BIG_TEXT = "HEAD-OF-BIG-TEXT " + "x" * 40_000
 IMAGE = bytes(range(256)) * 400  # 100 KiB, shown as [image 100 KB]
 REF = re.compile(r"blob:sha256:[0-9a-f]{64}")
@@ -37,9 +35,7 @@ def run(settings: Settings, *args: str, columns: int = 80) -> subprocess.Complet
         SESSIONSTORE_DATABASE_URL=str(settings.database_url),
         SESSIONSTORE_DATA_DIR=str(settings.data_dir),
     )
-    result = subprocess.run(
-        [EXE, *args], capture_output=True, text=True, env=env, timeout=120, check=False
-    )
+    result = run_cli(*args, env=env)
     assert result.returncode == 0, (args, result.stderr)
     return result
 

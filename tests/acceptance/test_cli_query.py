@@ -20,6 +20,7 @@ import typer
 
 from core import SessionStore, Settings
 from tasks.cli import main
+from tests.cli_process import run_cli
 from tests.contract.test_projection import SessionBuilder
 
 EXECUTABLE = Path(sys.executable).with_name("sessionstore")
@@ -124,14 +125,8 @@ def test_follow_prints_events_committed_after_it_started_exactly_once(
 
 def test_stats_json_from_the_executable(store: SessionStore, settings: Settings) -> None:
     _seed(store)
-    done = subprocess.run(
-        [str(EXECUTABLE), "stats", "--json", "--tenant", "acme"],
-        env=_env(settings),
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=True,
-    )
+    done = run_cli("stats", "--json", "--tenant", "acme", env=_env(settings), timeout=60)
+    assert done.returncode == 0, done.stderr
     stats = orjson.loads(done.stdout)
     assert stats["events"] == 8 and stats["sessions"] == 1
     assert stats["events_by_type"] == {"message": 8}

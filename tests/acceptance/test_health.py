@@ -4,26 +4,19 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from tests.cli_process import run_cli
 from tests.support import free_port
-
-EXECUTABLE = Path(sys.executable).with_name("sessionstore")
 
 
 def _health(env: dict[str, str], *args: str) -> tuple[int, dict[str, Any]]:
-    run = subprocess.run(
-        [str(EXECUTABLE), "health", "--json", "--timeout", "8", *args],
-        env={**os.environ, **env},
-        capture_output=True,
-        text=True,
-        timeout=60,
+    run = run_cli(
+        "health", "--json", "--timeout", "8", *args, env={**os.environ, **env}, timeout=60
     )
     return run.returncode, json.loads(run.stdout)
 
@@ -38,7 +31,7 @@ def test_embedded_defaults_are_healthy_once_migrated(tmp_path: Path) -> None:
     assert code == 1 and _failed(report) == ["database"]  # never created by a check
     assert "no database at" in report["checks"][0]["detail"]
     assert not (tmp_path / "data" / "journal.db").exists()
-    subprocess.run([str(EXECUTABLE), "db", "upgrade"], env={**os.environ, **env}, check=True)
+    assert run_cli("db", "upgrade", env={**os.environ, **env}).returncode == 0
     code, report = _health(env)
     assert (code, _failed(report)) == (0, [])
     assert {c["name"] for c in report["checks"]} == {"database", "blobs", "artifacts", "broker"}
@@ -87,15 +80,9 @@ def test_an_s3_endpoint_that_never_answers_fails_blob_storage_within_the_timeout
         "AWS_REGION": "us-east-1",
         "AWS_ALLOW_HTTP": "true",
     }
-    subprocess.run([str(EXECUTABLE), "db", "upgrade"], env={**os.environ, **env}, check=True)
+    assert run_cli("db", "upgrade", env={**os.environ, **env}).returncode == 0
     started = time.monotonic()
-    run = subprocess.run(
-        [str(EXECUTABLE), "health", "--json", "--timeout", "3"],
-        env={**os.environ, **env},
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    run = run_cli("health", "--json", "--timeout", "3", env={**os.environ, **env}, timeout=60)
     elapsed = time.monotonic() - started
     report = json.loads(run.stdout)
     assert run.returncode == 1 and sorted(_failed(report)) == ["artifacts", "blobs"]

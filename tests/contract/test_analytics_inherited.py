@@ -5,7 +5,6 @@ huge token totals never overflow; migration 0008 backfills existing forks."""
 
 from __future__ import annotations
 
-import subprocess
 import uuid
 from datetime import UTC, datetime
 from pathlib import Path
@@ -20,7 +19,8 @@ from sqlalchemy import text
 
 from core import SessionStore, Settings, migrate
 from core.db import make_engine
-from tests.acceptance.test_cli_query import EXECUTABLE, _env
+from tests.acceptance.test_cli_query import _env
+from tests.cli_process import run_cli
 from tests.contract import test_analytics
 from tests.contract.test_projection import SessionBuilder
 from tests.integration import test_migrations
@@ -31,13 +31,7 @@ empty_url = test_migrations.empty_url
 
 
 def _stats(settings: Settings, *args: str) -> dict[str, Any]:
-    done = subprocess.run(
-        [str(EXECUTABLE), "stats", "--json", *args],
-        env=_env(settings),
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    done = run_cli("stats", "--json", *args, env=_env(settings), timeout=60)
     assert done.returncode == 0, done.stderr
     result: dict[str, Any] = orjson.loads(done.stdout)
     return result
@@ -105,9 +99,7 @@ def test_stats_count_each_event_once_unless_include_inherited(
     assert store.stats(include_inherited=True).tokens.input == 12600
 
     # and the table output names the inherited events
-    done = subprocess.run(
-        [str(EXECUTABLE), "stats"], env=_env(settings), capture_output=True, text=True, timeout=60
-    )
+    done = run_cli("stats", env=_env(settings), timeout=60)
     assert done.returncode == 0, done.stderr
     assert "inherited by forks" in done.stdout and "not counted" in done.stdout
 
@@ -178,12 +170,8 @@ def test_stats_survive_huge_token_totals(
     fork = store.fork(session.id)  # the inherited copies must not overflow either
 
     for extra in ([], ["--include-inherited"]):
-        done = subprocess.run(
-            [str(EXECUTABLE), "stats", *extra, *(["--json"] if as_json else [])],
-            env=_env(settings),
-            capture_output=True,
-            text=True,
-            timeout=60,
+        done = run_cli(
+            "stats", *extra, *(["--json"] if as_json else []), env=_env(settings), timeout=60
         )
         assert done.returncode == 0, done.stderr
         assert "Traceback" not in done.stderr

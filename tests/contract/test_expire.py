@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -18,6 +17,7 @@ from core.artifacts import rows as artifact_rows
 from core.artifacts.paths import oversized_name
 from core.maintenance.expiry import expire_artifacts
 from core.models import ArtifactRow, utcnow
+from tests.cli_process import run_cli
 from tests.contract.artifact_backends import (  # the file:// and s3:// backends
     FILE_ONLY,
     RawArtifacts,
@@ -28,7 +28,6 @@ from tests.contract.artifact_backends import (  # the file:// and s3:// backends
 
 __all__ = ["artifact_backend", "raw", "settings"]
 
-EXECUTABLE = Path(sys.executable).with_name("sessionstore")
 SQLITE_ONLY = pytest.mark.parametrize("backend", ["sqlite"])
 _artifacts = ArtifactRow.__table__  # type: ignore[attr-defined]
 
@@ -118,9 +117,7 @@ def _cli(settings: Settings, *argv: str) -> subprocess.CompletedProcess[str]:
         "SESSIONSTORE_DATA_DIR": str(settings.data_dir),
         "COLUMNS": "200",
     }
-    return subprocess.run(
-        [str(EXECUTABLE), *argv], env=env, capture_output=True, text=True, timeout=120
-    )
+    return run_cli(*argv, env=env)
 
 
 def test_cli_dry_run_then_apply(store: SessionStore, settings: Settings) -> None:

@@ -14,7 +14,6 @@ import multiprocessing
 import os
 import random
 import subprocess
-import sys
 import threading
 import time
 from collections import Counter
@@ -37,9 +36,9 @@ from core.errors import BlobsMissing
 from core.maintenance.gc import TEMP_MIN_AGE_S, BlobGc, GcReport
 from core.models import BlobRefRow, BlobRow, utcnow
 from core.records import ManifestEntry, PreparedEvent
+from tests.cli_process import run_cli
 
 MP = multiprocessing.get_context("spawn")
-EXECUTABLE = Path(sys.executable).with_name("sessionstore")
 INLINE_LIMIT = 256  # small, so modest strings become blobs
 GRACE = 600.0
 OLD = timedelta(hours=2)
@@ -366,9 +365,7 @@ def _cli(settings: Settings, *argv: str) -> subprocess.CompletedProcess[str]:
         "SESSIONSTORE_INLINE_STRING_LIMIT": str(INLINE_LIMIT),
         "COLUMNS": "200",
     }
-    return subprocess.run(
-        [str(EXECUTABLE), *argv], env=env, capture_output=True, text=True, timeout=120
-    )
+    return run_cli(*argv, env=env)
 
 
 def _comparable(report: dict[str, Any]) -> dict[str, Any]:

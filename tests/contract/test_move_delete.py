@@ -4,8 +4,6 @@ forks keep working), on SQLite and PostgreSQL; and the CLI commands in a subproc
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +29,7 @@ from core.models import (
 from core.sessions import lifecycle
 from core.sessions.moves import _DirectoryMove
 from tasks.cli.samples import EntryBuilder
+from tests.cli_process import run_cli
 from tests.contract.artifact_backends import (
     FILE_ONLY,
     RawArtifacts,
@@ -42,7 +41,6 @@ from tests.contract.test_fork import build_session, comparable, defer_copies
 
 __all__ = ["FILE_ONLY", "RawArtifacts", "artifact_backend", "raw", "settings"]
 
-EXECUTABLE = Path(sys.executable).with_name("sessionstore")
 SESSION_TABLES = [
     EventRow,
     BlobRefRow,
@@ -276,13 +274,7 @@ def _cli(settings: Settings, *argv: str) -> Any:
         "SESSIONSTORE_DATABASE_URL": settings.resolved_database_url,
         "SESSIONSTORE_DATA_DIR": str(settings.data_dir),
     }
-    done = subprocess.run(
-        [str(EXECUTABLE), "sessions", *argv, "--json"],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    done = run_cli("sessions", *argv, "--json", env=env)
     assert done.returncode == 0, done.stderr
     return orjson.loads(done.stdout)
 

@@ -25,7 +25,7 @@ from core.blobs.files import FileBlobStore
 from core.blobs.store import SUFFIXES
 from core.blobs.verify import verify_blobs
 from core.errors import BlobNotFound, SessionStoreError
-from tests.acceptance.test_cli import EXE
+from tests.cli_process import run_cli
 
 DEADLINE_S = 10.0
 TEXT = b"".join(b"line %d: the quick brown fox\n" % i for i in range(3000))
@@ -178,8 +178,6 @@ def _cli(data_dir: Path, *args: str) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("SESSIONSTORE_")}
     env["SESSIONSTORE_DATA_DIR"] = str(data_dir)
     try:
-        return subprocess.run(
-            [EXE, *args], capture_output=True, text=True, env=env, timeout=30, check=False
-        )
+        return run_cli(*args, env=env, timeout=30)
     except subprocess.TimeoutExpired:
         pytest.fail(f"`sessionstore {' '.join(args)}` blocked on a FIFO")

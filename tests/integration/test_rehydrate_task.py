@@ -32,6 +32,7 @@ from core.models import ArtifactRow, RehydrationRow, table_of, utcnow
 from tasks import enqueue_rehydrate
 from tasks.app import create_app
 from tasks.embedded import embedded_worker
+from tests.cli_process import run_cli
 from tests.support import WorkerProcess, set_output_expiry, settings_env, thread_worker, wait_for
 
 PNG = b"\x89PNG\r\n\x1a\n"
@@ -329,35 +330,24 @@ def test_cli_export_via_queue_equals_export(
     assert (tmp_path / "q.jsonl").read_bytes() == (tmp_path / "d.jsonl").read_bytes()
 
 
-def _embedded_cli(tmp_path: Path, *, turns: int) -> tuple[str, dict[str, str], str]:
-    """(a session of ``turns`` turns on embedded defaults, the CLI's environment for them,
-    the CLI's path): no SESSIONSTORE_ variable of the caller's leaks in."""
-    import sys
-
+def _embedded_cli(tmp_path: Path, *, turns: int) -> tuple[str, dict[str, str]]:
+    """(a session of ``turns`` turns on embedded defaults, the CLI's environment for them):
+    no SESSIONSTORE_ variable of the caller's leaks in."""
     settings = Settings(data_dir=tmp_path / "embedded")
     upgrade(settings.resolved_database_url)
     with SessionStore.from_settings(settings) as store:
         sid = _session(store, turns=turns)
     env = {k: v for k, v in os.environ.items() if not k.startswith("SESSIONSTORE_")}
     env["SESSIONSTORE_DATA_DIR"] = str(settings.data_dir)
-    return sid, env, str(Path(sys.executable).with_name("sessionstore"))
+    return sid, env
 
 
 def test_cli_export_via_queue_on_embedded_defaults_needs_no_worker(tmp_path: Path) -> None:
     """With the embedded broker nothing else consumes the queue: the command runs a worker
     of its own, as ``append`` does (it waited for one that never came)."""
-    import subprocess
-
-    sid, env, cli = _embedded_cli(tmp_path, turns=2)
+    sid, env = _embedded_cli(tmp_path, turns=2)
     for name, extra in (("q.jsonl", ["--via-queue", "--timeout", "60"]), ("d.jsonl", [])):
-        done = subprocess.run(
-            [cli, "export", sid, "-o", str(tmp_path / name), *extra],
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=120,
-            check=False,
-        )
+        done = run_cli("export", sid, "-o", str(tmp_path / name), *extra, env=env)
         assert done.returncode == 0, done.stderr
     assert (tmp_path / "q.jsonl").read_bytes() == (tmp_path / "d.jsonl").read_bytes()
 
@@ -369,17 +359,13 @@ def test_cli_export_via_queue_fails_typed_when_its_wait_runs_out(
     """No result within --timeout (here no worker consumes the Redis queue; a build hung on
     a stalled read looks the same from the CLI): one line and exit 1, where it waited
     forever."""
-    import subprocess
-
-    sid, env, cli = _embedded_cli(tmp_path, turns=1)
+    sid, env = _embedded_cli(tmp_path, turns=1)
     env["SESSIONSTORE_BROKER_URL"] = redis_url
-    argv = [cli, "export", sid, "--via-queue", "-o", str(tmp_path / "q")]
+    argv = ["export", sid, "--via-queue", "-o", str(tmp_path / "q")]
     # --timeout, then its default: twice the build bound
     bounded = {**env, "SESSIONSTORE_REHYDRATE_MAX_BUILD_SECONDS": "0.25"}
     for extra, run_env in ((["--timeout", "0.5"], env), ([], bounded)):
-        done = subprocess.run(
-            argv + extra, env=run_env, capture_output=True, text=True, timeout=30, check=False
-        )
+        done = run_cli(*argv, *extra, env=run_env, timeout=30)
         assert done.returncode == 1, (done.returncode, done.stderr)
         line = done.stderr.strip().splitlines()[-1]  # after the progress bar's blank line
         assert line.startswith(f"error: export of {sid} via the queue not finished after 0.5s")
