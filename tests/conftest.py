@@ -250,15 +250,6 @@ def _celery_clients_closed(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     close_celery_clients(set(celery_state._get_active_apps()) - before, backends)
 
 
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Inside the README end-to-end test's fresh clone, run only the smoke tests."""
-    if os.environ.get("SESSIONSTORE_E2E_INNER") != "1":
-        return
-    keep = [item for item in items if item.get_closest_marker("smoke")]
-    config.hook.pytest_deselected(items=[item for item in items if item not in keep])
-    items[:] = keep
-
-
 @pytest.fixture(scope="session")
 def s3_endpoint() -> Iterator[str]:
     """A real S3 HTTP API: moto's server mode in a thread, for the whole run (no mocks
