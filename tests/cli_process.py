@@ -2,8 +2,9 @@
 text=True)`` would, in a child forked from a process that has already imported the CLI.
 
 Each command still runs in a process of its own, through ``tasks.cli.main`` as the console
-script calls it, with the environment, working directory, stdin and exit status it is given;
-what is shared is the interpreter's start-up and the imports (``tests/cli_zygote.py``).
+script calls it, with the environment, working directory and exit status it is given and
+pipes for stdin, stdout and stderr; what is shared is the interpreter's start-up and the
+third-party imports (``tests/cli_zygote.py`` says which, and what that cannot make fresh).
 ``tests/unit/test_cli_process.py`` checks the two ways agree, byte for byte.
 
 ``SESSIONSTORE_TEST_CLI=exec`` runs every command with a fresh interpreter instead; so does a
@@ -27,8 +28,11 @@ from typing import Any
 
 EXE = shutil.which("sessionstore") or str(Path(sys.executable).parent / "sessionstore")
 _ZYGOTE = Path(__file__).with_name("cli_zygote.py")
-# What the interpreter reads once, at start-up: a child of the zygote would keep its values.
-_STARTUP_VARS = ("PYTHON", "LANG", "LC_")
+# What the interpreter reads once, at start-up, and what the preloaded packages read when
+# imported (typer's rich switch, Celery's and kombu's flags): a child of the zygote would
+# keep the zygote's values, so a command whose environment changes one of them execs.
+_STARTUP_VARS = ("PYTHON", "LANG", "LC_", "TYPER", "_TYPER", "CELERY", "KOMBU", "C_")
+_SETUP_FAILED = "cli_zygote: the child could not be set up: "
 
 
 def _startup_env(env: dict[str, str]) -> dict[str, str]:
@@ -108,8 +112,14 @@ def run_cli(
     input: str | None = None,
     timeout: float = 120,
 ) -> subprocess.CompletedProcess[str]:
-    """``subprocess.run([EXE, *args], capture_output=True, text=True, check=False, ...)``."""
+    """``subprocess.run([EXE, *args], capture_output=True, text=True, check=False, ...)``,
+    except that ``input=None`` gives the command an empty stdin, not the test's own."""
     env = dict(os.environ if env is None else env)
+    if not all(isinstance(k, str) and isinstance(v, str) for k, v in env.items()):
+        raise TypeError(f"environment values must be strings: {env!r}")
+    directory = os.path.abspath(cwd if cwd is not None else os.getcwd())
+    if not os.path.isdir(directory):  # as subprocess raises it
+        raise FileNotFoundError(2, "No such file or directory", str(cwd))
     forked = os.environ.get("SESSIONSTORE_TEST_CLI", "fork") != "exec"
     with _lock:
         zygote = _idle.pop() if _idle else None
@@ -140,7 +150,7 @@ def run_cli(
                 "exe": EXE,
                 "args": list(args),
                 "env": env,
-                "cwd": str(cwd if cwd is not None else os.getcwd()),
+                "cwd": directory,
                 "stdin": None if input is None else input.encode(locale.getpreferredencoding()),
                 "timeout": timeout,
             }
@@ -151,6 +161,8 @@ def run_cli(
     with _lock:
         _idle.append(zygote)
     stdout, stderr = _decode(answer["stdout"]), _decode(answer["stderr"])
+    if answer["returncode"] == 255 and stderr.startswith(_SETUP_FAILED):
+        raise RuntimeError(stderr)
     if answer["timed_out"]:
         raise subprocess.TimeoutExpired([EXE, *args], timeout, output=stdout, stderr=stderr)
     return subprocess.CompletedProcess([EXE, *args], answer["returncode"], stdout, stderr)

@@ -7,7 +7,9 @@ they cost 0.7-0.9 s of CPU per command (SQLAlchemy, SQLModel, pydantic, Celery),
 quarter of the suite's CPU when every CLI test started a fresh interpreter.
 
 Nothing here may open a connection, start a thread or read a setting before the fork: the
-children must start as a fresh ``sessionstore`` would.
+children must start as a fresh ``sessionstore`` would. What they cannot have fresh: the hash
+seed (one per zygote) and what the preloaded packages read from the environment when they
+were imported (``tests.cli_process`` execs when such a variable differs).
 
 Protocol on the two file descriptors given in argv: a 4-byte big-endian length, then a
 pickled request ``{args, env, cwd, stdin, timeout}``; the answer is framed the same way:
@@ -19,37 +21,45 @@ from __future__ import annotations
 import atexit
 import os
 import pickle
-import select
+import selectors
 import signal
 import struct
 import sys
 import tempfile
+import threading
 import time
 import traceback
 from typing import Any
+
+# Third-party packages, and the project's table classes (``core.models``: 35 ms of building
+# SQLModel classes, which nearly every command imports). The rest of the project (core,
+# tasks) is imported by each child as a fresh ``sessionstore`` would, so an import the
+# project's code forgot still fails here. A submodule of these packages that a command uses
+# without importing it would not (``import alembic; alembic.command``): the tests that run
+# the executable (every command's --help, the start-up tests) are what catch that.
+PRELOAD = (
+    "sqlalchemy",
+    "sqlalchemy.orm",
+    "sqlmodel",
+    "pydantic",
+    "pydantic_settings",
+    "typer",
+    "click",
+    "celery",
+    "kombu",
+    "alembic",
+    "rich",
+    "orjson",
+    "platformdirs",
+    "core.models",
+)
+SETUP_FAILED = "cli_zygote: the child could not be set up: "
 
 
 def _preload() -> None:
     import importlib
 
-    import tasks.cli
-
-    for module in sorted({module for module, _ in tasks.cli.COMMANDS.values()}):
-        importlib.import_module(module)
-    # What nearly every command imports in its body (see tasks/cli/__init__.py).
-    for module in (
-        "tasks.cli.failures",
-        "core",
-        "core.store",
-        "core.settings",
-        "core.migrate",
-        "tasks.app",
-        "alembic.command",
-        "alembic.script",
-        "rich.console",
-        "rich.table",
-        "rich.progress",
-    ):
+    for module in PRELOAD:
         importlib.import_module(module)
 
 
@@ -63,24 +73,29 @@ def _read_exact(fd: int, size: int) -> bytes | None:
     return data
 
 
-def _child(request: dict[str, Any], fds: tuple[int, int, int], control: tuple[int, int]) -> None:
+def _child(request: dict[str, Any], fds: tuple[int, int, int], close: list[int]) -> None:
     """In the forked child: become ``sessionstore <args>`` and exit with its status."""
     code: Any = 1
     try:
-        for fd in control:
-            os.close(fd)
-        for target, fd in enumerate(fds):
-            os.dup2(fd, target)
-            os.close(fd)
-        signal.signal(signal.SIGINT, signal.default_int_handler)
-        os.chdir(request["cwd"])
-        os.environ.clear()
-        os.environ.update(request["env"])
-        time.tzset()
-        sys.argv = [request["exe"], *request["args"]]
-        from tasks.cli import main
-
         try:
+            for fd in close:
+                os.close(fd)
+            for target, fd in enumerate(fds):
+                os.dup2(fd, target)
+                os.close(fd)
+            signal.signal(signal.SIGINT, signal.default_int_handler)
+            os.chdir(request["cwd"])
+            os.environ.clear()
+            os.environ.update(request["env"])
+            time.tzset()
+            tempfile.tempdir = None  # TMPDIR from this command's environment
+            sys.argv = [request["exe"], *request["args"]]
+        except BaseException as exc:  # the client raises it: never a silent exit status
+            os.write(2, f"{SETUP_FAILED}{exc!r}".encode())
+            os._exit(255)
+        try:
+            from tasks.cli import main
+
             main()  # as the console script does: sys.exit(main())
             code = 0
         except SystemExit as exc:  # as the interpreter reports it
@@ -94,7 +109,10 @@ def _child(request: dict[str, Any], fds: tuple[int, int, int], control: tuple[in
         except BaseException:
             traceback.print_exc()
             code = 1
-        atexit._run_exitfuncs()  # what the interpreter runs at exit (logging.shutdown...)
+        # What the interpreter does at exit: wait for non-daemon threads, run atexit
+        # (logging.shutdown...), flush stdout and stderr.
+        threading._shutdown()  # type: ignore[attr-defined]
+        atexit._run_exitfuncs()
         for stream in (sys.stdout, sys.stderr):
             try:
                 stream.flush()
@@ -105,33 +123,60 @@ def _child(request: dict[str, Any], fds: tuple[int, int, int], control: tuple[in
 
 
 def _run(request: dict[str, Any], control: tuple[int, int]) -> dict[str, Any]:
-    stdin = tempfile.TemporaryFile()
-    stdin.write(request["stdin"] or b"")
-    stdin.seek(0)
-    stdout, stderr = tempfile.TemporaryFile(), tempfile.TemporaryFile()
+    """Fork the child with pipes for stdin, stdout and stderr, as ``subprocess.run`` gives
+    it; feed stdin, read both outputs to their end and reap the child, all within the
+    timeout (as ``communicate``: a grandchild holding stdout open keeps the run going)."""
+    stdin_r, stdin_w = os.pipe()
+    out_r, out_w = os.pipe()
+    err_r, err_w = os.pipe()
     pid = os.fork()
     if pid == 0:
-        _child(request, (stdin.fileno(), stdout.fileno(), stderr.fileno()), control)
-    stdin.close()
-    pidfd = os.pidfd_open(pid)
+        _child(request, (stdin_r, out_w, err_w), [*control, stdin_w, out_r, err_r])
+    for fd in (stdin_r, out_w, err_w):
+        os.close(fd)
+    pending = memoryview(request["stdin"] or b"")
+    if not pending:
+        os.close(stdin_w)
+        stdin_w = -1
+    outputs = {out_r: bytearray(), err_r: bytearray()}
+    deadline = time.monotonic() + request["timeout"]
     timed_out = False
-    try:
-        ready, _, _ = select.select([pidfd], [], [], request["timeout"])
-        if not ready:
-            timed_out = True
-            os.kill(pid, signal.SIGKILL)
-    finally:
-        os.close(pidfd)
+    with selectors.DefaultSelector() as selector:
+        for fd in outputs:
+            selector.register(fd, selectors.EVENT_READ)
+        if stdin_w >= 0:
+            selector.register(stdin_w, selectors.EVENT_WRITE)
+        while selector.get_map():
+            left = deadline - time.monotonic()
+            if left <= 0:
+                timed_out = True
+                os.kill(pid, signal.SIGKILL)
+                break
+            for key, _ in selector.select(left):
+                fd = key.fd
+                if fd == stdin_w:
+                    try:
+                        pending = pending[os.write(fd, pending[:65536]) :]
+                    except BrokenPipeError:
+                        pending = pending[:0]
+                    if not pending:
+                        selector.unregister(fd)
+                        os.close(fd)
+                        stdin_w = -1
+                    continue
+                chunk = os.read(fd, 65536)
+                if chunk:
+                    outputs[fd] += chunk
+                else:
+                    selector.unregister(fd)
+    for fd in (stdin_w, out_r, err_r):
+        if fd >= 0:
+            os.close(fd)
     _, status = os.waitpid(pid, 0)
-    outputs = []
-    for stream in (stdout, stderr):
-        stream.seek(0)
-        outputs.append(stream.read())
-        stream.close()
     return {
         "returncode": os.waitstatus_to_exitcode(status),
-        "stdout": outputs[0],
-        "stderr": outputs[1],
+        "stdout": bytes(outputs[out_r]),
+        "stderr": bytes(outputs[err_r]),
         "timed_out": timed_out,
     }
 

@@ -64,6 +64,8 @@ def test_the_same_output_and_exit_status_as_the_executable(
         (("--debug", "append", sid, "missing.jsonl"), None),  # a traceback
         (("sessions", "list"), None),  # a table as wide as COLUMNS
         (("state", sid, "--json"), None),
+        # stdin is a pipe, as the executable's is: never read as a regular file
+        (("import", "/dev/stdin", "--tenant", "acme"), '{"type": "session"}\n'),
     ]
     codes, stderr = set(), ""
     for args, stdin in commands:
@@ -110,3 +112,25 @@ def test_a_dead_zygote_is_replaced(env: dict[str, str]) -> None:
         zygote.proc.kill()
         zygote.proc.wait()
     assert run_cli("--version", env=env).returncode == 0
+
+
+def test_tmpdir_comes_from_the_commands_environment(env: dict[str, str], tmp_path: Path) -> None:
+    own = tmp_path / "own-tmp"
+    own.mkdir()
+    done = run_cli("demo", "--keep", "--json", env={**env, "TMPDIR": str(own)})
+    assert done.returncode == 0, done.stderr
+    assert str(own) in done.stderr and any(own.iterdir())
+
+
+def test_a_working_directory_is_checked_and_resolved_as_subprocess_does(
+    env: dict[str, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with pytest.raises(FileNotFoundError):
+        run_cli("--version", env=env, cwd=tmp_path / "missing")
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "e.jsonl").write_text('{"type": "message"}\n')
+    monkeypatch.chdir(tmp_path)  # after the zygote started: "sub" is the test's sub
+    assert run_cli("db", "upgrade", env=env).returncode == 0
+    sid = json.loads(run_cli("sessions", "create", "--tenant", "a", "--json", env=env).stdout)["id"]
+    done = run_cli("append", sid, "e.jsonl", env=env, cwd="sub")
+    assert done.returncode == 0, done.stderr
