@@ -194,12 +194,13 @@ def _child(
     except FileNotFoundError:
         if not create:
             raise
-        try:
+        with suppress(FileExistsError):  # made by another writer meanwhile
             os.mkdir(part, 0o755, dir_fd=fd)
-            if made is not None:
-                made.add(parts[:depth])
-        except FileExistsError:
-            pass
+        # Noted either way: a directory another writer made is durable only once that writer
+        # syncs its parent, and it may die first; the file written into it would then be lost
+        # with the directory entry. One more fsync, only when two writers raced to make it.
+        if made is not None:
+            made.add(parts[:depth])
         return _open_dir(fd, part, path)
     except OSError as exc:
         if _is_link(fd, part) or exc.errno == errno.ELOOP:
