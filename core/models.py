@@ -372,6 +372,27 @@ class MoveIntentRow(SQLModel, table=True):
     started_at: datetime = Field(sa_column=Column(TZDateTime, nullable=False))
 
 
+class SessionRemovalRow(SQLModel, table=True):
+    """A deleted session's artifact directory not yet known to be removed (invariant 1: a
+    delete removes its artifacts with its rows). Written in the delete's transaction, gone
+    once the directory is; one that outlives its delete (a crash after the commit, a failing
+    disk, S3 away) is removed by the next expiry run.
+
+    ``kind`` "session" is the session's own directory (under ``tenant_id``, its tenant when
+    deleted); "held" is what its parent ``parent_id`` held for it as an unfinished fork,
+    found under the parent's tenant when removed (the parent may have moved since)."""
+
+    __tablename__ = "session_removals"
+
+    session_id: str = Field(sa_column=Column(String(SESSION_ID_LEN), primary_key=True))
+    kind: str = Field(sa_column=Column(String(16), primary_key=True))
+    tenant_id: str = Field(sa_column=Column(String(128), nullable=False))
+    parent_id: str | None = Field(
+        default=None, sa_column=Column(String(SESSION_ID_LEN), nullable=True)
+    )
+    deleted_at: datetime = Field(sa_column=Column(TZDateTime, nullable=False))
+
+
 metadata = SQLModel.metadata
 
 

@@ -399,7 +399,13 @@ class SessionStore:
         self, *, apply: bool = False, batch_size: int = 1000, progress: Progress | None = None
     ) -> ExpireRunReport:
         """Oversized outputs past their TTL, in bounded batches until none is due; with
-        ``apply``, delete them (and stale staging files). The beat job and CLI run this too."""
+        ``apply``, delete them (and stale staging files, and the directories of deleted
+        sessions their delete left behind). The beat job and CLI run this too."""
         return expire_artifacts(
-            self.engine, self.oversized, apply=apply, batch_size=batch_size, progress=progress
+            self.engine,
+            self.oversized,
+            apply=apply,
+            batch_size=batch_size,
+            progress=progress,
+            lifecycle=self._lifecycle,
         )

@@ -32,6 +32,7 @@ from core.models import (
     table_of,
     utcnow,
 )
+from core.sessions.lifecycle import SessionLifecycle
 
 log = logging.getLogger(__name__)
 
@@ -63,6 +64,8 @@ class ExpireRunReport:
     # temporary files killed processes left in staging directories (removed when applied)
     stale_temp_files: int = 0
     stale_temp_bytes: int = 0
+    # directories of deleted sessions that their delete left behind (removed when applied)
+    session_directories: int = 0
     errors: list[str] = field(default_factory=list)
     seconds: float = 0.0
 
@@ -76,6 +79,9 @@ class ExpireRunReport:
             "rehydrations_pruned": self.rehydrations_pruned,
             "stale_temp_files": self.stale_temp_files,
             "stale_temp_bytes": self.stale_temp_bytes,
+            "session_directories_removed"
+            if self.applied
+            else "session_directories_to_remove": self.session_directories,
             "sample": [list(s) for s in self.sample],
             "errors": list(self.errors),
             "seconds": round(self.seconds, 3),
@@ -90,10 +96,12 @@ def expire_artifacts(
     batch_size: int = DEFAULT_BATCH,
     progress: Progress | None = None,
     now: datetime | None = None,
+    lifecycle: SessionLifecycle | None = None,
 ) -> ExpireRunReport:
     """Oversized outputs past ``expires_at``; with ``apply``, remove them, a batch at a time,
-    and the temporary files killed processes left in staging directories
-    (``staging_max_age_seconds``).
+    the temporary files killed processes left in staging directories
+    (``staging_max_age_seconds``), and (``lifecycle``) the directories of deleted sessions
+    that their delete left behind.
 
     The moment is fixed at the start, so the set only shrinks while it runs (new outputs
     expire later) and a dry run's count is what an apply run then deletes.
@@ -128,6 +136,10 @@ def expire_artifacts(
         report.stale_temp_files, report.stale_temp_bytes = swept
     except (OSError, StorageUnavailable) as exc:
         report.errors.append(f"cannot sweep staging directories: {exc}")
+    if lifecycle is not None:
+        removals = lifecycle.finish_removals(apply=apply)
+        report.session_directories = removals.removed if apply else removals.pending
+        report.errors.extend(removals.errors[:MAX_ERRORS_KEPT])
     report.seconds = time.monotonic() - started
     if apply:
         observed = metrics()

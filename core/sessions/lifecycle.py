@@ -1,6 +1,10 @@
 """Delete a session: its events, manifest rows, idempotency records, snapshots, artifact
 rows, counters and dead letters in one transaction, then its directory.
 
+The transaction also records the directory (``session_removals``); the record goes once the
+directory is removed. A directory a crash, a failing disk or S3 left behind is therefore
+still named, and ``finish_removals`` (every expiry run) removes it.
+
 A delete first finishes the fork copies that read from the session's directory, then
 re-checks under the tenant's quota lock, which a fork also holds. (Sessions are created by
 the journal, which owns their rows.)
@@ -11,28 +15,35 @@ from __future__ import annotations
 import dataclasses
 import logging
 from dataclasses import dataclass, replace
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import delete, func, select
+from sqlalchemy import Connection, delete, func, insert, select
+from sqlalchemy.exc import SQLAlchemyError
 
 from core import nofollow
 from core.artifacts import rows
 from core.artifacts.inherited import held_dir
 from core.artifacts.paths import session_dir
 from core.artifacts.storage import FileArtifactStorage, artifact_storage_for, key_prefix_of
-from core.db import write_transaction
+from core.db import read_connection, write_transaction
 from core.errors import ForkCopiesInProgress, StorageUnavailable, SymlinkRefused
 from core.journal import Journal
 from core.models import (
     ArtifactRow,
     CounterRow,
     DeadLetterRow,
+    MoveIntentRow,
     RehydrationRow,
+    SessionRemovalRow,
     SessionRow,
+    database_clock,
     table_of,
+    utcnow,
 )
 from core.query.snapshots import delete_snapshots
+from core.records import Session
 from core.sessions.fork_copy import ForkCopies
 from core.sessions.queries import SETTLE_ATTEMPTS, Unsettled, children, session_or_none
 from core.settings import Settings
@@ -44,6 +55,14 @@ _artifacts = table_of(ArtifactRow)
 _counters = table_of(CounterRow)
 _letters = table_of(DeadLetterRow)
 _rehydrations = table_of(RehydrationRow)
+_removals = table_of(SessionRemovalRow)
+_moves = table_of(MoveIntentRow)
+
+REMOVE_SESSION = "session"  # the session's own directory
+REMOVE_HELD = "held"  # what its parent held for it as an unfinished fork
+# A record is left to its own delete this long (that delete removes the directory right
+# after its commit); an older one was left behind.
+REMOVAL_SETTLED = timedelta(minutes=5)
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,6 +76,16 @@ class DeleteReport:
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
+
+
+@dataclass(slots=True)
+class RemovalReport:
+    """Directories of deleted sessions left behind: ``pending`` found (settled), ``removed``
+    (with ``apply``), ``errors`` for those that could not be, retried by the next run."""
+
+    pending: int = 0
+    removed: int = 0
+    errors: list[str] = dataclasses.field(default_factory=list)
 
 
 class SessionLifecycle:
@@ -83,7 +112,8 @@ class SessionLifecycle:
             except Unsettled:
                 continue
             if held is not None:  # what its parent held for its unfinished copy
-                self._remove_tree(held, "files held for a deleted fork")
+                if self._remove_tree(held, "files held for a deleted fork"):
+                    self._forget(session_id, REMOVE_HELD)
             return self._remove_directory(report)
         raise ForkCopiesInProgress(
             f"session {session_id}: fork copies kept starting; retry the delete"
@@ -106,6 +136,8 @@ class SessionLifecycle:
                 select(func.count()).where(_artifacts.c.session_id == session_id)
             ).scalar_one()
             forks = children(conn, session_id, statuses=None)
+            held = parent is not None and isinstance(self.storage, FileArtifactStorage)
+            self._record(conn, session, parent_id=parent.id if held and parent else None)
             self.journal.delete_events_of(conn, session_id)
             delete_snapshots(conn, session_id)
             for table in (_artifacts, _counters, _letters, _rehydrations, _sessions):
@@ -114,9 +146,96 @@ class SessionLifecycle:
         report = DeleteReport(
             session_id, session.tenant_id, session.head_seq, int(artifacts), forks, False
         )
-        if parent is None or not isinstance(self.storage, FileArtifactStorage):
+        if parent is None or not held:
             return report, None
         return report, held_dir(session_dir(self.root, parent.tenant_id, parent.id), session_id)
+
+    @staticmethod
+    def _record(conn: Connection, session: Session, *, parent_id: str | None) -> None:
+        """Name the directories this delete will remove, in its transaction."""
+        kinds = [(REMOVE_SESSION, None)] + ([(REMOVE_HELD, parent_id)] if parent_id else [])
+        now = utcnow()
+        for kind, parent in kinds:
+            conn.execute(
+                insert(_removals).values(
+                    session_id=session.id,
+                    kind=kind,
+                    tenant_id=session.tenant_id,
+                    parent_id=parent,
+                    deleted_at=now,
+                )
+            )
+
+    def _forget(self, session_id: str, kind: str) -> None:
+        """The directory is gone: drop its record. A failure is logged, never raised (the
+        delete is done; the next expiry run finds nothing to remove and drops it)."""
+        try:
+            with write_transaction(self.engine) as conn:
+                conn.execute(
+                    delete(_removals).where(
+                        (_removals.c.session_id == session_id) & (_removals.c.kind == kind)
+                    )
+                )
+        except (SQLAlchemyError, StorageUnavailable) as exc:
+            log.warning(
+                "a removed directory's record could not be dropped",
+                extra={"session_id": session_id, "kind": kind, "error": str(exc)},
+            )
+
+    def finish_removals(self, *, apply: bool, limit: int = 1000) -> RemovalReport:
+        """Remove the directories deletes left behind (their records older than
+        ``REMOVAL_SETTLED``); a dry run only counts them. One whose session (or, for what
+        a parent held, whose parent) is in an interrupted move waits for ``sessions
+        repair``."""
+        settled = database_clock(self.engine, REMOVAL_SETTLED)
+        with read_connection(self.engine) as conn:
+            left = conn.execute(
+                select(_removals)
+                .where(_removals.c.deleted_at < settled)
+                .order_by(_removals.c.deleted_at, _removals.c.session_id)
+                .limit(limit)
+            ).all()
+        report = RemovalReport(pending=len(left))
+        if not apply:
+            return report
+        for row in left:
+            try:
+                directory = self._left_behind(
+                    row.session_id, row.kind, row.tenant_id, row.parent_id
+                )
+            except _MoveInterrupted as waiting:
+                report.errors.append(str(waiting))
+                continue
+            what = "the deleted session's artifact directory"
+            if directory is not None and not self._remove_tree(directory, what):
+                report.errors.append(
+                    f"cannot remove {directory} of deleted session {row.session_id}"
+                )
+                continue
+            self._forget(row.session_id, row.kind)
+            report.removed += 1
+        return report
+
+    def _left_behind(
+        self, session_id: str, kind: str, tenant_id: str, parent_id: str | None
+    ) -> Path | None:
+        """Where the record's directory is now; None when nothing is left to remove (a
+        parent deleted since took what it held with its own directory)."""
+        owner = parent_id if kind == REMOVE_HELD and parent_id is not None else session_id
+        with read_connection(self.engine) as conn:
+            if conn.execute(
+                select(_moves.c.session_id).where(_moves.c.session_id == owner)
+            ).first():
+                raise _MoveInterrupted(
+                    f"directory of deleted session {session_id} waits for `sessions repair` "
+                    f"(an interrupted move of {owner})"
+                )
+            if kind != REMOVE_HELD:
+                return session_dir(self.root, tenant_id, session_id)
+            parent = session_or_none(conn, self.journal, owner)
+        if parent is None:
+            return None
+        return held_dir(session_dir(self.root, parent.tenant_id, parent.id), session_id)
 
     def _remove_tree(self, directory: Path, what: str) -> bool:
         """Remove ``directory`` (its objects on S3) after the rows are gone: a failure is
@@ -138,6 +257,8 @@ class SessionLifecycle:
         # a session without its files.
         directory = session_dir(self.root, report.tenant_id, report.session_id)
         removed = self._remove_tree(directory, "the deleted session's artifact directory")
+        if removed:
+            self._forget(report.session_id, REMOVE_SESSION)
         log.info(
             "session deleted",
             extra={
@@ -149,3 +270,7 @@ class SessionLifecycle:
             },
         )
         return replace(report, directory_removed=removed)
+
+
+class _MoveInterrupted(Exception):
+    """A record whose directory's place an interrupted move leaves open."""

@@ -113,7 +113,8 @@ def gc(
 def expire(
     apply: bool = ApplyOption, batch_size: int = BatchOption, as_json: bool = JsonOption
 ) -> None:
-    """Remove oversized-output artifacts past their TTL (files and rows)."""
+    """Remove oversized-output artifacts past their TTL (files and rows), stale staging
+    files, and the directories of deleted sessions their delete could not remove."""
     with open_store() as store, _bars(not as_json) as bars:
         report = store.expire_artifacts(apply=apply, batch_size=batch_size, progress=bars)
     result = report.to_dict()
