@@ -18,9 +18,11 @@ import errno
 import os
 import shutil
 import stat
+import sys
 from collections.abc import Iterator
-from contextlib import contextmanager, suppress
+from contextlib import ExitStack, contextmanager, suppress
 from pathlib import Path
+from typing import Any
 
 from core.errors import InvalidArtifactPath, SymlinkRefused
 
@@ -364,15 +366,35 @@ def rmdir(root: Path, path: Path) -> None:
 
 def rmtree(root: Path, path: Path) -> None:
     """Remove the tree at ``path`` (absent: nothing to do). Links inside it are removed,
-    never followed (``shutil.rmtree`` works by descriptors here)."""
-    try:
-        with parent_dir(root, path) as (fd, name):
+    never followed (``shutil.rmtree`` works by descriptors here). An entry that vanishes
+    while the walk runs (another remover) is skipped, and the walk goes on: it returns only
+    once the whole tree is gone, and raises if any of it stays."""
+    with ExitStack() as stack:
+        try:
+            fd, name = stack.enter_context(parent_dir(root, path))
             info = os.lstat(name, dir_fd=fd)
-            if stat.S_ISLNK(info.st_mode):
-                raise SymlinkRefused(str(path))
-            shutil.rmtree(name, dir_fd=fd)
-    except (FileNotFoundError, NotADirectoryError):
-        pass
+        except (FileNotFoundError, NotADirectoryError):
+            return
+        if stat.S_ISLNK(info.st_mode):
+            raise SymlinkRefused(str(path))
+        shutil.rmtree(name, dir_fd=fd, **_SKIP_VANISHED)
+
+
+def _skip_vanished_exc(function: object, path: str, exc: BaseException) -> None:
+    if not isinstance(exc, FileNotFoundError):
+        raise exc
+
+
+def _skip_vanished_info(function: object, path: str, info: Any) -> None:
+    _skip_vanished_exc(function, path, info[1])
+
+
+# ``onexc`` from Python 3.12 (``onerror`` is deprecated there), ``onerror`` before.
+_SKIP_VANISHED: dict[str, Any] = (
+    {"onexc": _skip_vanished_exc}
+    if sys.version_info >= (3, 12)
+    else {"onerror": _skip_vanished_info}
+)
 
 
 def replace(root: Path, source: Path, target: Path, *, sync: bool = True) -> None:

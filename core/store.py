@@ -216,7 +216,9 @@ class SessionStore:
 
     def delete_session(self, session_id: str, *, tenant_id: str | None = None) -> DeleteReport:
         """Remove a session, its events, manifest rows, artifacts and directory; blobs are
-        left for GC, and its forks keep working."""
+        left for GC, and its forks keep working. A move of it a crash left half done is
+        finished (or rolled back) first, so the directory removed is where its files are."""
+        self._moves.repair(session_id=session_id)
         return self._lifecycle.delete(session_id, tenant_id=tenant_id)
 
     # events -----------------------------------------------------------------------------

@@ -19,7 +19,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import Connection, delete, func, insert, select
+from sqlalchemy import Connection, delete, func, insert, select, tuple_
 from sqlalchemy.exc import SQLAlchemyError
 
 from core import nofollow
@@ -40,7 +40,6 @@ from core.models import (
     SessionRow,
     database_clock,
     table_of,
-    utcnow,
 )
 from core.query.snapshots import delete_snapshots
 from core.records import Session
@@ -59,10 +58,37 @@ _removals = table_of(SessionRemovalRow)
 _moves = table_of(MoveIntentRow)
 
 REMOVE_SESSION = "session"  # the session's own directory
+REMOVE_MOVED = "moved"  # its copy under the other tenant of a move a crash interrupted
 REMOVE_HELD = "held"  # what its parent held for it as an unfinished fork
 # A record is left to its own delete this long (that delete removes the directory right
 # after its commit); an older one was left behind.
 REMOVAL_SETTLED = timedelta(minutes=5)
+# An expiry run stops after this many directories it could not remove (each is reported;
+# the pages after it are still read, so those never hold up the others).
+REMOVAL_MAX_FAILED = 1000
+
+
+def record_removal(
+    conn: Connection, *, session_id: str, kind: str, tenant_id: str, parent_id: str | None = None
+) -> None:
+    """Name a directory of a deleted session for removal, in the caller's transaction
+    (nothing when it is named already). The time is the database's, as the expiry run
+    judges it: a host whose clock is behind never makes a record look settled at once."""
+    named = conn.execute(
+        select(_removals.c.session_id).where(
+            (_removals.c.session_id == session_id) & (_removals.c.kind == kind)
+        )
+    ).first()
+    if named is None:
+        conn.execute(
+            insert(_removals).values(
+                session_id=session_id,
+                kind=kind,
+                tenant_id=tenant_id,
+                parent_id=parent_id,
+                deleted_at=database_clock(conn.engine),
+            )
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,8 +138,7 @@ class SessionLifecycle:
             except Unsettled:
                 continue
             if held is not None:  # what its parent held for its unfinished copy
-                if self._remove_tree(held, "files held for a deleted fork"):
-                    self._forget(session_id, REMOVE_HELD)
+                self._remove_held(session_id, *held)
             return self._remove_directory(report)
         raise ForkCopiesInProgress(
             f"session {session_id}: fork copies kept starting; retry the delete"
@@ -121,7 +146,8 @@ class SessionLifecycle:
 
     def _delete_once(
         self, session_id: str, tenant_id: str | None
-    ) -> tuple[DeleteReport, Path | None]:
+    ) -> tuple[DeleteReport, tuple[str, str] | None]:
+        """(the report, the parent's id and tenant when it holds files for this fork)."""
         with write_transaction(self.engine) as conn:
             rows.lock_quota(conn, session_id)
             session = self.journal.session_in(conn, session_id, tenant_id=tenant_id)
@@ -148,23 +174,44 @@ class SessionLifecycle:
         )
         if parent is None or not held:
             return report, None
-        return report, held_dir(session_dir(self.root, parent.tenant_id, parent.id), session_id)
+        return report, (parent.id, parent.tenant_id)
 
     @staticmethod
     def _record(conn: Connection, session: Session, *, parent_id: str | None) -> None:
         """Name the directories this delete will remove, in its transaction."""
-        kinds = [(REMOVE_SESSION, None)] + ([(REMOVE_HELD, parent_id)] if parent_id else [])
-        now = utcnow()
-        for kind, parent in kinds:
-            conn.execute(
-                insert(_removals).values(
-                    session_id=session.id,
-                    kind=kind,
-                    tenant_id=session.tenant_id,
-                    parent_id=parent,
-                    deleted_at=now,
-                )
+        record_removal(
+            conn, session_id=session.id, kind=REMOVE_SESSION, tenant_id=session.tenant_id
+        )
+        if parent_id is not None:
+            record_removal(
+                conn,
+                session_id=session.id,
+                kind=REMOVE_HELD,
+                tenant_id=session.tenant_id,
+                parent_id=parent_id,
             )
+
+    def _remove_held(self, fork_id: str, parent_id: str, parent_tenant: str) -> bool:
+        """Remove what the parent holds for the deleted fork; its record goes only if the
+        parent was still where it was (a move of the parent meanwhile takes the files along,
+        and the next expiry run finds them where the parent is then)."""
+        directory = held_dir(session_dir(self.root, parent_tenant, parent_id), fork_id)
+        if not self._remove_tree(directory, "files held for a deleted fork"):
+            return False
+        if self._parent_moved(parent_id, parent_tenant):
+            return False
+        self._forget(fork_id, REMOVE_HELD)
+        return True
+
+    def _parent_moved(self, parent_id: str, tenant_id: str) -> bool:
+        with read_connection(self.engine) as conn:
+            row = conn.execute(
+                select(_sessions.c.tenant_id).where(_sessions.c.id == parent_id)
+            ).first()
+            moving = conn.execute(
+                select(_moves.c.session_id).where(_moves.c.session_id == parent_id)
+            ).first()
+        return moving is not None or (row is not None and row.tenant_id != tenant_id)
 
     def _forget(self, session_id: str, kind: str) -> None:
         """The directory is gone: drop its record. A failure is logged, never raised (the
@@ -182,60 +229,67 @@ class SessionLifecycle:
                 extra={"session_id": session_id, "kind": kind, "error": str(exc)},
             )
 
-    def finish_removals(self, *, apply: bool, limit: int = 1000) -> RemovalReport:
+    def finish_removals(self, *, apply: bool, page: int = 1000) -> RemovalReport:
         """Remove the directories deletes left behind (their records older than
-        ``REMOVAL_SETTLED``); a dry run only counts them. One whose session (or, for what
-        a parent held, whose parent) is in an interrupted move waits for ``sessions
-        repair``."""
+        ``REMOVAL_SETTLED``), a page of records at a time; a dry run only counts them. One
+        whose session (or, for what a parent held, whose parent) is in an interrupted move
+        waits for its repair (the reconciler's, or ``sessions repair``)."""
         settled = database_clock(self.engine, REMOVAL_SETTLED)
-        with read_connection(self.engine) as conn:
-            left = conn.execute(
-                select(_removals)
-                .where(_removals.c.deleted_at < settled)
-                .order_by(_removals.c.deleted_at, _removals.c.session_id)
-                .limit(limit)
-            ).all()
-        report = RemovalReport(pending=len(left))
-        if not apply:
-            return report
-        for row in left:
-            try:
-                directory = self._left_behind(
-                    row.session_id, row.kind, row.tenant_id, row.parent_id
-                )
-            except _MoveInterrupted as waiting:
-                report.errors.append(str(waiting))
-                continue
-            what = "the deleted session's artifact directory"
-            if directory is not None and not self._remove_tree(directory, what):
-                report.errors.append(
-                    f"cannot remove {directory} of deleted session {row.session_id}"
-                )
-                continue
-            self._forget(row.session_id, row.kind)
-            report.removed += 1
+        key = tuple_(_removals.c.deleted_at, _removals.c.session_id, _removals.c.kind)
+        report = RemovalReport()
+        after: tuple[Any, str, str] | None = None
+        while len(report.errors) < REMOVAL_MAX_FAILED:
+            query = select(_removals).where(_removals.c.deleted_at < settled)
+            if after is not None:
+                query = query.where(key > tuple_(*after))
+            with read_connection(self.engine) as conn:
+                rows_ = conn.execute(query.order_by(*key.clauses).limit(page)).all()
+            report.pending += len(rows_)
+            for row in rows_ if apply else ():
+                self._finish(row.session_id, row.kind, row.tenant_id, row.parent_id, report)
+            if len(rows_) < page:
+                break
+            last = rows_[-1]
+            after = (last.deleted_at, last.session_id, last.kind)
         return report
 
-    def _left_behind(
-        self, session_id: str, kind: str, tenant_id: str, parent_id: str | None
-    ) -> Path | None:
-        """Where the record's directory is now; None when nothing is left to remove (a
-        parent deleted since took what it held with its own directory)."""
+    def _finish(
+        self,
+        session_id: str,
+        kind: str,
+        tenant_id: str,
+        parent_id: str | None,
+        report: RemovalReport,
+    ) -> None:
         owner = parent_id if kind == REMOVE_HELD and parent_id is not None else session_id
         with read_connection(self.engine) as conn:
-            if conn.execute(
+            moving = conn.execute(
                 select(_moves.c.session_id).where(_moves.c.session_id == owner)
-            ).first():
-                raise _MoveInterrupted(
-                    f"directory of deleted session {session_id} waits for `sessions repair` "
-                    f"(an interrupted move of {owner})"
-                )
-            if kind != REMOVE_HELD:
-                return session_dir(self.root, tenant_id, session_id)
-            parent = session_or_none(conn, self.journal, owner)
-        if parent is None:
-            return None
-        return held_dir(session_dir(self.root, parent.tenant_id, parent.id), session_id)
+            ).first()
+            parent = session_or_none(conn, self.journal, owner) if kind == REMOVE_HELD else None
+        if moving is not None:
+            report.errors.append(
+                f"directory of deleted session {session_id} waits for the repair of an "
+                f"interrupted move of {owner} (`sessions repair`)"
+            )
+            return
+        if kind == REMOVE_HELD:
+            # the parent deleted since took what it held with its own directory
+            if parent is not None and not self._remove_held(
+                session_id, parent.id, parent.tenant_id
+            ):
+                report.errors.append(f"cannot remove what {owner} held for deleted {session_id}")
+                return
+            if parent is None:
+                self._forget(session_id, kind)
+            report.removed += 1
+            return
+        directory = session_dir(self.root, tenant_id, session_id)
+        if not self._remove_tree(directory, "the deleted session's artifact directory"):
+            report.errors.append(f"cannot remove {directory} of deleted session {session_id}")
+            return
+        self._forget(session_id, kind)
+        report.removed += 1
 
     def _remove_tree(self, directory: Path, what: str) -> bool:
         """Remove ``directory`` (its objects on S3) after the rows are gone: a failure is
@@ -270,7 +324,3 @@ class SessionLifecycle:
             },
         )
         return replace(report, directory_removed=removed)
-
-
-class _MoveInterrupted(Exception):
-    """A record whose directory's place an interrupted move leaves open."""

@@ -28,6 +28,7 @@ from core.models import MoveIntentRow, SessionRow, table_of, utcnow
 from core.nofollow import artifact_root_of, check_path
 from core.records import COPY_PENDING, Session
 from core.sessions.fork_copy import ForkCopies
+from core.sessions.lifecycle import REMOVE_MOVED, REMOVE_SESSION, record_removal
 from core.sessions.object_moves import ObjectMove
 from core.sessions.queries import SETTLE_ATTEMPTS, Unsettled, children
 from core.settings import Settings
@@ -186,6 +187,15 @@ class Moves:
                 )
             if row is None:
                 outcome = "gone"
+                # Deleted meanwhile: its files may be under either tenant; both go.
+                for kind, tenant in (
+                    (REMOVE_SESSION, intent.from_tenant),
+                    (REMOVE_MOVED, intent.to_tenant),
+                ):
+                    if kind == REMOVE_SESSION or source != target:
+                        record_removal(
+                            conn, session_id=intent.session_id, kind=kind, tenant_id=tenant
+                        )
             elif row.tenant_id == intent.from_tenant and (renamed or source == target):
                 conn.execute(
                     update(_sessions)

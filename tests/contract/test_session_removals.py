@@ -5,6 +5,7 @@ On SQLite and PostgreSQL, with file and S3 artifact storage."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -185,3 +186,150 @@ def test_the_record_is_in_the_deletes_transaction(
     with pytest.raises(RuntimeError):
         store.delete_session(sid)
     assert store.get_session(sid).head_seq > 0 and _records(store) == []
+
+
+# --- after review: each of these failed on the first version -------------------------------
+
+
+def test_a_delete_finishes_an_interrupted_move_first(
+    store: SessionStore, raw: RawArtifacts
+) -> None:
+    """A move killed after its rename, before its commit: the row says acme, the files are
+    under beta. The delete repairs the move first, so it removes where the files are (it
+    removed acme's absent directory and called it done)."""
+    root = store.settings.resolved_artifact_root
+    sid = _with_files(store)
+    source, target = session_dir(root, "acme", sid), session_dir(root, "beta", sid)
+    _interrupted_move(store, raw, sid, source, target)
+    assert store.delete_session(sid).directory_removed
+    assert raw.gone(source) and raw.gone(target) and _records(store) == []
+
+
+def _interrupted_move(
+    store: SessionStore, raw: RawArtifacts, sid: str, source: Path, target: Path
+) -> None:
+    with store.engine.begin() as conn:
+        conn.execute(
+            insert(table_of(MoveIntentRow)).values(
+                session_id=sid, from_tenant="acme", to_tenant="beta", started_at=utcnow()
+            )
+        )
+    root = store.settings.resolved_artifact_root
+    if raw.on_files:  # the rename done
+        target.parent.mkdir(parents=True, exist_ok=True)
+        source.rename(target)
+    else:  # on S3: every object copied over, the originals removed
+        for key in raw.keys_under(source):
+            moved = (target / (root / key).relative_to(source)).relative_to(root).as_posix()
+            raw.storage.copy(key, moved)
+            raw.storage.delete(key)
+    assert raw.gone(source) and not raw.gone(target)
+
+
+def test_a_move_repaired_after_its_session_was_deleted_names_both_directories(
+    store: SessionStore, raw: RawArtifacts, settled: None
+) -> None:
+    """The session went (here: its rows, by the lifecycle alone) while a move of it was
+    half done: its files may be under either tenant. The repair's "gone" records both,
+    and the expiry run removes both."""
+    root = store.settings.resolved_artifact_root
+    sid = _with_files(store)
+    source, target = session_dir(root, "acme", sid), session_dir(root, "beta", sid)
+    _interrupted_move(store, raw, sid, source, target)
+    store._lifecycle.delete(sid)  # no repair first: as a delete of an older version did
+    assert not raw.gone(target)
+    [repair] = store.repair_moves()
+    assert repair.outcome == "gone"
+    assert _records(store) == [(sid, "moved"), (sid, "session")]
+    assert _sweep(store, apply=True)["session_directories_removed"] == 2
+    assert raw.gone(source) and raw.gone(target) and _records(store) == []
+
+
+def test_the_wait_is_by_the_database_clock(
+    store: SessionStore, raw: RawArtifacts, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A deleting host whose clock is six minutes behind: on PostgreSQL the record is
+    stamped by the database's clock, so it is not settled at once (with the host's time it
+    was, and the expiry run raced the delete). SQLite's clock is the host's own: the same
+    clock on both sides."""
+    sid = _with_files(store)
+    behind = utcnow() - lifecycle.timedelta(minutes=6)
+    for module in ("core.models", "core.sessions.lifecycle"):  # every name the host's clock has
+        monkeypatch.setattr(f"{module}.utcnow", lambda: behind, raising=False)
+    with monkeypatch.context() as failing:
+        _fail_removals(failing)
+        store.delete_session(sid)
+    assert _sweep(store, apply=True)["session_directories_removed"] == 0
+    assert _records(store) == [(sid, "session")]
+
+
+def test_directories_that_cannot_be_removed_never_hold_up_the_others(
+    store: SessionStore, raw: RawArtifacts, monkeypatch: pytest.MonkeyPatch, settled: None
+) -> None:
+    root = store.settings.resolved_artifact_root
+    stuck = [_with_files(store) for _ in range(3)]
+    free = _with_files(store)  # deleted last: its record comes after the stuck ones
+    with monkeypatch.context() as failing:
+        _fail_removals(failing)
+        for sid in [*stuck, free]:
+            store.delete_session(sid)
+    with store.engine.begin() as conn:  # the stuck ones wait for a move's repair
+        for sid in stuck:
+            conn.execute(
+                insert(table_of(MoveIntentRow)).values(
+                    session_id=sid, from_tenant="acme", to_tenant="beta", started_at=utcnow()
+                )
+            )
+    report = store._lifecycle.finish_removals(apply=True, page=2)
+    assert (report.pending, report.removed, len(report.errors)) == (4, 1, 3)
+    assert raw.gone(session_dir(root, "acme", free))
+    assert _records(store) == sorted((sid, "session") for sid in stuck)
+
+
+@FILE_ONLY
+def test_a_tree_is_removed_whole_when_entries_vanish_during_the_walk(
+    store: SessionStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Another remover takes an entry first: the walk skips it and goes on (it stopped
+    there, and a delete said the directory was removed with files still in it)."""
+    sid = _with_files(store)
+    directory = session_dir(store.settings.resolved_artifact_root, "acme", sid)
+    real_unlink = os.unlink
+    taken: list[str] = []
+
+    def another_remover_first(name: Any, *, dir_fd: int | None = None) -> None:
+        if not taken:
+            taken.append(name)
+            real_unlink(name, dir_fd=dir_fd)
+        real_unlink(name, dir_fd=dir_fd)
+
+    monkeypatch.setattr(os, "unlink", another_remover_first)
+    assert store.delete_session(sid).directory_removed
+    assert taken and not directory.exists() and _records(store) == []
+
+
+@FILE_ONLY
+def test_held_files_moved_with_their_parent_during_the_delete_stay_named(
+    store: SessionStore, monkeypatch: pytest.MonkeyPatch, settled: None
+) -> None:
+    root = store.settings.resolved_artifact_root
+    parent = _with_files(store)
+    defer_copies(store)
+    fork = store.fork(parent).id
+    held = held_dir(session_dir(root, "acme", parent), fork)
+    held.mkdir(parents=True)
+    (held / "kept.txt").write_text("held for the fork")
+    real = SessionLifecycle._remove_tree
+
+    def parent_moves_first(self: SessionLifecycle, directory: Path, what: str) -> bool:
+        if directory == held:  # the parent's move renames its directory just before
+            store.move(parent, tenant_id="beta")
+        return real(self, directory, what)
+
+    with monkeypatch.context() as racing:
+        racing.setattr(SessionLifecycle, "_remove_tree", parent_moves_first)
+        store.delete_session(fork)
+    moved = held_dir(session_dir(root, "beta", parent), fork)
+    assert (moved / "kept.txt").exists() and _records(store) == [(fork, "held")]
+    assert _sweep(store, apply=True)["session_directories_removed"] == 1
+    assert not moved.exists() and _records(store) == []
