@@ -135,7 +135,12 @@ def delete(
     console.print(
         f"deleted {session_id}: {report.events} events, {report.artifacts} artifacts"
         + (f"; {len(report.forks)} fork(s) keep their own copies" if report.forks else "")
-        + ("" if report.directory_removed else "; the artifact directory could not be removed"),
+        + (
+            ""
+            if report.directory_removed
+            else "; its artifact directory could not be removed now"
+            " (the next expiry run removes it)"
+        ),
         markup=False,
         highlight=False,
     )

@@ -20,6 +20,7 @@ from core.errors import StorageUnavailable
 from core.models import MoveIntentRow, SessionRemovalRow, table_of, utcnow
 from core.sessions import lifecycle
 from core.sessions.lifecycle import SessionLifecycle
+from tests.cli_process import run_cli
 from tests.contract.artifact_backends import (
     FILE_ONLY,
     RawArtifacts,
@@ -333,3 +334,23 @@ def test_held_files_moved_with_their_parent_during_the_delete_stay_named(
     assert (moved / "kept.txt").exists() and _records(store) == [(fork, "held")]
     assert _sweep(store, apply=True)["session_directories_removed"] == 1
     assert not moved.exists() and _records(store) == []
+
+
+@FILE_ONLY
+def test_the_cli_says_who_removes_a_directory_its_delete_could_not(
+    store: SessionStore, tmp_path: Path
+) -> None:
+    sid = _with_files(store)
+    directory = session_dir(store.settings.resolved_artifact_root, "acme", sid)
+    elsewhere = tmp_path / "elsewhere"
+    directory.rename(elsewhere)
+    directory.symlink_to(elsewhere)  # a planted link: removed never, followed never
+    env = {
+        **os.environ,
+        "SESSIONSTORE_DATABASE_URL": store.settings.resolved_database_url,
+        "SESSIONSTORE_DATA_DIR": str(store.settings.data_dir),
+    }
+    done = run_cli("sessions", "delete", sid, "--yes", env=env)
+    assert done.returncode == 0, done.stderr
+    assert "the next expiry run removes it" in done.stdout
+    assert _records(store) == [(sid, "session")] and any(elsewhere.rglob("plan.md"))
