@@ -143,10 +143,9 @@ def test_an_interrupted_move_is_repaired_first(
     assert not raw.gone(directory) and _records(store) == [(sid, "session")]
 
 
-@FILE_ONLY  # a parent holds files for a pending fork on the file store only
-def test_what_a_parent_held_for_a_deleted_fork_is_found_where_the_parent_moved(
-    store: SessionStore, monkeypatch: pytest.MonkeyPatch, settled: None
-) -> None:
+def _parent_holding_for_a_pending_fork(store: SessionStore) -> tuple[str, str, Path]:
+    """(parent, fork, what the parent holds for the fork): as a link planted at the
+    fork's directory leaves it (the parent's rewrite keeps the inherited file there)."""
     root = store.settings.resolved_artifact_root
     parent = _with_files(store)
     defer_copies(store)
@@ -154,6 +153,15 @@ def test_what_a_parent_held_for_a_deleted_fork_is_found_where_the_parent_moved(
     held = held_dir(session_dir(root, "acme", parent), fork)
     held.mkdir(parents=True)
     (held / "kept.txt").write_text("held for the fork")
+    return parent, fork, held
+
+
+@FILE_ONLY  # a parent holds files for a pending fork on the file store only
+def test_what_a_parent_held_for_a_deleted_fork_is_found_where_the_parent_moved(
+    store: SessionStore, monkeypatch: pytest.MonkeyPatch, settled: None
+) -> None:
+    root = store.settings.resolved_artifact_root
+    parent, fork, held = _parent_holding_for_a_pending_fork(store)
     real_rmtree = lifecycle.nofollow.rmtree
 
     def held_fails(root: Path, path: Path) -> None:
@@ -314,12 +322,7 @@ def test_held_files_moved_with_their_parent_during_the_delete_stay_named(
     store: SessionStore, monkeypatch: pytest.MonkeyPatch, settled: None
 ) -> None:
     root = store.settings.resolved_artifact_root
-    parent = _with_files(store)
-    defer_copies(store)
-    fork = store.fork(parent).id
-    held = held_dir(session_dir(root, "acme", parent), fork)
-    held.mkdir(parents=True)
-    (held / "kept.txt").write_text("held for the fork")
+    parent, fork, held = _parent_holding_for_a_pending_fork(store)
     real = SessionLifecycle._remove_tree
 
     def parent_moves_first(self: SessionLifecycle, directory: Path, what: str) -> bool:
