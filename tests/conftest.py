@@ -15,6 +15,8 @@ Redis fails the tests that need it instead of skipping them.
 
 from __future__ import annotations
 
+import atexit
+import contextlib
 import os
 import shutil
 import socket
@@ -48,10 +50,17 @@ PG_ADMIN_DSN = os.environ.get(
 )
 
 
+# Redis databases a pytest process may lease (0 holds the leases; the benchmarks use 8 and
+# 10): each process takes a free one, so two runs at once on one machine (a CI clone beside
+# a developer's run, two worktrees) never flush each other's queues.
+REDIS_POOL = (15, 14, 13, 12, 11, 9, 7, 6, 5, 4, 3, 2, 1)
+_LEASE_KEY = "sessionstore-test-redis-db:{}"
+_LEASE_SECONDS = 120  # renewed every 30 s while the process lives; a killed run's lapses
+
+
 def _worker_redis_url(base: str, worker: str | None) -> str:
-    """The Redis database of this pytest process: the configured one, or under xdist
-    (``PYTEST_XDIST_WORKER=gwN``) the configured number minus N, modulo 16 (13, 12, 11,
-    10 for four workers by default), so parallel workers never flush each other's queues."""
+    """An explicit database, under xdist (``PYTEST_XDIST_WORKER=gwN``) minus N, modulo 16,
+    so the run's own workers never share one."""
     if not worker or not worker.startswith("gw"):
         return base
     head, _, db = base.rpartition("/")
@@ -59,10 +68,47 @@ def _worker_redis_url(base: str, worker: str | None) -> str:
     return f"{head}/{(number - int(worker[2:])) % 16}"
 
 
-REDIS_URL = _worker_redis_url(
-    os.environ.get("SESSIONSTORE_TEST_REDIS_URL", "redis://127.0.0.1:6379/13"),
-    os.environ.get("PYTEST_XDIST_WORKER"),
-)
+class RedisLease:
+    """This process's Redis database: ``SESSIONSTORE_TEST_REDIS_URL`` when set (minus the
+    xdist worker's number), else one leased from ``REDIS_POOL`` on first use, held until
+    the process exits."""
+
+    def __init__(self, base: str) -> None:
+        self.base, self.url, self._token = base, "", f"{socket.gethostname()}:{os.getpid()}"
+        self._stop = threading.Event()
+
+    def get(self) -> str:
+        if not self.url:
+            explicit = os.environ.get("SESSIONSTORE_TEST_REDIS_URL")
+            worker = os.environ.get("PYTEST_XDIST_WORKER")
+            self.url = _worker_redis_url(explicit, worker) if explicit else self._lease()
+        return self.url
+
+    def _lease(self) -> str:
+        client = redis.Redis.from_url(f"{self.base}/0", socket_connect_timeout=3)
+        for number in REDIS_POOL:
+            key = _LEASE_KEY.format(number)
+            if client.set(key, self._token, nx=True, ex=_LEASE_SECONDS):
+                threading.Thread(target=self._renew, args=(client, key), daemon=True).start()
+                atexit.register(self._release, client, key)
+                return f"{self.base}/{number}"
+        raise RuntimeError(
+            f"every Redis test database ({REDIS_POOL}) is leased by another pytest process"
+        )
+
+    def _renew(self, client: redis.Redis, key: str) -> None:
+        while not self._stop.wait(_LEASE_SECONDS / 4):
+            with contextlib.suppress(redis.RedisError):
+                client.set(key, self._token, xx=True, ex=_LEASE_SECONDS)
+
+    def _release(self, client: redis.Redis, key: str) -> None:
+        self._stop.set()
+        with contextlib.suppress(redis.RedisError):
+            if client.get(key) == self._token.encode():
+                client.delete(key)
+
+
+REDIS = RedisLease(os.environ.get("SESSIONSTORE_TEST_REDIS_BASE", "redis://127.0.0.1:6379"))
 REQUIRE_SERVICES = (
     os.environ.get("CI", "").lower() == "true"
     or os.environ.get("SESSIONSTORE_REQUIRE_SERVICES") == "1"
@@ -221,13 +267,14 @@ def queue_settings(pg_url: str, redis_url: str, tmp_path: Path) -> Settings:
 
 @pytest.fixture
 def redis_url() -> Iterator[str]:
-    client = redis.Redis.from_url(REDIS_URL, socket_connect_timeout=3)
     try:
+        url = REDIS.get()
+        client = redis.Redis.from_url(url, socket_connect_timeout=3)
         client.ping()
     except redis.RedisError as exc:
         _unavailable("Redis", exc)
     client.flushdb()
-    yield REDIS_URL
+    yield url
     client.flushdb()
     client.close()
 
