@@ -365,10 +365,11 @@ def rmdir(root: Path, path: Path) -> None:
 
 
 def rmtree(root: Path, path: Path) -> None:
-    """Remove the tree at ``path`` (absent: nothing to do). Links inside it are removed,
-    never followed (``shutil.rmtree`` works by descriptors here). An entry that vanishes
-    while the walk runs (another remover) is skipped, and the walk goes on: it returns only
-    once the whole tree is gone, and raises if any of it stays."""
+    """Remove the directory tree at ``path`` (absent: nothing to do). Links inside it are
+    removed, never followed (``shutil.rmtree`` works by descriptors here); a link, a FIFO or
+    a file at ``path`` itself is refused, never opened. An entry that vanishes while the
+    walk runs (another remover) is skipped and the walk goes on: it returns only once the
+    whole tree is gone, and raises if any of it stays."""
     with ExitStack() as stack:
         try:
             fd, name = stack.enter_context(parent_dir(root, path))
@@ -377,7 +378,29 @@ def rmtree(root: Path, path: Path) -> None:
             return
         if stat.S_ISLNK(info.st_mode):
             raise SymlinkRefused(str(path))
-        shutil.rmtree(name, dir_fd=fd, **_SKIP_VANISHED)
+        if not stat.S_ISDIR(info.st_mode):
+            raise NotADirectoryError(errno.ENOTDIR, "not a directory", str(path))
+        try:  # non-blocking: whatever was swapped in since the lstat, no open waits on it
+            top = os.open(name, _DIR_FLAGS | _NONBLOCK, dir_fd=fd)
+        except FileNotFoundError:
+            return  # another remover took it
+        except OSError as exc:
+            if exc.errno == errno.ELOOP or _is_link(fd, name):
+                raise SymlinkRefused(str(path)) from None
+            raise
+        try:
+            with os.scandir(top) as listing:
+                entries = [(e.name, e.is_dir(follow_symlinks=False)) for e in listing]
+            for entry, is_dir in entries:
+                if is_dir:
+                    shutil.rmtree(entry, dir_fd=top, **_SKIP_VANISHED)
+                else:
+                    with suppress(FileNotFoundError):
+                        os.unlink(entry, dir_fd=top)
+        finally:
+            os.close(top)
+        with suppress(FileNotFoundError):
+            os.rmdir(name, dir_fd=fd)
 
 
 def _skip_vanished_exc(function: object, path: str, exc: BaseException) -> None:

@@ -216,9 +216,15 @@ class SessionStore:
 
     def delete_session(self, session_id: str, *, tenant_id: str | None = None) -> DeleteReport:
         """Remove a session, its events, manifest rows, artifacts and directory; blobs are
-        left for GC, and its forks keep working. A move of it a crash left half done is
-        finished (or rolled back) first, so the directory removed is where its files are."""
-        self._moves.repair(session_id=session_id)
+        left for GC, and its forks keep working. A move of it a crash left half done (its
+        intent older than ``fork_copy_timeout_seconds``, as the reconciler judges it) is
+        finished or rolled back first, so the directory removed is where its files are; a
+        younger one may be live, and a crashed one the reconciler's repair finds deleted
+        names both tenants' directories for the expiry run."""
+        self.journal.get_session(session_id, tenant_id=tenant_id)  # visible before anything
+        self._moves.repair(
+            session_id=session_id, older_than_s=self.settings.fork_copy_timeout_seconds
+        )
         return self._lifecycle.delete(session_id, tenant_id=tenant_id)
 
     # events -----------------------------------------------------------------------------

@@ -64,8 +64,10 @@ class ExpireRunReport:
     # temporary files killed processes left in staging directories (removed when applied)
     stale_temp_files: int = 0
     stale_temp_bytes: int = 0
-    # directories of deleted sessions that their delete left behind (removed when applied)
+    # directories of deleted sessions that their delete left behind (removed when applied),
+    # and those left for the next run (a move of their session or its parent under way)
     session_directories: int = 0
+    session_directories_deferred: int = 0
     errors: list[str] = field(default_factory=list)
     seconds: float = 0.0
 
@@ -82,6 +84,7 @@ class ExpireRunReport:
             "session_directories_removed"
             if self.applied
             else "session_directories_to_remove": self.session_directories,
+            "session_directories_deferred": self.session_directories_deferred,
             "sample": [list(s) for s in self.sample],
             "errors": list(self.errors),
             "seconds": round(self.seconds, 3),
@@ -139,6 +142,7 @@ def expire_artifacts(
     if lifecycle is not None:
         removals = lifecycle.finish_removals(apply=apply)
         report.session_directories = removals.removed if apply else removals.pending
+        report.session_directories_deferred = removals.deferred
         report.errors.extend(removals.errors[:MAX_ERRORS_KEPT])
     report.seconds = time.monotonic() - started
     if apply:

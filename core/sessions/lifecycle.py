@@ -107,10 +107,13 @@ class DeleteReport:
 @dataclass(slots=True)
 class RemovalReport:
     """Directories of deleted sessions left behind: ``pending`` found (settled), ``removed``
-    (with ``apply``), ``errors`` for those that could not be, retried by the next run."""
+    (with ``apply``), ``deferred`` (a move of the session, or of the parent that holds them,
+    interrupted or under way: where they are is settled by then), ``errors`` for those that
+    could not be removed. The deferred and the failed are retried by the next run."""
 
     pending: int = 0
     removed: int = 0
+    deferred: int = 0
     errors: list[str] = dataclasses.field(default_factory=list)
 
 
@@ -191,17 +194,15 @@ class SessionLifecycle:
                 parent_id=parent_id,
             )
 
-    def _remove_held(self, fork_id: str, parent_id: str, parent_tenant: str) -> bool:
+    def _remove_held(self, fork_id: str, parent_id: str, parent_tenant: str) -> None:
         """Remove what the parent holds for the deleted fork; its record goes only if the
         parent was still where it was (a move of the parent meanwhile takes the files along,
         and the next expiry run finds them where the parent is then)."""
         directory = held_dir(session_dir(self.root, parent_tenant, parent_id), fork_id)
-        if not self._remove_tree(directory, "files held for a deleted fork"):
-            return False
-        if self._parent_moved(parent_id, parent_tenant):
-            return False
-        self._forget(fork_id, REMOVE_HELD)
-        return True
+        if self._remove_tree(directory, "files held for a deleted fork") and not (
+            self._parent_moved(parent_id, parent_tenant)
+        ):
+            self._forget(fork_id, REMOVE_HELD)
 
     def _parent_moved(self, parent_id: str, tenant_id: str) -> bool:
         with read_connection(self.engine) as conn:
@@ -267,20 +268,20 @@ class SessionLifecycle:
                 select(_moves.c.session_id).where(_moves.c.session_id == owner)
             ).first()
             parent = session_or_none(conn, self.journal, owner) if kind == REMOVE_HELD else None
-        if moving is not None:
-            report.errors.append(
-                f"directory of deleted session {session_id} waits for the repair of an "
-                f"interrupted move of {owner} (`sessions repair`)"
-            )
+        if moving is not None:  # the move's repair (or its own commit) settles where they are
+            report.deferred += 1
             return
         if kind == REMOVE_HELD:
-            # the parent deleted since took what it held with its own directory
-            if parent is not None and not self._remove_held(
-                session_id, parent.id, parent.tenant_id
-            ):
-                report.errors.append(f"cannot remove what {owner} held for deleted {session_id}")
-                return
-            if parent is None:
+            if parent is None:  # deleted since: it took what it held with its own directory
+                self._forget(session_id, kind)
+            else:
+                held = held_dir(session_dir(self.root, parent.tenant_id, parent.id), session_id)
+                if not self._remove_tree(held, "files held for a deleted fork"):
+                    report.errors.append(f"cannot remove {held} held for deleted {session_id}")
+                    return
+                if self._parent_moved(parent.id, parent.tenant_id):
+                    report.deferred += 1  # the files went along: found there next run
+                    return
                 self._forget(session_id, kind)
             report.removed += 1
             return

@@ -139,8 +139,11 @@ class Moves:
 
     # repair ---------------------------------------------------------------------------------
 
-    def pending(self, *, older_than_s: float = 0.0, limit: int = 1000) -> list[MoveIntent]:
-        """Moves whose intent row is older than ``older_than_s`` (crashed), oldest first."""
+    def pending(
+        self, *, older_than_s: float = 0.0, limit: int = 1000, session_id: str | None = None
+    ) -> list[MoveIntent]:
+        """Moves whose intent row is older than ``older_than_s`` (crashed), oldest first;
+        only that of ``session_id`` when given."""
         cutoff = utcnow() - timedelta(seconds=older_than_s)
         query = (
             select(_moves)
@@ -148,6 +151,8 @@ class Moves:
             .order_by(_moves.c.started_at)
             .limit(limit)
         )
+        if session_id is not None:
+            query = query.where(_moves.c.session_id == session_id)
         with read_connection(self.engine) as conn:
             found = conn.execute(query)
             return [MoveIntent(r.session_id, r.from_tenant, r.to_tenant, r.cwd) for r in found]
@@ -162,9 +167,7 @@ class Moves:
         live move's rename and commit are never split by it; the reconciler passes an age
         so that it does not roll back a live move between its intent and its rename.
         """
-        intents = self.pending(older_than_s=older_than_s)
-        if session_id is not None:
-            intents = [i for i in intents if i.session_id == session_id]
+        intents = self.pending(older_than_s=older_than_s, session_id=session_id)
         return [self._repair_one(intent) for intent in intents]
 
     def _repair_one(self, intent: MoveIntent) -> MoveRepair:

@@ -6,17 +6,20 @@ On SQLite and PostgreSQL, with file and S3 artifact storage."""
 from __future__ import annotations
 
 import os
+import shutil
+import threading
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 import pytest
 from sqlalchemy import insert, select
 
-from core import SessionStore
+from core import SessionNotFound, SessionStore
 from core.artifacts import session_dir
 from core.artifacts.inherited import held_dir
 from core.artifacts.objects import ObjectArtifactStorage
-from core.errors import StorageUnavailable
+from core.errors import StorageUnavailable, SymlinkRefused
 from core.models import MoveIntentRow, SessionRemovalRow, table_of, utcnow
 from core.sessions import lifecycle
 from core.sessions.lifecycle import SessionLifecycle
@@ -34,6 +37,7 @@ from tests.contract.test_move_delete import _with_files
 __all__ = ["FILE_ONLY", "RawArtifacts", "artifact_backend", "raw", "settings"]
 
 _removals = table_of(SessionRemovalRow)
+AN_HOUR = timedelta(hours=1)  # older than the reconciler's timeout: crashed, not live
 
 
 def _records(store: SessionStore) -> list[tuple[str, str]]:
@@ -53,7 +57,7 @@ def _fail_removals(monkeypatch: pytest.MonkeyPatch) -> None:
 @pytest.fixture
 def settled(monkeypatch: pytest.MonkeyPatch) -> None:
     """Records count as left behind at once (by default only after five minutes)."""
-    monkeypatch.setattr(lifecycle, "REMOVAL_SETTLED", lifecycle.timedelta(0))
+    monkeypatch.setattr(lifecycle, "REMOVAL_SETTLED", timedelta(0))
 
 
 def _sweep(store: SessionStore, *, apply: bool) -> dict[str, Any]:
@@ -138,8 +142,8 @@ def test_an_interrupted_move_is_repaired_first(
             )
         )
     report = _sweep(store, apply=True)
-    assert report["session_directories_removed"] == 0
-    assert any("sessions repair" in e for e in report["errors"])
+    assert report["session_directories_removed"] == 0 and report["errors"] == []
+    assert report["session_directories_deferred"] == 1  # waiting is no failure: exit 0
     assert not raw.gone(directory) and _records(store) == [(sid, "session")]
 
 
@@ -215,12 +219,19 @@ def test_a_delete_finishes_an_interrupted_move_first(
 
 
 def _interrupted_move(
-    store: SessionStore, raw: RawArtifacts, sid: str, source: Path, target: Path
+    store: SessionStore,
+    raw: RawArtifacts,
+    sid: str,
+    source: Path,
+    target: Path,
+    *,
+    age: timedelta = AN_HOUR,
 ) -> None:
+    """A move of ``sid`` from acme to beta killed after its rename, ``age`` ago."""
     with store.engine.begin() as conn:
         conn.execute(
             insert(table_of(MoveIntentRow)).values(
-                session_id=sid, from_tenant="acme", to_tenant="beta", started_at=utcnow()
+                session_id=sid, from_tenant="acme", to_tenant="beta", started_at=utcnow() - age
             )
         )
     root = store.settings.resolved_artifact_root
@@ -238,15 +249,16 @@ def _interrupted_move(
 def test_a_move_repaired_after_its_session_was_deleted_names_both_directories(
     store: SessionStore, raw: RawArtifacts, settled: None
 ) -> None:
-    """The session went (here: its rows, by the lifecycle alone) while a move of it was
-    half done: its files may be under either tenant. The repair's "gone" records both,
-    and the expiry run removes both."""
+    """The session went while a move of it was half done (too young for the delete to
+    repair): its files may be under either tenant. The repair's "gone" records both, and
+    the expiry run removes both."""
     root = store.settings.resolved_artifact_root
     sid = _with_files(store)
     source, target = session_dir(root, "acme", sid), session_dir(root, "beta", sid)
-    _interrupted_move(store, raw, sid, source, target)
-    store._lifecycle.delete(sid)  # no repair first: as a delete of an older version did
-    assert not raw.gone(target)
+    # a young intent may be a live move: the delete leaves it to the reconciler
+    _interrupted_move(store, raw, sid, source, target, age=timedelta(0))
+    assert store.delete_session(sid).directory_removed  # acme's: absent
+    assert not raw.gone(target) and _records(store) == []
     [repair] = store.repair_moves()
     assert repair.outcome == "gone"
     assert _records(store) == [(sid, "moved"), (sid, "session")]
@@ -262,7 +274,7 @@ def test_the_wait_is_by_the_database_clock(
     was, and the expiry run raced the delete). SQLite's clock is the host's own: the same
     clock on both sides."""
     sid = _with_files(store)
-    behind = utcnow() - lifecycle.timedelta(minutes=6)
+    behind = utcnow() - timedelta(minutes=6)
     for module in ("core.models", "core.sessions.lifecycle"):  # every name the host's clock has
         monkeypatch.setattr(f"{module}.utcnow", lambda: behind, raising=False)
     with monkeypatch.context() as failing:
@@ -282,13 +294,13 @@ def test_directories_that_cannot_be_removed_never_hold_up_the_others(
         _fail_removals(failing)
         for sid in [*stuck, free]:
             store.delete_session(sid)
-    with store.engine.begin() as conn:  # the stuck ones wait for a move's repair
-        for sid in stuck:
-            conn.execute(
-                insert(table_of(MoveIntentRow)).values(
-                    session_id=sid, from_tenant="acme", to_tenant="beta", started_at=utcnow()
-                )
-            )
+    unremovable = {session_dir(root, "acme", sid) for sid in stuck}
+    real = SessionLifecycle._remove_tree
+
+    def fails_for_stuck(self: SessionLifecycle, directory: Path, what: str) -> bool:
+        return directory not in unremovable and real(self, directory, what)
+
+    monkeypatch.setattr(SessionLifecycle, "_remove_tree", fails_for_stuck)
     report = store._lifecycle.finish_removals(apply=True, page=2)
     assert (report.pending, report.removed, len(report.errors)) == (4, 1, 3)
     assert raw.gone(session_dir(root, "acme", free))
@@ -357,3 +369,83 @@ def test_the_cli_says_who_removes_a_directory_its_delete_could_not(
     assert done.returncode == 0, done.stderr
     assert "the next expiry run removes it" in done.stdout
     assert _records(store) == [(sid, "session")] and any(elsewhere.rglob("plan.md"))
+
+
+def test_a_delete_in_another_tenant_touches_nothing(store: SessionStore, raw: RawArtifacts) -> None:
+    """Visibility first: a delete scoped to a tenant the session is not in neither deletes
+    nor repairs its interrupted move (it completed the move, then said not found)."""
+    root = store.settings.resolved_artifact_root
+    sid = _with_files(store)
+    source, target = session_dir(root, "acme", sid), session_dir(root, "beta", sid)
+    _interrupted_move(store, raw, sid, source, target)
+    with pytest.raises(SessionNotFound):
+        store.delete_session(sid, tenant_id="globex")
+    assert store.get_session(sid).tenant_id == "acme"
+    assert [i.session_id for i in store._moves.pending()] == [sid]
+
+
+@FILE_ONLY
+def test_held_files_whose_parent_moves_during_the_run_are_deferred_not_failed(
+    store: SessionStore, monkeypatch: pytest.MonkeyPatch, settled: None
+) -> None:
+    root = store.settings.resolved_artifact_root
+    parent, fork, held = _parent_holding_for_a_pending_fork(store)
+    with monkeypatch.context() as failing:
+        _fail_removals(failing)
+        store.delete_session(fork)
+    real = SessionLifecycle._remove_tree
+
+    def parent_moves_first(self: SessionLifecycle, directory: Path, what: str) -> bool:
+        if directory == held:
+            store.move(parent, tenant_id="beta")
+        return real(self, directory, what)
+
+    with monkeypatch.context() as racing:
+        racing.setattr(SessionLifecycle, "_remove_tree", parent_moves_first)
+        report = _sweep(store, apply=True)
+    assert report["errors"] == [] and report["session_directories_deferred"] == 1
+    assert _records(store) == [(fork, "held")]
+    assert _sweep(store, apply=True)["session_directories_removed"] == 1
+    assert not held_dir(session_dir(root, "beta", parent), fork).exists()
+
+
+@FILE_ONLY
+def test_a_fifo_at_a_session_directory_is_refused_never_waited_on(
+    store: SessionStore, settled: None
+) -> None:
+    sid = _with_files(store)
+    directory = session_dir(store.settings.resolved_artifact_root, "acme", sid)
+    shutil.rmtree(directory)
+    os.mkfifo(directory)
+    outcome: list[Any] = []
+    runner = threading.Thread(  # a daemon: a regression blocks it, not the test process
+        target=lambda: outcome.append((store.delete_session(sid), _sweep(store, apply=True))),
+        daemon=True,
+    )
+    runner.start()
+    runner.join(30)
+    assert not runner.is_alive(), "a FIFO blocked the removal"
+    [(deleted, swept)] = outcome
+    assert deleted.directory_removed is False and swept["errors"]
+    assert _records(store) == [(sid, "session")]
+
+
+@FILE_ONLY
+def test_a_directory_swapped_for_a_link_after_the_check_is_refused(
+    store: SessionStore, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    sid = _with_files(store)
+    directory = session_dir(store.settings.resolved_artifact_root, "acme", sid)
+    outside = tmp_path / "outside"
+    real_open = os.open
+
+    def swapped(path: Any, flags: int, mode: int = 0o777, *, dir_fd: int | None = None) -> int:
+        if path == directory.name and dir_fd is not None and not outside.exists():
+            directory.rename(outside)  # the checked directory goes, a link comes
+            directory.symlink_to(outside)
+        return real_open(path, flags, mode, dir_fd=dir_fd)
+
+    monkeypatch.setattr(os, "open", swapped)
+    with pytest.raises(SymlinkRefused):
+        lifecycle.nofollow.rmtree(store.settings.resolved_artifact_root, directory)
+    assert any(outside.rglob("plan.md"))  # nothing removed through the link
