@@ -5,7 +5,7 @@ Each command still runs in a process of its own, through ``tasks.cli.main`` as t
 script calls it, with the environment, working directory and exit status it is given and
 pipes for stdin, stdout and stderr; what is shared is the interpreter's start-up and the
 third-party imports (``tests/cli_zygote.py`` says which, and what that cannot make fresh).
-``tests/unit/test_cli_process.py`` checks the two ways agree, byte for byte.
+``tests/acceptance/test_cli_process.py`` checks the two ways agree, byte for byte.
 
 ``SESSIONSTORE_TEST_CLI=exec`` runs every command with a fresh interpreter instead; so does a
 request whose environment changes what Python reads only at start-up (``PYTHON*``, locale).
