@@ -34,6 +34,12 @@ def _forked(*args: str, env: dict[str, str], cwd: Path, input: str | None = None
     return done.returncode, done.stdout, done.stderr
 
 
+@pytest.fixture(autouse=True)
+def _fork_mode(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The runner under test, whatever SESSIONSTORE_TEST_CLI the suite runs with."""
+    monkeypatch.setenv("SESSIONSTORE_TEST_CLI", "fork")
+
+
 @pytest.fixture
 def env(tmp_path: Path) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("SESSIONSTORE_")}
