@@ -379,7 +379,8 @@ class SessionRemovalRow(SQLModel, table=True):
     disk, S3 away) is removed by the next expiry run.
 
     ``kind`` "session" is the session's own directory (under ``tenant_id``, its tenant when
-    deleted); "held" is what its parent ``parent_id`` held for it as an unfinished fork,
+    deleted); "moved" its copy under ``tenant_id``, the other tenant of a move a crash
+    interrupted; "held" what its parent ``parent_id`` held for it as an unfinished fork,
     found under the parent's tenant when removed (the parent may have moved since)."""
 
     __tablename__ = "session_removals"

@@ -17,14 +17,14 @@ from __future__ import annotations
 import atexit
 import locale
 import os
-import pickle
 import shutil
-import struct
 import subprocess
 import sys
 import threading
 from pathlib import Path
 from typing import Any
+
+from tests.cli_zygote import SETUP_FAILED, receive, send
 
 EXE = shutil.which("sessionstore") or str(Path(sys.executable).parent / "sessionstore")
 _ZYGOTE = Path(__file__).with_name("cli_zygote.py")
@@ -32,7 +32,6 @@ _ZYGOTE = Path(__file__).with_name("cli_zygote.py")
 # imported (typer's rich switch, Celery's and kombu's flags): a child of the zygote would
 # keep the zygote's values, so a command whose environment changes one of them execs.
 _STARTUP_VARS = ("PYTHON", "LANG", "LC_", "TYPER", "_TYPER", "CELERY", "KOMBU", "C_")
-_SETUP_FAILED = "cli_zygote: the child could not be set up: "
 
 
 def _startup_env(env: dict[str, str]) -> dict[str, str]:
@@ -55,25 +54,14 @@ class _Zygote:
         os.close(answers_w)
 
     def ask(self, request: dict[str, Any]) -> dict[str, Any]:
-        body = pickle.dumps(request)
-        view = memoryview(struct.pack(">I", len(body)) + body)
         try:
-            while view:
-                view = view[os.write(self._requests, view) :]
+            send(self._requests, request)
+            answer: dict[str, Any] | None = receive(self._answers)
         except BrokenPipeError:
-            raise RuntimeError(f"the CLI zygote died (exit {self.proc.wait()})") from None
-        header = self._read(4)
-        answer: dict[str, Any] = pickle.loads(self._read(struct.unpack(">I", header)[0]))
+            answer = None
+        if answer is None:
+            raise RuntimeError(f"the CLI zygote died (exit {self.proc.wait()})")
         return answer
-
-    def _read(self, size: int) -> bytes:
-        data = b""
-        while len(data) < size:
-            chunk = os.read(self._answers, size - len(data))
-            if not chunk:
-                raise RuntimeError(f"the CLI zygote died (exit {self.proc.wait()})")
-            data += chunk
-        return data
 
     def close(self) -> None:
         if self._requests < 0:
@@ -161,7 +149,7 @@ def run_cli(
     with _lock:
         _idle.append(zygote)
     stdout, stderr = _decode(answer["stdout"]), _decode(answer["stderr"])
-    if answer["returncode"] == 255 and stderr.startswith(_SETUP_FAILED):
+    if answer["returncode"] == 255 and stderr.startswith(SETUP_FAILED):
         raise RuntimeError(stderr)
     if answer["timed_out"]:
         raise subprocess.TimeoutExpired([EXE, *args], timeout, output=stdout, stderr=stderr)

@@ -63,6 +63,21 @@ def _preload() -> None:
         importlib.import_module(module)
 
 
+def send(fd: int, message: Any) -> None:
+    """Write ``message`` framed: its pickle's length (4 bytes, big-endian), then it."""
+    body = pickle.dumps(message)
+    view = memoryview(struct.pack(">I", len(body)) + body)
+    while view:
+        view = view[os.write(fd, view) :]
+
+
+def receive(fd: int) -> Any | None:
+    """The next framed message, or None when the other end has closed."""
+    header = _read_exact(fd, 4)
+    body = None if header is None else _read_exact(fd, struct.unpack(">I", header)[0])
+    return None if body is None else pickle.loads(body)
+
+
 def _read_exact(fd: int, size: int) -> bytes | None:
     data = b""
     while len(data) < size:
@@ -186,18 +201,8 @@ def main() -> None:
     # As the console script: the first import path is the executable's directory.
     sys.path[0] = os.path.dirname(sys.argv[3])
     _preload()
-    while True:
-        header = _read_exact(requests, 4)
-        if header is None:  # the test process went away
-            return
-        body = _read_exact(requests, struct.unpack(">I", header)[0])
-        if body is None:
-            return
-        answer = pickle.dumps(_run(pickle.loads(body), (requests, answers)))
-        os.write(answers, struct.pack(">I", len(answer)))
-        view = memoryview(answer)
-        while view:
-            view = view[os.write(answers, view) :]
+    while (request := receive(requests)) is not None:  # None: the test process went away
+        send(answers, _run(request, (requests, answers)))
 
 
 if __name__ == "__main__":

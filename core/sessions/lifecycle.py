@@ -66,6 +66,14 @@ REMOVAL_SETTLED = timedelta(minutes=5)
 # An expiry run stops after this many directories it could not remove (each is reported;
 # the pages after it are still read, so those never hold up the others).
 REMOVAL_MAX_FAILED = 1000
+# What ``_remove_held`` and ``_finish`` say of a directory whose place a move settles first.
+_DEFERRED = "deferred: a move settles where it is"
+
+
+def _in_move(conn: Connection, session_id: str) -> bool:
+    """Whether a move of the session is under way (or was interrupted)."""
+    found = conn.execute(select(_moves.c.session_id).where(_moves.c.session_id == session_id))
+    return found.first() is not None
 
 
 def record_removal(
@@ -165,8 +173,9 @@ class SessionLifecycle:
                 select(func.count()).where(_artifacts.c.session_id == session_id)
             ).scalar_one()
             forks = children(conn, session_id, statuses=None)
-            held = parent is not None and isinstance(self.storage, FileArtifactStorage)
-            self._record(conn, session, parent_id=parent.id if held and parent else None)
+            # a parent holds files for an unfinished fork on the file store only
+            holder = parent if isinstance(self.storage, FileArtifactStorage) else None
+            self._record(conn, session, holder)
             self.journal.delete_events_of(conn, session_id)
             delete_snapshots(conn, session_id)
             for table in (_artifacts, _counters, _letters, _rehydrations, _sessions):
@@ -175,44 +184,48 @@ class SessionLifecycle:
         report = DeleteReport(
             session_id, session.tenant_id, session.head_seq, int(artifacts), forks, False
         )
-        if parent is None or not held:
+        if holder is None:
             return report, None
-        return report, (parent.id, parent.tenant_id)
+        return report, (holder.id, holder.tenant_id)
 
     @staticmethod
-    def _record(conn: Connection, session: Session, *, parent_id: str | None) -> None:
-        """Name the directories this delete will remove, in its transaction."""
-        record_removal(
-            conn, session_id=session.id, kind=REMOVE_SESSION, tenant_id=session.tenant_id
-        )
-        if parent_id is not None:
+    def _record(conn: Connection, session: Session, holder: Session | None) -> None:
+        """Name the directories this delete will remove, in its transaction: the session's,
+        and what ``holder`` (its parent) holds for it."""
+        kinds = [(REMOVE_SESSION, None)] + ([(REMOVE_HELD, holder.id)] if holder else [])
+        for kind, parent_id in kinds:
             record_removal(
                 conn,
                 session_id=session.id,
-                kind=REMOVE_HELD,
+                kind=kind,
                 tenant_id=session.tenant_id,
                 parent_id=parent_id,
             )
 
-    def _remove_held(self, fork_id: str, parent_id: str, parent_tenant: str) -> None:
-        """Remove what the parent holds for the deleted fork; its record goes only if the
-        parent was still where it was (a move of the parent meanwhile takes the files along,
-        and the next expiry run finds them where the parent is then)."""
+    def _remove_held(self, fork_id: str, parent_id: str, parent_tenant: str) -> str | None:
+        """Remove what the parent holds for the deleted fork: None when done (the record
+        dropped), else why not. The record stays when the parent moved meanwhile (the files
+        went along, and the next expiry run finds them where the parent is then)."""
         directory = held_dir(session_dir(self.root, parent_tenant, parent_id), fork_id)
-        if self._remove_tree(directory, "files held for a deleted fork") and not (
-            self._parent_moved(parent_id, parent_tenant)
-        ):
-            self._forget(fork_id, REMOVE_HELD)
-
-    def _parent_moved(self, parent_id: str, tenant_id: str) -> bool:
+        if not self._remove_tree(directory, "files held for a deleted fork"):
+            return f"cannot remove {directory} held for deleted {fork_id}"
         with read_connection(self.engine) as conn:
-            row = conn.execute(
-                select(_sessions.c.tenant_id).where(_sessions.c.id == parent_id)
-            ).first()
-            moving = conn.execute(
-                select(_moves.c.session_id).where(_moves.c.session_id == parent_id)
-            ).first()
-        return moving is not None or (row is not None and row.tenant_id != tenant_id)
+            parent = session_or_none(conn, self.journal, parent_id)
+            moved = _in_move(conn, parent_id) or (
+                parent is not None and parent.tenant_id != parent_tenant
+            )
+        if moved:
+            return _DEFERRED
+        self._forget(fork_id, REMOVE_HELD)
+        return None
+
+    def _remove_session_dir(self, session_id: str, kind: str, tenant_id: str) -> bool:
+        """Remove a deleted session's directory under ``tenant_id``, then its record."""
+        directory = session_dir(self.root, tenant_id, session_id)
+        if not self._remove_tree(directory, "the deleted session's artifact directory"):
+            return False
+        self._forget(session_id, kind)
+        return True
 
     def _forget(self, session_id: str, kind: str) -> None:
         """The directory is gone: drop its record. A failure is logged, never raised (the
@@ -264,33 +277,26 @@ class SessionLifecycle:
     ) -> None:
         owner = parent_id if kind == REMOVE_HELD and parent_id is not None else session_id
         with read_connection(self.engine) as conn:
-            moving = conn.execute(
-                select(_moves.c.session_id).where(_moves.c.session_id == owner)
-            ).first()
+            moving = _in_move(conn, owner)
             parent = session_or_none(conn, self.journal, owner) if kind == REMOVE_HELD else None
-        if moving is not None:  # the move's repair (or its own commit) settles where they are
-            report.deferred += 1
-            return
-        if kind == REMOVE_HELD:
-            if parent is None:  # deleted since: it took what it held with its own directory
-                self._forget(session_id, kind)
-            else:
-                held = held_dir(session_dir(self.root, parent.tenant_id, parent.id), session_id)
-                if not self._remove_tree(held, "files held for a deleted fork"):
-                    report.errors.append(f"cannot remove {held} held for deleted {session_id}")
-                    return
-                if self._parent_moved(parent.id, parent.tenant_id):
-                    report.deferred += 1  # the files went along: found there next run
-                    return
-                self._forget(session_id, kind)
+        problem: str | None
+        if moving:  # the move's repair (or its own commit) settles where they are
+            problem = _DEFERRED
+        elif kind != REMOVE_HELD:
+            removed = self._remove_session_dir(session_id, kind, tenant_id)
+            directory = session_dir(self.root, tenant_id, session_id)
+            problem = None if removed else f"cannot remove {directory} of deleted {session_id}"
+        elif parent is None:  # deleted since: it took what it held with its own directory
+            self._forget(session_id, kind)
+            problem = None
+        else:
+            problem = self._remove_held(session_id, parent.id, parent.tenant_id)
+        if problem is None:
             report.removed += 1
-            return
-        directory = session_dir(self.root, tenant_id, session_id)
-        if not self._remove_tree(directory, "the deleted session's artifact directory"):
-            report.errors.append(f"cannot remove {directory} of deleted session {session_id}")
-            return
-        self._forget(session_id, kind)
-        report.removed += 1
+        elif problem == _DEFERRED:
+            report.deferred += 1
+        else:
+            report.errors.append(problem)
 
     def _remove_tree(self, directory: Path, what: str) -> bool:
         """Remove ``directory`` (its objects on S3) after the rows are gone: a failure is
@@ -308,12 +314,9 @@ class SessionLifecycle:
         return True
 
     def _remove_directory(self, report: DeleteReport) -> DeleteReport:
-        # After the commit: a crash here leaves an orphan directory no session names, never
-        # a session without its files.
-        directory = session_dir(self.root, report.tenant_id, report.session_id)
-        removed = self._remove_tree(directory, "the deleted session's artifact directory")
-        if removed:
-            self._forget(report.session_id, REMOVE_SESSION)
+        # After the commit: a crash here leaves a directory its record still names (the next
+        # expiry run removes it), never a session without its files.
+        removed = self._remove_session_dir(report.session_id, REMOVE_SESSION, report.tenant_id)
         log.info(
             "session deleted",
             extra={

@@ -64,6 +64,16 @@ def _directory(store: SessionStore, session_id: str) -> Path:
     return session_dir(store.settings.resolved_artifact_root, session.tenant_id, session_id)
 
 
+def fail_removals(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A session directory's removal fails, on either storage (S3 away, a failing disk)."""
+
+    def unavailable(*args: Any, **kwargs: Any) -> None:
+        raise StorageUnavailable("artifacts", "artifacts is unavailable: injected")
+
+    monkeypatch.setattr(lifecycle.nofollow, "rmtree", unavailable)
+    monkeypatch.setattr(ObjectArtifactStorage, "delete_prefix", unavailable)
+
+
 def _with_files(store: SessionStore) -> str:
     session = store.create_session(tenant_id="acme", cwd="/work/a")
     build_session(store, session.id, turns=2)
@@ -217,12 +227,7 @@ def test_a_delete_whose_artifacts_cannot_be_removed_reports_it(
     delete is done and says its directory was not removed, as for a local OSError (it
     raised StorageUnavailable, so the caller saw a failed delete of a deleted session)."""
     sid = _with_files(store)
-
-    def unavailable(*args: Any, **kwargs: Any) -> None:
-        raise StorageUnavailable("artifacts", "artifacts is unavailable: injected")
-
-    monkeypatch.setattr(lifecycle.nofollow, "rmtree", unavailable)
-    monkeypatch.setattr(ObjectArtifactStorage, "delete_prefix", unavailable)
+    fail_removals(monkeypatch)
     report = store.delete_session(sid)
     assert report.directory_removed is False
     with pytest.raises(SessionNotFound):

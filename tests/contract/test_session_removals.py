@@ -8,6 +8,8 @@ from __future__ import annotations
 import os
 import shutil
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -18,8 +20,7 @@ from sqlalchemy import insert, select
 from core import SessionNotFound, SessionStore
 from core.artifacts import session_dir
 from core.artifacts.inherited import held_dir
-from core.artifacts.objects import ObjectArtifactStorage
-from core.errors import StorageUnavailable, SymlinkRefused
+from core.errors import SymlinkRefused
 from core.models import MoveIntentRow, SessionRemovalRow, table_of, utcnow
 from core.sessions import lifecycle
 from core.sessions.lifecycle import SessionLifecycle
@@ -32,7 +33,7 @@ from tests.contract.artifact_backends import (
     settings,
 )
 from tests.contract.test_fork import defer_copies
-from tests.contract.test_move_delete import _with_files
+from tests.contract.test_move_delete import _with_files, fail_removals
 
 __all__ = ["FILE_ONLY", "RawArtifacts", "artifact_backend", "raw", "settings"]
 
@@ -46,12 +47,27 @@ def _records(store: SessionStore) -> list[tuple[str, str]]:
     return sorted((r[0], r[1]) for r in rows)
 
 
-def _fail_removals(monkeypatch: pytest.MonkeyPatch) -> None:
-    def unavailable(*args: Any, **kwargs: Any) -> None:
-        raise StorageUnavailable("artifacts", "artifacts is unavailable: injected")
+def _delete_while_storage_fails(store: SessionStore, *session_ids: str) -> None:
+    """Delete each session while its directory cannot be removed (S3 away, a failing disk)."""
+    with pytest.MonkeyPatch.context() as failing:
+        fail_removals(failing)
+        for sid in session_ids:
+            assert store.delete_session(sid).directory_removed is False
 
-    monkeypatch.setattr(lifecycle.nofollow, "rmtree", unavailable)
-    monkeypatch.setattr(ObjectArtifactStorage, "delete_prefix", unavailable)
+
+@contextmanager
+def _parent_moves_when(held: Path, store: SessionStore, parent: str) -> Iterator[None]:
+    """The parent's move renames its directory just before ``held`` is removed."""
+    real = SessionLifecycle._remove_tree
+
+    def parent_moves_first(self: SessionLifecycle, directory: Path, what: str) -> bool:
+        if directory == held:
+            store.move(parent, tenant_id="beta")
+        return real(self, directory, what)
+
+    with pytest.MonkeyPatch.context() as racing:
+        racing.setattr(SessionLifecycle, "_remove_tree", parent_moves_first)
+        yield
 
 
 @pytest.fixture
@@ -81,7 +97,7 @@ def test_a_directory_a_failing_storage_kept_is_removed_by_the_next_expiry_run(
     sid = _with_files(store)
     directory = session_dir(store.settings.resolved_artifact_root, "acme", sid)
     with monkeypatch.context() as failing:
-        _fail_removals(failing)
+        fail_removals(failing)
         assert store.delete_session(sid).directory_removed is False
         assert not raw.gone(directory) and _records(store) == [(sid, "session")]
         failed = _sweep(store, apply=True)  # still failing: kept, said, retried next run
@@ -114,33 +130,22 @@ def test_a_delete_killed_after_its_commit_leaves_a_record_not_an_orphan(
     assert raw.gone(directory) and _records(store) == []
 
 
-def test_a_record_is_left_to_its_own_delete_for_a_while(
-    store: SessionStore, raw: RawArtifacts, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_a_record_is_left_to_its_own_delete_for_a_while(store: SessionStore) -> None:
     """A delete removes its directory right after its commit: the expiry run never races
     it (the record must have been there REMOVAL_SETTLED)."""
     sid = _with_files(store)
-    with monkeypatch.context() as failing:
-        _fail_removals(failing)
-        store.delete_session(sid)
+    _delete_while_storage_fails(store, sid)
     report = _sweep(store, apply=True)
     assert report["session_directories_removed"] == 0 and _records(store) == [(sid, "session")]
 
 
-def test_an_interrupted_move_is_repaired_first(
-    store: SessionStore, raw: RawArtifacts, monkeypatch: pytest.MonkeyPatch, settled: None
+def test_a_directory_whose_session_is_in_a_move_waits_for_it(
+    store: SessionStore, raw: RawArtifacts, settled: None
 ) -> None:
     sid = _with_files(store)
     directory = session_dir(store.settings.resolved_artifact_root, "acme", sid)
-    with monkeypatch.context() as failing:
-        _fail_removals(failing)
-        store.delete_session(sid)
-    with store.engine.begin() as conn:  # as a move a crash interrupted leaves it
-        conn.execute(
-            insert(table_of(MoveIntentRow)).values(
-                session_id=sid, from_tenant="acme", to_tenant="beta", started_at=utcnow()
-            )
-        )
+    _delete_while_storage_fails(store, sid)
+    _move_intent(store, sid, age=timedelta(0))  # as a move a crash interrupted leaves it
     report = _sweep(store, apply=True)
     assert report["session_directories_removed"] == 0 and report["errors"] == []
     assert report["session_directories_deferred"] == 1  # waiting is no failure: exit 0
@@ -218,6 +223,16 @@ def test_a_delete_finishes_an_interrupted_move_first(
     assert raw.gone(source) and raw.gone(target) and _records(store) == []
 
 
+def _move_intent(store: SessionStore, sid: str, *, age: timedelta) -> None:
+    """The intent row of a move of ``sid`` from acme to beta, started ``age`` ago."""
+    with store.engine.begin() as conn:
+        conn.execute(
+            insert(table_of(MoveIntentRow)).values(
+                session_id=sid, from_tenant="acme", to_tenant="beta", started_at=utcnow() - age
+            )
+        )
+
+
 def _interrupted_move(
     store: SessionStore,
     raw: RawArtifacts,
@@ -228,12 +243,7 @@ def _interrupted_move(
     age: timedelta = AN_HOUR,
 ) -> None:
     """A move of ``sid`` from acme to beta killed after its rename, ``age`` ago."""
-    with store.engine.begin() as conn:
-        conn.execute(
-            insert(table_of(MoveIntentRow)).values(
-                session_id=sid, from_tenant="acme", to_tenant="beta", started_at=utcnow() - age
-            )
-        )
+    _move_intent(store, sid, age=age)
     root = store.settings.resolved_artifact_root
     if raw.on_files:  # the rename done
         target.parent.mkdir(parents=True, exist_ok=True)
@@ -267,7 +277,7 @@ def test_a_move_repaired_after_its_session_was_deleted_names_both_directories(
 
 
 def test_the_wait_is_by_the_database_clock(
-    store: SessionStore, raw: RawArtifacts, monkeypatch: pytest.MonkeyPatch
+    store: SessionStore, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A deleting host whose clock is six minutes behind: on PostgreSQL the record is
     stamped by the database's clock, so it is not settled at once (with the host's time it
@@ -277,9 +287,7 @@ def test_the_wait_is_by_the_database_clock(
     behind = utcnow() - timedelta(minutes=6)
     for module in ("core.models", "core.sessions.lifecycle"):  # every name the host's clock has
         monkeypatch.setattr(f"{module}.utcnow", lambda: behind, raising=False)
-    with monkeypatch.context() as failing:
-        _fail_removals(failing)
-        store.delete_session(sid)
+    _delete_while_storage_fails(store, sid)
     assert _sweep(store, apply=True)["session_directories_removed"] == 0
     assert _records(store) == [(sid, "session")]
 
@@ -290,10 +298,7 @@ def test_directories_that_cannot_be_removed_never_hold_up_the_others(
     root = store.settings.resolved_artifact_root
     stuck = [_with_files(store) for _ in range(3)]
     free = _with_files(store)  # deleted last: its record comes after the stuck ones
-    with monkeypatch.context() as failing:
-        _fail_removals(failing)
-        for sid in [*stuck, free]:
-            store.delete_session(sid)
+    _delete_while_storage_fails(store, *stuck, free)
     unremovable = {session_dir(root, "acme", sid) for sid in stuck}
     real = SessionLifecycle._remove_tree
 
@@ -331,19 +336,11 @@ def test_a_tree_is_removed_whole_when_entries_vanish_during_the_walk(
 
 @FILE_ONLY
 def test_held_files_moved_with_their_parent_during_the_delete_stay_named(
-    store: SessionStore, monkeypatch: pytest.MonkeyPatch, settled: None
+    store: SessionStore, settled: None
 ) -> None:
     root = store.settings.resolved_artifact_root
     parent, fork, held = _parent_holding_for_a_pending_fork(store)
-    real = SessionLifecycle._remove_tree
-
-    def parent_moves_first(self: SessionLifecycle, directory: Path, what: str) -> bool:
-        if directory == held:  # the parent's move renames its directory just before
-            store.move(parent, tenant_id="beta")
-        return real(self, directory, what)
-
-    with monkeypatch.context() as racing:
-        racing.setattr(SessionLifecycle, "_remove_tree", parent_moves_first)
+    with _parent_moves_when(held, store, parent):
         store.delete_session(fork)
     moved = held_dir(session_dir(root, "beta", parent), fork)
     assert (moved / "kept.txt").exists() and _records(store) == [(fork, "held")]
@@ -386,22 +383,12 @@ def test_a_delete_in_another_tenant_touches_nothing(store: SessionStore, raw: Ra
 
 @FILE_ONLY
 def test_held_files_whose_parent_moves_during_the_run_are_deferred_not_failed(
-    store: SessionStore, monkeypatch: pytest.MonkeyPatch, settled: None
+    store: SessionStore, settled: None
 ) -> None:
     root = store.settings.resolved_artifact_root
     parent, fork, held = _parent_holding_for_a_pending_fork(store)
-    with monkeypatch.context() as failing:
-        _fail_removals(failing)
-        store.delete_session(fork)
-    real = SessionLifecycle._remove_tree
-
-    def parent_moves_first(self: SessionLifecycle, directory: Path, what: str) -> bool:
-        if directory == held:
-            store.move(parent, tenant_id="beta")
-        return real(self, directory, what)
-
-    with monkeypatch.context() as racing:
-        racing.setattr(SessionLifecycle, "_remove_tree", parent_moves_first)
+    _delete_while_storage_fails(store, fork)
+    with _parent_moves_when(held, store, parent):
         report = _sweep(store, apply=True)
     assert report["errors"] == [] and report["session_directories_deferred"] == 1
     assert _records(store) == [(fork, "held")]

@@ -5,7 +5,6 @@ builds do not pile up (an adversarial review of the claim, after e6c50c7)."""
 from __future__ import annotations
 
 import io
-import logging
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -22,7 +21,7 @@ from core.artifacts.records import OVERSIZED
 from core.interop import exporter, rehydrated
 from core.interop.rehydrated import Request, rehydrate
 from core.models import ArtifactRow, RehydrationRow, table_of, utcnow
-from tests.support import TcpProxy, set_output_expiry, wait_for
+from tests.support import TcpProxy, set_output_expiry, wait_for, watch_log
 
 _rows = table_of(RehydrationRow)
 _artifacts = table_of(ArtifactRow)
@@ -275,7 +274,7 @@ def test_a_build_hung_past_its_bound_is_taken_over_and_its_late_output_discarded
     forever, every identical request timed out waiting and none built. Past the build bound
     its heartbeat stops, B takes over and serves the right content, and A, released, finds
     its claim gone, discards what it built and serves B's output."""
-    caplog.set_level(logging.WARNING, logger=rehydrated.__name__)
+    watch_log(caplog, rehydrated.__name__)
     store = bounded_store
     sid = _session_with_a_blob(store)
     hung = _HungRead(monkeypatch, store)
