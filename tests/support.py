@@ -386,3 +386,28 @@ def watch_log(caplog: pytest.LogCaptureFixture, name: str, level: int = logging.
     that existed then (``disabled`` is not reset by ``caplog.set_level``)."""
     logging.getLogger(name).disabled = False
     caplog.set_level(level, logger=name)
+
+
+def outcome_within(
+    action: Callable[[], Any], fifo: Path, deadline_s: float = 10.0
+) -> tuple[str, Any]:
+    """("returned", value) or ("raised", exception) of ``action``, run in a thread within
+    ``deadline_s``; a reader still blocked then on the FIFO at ``fifo`` is released (a writer
+    opens it: EOF) and the test fails, instead of the run hanging."""
+    result: list[tuple[str, Any]] = []
+
+    def run() -> None:
+        try:
+            result.append(("returned", action()))
+        except Exception as exc:
+            result.append(("raised", exc))
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    thread.join(deadline_s)
+    if thread.is_alive():
+        with suppress(OSError):  # ENXIO: nothing reads it (the thread is stuck elsewhere)
+            os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
+        thread.join(deadline_s)
+        pytest.fail(f"a reader blocked on the FIFO at {fifo}")
+    return result[0]

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import timedelta
@@ -34,6 +33,7 @@ from tests.contract.artifact_backends import (
 )
 from tests.contract.test_fork import defer_copies
 from tests.contract.test_move_delete import _with_files, fail_removals
+from tests.support import outcome_within
 
 __all__ = ["FILE_ONLY", "RawArtifacts", "artifact_backend", "raw", "settings"]
 
@@ -404,15 +404,11 @@ def test_a_fifo_at_a_session_directory_is_refused_never_waited_on(
     directory = session_dir(store.settings.resolved_artifact_root, "acme", sid)
     shutil.rmtree(directory)
     os.mkfifo(directory)
-    outcome: list[Any] = []
-    runner = threading.Thread(  # a daemon: a regression blocks it, not the test process
-        target=lambda: outcome.append((store.delete_session(sid), _sweep(store, apply=True))),
-        daemon=True,
+    kind, value = outcome_within(
+        lambda: (store.delete_session(sid), _sweep(store, apply=True)), directory, deadline_s=30
     )
-    runner.start()
-    runner.join(30)
-    assert not runner.is_alive(), "a FIFO blocked the removal"
-    [(deleted, swept)] = outcome
+    assert kind == "returned", value
+    deleted, swept = value
     assert deleted.directory_removed is False and swept["errors"]
     assert _records(store) == [(sid, "session")]
 

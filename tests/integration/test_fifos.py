@@ -12,10 +12,7 @@ import json
 import os
 import shutil
 import subprocess
-import threading
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -26,6 +23,7 @@ from core.blobs.store import SUFFIXES
 from core.blobs.verify import verify_blobs
 from core.errors import BlobNotFound, SessionStoreError
 from tests.cli_process import run_cli
+from tests.support import outcome_within
 
 DEADLINE_S = 10.0
 TEXT = b"".join(b"line %d: the quick brown fox\n" % i for i in range(3000))
@@ -36,27 +34,6 @@ def _plant_fifo(path: Path) -> None:
         path.unlink()
     path.parent.mkdir(parents=True, exist_ok=True)
     os.mkfifo(path)
-
-
-def _outcome(action: Callable[[], Any], fifo: Path) -> tuple[str, Any]:
-    """("returned", value) or ("raised", exception) of ``action``, within the deadline; a
-    reader still blocked then is released (a writer opens the FIFO) and the test fails."""
-    result: list[tuple[str, Any]] = []
-
-    def run() -> None:
-        try:
-            result.append(("returned", action()))
-        except Exception as exc:
-            result.append(("raised", exc))
-
-    thread = threading.Thread(target=run, daemon=True)
-    thread.start()
-    thread.join(DEADLINE_S)
-    if thread.is_alive():
-        os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))  # EOF for the blocked reader
-        thread.join(DEADLINE_S)
-        pytest.fail(f"a reader blocked on the FIFO at {fifo}")
-    return result[0]
 
 
 def test_a_fifo_at_an_artifact_file_reads_as_no_file(store: SessionStore) -> None:
@@ -71,11 +48,11 @@ def test_a_fifo_at_an_artifact_file_reads_as_no_file(store: SessionStore) -> Non
     _plant_fifo(log_file)
     _plant_fifo(oversized)
 
-    kind, value = _outcome(
+    kind, value = outcome_within(
         lambda: store.resolve(f"artifact://{tool_id}", session_id=session.id), log_file
     )
     assert kind == "raised" and isinstance(value, SessionStoreError), value
-    kind, value = _outcome(lambda: artifacts.retrieve(art.ref.artifact_id), oversized)
+    kind, value = outcome_within(lambda: artifacts.retrieve(art.ref.artifact_id), oversized)
     assert (kind, value) == ("returned", None)
 
 
@@ -87,10 +64,10 @@ def test_a_fifo_at_a_blob_file_reads_as_no_file(store: SessionStore) -> None:
     path = blobs.path_for(put.hash, put.codec)
     _plant_fifo(path)
 
-    kind, value = _outcome(lambda: blobs.get(put.hash), path)
+    kind, value = outcome_within(lambda: blobs.get(put.hash), path)
     assert kind == "raised" and isinstance(value, BlobNotFound), value
 
-    kind, report = _outcome(lambda: verify_blobs(blobs), path)
+    kind, report = outcome_within(lambda: verify_blobs(blobs), path)
     assert kind == "returned" and report.missing == [put.hash], report
 
 
@@ -106,7 +83,7 @@ def test_blobs_verify_quarantines_a_corrupt_blob_beside_a_fifo(store: SessionSto
     fifo = blobs.path_for(put.hash, other)
     _plant_fifo(fifo)
 
-    kind, report = _outcome(lambda: verify_blobs(blobs), fifo)
+    kind, report = outcome_within(lambda: verify_blobs(blobs), fifo)
     assert kind == "returned", report
     assert report.corrupt == [put.hash] and report.counts["quarantined"] == 1
     assert not stored.exists() and fifo.exists()
@@ -123,7 +100,7 @@ def test_a_repair_source_holding_a_fifo_is_no_good_copy(
     good = tmp_path / "good"
     _plant_fifo(good / put.hash)
 
-    kind, report = _outcome(lambda: verify_blobs(blobs, repair_from=good), good / put.hash)
+    kind, report = outcome_within(lambda: verify_blobs(blobs, repair_from=good), good / put.hash)
     assert kind == "returned", report
     assert (report.missing, report.repaired) == ([put.hash], [])
 
@@ -142,7 +119,7 @@ def test_an_omp_reimport_rewrites_an_artifact_a_fifo_replaced(
     content = log_file.read_bytes()
     _plant_fifo(log_file)
 
-    kind, value = _outcome(lambda: store.import_session(layout, tenant_id=TENANT), log_file)
+    kind, value = outcome_within(lambda: store.import_session(layout, tenant_id=TENANT), log_file)
     assert kind == "returned", value
     assert log_file.is_file() and log_file.read_bytes() == content
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import threading
 from pathlib import Path
 
 import pytest
@@ -17,6 +16,7 @@ from core.errors import SymlinkRefused
 from core.interop.omp import export_omp
 from tests.contract.artifact_backends import FILE_ONLY, artifact_backend, settings
 from tests.integration.test_omp_import import ARTIFACTS, MISSING_REF, SESSION_FILE, STEM
+from tests.support import outcome_within
 
 __all__ = ["artifact_backend", "settings"]
 
@@ -62,17 +62,9 @@ def test_a_fifo_named_as_a_blob_is_a_missing_blob_not_a_hang(
     shutil.copytree(SESSION_FILE.parents[2], agent)
     os.mkfifo(agent / "blobs" / MISSING_REF.removeprefix("blob:sha256:"))
     layout = agent / "sessions" / SESSION_FILE.parent.name / f"{STEM}.jsonl"
-    outcome: list[object] = []
-    worker = threading.Thread(
-        target=lambda: outcome.append(store.import_session(layout, tenant_id=TENANT)),
-        daemon=True,
+    fifo = agent / "blobs" / MISSING_REF.removeprefix("blob:sha256:")
+    kind, result = outcome_within(
+        lambda: store.import_session(layout, tenant_id=TENANT), fifo, deadline_s=30
     )
-    worker.start()
-    worker.join(30)
-    if worker.is_alive():  # release the reader so the run goes on, then fail
-        fd = os.open(agent / "blobs" / MISSING_REF.removeprefix("blob:sha256:"), os.O_WRONLY)
-        os.close(fd)
-        worker.join(30)
-        pytest.fail("the import blocked opening a FIFO in the blobs directory")
-    [result] = outcome
+    assert kind == "returned", result
     assert MISSING_REF in result.missing_blobs  # type: ignore[attr-defined]
