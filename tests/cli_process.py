@@ -52,6 +52,7 @@ class _Zygote:
         )
         os.close(requests_r)
         os.close(answers_w)
+        self.answered = 0  # commands this zygote ran (tests tell a fork from an exec by it)
 
     def ask(self, request: dict[str, Any]) -> dict[str, Any]:
         try:
@@ -61,6 +62,7 @@ class _Zygote:
             answer = None
         if answer is None:
             raise RuntimeError(f"the CLI zygote died (exit {self.proc.wait()})")
+        self.answered += 1
         return answer
 
     def close(self) -> None:

@@ -114,10 +114,16 @@ def test_what_python_reads_at_start_up_gets_a_fresh_interpreter(
 def test_a_dead_zygote_is_replaced(env: dict[str, str]) -> None:
     assert run_cli("--version", env=env).returncode == 0
     assert cli_process._idle
-    for zygote in cli_process._idle:
+    dead = list(cli_process._idle)
+    for zygote in dead:
         zygote.proc.kill()
         zygote.proc.wait()
     assert run_cli("--version", env=env).returncode == 0
+    # a new zygote ran it (not the executable, as a fallback would), and is idle and alive
+    fresh = [z for z in cli_process._idle if z not in dead]
+    assert [z.answered for z in fresh] == [1]
+    assert fresh[0].proc.poll() is None
+    assert not any(z in cli_process._idle for z in dead)
 
 
 def test_tmpdir_comes_from_the_commands_environment(env: dict[str, str], tmp_path: Path) -> None:

@@ -50,6 +50,10 @@ def test_ci_runs_the_readme_commands_as_written(tmp_path: Path) -> None:
     # the demo command (it creates .venv) comes before anything else uses .venv
     assert ci.index('bash -c "${readme[0]}"') < ci.index(".venv/bin/"), "demo first"
     assert ci.rstrip().endswith('bash -c "${readme[1]}"'), "the test command last"
+    # ...with the service tests mandatory: under CI a PostgreSQL, Redis, node or S3 test
+    # fails instead of skipping (tests/conftest.py reads this variable)
+    code = [line.strip() for line in ci.splitlines() if line.strip() and not line.startswith("#")]
+    assert code[-2:] == ["export SESSIONSTORE_REQUIRE_SERVICES=1", 'bash -c "${readme[1]}"']
 
 
 @pytest.mark.parametrize(

@@ -276,16 +276,19 @@ def test_a_move_repaired_after_its_session_was_deleted_names_both_directories(
     assert raw.gone(source) and raw.gone(target) and _records(store) == []
 
 
+@pytest.mark.parametrize("backend", ["postgres"])
 def test_the_wait_is_by_the_database_clock(
     store: SessionStore, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A deleting host whose clock is six minutes behind: on PostgreSQL the record is
     stamped by the database's clock, so it is not settled at once (with the host's time it
-    was, and the expiry run raced the delete). SQLite's clock is the host's own: the same
-    clock on both sides."""
+    was, and the expiry run raced the delete). PostgreSQL only: an embedded SQLite
+    database's clock is its one host's, the same on both sides."""
     sid = _with_files(store)
     behind = utcnow() - timedelta(minutes=6)
-    for module in ("core.models", "core.sessions.lifecycle"):  # every name the host's clock has
+    # the host's clock wherever the stamp could read it: core.models, and lifecycle's own
+    # name should it ever import utcnow (it does not: a stamp by the host is the defect)
+    for module in ("core.models", "core.sessions.lifecycle"):
         monkeypatch.setattr(f"{module}.utcnow", lambda: behind, raising=False)
     _delete_while_storage_fails(store, sid)
     assert _sweep(store, apply=True)["session_directories_removed"] == 0

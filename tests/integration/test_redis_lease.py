@@ -28,17 +28,38 @@ def test_each_process_leases_a_database_of_its_own(
         assert {int(u.rpartition("/")[2]) for u in urls} <= set(REDIS_POOL)
     finally:
         _release(first, second)
-    again = RedisLease(BASE)
+    # released: both databases are free again (their keys gone; re-leasing one to see it
+    # would race another pytest process that starts at that instant and takes it)
+    client = redis.Redis.from_url(f"{BASE}/0")
+    for lease in (first, second):
+        assert client.get(_key(lease)) != lease._token.encode()
+
+
+def test_a_release_never_frees_another_process_lease(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A lease that expired (a process stopped renewing) and was taken by another process:
+    the first process's release at exit leaves the other's lease in place."""
+    monkeypatch.delenv("SESSIONSTORE_TEST_REDIS_URL", raising=False)
+    mine = RedisLease(BASE)
+    mine.get()
+    client = redis.Redis.from_url(f"{BASE}/0")
+    theirs = b"elsewhere:1"
     try:
-        assert again.get() in (first.url, second.url)  # released: free again
+        client.set(_key(mine), theirs, ex=60)  # the key now holds another process's token
+        _release(mine)
+        assert client.get(_key(mine)) == theirs
     finally:
-        _release(again)
+        if client.get(_key(mine)) == theirs:
+            client.delete(_key(mine))
+
+
+def _key(lease: RedisLease) -> str:
+    return conftest._LEASE_KEY.format(lease.url.rpartition("/")[2])
 
 
 def _release(*leases: RedisLease) -> None:
     client = redis.Redis.from_url(f"{BASE}/0")
     for lease in leases:
-        lease._release(client, conftest._LEASE_KEY.format(lease.url.rpartition("/")[2]))
+        lease._release(client, _key(lease))
 
 
 def test_a_full_pool_fails_with_a_message(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -54,4 +54,7 @@ def test_a_directory_that_existed_costs_no_parent_sync(
         tree.parent_of(root / "ab" / "cd" / "f")
     assert made == set()
     fsio.replace_many_atomically([(root / "ab" / "cd" / "g", b"data")], root=root)
+    # the rename itself was made durable (the directory it is in was synced: the spy saw
+    # it), and no parent of a directory that already existed was
+    assert str(root / "ab" / "cd") in synced, synced
     assert str(root) not in synced and str(root / "ab") not in synced
