@@ -83,6 +83,15 @@ class InvalidEvent(SessionStoreError):
         }
 
 
+class InvalidArgument(InvalidEvent):
+    """A bad argument to a read or write call (a seq, a position, a page size), named.
+    An ``InvalidEvent``, as bad input is, so a caller that handles one handles both."""
+
+    def __init__(self, field: str, reason: str) -> None:
+        self.field, self.reason, self.index = field, reason, None
+        SessionStoreError.__init__(self, f"invalid argument {field}: {reason}")
+
+
 class WriteTooLarge(InvalidEvent):
     """A write exceeds a documented size limit."""
 

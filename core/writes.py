@@ -16,7 +16,7 @@ from sqlalchemy import Connection
 
 from core.blobs.externalize import PersistedBatch, Persister, missing_ref_error
 from core.blobs.store import BlobStore, StagedPuts, count_puts
-from core.errors import BlobsMissing
+from core.errors import BlobsMissing, InvalidEvent
 from core.journal import Journal, check_batch
 from core.journal.validation import check_seq
 from core.metrics import metrics
@@ -81,7 +81,7 @@ class Writer:
         idempotency_key: str | None,
     ) -> AppendResult:
         if expected_seq is not None:
-            check_seq(expected_seq, "expected_seq")
+            check_seq(expected_seq, "expected_seq", error=InvalidEvent)
         encoded = self.validate(events)
         plan = self.persister.plan(events, encoded)
         if idempotency_key is not None and plan.puts_blobs:

@@ -13,6 +13,7 @@ from sqlalchemy import Engine, delete, func, insert, select
 
 from core.db import read_connection, write_transaction
 from core.errors import DeadLetterNotFound, SessionStoreError
+from core.journal.validation import check_limit, check_seq
 from core.models import DeadLetterRow, table_of, utcnow
 from core.records import AppendResult
 from core.translate import translated
@@ -155,6 +156,8 @@ class DeadLetters:
 
     @translated
     def list(self, *, after_id: int = 0, limit: int = 100) -> list[DeadLetter]:
+        check_seq(after_id, "after_id")
+        check_limit(limit)
         query = (
             select(_letters).where(_letters.c.id > after_id).order_by(_letters.c.id).limit(limit)
         )
@@ -174,6 +177,7 @@ class DeadLetters:
 
     @translated
     def get(self, letter_id: int) -> DeadLetter:
+        check_seq(letter_id, "letter_id")
         with read_connection(self.engine) as conn:
             row = conn.execute(select(_letters).where(_letters.c.id == letter_id)).first()
         if row is None:
@@ -182,6 +186,7 @@ class DeadLetters:
 
     @translated
     def discard(self, letter_id: int) -> None:
+        check_seq(letter_id, "letter_id")
         with write_transaction(self.engine) as conn:
             gone = conn.execute(delete(_letters).where(_letters.c.id == letter_id)).rowcount
         if not gone:

@@ -49,6 +49,7 @@ from core.journal.postgres import (
     session_events,
 )
 from core.journal.sessions import MAX_READ_PAGE, SessionRows
+from core.journal.validation import check_limit, check_seq
 from core.models import (
     ROLLUP_LOCK,
     BlobRefRow,
@@ -466,6 +467,11 @@ class Journal(SessionRows):
         limit: int | None = None,
         tenant_id: str | None = None,
     ) -> list[StoredEvent]:
+        check_seq(after_seq, "after_seq")
+        if upto_seq is not None:
+            check_seq(upto_seq, "upto_seq")
+        if limit is not None:
+            check_limit(limit)
         with read_connection(self.engine) as conn:
             if tenant_id is not None:
                 self.session_in(conn, session_id, tenant_id=tenant_id)
@@ -494,7 +500,7 @@ class Journal(SessionRows):
         if upto_seq is not None:
             query = query.where(_events.c.seq <= upto_seq)
         if limit is not None:
-            query = query.limit(max(0, limit))
+            query = query.limit(limit)
         return [_to_event(r) for r in conn.execute(query)]
 
     def iter_events(
@@ -524,7 +530,8 @@ class Journal(SessionRows):
         tenant_id: str | None = None,
         types: Sequence[str] | None = None,
     ) -> list[StoredEvent]:
-        limit = max(0, min(limit, MAX_READ_PAGE))
+        check_seq(after_position, "after_position")
+        limit = min(check_limit(limit), MAX_READ_PAGE)
         query = (
             select(*_EVENT_COLUMNS)
             .where(_events.c.position > after_position)

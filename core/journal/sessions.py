@@ -15,6 +15,7 @@ from sqlalchemy.exc import IntegrityError
 
 from core.db import read_connection, write_transaction
 from core.errors import ExternalIdTaken, InvalidEvent, SessionNotFound
+from core.journal.validation import check_limit
 from core.models import EXTERNAL_ID_LEN, SessionRow, table_of, utcnow
 from core.records import Page, Session, from_row
 from core.translate import translated
@@ -117,7 +118,7 @@ class SessionRows:
     def list_sessions(
         self, *, tenant_id: str | None = None, limit: int = 100, cursor: str | None = None
     ) -> Page:
-        limit = max(1, min(limit, MAX_READ_PAGE))
+        limit = min(check_limit(limit), MAX_READ_PAGE)
         query = select(_sessions).order_by(_sessions.c.created_at, _sessions.c.id).limit(limit + 1)
         if tenant_id is not None:
             query = query.where(_sessions.c.tenant_id == tenant_id)

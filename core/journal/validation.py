@@ -13,7 +13,7 @@ from typing import Any
 import orjson
 
 from core import exact_json
-from core.errors import InvalidEvent, WriteTooLarge
+from core.errors import InvalidArgument, InvalidEvent, WriteTooLarge
 from core.journal.usage import check_usage
 
 MAX_TYPE_LENGTH = 256
@@ -216,7 +216,7 @@ def check_write(
     if idempotency_key is not None:
         _check_id(idempotency_key, "idempotency_key", MAX_KEY_LENGTH)
     if expected_seq is not None:
-        check_seq(expected_seq, "expected_seq")
+        check_seq(expected_seq, "expected_seq", error=InvalidEvent)
     encoded = check_batch(events, max_events=max_events, max_depth=max_depth)
     size = 2 + len(encoded) - 1
     for part, event in zip(encoded, events, strict=True):
@@ -226,10 +226,31 @@ def check_write(
     return size
 
 
-def check_seq(value: Any, field: str) -> None:
-    """A seq or position argument fits the journal's BIGINT columns (a bool is no number)."""
+def check_seq(value: Any, field: str, *, error: type[InvalidEvent] = InvalidArgument) -> None:
+    """A seq or position argument fits the journal's BIGINT columns (a bool is no number).
+    A write's ``expected_seq`` is refused as the write's ``InvalidEvent``: the name its
+    outcome and dead letter carry to producers."""
     if type(value) is not int or not 0 <= value <= _INT64_MAX:
-        raise InvalidEvent(field, f"must be an integer in 0..2^63-1, not {value!r}")
+        raise error(field, f"must be an integer in 0..2^63-1, not {value!r}")
+
+
+def check_limit(value: Any, field: str = "limit") -> int:
+    """A page size: an integer of at least 1, on every read that takes one (0 would make a
+    follower that pages by it stand still; a bool is no number). A larger one than a call
+    returns at once is cut to that call's page."""
+    if type(value) is not int or not 1 <= value <= _INT64_MAX:
+        raise InvalidArgument(field, f"must be an integer in 1..2^63-1, not {value!r}")
+    return value
+
+
+_MAX_SECONDS = 10**10  # ~317 years: any age a caller means; now minus it is still a date
+
+
+def check_seconds(value: Any, field: str) -> float:
+    """An age or grace in seconds: a finite number from 0 (a bool is no number)."""
+    if type(value) not in (int, float) or not 0 <= value <= _MAX_SECONDS:  # NaN fails too
+        raise InvalidArgument(field, f"must be a number of seconds in 0..1e10, not {value!r}")
+    return float(value)
 
 
 def check_at_seq(at_seq: Any, head_seq: int) -> int:
@@ -237,7 +258,7 @@ def check_at_seq(at_seq: Any, head_seq: int) -> int:
     if at_seq is None:
         return head_seq
     if type(at_seq) is not int or not 0 <= at_seq <= head_seq:
-        raise InvalidEvent("at_seq", f"must be from 0 to the head ({head_seq}), not {at_seq!r}")
+        raise InvalidArgument("at_seq", f"must be from 0 to the head ({head_seq}), not {at_seq!r}")
     return at_seq
 
 

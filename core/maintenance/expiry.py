@@ -21,6 +21,7 @@ from core.artifacts.records import OVERSIZED
 from core.artifacts.storage import FileArtifactStorage
 from core.db import read_connection, write_transaction
 from core.errors import StorageUnavailable
+from core.journal.validation import check_limit
 from core.maintenance.runs import Progress
 from core.metrics import metrics
 from core.models import (
@@ -109,6 +110,7 @@ def expire_artifacts(
     The moment is fixed at the start, so the set only shrinks while it runs (new outputs
     expire later) and a dry run's count is what an apply run then deletes.
     """
+    check_limit(batch_size, "batch_size")
     started = time.monotonic()
     moment = now or utcnow()
     count, size = _expired_totals(engine, moment)

@@ -58,6 +58,7 @@ from core.blobs.files import FileBlobStore, fanout_dirs
 from core.blobs.store import BlobStore, parse_blob_name
 from core.db import is_sqlite, read_connection, write_transaction
 from core.errors import StorageUnavailable, SymlinkRefused
+from core.journal.validation import check_limit, check_seconds
 from core.maintenance.runs import Progress
 from core.metrics import metrics
 from core.models import BlobRefRow, BlobRow, table_of, utcnow
@@ -194,8 +195,8 @@ class BlobGc:
         time_budget_s: float | None = None,
         now: datetime | None = None,
     ) -> None:
-        if grace_s < 0 or batch_size < 1:
-            raise ValueError("grace must be >= 0 and batch_size >= 1")
+        grace_s = check_seconds(grace_s, "grace")
+        check_limit(batch_size, "batch_size")
         self.engine = engine
         self.blobs = blobs
         self.apply = apply

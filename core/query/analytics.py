@@ -34,7 +34,7 @@ from sqlalchemy import (
 from sqlalchemy.sql.elements import ColumnElement
 
 from core.db import is_sqlite, keyset_pages, read_connection
-from core.journal.validation import check_seq
+from core.journal.validation import check_limit, check_seq
 from core.models import BlobRefRow, BlobRow, EventRow, SessionRow, table_of
 from core.query import timeblocks
 from core.query.entry_time import entry_ms
@@ -229,7 +229,7 @@ def list_events(
     """One page of matching events by position; ``next_cursor`` is the position to continue
     after (pass it back as ``after_position``), or None at the end."""
     check_seq(after_position, "after_position")
-    limit = max(1, min(limit, MAX_PAGE))
+    limit = min(check_limit(limit), MAX_PAGE)
     flt = flt or EventFilter()
     after = _time_floor(engine, flt, after_position)
     with read_connection(engine) as conn:

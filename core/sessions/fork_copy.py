@@ -37,6 +37,7 @@ from core.artifacts.storage import (
 from core.db import read_connection, write_transaction
 from core.errors import ForkCopyBlocked, SessionNotFound, StorageUnavailable, SymlinkRefused
 from core.journal import Journal
+from core.journal.validation import check_limit, check_seconds
 from core.metrics import metrics
 from core.models import SessionRow, table_of, utcnow
 from core.nofollow import open_file
@@ -221,7 +222,8 @@ class ForkCopies:
 
     def pending_forks(self, *, older_than_s: float, limit: int = 1000) -> list[str]:
         """Forks whose copy has been pending for longer than ``older_than_s``, oldest first."""
-        query = pending_forks_query(utcnow() - timedelta(seconds=older_than_s), limit)
+        age = check_seconds(older_than_s, "older_than_s")
+        query = pending_forks_query(utcnow() - timedelta(seconds=age), check_limit(limit))
         with read_connection(self.engine) as conn:
             return [str(v) for v in conn.execute(query).scalars()]
 

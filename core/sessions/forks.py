@@ -24,7 +24,7 @@ from core.artifacts import rows
 from core.artifacts.manager import TOOL_COUNTER, agent_counter
 from core.artifacts.records import AGENT_OUTPUT, FILE, TOOL_OUTPUT, ArtifactInfo
 from core.db import write_transaction
-from core.errors import InvalidForkPoint, QuotaExceeded
+from core.errors import InvalidArgument, InvalidForkPoint, QuotaExceeded
 from core.journal import Journal
 from core.models import ArtifactRow, SessionRow, SnapshotRow, table_of, utcnow
 from core.records import COPY_DONE, COPY_PENDING, Session
@@ -106,6 +106,8 @@ class Forks:
 
 def _fork_point(parent: Session, at_seq: int | None) -> int:
     point = parent.head_seq if at_seq is None else at_seq
+    if type(point) is not int:  # a bool is no seq either
+        raise InvalidArgument("at_seq", f"must be an integer seq, not {point!r}")
     if not 0 <= point <= parent.head_seq:
         raise InvalidForkPoint(parent.id, point, parent.head_seq)
     return point

@@ -24,6 +24,7 @@ from core.artifacts.storage import FileArtifactStorage, artifact_storage_for
 from core.db import read_connection, write_transaction
 from core.errors import InvalidEvent, MoveFailed, QuotaExceeded
 from core.journal import Journal
+from core.journal.validation import check_seconds
 from core.models import MoveIntentRow, SessionRow, table_of, utcnow
 from core.nofollow import artifact_root_of, check_path
 from core.records import COPY_PENDING, Session
@@ -167,6 +168,7 @@ class Moves:
         live move's rename and commit are never split by it; the reconciler passes an age
         so that it does not roll back a live move between its intent and its rename.
         """
+        check_seconds(older_than_s, "older_than_s")
         intents = self.pending(older_than_s=older_than_s, session_id=session_id)
         return [self._repair_one(intent) for intent in intents]
 

@@ -15,13 +15,14 @@ from datetime import timedelta
 from pathlib import Path
 
 import pytest
+from sqlalchemy import text
 
 import core.artifacts.oversized as oversized_module
 from core import SessionStore, Settings, nofollow
 from core.artifacts.paths import oversized_name, session_dir
 from core.blobs.files import FileBlobStore
 from core.errors import InvalidEvent, StorageUnavailable
-from core.translate import is_unavailable
+from core.translate import is_unavailable, translated
 from tests.support import DiskFull, FileFault, TcpProxy, set_output_expiry
 
 
@@ -97,13 +98,19 @@ def test_lone_surrogate_session_id_gives_invalid_event(store: SessionStore) -> N
 
 def test_database_data_error_gives_invalid_event(store: SessionStore, backend: str) -> None:
     """The driver's own DataError, straight from the database, through the boundary."""
-    sid = store.create_session(tenant_id="acme").id
+    store.create_session(tenant_id="acme")
     if backend == "postgres":
         with pytest.raises(InvalidEvent, match=r"NUL|0x00"):  # PostgreSQL text refuses NUL
             store.append("s\x00", [{"type": "note"}], idempotency_key="k")
-    else:  # (append checks expected_seq itself now: a read's bound reaches the driver)
+    else:  # every argument of the store's own calls is checked before it reaches SQLite
         with pytest.raises(InvalidEvent, match="too large"):
-            store.read(sid, after_seq=2**63 + 1)
+            _through_the_boundary(store, 2**63 + 1)
+
+
+@translated
+def _through_the_boundary(store: SessionStore, value: int) -> None:
+    with store.engine.connect() as conn:
+        conn.execute(text("SELECT :value"), {"value": value})
 
 
 def test_dead_letters_store_any_value(store: SessionStore) -> None:

@@ -1,0 +1,80 @@
+"""Every public call that takes a seq, a position, an id, a page size or an age checks it
+before any SQL: a bad one is ``InvalidArgument`` naming it, the same on SQLite and
+PostgreSQL. (Before, a negative limit read nothing on one backend and raised psycopg's
+own error on the other, ``after_seq="a"`` read nothing on SQLite, ``limit=0`` returned one
+session from ``list_sessions`` and none from ``read``, ``batch_size=0`` expired nothing and
+``pending_forks(older_than_s=nan)`` raised a bare ValueError.)"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from core import SessionStore
+from core.errors import InvalidArgument, InvalidEvent
+
+SEQS = [-1, 2**63, True, "1", 1.0, None]  # None only where the argument is not optional
+LIMITS = [0, -1, 2**63, True, "2", 2.0]
+SECONDS = [-1, float("nan"), float("inf"), 1e300, True, "5"]
+
+Call = Callable[[SessionStore, str, Any], object]
+
+CALLS: dict[str, tuple[Call, list[Any]]] = {
+    "read after_seq": (lambda st, sid, v: st.read(sid, after_seq=v), SEQS),
+    "read upto_seq": (lambda st, sid, v: st.read(sid, upto_seq=v), SEQS[:-1]),
+    "read limit": (lambda st, sid, v: st.read(sid, limit=v), LIMITS),
+    "read_all after_position": (lambda st, sid, v: st.read_all(after_position=v), SEQS),
+    "read_all limit": (lambda st, sid, v: st.read_all(limit=v), LIMITS),
+    "list_sessions limit": (lambda st, sid, v: st.list_sessions(limit=v), LIMITS),
+    "list_events limit": (lambda st, sid, v: st.list_events(limit=v), LIMITS),
+    "dead_letters.list after_id": (lambda st, sid, v: st.dead_letters.list(after_id=v), SEQS),
+    "dead_letters.list limit": (lambda st, sid, v: st.dead_letters.list(limit=v), LIMITS),
+    "dead_letters.get letter_id": (lambda st, sid, v: st.dead_letters.get(v), SEQS),
+    "dead_letters.discard letter_id": (lambda st, sid, v: st.dead_letters.discard(v), SEQS),
+    "pending_forks limit": (lambda st, sid, v: st.pending_forks(older_than_s=0, limit=v), LIMITS),
+    "pending_forks older_than_s": (lambda st, sid, v: st.pending_forks(older_than_s=v), SECONDS),
+    "repair_moves older_than_s": (lambda st, sid, v: st.repair_moves(older_than_s=v), SECONDS),
+    "fork at_seq": (lambda st, sid, v: st.fork(sid, at_seq=v), [True, "1", 1.0]),
+    "gc_blobs grace": (lambda st, sid, v: st.gc_blobs(grace=v), SECONDS),
+    "gc_blobs batch_size": (lambda st, sid, v: st.gc_blobs(batch_size=v), LIMITS),
+    "expire_artifacts batch_size": (lambda st, sid, v: st.expire_artifacts(batch_size=v), LIMITS),
+}
+FIELDS = {
+    "read_all after_position": "after_position",
+    "dead_letters.get letter_id": "letter_id",
+    "dead_letters.discard letter_id": "letter_id",
+    "gc_blobs grace": "grace",
+}
+
+
+@pytest.mark.parametrize("call", sorted(CALLS))
+def test_a_bad_argument_is_refused_by_name_before_any_sql(store: SessionStore, call: str) -> None:
+    sid = store.create_session(tenant_id="acme").id
+    store.append(sid, [{"type": "note", "text": "kept"}])
+    fn, bad_values = CALLS[call]
+    field = FIELDS.get(call, call.rpartition(" ")[2])
+    for value in bad_values:
+        with pytest.raises(InvalidArgument) as caught:
+            fn(store, sid, value)
+        assert caught.value.field == field, (call, value)
+        assert str(caught.value).startswith(f"invalid argument {field}: "), caught.value
+        assert isinstance(caught.value, InvalidEvent)  # bad input, as the CLI's exit 3 says
+    assert [e.seq for e in store.read(sid)] == [1]  # nothing was touched
+
+
+def test_the_bounds_themselves_are_accepted(store: SessionStore) -> None:
+    sid = store.create_session(tenant_id="acme").id
+    store.append(sid, [{"type": "note"}, {"type": "note"}])
+    top = 2**63 - 1
+    assert [e.seq for e in store.read(sid, after_seq=0, upto_seq=top, limit=1)] == [1]
+    assert store.read(sid, after_seq=top, limit=top) == []
+    assert len(store.read_all(after_position=0, limit=top)) == 2  # cut to one page, not refused
+    assert store.read_all(after_position=top, limit=1) == []
+    assert len(store.list_sessions(limit=1).items) == 1
+    assert len(store.list_events(limit=1).items) == 1
+    assert store.dead_letters.list(after_id=top, limit=top) == []
+    assert store.pending_forks(older_than_s=0.0, limit=1) == []
+    assert store.repair_moves(older_than_s=1e10) == []
+    assert store.gc_blobs(grace=0, batch_size=1).applied is False
