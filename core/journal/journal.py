@@ -556,6 +556,10 @@ class Journal(SessionRows):
         """Manifest rows of these events, keyed by position: one query per session."""
         return manifest.of_events(self.engine, events)
 
+    def blob_hashes(self, session_id: str) -> set[str]:
+        """Every blob the session's events reference, by its manifest."""
+        return manifest.hashes_of_session(self.engine, session_id)
+
     def delete_events_of(self, conn: Connection, session_id: str) -> None:
         """Remove a whole session's events, manifest and stats rollup (only with the session
         itself)."""

@@ -55,6 +55,13 @@ def of_events(engine: Engine, events: Sequence[StoredEvent]) -> dict[int, list[M
     return found
 
 
+def hashes_of_session(engine: Engine, session_id: str) -> set[str]:
+    """Every blob the session's manifest references (from the ``session_id`` index)."""
+    query = select(_refs.c.hash).where(_refs.c.session_id == session_id).distinct()
+    with read_connection(engine) as conn:
+        return set(conn.execute(query).scalars())
+
+
 def _collect(found: dict[int, list[ManifestEntry]], rows: Iterable[Any]) -> None:
     for r in rows:
         found.setdefault(r.position, []).append(

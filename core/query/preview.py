@@ -2,12 +2,15 @@
 
 Blob refs are resolved lazily, one at a time, and only into a preview: an image becomes
 ``[image 123 KB]`` from the blob index (its bytes are never read), a text blob its first
-characters. Nothing here writes.
+characters. Only a ref the event's own manifest names is resolved (invariant 9): a string
+that merely looks like a ref (a producer may write any text, another tenant's hash
+included) previews as the text it is. Nothing here writes.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import copy
+from collections.abc import Callable, Collection
 from typing import Any
 
 from core.blobs.store import BlobStore, looks_like_ref, parse_ref
@@ -25,12 +28,34 @@ BlobHead = Callable[[str], bytes | None]
 
 class Previewer:
     """Turns payloads into one-line text. ``size`` and ``head`` look a blob up by hash (``None``
-    when it is unknown); results are cached, so a blob is read at most once per previewer."""
+    when it is unknown); results are cached, so a blob is read at most once per previewer.
+
+    A previewer resolves no ref until it is ``scoped`` to what the previewed payload's
+    manifest references: ``referenced()`` gives those hashes, and is called only once a
+    payload holds something that looks like a ref (most hold none: no query for them)."""
 
     def __init__(self, *, size: BlobSize, head: BlobHead) -> None:
         self._size = size
         self._head = head
         self._texts: dict[str, str] = {}
+        self._referenced: Callable[[], Collection[str]] = frozenset
+        self._scope: Collection[str] | None = None
+
+    def scoped(self, referenced: Callable[[], Collection[str]]) -> Previewer:
+        """This previewer (its cache shared) for payloads whose manifest holds the hashes
+        ``referenced()`` returns."""
+        view = copy.copy(self)
+        view._referenced, view._scope = referenced, None
+        return view
+
+    def _ref(self, value: Any) -> str | None:
+        """The hash of ``value`` if it is a ref the manifest names; else None."""
+        blob_hash = parse_ref(value) if looks_like_ref(value) else None
+        if blob_hash is None:
+            return None
+        if self._scope is None:
+            self._scope = self._referenced()
+        return blob_hash if blob_hash in self._scope else None
 
     def _kb(self, blob_hash: str) -> str:
         size = self._size(blob_hash)
@@ -38,7 +63,7 @@ class Previewer:
 
     def text(self, value: Any) -> str:
         """``value`` as text, with a blob ref replaced by the first characters of its text."""
-        blob_hash = parse_ref(value) if looks_like_ref(value) else None
+        blob_hash = self._ref(value)
         if blob_hash is None:
             return str(value)
         if blob_hash not in self._texts:
@@ -56,7 +81,7 @@ class Previewer:
         kind = block.get("type")
         if kind == "image":
             data = block.get("data")
-            blob_hash = parse_ref(data) if looks_like_ref(data) else None
+            blob_hash = self._ref(data)
             if blob_hash is not None:
                 return f"[image {self._kb(blob_hash)}]"
             size = len(data) * 3 // 4 if isinstance(data, str) else 0

@@ -5,7 +5,7 @@ from __future__ import annotations
 import csv
 import sys
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from datetime import UTC, datetime
 from enum import StrEnum
 from typing import TYPE_CHECKING, Annotated, Any
@@ -30,6 +30,7 @@ if TYPE_CHECKING:
 
     from core.query.analytics import EventFilter, ListedEvent
     from core.query.preview import Previewer
+    from core.records import ManifestEntry
     from core.store import SessionStore
 
 cli = new_app()
@@ -83,10 +84,16 @@ class _Printer:
     """Writes events in one output format, as they come (tables are printed at the end)."""
 
     def __init__(
-        self, output: Output, *, streaming: bool, previewer: Previewer | None = None
+        self,
+        output: Output,
+        *,
+        streaming: bool,
+        previewer: Previewer | None = None,
+        manifest: Callable[[Sequence[int]], dict[int, list[ManifestEntry]]] | None = None,
     ) -> None:
         self.output = output
         self.previewer = previewer
+        self.manifest = manifest  # the previewer's: it resolves no ref the manifest lacks
         self.streaming = streaming
         self.table: Table | None = None
         self.csv: Any = None
@@ -110,12 +117,23 @@ class _Printer:
 
             self.csv.writerow((*(row[c] for c in CSV_COLUMNS), exact_json.dumps_str(event.payload)))
         elif self.table is not None:
-            add_row(self.table, *self._cells(event), _summary(event, self.previewer))
+            add_row(self.table, *self._cells(event), _summary(event, self._previewer(event)))
         else:
             line = " ".join(self._cells(event))
-            console.print(plain(line), plain(_summary(event, self.previewer)), soft_wrap=True)
+            console.print(
+                plain(line), plain(_summary(event, self._previewer(event))), soft_wrap=True
+            )
         if self.streaming:
             sys.stdout.flush()
+
+    def _previewer(self, event: ListedEvent) -> Previewer | None:
+        """The previewer for this event: it resolves the refs its manifest names, no other."""
+        if self.previewer is None or self.manifest is None:
+            return None
+        manifest, position = self.manifest, event.position
+        return self.previewer.scoped(
+            lambda: {m.hash for m in manifest([position]).get(position, [])}
+        )
 
     @staticmethod
     def _cells(event: ListedEvent) -> list[str]:
@@ -207,10 +225,18 @@ def events(
         previewer = None if refs else _previewer(store)
         if follow:
             out = Output.jsonl if as_json else output
-            streamer = _Printer(out, streaming=True, previewer=previewer)
+            streamer = _Printer(
+                out, streaming=True, previewer=previewer, manifest=store.journal.manifest
+            )
             _follow(store, flt, streamer, after_position, limit, poll_interval, timeout)
         else:
-            printer = None if as_json else _Printer(output, streaming=False, previewer=previewer)
+            printer = (
+                None
+                if as_json
+                else _Printer(
+                    output, streaming=False, previewer=previewer, manifest=store.journal.manifest
+                )
+            )
             _list(store, flt, after_position or 0, limit or DEFAULT_LIMIT, printer)
 
 
@@ -448,7 +474,9 @@ def state(
     with open_store() as store:
         session_id = store.resolve_session(session_id, tenant_id=tenant).id
         result = store.state(session_id, at_seq=at_seq, tenant_id=tenant, rehydrate=False)
-        previewer = None if refs else _previewer(store)
+        previewer = None
+        if not refs:  # the refs this session's manifest names, and no other
+            previewer = _previewer(store).scoped(lambda: store.journal.blob_hashes(session_id))
         rows = [
             (str(m.seq), m.role, _message_text(m.data, previewer))
             for m in _tail(result.messages, messages)

@@ -7,6 +7,7 @@ whole ids in tables on an 80-column terminal, text previews with ``--refs`` for 
 from __future__ import annotations
 
 import base64
+import hashlib
 import json
 import math
 import os
@@ -117,6 +118,50 @@ def test_state_and_events_preview_text_and_refs_on_demand(
     raw_events = run(settings, "events", "--session", session_id, "--refs").stdout
     flat = re.sub(r"[\s│]", "", raw_events)
     assert REF.search(flat) and "HEAD-OF-BIG-TEXT" not in raw_events
+
+
+def test_previews_resolve_only_refs_the_events_own_manifest_names(
+    settings: Settings, store: SessionStore, session_id: str
+) -> None:
+    """Another tenant writes the first tenant's blob hash as plain text (a producer may
+    write any string): its previews show that text, never the blob's content or size. A
+    fork previews what it inherited (its own manifest names those blobs)."""
+    text_hash = next(h for h in store.journal.blob_hashes(session_id) if h != _sha(IMAGE))
+    quoting = store.create_session(tenant_id="other")
+    ref = f"blob:sha256:{text_hash}"  # (as an image's data it is refused: not this tenant's)
+    message = {"role": "user", "content": [{"type": "text", "text": ref}]}
+    store.append(quoting.id, [_entry("a1", message, 1), {"type": "custom", "note": ref}])
+    assert store.journal.blob_hashes(quoting.id) == set()  # plain text: no manifest row
+
+    state = run(settings, "state", quoting.id, "--tenant", "other", columns=400).stdout
+    events = run(settings, "events", "--tenant", "other", columns=400).stdout
+    follow = run_cli(
+        "events",
+        "--tenant",
+        "other",
+        "--follow",
+        "--after-position",
+        "0",
+        "--timeout",
+        "1",
+        env={k: v for k, v in os.environ.items() if not k.startswith("SESSIONSTORE_")}
+        | {
+            "COLUMNS": "400",
+            "SESSIONSTORE_DATABASE_URL": str(settings.database_url),
+            "SESSIONSTORE_DATA_DIR": str(settings.data_dir),
+        },
+    ).stdout
+    for shown in (state, events, follow):
+        assert "HEAD-OF-BIG-TEXT" not in shown and "[text" not in shown, shown
+        assert text_hash[:12] in shown, shown  # the text as written
+
+    fork = store.fork(session_id)
+    inherited = run(settings, "state", fork.id).stdout
+    assert "HEAD-OF-BIG-TEXT" in inherited and "[image 100 KB]" in inherited
+
+
+def _sha(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
 
 
 def _entries(settings: Settings, *args: str) -> list[str]:
