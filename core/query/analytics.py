@@ -250,7 +250,10 @@ def iter_events(
     def fetch(cursor: int, size: int) -> list[ListedEvent]:
         return list(list_events(engine, flt, after_position=cursor, limit=size).items)
 
-    return keyset_pages(fetch, lambda e: e.position, after=after_position, size=page_size)
+    # a page is at most MAX_PAGE (list_events cuts it): a larger size would read a short
+    # page as the end
+    size = min(check_limit(page_size, "page_size"), MAX_PAGE)
+    return keyset_pages(fetch, lambda e: e.position, after=after_position, size=size)
 
 
 def _head(conn: Connection) -> int:

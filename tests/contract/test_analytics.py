@@ -13,6 +13,7 @@ from sqlalchemy import text
 
 from core import InvalidEvent, SessionStore, Settings, migrate
 from core.db import make_engine
+from core.query import analytics
 from core.query.analytics import EventFilter, follow_events, head_position, iter_events
 from core.records import Session
 from tests.contract.test_projection import SessionBuilder
@@ -90,6 +91,17 @@ def test_cursor_pagination_visits_each_event_once(store: SessionStore) -> None:
     assert seen == _positions(store, flt)
     assert pages == -(-len(seen) // 4)
     assert [e.position for e in iter_events(store.engine, flt, page_size=3)] == seen
+
+
+def test_iteration_with_pages_larger_than_a_listing_returns_every_event(
+    store: SessionStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A listing returns at most MAX_PAGE events: asked for more, iter_events read that
+    short page as the end and stopped (20,000 asked, 10,000 of 12,000 returned)."""
+    _acme_and_globex(store)
+    every = _positions(store, EventFilter())
+    monkeypatch.setattr(analytics, "MAX_PAGE", 2)
+    assert [e.position for e in iter_events(store.engine, page_size=5)] == every
 
 
 def test_follow_sees_later_commits_exactly_once(store: SessionStore) -> None:
