@@ -16,7 +16,9 @@ def read(
     url: str = typer.Argument(
         ..., help="artifact://N, agent://ID[/path|?q=…], art_…, blob:sha256:…"
     ),
-    session_id: str = typer.Option(..., "--session", "-s", help="The session the URL is in."),
+    session_id: str = typer.Option(
+        ..., "--session", "-s", help="The session the URL is in (its id, or the agent's own)."
+    ),
     tenant: str | None = typer.Option(None, help="Read as this tenant (isolation check)."),
     offset: int | None = typer.Option(None, min=1, help="First line (1-based), plain reads."),
     limit: int | None = typer.Option(None, min=1, help="Number of lines, plain reads."),
@@ -24,6 +26,7 @@ def read(
 ) -> None:
     """Print what a URL resolves to."""
     with open_store() as store:
+        session_id = store.resolve_session(session_id, tenant_id=tenant).id
         found = store.resolve(
             url, session_id=session_id, tenant_id=tenant, offset=offset, limit=limit
         )

@@ -99,6 +99,7 @@ def fork(
     with open_store() as store:
         if not inline:
             attach_fork_copier(store, get_app())
+        session_id = store.resolve_session(session_id).id
         session = store.fork(session_id, at_seq=at_seq)
     _print_session(session, as_json, f"forked {session_id} at seq {session.forked_from_seq}")
 
@@ -114,6 +115,7 @@ def move(
     if tenant is None and cwd is None:
         raise typer.BadParameter("give --tenant and/or --cwd")
     with open_store() as store:
+        session_id = store.resolve_session(session_id).id
         session = store.move(session_id, tenant_id=tenant, cwd=cwd)
     _print_session(session, as_json, f"moved {session_id}")
 
@@ -125,9 +127,12 @@ def delete(
     as_json: bool = JsonOption,
 ) -> None:
     """Delete a session: events, manifest rows, artifacts and directory (blobs stay for GC)."""
-    if not yes:
-        typer.confirm(f"delete session {session_id} and all its events and artifacts?", abort=True)
     with open_store() as store:
+        session_id = store.resolve_session(session_id).id
+        if not yes:
+            typer.confirm(
+                f"delete session {session_id} and all its events and artifacts?", abort=True
+            )
         report = store.delete_session(session_id)
     if as_json:
         print_json(report.to_dict())
@@ -150,6 +155,7 @@ def delete(
 def copy_artifacts(fork_id: str, as_json: bool = JsonOption) -> None:
     """Run a fork's artifact copy now, in this process (also retries a failed copy)."""
     with open_store() as store:
+        fork_id = store.resolve_session(fork_id).id
         report = store.copy_fork_artifacts(fork_id)
     if as_json:
         print_json(report.to_dict())

@@ -5,13 +5,13 @@ from __future__ import annotations
 import json
 import sys
 from collections.abc import Iterable, Iterator
-from contextlib import ExitStack
+from contextlib import ExitStack, suppress
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import typer
 
-from core.errors import InvalidEvent
+from core.errors import InvalidEvent, SessionNotFound
 from tasks.cli.common import (
     JsonOption,
     add_row,
@@ -78,6 +78,8 @@ def append(
     with ExitStack() as stack:
         stream = sys.stdin if source == "-" else stack.enter_context(Path(source).open())
         store = stack.enter_context(open_store(create=True))
+        with suppress(SessionNotFound):  # an unknown id is the write's to refuse (the queue's)
+            session_id = store.resolve_session(session_id).id
         name = "stdin" if source == "-" else source
         writer = _queue_writer(stack) if enqueue else store.append
         results: list[AppendResult] = []

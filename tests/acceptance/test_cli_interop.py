@@ -1,5 +1,6 @@
 """The real ``sessionstore`` executable: import (files, directories, globs; --json),
-export by external id, sessions create --id, and external ids accepted by state/events/show."""
+export by external id, sessions create --id, and external ids accepted wherever a session
+id is."""
 
 from __future__ import annotations
 
@@ -66,6 +67,36 @@ def test_import_export_and_external_ids(run: Run, tmp_path: Path) -> None:
     assert json.loads(show.stdout)["external_id"] == "0f3c2a10-v1"
     events = run("events", "--session", "0f3c2a10-v2", "--tenant", "acme", "--json")
     assert events.returncode == 0, events.stderr
+
+
+def test_every_command_that_takes_a_session_takes_its_external_id(run: Run, tmp_path: Path) -> None:
+    """read, append, sessions fork / move / copy-artifacts / delete (they answered "not
+    found", where state, events, show and export took it)."""
+    created = run("sessions", "create", "--id", "ext-all", "--tenant", "acme", "--json")
+    assert created.returncode == 0, created.stderr
+    sid = json.loads(created.stdout)["id"]
+    events = tmp_path / "events.jsonl"
+    big = "x" * 40_000  # stored as a blob: what read resolves
+    events.write_text(json.dumps({"type": "note", "text": big}) + "\n")
+    appended = run("append", "ext-all", str(events), "--json")
+    assert appended.returncode == 0, appended.stderr
+    assert json.loads(appended.stdout)[0]["session_id"] == sid
+    listed = run("events", "--session", "ext-all", "--json")
+    ref = json.loads(listed.stdout)["items"][0]["payload"]["text"]
+    read = run("read", ref, "--session", "ext-all", "--tenant", "acme")
+    assert read.returncode == 0 and read.stdout.strip() == big, read.stderr
+    fork = run("sessions", "fork", "ext-all", "--inline", "--json")
+    assert fork.returncode == 0, fork.stderr
+    fork_id = json.loads(fork.stdout)["id"]
+    assert json.loads(fork.stdout)["parent_id"] == sid
+    copied = run("sessions", "copy-artifacts", fork_id, "--json")
+    assert copied.returncode == 0, copied.stderr
+    moved = run("sessions", "move", "ext-all", "--cwd", "/elsewhere", "--json")
+    assert moved.returncode == 0, moved.stderr
+    assert json.loads(moved.stdout)["cwd"] == "/elsewhere"
+    deleted = run("sessions", "delete", "ext-all", "--yes", "--json")
+    assert deleted.returncode == 0, deleted.stderr
+    assert run("sessions", "show", sid).returncode == 4
 
 
 def test_sessions_create_and_conflict_errors(run: Run, tmp_path: Path) -> None:
