@@ -1,8 +1,8 @@
 """JSON text that reads back as exactly the value written (DESIGN invariant 11).
 
 The journal stores each payload as its JSON text (PostgreSQL ``json``, SQLite ``TEXT``), so
-key order, ``-0.0``, integral floats such as ``1e16`` and integers of any size survive on
-both backends. The text is orjson's, which is fast and exact for everything but integers
+key order, ``-0.0``, integral floats such as ``1e16`` and wide integers (validation admits
+up to ``MAX_INT_BITS``, about 4,000 digits) survive on both backends. The text is orjson's, which is fast and exact for everything but integers
 beyond 64 bits: orjson refuses to encode those, and on decoding turns them into floats
 without a word. Such a value is therefore encoded by the standard library instead, with a
 space as its second character (``{ "n":…``: valid JSON, never orjson's output, and kept by

@@ -174,7 +174,14 @@ def _check_scalar(value: Any) -> None:
     if isinstance(value, bool) or value is None:
         return
     if isinstance(value, int):
-        return  # any size: core.exact_json stores and reads back integers beyond 64 bits
+        # beyond 64 bits core.exact_json stores and reads it back; beyond MAX_INT_BITS
+        # Python's own JSON (the queue's, a reader's) cannot turn it into text or back
+        if value.bit_length() > MAX_INT_BITS:
+            raise _Bad(
+                f"integer of {value.bit_length():,} bits: the limit is {MAX_INT_BITS:,} bits "
+                "(about 4,000 digits), what every JSON reader of the journal can read back"
+            )
+        return
     if isinstance(value, float):
         if not math.isfinite(value):
             raise _Bad(f"{value!r} is not a JSON number")
@@ -192,6 +199,10 @@ def _check_text(text: str) -> None:
 
 
 _INT64_MAX = 2**63 - 1
+# 10**4000 < 2**13288: integers under it have at most 4,000 digits, inside Python's default
+# int-to-text limit (sys.get_int_max_str_digits(), 4,300), which kombu's and the standard
+# library's JSON and every reader in Python meet
+MAX_INT_BITS = 13_288
 MAX_ID_LENGTH = 36
 MAX_KEY_LENGTH = 200
 

@@ -16,6 +16,8 @@ from hypothesis import strategies as st
 from sqlalchemy import text
 
 from core import SessionStore, exact_json
+from core.errors import InvalidEvent
+from core.journal.validation import MAX_INT_BITS
 
 Strict = tuple[str, Any]
 
@@ -82,8 +84,11 @@ def test_read_returns_exactly_what_was_appended(
         2**64,
         -(2**64) - 7,
         10**40,
+        2**MAX_INT_BITS - 1,  # the widest integer accepted: 4,001 digits
+        -(2**MAX_INT_BITS) + 1,
         {"z": 1, "a": 2, "m": {"y": -0.0, "b": [2**70, 1e16]}},
     ],
+    ids=lambda v: f"int{v.bit_length()}{'-' if v < 0 else ''}" if type(v) is int else None,
 )
 def test_values_jsonb_would_change_come_back_unchanged(store: SessionStore, value: Any) -> None:
     session = store.create_session(tenant_id="acme")
@@ -92,6 +97,22 @@ def test_values_jsonb_would_change_come_back_unchanged(store: SessionStore, valu
     (stored,) = store.read(session.id)
     assert strict(stored.payload) == strict(event)
     assert list(stored.payload) == ["type", "z_first", "value", "a_last"]
+
+
+@pytest.mark.parametrize(
+    "wide", [2**MAX_INT_BITS, -(2**MAX_INT_BITS), 10**5000], ids=["2^max", "-2^max", "10^5000"]
+)
+def test_an_integer_no_json_reader_can_read_back_is_refused_by_name(
+    store: SessionStore, wide: int
+) -> None:
+    """Past MAX_INT_BITS (about 4,000 digits) Python cannot turn an integer into JSON text
+    or back (sys.get_int_max_str_digits): the append failed inside the insert with an
+    untyped StatementError whose own message raised. Now the write is refused, typed,
+    naming the value; nothing is written."""
+    session = store.create_session(tenant_id="acme")
+    with pytest.raises(InvalidEvent, match=r"at /value/1: integer of [\d,]+ bits"):
+        store.append(session.id, [{"type": "custom", "value": [1, wide]}])
+    assert store.read(session.id) == []
 
 
 def test_the_stored_text_is_what_the_writer_encoded(store: SessionStore) -> None:
