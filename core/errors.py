@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 
@@ -122,6 +123,21 @@ class BlobCorrupted(BlobError):
     def __init__(self, blob_hash: str, reason: str) -> None:
         self.blob_hash = blob_hash
         super().__init__(f"blob {blob_hash} is corrupted: {reason}")
+
+
+class ExportIncomplete(BlobError):
+    """An export was written whole, but blobs it needed could not be read (missing, or
+    corrupt and refused): their refs stand in the output in place of their values. Raised
+    once the output is complete; ``result`` is what the export returned otherwise."""
+
+    def __init__(self, hashes: Sequence[str], result: Any) -> None:
+        self.hashes, self.result = sorted(set(hashes)), result
+        shown = ", ".join(h[:12] for h in self.hashes[:5]) + (", …" if len(self.hashes) > 5 else "")
+        super().__init__(
+            f"{len(self.hashes)} blob(s) could not be read (missing or corrupt): {shown}; "
+            "the export holds their refs in place of their values (`sessionstore blobs "
+            "verify` reports them, `--repair-from DIR` restores them)"
+        )
 
 
 class BlobsMissing(BlobError):

@@ -2,13 +2,14 @@
 
 The journal stores each payload as its JSON text (PostgreSQL ``json``, SQLite ``TEXT``), so
 key order, ``-0.0``, integral floats such as ``1e16`` and wide integers (validation admits
-up to ``MAX_INT_BITS``, about 4,000 digits) survive on both backends. The text is orjson's, which is fast and exact for everything but integers
-beyond 64 bits: orjson refuses to encode those, and on decoding turns them into floats
-without a word. Such a value is therefore encoded by the standard library instead, with a
-space as its second character (``{ "n":…``: valid JSON, never orjson's output, and kept by
-PostgreSQL's ``json`` type and ``json_array_elements``, which a leading space would not
-be). A reader decodes such a text with the standard library and every other text with
-orjson: one byte tells them apart, so the common path pays nothing for the rare one.
+up to ``MAX_INT_BITS``, about 4,000 digits) survive on both backends. The text is orjson's,
+which is fast and exact for everything but integers beyond 64 bits: orjson refuses to
+encode those, and on decoding turns them into floats without a word. Such a value is
+therefore encoded by the standard library instead, with a space as its second character
+(``{ "n":…``: valid JSON, never orjson's output, and kept by PostgreSQL's ``json`` type and
+``json_array_elements``, which a leading space would not be). A reader decodes such a text
+with the standard library and every other text with orjson: one byte tells them apart, so
+the common path pays nothing for the rare one.
 """
 
 from __future__ import annotations

@@ -11,7 +11,10 @@ from collections.abc import Iterator, Sequence
 from datetime import datetime
 from typing import IO, TYPE_CHECKING, Any
 
+from core.blobs.externalize import parse_pointer
 from core.blobs.rehydrate import Rehydrator
+from core.blobs.store import make_ref
+from core.errors import ExportIncomplete
 from core.interop import pi
 from core.journal.validation import check_at_seq
 from core.records import ManifestEntry, Session, StoredEvent
@@ -30,10 +33,16 @@ def export_pi(
     at_seq: int | None = None,
     tenant_id: str | None = None,
 ) -> int:
-    """Write the session (up to ``at_seq``) to ``out``; returns the number of lines."""
+    """Write the session (up to ``at_seq``) to ``out``; returns the number of lines.
+    ``ExportIncomplete`` once it is written if a blob could not be read (its ref stands in
+    the file in place of the value: never passed off as the session's data)."""
     session = store.resolve_session(session_ref, tenant_id=tenant_id)
     at_seq = check_at_seq(at_seq, session.head_seq)
-    return write_pi(session, rehydrated_events(store, session, at_seq), out)
+    missing: list[str] = []
+    lines = write_pi(session, rehydrated_events(store, session, at_seq, missing), out)
+    if missing:
+        raise ExportIncomplete(missing, lines)
+    return lines
 
 
 def write_pi(session: Session, events: Iterator[StoredEvent], out: IO[str]) -> int:
@@ -43,11 +52,16 @@ def write_pi(session: Session, events: Iterator[StoredEvent], out: IO[str]) -> i
 
 
 def session_lines(
-    store: SessionStore, session: Session, *, at_seq: int | None = None
+    store: SessionStore,
+    session: Session,
+    *,
+    at_seq: int | None = None,
+    missing: list[str] | None = None,
 ) -> tuple[dict[str, Any], Iterator[dict[str, Any]]]:
-    """The header and the entries (rehydrated, lazily read) of a version-3 file."""
+    """The header and the entries (rehydrated, lazily read) of a version-3 file; the
+    hashes of blobs that could not be read are added to ``missing`` as they are met."""
     at_seq = check_at_seq(at_seq, session.head_seq)
-    return pi_lines(session, rehydrated_events(store, session, at_seq))
+    return pi_lines(session, rehydrated_events(store, session, at_seq, missing))
 
 
 def pi_lines(
@@ -78,12 +92,30 @@ def _chain(first: dict[str, Any], rest: Iterator[dict[str, Any]]) -> Iterator[di
 
 
 def rehydrated_events(
-    store: SessionStore, session: Session, upto_seq: int | None
+    store: SessionStore,
+    session: Session,
+    upto_seq: int | None,
+    missing: list[str] | None = None,
 ) -> Iterator[StoredEvent]:
     """The session's events up to ``upto_seq``, each rehydrated on its own: memory holds
-    one event's blobs at a time, however large the session."""
-    for event, _entries in rehydrated_with_manifest(store, session, upto_seq):
+    one event's blobs at a time, however large the session. A blob that could not be read
+    (missing, or corrupt and refused) leaves its ref in place, and its hash in ``missing``."""
+    for event, entries in rehydrated_with_manifest(store, session, upto_seq):
+        if missing is not None:
+            missing.extend(unresolved(event, entries))
         yield event
+
+
+def unresolved(full: StoredEvent, entries: Sequence[ManifestEntry]) -> list[str]:
+    """Blob hashes whose ref is still in place after rehydration (missing or corrupt)."""
+    left = []
+    for entry in entries:
+        node: Any = full.payload
+        for token in parse_pointer(entry.pointer):
+            node = node[int(token)] if isinstance(node, list) else node.get(token)
+        if node == make_ref(entry.hash):
+            left.append(entry.hash)
+    return left
 
 
 def rehydrated_with_manifest(

@@ -42,7 +42,7 @@ from core.artifacts.paths import contained_path, encode_component
 from core.artifacts.records import AGENT_OUTPUT, TOOL_OUTPUT
 from core.blobs.externalize import canonical_base64
 from core.blobs.store import BLOB_REF_PREFIX, parse_ref
-from core.errors import SymlinkRefused, UnreadableFile
+from core.errors import ExportIncomplete, SymlinkRefused, UnreadableFile
 from core.fsio import replace_atomically
 from core.interop import exporter, pi
 from core.interop.importer import read_file, register_converter
@@ -305,9 +305,12 @@ def export_omp(
     at_seq: int | None = None,
     tenant_id: str | None = None,
 ) -> OmpExport:
-    """Write the session as oh-my-pi's layout: its file, its artifacts, its blobs."""
+    """Write the session as oh-my-pi's layout: its file, its artifacts, its blobs.
+    ``ExportIncomplete`` (carrying the ``OmpExport``) once written if a blob could not be
+    read."""
     session = store.resolve_session(session_ref, tenant_id=tenant_id)
-    header, entries = exporter.session_lines(store, session, at_seq=at_seq)
+    missing: list[str] = []
+    header, entries = exporter.session_lines(store, session, at_seq=at_seq, missing=missing)
     out_dir.mkdir(parents=True, exist_ok=True)
     blobs_dir.mkdir(parents=True, exist_ok=True)
     # checked as well as encoded: a symlink left in ``out_dir`` is not written through
@@ -317,7 +320,10 @@ def export_omp(
     with target.open("w", encoding="utf-8", newline="\n") as out:
         lines = write_session_file(out, header, entries, blobs.put)
     count = _export_artifacts(store, session.id, directory)
-    return OmpExport(target, directory, blobs_dir, lines, blobs.written, count)
+    done = OmpExport(target, directory, blobs_dir, lines, blobs.written, count)
+    if missing:
+        raise ExportIncomplete(missing, done)
+    return done
 
 
 def write_session_file(

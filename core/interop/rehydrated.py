@@ -28,7 +28,7 @@ import tempfile
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
@@ -43,8 +43,6 @@ from core.artifacts.fsio import StagedFile
 from core.artifacts.paths import STAGING_DIR, session_dir
 from core.artifacts.staging import ObjectStagedFile, Staged
 from core.artifacts.storage import FileArtifactStorage
-from core.blobs.externalize import parse_pointer
-from core.blobs.store import make_ref
 from core.db import read_connection, write_transaction
 from core.errors import InvalidEvent, RehydrateInProgress
 from core.fsio import fsync_dir
@@ -53,7 +51,7 @@ from core.journal.validation import check_at_seq
 from core.models import REHYDRATION_BUILDING as BUILDING
 from core.models import REHYDRATION_DONE as DONE
 from core.models import RehydrationRow, database_clock, table_of, utcnow
-from core.records import ManifestEntry, Session, StoredEvent
+from core.records import Session, StoredEvent
 
 if TYPE_CHECKING:
     from core.store import SessionStore
@@ -301,8 +299,7 @@ def _build(
 
     def events() -> Iterator[StoredEvent]:
         nonlocal written
-        source = exporter.rehydrated_with_manifest(store, session, head)
-        for event in _noting_missing(source, missing):
+        for event in exporter.rehydrated_events(store, session, head, missing):
             written += 1
             beat.check()  # taken over: stop here, the other builder's output is awaited
             if progress is not None and written % _PROGRESS_EVERY == 0:
@@ -409,26 +406,6 @@ def _write(
         out.write(pi.dumps_exact(line) + "\n")
         count += 1
     return count
-
-
-def _noting_missing(
-    events: Iterator[tuple[StoredEvent, Sequence[ManifestEntry]]], missing: list[str]
-) -> Iterator[StoredEvent]:
-    for event, entries in events:
-        missing.extend(_unresolved(event, entries))
-        yield event
-
-
-def _unresolved(full: StoredEvent, entries: Sequence[ManifestEntry]) -> list[str]:
-    """Blob hashes whose ref is still in place after rehydration (missing or corrupt)."""
-    left = []
-    for entry in entries:
-        node: Any = full.payload
-        for token in parse_pointer(entry.pointer):
-            node = node[int(token)] if isinstance(node, list) else node.get(token)
-        if node == make_ref(entry.hash):
-            left.append(entry.hash)
-    return left
 
 
 class _HashingWriter(io.TextIOBase):

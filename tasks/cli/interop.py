@@ -4,11 +4,13 @@ Heavy imports stay inside the commands (the CLI starts lazily)."""
 
 from __future__ import annotations
 
+import os
 import sys
-from collections.abc import Callable
-from contextlib import ExitStack
+import tempfile
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack, contextmanager, suppress
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import IO, TYPE_CHECKING, Annotated
 
 import typer
 
@@ -249,18 +251,47 @@ def export(
         return
     if format != "pi":
         raise typer.BadParameter(f"unknown export format {format!r} (known: pi, omp)")
+    from core.errors import ExportIncomplete
+
+    incomplete: ExportIncomplete | None = None
     with open_store() as store:
         if output is None:
-            lines = store.export_session(session, sys.stdout, at_seq=at_seq, tenant_id=tenant)
+            store.export_session(session, sys.stdout, at_seq=at_seq, tenant_id=tenant)
             return
-        partial = output.with_name(output.name + ".partial")
-        with partial.open("w", encoding="utf-8") as out:
-            lines = store.export_session(session, out, at_seq=at_seq, tenant_id=tenant)
-        partial.replace(output)  # never a half-written export under the final name
+        if output.is_dir():
+            raise typer.BadParameter(f"{output} is a directory", param_hint="--output")
+        with _published(output) as out:  # never a half-written export under the final name
+            try:
+                lines = store.export_session(session, out, at_seq=at_seq, tenant_id=tenant)
+            except ExportIncomplete as exc:  # written whole: kept, and reported below
+                incomplete, lines = exc, exc.result
     if as_json:
-        print_json({"path": str(output), "lines": lines, "session": session})
+        print_json(
+            {"path": str(output), "lines": lines, "session": session}
+            | ({"missing_blobs": incomplete.hashes} if incomplete else {})
+        )
     else:
         err_console.print(f"wrote {lines} lines to {output}", markup=False)
+    if incomplete is not None:
+        raise incomplete  # exit 1: the file holds refs where values should be
+
+
+@contextmanager
+def _published(output: Path) -> Iterator[IO[str]]:
+    """A new file beside ``output`` (a name of its own, never an existing file or link),
+    renamed over ``output`` once written; removed if the export fails."""
+    fd, name = tempfile.mkstemp(dir=output.parent, prefix=f".{output.name}.", suffix=".partial")
+    try:
+        mask = os.umask(0)
+        os.umask(mask)
+        os.fchmod(fd, 0o666 & ~mask)  # as open() would make it (mkstemp's is 0600)
+        with os.fdopen(fd, "w", encoding="utf-8", errors="surrogatepass") as out:
+            yield out
+        os.replace(name, output)
+    except BaseException:
+        with suppress(FileNotFoundError):
+            os.unlink(name)
+        raise
 
 
 def _export_via_queue(
@@ -310,11 +341,14 @@ def _export_via_queue(
     if output is None:
         sys.stdout.write(text)
     else:
-        partial = output.with_name(output.name + ".partial")
-        partial.write_text(text, encoding="utf-8", errors="surrogatepass")
-        partial.replace(output)
+        with _published(output) as out:
+            out.write(text)
     if as_json:
         print_json({**result, "path": str(output) if output else None})
+    if result.get("missing_blobs"):
+        from core.errors import ExportIncomplete
+
+        raise ExportIncomplete(result["missing_blobs"], result)
 
 
 def _export_omp(
@@ -331,15 +365,23 @@ def _export_omp(
         resolved = directory.resolve()
         in_agent = resolved.parent.name == "sessions"
         blobs_dir = resolved.parent.parent / "blobs" if in_agent else directory / "blobs"
+    from core.errors import ExportIncomplete
+
+    incomplete: ExportIncomplete | None = None
     with open_store() as store:
-        done = export_omp(
-            store, session, directory, blobs_dir=blobs_dir, at_seq=at_seq, tenant_id=tenant
-        )
+        try:
+            done = export_omp(
+                store, session, directory, blobs_dir=blobs_dir, at_seq=at_seq, tenant_id=tenant
+            )
+        except ExportIncomplete as exc:  # written whole: reported below
+            incomplete, done = exc, exc.result
     if as_json:
-        print_json(done.to_dict())
+        print_json(done.to_dict() | ({"missing_blobs": incomplete.hashes} if incomplete else {}))
     else:
         err_console.print(
             f"wrote {done.lines} lines to {done.session_file}, {done.artifacts} artifact(s), "
             f"{done.blobs_written} new blob(s) in {done.blobs_dir}",
             markup=False,
         )
+    if incomplete is not None:
+        raise incomplete  # exit 1: the session file holds refs whose blobs are not there

@@ -10,6 +10,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import io
+import json
 import os
 import shutil
 import signal
@@ -23,6 +24,7 @@ from celery import Celery
 from sqlalchemy import select, update
 
 from core import SessionStore, Settings
+from core.blobs.files import FileBlobStore
 from core.errors import ResolveNotFound, SessionNotFound
 from core.interop import exporter
 from core.interop.omp import export_omp
@@ -350,6 +352,53 @@ def test_cli_export_via_queue_on_embedded_defaults_needs_no_worker(tmp_path: Pat
         done = run_cli("export", sid, "-o", str(tmp_path / name), *extra, env=env)
         assert done.returncode == 0, done.stderr
     assert (tmp_path / "q.jsonl").read_bytes() == (tmp_path / "d.jsonl").read_bytes()
+
+
+def test_an_export_missing_a_blob_says_so_and_exits_1_on_every_path(tmp_path: Path) -> None:
+    """A blob lost (or corrupt, refused) under a session: pi's file, oh-my-pi's layout and
+    the queue's export are each written whole, with the ref where the value was, and exit
+    1 naming the blob (--json: missing_blobs). They exited 0, reporting a complete file."""
+    sid, env = _embedded_cli(tmp_path, turns=1)
+    with SessionStore.from_settings(Settings(data_dir=tmp_path / "embedded")) as store:
+        text_hash = next(
+            m.hash for m in store.journal.manifest_of(store.read(sid))[2] if m.size == 20_000
+        )
+        blobs = store.blobs
+        assert isinstance(blobs, FileBlobStore)
+        blobs.path_for(text_hash, blobs.info(text_hash).codec).unlink()  # type: ignore[union-attr]
+    outputs = {
+        "pi": ["-o", str(tmp_path / "d.jsonl")],
+        "queue": ["-o", str(tmp_path / "q.jsonl"), "--via-queue", "--timeout", "60"],
+        "omp": ["--format", "omp", "-o", str(tmp_path / "omp")],
+    }
+    for name, extra in outputs.items():
+        done = run_cli("export", sid, *extra, "--json", env=env)
+        assert done.returncode == 1, (name, done.returncode, done.stderr)
+        assert f"1 blob(s) could not be read (missing or corrupt): {text_hash[:12]}" in done.stderr
+        assert json.loads(done.stdout)["missing_blobs"] == [text_hash], name
+    written = (tmp_path / "d.jsonl").read_text()
+    assert f"blob:sha256:{text_hash}" in written and written == (tmp_path / "q.jsonl").read_text()
+    streamed = run_cli("export", sid, env=env)
+    assert streamed.returncode == 1 and streamed.stdout == written
+
+
+def test_a_failed_export_leaves_no_file_behind(tmp_path: Path) -> None:
+    """Not found, or an output that is a directory: nothing half-written is left (the
+    directory case left a whole ``.partial`` beside it)."""
+    sid, env = _embedded_cli(tmp_path, turns=1)
+    out = tmp_path / "out"
+    out.mkdir()
+    assert run_cli("export", sid, "-o", str(out), env=env).returncode == 2
+    assert run_cli("export", "no-such", "-o", str(tmp_path / "x.jsonl"), env=env).returncode == 4
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["embedded", "out"]
+    assert run_cli("export", sid, "-o", str(tmp_path / "x.jsonl"), env=env).returncode == 0
+    assert oct((tmp_path / "x.jsonl").stat().st_mode & 0o777) == oct(0o666 & ~_umask())
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
 
 
 @pytest.mark.redis
