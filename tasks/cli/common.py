@@ -119,19 +119,30 @@ def _json_default(value: Any) -> Any:
     return value.isoformat() if isinstance(value, date | time) else str(value)
 
 
-# C0 and C1 control characters but newline and tab: an escape sequence in stored text
-# (ESC [ 31 m, an OSC title) would drive the terminal, a carriage return overwrite the line
-_CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+# What a terminal acts on rather than shows: C0 (a newline and a tab too: a stored value
+# never starts a line of its own, which could pass for another field or event) and C1
+# controls; the line and paragraph separators; bidirectional overrides, embeddings and
+# isolates (U+202E turns "/w\u202egnp.exe" into "/wexe.png"); invisible marks (the zero-width
+# space, word joiner, BOM). The joiners U+200C/U+200D stay: scripts and emoji need them.
+_CONTROL = re.compile(
+    "[\x00-\x1f\x7f-\x9f\u061c\u180e\u200b\u200e\u200f\u2028-\u202e\u2060\u2066-\u2069\ufeff]"
+)
 
 
 def plain(value: object) -> Text:
-    """A stored value as literal rich text: ``[/x]`` is not markup, and a control character
-    shows as its ``\\x1b`` escape instead of reaching the terminal. Every value from
-    stored data goes through here before a table or the console prints it."""
+    """A stored value as literal rich text on one line: ``[/x]`` is not markup, and a
+    control character (``_CONTROL``) shows as its escape (``\\x1b``, ``\\u202e``) instead
+    of reaching the terminal. Every value from stored data goes through here before a table
+    or the console prints it."""
     from rich.text import Text
 
     shown = "" if value is None else str(value)
-    return Text(_CONTROL.sub(lambda m: f"\\x{ord(m[0]):02x}", shown))
+    return Text(_CONTROL.sub(_escape, shown))
+
+
+def _escape(match: re.Match[str]) -> str:
+    code = ord(match[0])
+    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
 
 
 def add_row(table: Table, *values: object) -> None:

@@ -234,6 +234,35 @@ HOSTILE = "[/x] [bold]b[/bold] [link=file:///etc/passwd]l[/link] \x1b[31mred\x1b
 SHOWN = "[/x][bold]b[/bold][link=file:///etc/passwd]l[/link]\\x1b[31mred\\x1b]0;t\\x07\\x9b2J"
 
 
+# A stored value that would forge a line of its own (a newline, a tab, the Unicode line
+# separator) or reorder what the terminal shows (U+202E: "/w\u202egnp.exe" reads
+# "/wexe.png"), and an invisible mark: each shown as its escape.
+FORGED = "innocent\nparent_id: 0000\tcopy_status: done\u2028x\u202egnp.exe\u200bz"
+FORGED_SHOWN = "innocent\\x0aparent_id:0000\\x09copy_status:done\\u2028x\\u202egnp.exe\\u200bz"
+
+
+def test_a_stored_value_never_starts_a_line_or_turns_the_text_around(
+    settings: Settings, store: SessionStore
+) -> None:
+    """``sessions show`` printed a title's newline as is: the next line read as a forged
+    ``parent_id:`` field; an event type with a newline forged a whole event line in
+    ``events --follow``; U+202E reordered what the terminal showed."""
+    session = store.create_session(tenant_id="acme", title=FORGED, cwd="/w/" + FORGED)
+    store.append(session.id, [{"type": FORGED, "note": FORGED}])
+    followed = run(settings, "events", "--follow", "--after-position", "0", "--limit", "1")
+    outputs = [
+        run(settings, "sessions", "show", session.id, columns=400).stdout,
+        run(settings, "sessions", "list", columns=400).stdout,
+        run(settings, "events", columns=400).stdout,
+        followed.stdout,
+    ]
+    for out in outputs:
+        assert not any(line.lstrip().startswith("parent_id: 0000") for line in out.splitlines())
+        assert not set("\u2028\u202e\u200b\t") & set(out), out
+        assert FORGED_SHOWN in _flat(out), out
+    assert len(followed.stdout.strip().splitlines()) == 1  # one event, one line
+
+
 def _flat(out: str) -> str:
     return re.sub(r"[\s│┃]", "", out)
 
