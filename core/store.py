@@ -6,11 +6,13 @@ or two, to the module that owns it. No logic of its own lives here.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import functools
+import inspect
+from collections.abc import Callable, Sequence
 from datetime import datetime
 from functools import cached_property
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, ParamSpec, TypeVar
 
 from sqlalchemy import Engine
 
@@ -31,6 +33,7 @@ from core.db import close_engine
 from core.interop.exporter import export_pi
 from core.interop.importer import ImportResult, import_session
 from core.journal import DeadLetters, Journal
+from core.journal.validation import check_name
 from core.maintenance import (
     ExpireRunReport,
     GcReport,
@@ -55,6 +58,26 @@ from core.sessions import (
 )
 from core.settings import Settings
 from core.writes import Writer
+
+# The arguments that name something stored (an id, a tenant, a path): a U+0000 in one is
+# refused by name (check_name). PostgreSQL's text cannot hold it, so such a lookup failed
+# inside the driver (a raw DataError on some paths), where SQLite matched nothing.
+_NAMES = frozenset({"session_id", "session_ref", "ref", "fork_id", "tenant_id", "cwd"})
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+def _no_nul(method: Callable[P, R]) -> Callable[P, R]:
+    checked = [(i, n) for i, n in enumerate(inspect.signature(method).parameters) if n in _NAMES]
+
+    @functools.wraps(method)
+    def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
+        for i, name in checked:
+            check_name(args[i] if i < len(args) else kwargs.get(name), name)
+        return method(*args, **kwargs)
+
+    return wrapper
 
 
 class SessionStore:
@@ -149,13 +172,16 @@ class SessionStore:
             tenant_id=tenant_id, title=title, cwd=cwd, external_id=external_id
         )
 
+    @_no_nul
     def get_session(self, session_id: str, *, tenant_id: str | None = None) -> Session:
         return self.journal.get_session(session_id, tenant_id=tenant_id)
 
+    @_no_nul
     def resolve_session(self, ref: str, *, tenant_id: str | None = None) -> Session:
         """A session by id, or by external id (the agent's own id) within the tenant."""
         return self.journal.resolve_session(ref, tenant_id=tenant_id)
 
+    @_no_nul
     def import_session(
         self,
         path: str | Path,
@@ -170,6 +196,7 @@ class SessionStore:
         options = {"blobs_dir": Path(blobs_dir)} if blobs_dir is not None else None
         return import_session(self, path, tenant_id=tenant_id, format=format, options=options)
 
+    @_no_nul
     def export_session(
         self,
         session_id: str,
@@ -181,11 +208,13 @@ class SessionStore:
         """Write the session as a version-3 pi file; returns the number of lines."""
         return export_pi(self, session_id, out, at_seq=at_seq, tenant_id=tenant_id)
 
+    @_no_nul
     def list_sessions(
         self, *, tenant_id: str | None = None, limit: int = 100, cursor: str | None = None
     ) -> Page:
         return self.journal.list_sessions(tenant_id=tenant_id, limit=limit, cursor=cursor)
 
+    @_no_nul
     def fork(
         self, session_id: str, *, at_seq: int | None = None, tenant_id: str | None = None
     ) -> Session:
@@ -195,6 +224,7 @@ class SessionStore:
         fork = self._forks.fork(session_id, at_seq=at_seq, tenant_id=tenant_id)
         return self._fork_copies.hand_over(fork, self.fork_copier)
 
+    @_no_nul
     def copy_fork_artifacts(self, fork_id: str) -> CopyReport:
         """Copy a fork's inherited artifact files (idempotent; retries a failed copy)."""
         return self._fork_copies.copy_artifacts(fork_id)
@@ -203,6 +233,7 @@ class SessionStore:
         """Forks whose artifact copy has been pending for longer than ``older_than_s``."""
         return self._fork_copies.pending_forks(older_than_s=older_than_s, limit=limit)
 
+    @_no_nul
     def move(
         self, session_id: str, *, tenant_id: str | None = None, cwd: str | None = None
     ) -> Session:
@@ -214,6 +245,7 @@ class SessionStore:
         """Complete or roll back moves a crash left half done (invariant 12)."""
         return self._moves.repair(older_than_s=older_than_s)
 
+    @_no_nul
     def delete_session(self, session_id: str, *, tenant_id: str | None = None) -> DeleteReport:
         """Remove a session, its events, manifest rows, artifacts and directory; blobs are
         left for GC, and its forks keep working. A move of it a crash left half done (its
@@ -246,6 +278,7 @@ class SessionStore:
         """Validate a batch, put its blobs, and turn it into journal-ready events."""
         return self._writer.prepare(events)
 
+    @_no_nul
     def read(
         self,
         session_id: str,
@@ -264,6 +297,7 @@ class SessionStore:
         )
         return self.rehydrate(events, lazy=rehydrate == "lazy") if rehydrate else events
 
+    @_no_nul
     def read_all(
         self,
         *,
@@ -282,6 +316,7 @@ class SessionStore:
 
     # state and analysts' queries ----------------------------------------------------------
 
+    @_no_nul
     def state(
         self,
         session_id: str,
@@ -308,6 +343,7 @@ class SessionStore:
         """A page of events matching ``flt``, by global position (see ``core.query``)."""
         return analytics.list_events(self.engine, flt, after_position=after_position, limit=limit)
 
+    @_no_nul
     def stats(
         self,
         *,
@@ -336,11 +372,13 @@ class SessionStore:
     def blob_stats(self) -> BlobStats:
         return self.blobs.stats()
 
+    @_no_nul
     def artifacts(self, session_id: str, *, tenant_id: str | None = None) -> ArtifactManager:
         """The artifact manager of one session (SessionNotFound if the tenant cannot see it)."""
         self.journal.get_session(session_id, tenant_id=tenant_id)
         return ArtifactManager(self.engine, self.settings, session_id)
 
+    @_no_nul
     def resolve(
         self,
         url: str,
@@ -369,12 +407,14 @@ class SessionStore:
         """Keep an output over ``oversized_output_chars`` as a TTL artifact (else None)."""
         return self.oversized.store(session_id, content, tool_name, ttl_s)
 
+    @_no_nul
     def retrieve(
         self, artifact_id: str, *, session_id: str, tenant_id: str | None = None
     ) -> str | None:
         """An oversized output's text; None once expired or if its file is gone."""
         return self.oversized.retrieve(artifact_id, session_id=session_id, tenant_id=tenant_id)
 
+    @_no_nul
     def artifact_stats(self, *, tenant_id: str | None = None) -> dict[str, ArtifactStats]:
         """Count and bytes of artifacts per kind (all tenants unless one is named)."""
         return stats_by_kind(self.engine, tenant_id=tenant_id)

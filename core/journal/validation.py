@@ -254,6 +254,13 @@ def check_limit(value: Any, field: str = "limit") -> int:
     return value
 
 
+def check_name(value: Any, field: str) -> None:
+    """An id, tenant, type or path argument a query compares: no U+0000 (PostgreSQL's text
+    cannot hold one, so the driver failed where SQLite matched nothing)."""
+    if isinstance(value, str) and "\x00" in value:
+        raise InvalidArgument(field, "cannot contain U+0000")
+
+
 _MAX_SECONDS = 10**10  # ~317 years: any age a caller means; now minus it is still a date
 
 

@@ -34,7 +34,7 @@ from sqlalchemy import (
 from sqlalchemy.sql.elements import ColumnElement
 
 from core.db import is_sqlite, keyset_pages, read_connection
-from core.journal.validation import check_limit, check_seq
+from core.journal.validation import check_limit, check_name, check_seq
 from core.models import BlobRefRow, BlobRow, EventRow, SessionRow, table_of
 from core.query import timeblocks
 from core.query.entry_time import entry_ms
@@ -68,6 +68,13 @@ class EventFilter:
     until: datetime | None = None
     entry_since: datetime | None = None
     entry_until: datetime | None = None
+
+    def __post_init__(self) -> None:
+        check_name(self.tenant_id, "tenant_id")
+        check_name(self.session_id, "session_id")
+        for field in ("types", "roles"):
+            for value in getattr(self, field):
+                check_name(value, field)
 
 
 @dataclass(frozen=True, slots=True)

@@ -14,6 +14,7 @@ import pytest
 
 from core import SessionStore
 from core.errors import InvalidArgument, InvalidEvent
+from core.query import EventFilter
 
 SEQS = [-1, 2**63, True, "1", 1.0, None]  # None only where the argument is not optional
 LIMITS = [0, -1, 2**63, True, "2", 2.0]
@@ -78,3 +79,42 @@ def test_the_bounds_themselves_are_accepted(store: SessionStore) -> None:
     assert store.pending_forks(older_than_s=0.0, limit=1) == []
     assert store.repair_moves(older_than_s=1e10) == []
     assert store.gc_blobs(grace=0, batch_size=1).applied is False
+
+
+NUL_CALLS: dict[str, tuple[str, Call]] = {
+    "get_session": ("session_id", lambda st, sid, v: st.get_session(v)),
+    "resolve_session": ("ref", lambda st, sid, v: st.resolve_session(v)),
+    "read session": ("session_id", lambda st, sid, v: st.read(v)),
+    "read tenant": ("tenant_id", lambda st, sid, v: st.read(sid, tenant_id=v)),
+    "read_all tenant": ("tenant_id", lambda st, sid, v: st.read_all(tenant_id=v)),
+    "read_all types": ("types", lambda st, sid, v: st.read_all(types=["note", v])),
+    "list_sessions": ("tenant_id", lambda st, sid, v: st.list_sessions(tenant_id=v)),
+    "list_events": ("session_id", lambda st, sid, v: st.list_events(EventFilter(session_id=v))),
+    "list_events roles": ("roles", lambda st, sid, v: st.list_events(EventFilter(roles=(v,)))),
+    "state": ("session_id", lambda st, sid, v: st.state(v)),
+    "stats": ("tenant_id", lambda st, sid, v: st.stats(tenant_id=v)),
+    "fork": ("session_id", lambda st, sid, v: st.fork(v)),
+    "move": ("tenant_id", lambda st, sid, v: st.move(sid, tenant_id=v)),
+    "move cwd": ("cwd", lambda st, sid, v: st.move(sid, cwd=v)),
+    "delete_session": ("session_id", lambda st, sid, v: st.delete_session(v)),
+    "artifacts": ("session_id", lambda st, sid, v: st.artifacts(v)),
+    "resolve": ("session_id", lambda st, sid, v: st.resolve("artifact://1", session_id=v)),
+    "retrieve": ("tenant_id", lambda st, sid, v: st.retrieve("x", session_id=sid, tenant_id=v)),
+    "artifact_stats": ("tenant_id", lambda st, sid, v: st.artifact_stats(tenant_id=v)),
+    "copy_fork_artifacts": ("fork_id", lambda st, sid, v: st.copy_fork_artifacts(v)),
+}
+
+
+@pytest.mark.parametrize("call", sorted(NUL_CALLS))
+def test_a_nul_in_a_name_is_refused_by_name_on_every_backend(
+    store: SessionStore, call: str
+) -> None:
+    """PostgreSQL's text cannot hold U+0000: such a lookup raised psycopg's DataError from
+    inside the driver on some paths and 'the database refused a value' on others, where
+    SQLite matched nothing. Now both refuse it, naming the argument."""
+    sid = store.create_session(tenant_id="acme").id
+    field, fn = NUL_CALLS[call]
+    with pytest.raises(InvalidArgument) as caught:
+        fn(store, sid, "a\x00b")
+    assert (caught.value.field, caught.value.reason) == (field, "cannot contain U+0000")
+    assert store.get_session(sid).tenant_id == "acme"  # nothing moved or deleted
