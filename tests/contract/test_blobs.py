@@ -393,6 +393,33 @@ class FileDurability:
         blob_store.put(TEXT)  # existing blob: no write at all
         assert steps == []
 
+    def test_a_blob_in_an_existing_directory_syncs_that_directory_after_the_rename(
+        self, blob_store: BlobStore, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """The fan-out directory already exists (so it is not 'made'): its entry for the
+        new file is still fsynced, after the rename (invariant 2)."""
+        assert isinstance(blob_store, FileBlobStore)
+        h = sha256_hex(TEXT)
+        fanout = blob_store.root / h[0:2] / h[2:4]
+        fanout.mkdir(parents=True)
+        events: list[tuple[str, str]] = []
+        real_fsync, real_replace = os.fsync, os.replace
+
+        def fsync(fd: int) -> None:
+            events.append(("fsync", os.readlink(f"/proc/self/fd/{fd}")))
+            real_fsync(fd)
+
+        def replace(src: Any, dst: Any, **kwargs: Any) -> None:
+            events.append(("rename", str(dst)))
+            real_replace(src, dst, **kwargs)
+
+        monkeypatch.setattr(os, "fsync", fsync)
+        monkeypatch.setattr(os, "replace", replace)
+        blob_store.put(TEXT)
+        renamed = [i for i, (kind, _) in enumerate(events) if kind == "rename"]
+        assert renamed
+        assert ("fsync", str(fanout.resolve())) in events[renamed[-1] + 1 :]
+
     def test_a_batch_is_written_then_synced_then_renamed_together(
         self, blob_store: BlobStore, monkeypatch: pytest.MonkeyPatch
     ) -> None:

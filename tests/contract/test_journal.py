@@ -353,6 +353,45 @@ class JournalContract:
         assert len(all_positions) == 4 * per_writer
         assert seen == all_positions  # every event, once, in position order
 
+    @pytest.mark.parametrize("first", ["append", "fork"])
+    def test_a_writer_held_before_its_commit_holds_back_later_positions(
+        self, store: SessionStore, first: str
+    ) -> None:
+        """Deterministic invariant 4: while one write (a transactional append, or a fork's
+        copied rows) sits between its inserts and its commit, another append cannot commit a
+        later position; a follower polling then and after sees every event."""
+        a = store.create_session(tenant_id="acme")
+        b = store.create_session(tenant_id="acme")
+        store.append(a.id, [_msg(0)])
+        start = store.read_all()[-1].position
+        target = threading.get_ident()
+        held: list[threading.Thread] = []
+        seen: list[int] = []
+
+        @event.listens_for(store.engine, "commit")
+        def _hold(conn: Any) -> None:
+            if threading.get_ident() != target or held:
+                return
+            other = threading.Thread(target=store.append, args=(b.id, [_msg(2)]))
+            held.append(other)
+            other.start()
+            other.join(timeout=1.0)  # long enough to commit, were it not held back
+            seen.extend(e.position for e in store.read_all(after_position=start))
+
+        if first == "append":  # ``before`` makes it a transaction on every backend
+            prepared = store._writer.prepare([_msg(1)])
+            store.journal.append(a.id, prepared, before=lambda conn: ())
+        else:
+            store.fork(a.id)
+        event.remove(store.engine, "commit", _hold)
+        assert held
+        held[0].join()
+        last = seen[-1] if seen else start
+        later = [e.position for e in store.read_all(after_position=last)]
+        everything = [e.position for e in store.read_all(after_position=start)]
+        assert len(everything) == 2  # a's new event (or the fork's copy of seq 1), b's
+        assert seen + later == everything
+
     # append-only (invariant 1) --------------------------------------------------------
 
     def test_no_code_path_updates_or_deletes_single_events(self, store: SessionStore) -> None:

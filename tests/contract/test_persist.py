@@ -549,7 +549,9 @@ def test_replayed_write_puts_no_blobs(store: SessionStore, monkeypatch: pytest.M
     session = store.create_session(tenant_id="acme")
     first = store.append(session.id, [user("w" * 20_000)], idempotency_key="k1")
     puts: list[int] = []
-    monkeypatch.setattr(store.blobs, "put_many", lambda items: puts.append(len(items)))
+    # the write path stages its blobs (``stage_many``); a re-put would use ``put_many``
+    for name in ("put_many", "stage_many"):
+        monkeypatch.setattr(store.blobs, name, lambda items: puts.append(len(items)))
     again = store.append(session.id, [user("w" * 20_000)], idempotency_key="k1")
     assert again.replayed and again.positions == first.positions
     assert puts == []
