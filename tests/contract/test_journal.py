@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import io
 import math
 import multiprocessing
 import os
@@ -19,6 +20,7 @@ from sqlalchemy import event, func, select, text
 
 from core import ConcurrencyConflict, InvalidEvent, SessionNotFound, SessionStore, Settings
 from core.models import EventRow, WriteRow
+from tests.pi_support import FIXTURES
 
 MP = multiprocessing.get_context("spawn")
 
@@ -407,8 +409,31 @@ class JournalContract:
         store.append(s.id, [_msg(2)], idempotency_key="k")
         store.read(s.id)
         store.read_all()
+        # every other path that touches a session's events: fork (and its copy), move,
+        # state with snapshots, export, import, stats, GC and expiry
+        fork = store.fork(s.id)
+        store.copy_fork_artifacts(fork.id)
+        store.append(fork.id, [_msg(3)])
+        store.move(s.id, tenant_id="globex", cwd="/elsewhere")
+        with SessionStore.from_settings(
+            store.settings.model_copy(update={"snapshot_every": 1})
+        ) as snapshotting:
+            snapshotting.state(s.id)
+            snapshotting.state(fork.id, at_seq=1)
+        store.export_session(fork.id, io.StringIO())
+        store.import_session(FIXTURES / "v3.jsonl", tenant_id="acme")
+        store.stats()
+        store.gc_blobs(apply=True, grace=0)
+        store.expire_artifacts(apply=True)
         touching = [q for q in statements if ("UPDATE EVENTS" in q or "DELETE FROM EVENTS" in q)]
         assert touching == []
+        # the one statement that deletes events takes a whole session's: no seq, no position
+        store.delete_session(fork.id)
+        deletes = [q for q in statements if "DELETE FROM EVENTS" in q]
+        assert len(deletes) == 1 and "SESSION_ID" in deletes[0], deletes
+        assert not any(word in deletes[0] for word in ("SEQ", "POSITION", " OR ", " IN ")), deletes
+        assert not any("UPDATE EVENTS" in q for q in statements)
+        assert [e.seq for e in store.read(s.id)] == [1, 2]
 
 
 class TestSQLiteJournal(JournalContract):
