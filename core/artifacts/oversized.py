@@ -191,16 +191,13 @@ class OversizedOutputs:
         return data.decode("utf-8", "surrogatepass") if data is not None else None
 
     def cleanup_session(self, session_id: str) -> int:
-        """Remove every oversized output of a session; returns how many."""
-        with write_transaction(self.engine) as conn:
-            info = rows.session_info(conn, session_id)
+        """Remove every oversized output of a session, each as ``discard`` does (file, then
+        row: a crash or a failing disk between the two leaves a row to retry, never a file
+        no row names); returns how many."""
+        with read_connection(self.engine) as conn:
+            rows.session_info(conn, session_id)  # SessionNotFound
             ids = rows.local_ids(conn, session_id, OVERSIZED)
-            for artifact_id in ids:
-                rows.delete_artifact(conn, session_id, OVERSIZED, artifact_id)
-        directory = session_dir(self.root, info.tenant_id, session_id)
-        for artifact_id in ids:
-            self._remove(directory / oversized_name(artifact_id))
-        return len(ids)
+        return sum(1 for artifact_id in ids if self.discard(session_id, artifact_id))
 
     @storage_errors("artifacts")
     def _remove(self, path: Path) -> None:

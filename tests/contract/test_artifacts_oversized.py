@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 from datetime import timedelta
+from pathlib import Path
 
 import pytest
 from sqlalchemy import text
 
 from core import SessionNotFound, SessionStore
-from core.artifacts.oversized import OVERSIZED_ID
+from core.artifacts.oversized import OVERSIZED_ID, OversizedOutputs
 from core.artifacts.paths import oversized_name
-from core.errors import ArtifactError
+from core.errors import ArtifactError, StorageUnavailable
 from core.models import utcnow
 from tests.contract.artifact_backends import RawArtifacts, artifact_backend, raw, settings
 
@@ -131,6 +132,32 @@ def test_cleanup_session_and_stats(store: SessionStore, sid: str, raw: RawArtifa
     assert not [k for k in leftover if "/.tmp/" in k]  # staging objects/files were removed
     assert store.oversized.stats().count == 1
     assert store.oversized.cleanup_session(sid) == 0
+
+
+def test_cleanup_that_fails_midway_leaves_rows_to_retry_never_unnamed_files(
+    store: SessionStore, sid: str, raw: RawArtifacts, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The rows went in one commit and the files after it: a crash or a failing disk
+    between left files no row named, kept forever. Now each output goes file first."""
+    stored = [store.store_oversized(sid, c * 13_000, "bash") for c in "abc"]
+    real = OversizedOutputs._remove
+    removed: list[Path] = []
+
+    def second_fails(self: OversizedOutputs, path: Path) -> None:
+        if len(removed) == 1:
+            raise StorageUnavailable("artifacts", "disk failing")
+        removed.append(path)
+        real(self, path)
+
+    monkeypatch.setattr(OversizedOutputs, "_remove", second_fails)
+    with pytest.raises(StorageUnavailable):
+        store.oversized.cleanup_session(sid)
+    assert store.oversized.stats().count == 2  # the two whose files are still there
+    monkeypatch.setattr(OversizedOutputs, "_remove", real)
+    assert store.oversized.cleanup_session(sid) == 2
+    assert store.oversized.stats().count == 0
+    leftover = raw.keys_under(store.artifacts(sid).directory())
+    assert not [k for k in leftover if "/oversized/" in k] and all(stored)
 
 
 @SQLITE_ONLY
