@@ -50,7 +50,7 @@ from core.errors import (
 )
 from core.exact_json import same_value
 from core.interop import pi
-from core.interop.model import ParsedSession
+from core.interop.model import IgnoredLine, ParsedSession
 from core.journal.validation import check_event
 from core.metrics import metrics
 from core.models import ImportOffsetRow, SessionRow, table_of, utcnow
@@ -184,6 +184,9 @@ class ImportResult(PlainRecord):
     missing_blobs: list[str] = field(default_factory=list)
     # lines read with U+FFFD for invalid UTF-8, as pi reads them (the stored text differs)
     invalid_utf8_lines: int = 0
+    # lines of the file that hold no entry (not JSON, not an object, no string type): not
+    # imported, each with its line and why
+    ignored_lines: list[IgnoredLine] = field(default_factory=list)
 
 
 @dataclass(frozen=True, slots=True)
@@ -250,6 +253,7 @@ def import_session(
         incomplete_tail=parsed.incomplete_tail,
         missing_blobs=list(parsed.missing_blobs),
         invalid_utf8_lines=parsed.invalid_utf8_lines,
+        ignored_lines=list(parsed.ignored_lines),
     )
     log.info("imported a session file", extra=result.to_dict())
     observed = metrics()

@@ -33,15 +33,24 @@ from typing import IO, Any
 import orjson
 
 from core.errors import ImportFormatError
-from core.interop.model import ParsedEntry, ParsedSession, SessionHeader
+from core.interop.model import IgnoredLine, ParsedEntry, ParsedSession, SessionHeader
 
 log = logging.getLogger(__name__)
 
 CURRENT_VERSION = 3
 HEADER_TYPE = "session"
+# why a line holds no entry (``ParsedSession.ignored_lines``)
+NOT_JSON = "not JSON"
+NOT_AN_OBJECT = "not a JSON object"
+NO_TYPE = "no string type"
 
 
 # reading ---------------------------------------------------------------------------------
+
+
+class NestedTooDeeply(ValueError):
+    """A line nested past the depth the exact reader can follow (~1,000 levels): it is JSON,
+    so it is refused by name, never skipped as a line that is not JSON."""
 
 
 def _reject_constant(name: str) -> Any:
@@ -74,7 +83,7 @@ def loads_exact(line: bytes | str) -> Any:
     try:
         return json.loads(text, parse_constant=_reject_constant)
     except RecursionError:  # the standard library's reader recurses: ~1,000 levels at most
-        raise ValueError("nested too deeply to be read exactly") from None
+        raise NestedTooDeeply("nested too deeply to be read exactly") from None
 
 
 def _holds_wide_float(value: Any) -> bool:
@@ -132,13 +141,21 @@ def first_line(data: bytes) -> bytes:
 
 
 def iter_objects(
-    lines: Iterable[tuple[int, bytes]], *, replaced: list[int] | None = None
+    lines: Iterable[tuple[int, bytes]],
+    *,
+    path: Path | None = None,
+    replaced: list[int] | None = None,
+    ignored: list[IgnoredLine] | None = None,
 ) -> Iterator[tuple[int, Any]]:
-    """Parsed lines; blank and malformed lines are skipped, as pi skips them.
+    """Parsed lines; blank and malformed lines are skipped, as pi skips them, and each
+    malformed one is appended to ``ignored`` (the import reports them by line).
 
     Invalid UTF-8 is read as pi reads it (Node's decoder): each maximal invalid subsequence
     becomes U+FFFD, Python's ``errors="replace"`` rule too. The numbers of the lines kept
-    that way (their text is not the file's bytes) are appended to ``replaced``."""
+    that way (their text is not the file's bytes) are appended to ``replaced``.
+
+    A line nested too deeply to be read exactly is JSON pi would keep: it is refused with
+    ``ImportFormatError`` naming its line, never skipped as malformed."""
     for number, raw in lines:
         if not raw.strip():
             continue
@@ -149,8 +166,18 @@ def iter_objects(
                 value = loads_exact(raw.decode("utf-8", "replace"))
                 if replaced is not None:
                     replaced.append(number)
+        except NestedTooDeeply:
+            where = f"{path} line {number}" if path is not None else f"line {number}"
+            raise ImportFormatError(
+                "/", f"{where}: nested too deeply to be read (over 1,000 levels)"
+            ) from None
         except ValueError:
-            log.warning("skipping a line that is not JSON", extra={"line": number})
+            log.warning(
+                "skipping a line that is not JSON",
+                extra={"path": str(path) if path is not None else None, "line": number},
+            )
+            if ignored is not None:
+                ignored.append(IgnoredLine(number, NOT_JSON))
             continue
         yield number, value
 
@@ -176,18 +203,21 @@ def parse(path: Path, data: bytes) -> ParsedSession:
     """A pi session file's bytes as a ``ParsedSession`` of version-3 entries."""
     lines, consumed, incomplete = split_lines(data)
     replaced: list[int] = []
-    objects = list(iter_objects(lines, replaced=replaced))
+    ignored: list[IgnoredLine] = []
+    objects = list(iter_objects(lines, path=path, replaced=replaced, ignored=ignored))
     if not objects or not is_pi_header(objects[0][1]):
         raise ImportFormatError(str(path), "the first line is not a pi session header")
     values = [value for _, value in objects]
     header = values[0]
     version = source_version(header, path=path)
     migrate(values)
-    entries = [
-        ParsedEntry(number, value)
-        for number, value in objects[1:]
-        if isinstance(value, dict) and isinstance(value.get("type"), str)
-    ]
+    entries = []
+    for number, value in objects[1:]:
+        why = entry_problem(value)
+        if why is None:
+            entries.append(ParsedEntry(number, value))
+        else:
+            ignored.append(IgnoredLine(number, why))
     return ParsedSession(
         format="pi",
         header=header_of(header, version=version),
@@ -195,7 +225,29 @@ def parse(path: Path, data: bytes) -> ParsedSession:
         incomplete_tail=incomplete,
         consumed_bytes=consumed,
         invalid_utf8_lines=invalid_utf8(path, replaced),
+        ignored_lines=ignored_lines(path, ignored),
     )
+
+
+def entry_problem(value: Any) -> str | None:
+    """Why a parsed line is no entry (the journal holds objects with a string ``type``;
+    pi's session tree has no place for the others), or None."""
+    if not isinstance(value, dict):
+        return NOT_AN_OBJECT
+    if not isinstance(value.get("type"), str):
+        return NO_TYPE
+    return None
+
+
+def ignored_lines(path: Path, ignored: list[IgnoredLine]) -> list[IgnoredLine]:
+    """The lines that hold no entry, in file order (logged, with the first)."""
+    ignored.sort(key=lambda skipped: skipped.line)
+    if ignored:
+        log.warning(
+            "lines that hold no session entry were not imported",
+            extra={"path": str(path), "lines": len(ignored), "first_line": ignored[0].line},
+        )
+    return ignored
 
 
 def invalid_utf8(path: Path, replaced: list[int]) -> int:

@@ -44,6 +44,12 @@ def _result_dict(result: ImportResult) -> dict[str, object]:
         found["missing_blobs"] = result.missing_blobs
     if result.invalid_utf8_lines:  # read with U+FFFD for the bad bytes, as pi reads them
         found["invalid_utf8_lines"] = result.invalid_utf8_lines
+    if result.ignored_lines:  # lines holding no entry: not imported
+        found["ignored_lines"] = [
+            {"line": skipped.line, "reason": skipped.reason} for skipped in result.ignored_lines
+        ]
+    if result.incomplete_tail:  # a last line not imported yet: it waits for the next pass
+        found["incomplete_tail"] = True
     return found
 
 
@@ -143,6 +149,12 @@ def _report(result: ImportResult, as_json: bool) -> None:
         tail += f"; {len(result.missing_blobs)} blob(s) missing, refs kept"
     if result.invalid_utf8_lines:
         tail += f"; {result.invalid_utf8_lines} line(s) of invalid UTF-8 read with U+FFFD"
+    if result.ignored_lines:
+        shown = ", ".join(f"{s.line} ({s.reason})" for s in result.ignored_lines[:10])
+        more = ", …" if len(result.ignored_lines) > 10 else ""
+        tail += (
+            f"; {len(result.ignored_lines)} line(s) holding no entry not imported: {shown}{more}"
+        )
     console.print(
         f"{result.status}: {result.path} -> {result.session_id} "
         f"({result.external_id}): {result.appended} appended, {result.skipped} skipped{tail}",

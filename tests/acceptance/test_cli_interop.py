@@ -217,3 +217,36 @@ def test_import_of_a_directory_or_glob_without_session_files_is_nothing_to_do(
         done = run("import", named)
         assert done.returncode == 0, done.stderr
         assert "no session files" in done.stderr
+
+
+def test_import_reports_lines_holding_no_entry(run: Run, tmp_path: Path) -> None:
+    """Not imported, and never silently: --json lists each line with why, as does the
+    human line."""
+    path = tmp_path / "s.jsonl"
+    header = '{"type":"session","version":3,"id":"s-odd","timestamp":"2025-01-01Z","cwd":"/"}'
+    entry = '{"type":"label","id":"l","parentId":null}'
+    path.write_text("\n".join([header, entry, '{"type":"label",BROKEN', "42", '{"type":5}']) + "\n")
+    done = run("import", str(path), "--json")
+    assert done.returncode == 0, done.stderr
+    result = json.loads(done.stdout)
+    assert result["appended"] == 2
+    assert result["ignored_lines"] == [
+        {"line": 3, "reason": "not JSON"},
+        {"line": 4, "reason": "not a JSON object"},
+        {"line": 5, "reason": "no string type"},
+    ]
+    again = " ".join(run("import", str(path)).stdout.split())
+    assert "3 line(s) holding no entry not imported: 3 (not JSON), 4 (not a JSON object)" in again
+
+
+def test_import_json_says_a_last_line_waits(run: Run, tmp_path: Path) -> None:
+    """A complete last entry without its newline is not imported yet: --json says so, as
+    the human line does."""
+    path = tmp_path / "s.jsonl"
+    header = '{"type":"session","version":3,"id":"s-tail","timestamp":"2025-01-01Z","cwd":"/"}'
+    path.write_text(header + '\n{"type":"label","id":"l","parentId":null}')
+    result = json.loads(run("import", str(path), "--json").stdout)
+    assert (result["appended"], result["incomplete_tail"]) == (1, True)
+    path.write_text(path.read_text() + "\n")
+    result = json.loads(run("import", str(path), "--json").stdout)
+    assert result["appended"] == 1 and "incomplete_tail" not in result

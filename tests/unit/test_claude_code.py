@@ -512,3 +512,29 @@ def test_a_message_line_without_content_is_kept_whole(kind: str) -> None:
     line = cc_line(kind, "x", None, role=kind)
     (entry,) = entries_by_line(json.dumps(line).encode() + b"\n")[1]
     assert entry["customType"] == f"claude-code.{kind}" and same(entry["data"], line)
+
+
+def test_lines_that_are_not_objects_are_reported_by_line(tmp_path: Path) -> None:
+    """Not JSON, or JSON but not an object: not imported, and reported with the line and
+    why. A typeless object is kept (a custom entry holding the line)."""
+    first = json.dumps(cc_line("user", "u1", None, role="user", content="hi"))
+    odd = ['{"type":"user",BROKEN', "[1,2,3]", '"str"', "42", "null", '{"no":"type"}']
+    path = tmp_path / "s.jsonl"
+    path.write_text("\n".join([first, *odd]) + "\n")
+    parsed = parse_claude_code(path, path.read_bytes())
+    assert [e.line for e in parsed.entries] == [1, 7]
+    assert parsed.entries[1].entry["data"] == {"no": "type"}
+    assert [(s.line, s.reason) for s in parsed.ignored_lines] == [
+        (2, "not JSON"),
+        *((n, "not a JSON object") for n in range(3, 7)),
+    ]
+
+
+def test_a_line_too_deep_to_read_is_refused_by_its_line(tmp_path: Path) -> None:
+    first = json.dumps(cc_line("user", "u1", None, role="user", content="hi"))
+    deep = '{"type":"progress","data":' + "[" * 2000 + "]" * 2000 + "}"
+    path = tmp_path / "s.jsonl"
+    path.write_text(f"{first}\n{deep}\n")
+    with pytest.raises(ImportFormatError, match=r"s\.jsonl line 2: nested too deeply"):
+        parse_claude_code(path, path.read_bytes())
+    assert looks_like_claude_code(path, path.read_bytes())  # detection reads line 1 only
