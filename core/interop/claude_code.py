@@ -29,7 +29,7 @@ from __future__ import annotations
 import itertools
 import json
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -81,6 +81,8 @@ def looks_like_claude_code(path: Path, data: bytes) -> bool:
             return False
         for value in itertools.chain([first], values):
             kind = value.get("type")
+            if not isinstance(kind, str):
+                continue
             if kind in ("user", "assistant", "system") and "uuid" in value and "sessionId" in value:
                 return True
             if (kind == "summary" and "leafUuid" in value) or kind in (
@@ -110,7 +112,7 @@ def parse_claude_code(path: Path, data: bytes) -> ParsedSession:
             lines.append(_Line(number, starts[number], value))
         else:
             ignored.append(IgnoredLine(number, pi.NOT_AN_OBJECT))
-    if lines and not any(line.value.get("type") in _KNOWN_TYPES for line in lines):
+    if lines and not any(_known(line.value.get("type")) for line in lines):
         raise ImportFormatError(str(path), "no line of this file is a Claude Code transcript line")
     converter = _Converter()
     consumed = complete
@@ -129,6 +131,10 @@ def parse_claude_code(path: Path, data: bytes) -> ParsedSession:
         invalid_utf8_lines=pi.invalid_utf8(path, replaced),
         ignored_lines=pi.ignored_lines(path, ignored),
     )
+
+
+def _known(kind: Any) -> bool:
+    return isinstance(kind, str) and kind in _KNOWN_TYPES
 
 
 def _is_boundary(value: dict[str, Any]) -> bool:
@@ -583,14 +589,18 @@ def _text_of(message: Any) -> str:
 
 
 def _millis(stamp: Any) -> int:
-    """pi's message timestamp (Unix ms); 0 when the line has no readable time."""
+    """pi's message timestamp (Unix ms); 0 when the line has no readable time. A time
+    without an offset is UTC (Claude Code writes UTC, with a ``Z``): never the importing
+    machine's zone, so an import gives the same entries wherever it runs."""
     if not isinstance(stamp, str):
         return 0
     try:
         parsed = datetime.fromisoformat(stamp.replace("Z", "+00:00"))
-    except ValueError:
+        if parsed.tzinfo is None:
+            parsed = parsed.replace(tzinfo=UTC)
+        return round(parsed.timestamp() * 1000)
+    except (ValueError, OverflowError):
         return 0
-    return round(parsed.timestamp() * 1000)
 
 
 register_converter(FORMAT, parse_claude_code, sniff=looks_like_claude_code, priority=40)

@@ -277,7 +277,17 @@ def parse_file_data(
         raise ImportFormatError(str(path), f"unknown format {format!r} (known: {known})")
     # a run over several formats passes each one's options (oh-my-pi's blobs_dir) to all
     mine = {k: v for k, v in (options or {}).items() if k in converter.options}
-    return converter.parse(path, data, **mine)
+    try:
+        return converter.parse(path, data, **mine)
+    except SessionStoreError:
+        raise
+    except Exception as exc:
+        # A converter's own failure on odd input is still this file's typed error: the
+        # caller (a run over many files) reports it and goes on with the next file.
+        log.exception("a converter failed", extra={"path": str(path), "format": format})
+        raise ImportFormatError(
+            str(path), f"the {format} reader failed on this file: {type(exc).__name__}: {exc}"
+        ) from exc
 
 
 def _create(store: SessionStore, parsed: ParsedSession, path: Path, tenant_id: str) -> Session:

@@ -26,7 +26,7 @@ import logging
 import math
 import re
 from collections.abc import Iterable, Iterator, Mapping
-from datetime import datetime
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import IO, Any
 
@@ -330,7 +330,7 @@ def _js_to_number(value: Any) -> float:
         try:
             return float(value)
         except OverflowError:  # JSON.parse reads an integer beyond a double as ±Infinity
-            return math.copysign(math.inf, value)
+            return math.inf if value > 0 else -math.inf
     text = value if isinstance(value, str) else _js_to_string(value)
     text = text.strip(_JS_SPACE)
     if not text:
@@ -339,18 +339,47 @@ def _js_to_number(value: Any) -> float:
         return float(text.replace("Infinity", "inf"))
     radix = _JS_INTEGER.fullmatch(text)
     if radix:
-        return float(int(radix.group(1)[1:], _JS_RADIX[radix.group(1)[0]]))
+        try:
+            return float(int(radix.group(1)[1:], _JS_RADIX[radix.group(1)[0]]))
+        except OverflowError:  # beyond a double: JavaScript's Number() is Infinity
+            return math.inf
     return math.nan
 
 
+_END = object()
+
+
 def _js_to_string(value: Any) -> str:
-    """``String(value)`` for a JSON value, as far as a number can be read back from it."""
+    """``String(value)`` for a JSON value, as far as a number can be read back from it.
+    Arrays are joined without recursion (JavaScript joins an array nested far deeper than
+    Python's recursion limit)."""
+    if not isinstance(value, list):
+        return _js_scalar_string(value)
+    parts: list[str] = []
+    open_arrays: list[Iterator[Any]] = [iter(value)]
+    first = [True]
+    while open_arrays:
+        item = next(open_arrays[-1], _END)
+        if item is _END:
+            open_arrays.pop()
+            first.pop()
+            continue
+        if not first[-1]:
+            parts.append(",")
+        first[-1] = False
+        if isinstance(item, list):
+            open_arrays.append(iter(item))
+            first.append(True)
+        elif item is not None:  # Array.prototype.join: null is ""
+            parts.append(_js_scalar_string(item))
+    return "".join(parts)
+
+
+def _js_scalar_string(value: Any) -> str:
     if isinstance(value, dict):
         if "toString" in value:  # an own, non-callable toString: ToPrimitive throws
             raise TypeError("Cannot convert object to primitive value")
         return "[object Object]"
-    if isinstance(value, list):  # Array.prototype.join: null is ""
-        return ",".join("" if v is None else _js_to_string(v) for v in value)
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, float) and math.isinf(value):
@@ -385,7 +414,9 @@ def _v1_to_v2(values: list[Any], session_id: str) -> None:
         if entry.get("type") == "compaction" and "firstKeptEntryIndex" in entry:
             kept = entry["firstKeptEntryIndex"]
             if isinstance(kept, (int, float)) and not isinstance(kept, bool):
-                whole = kept == int(kept) and 0 <= kept < len(values)
+                # ``entries[index]``: only a whole index in range finds a line (1e999 reads
+                # as Infinity, which finds none)
+                whole = 0 <= kept < len(values) and kept == int(kept)
                 target = values[int(kept)] if whole else None
                 if isinstance(target, dict) and target.get("type") != "session":
                     # the target comes earlier in the file, so it already has its id
@@ -461,9 +492,14 @@ def js_time(value: Any) -> int | None:
         stamp = datetime.fromisoformat(value.replace("Z", "+00:00"))
     except ValueError:
         return None
-    if stamp.tzinfo is None:  # JavaScript reads a date-time without offset as local time
-        stamp = stamp.astimezone()
-    return round(stamp.timestamp() * 1000)
+    try:
+        if stamp.tzinfo is None:  # JavaScript reads a date-time without offset as local time
+            stamp = stamp.astimezone()
+        return round(stamp.timestamp() * 1000)
+    except (OverflowError, ValueError, OSError):
+        # the platform's local-time conversion ends before year 2 or after 9998 (JavaScript's
+        # does not): such a stamp is read as UTC
+        return round(stamp.replace(tzinfo=UTC).timestamp() * 1000)
 
 
 # role and entry type -> the entry fields pi's ``createCustomMessage`` /

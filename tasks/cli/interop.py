@@ -4,6 +4,7 @@ Heavy imports stay inside the commands (the CLI starts lazily)."""
 
 from __future__ import annotations
 
+import logging
 import sys
 from collections.abc import Callable
 from contextlib import ExitStack
@@ -23,9 +24,9 @@ from tasks.cli.common import (
 )
 
 cli = new_app()
+log = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
-    from core.errors import SessionStoreError
     from core.interop.importer import ImportResult
 
 DEFAULT_TENANT = "default"
@@ -53,7 +54,7 @@ def _result_dict(result: ImportResult) -> dict[str, object]:
     return found
 
 
-def _error_dict(path: Path, exc: SessionStoreError) -> dict[str, object]:
+def _error_dict(path: Path, exc: Exception) -> dict[str, object]:
     from core.errors import ImportInterrupted
 
     found: dict[str, object] = {
@@ -63,7 +64,7 @@ def _error_dict(path: Path, exc: SessionStoreError) -> dict[str, object]:
         "appended": 0,
         "skipped": 0,
         "status": "error",
-        "error": exc.message,
+        "error": _message(path, exc),
     }
     if isinstance(exc, ImportInterrupted):  # it had written: what, and where
         found.update(
@@ -121,6 +122,12 @@ def import_files(
                     failed += 1
                     unreadable += isinstance(exc, UnreadableFile)
                     _report_error(path, exc, as_json)
+                except Exception as exc:
+                    # a defect, not bad input: logged with its traceback, reported as this
+                    # file's failure, and the run goes on with the next file
+                    log.exception("importing a file failed", extra={"path": str(path)})
+                    failed += 1
+                    _report_error(path, exc, as_json)
                 else:
                     _report(result, as_json)
                 advance(_size(path))
@@ -163,11 +170,22 @@ def _report(result: ImportResult, as_json: bool) -> None:
     )
 
 
-def _report_error(path: Path, exc: SessionStoreError, as_json: bool) -> None:
+def _message(path: Path, exc: Exception) -> str:
+    """A typed error's own message (it names the file); anything else is a defect, named
+    by its type and the file it failed on."""
+    from core.errors import SessionStoreError
+
+    if isinstance(exc, SessionStoreError):
+        return exc.message
+    return f"importing {path} failed: {type(exc).__name__}: {exc}"
+
+
+def _report_error(path: Path, exc: Exception, as_json: bool) -> None:
     if as_json:
         print_json(_error_dict(path, exc))
     else:
-        err_console.print(f"error: {exc.message}", markup=False, highlight=False, soft_wrap=True)
+        message = _message(path, exc)
+        err_console.print(f"error: {message}", markup=False, highlight=False, soft_wrap=True)
 
 
 def _follow(store: object, directory: Path, tenant: str, format: str, as_json: bool) -> None:

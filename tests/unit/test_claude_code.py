@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import time
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
@@ -538,3 +539,26 @@ def test_a_line_too_deep_to_read_is_refused_by_its_line(tmp_path: Path) -> None:
     with pytest.raises(ImportFormatError, match=r"s\.jsonl line 2: nested too deeply"):
         parse_claude_code(path, path.read_bytes())
     assert looks_like_claude_code(path, path.read_bytes())  # detection reads line 1 only
+
+
+@pytest.mark.parametrize("zone", ["UTC", "Asia/Tokyo", "America/Los_Angeles"])
+def test_a_time_without_an_offset_is_utc_wherever_the_import_runs(
+    zone: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """The same line gives the same entry under any local zone (it was read as the
+    importing machine's local time); a year-1 time is read too (it aborted the run)."""
+    monkeypatch.setenv("TZ", zone)
+    time.tzset()
+    try:
+        stamps = ["2026-01-01T00:00:00", "2026-01-01T00:00:00Z", "0001-01-01T00:00:00"]
+        lines = [cc_line("user", f"u{n}", None, role="user", content="hi") for n in range(3)]
+        for line, stamp in zip(lines, stamps, strict=True):
+            line["timestamp"] = stamp
+        path = tmp_path / "s.jsonl"
+        path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+        parsed = parse_claude_code(path, path.read_bytes())
+        millis = [e.entry["message"]["timestamp"] for e in parsed.entries]
+        assert millis == [1767225600000, 1767225600000, -62135596800000]
+    finally:
+        monkeypatch.undo()
+        time.tzset()
