@@ -213,6 +213,7 @@ def import_session(
     events = [pi.header_event(parsed.header), *(e.entry for e in parsed.entries)]
     lines = [1, *(e.line for e in parsed.entries)]
     external_id = parsed.header.external_id
+    _check_session_fields(path, parsed)
     session = store.journal.find_external(tenant_id, external_id)
     offset = _offset_of(store, session.id) if session else None
     skipped = _imported(store, path, data, session, offset, events, lines) if session else 0
@@ -288,6 +289,23 @@ def parse_file_data(
         raise ImportFormatError(
             str(path), f"the {format} reader failed on this file: {type(exc).__name__}: {exc}"
         ) from exc
+
+
+# what a session row holds (PostgreSQL ``text`` cannot hold U+0000)
+_SESSION_FIELDS = (("external_id", "id"), ("cwd", "cwd"), ("title", "title"))
+
+
+def _check_session_fields(path: Path, parsed: ParsedSession) -> None:
+    """Refuse, before any read or write, a session id, cwd or title the sessions table
+    cannot hold on every backend (U+0000), naming the header's field."""
+    header = parsed.header
+    for name, shown in _SESSION_FIELDS:
+        value = getattr(header, name)
+        if isinstance(value, str) and "\x00" in value:
+            raise ImportFormatError(
+                f"/{shown}" if parsed.format in ("pi", "omp") else name,
+                f"{path}: the session's {name} contains U+0000, which a session cannot hold",
+            )
 
 
 def _create(store: SessionStore, parsed: ParsedSession, path: Path, tenant_id: str) -> Session:
