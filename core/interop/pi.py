@@ -135,9 +135,15 @@ def first_lines(data: bytes, count: int) -> Iterator[tuple[int, bytes]]:
 
 
 def first_line(data: bytes) -> bytes:
-    """The first line, complete or not (a header is recognised while still being written)."""
-    end = data.find(b"\n")
-    return data if end < 0 else data[:end]
+    """The first line that is not blank (pi skips blank lines, a leading one too), complete
+    or not (a header is recognised while still being written)."""
+    start = 0
+    while True:
+        end = data.find(b"\n", start)
+        line = data[start:] if end < 0 else data[start:end]
+        if end < 0 or line.strip():
+            return line
+        start = end + 1
 
 
 def iter_objects(

@@ -11,6 +11,7 @@ import pytest
 
 from core.errors import ImportFormatError
 from core.interop import pi
+from core.interop.importer import parse_file
 from core.store import SessionStore
 from tests.fixtures.pi.generate import FIXTURES as GENERATORS
 from tests.fixtures.pi.generate import big_tool_output
@@ -154,3 +155,13 @@ def test_invalid_utf8_is_read_as_pi_reads_it(store: SessionStore, tmp_path: Path
     assert [e.payload for e in store.read(result.session_id)[1:]] == oracle["entries"]
     leaf = store.state(result.session_id, rehydrate=True)
     assert as_json(our_context(leaf)) == pi_context(path)["leaf"]
+
+
+def test_a_file_starting_with_a_blank_line_is_detected_and_read_as_pi(tmp_path: Path) -> None:
+    path = tmp_path / "blank.jsonl"
+    path.write_bytes(b"\n" + (FIXTURES / "v3.jsonl").read_bytes())
+    parsed = parse_file(path)  # auto-detected
+    [oracle] = pi_opened([path])
+    assert as_json(parsed.header.raw) == oracle["header"]
+    ids = [(e.entry["id"], e.entry["parentId"]) for e in parsed.entries]
+    assert ids == [(e["id"], e["parentId"]) for e in oracle["entries"]]

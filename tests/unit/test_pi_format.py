@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 
 from core.errors import ImportFormatError
 from core.interop import pi
+from core.interop.importer import detect_format
 from tests.fixtures.pi.generate import v1_lines, v2_lines
 
 JSON_LEAVES = (
@@ -161,3 +162,12 @@ def test_lines_holding_no_entry_are_reported_by_line() -> None:
         (8, pi.NO_TYPE),
         (9, pi.NO_TYPE),
     ]
+
+
+def test_a_file_starting_with_blank_lines_is_detected() -> None:
+    """pi skips blank lines, a leading one too (its header is the first line parsed)."""
+    header = json.dumps({"type": "session", "version": 3, "id": "h"}).encode()
+    for data in (b"\n" + header + b"\n", b"\n \r\n\t\n" + header + b"\n", b"\n" + header):
+        assert pi.sniff(data)
+        assert detect_format(Path("x.jsonl"), data) == "pi"
+    assert not pi.sniff(b"\n\n") and not pi.sniff(b"\nnot json\n" + header + b"\n")
