@@ -424,9 +424,11 @@ def _v1_to_v2(values: list[Any], session_id: str) -> None:
                 # as Infinity, which finds none)
                 whole = 0 <= kept < len(values) and kept == int(kept)
                 target = values[int(kept)] if whole else None
+                # pi assigns ``target.id``: a later line has no id yet, and the key, set to
+                # undefined, is not written (its own ``id``, if the v1 line has one, is)
                 if isinstance(target, dict) and target.get("type") != "session":
-                    # the target comes earlier in the file, so it already has its id
-                    entry["firstKeptEntryId"] = target.get("id")
+                    if "id" in target:
+                        entry["firstKeptEntryId"] = target["id"]
                 del entry["firstKeptEntryIndex"]
 
 
