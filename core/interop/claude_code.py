@@ -29,14 +29,14 @@ from __future__ import annotations
 import itertools
 import json
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 from core.errors import ImportFormatError
 from core.interop import pi
 from core.interop.importer import register_converter
-from core.interop.model import Format, ParsedEntry, ParsedSession, SessionHeader
+from core.interop.model import Format, IgnoredLine, ParsedEntry, ParsedSession, SessionHeader
 
 FORMAT: Format = "claude-code"
 META_KEY = "claudeCode"
@@ -75,36 +75,44 @@ def looks_like_claude_code(path: Path, data: bytes) -> bool:
     """Auto-detection from the file's first lines (whatever their size): Claude Code lines,
     not a pi header. Lines are parsed one at a time, up to the first that decides."""
     values = (v for _, v in pi.iter_objects(pi.first_lines(data, 20)) if isinstance(v, dict))
-    first = next(values, None)
-    if first is None or first.get("type") == pi.HEADER_TYPE:
+    try:
+        first = next(values, None)
+        if first is None or first.get("type") == pi.HEADER_TYPE:
+            return False
+        for value in itertools.chain([first], values):
+            kind = value.get("type")
+            if not isinstance(kind, str):
+                continue
+            if kind in ("user", "assistant", "system") and "uuid" in value and "sessionId" in value:
+                return True
+            if (kind == "summary" and "leafUuid" in value) or kind in (
+                "file-history-snapshot",
+                "queue-operation",
+            ):
+                return True
+    except ImportFormatError:  # a line too deep to read decides nothing
         return False
-    for value in itertools.chain([first], values):
-        kind = value.get("type")
-        if kind in ("user", "assistant", "system") and "uuid" in value and "sessionId" in value:
-            return True
-        if (kind == "summary" and "leafUuid" in value) or kind in (
-            "file-history-snapshot",
-            "queue-operation",
-        ):
-            return True
     return False
 
 
 def parse_claude_code(path: Path, data: bytes) -> ParsedSession:
     """Read a transcript's complete lines into pi-shaped entries (see the module doc).
-    Lines that are not JSON objects are skipped, as Claude Code skips them."""
+    Lines that are not JSON objects are skipped, as Claude Code skips them, and reported
+    (``ignored_lines``)."""
     raw_lines, complete, incomplete = pi.split_lines(data)
     starts, offset = {}, 0
     for number, raw in raw_lines:
         starts[number] = offset
         offset += len(raw) + 1
     replaced: list[int] = []
-    lines = [
-        _Line(number, starts[number], value)
-        for number, value in pi.iter_objects(raw_lines, replaced=replaced)
-        if isinstance(value, dict)
-    ]
-    if lines and not any(line.value.get("type") in _KNOWN_TYPES for line in lines):
+    ignored: list[IgnoredLine] = []
+    lines = []
+    for number, value in pi.iter_objects(raw_lines, path=path, replaced=replaced, ignored=ignored):
+        if isinstance(value, dict):  # a typeless object is kept (a custom entry)
+            lines.append(_Line(number, starts[number], value))
+        else:
+            ignored.append(IgnoredLine(number, pi.NOT_AN_OBJECT))
+    if lines and not any(_known(line.value.get("type")) for line in lines):
         raise ImportFormatError(str(path), "no line of this file is a Claude Code transcript line")
     converter = _Converter()
     consumed = complete
@@ -121,7 +129,12 @@ def parse_claude_code(path: Path, data: bytes) -> ParsedSession:
         incomplete_tail=incomplete or consumed < complete,
         consumed_bytes=consumed,
         invalid_utf8_lines=pi.invalid_utf8(path, replaced),
+        ignored_lines=pi.ignored_lines(path, ignored),
     )
+
+
+def _known(kind: Any) -> bool:
+    return isinstance(kind, str) and kind in _KNOWN_TYPES
 
 
 def _is_boundary(value: dict[str, Any]) -> bool:
@@ -576,14 +589,18 @@ def _text_of(message: Any) -> str:
 
 
 def _millis(stamp: Any) -> int:
-    """pi's message timestamp (Unix ms); 0 when the line has no readable time."""
+    """pi's message timestamp (Unix ms); 0 when the line has no readable time. A time
+    without an offset is UTC (Claude Code writes UTC, with a ``Z``): never the importing
+    machine's zone, so an import gives the same entries wherever it runs."""
     if not isinstance(stamp, str):
         return 0
     try:
         parsed = datetime.fromisoformat(stamp.replace("Z", "+00:00"))
-    except ValueError:
+        if parsed.tzinfo is None:
+            parsed = parsed.replace(tzinfo=UTC)
+        return round(parsed.timestamp() * 1000)
+    except (ValueError, OverflowError):
         return 0
-    return round(parsed.timestamp() * 1000)
 
 
 register_converter(FORMAT, parse_claude_code, sniff=looks_like_claude_code, priority=40)

@@ -50,7 +50,7 @@ from core.errors import (
 )
 from core.exact_json import same_value
 from core.interop import pi
-from core.interop.model import ParsedSession
+from core.interop.model import IgnoredLine, ParsedSession
 from core.journal.validation import check_event
 from core.metrics import metrics
 from core.models import ImportOffsetRow, SessionRow, table_of, utcnow
@@ -184,6 +184,9 @@ class ImportResult(PlainRecord):
     missing_blobs: list[str] = field(default_factory=list)
     # lines read with U+FFFD for invalid UTF-8, as pi reads them (the stored text differs)
     invalid_utf8_lines: int = 0
+    # lines of the file that hold no entry (not JSON, not an object, no string type): not
+    # imported, each with its line and why
+    ignored_lines: list[IgnoredLine] = field(default_factory=list)
 
 
 @dataclass(frozen=True, slots=True)
@@ -210,6 +213,7 @@ def import_session(
     events = [pi.header_event(parsed.header), *(e.entry for e in parsed.entries)]
     lines = [1, *(e.line for e in parsed.entries)]
     external_id = parsed.header.external_id
+    _check_session_fields(path, parsed)
     session = store.journal.find_external(tenant_id, external_id)
     offset = _offset_of(store, session.id) if session else None
     skipped = _imported(store, path, data, session, offset, events, lines) if session else 0
@@ -250,6 +254,7 @@ def import_session(
         incomplete_tail=parsed.incomplete_tail,
         missing_blobs=list(parsed.missing_blobs),
         invalid_utf8_lines=parsed.invalid_utf8_lines,
+        ignored_lines=list(parsed.ignored_lines),
     )
     log.info("imported a session file", extra=result.to_dict())
     observed = metrics()
@@ -273,7 +278,34 @@ def parse_file_data(
         raise ImportFormatError(str(path), f"unknown format {format!r} (known: {known})")
     # a run over several formats passes each one's options (oh-my-pi's blobs_dir) to all
     mine = {k: v for k, v in (options or {}).items() if k in converter.options}
-    return converter.parse(path, data, **mine)
+    try:
+        return converter.parse(path, data, **mine)
+    except SessionStoreError:
+        raise
+    except Exception as exc:
+        # A converter's own failure on odd input is still this file's typed error: the
+        # caller (a run over many files) reports it and goes on with the next file.
+        log.exception("a converter failed", extra={"path": str(path), "format": format})
+        raise ImportFormatError(
+            str(path), f"the {format} reader failed on this file: {type(exc).__name__}: {exc}"
+        ) from exc
+
+
+# what a session row holds (PostgreSQL ``text`` cannot hold U+0000)
+_SESSION_FIELDS = (("external_id", "id"), ("cwd", "cwd"), ("title", "title"))
+
+
+def _check_session_fields(path: Path, parsed: ParsedSession) -> None:
+    """Refuse, before any read or write, a session id, cwd or title the sessions table
+    cannot hold on every backend (U+0000), naming the header's field."""
+    header = parsed.header
+    for name, shown in _SESSION_FIELDS:
+        value = getattr(header, name)
+        if isinstance(value, str) and "\x00" in value:
+            raise ImportFormatError(
+                f"/{shown}" if parsed.format in ("pi", "omp") else name,
+                f"{path}: the session's {name} contains U+0000, which a session cannot hold",
+            )
 
 
 def _create(store: SessionStore, parsed: ParsedSession, path: Path, tenant_id: str) -> Session:

@@ -44,6 +44,15 @@ class ArtifactFile:
     tool_type: str | None = None  # "bash" for 3.bash.log
 
 
+@dataclass(frozen=True, slots=True)
+class IgnoredLine:
+    """A line of the file that holds no entry (not JSON, or JSON that is no entry): not
+    imported, and reported by its line."""
+
+    line: int  # 1-based
+    reason: str
+
+
 @dataclass(slots=True)
 class ParsedSession:
     format: Format
@@ -58,3 +67,5 @@ class ParsedSession:
     consumed_bytes: int = 0
     # lines whose invalid UTF-8 was read as U+FFFD (as pi reads them): not the file's bytes
     invalid_utf8_lines: int = 0
+    # lines that hold no entry, not imported (pi skips the malformed ones too)
+    ignored_lines: list[IgnoredLine] = field(default_factory=list)

@@ -26,22 +26,31 @@ import logging
 import math
 import re
 from collections.abc import Iterable, Iterator, Mapping
-from datetime import datetime
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import IO, Any
 
 import orjson
 
 from core.errors import ImportFormatError
-from core.interop.model import ParsedEntry, ParsedSession, SessionHeader
+from core.interop.model import IgnoredLine, ParsedEntry, ParsedSession, SessionHeader
 
 log = logging.getLogger(__name__)
 
 CURRENT_VERSION = 3
 HEADER_TYPE = "session"
+# why a line holds no entry (``ParsedSession.ignored_lines``)
+NOT_JSON = "not JSON"
+NOT_AN_OBJECT = "not a JSON object"
+NO_TYPE = "no string type"
 
 
 # reading ---------------------------------------------------------------------------------
+
+
+class NestedTooDeeply(ValueError):
+    """A line nested past the depth the exact reader can follow (~1,000 levels): it is JSON,
+    so it is refused by name, never skipped as a line that is not JSON."""
 
 
 def _reject_constant(name: str) -> Any:
@@ -74,7 +83,7 @@ def loads_exact(line: bytes | str) -> Any:
     try:
         return json.loads(text, parse_constant=_reject_constant)
     except RecursionError:  # the standard library's reader recurses: ~1,000 levels at most
-        raise ValueError("nested too deeply to be read exactly") from None
+        raise NestedTooDeeply("nested too deeply to be read exactly") from None
 
 
 def _holds_wide_float(value: Any) -> bool:
@@ -126,19 +135,33 @@ def first_lines(data: bytes, count: int) -> Iterator[tuple[int, bytes]]:
 
 
 def first_line(data: bytes) -> bytes:
-    """The first line, complete or not (a header is recognised while still being written)."""
-    end = data.find(b"\n")
-    return data if end < 0 else data[:end]
+    """The first line that is not blank (pi skips blank lines, a leading one too), complete
+    or not (a header is recognised while still being written)."""
+    start = 0
+    while True:
+        end = data.find(b"\n", start)
+        line = data[start:] if end < 0 else data[start:end]
+        if end < 0 or line.strip():
+            return line
+        start = end + 1
 
 
 def iter_objects(
-    lines: Iterable[tuple[int, bytes]], *, replaced: list[int] | None = None
+    lines: Iterable[tuple[int, bytes]],
+    *,
+    path: Path | None = None,
+    replaced: list[int] | None = None,
+    ignored: list[IgnoredLine] | None = None,
 ) -> Iterator[tuple[int, Any]]:
-    """Parsed lines; blank and malformed lines are skipped, as pi skips them.
+    """Parsed lines; blank and malformed lines are skipped, as pi skips them, and each
+    malformed one is appended to ``ignored`` (the import reports them by line).
 
     Invalid UTF-8 is read as pi reads it (Node's decoder): each maximal invalid subsequence
     becomes U+FFFD, Python's ``errors="replace"`` rule too. The numbers of the lines kept
-    that way (their text is not the file's bytes) are appended to ``replaced``."""
+    that way (their text is not the file's bytes) are appended to ``replaced``.
+
+    A line nested too deeply to be read exactly is JSON pi would keep: it is refused with
+    ``ImportFormatError`` naming its line, never skipped as malformed."""
     for number, raw in lines:
         if not raw.strip():
             continue
@@ -149,8 +172,18 @@ def iter_objects(
                 value = loads_exact(raw.decode("utf-8", "replace"))
                 if replaced is not None:
                     replaced.append(number)
+        except NestedTooDeeply:
+            where = f"{path} line {number}" if path is not None else f"line {number}"
+            raise ImportFormatError(
+                "/", f"{where}: nested too deeply to be read (over 1,000 levels)"
+            ) from None
         except ValueError:
-            log.warning("skipping a line that is not JSON", extra={"line": number})
+            log.warning(
+                "skipping a line that is not JSON",
+                extra={"path": str(path) if path is not None else None, "line": number},
+            )
+            if ignored is not None:
+                ignored.append(IgnoredLine(number, NOT_JSON))
             continue
         yield number, value
 
@@ -176,18 +209,21 @@ def parse(path: Path, data: bytes) -> ParsedSession:
     """A pi session file's bytes as a ``ParsedSession`` of version-3 entries."""
     lines, consumed, incomplete = split_lines(data)
     replaced: list[int] = []
-    objects = list(iter_objects(lines, replaced=replaced))
+    ignored: list[IgnoredLine] = []
+    objects = list(iter_objects(lines, path=path, replaced=replaced, ignored=ignored))
     if not objects or not is_pi_header(objects[0][1]):
         raise ImportFormatError(str(path), "the first line is not a pi session header")
     values = [value for _, value in objects]
     header = values[0]
     version = source_version(header, path=path)
     migrate(values)
-    entries = [
-        ParsedEntry(number, value)
-        for number, value in objects[1:]
-        if isinstance(value, dict) and isinstance(value.get("type"), str)
-    ]
+    entries = []
+    for number, value in objects[1:]:
+        why = entry_problem(value)
+        if why is None:
+            entries.append(ParsedEntry(number, value))
+        else:
+            ignored.append(IgnoredLine(number, why))
     return ParsedSession(
         format="pi",
         header=header_of(header, version=version),
@@ -195,7 +231,29 @@ def parse(path: Path, data: bytes) -> ParsedSession:
         incomplete_tail=incomplete,
         consumed_bytes=consumed,
         invalid_utf8_lines=invalid_utf8(path, replaced),
+        ignored_lines=ignored_lines(path, ignored),
     )
+
+
+def entry_problem(value: Any) -> str | None:
+    """Why a parsed line is no entry (the journal holds objects with a string ``type``;
+    pi's session tree has no place for the others), or None."""
+    if not isinstance(value, dict):
+        return NOT_AN_OBJECT
+    if not isinstance(value.get("type"), str):
+        return NO_TYPE
+    return None
+
+
+def ignored_lines(path: Path, ignored: list[IgnoredLine]) -> list[IgnoredLine]:
+    """The lines that hold no entry, in file order (logged, with the first)."""
+    ignored.sort(key=lambda skipped: skipped.line)
+    if ignored:
+        log.warning(
+            "lines that hold no session entry were not imported",
+            extra={"path": str(path), "lines": len(ignored), "first_line": ignored[0].line},
+        )
+    return ignored
 
 
 def invalid_utf8(path: Path, replaced: list[int]) -> int:
@@ -278,7 +336,7 @@ def _js_to_number(value: Any) -> float:
         try:
             return float(value)
         except OverflowError:  # JSON.parse reads an integer beyond a double as ±Infinity
-            return math.copysign(math.inf, value)
+            return math.inf if value > 0 else -math.inf
     text = value if isinstance(value, str) else _js_to_string(value)
     text = text.strip(_JS_SPACE)
     if not text:
@@ -287,18 +345,47 @@ def _js_to_number(value: Any) -> float:
         return float(text.replace("Infinity", "inf"))
     radix = _JS_INTEGER.fullmatch(text)
     if radix:
-        return float(int(radix.group(1)[1:], _JS_RADIX[radix.group(1)[0]]))
+        try:
+            return float(int(radix.group(1)[1:], _JS_RADIX[radix.group(1)[0]]))
+        except OverflowError:  # beyond a double: JavaScript's Number() is Infinity
+            return math.inf
     return math.nan
 
 
+_END = object()
+
+
 def _js_to_string(value: Any) -> str:
-    """``String(value)`` for a JSON value, as far as a number can be read back from it."""
+    """``String(value)`` for a JSON value, as far as a number can be read back from it.
+    Arrays are joined without recursion (JavaScript joins an array nested far deeper than
+    Python's recursion limit)."""
+    if not isinstance(value, list):
+        return _js_scalar_string(value)
+    parts: list[str] = []
+    open_arrays: list[Iterator[Any]] = [iter(value)]
+    first = [True]
+    while open_arrays:
+        item = next(open_arrays[-1], _END)
+        if item is _END:
+            open_arrays.pop()
+            first.pop()
+            continue
+        if not first[-1]:
+            parts.append(",")
+        first[-1] = False
+        if isinstance(item, list):
+            open_arrays.append(iter(item))
+            first.append(True)
+        elif item is not None:  # Array.prototype.join: null is ""
+            parts.append(_js_scalar_string(item))
+    return "".join(parts)
+
+
+def _js_scalar_string(value: Any) -> str:
     if isinstance(value, dict):
         if "toString" in value:  # an own, non-callable toString: ToPrimitive throws
             raise TypeError("Cannot convert object to primitive value")
         return "[object Object]"
-    if isinstance(value, list):  # Array.prototype.join: null is ""
-        return ",".join("" if v is None else _js_to_string(v) for v in value)
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, float) and math.isinf(value):
@@ -333,11 +420,15 @@ def _v1_to_v2(values: list[Any], session_id: str) -> None:
         if entry.get("type") == "compaction" and "firstKeptEntryIndex" in entry:
             kept = entry["firstKeptEntryIndex"]
             if isinstance(kept, (int, float)) and not isinstance(kept, bool):
-                whole = kept == int(kept) and 0 <= kept < len(values)
+                # ``entries[index]``: only a whole index in range finds a line (1e999 reads
+                # as Infinity, which finds none)
+                whole = 0 <= kept < len(values) and kept == int(kept)
                 target = values[int(kept)] if whole else None
+                # pi assigns ``target.id``: a later line has no id yet, and the key, set to
+                # undefined, is not written (its own ``id``, if the v1 line has one, is)
                 if isinstance(target, dict) and target.get("type") != "session":
-                    # the target comes earlier in the file, so it already has its id
-                    entry["firstKeptEntryId"] = target.get("id")
+                    if "id" in target:
+                        entry["firstKeptEntryId"] = target["id"]
                 del entry["firstKeptEntryIndex"]
 
 
@@ -409,9 +500,14 @@ def js_time(value: Any) -> int | None:
         stamp = datetime.fromisoformat(value.replace("Z", "+00:00"))
     except ValueError:
         return None
-    if stamp.tzinfo is None:  # JavaScript reads a date-time without offset as local time
-        stamp = stamp.astimezone()
-    return round(stamp.timestamp() * 1000)
+    try:
+        if stamp.tzinfo is None:  # JavaScript reads a date-time without offset as local time
+            stamp = stamp.astimezone()
+        return round(stamp.timestamp() * 1000)
+    except (OverflowError, ValueError, OSError):
+        # the platform's local-time conversion ends before year 2 or after 9998 (JavaScript's
+        # does not): such a stamp is read as UTC
+        return round(stamp.replace(tzinfo=UTC).timestamp() * 1000)
 
 
 # role and entry type -> the entry fields pi's ``createCustomMessage`` /

@@ -20,6 +20,8 @@ from core.models import EXTERNAL_ID_LEN, SessionRow, table_of, utcnow
 from core.records import Page, Session, from_row
 from core.translate import translated
 
+_NUL = "\x00"
+
 _sessions = table_of(SessionRow)
 MAX_READ_PAGE = 10_000  # the most rows one read returns
 
@@ -62,6 +64,11 @@ class SessionRows:
             raise InvalidEvent("tenant_id", "must be 1..128 characters")
         if external_id is not None and not 0 < len(external_id) <= EXTERNAL_ID_LEN:
             raise InvalidEvent("external_id", f"must be 1..{EXTERNAL_ID_LEN} characters")
+        fields = {"tenant_id": tenant_id, "title": title, "cwd": cwd, "external_id": external_id}
+        for name, value in fields.items():
+            # PostgreSQL ``text`` cannot hold it; SQLite could: refused on every backend
+            if value is not None and _NUL in value:
+                raise InvalidEvent(name, "contains U+0000, which a session's fields cannot hold")
         now = utcnow()
         values = {
             "id": session_id or str(uuid.uuid4()),
@@ -84,6 +91,8 @@ class SessionRows:
 
     def find_external(self, tenant_id: str | None, external_id: str) -> Session | None:
         """The session with this external id (in the tenant; or the only one, if None)."""
+        if _NUL in external_id:  # no session has one (``create_session``); PostgreSQL
+            return None  # would refuse the query itself
         query = select(_sessions).where(_sessions.c.external_id == external_id)
         if tenant_id is not None:
             query = query.where(_sessions.c.tenant_id == tenant_id)
@@ -109,6 +118,8 @@ class SessionRows:
     def session_in(
         self, conn: Connection, session_id: str, *, tenant_id: str | None = None
     ) -> Session:
+        if _NUL in session_id:  # no session has one; PostgreSQL would refuse the query
+            raise SessionNotFound(session_id)
         row = conn.execute(select(_sessions).where(_sessions.c.id == session_id)).first()
         if row is None or (tenant_id is not None and row.tenant_id != tenant_id):
             raise SessionNotFound(session_id)

@@ -4,6 +4,7 @@ Heavy imports stay inside the commands (the CLI starts lazily)."""
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 import tempfile
@@ -25,9 +26,9 @@ from tasks.cli.common import (
 )
 
 cli = new_app()
+log = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
-    from core.errors import SessionStoreError
     from core.interop.importer import ImportResult
 
 DEFAULT_TENANT = "default"
@@ -46,10 +47,16 @@ def _result_dict(result: ImportResult) -> dict[str, object]:
         found["missing_blobs"] = result.missing_blobs
     if result.invalid_utf8_lines:  # read with U+FFFD for the bad bytes, as pi reads them
         found["invalid_utf8_lines"] = result.invalid_utf8_lines
+    if result.ignored_lines:  # lines holding no entry: not imported
+        found["ignored_lines"] = [
+            {"line": skipped.line, "reason": skipped.reason} for skipped in result.ignored_lines
+        ]
+    if result.incomplete_tail:  # a last line not imported yet: it waits for the next pass
+        found["incomplete_tail"] = True
     return found
 
 
-def _error_dict(path: Path, exc: SessionStoreError) -> dict[str, object]:
+def _error_dict(path: Path, exc: Exception) -> dict[str, object]:
     from core.errors import ImportInterrupted
 
     found: dict[str, object] = {
@@ -59,7 +66,7 @@ def _error_dict(path: Path, exc: SessionStoreError) -> dict[str, object]:
         "appended": 0,
         "skipped": 0,
         "status": "error",
-        "error": exc.message,
+        "error": _message(path, exc),
     }
     if isinstance(exc, ImportInterrupted):  # it had written: what, and where
         found.update(
@@ -117,6 +124,12 @@ def import_files(
                     failed += 1
                     unreadable += isinstance(exc, UnreadableFile)
                     _report_error(path, exc, as_json)
+                except Exception as exc:
+                    # a defect, not bad input: logged with its traceback, reported as this
+                    # file's failure, and the run goes on with the next file
+                    log.exception("importing a file failed", extra={"path": str(path)})
+                    failed += 1
+                    _report_error(path, exc, as_json)
                 else:
                     _report(result, as_json)
                 advance(_size(path))
@@ -145,6 +158,12 @@ def _report(result: ImportResult, as_json: bool) -> None:
         tail += f"; {len(result.missing_blobs)} blob(s) missing, refs kept"
     if result.invalid_utf8_lines:
         tail += f"; {result.invalid_utf8_lines} line(s) of invalid UTF-8 read with U+FFFD"
+    if result.ignored_lines:
+        shown = ", ".join(f"{s.line} ({s.reason})" for s in result.ignored_lines[:10])
+        more = ", …" if len(result.ignored_lines) > 10 else ""
+        tail += (
+            f"; {len(result.ignored_lines)} line(s) holding no entry not imported: {shown}{more}"
+        )
     console.print(
         f"{result.status}: {result.path} -> {result.session_id} "
         f"({result.external_id}): {result.appended} appended, {result.skipped} skipped{tail}",
@@ -153,11 +172,22 @@ def _report(result: ImportResult, as_json: bool) -> None:
     )
 
 
-def _report_error(path: Path, exc: SessionStoreError, as_json: bool) -> None:
+def _message(path: Path, exc: Exception) -> str:
+    """A typed error's own message (it names the file); anything else is a defect, named
+    by its type and the file it failed on."""
+    from core.errors import SessionStoreError
+
+    if isinstance(exc, SessionStoreError):
+        return exc.message
+    return f"importing {path} failed: {type(exc).__name__}: {exc}"
+
+
+def _report_error(path: Path, exc: Exception, as_json: bool) -> None:
     if as_json:
         print_json(_error_dict(path, exc))
     else:
-        err_console.print(f"error: {exc.message}", markup=False, highlight=False, soft_wrap=True)
+        message = _message(path, exc)
+        err_console.print(f"error: {message}", markup=False, highlight=False, soft_wrap=True)
 
 
 def _follow(store: object, directory: Path, tenant: str, format: str, as_json: bool) -> None:

@@ -217,3 +217,69 @@ def test_import_of_a_directory_or_glob_without_session_files_is_nothing_to_do(
         done = run("import", named)
         assert done.returncode == 0, done.stderr
         assert "no session files" in done.stderr
+
+
+def test_import_reports_lines_holding_no_entry(run: Run, tmp_path: Path) -> None:
+    """Not imported, and never silently: --json lists each line with why, as does the
+    human line."""
+    path = tmp_path / "s.jsonl"
+    header = '{"type":"session","version":3,"id":"s-odd","timestamp":"2025-01-01Z","cwd":"/"}'
+    entry = '{"type":"label","id":"l","parentId":null}'
+    path.write_text("\n".join([header, entry, '{"type":"label",BROKEN', "42", '{"type":5}']) + "\n")
+    done = run("import", str(path), "--json")
+    assert done.returncode == 0, done.stderr
+    result = json.loads(done.stdout)
+    assert result["appended"] == 2
+    assert result["ignored_lines"] == [
+        {"line": 3, "reason": "not JSON"},
+        {"line": 4, "reason": "not a JSON object"},
+        {"line": 5, "reason": "no string type"},
+    ]
+    again = " ".join(run("import", str(path)).stdout.split())
+    assert "3 line(s) holding no entry not imported: 3 (not JSON), 4 (not a JSON object)" in again
+
+
+def test_import_json_says_a_last_line_waits(run: Run, tmp_path: Path) -> None:
+    """A complete last entry without its newline is not imported yet: --json says so, as
+    the human line does."""
+    path = tmp_path / "s.jsonl"
+    header = '{"type":"session","version":3,"id":"s-tail","timestamp":"2025-01-01Z","cwd":"/"}'
+    path.write_text(header + '\n{"type":"label","id":"l","parentId":null}')
+    result = json.loads(run("import", str(path), "--json").stdout)
+    assert (result["appended"], result["incomplete_tail"]) == (1, True)
+    path.write_text(path.read_text() + "\n")
+    result = json.loads(run("import", str(path), "--json").stdout)
+    assert result["appended"] == 1 and "incomplete_tail" not in result
+
+
+def test_an_odd_file_fails_alone_and_the_run_goes_on(run: Run, tmp_path: Path) -> None:
+    """Odd values that aborted the whole run with an untyped error: each file now gets its
+    record (imported as pi or Claude Code would read it, or a typed error), and the files
+    after it are imported."""
+    d = tmp_path / "d"
+    d.mkdir()
+    cc = {"type": "user", "uuid": "u1", "parentUuid": None, "sessionId": "cc-ts"}
+    cc |= {"timestamp": "0001-01-01T00:00:00", "message": {"role": "user", "content": "hi"}}
+    (d / "a_cc_year1.jsonl").write_text(json.dumps(cc) + "\n")
+    hex_version = '"0x' + "f" * 300 + '"'  # pi: Number() is Infinity, version 3
+    (d / "b_hex.jsonl").write_text(f'{{"type":"session","version":{hex_version},"id":"hex"}}\n')
+    deep = "[" * 990 + "]" * 990  # pi: String() is "", version 0: migrated from v1
+    (d / "c_deep.jsonl").write_text(f'{{"type":"session","version":{deep},"id":"deep"}}\n')
+    (d / "d_cc_list.jsonl").write_text('{"type":["user"],"uuid":"u2"}\n')
+    (d / "z_good.jsonl").write_bytes((FIXTURES / "v3.jsonl").read_bytes())
+    done = run("import", str(d), "--json", "--format", "auto")
+    reports = {Path(str(r["path"])).name: r for r in _objects(done.stdout)}
+    assert done.returncode == 1, done.stderr  # d_cc_list is not a session file
+    assert "Traceback" not in done.stderr
+    assert [reports[n]["status"] for n in sorted(reports)] == [
+        "created",
+        "created",
+        "created",
+        "error",
+        "created",
+    ]
+    assert "not a session file" in str(reports["d_cc_list.jsonl"]["error"])
+    listed = run("import", str(d / "d_cc_list.jsonl"), "--format", "claude-code", "--json")
+    assert listed.returncode == 1 and "Traceback" not in listed.stderr
+    error = json.loads(listed.stdout)["error"]
+    assert "no line of this file is a Claude Code transcript line" in str(error)

@@ -11,6 +11,7 @@ import pytest
 
 from core.errors import ImportFormatError
 from core.interop import pi
+from core.interop.importer import parse_file
 from core.store import SessionStore
 from tests.fixtures.pi.generate import FIXTURES as GENERATORS
 from tests.fixtures.pi.generate import big_tool_output
@@ -154,3 +155,34 @@ def test_invalid_utf8_is_read_as_pi_reads_it(store: SessionStore, tmp_path: Path
     assert [e.payload for e in store.read(result.session_id)[1:]] == oracle["entries"]
     leaf = store.state(result.session_id, rehydrate=True)
     assert as_json(our_context(leaf)) == pi_context(path)["leaf"]
+
+
+def test_v1_index_of_a_later_line_is_dropped_as_pi_drops_it(tmp_path: Path) -> None:
+    """pi sets ``firstKeptEntryId`` to the target's id, which a later line does not have yet
+    (undefined: no key is written); an earlier target, or a later line with its own id,
+    gives one."""
+    path = tmp_path / "v1.jsonl"
+    lines = [
+        {"type": "session", "id": "v1fwd", "timestamp": "2026-11-20T10:00:00.000Z", "cwd": "/w"},
+        {"type": "message", "timestamp": "t", "message": {"role": "user", "content": "one"}},
+        {"type": "compaction", "timestamp": "t", "summary": "S", "firstKeptEntryIndex": 3},
+        {"type": "message", "timestamp": "t", "message": {"role": "user", "content": "two"}},
+        {"type": "compaction", "timestamp": "t", "summary": "T", "firstKeptEntryIndex": 5},
+        {"type": "label", "id": "own", "timestamp": "t"},
+        {"type": "compaction", "timestamp": "t", "summary": "U", "firstKeptEntryIndex": 1},
+    ]
+    path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    ours = [e.entry for e in pi.parse(path, path.read_bytes()).entries]
+    [oracle] = pi_opened([path])
+    assert as_json(_by_index(ours)) == _by_index(oracle["entries"])
+    assert "firstKeptEntryId" not in ours[1]
+
+
+def test_a_file_starting_with_a_blank_line_is_detected_and_read_as_pi(tmp_path: Path) -> None:
+    path = tmp_path / "blank.jsonl"
+    path.write_bytes(b"\n" + (FIXTURES / "v3.jsonl").read_bytes())
+    parsed = parse_file(path)  # auto-detected
+    [oracle] = pi_opened([path])
+    assert as_json(parsed.header.raw) == oracle["header"]
+    ids = [(e.entry["id"], e.entry["parentId"]) for e in parsed.entries]
+    assert ids == [(e["id"], e["parentId"]) for e in oracle["entries"]]

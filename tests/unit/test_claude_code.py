@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import time
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
@@ -512,3 +513,52 @@ def test_a_message_line_without_content_is_kept_whole(kind: str) -> None:
     line = cc_line(kind, "x", None, role=kind)
     (entry,) = entries_by_line(json.dumps(line).encode() + b"\n")[1]
     assert entry["customType"] == f"claude-code.{kind}" and same(entry["data"], line)
+
+
+def test_lines_that_are_not_objects_are_reported_by_line(tmp_path: Path) -> None:
+    """Not JSON, or JSON but not an object: not imported, and reported with the line and
+    why. A typeless object is kept (a custom entry holding the line)."""
+    first = json.dumps(cc_line("user", "u1", None, role="user", content="hi"))
+    odd = ['{"type":"user",BROKEN', "[1,2,3]", '"str"', "42", "null", '{"no":"type"}']
+    path = tmp_path / "s.jsonl"
+    path.write_text("\n".join([first, *odd]) + "\n")
+    parsed = parse_claude_code(path, path.read_bytes())
+    assert [e.line for e in parsed.entries] == [1, 7]
+    assert parsed.entries[1].entry["data"] == {"no": "type"}
+    assert [(s.line, s.reason) for s in parsed.ignored_lines] == [
+        (2, "not JSON"),
+        *((n, "not a JSON object") for n in range(3, 7)),
+    ]
+
+
+def test_a_line_too_deep_to_read_is_refused_by_its_line(tmp_path: Path) -> None:
+    first = json.dumps(cc_line("user", "u1", None, role="user", content="hi"))
+    deep = '{"type":"progress","data":' + "[" * 2000 + "]" * 2000 + "}"
+    path = tmp_path / "s.jsonl"
+    path.write_text(f"{first}\n{deep}\n")
+    with pytest.raises(ImportFormatError, match=r"s\.jsonl line 2: nested too deeply"):
+        parse_claude_code(path, path.read_bytes())
+    assert looks_like_claude_code(path, path.read_bytes())  # detection reads line 1 only
+
+
+@pytest.mark.parametrize("zone", ["UTC", "Asia/Tokyo", "America/Los_Angeles"])
+def test_a_time_without_an_offset_is_utc_wherever_the_import_runs(
+    zone: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """The same line gives the same entry under any local zone (it was read as the
+    importing machine's local time); a year-1 time is read too (it aborted the run)."""
+    monkeypatch.setenv("TZ", zone)
+    time.tzset()
+    try:
+        stamps = ["2026-01-01T00:00:00", "2026-01-01T00:00:00Z", "0001-01-01T00:00:00"]
+        lines = [cc_line("user", f"u{n}", None, role="user", content="hi") for n in range(3)]
+        for line, stamp in zip(lines, stamps, strict=True):
+            line["timestamp"] = stamp
+        path = tmp_path / "s.jsonl"
+        path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+        parsed = parse_claude_code(path, path.read_bytes())
+        millis = [e.entry["message"]["timestamp"] for e in parsed.entries]
+        assert millis == [1767225600000, 1767225600000, -62135596800000]
+    finally:
+        monkeypatch.undo()
+        time.tzset()

@@ -14,7 +14,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from core.errors import ImportFormatError
 from core.interop import pi
+from core.interop.importer import detect_format
 from tests.fixtures.pi.generate import v1_lines, v2_lines
 
 JSON_LEAVES = (
@@ -72,15 +74,15 @@ def test_numbers_at_the_edges_of_64_bits_are_read_exactly() -> None:
 def test_a_large_float_deep_inside_is_read_without_the_standard_library() -> None:
     """1e300 at depth 1,000 is a plain float: orjson's value stands (it was read again by
     the standard library, whose reader recursed past its limit: RecursionError, and the
-    import crashed). A wide integer that deep cannot be read exactly: a ValueError, which
-    the reader reports as a line that is not JSON, never a crash."""
+    import crashed). A wide integer that deep cannot be read exactly: ``NestedTooDeeply``,
+    which the reader refuses by the line's number, never a crash."""
     for depth in (1000, 1020):
         line = "[" * depth + "1e300" + "]" * depth
         value = pi.loads_exact(line)
         for _ in range(depth):
             [value] = value
         assert value == 1e300
-    with pytest.raises(ValueError):
+    with pytest.raises(pi.NestedTooDeeply):
         pi.loads_exact("[" * 1000 + str(10**30) + "]" * 1000)
 
 
@@ -124,9 +126,48 @@ def test_truncated_tail_and_malformed_lines() -> None:
     data = f'{header}\n\nnot json\n{{"type":"label","id":"l","parentId":null}}\n{{"type":"mes'
     parsed = pi.parse(Path("x"), data.encode())
     assert [e.line for e in parsed.entries] == [4]
+    assert [(s.line, s.reason) for s in parsed.ignored_lines] == [(3, pi.NOT_JSON)]
     assert parsed.incomplete_tail and parsed.consumed_bytes == data.rindex("\n") + 1
 
 
 def test_js_time() -> None:
     assert pi.js_time("2026-11-20T10:00:00.123Z") == 1795168800123
     assert pi.js_time("garbage") is None
+
+
+def test_a_line_too_deep_to_read_is_refused_by_its_line() -> None:
+    """2,000 levels is JSON pi keeps, past what the exact reader follows: refused with a
+    typed error naming the line (as 100 levels is, by the journal's depth check), never
+    skipped as a line that is not JSON (the next entry's parent then pointed nowhere)."""
+    header = json.dumps({"type": "session", "version": 3, "id": "h"})
+    deep = '{"type":"custom","id":"b","parentId":null,"data":' + "[" * 2000 + "]" * 2000 + "}"
+    data = f"{header}\n\n{deep}\n".encode()
+    with pytest.raises(ImportFormatError, match=r"x\.jsonl line 3: nested too deeply"):
+        pi.parse(Path("x.jsonl"), data)
+
+
+def test_lines_holding_no_entry_are_reported_by_line() -> None:
+    """pi skips malformed lines; the journal holds objects with a string type. Neither kind
+    is imported, and each is reported with its line and why (none silently)."""
+    header = json.dumps({"type": "session", "version": 3, "id": "h"})
+    entry = '{"type":"label","id":"l","parentId":null}'
+    odd = ['{"type":"message",BROKEN', "[1,2,3]", '"str"', "42", "null"]
+    odd += ['{"no":"type"}', '{"type":5}']
+    data = "\n".join([header, entry, *odd, "", entry.replace('"l"', '"m"')]) + "\n"
+    parsed = pi.parse(Path("x"), data.encode())
+    assert [e.line for e in parsed.entries] == [2, 11]
+    assert [(s.line, s.reason) for s in parsed.ignored_lines] == [
+        (3, pi.NOT_JSON),
+        *((n, pi.NOT_AN_OBJECT) for n in range(4, 8)),
+        (8, pi.NO_TYPE),
+        (9, pi.NO_TYPE),
+    ]
+
+
+def test_a_file_starting_with_blank_lines_is_detected() -> None:
+    """pi skips blank lines, a leading one too (its header is the first line parsed)."""
+    header = json.dumps({"type": "session", "version": 3, "id": "h"}).encode()
+    for data in (b"\n" + header + b"\n", b"\n \r\n\t\n" + header + b"\n", b"\n" + header):
+        assert pi.sniff(data)
+        assert detect_format(Path("x.jsonl"), data) == "pi"
+    assert not pi.sniff(b"\n\n") and not pi.sniff(b"\nnot json\n" + header + b"\n")
