@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from core import InvalidEvent, SessionNotFound, SessionStore
-from core.errors import ImportFormatError
+from core.errors import ImportFormatError, InvalidArgument
 
 NUL = "a\x00b"
 
@@ -24,10 +24,13 @@ def test_a_nul_in_a_session_field_is_refused_by_name(store: SessionStore, field:
 
 
 def test_an_id_with_a_nul_finds_nothing(store: SessionStore) -> None:
-    """No session has one: not found, on PostgreSQL too (whose query would fail)."""
+    """No session has one: the journal finds none, on PostgreSQL too (whose query would
+    fail); the store's public calls refuse such an argument by name (test_arguments)."""
     assert store.journal.find_external("t", NUL) is None
+    with pytest.raises(SessionNotFound):
+        store.journal.get_session(NUL)
     for find in (store.get_session, store.resolve_session):
-        with pytest.raises(SessionNotFound):
+        with pytest.raises(InvalidArgument):
             find(NUL)
 
 
