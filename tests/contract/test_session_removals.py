@@ -173,10 +173,10 @@ def test_what_a_parent_held_for_a_deleted_fork_is_found_where_the_parent_moved(
     parent, fork, held = _parent_holding_for_a_pending_fork(store)
     real_rmtree = lifecycle.nofollow.rmtree
 
-    def held_fails(root: Path, path: Path) -> None:
+    def held_fails(root: Path, path: Path) -> int:
         if path == held:
             raise OSError(5, "Input/output error", str(path))
-        real_rmtree(root, path)
+        return real_rmtree(root, path)
 
     with monkeypatch.context() as failing:
         failing.setattr(lifecycle.nofollow, "rmtree", held_fails)
