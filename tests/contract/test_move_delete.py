@@ -15,6 +15,7 @@ from core import SessionNotFound, SessionStore, Settings
 from core.artifacts import fsio, session_dir
 from core.artifacts.objects import ObjectArtifactStorage
 from core.artifacts.paths import encode_component
+from core.artifacts.storage import FileArtifactStorage
 from core.errors import MoveFailed, QuotaExceeded, StorageUnavailable
 from core.models import (
     ArtifactRow,
@@ -26,7 +27,6 @@ from core.models import (
     SnapshotRow,
     WriteRow,
 )
-from core.sessions import lifecycle
 from core.sessions.moves import _DirectoryMove
 from tasks.cli.samples import EntryBuilder
 from tests.cli_process import run_cli
@@ -70,7 +70,7 @@ def fail_removals(monkeypatch: pytest.MonkeyPatch) -> None:
     def unavailable(*args: Any, **kwargs: Any) -> None:
         raise StorageUnavailable("artifacts", "artifacts is unavailable: injected")
 
-    monkeypatch.setattr(lifecycle.nofollow, "rmtree", unavailable)
+    monkeypatch.setattr(FileArtifactStorage, "delete_prefix", unavailable)
     monkeypatch.setattr(ObjectArtifactStorage, "delete_prefix", unavailable)
 
 

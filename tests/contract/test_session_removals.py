@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 from sqlalchemy import insert, select
 
-from core import SessionNotFound, SessionStore
+from core import SessionNotFound, SessionStore, nofollow
 from core.artifacts import session_dir
 from core.artifacts.inherited import held_dir
 from core.errors import SymlinkRefused
@@ -171,7 +171,7 @@ def test_what_a_parent_held_for_a_deleted_fork_is_found_where_the_parent_moved(
 ) -> None:
     root = store.settings.resolved_artifact_root
     parent, fork, held = _parent_holding_for_a_pending_fork(store)
-    real_rmtree = lifecycle.nofollow.rmtree
+    real_rmtree = nofollow.rmtree
 
     def held_fails(root: Path, path: Path) -> int:
         if path == held:
@@ -179,7 +179,7 @@ def test_what_a_parent_held_for_a_deleted_fork_is_found_where_the_parent_moved(
         return real_rmtree(root, path)
 
     with monkeypatch.context() as failing:
-        failing.setattr(lifecycle.nofollow, "rmtree", held_fails)
+        failing.setattr(nofollow, "rmtree", held_fails)
         assert store.delete_session(fork).directory_removed
     assert _records(store) == [(fork, "held")] and (held / "kept.txt").exists()
 
@@ -430,5 +430,5 @@ def test_a_directory_swapped_for_a_link_after_the_check_is_refused(
 
     monkeypatch.setattr(os, "open", swapped)
     with pytest.raises(SymlinkRefused):
-        lifecycle.nofollow.rmtree(store.settings.resolved_artifact_root, directory)
+        nofollow.rmtree(store.settings.resolved_artifact_root, directory)
     assert any(outside.rglob("plan.md"))  # nothing removed through the link
