@@ -9,7 +9,6 @@ from __future__ import annotations
 import base64
 import json
 import math
-import os
 import re
 import subprocess
 import sys
@@ -22,6 +21,7 @@ from core import SessionStore
 from core.settings import Settings
 from tests.acceptance.test_cli_help import _WALK
 from tests.cli_process import run_cli
+from tests.support import clean_env
 
 BIG_TEXT = "HEAD-OF-BIG-TEXT " + "x" * 40_000
 IMAGE = bytes(range(256)) * 400  # 100 KiB, shown as [image 100 KB]
@@ -29,11 +29,10 @@ REF = re.compile(r"blob:sha256:[0-9a-f]{64}")
 
 
 def run(settings: Settings, *args: str, columns: int = 80) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SESSIONSTORE_")}
-    env.update(
+    env = clean_env(
+        settings.data_dir,
         COLUMNS=str(columns),
         SESSIONSTORE_DATABASE_URL=str(settings.database_url),
-        SESSIONSTORE_DATA_DIR=str(settings.data_dir),
     )
     result = run_cli(*args, env=env)
     assert result.returncode == 0, (args, result.stderr)

@@ -3,7 +3,6 @@ forks keep working), on SQLite and PostgreSQL; and the CLI commands in a subproc
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +37,7 @@ from tests.contract.artifact_backends import (
     settings,
 )
 from tests.contract.test_fork import build_session, comparable, defer_copies
+from tests.support import store_env
 
 __all__ = ["FILE_ONLY", "RawArtifacts", "artifact_backend", "raw", "settings"]
 
@@ -274,12 +274,7 @@ def test_deleting_a_pending_fork(store: SessionStore) -> None:
 
 
 def _cli(settings: Settings, *argv: str) -> Any:
-    env = {
-        **os.environ,
-        "SESSIONSTORE_DATABASE_URL": settings.resolved_database_url,
-        "SESSIONSTORE_DATA_DIR": str(settings.data_dir),
-    }
-    done = run_cli("sessions", *argv, "--json", env=env)
+    done = run_cli("sessions", *argv, "--json", env=store_env(settings))
     assert done.returncode == 0, done.stderr
     return orjson.loads(done.stdout)
 

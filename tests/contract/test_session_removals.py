@@ -33,7 +33,7 @@ from tests.contract.artifact_backends import (
 )
 from tests.contract.test_fork import defer_copies
 from tests.contract.test_move_delete import _with_files, fail_removals
-from tests.support import outcome_within
+from tests.support import outcome_within, store_env
 
 __all__ = ["FILE_ONLY", "RawArtifacts", "artifact_backend", "raw", "settings"]
 
@@ -357,12 +357,7 @@ def test_the_cli_says_who_removes_a_directory_its_delete_could_not(
     elsewhere = tmp_path / "elsewhere"
     directory.rename(elsewhere)
     directory.symlink_to(elsewhere)  # a planted link: removed never, followed never
-    env = {
-        **os.environ,
-        "SESSIONSTORE_DATABASE_URL": store.settings.resolved_database_url,
-        "SESSIONSTORE_DATA_DIR": str(store.settings.data_dir),
-    }
-    done = run_cli("sessions", "delete", sid, "--yes", env=env)
+    done = run_cli("sessions", "delete", sid, "--yes", env=store_env(store.settings))
     assert done.returncode == 0, done.stderr
     assert "the next expiry run removes it" in done.stdout
     assert _records(store) == [(sid, "session")] and any(elsewhere.rglob("plan.md"))

@@ -33,7 +33,7 @@ from core.errors import BlobCorrupted, ForkCopyBlocked, SessionStoreError, Symli
 from core.models import utcnow
 from core.records import Session
 from tests.contract.test_fork import defer_copies
-from tests.support import watch_log
+from tests.support import blobs_in_distinct_fanouts, watch_log
 
 # where the link goes (relative to the session directory), and what it replaces
 PLACES = {
@@ -620,7 +620,8 @@ def test_blob_verify_reports_each_symlink_and_checks_every_other_blob(
     (outside / "secret.txt").write_bytes(b"not a blob")
     blobs = store.blobs
     assert isinstance(blobs, FileBlobStore)
-    linked_file, linked_dir, corrupt, *good = _blobs_in_distinct_fanouts(store, 5)
+    contents = [_content(i) for i in range(5)]
+    linked_file, linked_dir, corrupt, *good = blobs_in_distinct_fanouts(blobs, contents)
     file_link = blobs.path_for(linked_file.hash, linked_file.codec)
     file_link.unlink()
     os.symlink(outside / "secret.txt", file_link)
@@ -643,13 +644,6 @@ def test_blob_verify_reports_each_symlink_and_checks_every_other_blob(
 
 def _content(i: int) -> bytes:
     return b"blob %d: " % i + b"the quick brown fox jumps over the lazy dog " * 50
-
-
-def _blobs_in_distinct_fanouts(store: SessionStore, count: int) -> list[Any]:
-    """``count`` blobs put, no two under one ``<h[0:2]>/<h[2:4]>`` directory."""
-    puts = [store.blobs.put(_content(i)) for i in range(count)]
-    assert len({put.hash[:4] for put in puts}) == count
-    return puts
 
 
 def test_a_linked_pending_fork_directory_never_fails_the_parents_write(
