@@ -16,13 +16,10 @@ from __future__ import annotations
 
 import errno
 import os
-import shutil
 import stat
-import sys
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager, suppress
 from pathlib import Path
-from typing import Any
 
 from core.errors import InvalidArtifactPath, SymlinkRefused
 
@@ -364,60 +361,68 @@ def rmdir(root: Path, path: Path) -> None:
         os.rmdir(name, dir_fd=fd)
 
 
-def rmtree(root: Path, path: Path) -> None:
-    """Remove the directory tree at ``path`` (absent: nothing to do). Links inside it are
-    removed, never followed (``shutil.rmtree`` works by descriptors here); a link, a FIFO or
-    a file at ``path`` itself is refused, never opened. An entry that vanishes while the
-    walk runs (another remover) is skipped and the walk goes on: it returns only once the
-    whole tree is gone, and raises if any of it stays."""
+def rmtree(root: Path, path: Path) -> int:
+    """Remove the directory tree at ``path`` (absent: nothing to do); the count of entries
+    other than directories it removed (files, and any link or FIFO planted among them), in
+    the one walk that removes them. Links inside it are removed, never followed: every
+    directory is opened by descriptor with ``O_NOFOLLOW`` and its entries told apart by
+    ``lstat`` type; a link, a FIFO or a file at ``path`` itself is refused, never opened. An
+    entry that vanishes while the walk runs (another remover) is skipped, and not counted,
+    and the walk goes on: it returns only once the whole tree is gone, and raises if any of
+    it stays."""
     with ExitStack() as stack:
         try:
             fd, name = stack.enter_context(parent_dir(root, path))
             info = os.lstat(name, dir_fd=fd)
         except (FileNotFoundError, NotADirectoryError):
-            return
+            return 0
         if stat.S_ISLNK(info.st_mode):
             raise SymlinkRefused(str(path))
         if not stat.S_ISDIR(info.st_mode):
             raise NotADirectoryError(errno.ENOTDIR, "not a directory", str(path))
-        try:  # non-blocking: whatever was swapped in since the lstat, no open waits on it
-            top = os.open(name, _DIR_FLAGS | _NONBLOCK, dir_fd=fd)
-        except FileNotFoundError:
-            return  # another remover took it
-        except OSError as exc:
-            if exc.errno == errno.ELOOP or _is_link(fd, name):
-                raise SymlinkRefused(str(path)) from None
-            raise
-        try:
-            with os.scandir(top) as listing:
-                entries = [(e.name, e.is_dir(follow_symlinks=False)) for e in listing]
-            for entry, is_dir in entries:
-                if is_dir:
-                    shutil.rmtree(entry, dir_fd=top, **_SKIP_VANISHED)
-                else:
-                    with suppress(FileNotFoundError):
-                        os.unlink(entry, dir_fd=top)
-        finally:
-            os.close(top)
-        with suppress(FileNotFoundError):
-            os.rmdir(name, dir_fd=fd)
+        return _remove_dir(fd, name, path)
 
 
-def _skip_vanished_exc(function: object, path: str, exc: BaseException) -> None:
-    if not isinstance(exc, FileNotFoundError):
-        raise exc
+def _remove_dir(dir_fd: int, name: str, path: Path) -> int:
+    """Remove the directory ``name`` at ``dir_fd`` with all in it: the count of entries
+    other than directories removed (0 if another remover took it first). It is opened
+    non-blocking with ``O_NOFOLLOW``: whatever was swapped in since it was seen as a
+    directory, no open waits on it, and a link is ``SymlinkRefused``, never followed."""
+    try:
+        top = os.open(name, _DIR_FLAGS | _NONBLOCK, dir_fd=dir_fd)
+    except FileNotFoundError:
+        return 0
+    except OSError as exc:
+        if exc.errno == errno.ELOOP or _is_link(dir_fd, name):
+            raise SymlinkRefused(str(path)) from None
+        raise
+    removed = 0
+    try:
+        with os.scandir(top) as listing:
+            entries = [(e.name, _is_dir(e)) for e in listing]
+        for entry, is_dir in entries:
+            if is_dir:
+                removed += _remove_dir(top, entry, path / entry)
+                continue
+            try:
+                os.unlink(entry, dir_fd=top)
+            except FileNotFoundError:
+                continue
+            removed += 1
+    finally:
+        os.close(top)
+    with suppress(FileNotFoundError):
+        os.rmdir(name, dir_fd=dir_fd)
+    return removed
 
 
-def _skip_vanished_info(function: object, path: str, info: Any) -> None:
-    _skip_vanished_exc(function, path, info[1])
-
-
-# ``onexc`` from Python 3.12 (``onerror`` is deprecated there), ``onerror`` before.
-_SKIP_VANISHED: dict[str, Any] = (
-    {"onexc": _skip_vanished_exc}
-    if sys.version_info >= (3, 12)
-    else {"onerror": _skip_vanished_info}
-)
+def _is_dir(entry: os.DirEntry[str]) -> bool:
+    """Whether the entry is a directory itself (a link to one is not); one that vanished
+    before its type was read is not (its unlink then finds it gone)."""
+    try:
+        return entry.is_dir(follow_symlinks=False)
+    except OSError:
+        return False
 
 
 def replace(root: Path, source: Path, target: Path, *, sync: bool = True) -> None:

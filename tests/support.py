@@ -24,7 +24,8 @@ from celery import Celery
 from celery.contrib.testing.worker import start_worker
 from sqlalchemy import update
 
-from core import SessionStore
+from core import SessionStore, Settings
+from core.blobs.store import BlobStore, PutResult
 from core.models import ArtifactRow, table_of, utcnow
 from tasks import AppendHandle
 from tasks.outcomes import write_task_id
@@ -146,7 +147,8 @@ class FileFault:
     ``code`` (EIO: a failing disk) for paths under ``root``; other files are untouched.
     Paths given relative to a directory descriptor (``dir_fd=``, ``src_dir_fd=``, as
     ``core.nofollow`` passes them) are resolved through ``/proc/self/fd``. ``refused``
-    counts the calls it failed. Install: ``monkeypatch.setattr(os, "open", fault.wrap(os.open))``.
+    counts the calls it failed. Install: ``fault.install(monkeypatch, "open", "unlink")``, or
+    ``os.open = fault.wrap(os.open)`` in a process of its own.
     """
 
     def __init__(self, root: Path, code: int = errno.EIO) -> None:
@@ -155,6 +157,12 @@ class FileFault:
         self.failing = threading.Event()
         self.failing.set()
         self.refused = 0
+
+    def install(self, monkeypatch: pytest.MonkeyPatch, *calls: str) -> FileFault:
+        """Wrap each of the named ``os`` functions for the test; this fault."""
+        for name in calls:
+            monkeypatch.setattr(os, name, self.wrap(getattr(os, name)))
+        return self
 
     def wrap(self, func: Callable[..., Any]) -> Callable[..., Any]:
         def faulty(path: Any, *args: Any, **kwargs: Any) -> Any:
@@ -342,6 +350,35 @@ def thread_worker(app: Celery, *, concurrency: int = 2) -> Iterator[None]:
         app, pool="threads", concurrency=concurrency, perform_ping_check=False, shutdown_timeout=30
     ):
         yield
+
+
+def store_env(settings: Settings, **more: str) -> dict[str, str]:
+    """This process's environment pointed at ``settings``' journal and data directory: a
+    CLI command (``run_cli``) on the test's own store; ``more`` adds or replaces variables."""
+    return {
+        **os.environ,
+        "SESSIONSTORE_DATABASE_URL": settings.resolved_database_url,
+        "SESSIONSTORE_DATA_DIR": str(settings.data_dir),
+        **more,
+    }
+
+
+def clean_env(data_dir: Path | None = None, **more: str) -> dict[str, str]:
+    """This process's environment without any ``SESSIONSTORE_`` variable of the caller's
+    (the suite's own never leak into the command under test), with ``data_dir`` as
+    ``SESSIONSTORE_DATA_DIR`` when given; ``more`` adds or replaces variables."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SESSIONSTORE_")}
+    if data_dir is not None:
+        env["SESSIONSTORE_DATA_DIR"] = str(data_dir)
+    return {**env, **more}
+
+
+def blobs_in_distinct_fanouts(blobs: BlobStore, contents: Iterable[bytes]) -> list[PutResult]:
+    """Each of ``contents`` put, no two under one ``<h[0:2]>/<h[2:4]>`` directory: a link
+    planted at one blob's fan-out directory then stands over that blob alone."""
+    puts = [blobs.put(data) for data in contents]
+    assert len({put.hash[:4] for put in puts}) == len(puts)  # no two share a fan-out directory
+    return puts
 
 
 def settings_env(

@@ -178,10 +178,8 @@ class FileArtifactStorage:
 
     @storage_errors("artifacts")
     def delete_prefix(self, prefix: str) -> int:
-        directory = self.root / check_prefix(prefix)
-        count = sum(1 for p in directory.rglob("*") if p.is_file()) if directory.is_dir() else 0
-        nofollow.rmtree(self.root, directory)
-        return count
+        # One walk, by descriptor, that counts what it removes and follows no link.
+        return nofollow.rmtree(self.root, self.root / check_prefix(prefix))
 
     @storage_errors("artifacts")
     def copy(self, source: str, target: str) -> None:

@@ -118,7 +118,9 @@ class ForkCopies:
         self.settings = settings
         self.root = settings.resolved_artifact_root
         self.storage = artifact_storage_for(settings)
-        # None: the filesystem at ``root`` (today's code); else objects, copied server-side.
+        # None: the filesystem at ``root``, copied by descriptor and published with a hard
+        # link (never over a file, the mtime checked on the one open file), which the
+        # interface's ``copy`` cannot say; else objects, copied server-side.
         self.objects = None if isinstance(self.storage, FileArtifactStorage) else self.storage
 
     def hand_over(self, fork: Session, copier: ForkCopier | None) -> Session:
@@ -203,20 +205,17 @@ class ForkCopies:
         ):
             return
         try:
-            if self.objects is not None:
-                self.objects.delete_prefix(key_prefix_of(self.root, plan.directory))
-            else:
-                nofollow.rmtree(self.root, plan.directory)
+            self.storage.delete_prefix(key_prefix_of(self.root, plan.directory))
         except (OSError, SymlinkRefused, StorageUnavailable) as exc:
             log.warning("could not remove a stale fork copy", extra={"error": str(exc)})
 
     def _drop_held(self, fork_id: str, parent: Session) -> None:
         """The copy is done: what the parent held for the fork (``held_dir``) is no use."""
         if self.objects is not None:
-            return
+            return  # held beside the parent on the file store only (preserve_for_forks)
         held = held_dir(session_dir(self.root, parent.tenant_id, parent.id), fork_id)
         try:
-            nofollow.rmtree(self.root, held)
+            self.storage.delete_prefix(key_prefix_of(self.root, held))
         except (OSError, SymlinkRefused, StorageUnavailable) as exc:
             log.warning("could not remove files held for a fork", extra={"error": str(exc)})
 

@@ -22,7 +22,6 @@ from typing import Any
 from sqlalchemy import Connection, delete, func, insert, select, tuple_
 from sqlalchemy.exc import SQLAlchemyError
 
-from core import nofollow
 from core.artifacts import rows
 from core.artifacts.inherited import held_dir
 from core.artifacts.paths import session_dir
@@ -173,7 +172,9 @@ class SessionLifecycle:
                 select(func.count()).where(_artifacts.c.session_id == session_id)
             ).scalar_one()
             forks = children(conn, session_id, statuses=None)
-            # a parent holds files for an unfinished fork on the file store only
+            # a parent holds files for an unfinished fork on the file store only (beside
+            # itself, when a link stood in the fork's path); on object storage it copies
+            # them into the fork's own prefix (inherited.preserve_for_forks)
             holder = parent if isinstance(self.storage, FileArtifactStorage) else None
             self._record(conn, session, holder)
             self.journal.delete_events_of(conn, session_id)
@@ -301,11 +302,8 @@ class SessionLifecycle:
     def _remove_tree(self, directory: Path, what: str) -> bool:
         """Remove ``directory`` (its objects on S3) after the rows are gone: a failure is
         logged and reported, never raised (the delete itself is done)."""
-        try:
-            if isinstance(self.storage, FileArtifactStorage):
-                nofollow.rmtree(self.root, directory)  # follows no link, above or inside
-            else:
-                self.storage.delete_prefix(key_prefix_of(self.root, directory))
+        try:  # the file store's follows no link, above or inside (nofollow.rmtree)
+            self.storage.delete_prefix(key_prefix_of(self.root, directory))
         except (OSError, SymlinkRefused, StorageUnavailable) as exc:
             log.warning(
                 f"{what} could not be removed", extra={"path": str(directory), "error": str(exc)}

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 from pathlib import Path
 
@@ -14,13 +13,11 @@ from core.errors import InvalidEvent
 from tasks.app import create_app
 from tasks.producer import enqueue_append
 from tests.cli_process import EXE, run_cli
-from tests.support import wait_for
+from tests.support import clean_env, wait_for
 
 
 def run(data_dir: Path, *args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SESSIONSTORE_")}
-    env["SESSIONSTORE_DATA_DIR"] = str(data_dir)
-    return run_cli(*args, env=env, input=stdin)
+    return run_cli(*args, env=clean_env(data_dir), input=stdin)
 
 
 def assert_user_error(result: subprocess.CompletedProcess[str], *needles: str) -> None:
@@ -148,12 +145,7 @@ def test_enqueue_dead_letter_and_replay_through_the_cli(
 def test_worker_and_beat_commands_run_celery_with_our_app(
     data_dir: Path, session_id: str, redis_url: str, tmp_path: Path
 ) -> None:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SESSIONSTORE_")}
-    env.update(
-        SESSIONSTORE_DATA_DIR=str(data_dir),
-        SESSIONSTORE_BROKER_URL=redis_url,
-        SESSIONSTORE_EXPIRE_SCHEDULE="1",
-    )
+    env = clean_env(data_dir, SESSIONSTORE_BROKER_URL=redis_url, SESSIONSTORE_EXPIRE_SCHEDULE="1")
     log = tmp_path / "worker.log"
     with log.open("wb") as out:
         worker = subprocess.Popen(

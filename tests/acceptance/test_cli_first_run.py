@@ -8,7 +8,6 @@ from the caller, so nothing here can touch a developer's data.
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
 import time
@@ -23,7 +22,7 @@ from core.migrate import head_revision, history
 from tasks.cli.failures import ExitCode
 from tests.cli_process import run_cli
 from tests.conftest import PG_ADMIN_DSN, drop_pg_database, pg_url_for
-from tests.support import ROOT, free_port
+from tests.support import ROOT, clean_env, free_port
 
 
 class Cli:
@@ -35,9 +34,8 @@ class Cli:
     def __call__(
         self, *args: str, stdin: str | None = None, timeout: float = 120
     ) -> subprocess.CompletedProcess[str]:
-        env = {k: v for k, v in os.environ.items() if not k.startswith("SESSIONSTORE_")}
-        env.update({"HOME": str(self.home), "XDG_DATA_HOME": "", **self.env})
-        env.pop("XDG_DATA_HOME")
+        env = clean_env(**{"HOME": str(self.home), **self.env})
+        env.pop("XDG_DATA_HOME", None)
         return run_cli(*args, env=env, cwd=self.cwd, input=stdin, timeout=timeout)
 
 

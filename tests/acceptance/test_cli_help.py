@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from tests.support import clean_env
 
 EXE = shutil.which("sessionstore") or str(Path(sys.executable).parent / "sessionstore")
 
@@ -118,10 +119,7 @@ print(json.dumps({"codes": codes, "psycopg": loaded}))
 def test_embedded_commands_never_load_the_postgresql_driver(tmp_path: Path) -> None:
     """On SQLite no psycopg error can exist, so the error translation does not import psycopg
     to recognize its errors: a tenth of a second of every embedded command."""
-    env = {
-        **{k: v for k, v in os.environ.items() if not k.startswith("SESSIONSTORE_")},
-        "SESSIONSTORE_DATA_DIR": str(tmp_path),
-    }
+    env = clean_env(tmp_path)
     result = subprocess.run(
         [sys.executable, "-c", _EMBEDDED],
         input='{"type": "message", "id": "m1"}\n',

@@ -16,16 +16,16 @@ import pytest
 from tests.cli_process import run_cli
 from tests.fixtures.pi.generate import v3_lines, write
 from tests.pi_support import FIXTURES
+from tests.support import clean_env
 
 Run = Callable[..., subprocess.CompletedProcess[str]]
 
 
 @pytest.fixture
 def run(sqlite_url: str, tmp_path: Path) -> Run:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SESSIONSTORE_")}
-    env["SESSIONSTORE_DATA_DIR"] = str(tmp_path / "data")
-    env["SESSIONSTORE_DATABASE_URL"] = sqlite_url
-    env["HOME"] = str(tmp_path / "home")
+    env = clean_env(
+        tmp_path / "data", SESSIONSTORE_DATABASE_URL=sqlite_url, HOME=str(tmp_path / "home")
+    )
 
     def run(*args: str, **more_env: str) -> subprocess.CompletedProcess[str]:
         return run_cli(*args, env={**env, **more_env})

@@ -10,7 +10,6 @@ import base64
 import hashlib
 import json
 import math
-import os
 import re
 import subprocess
 import sys
@@ -23,6 +22,7 @@ from core import SessionStore
 from core.settings import Settings
 from tests.acceptance.test_cli_help import _WALK
 from tests.cli_process import run_cli
+from tests.support import clean_env
 
 BIG_TEXT = "HEAD-OF-BIG-TEXT " + "x" * 40_000
 IMAGE = bytes(range(256)) * 400  # 100 KiB, shown as [image 100 KB]
@@ -30,11 +30,10 @@ REF = re.compile(r"blob:sha256:[0-9a-f]{64}")
 
 
 def run(settings: Settings, *args: str, columns: int = 80) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SESSIONSTORE_")}
-    env.update(
+    env = clean_env(
+        settings.data_dir,
         COLUMNS=str(columns),
         SESSIONSTORE_DATABASE_URL=str(settings.database_url),
-        SESSIONSTORE_DATA_DIR=str(settings.data_dir),
     )
     result = run_cli(*args, env=env)
     assert result.returncode == 0, (args, result.stderr)
@@ -135,7 +134,8 @@ def test_previews_resolve_only_refs_the_events_own_manifest_names(
 
     state = run(settings, "state", quoting.id, "--tenant", "other", columns=400).stdout
     events = run(settings, "events", "--tenant", "other", columns=400).stdout
-    follow = run_cli(
+    follow = run(
+        settings,
         "events",
         "--tenant",
         "other",
@@ -144,12 +144,7 @@ def test_previews_resolve_only_refs_the_events_own_manifest_names(
         "0",
         "--timeout",
         "1",
-        env={k: v for k, v in os.environ.items() if not k.startswith("SESSIONSTORE_")}
-        | {
-            "COLUMNS": "400",
-            "SESSIONSTORE_DATABASE_URL": str(settings.database_url),
-            "SESSIONSTORE_DATA_DIR": str(settings.data_dir),
-        },
+        columns=400,
     ).stdout
     for shown in (state, events, follow):
         assert "HEAD-OF-BIG-TEXT" not in shown and "[text" not in shown, shown

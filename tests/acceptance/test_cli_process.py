@@ -4,7 +4,6 @@ what the executable gives in a fresh interpreter: the same stdout, stderr and ex
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
 from pathlib import Path
@@ -13,6 +12,7 @@ import pytest
 
 from tests import cli_process
 from tests.cli_process import EXE, run_cli
+from tests.support import clean_env
 
 
 def _exec(*args: str, env: dict[str, str], cwd: Path, input: str | None = None) -> tuple:
@@ -42,9 +42,7 @@ def _fork_mode(monkeypatch: pytest.MonkeyPatch) -> None:
 
 @pytest.fixture
 def env(tmp_path: Path) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SESSIONSTORE_")}
-    env.update(SESSIONSTORE_DATA_DIR=str(tmp_path / "data"), COLUMNS="60")
-    return env
+    return clean_env(tmp_path / "data", COLUMNS="60")
 
 
 def test_the_same_output_and_exit_status_as_the_executable(

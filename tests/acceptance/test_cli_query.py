@@ -6,7 +6,6 @@ from __future__ import annotations
 import base64
 import csv
 import io
-import os
 import select
 import subprocess
 import sys
@@ -22,17 +21,13 @@ from core import SessionStore, Settings
 from tasks.cli import main
 from tests.cli_process import run_cli
 from tests.contract.test_projection import SessionBuilder
+from tests.support import store_env
 
 EXECUTABLE = Path(sys.executable).with_name("sessionstore")
 
 
 def _env(settings: Settings) -> dict[str, str]:
-    return {
-        **os.environ,
-        "SESSIONSTORE_DATABASE_URL": settings.resolved_database_url,
-        "SESSIONSTORE_DATA_DIR": str(settings.data_dir),
-        "COLUMNS": "200",
-    }
+    return store_env(settings, COLUMNS="200")
 
 
 def _run(capsys: pytest.CaptureFixture[str], *argv: str) -> str:

@@ -12,6 +12,7 @@ from core import SessionStore, Settings
 from core.blobs.files import FileBlobStore
 from core.sessions.moves import Moves
 from tests.acceptance.test_cli import assert_user_error, run
+from tests.support import blobs_in_distinct_fanouts
 
 pytestmark = pytest.mark.slow  # each test runs the CLI in subprocesses
 
@@ -57,8 +58,7 @@ def test_blobs_verify_reports_symlinks_and_goes_on(tmp_path: Path) -> None:
     with SessionStore.from_settings(Settings(data_dir=data_dir)) as store:
         blobs = store.blobs
         assert isinstance(blobs, FileBlobStore)
-        puts = [blobs.put(b"blob %d " % i + TEXT) for i in range(5)]
-        assert len({put.hash[:4] for put in puts}) == 5  # no two share a fan-out directory
+        puts = blobs_in_distinct_fanouts(blobs, [b"blob %d " % i + TEXT for i in range(5)])
         linked_file, linked_dir, corrupt = (blobs.path_for(p.hash, p.codec) for p in puts[:3])
     linked_file.unlink()
     linked_file.symlink_to(outside / "secret")

@@ -5,7 +5,6 @@ lost, nothing doubled; appended lines arrive within about a second."""
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import signal
 import subprocess
@@ -17,7 +16,7 @@ import pytest
 
 from core.interop.pi import loads_exact
 from core.store import SessionStore
-from tests.support import wait_for
+from tests.support import clean_env, wait_for
 
 EXE = shutil.which("sessionstore") or str(Path(sys.executable).parent / "sessionstore")
 ROOT = Path(__file__).parents[2]
@@ -54,9 +53,9 @@ def _journal_equals_files(store: SessionStore, files: list[Path]) -> bool:
 def test_watch_survives_sigkill_and_doubles_nothing(store: SessionStore, tmp_path: Path) -> None:
     directory = tmp_path / "sessions"
     directory.mkdir()
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SESSIONSTORE_")}
-    env["SESSIONSTORE_DATA_DIR"] = str(store.settings.data_dir)
-    env["SESSIONSTORE_DATABASE_URL"] = store.settings.resolved_database_url
+    env = clean_env(
+        store.settings.data_dir, SESSIONSTORE_DATABASE_URL=store.settings.resolved_database_url
+    )
     log = tmp_path / "watch.log"
     watcher = _watcher(directory, env, log)
     agent = subprocess.Popen(

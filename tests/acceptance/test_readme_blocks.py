@@ -20,7 +20,7 @@ import pytest
 
 from core.settings import Settings
 from core.store import SessionStore
-from tests.support import ROOT
+from tests.support import ROOT, clean_env
 
 README = (ROOT / "README.md").read_text()
 BLOCKS = re.findall(r"^```(bash|sh|python|sql)\n(.*?)^```", README, re.S | re.M)
@@ -40,10 +40,9 @@ def sandbox(tmp_path: Path) -> tuple[Path, dict[str, str]]:
     home, cwd = tmp_path / "home", tmp_path / "cwd"
     home.mkdir()
     cwd.mkdir()
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SESSIONSTORE_")}
+    path = f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"
+    env = clean_env(HOME=str(home), PATH=path)
     env.pop("XDG_DATA_HOME", None)
-    env["HOME"] = str(home)
-    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
     return cwd, env
 
 

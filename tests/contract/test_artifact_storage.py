@@ -111,6 +111,37 @@ def test_file_storage_refuses_links(tmp_path: Path) -> None:
     assert list(outside.iterdir()) == []
 
 
+def test_file_delete_prefix_counts_what_it_removes_through_no_link(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One walk by descriptor: it counts what it removes (a link planted inside is removed
+    and counted, never followed) and lists nothing through a link at the prefix itself."""
+    storage = FileArtifactStorage(tmp_path / "artifacts")
+    outside = tmp_path / "outside"
+    (outside / "deep").mkdir(parents=True)
+    (outside / "deep" / "x.log").write_bytes(b"x")
+    for key in ("t/s/1.log", "t/s/a/2.log", "t/s/a/b/3.log"):
+        storage.put(key, b"k")
+    (tmp_path / "artifacts" / "t" / "s" / "a" / "dir-link").symlink_to(outside)
+    (tmp_path / "artifacts" / "t" / "s" / "file-link").symlink_to(outside / "deep" / "x.log")
+    (tmp_path / "artifacts" / "t" / "linked").symlink_to(outside)
+    listed: list[str] = []
+    real_scandir = os.scandir
+
+    def scandir(path: Any = ".") -> Any:
+        if not isinstance(path, int):
+            listed.append(os.path.realpath(path))
+        return real_scandir(path)
+
+    monkeypatch.setattr(os, "scandir", scandir)
+    assert storage.delete_prefix("t/s") == 5  # three files and two links
+    with pytest.raises(SymlinkRefused):
+        storage.delete_prefix("t/linked")
+    assert not any(p.startswith(str(outside.resolve())) for p in listed), listed
+    assert (outside / "deep" / "x.log").read_bytes() == b"x"
+    assert not (tmp_path / "artifacts" / "t" / "s").exists()
+
+
 def test_s3_copy_is_server_side(
     s3_bucket: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 from datetime import timedelta
 from pathlib import Path
@@ -25,6 +24,7 @@ from tests.contract.artifact_backends import (  # the file:// and s3:// backends
     raw,
     settings,
 )
+from tests.support import store_env
 
 __all__ = ["artifact_backend", "raw", "settings"]
 
@@ -111,13 +111,7 @@ def test_a_fixed_moment_spares_what_expires_later(store: SessionStore) -> None:
 
 
 def _cli(settings: Settings, *argv: str) -> subprocess.CompletedProcess[str]:
-    env = {
-        **os.environ,
-        "SESSIONSTORE_DATABASE_URL": settings.resolved_database_url,
-        "SESSIONSTORE_DATA_DIR": str(settings.data_dir),
-        "COLUMNS": "200",
-    }
-    return run_cli(*argv, env=env)
+    return run_cli(*argv, env=store_env(settings, COLUMNS="200"))
 
 
 def test_cli_dry_run_then_apply(store: SessionStore, settings: Settings) -> None:

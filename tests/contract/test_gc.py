@@ -37,6 +37,7 @@ from core.maintenance.gc import TEMP_MIN_AGE_S, BlobGc, GcReport
 from core.models import BlobRefRow, BlobRow, utcnow
 from core.records import ManifestEntry, PreparedEvent
 from tests.cli_process import run_cli
+from tests.support import store_env
 
 MP = multiprocessing.get_context("spawn")
 INLINE_LIMIT = 256  # small, so modest strings become blobs
@@ -358,13 +359,7 @@ def test_dry_run_changes_nothing_and_predicts_apply(gstore: SessionStore) -> Non
 
 
 def _cli(settings: Settings, *argv: str) -> subprocess.CompletedProcess[str]:
-    env = {
-        **os.environ,
-        "SESSIONSTORE_DATABASE_URL": settings.resolved_database_url,
-        "SESSIONSTORE_DATA_DIR": str(settings.data_dir),
-        "SESSIONSTORE_INLINE_STRING_LIMIT": str(INLINE_LIMIT),
-        "COLUMNS": "200",
-    }
+    env = store_env(settings, SESSIONSTORE_INLINE_STRING_LIMIT=str(INLINE_LIMIT), COLUMNS="200")
     return run_cli(*argv, env=env)
 
 

@@ -3,7 +3,6 @@ forks keep working), on SQLite and PostgreSQL; and the CLI commands in a subproc
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +14,7 @@ from core import SessionNotFound, SessionStore, Settings
 from core.artifacts import fsio, session_dir
 from core.artifacts.objects import ObjectArtifactStorage
 from core.artifacts.paths import encode_component
+from core.artifacts.storage import FileArtifactStorage
 from core.errors import MoveFailed, QuotaExceeded, StorageUnavailable
 from core.models import (
     ArtifactRow,
@@ -26,7 +26,6 @@ from core.models import (
     SnapshotRow,
     WriteRow,
 )
-from core.sessions import lifecycle
 from core.sessions.moves import _DirectoryMove
 from tasks.cli.samples import EntryBuilder
 from tests.cli_process import run_cli
@@ -38,6 +37,7 @@ from tests.contract.artifact_backends import (
     settings,
 )
 from tests.contract.test_fork import build_session, comparable, defer_copies
+from tests.support import store_env
 
 __all__ = ["FILE_ONLY", "RawArtifacts", "artifact_backend", "raw", "settings"]
 
@@ -70,7 +70,7 @@ def fail_removals(monkeypatch: pytest.MonkeyPatch) -> None:
     def unavailable(*args: Any, **kwargs: Any) -> None:
         raise StorageUnavailable("artifacts", "artifacts is unavailable: injected")
 
-    monkeypatch.setattr(lifecycle.nofollow, "rmtree", unavailable)
+    monkeypatch.setattr(FileArtifactStorage, "delete_prefix", unavailable)
     monkeypatch.setattr(ObjectArtifactStorage, "delete_prefix", unavailable)
 
 
@@ -274,12 +274,7 @@ def test_deleting_a_pending_fork(store: SessionStore) -> None:
 
 
 def _cli(settings: Settings, *argv: str) -> Any:
-    env = {
-        **os.environ,
-        "SESSIONSTORE_DATABASE_URL": settings.resolved_database_url,
-        "SESSIONSTORE_DATA_DIR": str(settings.data_dir),
-    }
-    done = run_cli("sessions", *argv, "--json", env=env)
+    done = run_cli("sessions", *argv, "--json", env=store_env(settings))
     assert done.returncode == 0, done.stderr
     return orjson.loads(done.stdout)
 

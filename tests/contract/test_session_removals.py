@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 from sqlalchemy import insert, select
 
-from core import SessionNotFound, SessionStore
+from core import SessionNotFound, SessionStore, nofollow
 from core.artifacts import session_dir
 from core.artifacts.inherited import held_dir
 from core.errors import SymlinkRefused
@@ -33,7 +33,7 @@ from tests.contract.artifact_backends import (
 )
 from tests.contract.test_fork import defer_copies
 from tests.contract.test_move_delete import _with_files, fail_removals
-from tests.support import outcome_within
+from tests.support import outcome_within, store_env
 
 __all__ = ["FILE_ONLY", "RawArtifacts", "artifact_backend", "raw", "settings"]
 
@@ -171,15 +171,15 @@ def test_what_a_parent_held_for_a_deleted_fork_is_found_where_the_parent_moved(
 ) -> None:
     root = store.settings.resolved_artifact_root
     parent, fork, held = _parent_holding_for_a_pending_fork(store)
-    real_rmtree = lifecycle.nofollow.rmtree
+    real_rmtree = nofollow.rmtree
 
-    def held_fails(root: Path, path: Path) -> None:
+    def held_fails(root: Path, path: Path) -> int:
         if path == held:
             raise OSError(5, "Input/output error", str(path))
-        real_rmtree(root, path)
+        return real_rmtree(root, path)
 
     with monkeypatch.context() as failing:
-        failing.setattr(lifecycle.nofollow, "rmtree", held_fails)
+        failing.setattr(nofollow, "rmtree", held_fails)
         assert store.delete_session(fork).directory_removed
     assert _records(store) == [(fork, "held")] and (held / "kept.txt").exists()
 
@@ -360,12 +360,7 @@ def test_the_cli_says_who_removes_a_directory_its_delete_could_not(
     elsewhere = tmp_path / "elsewhere"
     directory.rename(elsewhere)
     directory.symlink_to(elsewhere)  # a planted link: removed never, followed never
-    env = {
-        **os.environ,
-        "SESSIONSTORE_DATABASE_URL": store.settings.resolved_database_url,
-        "SESSIONSTORE_DATA_DIR": str(store.settings.data_dir),
-    }
-    done = run_cli("sessions", "delete", sid, "--yes", env=env)
+    done = run_cli("sessions", "delete", sid, "--yes", env=store_env(store.settings))
     assert done.returncode == 0, done.stderr
     assert "the next expiry run removes it" in done.stdout
     assert _records(store) == [(sid, "session")] and any(elsewhere.rglob("plan.md"))
@@ -433,5 +428,5 @@ def test_a_directory_swapped_for_a_link_after_the_check_is_refused(
 
     monkeypatch.setattr(os, "open", swapped)
     with pytest.raises(SymlinkRefused):
-        lifecycle.nofollow.rmtree(store.settings.resolved_artifact_root, directory)
+        nofollow.rmtree(store.settings.resolved_artifact_root, directory)
     assert any(outside.rglob("plan.md"))  # nothing removed through the link

@@ -23,7 +23,7 @@ from core.artifacts.paths import oversized_name, session_dir
 from core.blobs.files import FileBlobStore
 from core.errors import InvalidEvent, StorageUnavailable
 from core.translate import is_unavailable, translated
-from tests.support import DiskFull, FileFault, TcpProxy, set_output_expiry
+from tests.support import DiskFull, FileFault, TcpProxy, clean_env, set_output_expiry
 
 
 @pytest.fixture
@@ -190,6 +190,13 @@ def _artifacts_of(store: SessionStore) -> tuple[str, str, str]:
     return sid, tool_id, stored.ref.artifact_id
 
 
+def _artifact_disk_fails(
+    store: SessionStore, monkeypatch: pytest.MonkeyPatch, *calls: str
+) -> FileFault:
+    """EIO from the named ``os`` calls under the artifact root, until ``failing`` is cleared."""
+    return FileFault(store.settings.resolved_artifact_root).install(monkeypatch, *calls)
+
+
 def _unavailable(component: str, action: Callable[[], object]) -> StorageUnavailable:
     with pytest.raises(StorageUnavailable) as info:
         action()
@@ -203,8 +210,7 @@ def test_artifact_reads_on_a_failing_disk_give_storage_unavailable(
 ) -> None:
     sid, tool_id, art_id = _artifacts_of(store)
     artifacts = store.artifacts(sid)
-    fault = FileFault(store.settings.resolved_artifact_root)
-    monkeypatch.setattr(os, "open", fault.wrap(os.open))
+    fault = _artifact_disk_fails(store, monkeypatch, "open")
 
     _unavailable("artifacts", lambda: store.resolve(f"artifact://{tool_id}", session_id=sid))
     _unavailable("artifacts", lambda: artifacts.files.get("notes/a.txt"))
@@ -223,9 +229,7 @@ def test_artifact_deletes_on_a_failing_disk_give_storage_unavailable_and_keep_th
 ) -> None:
     sid, _tool_id, art_id = _artifacts_of(store)
     artifacts = store.artifacts(sid)
-    fault = FileFault(store.settings.resolved_artifact_root)
-    monkeypatch.setattr(os, "replace", fault.wrap(os.replace))
-    monkeypatch.setattr(os, "unlink", fault.wrap(os.unlink))
+    fault = _artifact_disk_fails(store, monkeypatch, "replace", "unlink")
 
     _unavailable("artifacts", lambda: artifacts.files.delete("notes/a.txt"))
     _unavailable("artifacts", artifacts.cleanup_oversized)
@@ -241,8 +245,7 @@ def test_a_move_on_a_failing_disk_gives_storage_unavailable_and_changes_nothing(
     store: SessionStore, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     sid, _tool_id, _art_id = _artifacts_of(store)
-    fault = FileFault(store.settings.resolved_artifact_root)
-    monkeypatch.setattr(os, "rename", fault.wrap(os.rename))
+    fault = _artifact_disk_fails(store, monkeypatch, "rename")
 
     _unavailable("artifacts", lambda: store.move(sid, tenant_id="globex"))
     fault.failing.clear()
@@ -263,8 +266,7 @@ def test_expiry_on_a_failing_disk_reports_the_unavailable_store_and_stops(
     assert second is not None
     for art_id in (first, second.ref.artifact_id):
         set_output_expiry(store, art_id, timedelta(seconds=-10))
-    fault = FileFault(store.settings.resolved_artifact_root)
-    monkeypatch.setattr(os, "unlink", fault.wrap(os.unlink))
+    fault = _artifact_disk_fails(store, monkeypatch, "unlink")
 
     report = store.expire_artifacts(apply=True, batch_size=1)
     [error] = report.errors
@@ -309,8 +311,7 @@ def test_a_stale_directory_the_disk_fails_to_remove_is_unavailable_not_bad_input
     files.put("keep.txt", "x")
     stale = session_dir(store.settings.resolved_artifact_root, "acme", sid) / "files" / "n.md"
     stale.mkdir()
-    fault = FileFault(store.settings.resolved_artifact_root)
-    monkeypatch.setattr(os, "rmdir", fault.wrap(os.rmdir))
+    fault = _artifact_disk_fails(store, monkeypatch, "rmdir")
     _unavailable("artifacts", lambda: files.put("n.md", "hello"))
     fault.failing.clear()
     files.put("n.md", "hello")
@@ -325,9 +326,7 @@ def test_blob_reads_and_deletes_on_a_failing_disk_give_storage_unavailable(
     blobs = store.blobs
     assert isinstance(blobs, FileBlobStore)
     put = blobs.put(b"some text content " * 200)
-    fault = FileFault(blobs.root)
-    monkeypatch.setattr(os, "replace", fault.wrap(os.replace))
-    monkeypatch.setattr(os, "unlink", fault.wrap(os.unlink))
+    fault = FileFault(blobs.root).install(monkeypatch, "replace", "unlink")
 
     _unavailable("blobs", lambda: blobs.quarantine_file(put.hash))
     _unavailable("blobs", lambda: blobs.remove_file(put.hash))
@@ -359,8 +358,7 @@ def test_the_cli_reading_an_artifact_on_a_failing_disk_exits_6_with_one_line(
     with SessionStore.from_settings(settings) as store:
         sid, tool_id, _art_id = _artifacts_of(store)
         root = store.settings.resolved_artifact_root
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SESSIONSTORE_")}
-    env["SESSIONSTORE_DATA_DIR"] = str(tmp_path / "data")
+    env = clean_env(tmp_path / "data")
     args = [str(root), "read", f"artifact://{tool_id}", "--session", sid]
     result = subprocess.run(
         [sys.executable, "-c", _CLI_WITH_A_FAILING_DISK, *args],

@@ -23,7 +23,7 @@ from core.blobs.store import SUFFIXES
 from core.blobs.verify import verify_blobs
 from core.errors import BlobNotFound, ResolveNotFound
 from tests.cli_process import run_cli
-from tests.support import outcome_within
+from tests.support import clean_env, outcome_within
 
 DEADLINE_S = 10.0
 TEXT = b"".join(b"line %d: the quick brown fox\n" % i for i in range(3000))
@@ -152,8 +152,7 @@ def test_the_cli_never_hangs_on_a_fifo(tmp_path: Path) -> None:
 
 
 def _cli(data_dir: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SESSIONSTORE_")}
-    env["SESSIONSTORE_DATA_DIR"] = str(data_dir)
+    env = clean_env(data_dir)
     try:
         return run_cli(*args, env=env, timeout=30)
     except subprocess.TimeoutExpired:

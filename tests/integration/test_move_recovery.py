@@ -3,7 +3,6 @@ the artifacts are reachable and a second move succeeds. Both backends."""
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
 import sys
@@ -17,6 +16,7 @@ from sqlalchemy import func, select
 from core import SessionStore, Settings
 from core.models import MoveIntentRow
 from core.sessions.moves import Moves, _DirectoryMove
+from tests.support import clean_env
 
 
 class Injected(Exception):
@@ -126,9 +126,7 @@ def test_sigkill_mid_move_then_repair(
     store: SessionStore, settings: Settings, step: str, tmp_path: Path
 ) -> None:
     sid = _with_files(store)
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SESSIONSTORE_")}
-    env["SESSIONSTORE_DATA_DIR"] = str(settings.data_dir)
-    env["SESSIONSTORE_DATABASE_URL"] = str(settings.database_url)
+    env = clean_env(settings.data_dir, SESSIONSTORE_DATABASE_URL=str(settings.database_url))
     script = tmp_path / "crash.py"
     script.write_text(_CRASHER)
     done = subprocess.run(

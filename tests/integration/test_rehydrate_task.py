@@ -35,7 +35,14 @@ from tasks import enqueue_rehydrate
 from tasks.app import create_app
 from tasks.embedded import embedded_worker
 from tests.cli_process import run_cli
-from tests.support import WorkerProcess, set_output_expiry, settings_env, thread_worker, wait_for
+from tests.support import (
+    WorkerProcess,
+    clean_env,
+    set_output_expiry,
+    settings_env,
+    thread_worker,
+    wait_for,
+)
 
 PNG = b"\x89PNG\r\n\x1a\n"
 _rows = table_of(RehydrationRow)
@@ -339,9 +346,7 @@ def _embedded_cli(tmp_path: Path, *, turns: int) -> tuple[str, dict[str, str]]:
     upgrade(settings.resolved_database_url)
     with SessionStore.from_settings(settings) as store:
         sid = _session(store, turns=turns)
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SESSIONSTORE_")}
-    env["SESSIONSTORE_DATA_DIR"] = str(settings.data_dir)
-    return sid, env
+    return sid, clean_env(settings.data_dir)
 
 
 def test_cli_export_via_queue_on_embedded_defaults_needs_no_worker(tmp_path: Path) -> None:

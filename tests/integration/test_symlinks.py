@@ -33,7 +33,7 @@ from core.errors import BlobCorrupted, ForkCopyBlocked, SessionStoreError, Symli
 from core.models import utcnow
 from core.records import Session
 from tests.contract.test_fork import defer_copies
-from tests.support import watch_log
+from tests.support import blobs_in_distinct_fanouts, watch_log
 
 # where the link goes (relative to the session directory), and what it replaces
 PLACES = {
@@ -323,8 +323,8 @@ def test_what_a_parent_held_for_a_fork_goes_with_the_fork(
     fork_dir = session_dir(root, "acme", fork.id)
     fork_dir.parent.mkdir(parents=True, exist_ok=True)
     os.symlink(tmp_path / "outside", fork_dir)
-    time.sleep(0.01)
     store.artifacts(parent.id).files.put("big.bin", b"y" * 10)  # held for the fork
+    _rewritten_after_the_fork(session_dir(root, "acme", parent.id), "files/big.bin")
     held = inherited.held_dir(session_dir(root, "acme", parent.id), fork.id)
     assert [p.name for p in held.rglob("*") if p.is_file()] == ["big.bin"]
     fork_dir.unlink()
@@ -620,7 +620,8 @@ def test_blob_verify_reports_each_symlink_and_checks_every_other_blob(
     (outside / "secret.txt").write_bytes(b"not a blob")
     blobs = store.blobs
     assert isinstance(blobs, FileBlobStore)
-    linked_file, linked_dir, corrupt, *good = _blobs_in_distinct_fanouts(store, 5)
+    contents = [_content(i) for i in range(5)]
+    linked_file, linked_dir, corrupt, *good = blobs_in_distinct_fanouts(blobs, contents)
     file_link = blobs.path_for(linked_file.hash, linked_file.codec)
     file_link.unlink()
     os.symlink(outside / "secret.txt", file_link)
@@ -641,15 +642,20 @@ def test_blob_verify_reports_each_symlink_and_checks_every_other_blob(
     assert [blobs.get(put.hash) for put in good] == [_content(i) for i in range(3, 5)]
 
 
+def _rewritten_after_the_fork(parent_dir: Path, *names: str) -> None:
+    """Date the parent's rewritten files an hour ahead, so they are newer than the fork
+    exactly: the kernel stamps a file from its coarse clock, and a write just after the
+    fork may get an earlier time than the fork's (a sleep made that only unlikely). What
+    a rewrite held for the fork is the old inode, under another name, and keeps its time."""
+    later = time.time() + 3600
+    for name in names:
+        path = parent_dir / name
+        assert path.is_file() and not path.is_symlink(), path
+        os.utime(path, (later, later))
+
+
 def _content(i: int) -> bytes:
     return b"blob %d: " % i + b"the quick brown fox jumps over the lazy dog " * 50
-
-
-def _blobs_in_distinct_fanouts(store: SessionStore, count: int) -> list[Any]:
-    """``count`` blobs put, no two under one ``<h[0:2]>/<h[2:4]>`` directory."""
-    puts = [store.blobs.put(_content(i)) for i in range(count)]
-    assert len({put.hash[:4] for put in puts}) == count
-    return puts
 
 
 def test_a_linked_pending_fork_directory_never_fails_the_parents_write(
@@ -678,11 +684,12 @@ def test_a_linked_pending_fork_directory_never_fails_the_parents_write(
     os.symlink(outside, fork_dir)
     before = _snapshot(outside)
 
-    time.sleep(0.01)  # the rewrites are newer than the fork
     artifacts.files.put("notes/plan.md", "the new plan")
     artifacts.files.delete("notes/old.md")
     artifacts.put_tool_output("0", "bash", "new tool output")
     artifacts.put_agent_output("explore", "# new findings", jsonl='{"turn": 2}\n')
+    rewritten = ("files/notes/plan.md", "0.bash.log", "explore.md", "explore.jsonl")
+    _rewritten_after_the_fork(session_dir(root, "acme", parent.id), *rewritten)
 
     assert _snapshot(outside) == before
     assert "symlink" in caplog.text and fork.id in str(
