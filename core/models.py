@@ -329,7 +329,7 @@ class EventTimeBlockRow(SQLModel, table=True):
 
     block: int = Field(sa_column=Column(BigInteger, primary_key=True, autoincrement=False))
     max_recorded_at: datetime = Field(sa_column=Column(TZDateTime, nullable=False))
-    # the payloads' own ``timestamp`` (epoch ms, rounded up); NULL: no event has one
+    # the largest entry time (``core.query.entry_time``), epoch ms rounded up; NULL: none has one
     max_entry_ms: int | None = Field(default=None, sa_column=Column(BigInteger, nullable=True))
 
 

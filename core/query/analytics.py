@@ -37,7 +37,7 @@ from core.db import is_sqlite, keyset_pages, read_connection
 from core.journal.validation import check_limit, check_name, check_seq
 from core.models import BlobRefRow, BlobRow, EventRow, SessionRow, table_of
 from core.query import timeblocks
-from core.query.entry_time import entry_ms
+from core.query.entry_time import bound_us, entry_us
 from core.records import Page
 
 _events = table_of(EventRow)
@@ -57,7 +57,8 @@ class EventFilter:
     ``since`` is inclusive and ``until`` exclusive, on the time the journal recorded the event
     (``events.recorded_at``). ``entry_since``/``entry_until`` (same bounds) filter on the
     entry's own time, the payload's ``timestamp`` as the agent wrote it: ISO 8601 text or epoch
-    milliseconds. An event without a readable ``timestamp`` never matches an entry bound.
+    milliseconds, read as ``core.query.entry_time`` defines (the same on every backend, to the
+    millisecond). An event without such a ``timestamp`` never matches an entry bound.
     """
 
     tenant_id: str | None = None
@@ -130,10 +131,6 @@ def _json_number(engine: Engine, *path: str) -> ColumnElement[Any]:
     )
 
 
-def _epoch_ms(when: datetime) -> float:
-    return when.timestamp() * 1000
-
-
 def _payload_bytes(engine: Engine) -> ColumnElement[Any]:
     """Size of the payload's JSON text as the backend stores or renders it."""
     if is_sqlite(engine):
@@ -181,9 +178,9 @@ def _scope(
     if flt.until is not None:
         clauses.append(_events.c.recorded_at < flt.until)
     if flt.entry_since is not None:
-        clauses.append(entry_ms(engine) >= _epoch_ms(flt.entry_since))
+        clauses.append(entry_us(engine) >= bound_us(flt.entry_since))
     if flt.entry_until is not None:
-        clauses.append(entry_ms(engine) < _epoch_ms(flt.entry_until))
+        clauses.append(entry_us(engine) < bound_us(flt.entry_until))
     return clauses
 
 

@@ -1,11 +1,60 @@
-"""An event's entry time: the payload's own ``timestamp``, as epoch milliseconds in SQL
-(``events --since/--until``; the time-block summary's second bound)."""
+"""An event's entry time: the payload's own ``timestamp`` (``events --since/--until``; the
+time-block summary's second bound), as whole epoch microseconds in SQL.
+
+What counts as an entry time, the same on every backend (``tests/contract/test_entry_time.py``
+runs one table of cases and a property on each):
+
+- A JSON number is epoch milliseconds. An integer exactly; any other number as a double
+  (what JSON readers make of it), times 1000 in double precision, floored to a whole
+  microsecond. A non-integer literal over 40 characters, or with an exponent of 4 digits or
+  more, is not one: the journal writes floats as their shortest round-trip text, never such
+  a literal, and PostgreSQL could not read all of them.
+- A JSON string is an ISO 8601 / RFC 3339 date-time: ``YYYY-MM-DD``, ``T`` or a space,
+  ``hh:mm``, optionally ``:ss`` and then optionally a fraction (``.`` and any number of
+  digits, read to the microsecond, the rest dropped), then optionally a zone: ``Z``,
+  ``±hh:mm``, ``±hhmm`` or ``±hh`` (up to 23:59); without one, UTC. Each field in its range:
+  a real day of the (proleptic Gregorian) calendar, years 0001-9999, hours 00-23, minutes
+  and seconds 00-59 (no leap second, no 24:00). ``T`` and ``Z`` in upper case, nothing
+  before or after: a date alone, week dates, basic format (``20250101T...``) and names of
+  zones are not entry times.
+- The instant lies in the years 0001-9999 UTC, what a bound (a ``datetime``, whole
+  microseconds too) can name: ``MIN_US`` to ``MAX_US``.
+
+Anything else (``true``, an object, ``"NaN"``, ``10**309``, a megabyte of text) has no entry
+time: it matches no entry bound, and it never makes a query fail (DESIGN invariant 11).
+
+The text's form and each field's range are checked by this module, not by a date function of
+either backend (their rules differ: SQLite's julianday rolls 2025-02-30 over to March,
+takes 24:30 and no +0530; PostgreSQL's timestamptz takes neither a zone past 15:59 nor long
+fractions). Only then is a day numbered (julianday, make_date: exact and alike for a valid
+date), the rest is one piece of integer arithmetic on both backends. The form is checked
+by a regular expression on PostgreSQL, by GLOB patterns on SQLite (which has none); the
+payload is read once per row (SQLite reads a non-integer number's literal once more).
+"""
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Sequence
+from datetime import UTC, date, datetime, timedelta
+from decimal import Decimal
+from typing import Any, NamedTuple
 
-from sqlalchemy import TIMESTAMP, Engine, Numeric, and_, case, cast, func
+from sqlalchemy import (
+    BigInteger,
+    Date,
+    Engine,
+    Float,
+    Integer,
+    Numeric,
+    and_,
+    case,
+    cast,
+    func,
+    literal,
+    literal_column,
+    or_,
+    select,
+)
 from sqlalchemy.sql.elements import ColumnElement
 
 from core.db import is_sqlite
@@ -13,53 +62,306 @@ from core.models import EventRow, table_of
 
 _events = table_of(EventRow)
 
-# ISO 8601 date-times that PostgreSQL's timestamptz cast accepts: checked before the cast, so
-# an odd ``timestamp`` string makes the event not match rather than fail the whole query. The
-# cast raises on any impossible field (2025-02-30, month 13, hour 25, year 0, a zone past
-# 15:59), so each field is checked for its range here, the day against its month and year.
-_DAY = (
-    r"(?!0000)(\d{4}-((0[1-9]|1[0-2])-(0[1-9]|1\d|2[0-8])|(0[13-9]|1[0-2])-(29|30)|(0[13578]|1[02])-31)"
-    r"|(\d\d(0[48]|[2468][048]|[13579][26])|([02468][048]|[13579][26])00)-02-29)"
-)
-_TIME = r"(([01]\d|2[0-3]):[0-5]\d(:[0-5]\d(\.\d+)?)?|24:00(:00(\.0+)?)?)"
-_PG_ISO = rf"^({_DAY})[T ]{_TIME}(Z|[+-](0\d|1[0-5])(:?[0-5]\d)?)?$"
-_PG_ZONED = r"\d{2}:\d{2}(:\d{2}(\.\d+)?)?(Z|[+-]\d{2}(:?\d{2})?)$"
+MIN_US = -62_135_596_800_000_000  # 0001-01-01T00:00:00.000000Z
+MAX_US = 253_402_300_799_999_999  # 9999-12-31T23:59:59.999999Z
+MIN_MS, MAX_MS = MIN_US // 1000, MAX_US // 1000  # the integers (epoch ms) within them
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_US_PER_DAY, _US_PER_HOUR, _US_PER_MINUTE = 86_400_000_000, 3_600_000_000, 60_000_000
+# a negative number nearer 0 than this (2**-1075) is -0.0 as a double; further, -1 floored
+_NEGATIVE_ZERO = Decimal("-2.4703282292062328e-324")
+_TINY, _HUGE = Decimal("1e-300"), Decimal("1e300")  # within these a double holds a numeric
 
 
-def entry_ms(engine: Engine) -> ColumnElement[Any]:
-    """The payload's ``timestamp`` in epoch milliseconds, whether stored as a number (epoch
-    ms) or ISO 8601 text (UTC when it names no zone); NULL when absent or unreadable."""
-    if is_sqlite(engine):
-        kind = func.json_type(_events.c.payload, "$.timestamp")
-        value = func.json_extract(_events.c.payload, "$.timestamp")
-        return case(
-            (kind.in_(["integer", "real"]), value),
-            # SQLite's date functions keep whole milliseconds; rounding removes the float
-            # error of julianday (an entry at .123 s came out as ...122.997 ms, below itself)
+def bound_us(when: datetime) -> int:
+    """``when`` in epoch microseconds, exactly (a float of ``when.timestamp()`` is not); a
+    naive ``when`` is local time, as ``timestamp()`` takes it. An offset may take it past
+    the range of entry times: then it is before or after all of them."""
+    aware = when if when.tzinfo is not None else when.astimezone()
+    return (aware - _EPOCH) // timedelta(microseconds=1)  # no overflow at the range's ends
+
+
+def entry_us(engine: Engine) -> ColumnElement[Any]:
+    """The payload's entry time (see the module) in whole epoch microseconds, a BIGINT; NULL
+    when it has none. For a query over ``events``: it reads the row's payload."""
+    return _sqlite_entry_us() if is_sqlite(engine) else _postgres_entry_us()
+
+
+class _Fields(NamedTuple):
+    """An ISO text's fields as BIGINT expressions; NULL unless the text has the form of the
+    definition (the fields' ranges are not checked yet)."""
+
+    year: ColumnElement[Any]
+    month: ColumnElement[Any]
+    day: ColumnElement[Any]
+    hour: ColumnElement[Any]
+    minute: ColumnElement[Any]
+    second: ColumnElement[Any]
+    micro: ColumnElement[Any]
+    zone_sign: ColumnElement[Any]
+    zone_hours: ColumnElement[Any]
+    zone_minutes: ColumnElement[Any]
+
+
+def _unchecked_us(f: _Fields, epoch_days: Any) -> ColumnElement[Any]:
+    """Epoch microseconds of the text ``f`` was read from, NULL unless it has the form and
+    its fields their ranges; the instant's range is the caller's to check (at one place, as
+    each use of this expression evaluates it again). ``epoch_days(f)``: the day's number
+    from 1970-01-01, asked only of a valid date. One piece of SQL for both backends: only
+    the reading of the fields and the day's number differ."""
+    leap = and_(f.year % 4 == 0, or_(f.year % 100 != 0, f.year % 400 == 0))
+    month_days = case(
+        (f.month == 2, case((leap, 29), else_=28)),
+        (f.month.in_([4, 6, 9, 11]), 30),
+        else_=31,
+    )
+    valid = and_(
+        f.year >= 1,
+        f.month.between(1, 12),
+        f.day.between(1, month_days),
+        f.hour <= 23,
+        f.minute <= 59,
+        f.second <= 59,
+        f.zone_hours <= 23,
+        f.zone_minutes <= 59,
+    )
+    us = (
+        epoch_days(f) * _US_PER_DAY
+        + f.hour * _US_PER_HOUR
+        + f.minute * _US_PER_MINUTE
+        + f.second * 1_000_000
+        + f.micro
+        - f.zone_sign * (f.zone_hours * _US_PER_HOUR + f.zone_minutes * _US_PER_MINUTE)
+    )
+    # CASE, not AND: PostgreSQL may evaluate an AND's terms in any order, and a field's cast
+    # fails the query where the text does not have the shape
+    return case((valid, us))
+
+
+def _in_range(us: ColumnElement[Any]) -> ColumnElement[Any]:
+    return case((us.between(MIN_US, MAX_US), us))
+
+
+def _layers(first: Sequence[ColumnElement[Any]], *more: Any) -> list[ColumnElement[Any]]:
+    """``first`` (over the outer query's ``events`` row), then what each of ``more`` adds
+    (a function of the list of columns so far), each layer a derived table evaluated once per
+    row: the payload is JSON text that each use would parse again, and the fields are used
+    many times each. ``OFFSET 0`` keeps either backend from merging a layer into its user,
+    which would copy its expressions back into every use."""
+    layer = (
+        select(*(c.label(f"v{i}") for i, c in enumerate(first)))
+        .correlate(_events)
+        .offset(0)
+        .subquery()
+    )
+    columns: list[ColumnElement[Any]] = list(layer.c)
+    for step in more:
+        added = step(columns)
+        labeled = [c.label(f"v{i}") for i, c in enumerate([*columns, *added])]
+        layer = select(*labeled).select_from(layer).offset(0).subquery()
+        columns = list(layer.c)
+    return columns
+
+
+def _from_integer(ms: ColumnElement[Any]) -> ColumnElement[Any]:
+    return case((ms.between(MIN_MS, MAX_MS), ms * 1000))
+
+
+def _number(literal: ColumnElement[Any]) -> ColumnElement[Any]:
+    return cast(literal, BigInteger)
+
+
+# SQLite ---------------------------------------------------------------------------------
+
+
+def _glob(expr: ColumnElement[Any], shape: str) -> ColumnElement[bool]:
+    """Whether ``expr`` is exactly ``shape``: ``9`` an ASCII digit, ``+`` a sign."""
+    return expr.op("GLOB")("".join({"9": "[0-9]", "+": "[+-]"}.get(c, c) for c in shape))
+
+
+def _sqlite_entry_us() -> ColumnElement[Any]:
+    path = "$.timestamp"
+    columns = _layers(
+        [func.json_type(_events.c.payload, path), func.json_extract(_events.c.payload, path)],
+        lambda c: _sqlite_zone_and_form(c[0], c[1]),
+        # julianday is exact for a valid date (its day number is an integer plus one half)
+        lambda c: [_unchecked_us(_fields_at(c[1], c[2], c[3]), lambda f: _julian_days(c[1]))],
+    )
+    kind, value, text_us = columns[0], columns[1], columns[-1]
+    literal = _events.c.payload.op("->")(path)  # a number's literal, as written (reals only)
+    micros = value * 1000.0  # a real: a double, as on PostgreSQL
+    whole = cast(micros, BigInteger)  # toward zero: floored below
+    plain_real = and_(
+        func.length(literal) <= 40,
+        literal.op("NOT GLOB")("*[eE][0-9][0-9][0-9][0-9]*"),
+        literal.op("NOT GLOB")("*[eE][+-][0-9][0-9][0-9][0-9]*"),
+    )
+    return select(
+        case(
+            # an integer past 64 bits reads as a real: out of range either way
+            (kind == "integer", _from_integer(value)),
             (
-                # julianday rolls an impossible day over (2025-02-30 is 2025-03-02), and takes
-                # year 0: neither matches, as on PostgreSQL
-                and_(
-                    kind == "text",
-                    func.substr(value, 1, 10) >= "0001",
-                    func.date(func.julianday(func.substr(value, 1, 10)))
-                    == func.substr(value, 1, 10),
+                kind == "real",
+                # in range before the cast: SQLite's cast of a huge real saturates
+                case(
+                    (
+                        and_(plain_real, micros >= MIN_US, micros < MAX_US + 1),
+                        whole - case((micros < whole, 1), else_=0),
+                    )
                 ),
-                func.round((func.julianday(value) - 2440587.5) * 86_400_000.0),
             ),
+            else_=_in_range(text_us),
         )
-    text = func.json_extract_path_text(_events.c.payload, "timestamp")  # payload->>'timestamp'
-    kind = func.json_typeof(func.json_extract_path(_events.c.payload, "timestamp"))
+    ).scalar_subquery()
+
+
+def _sqlite_zone_and_form(
+    kind: ColumnElement[Any], t: ColumnElement[Any]
+) -> list[ColumnElement[Any]]:
+    zone = case((kind == "text", _sqlite_zone(t)))
+    return [zone, and_(kind == "text", _sqlite_shaped(t, zone))]
+
+
+def _sqlite_zone(t: ColumnElement[Any]) -> ColumnElement[Any]:
+    """The length of the zone that ends ``t`` (0: none). None of its forms can reach into
+    the text's first 16 characters (``YYYY-MM-DDThh:mm``)."""
+    n = func.length(t)
     return case(
-        (kind == "number", cast(text, Numeric)),
-        # zoned text: the zone it names; text without a zone: UTC, as on SQLite
+        (func.substr(t, n, 1) == "Z", 1),
+        (_glob(func.substr(t, n - 5, 6), "+99:99"), 6),
+        (_glob(func.substr(t, n - 4, 5), "+9999"), 5),
+        (_glob(func.substr(t, n - 2, 3), "+99"), 3),
+        else_=0,
+    )
+
+
+def _sqlite_shaped(t: ColumnElement[Any], zone: ColumnElement[Any]) -> ColumnElement[bool]:
+    """Whether ``t``, whose zone is its last ``zone`` characters, has the definition's form."""
+    n = func.length(t)
+    rest = func.substr(t, 17, n - 16 - zone)  # '', ':ss' or ':ss.f...'
+    fraction = func.substr(rest, 5)
+    shaped = and_(
+        n >= 16,
+        _glob(func.substr(t, 1, 10), "9999-99-99"),
+        func.substr(t, 11, 1).in_(["T", " "]),
+        _glob(func.substr(t, 12, 5), "99:99"),
+        or_(
+            rest == "",
+            _glob(rest, ":99"),
+            and_(
+                _glob(func.substr(rest, 1, 4), ":99."),
+                fraction != "",
+                fraction.op("NOT GLOB")("*[^0-9]*"),
+            ),
+        ),
+    )
+    return shaped
+
+
+def _julian_days(t: ColumnElement[Any]) -> ColumnElement[Any]:
+    return cast(func.julianday(func.substr(t, 1, 10)) - 2_440_587.5, BigInteger)
+
+
+def _fields_at(t: ColumnElement[Any], zone: ColumnElement[Any], shaped: Any) -> _Fields:
+    """The fields of ``t`` where it has the definition's form (``shaped``; else NULL), its
+    zone its last ``zone`` characters, by their places: the first 16 characters are fixed,
+    then ``:ss`` and ``.`` and the fraction, up to the zone. Nothing is cast elsewhere."""
+    n = func.length(t)
+
+    def at(start: Any, length: Any) -> ColumnElement[Any]:
+        return case((shaped, _number(func.substr(t, start, length))))
+
+    rest = n - 16 - zone  # characters between the minutes and the zone
+    fraction = func.substr(t, 21, rest - 4)
+    return _Fields(
+        year=at(1, 4),
+        month=at(6, 2),
+        day=at(9, 2),
+        hour=at(12, 2),
+        minute=at(15, 2),
+        second=case((rest >= 3, at(18, 2)), else_=0),
+        micro=case(
+            (and_(shaped, rest >= 5), _number(func.substr(fraction.op("||")("000000"), 1, 6))),
+            else_=0,
+        ),
+        zone_sign=case((func.substr(t, n - zone + 1, 1) == "-", -1), else_=1),
+        zone_hours=case((zone >= 3, at(n - zone + 2, 2)), else_=0),
+        zone_minutes=case((zone >= 5, at(n - 1, 2)), else_=0),
+    )
+
+
+# PostgreSQL -----------------------------------------------------------------------------
+
+# the definition's form: ASCII digits ([0-9]: \d may take other scripts' digits), upper
+# case. No capture groups: PostgreSQL's engine then only answers whether it matches, fast
+# (regexp_match with groups took ~0.7 ms a row); the fields are read by their places.
+_PG_ISO = (
+    r"^[0-9]{4}-[0-9]{2}-[0-9]{2}[T ][0-9]{2}:[0-9]{2}"
+    r"(?::[0-9]{2}(?:\.[0-9]+)?)?(?:Z|[+-][0-9]{2}(?::?[0-9]{2})?)?$"
+)
+
+
+def _postgres_entry_us() -> ColumnElement[Any]:
+    # events.payload is json (exact text), not jsonb: the json_* functions
+    columns = _layers(
+        [func.json_extract_path(_events.c.payload, "timestamp")],  # the one parse of the row
+        lambda c: [
+            func.json_typeof(c[0]),
+            c[0].op("#>>")(literal_column("ARRAY[]::text[]")),  # as ->> gives it: the literal
+        ],
+        lambda c: [and_(c[1] == "string", c[2].op("~")(_PG_ISO)), _postgres_zone(c[2])],
+        lambda c: list(_fields_at(c[2], c[4], c[3])),
+        lambda c: [_unchecked_us(_Fields(*c[5:]), _postgres_days)],
+    )
+    kind, text, text_us = columns[1], columns[2], columns[-1]
+    return select(
+        case(
+            (kind == "number", _postgres_number_us(text)),
+            else_=_in_range(text_us),
+        )
+    ).scalar_subquery()
+
+
+def _postgres_zone(t: ColumnElement[Any]) -> ColumnElement[Any]:
+    """The length of the zone ending ``t`` where ``t`` has the form (where a sign can only
+    start its zone)."""
+    n = func.length(t)
+    sign = ["+", "-"]
+    return case(
+        (func.substr(t, n, 1) == "Z", 1),
+        (func.substr(t, n - 5, 1).in_(sign), 6),
+        (func.substr(t, n - 4, 1).in_(sign), 5),
+        (func.substr(t, n - 2, 1).in_(sign), 3),
+        else_=0,
+    )
+
+
+def _postgres_days(f: _Fields) -> ColumnElement[Any]:
+    """make_date is exact for a valid date of years 1-9999 (and fails on any other)."""
+    made = func.make_date(cast(f.year, Integer), cast(f.month, Integer), cast(f.day, Integer))
+    return cast(made.op("-")(literal(date(1970, 1, 1), Date)), BigInteger)
+
+
+def _postgres_number_us(literal: ColumnElement[Any]) -> ColumnElement[Any]:
+    """A JSON number's literal (valid JSON: PostgreSQL checked it) as SQLite reads it: an
+    integer exactly, anything else as a double. Every cast is guarded, so no literal can
+    fail the query (a numeric overflows past 131,072 digits; a double past 1e308 and below
+    1e-307)."""
+    exact = cast(literal, Numeric)
+    micros = func.floor(cast(exact, Float(precision=53)) * 1000.0)
+    return case(
         (
-            and_(kind == "string", text.op("~")(_PG_ISO), text.op("~")(_PG_ZONED)),
-            func.extract("epoch", cast(text, TIMESTAMP(timezone=True))) * 1000,
+            func.ltrim(literal, "-").op("~")("^[0-9]+$"),
+            case((func.length(literal) <= 17, _from_integer(_number(literal)))),
         ),
         (
-            and_(kind == "string", text.op("~")(_PG_ISO)),
-            func.extract("epoch", func.timezone("UTC", cast(text, TIMESTAMP()))) * 1000,
+            and_(func.length(literal) <= 40, literal.op("!~")("[eE][+-]?[0-9]{4}")),
+            case(
+                (func.abs(exact) < _TINY, case((exact < _NEGATIVE_ZERO, -1), else_=0)),
+                (
+                    func.abs(exact) < _HUGE,
+                    case((micros.between(MIN_US, MAX_US), cast(micros, BigInteger))),
+                ),
+            ),
         ),
     )
 

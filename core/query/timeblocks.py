@@ -27,6 +27,7 @@ only what was appended since. Nothing is added to the append path.
 from __future__ import annotations
 
 import logging
+import weakref
 from datetime import datetime
 from typing import Any
 
@@ -38,7 +39,7 @@ from sqlalchemy.sql.elements import ColumnElement
 
 from core.db import is_sqlite, read_connection, write_transaction
 from core.models import EventRow, EventTimeBlockRow, table_of
-from core.query.entry_time import entry_ms
+from core.query.entry_time import bound_us, entry_us
 
 log = logging.getLogger(__name__)
 
@@ -46,6 +47,7 @@ TIME_BLOCK = 4096  # positions per block: ~250 summary rows per million events
 
 _events = table_of(EventRow)
 _blocks = table_of(EventTimeBlockRow)
+_failures: weakref.WeakKeyDictionary[Engine, int] = weakref.WeakKeyDictionary()
 
 
 def first_position_at_or_after(
@@ -60,7 +62,7 @@ def first_position_at_or_after(
     if recorded is not None:
         bounds.append(_blocks.c.max_recorded_at >= recorded)
     if entry is not None:
-        bounds.append(_blocks.c.max_entry_ms >= entry.timestamp() * 1000)
+        bounds.append(_blocks.c.max_entry_ms >= -(-bound_us(entry) // 1000))  # ms, rounded up
     with read_connection(engine) as conn:
         first = conn.execute(select(func.min(_blocks.c.block)).where(*bounds)).scalar_one_or_none()
         last = conn.execute(select(func.max(_blocks.c.block))).scalar_one_or_none()
@@ -97,22 +99,32 @@ def summarize(engine: Engine) -> int:
             .on_conflict_do_nothing(index_elements=[_blocks.c.block])
         )
         with write_transaction(engine) as conn:
-            return int(conn.execute(statement).rowcount or 0)
+            added = int(conn.execute(statement).rowcount or 0)
     except SQLAlchemyError as exc:
-        log.debug("event time blocks not summarized: %s", exc)
+        _failed(engine, exc)
         return 0
+    _failures.pop(engine, None)
+    return added
+
+
+def _failed(engine: Engine, exc: SQLAlchemyError) -> None:
+    """Once is a busy SQLite or a lost connection (DEBUG); again at the next listing, it is
+    likely to stay (a role that may not write the summary, a query that cannot run) and
+    every time-bounded listing scans from further back than it needs to: WARNING."""
+    count = _failures.get(engine, 0) + 1
+    _failures[engine] = count
+    level = logging.DEBUG if count == 1 else logging.WARNING
+    log.log(
+        level,
+        "event time blocks not summarized (%d times in a row): %s",
+        count,
+        exc,
+        extra={"failures": count, "error": type(exc).__name__},
+    )
 
 
 def _entry_bound(engine: Engine) -> ColumnElement[Any]:
-    """The block's largest entry time, in whole milliseconds rounded up (an upper bound),
-    clamped to what a BIGINT holds: no ``since`` a datetime can name lies beyond the clamp."""
-    top = func.max(entry_ms(engine))
-    clamped: ColumnElement[Any]
-    if is_sqlite(engine):
-        clamped = func.min(func.max(top, -_CLAMP), _CLAMP)  # SQLite's scalar min/max
-    else:
-        clamped = func.least(func.greatest(top, -_CLAMP), _CLAMP)
-    return cast(clamped, BigInteger) + 1
-
-
-_CLAMP = 9e18
+    """Above the block's largest entry time (``core.query.entry_time``: microseconds within
+    the years 1-9999), in milliseconds: never below it, as the division truncates toward
+    zero. NULL when no event of the block has one."""
+    return cast(func.max(entry_us(engine)), BigInteger) // 1000 + 1

@@ -199,8 +199,10 @@ def events(
 ) -> None:
     """List events by global position, filtered; or follow new ones with --follow.
 
-    --since/--until filter on the entry's own timestamp (the payload's "timestamp", ISO 8601
-    or epoch ms); --recorded-since/--recorded-until on the time the journal recorded it.
+    --since/--until filter on the entry's own timestamp (the payload's "timestamp": epoch ms,
+    or ISO 8601 date and time with an optional Z or +hh:mm zone, UTC without; any other value
+    matches neither, see the README); --recorded-since/--recorded-until on the time the
+    journal recorded it.
 
     Without --follow, one page is printed and the cursor of the next is shown
     (pass it to --after-position). --follow starts at the current head unless
