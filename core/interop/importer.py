@@ -29,7 +29,9 @@ from __future__ import annotations
 import hashlib
 import importlib
 import importlib.util
+import json
 import logging
+import math
 import os
 import stat
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -192,6 +194,19 @@ class _Offset:
     lines: int
     entries: int
     prefix_sha256: str
+    # the lowest header version the file had (None: not recorded, imported before 0016)
+    source_version: int | None = None
+    # file id -> stored id, once pi rewrote an imported version-1 file with new ids
+    id_map: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class _Imported:
+    """What the session holds of the file: its first ``count`` events."""
+
+    count: int
+    source_version: int | None
+    id_map: dict[str, str]
 
 
 def import_session(
@@ -212,18 +227,22 @@ def import_session(
     external_id = parsed.header.external_id
     session = store.journal.find_external(tenant_id, external_id)
     offset = _offset_of(store, session.id) if session else None
-    skipped = _imported(store, path, data, session, offset, events, lines) if session else 0
+    held = _Imported(0, parsed.header.version, {})
+    if session is not None:
+        held = _imported(store, path, parsed, data, session, offset, events, lines)
+    skipped = held.count
+    events = _mapped(events, held.id_map)
     _validate(store, path, events[skipped:], lines[skipped:])
     if session is None:
         session = _create(store, parsed, path, tenant_id)
     elif offset is None:  # adopt an empty named session (``sessions create --id``)
-        _insert_offset(store, session.id, path, parsed.format)
+        _insert_offset(store, session.id, path, parsed)
     sizes = _line_sizes(data, lines)
     appended = 0
     try:
         for count in _append(store, session, events, sizes, skipped):
             appended += count
-        _save_offset(store, session.id, path, parsed, len(events), data)
+        _save_offset(store, session.id, path, parsed, len(events), data, held)
         after = converters()[parsed.format].after_import
         if after is not None:  # every pass: a pass that failed here runs it again
             after(store, session.id, parsed)
@@ -283,17 +302,18 @@ def _create(store: SessionStore, parsed: ParsedSession, path: Path, tenant_id: s
     )
     # The offset row exists from the start: a session of this external id without one was
     # not made by an import (``sessions create --id``) and is adopted only while empty.
-    _insert_offset(store, session.id, path, parsed.format)
+    _insert_offset(store, session.id, path, parsed)
     return session
 
 
-def _insert_offset(store: SessionStore, session_id: str, path: Path, format: str) -> None:
+def _insert_offset(store: SessionStore, session_id: str, path: Path, parsed: ParsedSession) -> None:
     with write_transaction(store.engine) as conn:
         conn.execute(
             insert(_offsets).values(
                 session_id=session_id,
                 path=str(path.resolve()),
-                format=format,
+                format=parsed.format,
+                source_version=parsed.header.version,
                 consumed_bytes=0,
                 lines=0,
                 entries=0,
@@ -308,44 +328,69 @@ def _offset_of(store: SessionStore, session_id: str) -> _Offset | None:
         row = conn.execute(select(_offsets).where(_offsets.c.session_id == session_id)).first()
     if row is None:
         return None
-    return _Offset(row.consumed_bytes, row.lines, row.entries, row.prefix_sha256)
+    id_map = json.loads(row.id_map) if row.id_map else {}
+    return _Offset(
+        row.consumed_bytes,
+        row.lines,
+        row.entries,
+        row.prefix_sha256,
+        row.source_version,
+        id_map,
+    )
 
 
 def _imported(
     store: SessionStore,
     path: Path,
+    parsed: ParsedSession,
     data: bytes,
     session: Session,
     offset: _Offset | None,
     events: Sequence[dict[str, Any]],
     lines: Sequence[int],
-) -> int:
-    """How many of the file's events the session holds; ``ImportConflict`` (before anything
-    is written) if the part of the file already imported is not what the session has."""
+) -> _Imported:
+    """How much of the file the session holds, with the map from the file's entry ids to
+    the stored ones (see ``_rewritten_by_pi``); ``ImportConflict`` (before anything is
+    written) if the part of the file already imported is not what the session has."""
+    version = parsed.header.version
     if offset is None:
         if session.head_seq == 0:  # an empty named session (``sessions create --id``)
-            return 0
+            return _Imported(0, version, {})
         raise ImportConflict(
             str(path), 1, f"session {session.id} has this id but was not imported from a file"
         )
     done = _resumed(store, session.id, offset.entries)
+    source = None if offset.source_version is None else min(offset.source_version, version)
+    held = _Imported(done, source, offset.id_map)
     prefix = data[: offset.consumed_bytes]
     if (
         len(data) >= offset.consumed_bytes
         and hashlib.sha256(prefix).hexdigest() == offset.prefix_sha256
         and done <= len(events)
     ):
-        return done
-    # The bytes differ (another path, an export of the session, an edit): what counts is
-    # whether any imported entry's value changed.
-    line = _first_differing_line(store, session, events, lines, done)
-    if line is not None:
+        return held
+    # The bytes differ (another path, an export of the session, an edit, pi's rewrite of an
+    # older file): what counts is whether any imported entry's value changed.
+    mapped = _mapped(events, offset.id_map)
+    line = _first_differing_line(store, session, mapped, lines, done)
+    if line is None:
+        log.info(
+            "the imported part was re-serialized with the same values",
+            extra={"path": str(path), "session_id": session.id},
+        )
+        return held
+    rewritten = None
+    if version == pi.CURRENT_VERSION and offset.source_version != pi.CURRENT_VERSION:
+        limit = max(offset.lines, lines[-1]) + 1
+        rewritten = _rewritten_by_pi(store, session, events, done, offset.source_version, limit)
+    if rewritten is None:
         raise ImportConflict(str(path), line, "the already-imported part of the file changed")
     log.info(
-        "the imported part was re-serialized with the same values",
-        extra={"path": str(path), "session_id": session.id},
+        "pi rewrote the imported file when it opened it (an older version): its entries are "
+        "the imported ones",
+        extra={"path": str(path), "session_id": session.id, "mapped_ids": len(rewritten.id_map)},
     )
-    return done
+    return rewritten
 
 
 def _validate(store: SessionStore, path: Path, events: Sequence[Any], lines: Sequence[int]) -> None:
@@ -392,6 +437,134 @@ def _first_differing_line(
         if same_value(_without_transient(events[found]), stored.payload):
             found += 1
     return None if found == count else lines[found]
+
+
+# pi's rewrite of an older file --------------------------------------------------------------
+
+# the entry fields that name another entry
+_LINKS = ("id", "parentId", "firstKeptEntryId", "targetId", "fromId")
+
+
+def _mapped(events: Sequence[dict[str, Any]], id_map: Mapping[str, str]) -> list[dict[str, Any]]:
+    """The file's events with the entry ids they name mapped to the stored ones (the header,
+    first, names the session: it is kept)."""
+    if not id_map:
+        return list(events)
+
+    def entry(event: dict[str, Any]) -> dict[str, Any]:
+        return {
+            k: id_map.get(v, v) if k in _LINKS and isinstance(v, str) else v
+            for k, v in event.items()
+        }
+
+    return [*events[:1], *(entry(e) for e in events[1:])]
+
+
+def _rewritten_by_pi(
+    store: SessionStore,
+    session: Session,
+    events: Sequence[dict[str, Any]],
+    count: int,
+    source_version: int | None,
+    limit: int,
+) -> _Imported | None:
+    """What the session holds of the file if the file is the imported older one after pi
+    opened it, else None.
+
+    pi migrates a version-1 or -2 file in place when it opens it (to continue the session):
+    every line is written again by ``JSON.stringify`` (numbers as JavaScript's doubles:
+    ``0.0`` is ``0``), and a version-1 file's entries get new random ids where the import
+    derived its own (``pi.v1_entry_id``). The file is that one if its first ``count`` events
+    are the stored file events in order, each the same JavaScript value as its stored event
+    but for the entry ids it holds (``_LINKS``), which correspond one to one, and every stored
+    id that differs is one the import derived for this session (so a file whose ids were
+    changed otherwise, or whose content changed, is refused). Without a recorded source
+    version, only derived ids show that the file was older."""
+    if count > len(events):
+        return None
+    forward: dict[str, str] = {}
+    backward: dict[str, str] = {}
+    derived = _DerivedIds(str(events[0].get("id")), limit)
+    found = 0
+    for stored in _stored_events(store, session.id):
+        if found == count:
+            break
+        theirs = _js_value(_without_transient(events[found]))
+        ours = _js_value(stored.payload)
+        if found == 0:
+            found += same_value(theirs, ours)
+            continue
+        pairs = _corresponding(theirs, ours, forward, backward)
+        if pairs is None:
+            continue  # an event appended to the session directly
+        if theirs.get("id") != ours.get("id") and not derived.next(ours.get("id")):
+            return None
+        for mine, stored_id in pairs.items():
+            forward[mine], backward[stored_id] = stored_id, mine
+        found += 1
+    id_map = {mine: ours for mine, ours in forward.items() if mine != ours}
+    if found != count or (source_version is None and not id_map):
+        return None
+    return _Imported(count, 1 if id_map else source_version, id_map)
+
+
+def _js_value(value: Any) -> Any:
+    """A JSON value as JavaScript's ``JSON.parse`` then ``JSON.stringify`` give it back:
+    every number a double (``1`` and ``1.0`` alike, ``-0`` is ``0``, beyond a double
+    ``null``)."""
+    if isinstance(value, dict):
+        return {k: _js_value(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_js_value(v) for v in value]
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        try:
+            number = float(value)
+        except OverflowError:
+            return None
+        return None if math.isinf(number) else number + 0.0
+    return value
+
+
+def _corresponding(
+    theirs: Any, ours: Any, forward: Mapping[str, str], backward: Mapping[str, str]
+) -> dict[str, str] | None:
+    """The new id pairs (file id -> stored id) under which the file's entry ``theirs`` is the
+    stored ``ours``, consistent with the pairs so far; None if it is not."""
+    if not isinstance(theirs, dict) or not isinstance(ours, dict) or theirs.keys() != ours.keys():
+        return None
+    pairs: dict[str, str] = {}
+    back: dict[str, str] = {}
+    for key in _LINKS:
+        mine, stored = theirs.get(key), ours.get(key)
+        if not (isinstance(mine, str) and isinstance(stored, str)):
+            if not same_value(mine, stored):
+                return None
+            continue
+        if forward.get(mine, pairs.get(mine, stored)) != stored:
+            return None
+        if backward.get(stored, back.get(stored, mine)) != mine:
+            return None
+        pairs[mine], back[stored] = stored, mine
+    rest = {k: v for k, v in theirs.items() if k not in _LINKS}
+    return pairs if same_value(rest, {k: v for k, v in ours.items() if k not in _LINKS}) else None
+
+
+class _DerivedIds:
+    """The ids ``pi.v1_entry_id`` draws for a session's parsed lines, in file order: each
+    stored entry's id must be drawn for a line after the previous one's."""
+
+    def __init__(self, session_id: str, limit: int) -> None:
+        self._session_id, self._limit, self._index = session_id, limit, 0
+
+    def next(self, entry_id: Any) -> bool:
+        if not isinstance(entry_id, str):
+            return False
+        while self._index < self._limit:
+            self._index += 1
+            digest = hashlib.sha256(f"{self._session_id}\0{self._index}".encode()).hexdigest()
+            if entry_id == digest or (len(entry_id) == 8 and entry_id in digest):
+                return True
+        return False
 
 
 def _stored_events(store: SessionStore, session_id: str) -> Iterator[StoredEvent]:
@@ -470,6 +643,7 @@ def _save_offset(
     parsed: ParsedSession,
     entries: int,
     data: bytes,
+    held: _Imported,
 ) -> None:
     consumed = parsed.consumed_bytes
     with write_transaction(store.engine) as conn:
@@ -483,6 +657,8 @@ def _save_offset(
                 lines=data.count(b"\n", 0, consumed),
                 entries=entries,
                 prefix_sha256=hashlib.sha256(data[:consumed]).hexdigest(),
+                source_version=held.source_version,
+                id_map=json.dumps(held.id_map, sort_keys=True) if held.id_map else None,
                 updated_at=utcnow(),
             )
         )

@@ -181,6 +181,28 @@ def test_a_value_changed_to_one_python_calls_equal_is_a_conflict(
     assert store.import_session(path, tenant_id=TENANT).appended == 0
 
 
+def test_renamed_ids_are_a_conflict(store: SessionStore, tmp_path: Path) -> None:
+    """Only pi's own rewrite of an imported version-1 file may change entry ids (to ids of
+    its own for the ones the import derived): a version-3 file's ids renamed one to one,
+    the tree unchanged, is a changed file."""
+    path = tmp_path / "s.jsonl"
+    lines = v3_lines()
+    write(path, lines)
+    store.import_session(path, tenant_id=TENANT)
+    renamed = {e["id"]: f"r{n}" for n, e in enumerate(lines[1:])}
+    links = ("id", "parentId", "firstKeptEntryId", "targetId", "fromId")
+    write(
+        path,
+        [
+            lines[0],
+            *({k: renamed.get(v, v) if k in links else v for k, v in e.items()} for e in lines[1:]),
+        ],
+    )
+    with pytest.raises(ImportConflict) as caught:
+        store.import_session(path, tenant_id=TENANT)
+    assert caught.value.line == 2
+
+
 def test_lost_entries_are_a_conflict(store: SessionStore, tmp_path: Path) -> None:
     path = tmp_path / "s.jsonl"
     write(path, v3_lines())
