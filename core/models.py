@@ -148,6 +148,10 @@ class ImportOffsetRow(SQLModel, table=True):
     source_version: int | None = Field(default=None, sa_column=Column(Integer, nullable=True))
     # JSON {file id: stored id} once pi rewrote an imported version-1 file with new ids
     id_map: str | None = Field(default=None, sa_column=Column(Text, nullable=True))
+    # the parent a pi fork's header names (``parentSession``): its path resolved, and the
+    # session id its file name ends with; the parent's import links the child
+    parent_path: str | None = Field(default=None, sa_column=Column(Text, nullable=True))
+    parent_external: str | None = Field(default=None, sa_column=Column(Text, nullable=True))
 
 
 class EventRow(SQLModel, table=True):

@@ -247,6 +247,7 @@ def import_session(
         if after is not None:  # every pass: a pass that failed here runs it again
             after(store, session.id, parsed)
         _link_parent(store, session, parsed, tenant_id)
+        _link_children(store, session, path, tenant_id)
     except (SessionStoreError, OSError) as exc:
         # What was appended stays (the next pass continues after it): say so, and where.
         raise ImportInterrupted(
@@ -314,6 +315,7 @@ def _insert_offset(store: SessionStore, session_id: str, path: Path, parsed: Par
                 path=str(path.resolve()),
                 format=parsed.format,
                 source_version=parsed.header.version,
+                **_parent_refs(parsed),
                 consumed_bytes=0,
                 lines=0,
                 entries=0,
@@ -658,10 +660,24 @@ def _save_offset(
                 entries=entries,
                 prefix_sha256=hashlib.sha256(data[:consumed]).hexdigest(),
                 source_version=held.source_version,
+                **_parent_refs(parsed),
                 id_map=json.dumps(held.id_map, sort_keys=True) if held.id_map else None,
                 updated_at=utcnow(),
             )
         )
+
+
+def _parent_refs(parsed: ParsedSession) -> dict[str, str | None]:
+    """The parent pi's ``parentSession`` names (the parent file's path): the path resolved,
+    and the session id its file name ends with (``<timestamp>_<id>.jsonl``)."""
+    ref = parsed.header.parent_session
+    if not ref:
+        return {"parent_path": None, "parent_external": None}
+    try:
+        resolved: str | None = str(Path(ref).expanduser().resolve())
+    except (OSError, ValueError):
+        resolved = None
+    return {"parent_path": resolved, "parent_external": Path(ref).stem.rsplit("_", 1)[-1]}
 
 
 def _link_parent(
@@ -669,28 +685,57 @@ def _link_parent(
 ) -> None:
     """pi's ``parentSession`` (the parent file's path) becomes a fork link once the parent
     is imported too. Nothing is inherited (``forked_from_seq`` stays None): a pi fork's file
-    holds its own copy of the entries."""
-    ref = parsed.header.parent_session
-    if not ref or session.parent_id is not None:
+    holds its own copy of the entries. A child imported first is linked by its parent's
+    pass (``_link_children``); each pass records its reference before either looks."""
+    refs = _parent_refs(parsed)
+    if session.parent_id is not None or refs["parent_external"] is None:
         return
-    parent = _session_of_path(store, ref, tenant_id) or store.journal.find_external(
-        tenant_id, Path(ref).stem.rsplit("_", 1)[-1]
-    )
-    if parent is None or parent.id == session.id:
-        return
+    parent = _parent_of(store, tenant_id, refs["parent_path"], refs["parent_external"])
+    if parent is not None and parent.id != session.id:
+        _set_parent(store, session.id, parent.id)
+
+
+def _link_children(store: SessionStore, session: Session, path: Path, tenant_id: str) -> None:
+    """Link the sessions imported before this one whose header names it as their parent (by
+    the rule ``_link_parent`` applies: the file's path first, then the id in its name)."""
+    mine = str(path.resolve())
+    with read_connection(store.engine) as conn:
+        rows = conn.execute(
+            select(_offsets.c.session_id, _offsets.c.parent_path, _offsets.c.parent_external)
+            .join(_sessions, _sessions.c.id == _offsets.c.session_id)
+            .where(
+                _sessions.c.tenant_id == tenant_id,
+                _sessions.c.parent_id.is_(None),
+                _sessions.c.id != session.id,
+                (_offsets.c.parent_path == mine)
+                | (_offsets.c.parent_external == session.external_id),
+            )
+        ).all()
+    for row in rows:
+        parent = _parent_of(store, tenant_id, row.parent_path, row.parent_external)
+        if parent is not None and parent.id == session.id:
+            _set_parent(store, row.session_id, session.id)
+
+
+def _parent_of(
+    store: SessionStore, tenant_id: str, parent_path: str | None, parent_external: str | None
+) -> Session | None:
+    by_path = _session_of_path(store, parent_path, tenant_id) if parent_path else None
+    if by_path is not None or parent_external is None:
+        return by_path
+    return store.journal.find_external(tenant_id, parent_external)
+
+
+def _set_parent(store: SessionStore, session_id: str, parent_id: str) -> None:
     with write_transaction(store.engine) as conn:
         conn.execute(
             update(_sessions)
-            .where(_sessions.c.id == session.id, _sessions.c.parent_id.is_(None))
-            .values(parent_id=parent.id)
+            .where(_sessions.c.id == session_id, _sessions.c.parent_id.is_(None))
+            .values(parent_id=parent_id)
         )
 
 
-def _session_of_path(store: SessionStore, ref: str, tenant_id: str) -> Session | None:
-    try:
-        resolved = str(Path(ref).expanduser().resolve())
-    except (OSError, ValueError):
-        return None
+def _session_of_path(store: SessionStore, resolved: str, tenant_id: str) -> Session | None:
     with read_connection(store.engine) as conn:
         row = conn.execute(
             select(_offsets.c.session_id)

@@ -341,17 +341,27 @@ def test_named_empty_session_is_adopted_by_import(store: SessionStore) -> None:
     assert result.session_id == named.id
 
 
-def test_parent_session_becomes_a_fork_link(store: SessionStore, tmp_path: Path) -> None:
+@pytest.mark.parametrize("parent_first", [True, False])
+@pytest.mark.parametrize("moved", [False, True])
+def test_parent_session_becomes_a_fork_link(
+    store: SessionStore, tmp_path: Path, parent_first: bool, moved: bool
+) -> None:
+    """One pass over each file links the child, whichever is imported first; by the parent
+    file's path, or (the file moved since) by the session id its name ends with."""
     parent_path = tmp_path / "2026-11-20T10-00-00-000Z_0f3c2a10-v3.jsonl"
     write(parent_path, v3_lines())
+    named = tmp_path / "elsewhere" / parent_path.name if moved else parent_path
     child = v3_lines()[:6]
-    child[0] = {**child[0], "id": "child-1", "parentSession": str(parent_path)}
+    child[0] = {**child[0], "id": "child-1", "parentSession": str(named)}
     child_path = tmp_path / "child.jsonl"
     write(child_path, child)
-    parent = store.import_session(parent_path, tenant_id=TENANT)
-    imported = store.import_session(child_path, tenant_id=TENANT)
+    order = [parent_path, child_path] if parent_first else [child_path, parent_path]
+    parent, imported = (store.import_session(p, tenant_id=TENANT) for p in order)
+    if not parent_first:
+        parent, imported = imported, parent
     session = store.get_session(imported.session_id)
     assert session.parent_id == parent.session_id and session.forked_from_seq is None
+    assert store.get_session(parent.session_id).parent_id is None
 
 
 # export -------------------------------------------------------------------------------------
