@@ -39,10 +39,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-from sqlalchemy import insert, select, update
+from sqlalchemy import Connection, insert, select, update
+from sqlalchemy.dialects import postgresql, sqlite
 
 from core.db import read_connection, write_transaction
 from core.errors import (
+    ExternalIdTaken,
     ImportConflict,
     ImportFormatError,
     ImportInterrupted,
@@ -186,6 +188,9 @@ class ImportResult(PlainRecord):
     missing_blobs: list[str] = field(default_factory=list)
     # lines read with U+FFFD for invalid UTF-8, as pi reads them (the stored text differs)
     invalid_utf8_lines: int = 0
+    # of the skipped events, those no finished pass had recorded: appended by another import
+    # of the file running at the same time, or by one that died before it recorded them
+    taken_up: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -219,7 +224,28 @@ def import_session(
 ) -> ImportResult:
     """Import (or continue importing) one session file; see the module docstring.
     ``options`` go to the format's parser (oh-my-pi: ``blobs_dir``)."""
-    path = Path(path)
+    for attempt in range(_CREATE_ATTEMPTS):
+        try:
+            return _import_pass(store, Path(path), tenant_id, format, options)
+        except ExternalIdTaken:
+            # another import of this file created the session after this pass looked: the
+            # next pass finds it and continues it (its batches are replayed, not doubled)
+            if attempt == _CREATE_ATTEMPTS - 1:
+                raise
+    raise AssertionError("unreachable")
+
+
+# a session made by a concurrent import, then deleted before this pass found it, is rare
+_CREATE_ATTEMPTS = 3
+
+
+def _import_pass(
+    store: SessionStore,
+    path: Path,
+    tenant_id: str,
+    format: str,
+    options: Mapping[str, Any] | None,
+) -> ImportResult:
     data = read_file(path)
     parsed = parse_file_data(path, data, format=format, options=options)
     events = [pi.header_event(parsed.header), *(e.entry for e in parsed.entries)]
@@ -230,18 +256,23 @@ def import_session(
     held = _Imported(0, parsed.header.version, {})
     if session is not None:
         held = _imported(store, path, parsed, data, session, offset, events, lines)
+    # beyond what earlier passes recorded: events a concurrent or dead pass appended
     skipped = held.count
+    taken_up = held.count - min(held.count, offset.entries) if offset else 0
     events = _mapped(events, held.id_map)
-    _validate(store, path, events[skipped:], lines[skipped:])
+    _validate(store, path, events[held.count :], lines[held.count :])
+    created = session is None
     if session is None:
         session = _create(store, parsed, path, tenant_id)
     elif offset is None:  # adopt an empty named session (``sessions create --id``)
-        _insert_offset(store, session.id, path, parsed)
+        created = _adopt(store, session.id, path, parsed)
     sizes = _line_sizes(data, lines)
     appended = 0
     try:
-        for count in _append(store, session, events, sizes, skipped):
-            appended += count
+        for count, mine in _append(store, session, events, sizes, held.count):
+            appended += count if mine else 0
+            skipped += 0 if mine else count
+            taken_up += 0 if mine else count
         _save_offset(store, session.id, path, parsed, len(events), data, held)
         after = converters()[parsed.format].after_import
         if after is not None:  # every pass: a pass that failed here runs it again
@@ -258,7 +289,9 @@ def import_session(
             skipped=skipped,
             cause=exc,
         ) from exc
-    status: ImportStatus = "created" if skipped == 0 else "appended" if appended else "unchanged"
+    status: ImportStatus = (
+        "created" if created else "appended" if appended or taken_up else "unchanged"
+    )
     result = ImportResult(
         path=str(path),
         session_id=session.id,
@@ -270,11 +303,12 @@ def import_session(
         incomplete_tail=parsed.incomplete_tail,
         missing_blobs=list(parsed.missing_blobs),
         invalid_utf8_lines=parsed.invalid_utf8_lines,
+        taken_up=taken_up,
     )
     log.info("imported a session file", extra=result.to_dict())
     observed = metrics()
     observed.import_entries.inc(appended)
-    observed.import_bytes.inc(sum(sizes[skipped:]))
+    observed.import_bytes.inc(sum(sizes[held.count :]))
     return result
 
 
@@ -298,31 +332,49 @@ def parse_file_data(
 
 def _create(store: SessionStore, parsed: ParsedSession, path: Path, tenant_id: str) -> Session:
     header = parsed.header
-    session = store.journal.create_session(
-        tenant_id=tenant_id, title=header.title, cwd=header.cwd, external_id=header.external_id
+
+    # The offset row is written with the session, in its transaction: a session of this
+    # external id without one was not made by an import (``sessions create --id``), never
+    # an import in progress, and is adopted only while empty.
+    def record(conn: Connection, session_id: str) -> None:
+        conn.execute(insert(_offsets).values(_new_offset(session_id, path, parsed)))
+
+    return store.journal.create_session(
+        tenant_id=tenant_id,
+        title=header.title,
+        cwd=header.cwd,
+        external_id=header.external_id,
+        with_row=record,
     )
-    # The offset row exists from the start: a session of this external id without one was
-    # not made by an import (``sessions create --id``) and is adopted only while empty.
-    _insert_offset(store, session.id, path, parsed)
-    return session
 
 
-def _insert_offset(store: SessionStore, session_id: str, path: Path, parsed: ParsedSession) -> None:
+def _adopt(store: SessionStore, session_id: str, path: Path, parsed: ParsedSession) -> bool:
+    """Record that an empty named session is imported from ``path``; False if a concurrent
+    import of the file adopted it first (its row stands)."""
+    upsert = postgresql.insert if store.engine.dialect.name == "postgresql" else sqlite.insert
     with write_transaction(store.engine) as conn:
-        conn.execute(
-            insert(_offsets).values(
-                session_id=session_id,
-                path=str(path.resolve()),
-                format=parsed.format,
-                source_version=parsed.header.version,
-                **_parent_refs(parsed),
-                consumed_bytes=0,
-                lines=0,
-                entries=0,
-                prefix_sha256=hashlib.sha256(b"").hexdigest(),
-                updated_at=utcnow(),
-            )
+        done = conn.execute(
+            upsert(_offsets)
+            .values(_new_offset(session_id, path, parsed))
+            .on_conflict_do_nothing(index_elements=[_offsets.c.session_id])
         )
+    return bool(done.rowcount)
+
+
+def _new_offset(session_id: str, path: Path, parsed: ParsedSession) -> dict[str, Any]:
+    """A session's offset row: nothing imported yet."""
+    return dict(
+        session_id=session_id,
+        path=str(path.resolve()),
+        format=parsed.format,
+        source_version=parsed.header.version,
+        **_parent_refs(parsed),
+        consumed_bytes=0,
+        lines=0,
+        entries=0,
+        prefix_sha256=hashlib.sha256(b"").hexdigest(),
+        updated_at=utcnow(),
+    )
 
 
 def _offset_of(store: SessionStore, session_id: str) -> _Offset | None:
@@ -613,10 +665,12 @@ def _append(
     events: Sequence[dict[str, Any]],
     sizes: Sequence[int],
     start: int,
-) -> Iterator[int]:
-    """Append the file events from ``start`` in batches; yields how many each appended."""
+) -> Iterator[tuple[int, bool]]:
+    """Append the file events from ``start`` in batches; yields how many events each batch
+    holds, and whether this pass appended it (else a concurrent import of the file did)."""
     settings = store.settings
-    head, index = session.head_seq, start
+    # the head now, not when the pass began: a concurrent import may have appended since
+    head, index = store.journal.get_session(session.id).head_seq, start
     while index < len(events):
         end = _batch_end(
             sizes,
@@ -630,12 +684,13 @@ def _append(
         result = store.append(
             session.id, events[index:end], expected_seq=head, idempotency_key=_batch_key(index)
         )
-        index += result.last_seq - result.first_seq + 1
+        count = result.last_seq - result.first_seq + 1
+        index += count
         if result.replayed:
             head = store.journal.get_session(session.id).head_seq
         else:
             head = result.last_seq
-            yield result.last_seq - result.first_seq + 1
+        yield count, not result.replayed
 
 
 def _save_offset(

@@ -44,6 +44,8 @@ def _result_dict(result: ImportResult) -> dict[str, object]:
         found["missing_blobs"] = result.missing_blobs
     if result.invalid_utf8_lines:  # read with U+FFFD for the bad bytes, as pi reads them
         found["invalid_utf8_lines"] = result.invalid_utf8_lines
+    if result.taken_up:  # appended by a concurrent (or interrupted) import of the file
+        found["taken_up"] = result.taken_up
     return found
 
 
@@ -143,6 +145,8 @@ def _report(result: ImportResult, as_json: bool) -> None:
         tail += f"; {len(result.missing_blobs)} blob(s) missing, refs kept"
     if result.invalid_utf8_lines:
         tail += f"; {result.invalid_utf8_lines} line(s) of invalid UTF-8 read with U+FFFD"
+    if result.taken_up:
+        tail += f"; {result.taken_up} appended by another import of the file"
     console.print(
         f"{result.status}: {result.path} -> {result.session_id} "
         f"({result.external_id}): {result.appended} appended, {result.skipped} skipped{tail}",
