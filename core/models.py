@@ -152,6 +152,9 @@ class ImportOffsetRow(SQLModel, table=True):
     # session id its file name ends with; the parent's import links the child
     parent_path: str | None = Field(default=None, sa_column=Column(Text, nullable=True))
     parent_external: str | None = Field(default=None, sa_column=Column(Text, nullable=True))
+    # JSON list of the blob refs the session was imported without (oh-my-pi); null: not
+    # recorded (imported before this was)
+    missing_blobs: str | None = Field(default=None, sa_column=Column(Text, nullable=True))
 
 
 class EventRow(SQLModel, table=True):

@@ -185,7 +185,12 @@ class ImportResult(PlainRecord):
     appended: int  # events appended by this pass
     skipped: int  # events already imported by an earlier pass
     incomplete_tail: bool = False  # a half-written last line was left for the next pass
+    # blob refs the session holds without their blobs (kept as refs): those it was imported
+    # without before and those this pass imported without
     missing_blobs: list[str] = field(default_factory=list)
+    # of those, the ones this pass found: the journal is append-only, so the imported
+    # entries keep the ref; delete the session and import the file again to have them
+    found_late_blobs: list[str] = field(default_factory=list)
     # lines read with U+FFFD for invalid UTF-8, as pi reads them (the stored text differs)
     invalid_utf8_lines: int = 0
     # of the skipped events, those no finished pass had recorded: appended by another import
@@ -203,6 +208,8 @@ class _Offset:
     source_version: int | None = None
     # file id -> stored id, once pi rewrote an imported version-1 file with new ids
     id_map: dict[str, str] = field(default_factory=dict)
+    # the blob refs the session was imported without (None: not recorded, before 0018)
+    missing_blobs: list[str] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -267,13 +274,15 @@ def _import_pass(
     elif offset is None:  # adopt an empty named session (``sessions create --id``)
         created = _adopt(store, session.id, path, parsed)
     sizes = _line_sizes(data, lines)
+    # the events no finished pass recorded: this pass's, and any a dead pass appended
+    missing, found_late = _missing_blobs(offset, parsed, data, events[held.count - taken_up :])
     appended = 0
     try:
         for count, mine in _append(store, session, events, sizes, held.count):
             appended += count if mine else 0
             skipped += 0 if mine else count
             taken_up += 0 if mine else count
-        _save_offset(store, session.id, path, parsed, len(events), data, held)
+        _save_offset(store, session.id, path, parsed, len(events), data, held, missing)
         after = converters()[parsed.format].after_import
         if after is not None:  # every pass: a pass that failed here runs it again
             after(store, session.id, parsed)
@@ -301,7 +310,8 @@ def _import_pass(
         appended=appended,
         skipped=skipped,
         incomplete_tail=parsed.incomplete_tail,
-        missing_blobs=list(parsed.missing_blobs),
+        missing_blobs=missing,
+        found_late_blobs=found_late,
         invalid_utf8_lines=parsed.invalid_utf8_lines,
         taken_up=taken_up,
     )
@@ -383,6 +393,7 @@ def _offset_of(store: SessionStore, session_id: str) -> _Offset | None:
     if row is None:
         return None
     id_map = json.loads(row.id_map) if row.id_map else {}
+    missing = json.loads(row.missing_blobs) if row.missing_blobs is not None else None
     return _Offset(
         row.consumed_bytes,
         row.lines,
@@ -390,6 +401,7 @@ def _offset_of(store: SessionStore, session_id: str) -> _Offset | None:
         row.prefix_sha256,
         row.source_version,
         id_map,
+        missing,
     )
 
 
@@ -445,6 +457,35 @@ def _imported(
         extra={"path": str(path), "session_id": session.id, "mapped_ids": len(rewritten.id_map)},
     )
     return rewritten
+
+
+def _missing_blobs(
+    offset: _Offset | None,
+    parsed: ParsedSession,
+    data: bytes,
+    new_events: Sequence[dict[str, Any]],
+) -> tuple[list[str], list[str]]:
+    """The blob refs the session holds without their blobs once ``new_events`` (those no
+    finished pass recorded) are in it: those recorded before, and those of this pass's
+    misses that these events hold; and those of the recorded ones this pass found in the
+    file and its blob directory. Before 0018 nothing was recorded: the earlier misses are
+    unknown, and the list is this pass's (as it was)."""
+    if offset is None or offset.missing_blobs is None:
+        recorded: list[str] = [] if offset is None else list(parsed.missing_blobs)
+    else:
+        recorded = list(offset.missing_blobs)
+    now = set(parsed.missing_blobs)
+    if now:
+        text = "\n".join(pi.dumps_exact(event) for event in new_events)
+        recorded += [ref for ref in parsed.missing_blobs if ref not in recorded and ref in text]
+    found = [ref for ref in recorded if ref not in now and ref.encode() in data]
+    if found:
+        log.warning(
+            "blobs the session was imported without are found now; the journal is "
+            "append-only: delete the session and import the file again to store them",
+            extra={"external_id": parsed.header.external_id, "found": found},
+        )
+    return recorded, found
 
 
 def _validate(store: SessionStore, path: Path, events: Sequence[Any], lines: Sequence[int]) -> None:
@@ -701,6 +742,7 @@ def _save_offset(
     entries: int,
     data: bytes,
     held: _Imported,
+    missing_blobs: list[str],
 ) -> None:
     consumed = parsed.consumed_bytes
     with write_transaction(store.engine) as conn:
@@ -717,6 +759,7 @@ def _save_offset(
                 source_version=held.source_version,
                 **_parent_refs(parsed),
                 id_map=json.dumps(held.id_map, sort_keys=True) if held.id_map else None,
+                missing_blobs=json.dumps(missing_blobs),
                 updated_at=utcnow(),
             )
         )
