@@ -143,6 +143,18 @@ class ImportOffsetRow(SQLModel, table=True):
     entries: int = Field(sa_column=Column(BigInteger, nullable=False))
     prefix_sha256: str = Field(sa_column=Column(String(HASH_LEN), nullable=False))
     updated_at: datetime = Field(sa_column=Column(TZDateTime, nullable=False))
+    # the lowest header version the file had (pi rewrites a version 1 or 2 file it opens);
+    # null: imported before this was recorded
+    source_version: int | None = Field(default=None, sa_column=Column(Integer, nullable=True))
+    # JSON {file id: stored id} once pi rewrote an imported version-1 file with new ids
+    id_map: str | None = Field(default=None, sa_column=Column(Text, nullable=True))
+    # the parent a pi fork's header names (``parentSession``): its path resolved, and the
+    # session id its file name ends with; the parent's import links the child
+    parent_path: str | None = Field(default=None, sa_column=Column(Text, nullable=True))
+    parent_external: str | None = Field(default=None, sa_column=Column(Text, nullable=True))
+    # JSON list of the blob refs the session was imported without (oh-my-pi); null: not
+    # recorded (imported before this was)
+    missing_blobs: str | None = Field(default=None, sa_column=Column(Text, nullable=True))
 
 
 class EventRow(SQLModel, table=True):

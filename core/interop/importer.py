@@ -29,7 +29,9 @@ from __future__ import annotations
 import hashlib
 import importlib
 import importlib.util
+import json
 import logging
+import math
 import os
 import stat
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -37,10 +39,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-from sqlalchemy import insert, select, update
+from sqlalchemy import Connection, insert, select, update
+from sqlalchemy.dialects import postgresql, sqlite
 
 from core.db import read_connection, write_transaction
 from core.errors import (
+    ExternalIdTaken,
     ImportConflict,
     ImportFormatError,
     ImportInterrupted,
@@ -181,12 +185,20 @@ class ImportResult(PlainRecord):
     appended: int  # events appended by this pass
     skipped: int  # events already imported by an earlier pass
     incomplete_tail: bool = False  # a half-written last line was left for the next pass
+    # blob refs the session holds without their blobs (kept as refs): those it was imported
+    # without before and those this pass imported without
     missing_blobs: list[str] = field(default_factory=list)
+    # of those, the ones this pass found: the journal is append-only, so the imported
+    # entries keep the ref; delete the session and import the file again to have them
+    found_late_blobs: list[str] = field(default_factory=list)
     # lines read with U+FFFD for invalid UTF-8, as pi reads them (the stored text differs)
     invalid_utf8_lines: int = 0
     # lines of the file that hold no entry (not JSON, not an object, no string type): not
     # imported, each with its line and why
     ignored_lines: list[IgnoredLine] = field(default_factory=list)
+    # of the skipped events, those no finished pass had recorded: appended by another import
+    # of the file running at the same time, or by one that died before it recorded them
+    taken_up: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -195,6 +207,21 @@ class _Offset:
     lines: int
     entries: int
     prefix_sha256: str
+    # the lowest header version the file had (None: not recorded, imported before 0017)
+    source_version: int | None = None
+    # file id -> stored id, once pi rewrote an imported version-1 file with new ids
+    id_map: dict[str, str] = field(default_factory=dict)
+    # the blob refs the session was imported without (None: not recorded, before 0019)
+    missing_blobs: list[str] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class _Imported:
+    """What the session holds of the file: its first ``count`` events."""
+
+    count: int
+    source_version: int | None
+    id_map: dict[str, str]
 
 
 def import_session(
@@ -207,7 +234,28 @@ def import_session(
 ) -> ImportResult:
     """Import (or continue importing) one session file; see the module docstring.
     ``options`` go to the format's parser (oh-my-pi: ``blobs_dir``)."""
-    path = Path(path)
+    for attempt in range(_CREATE_ATTEMPTS):
+        try:
+            return _import_pass(store, Path(path), tenant_id, format, options)
+        except ExternalIdTaken:
+            # another import of this file created the session after this pass looked: the
+            # next pass finds it and continues it (its batches are replayed, not doubled)
+            if attempt == _CREATE_ATTEMPTS - 1:
+                raise
+    raise AssertionError("unreachable")
+
+
+# a session made by a concurrent import, then deleted before this pass found it, is rare
+_CREATE_ATTEMPTS = 3
+
+
+def _import_pass(
+    store: SessionStore,
+    path: Path,
+    tenant_id: str,
+    format: str,
+    options: Mapping[str, Any] | None,
+) -> ImportResult:
     data = read_file(path)
     parsed = parse_file_data(path, data, format=format, options=options)
     events = [pi.header_event(parsed.header), *(e.entry for e in parsed.entries)]
@@ -216,22 +264,34 @@ def import_session(
     _check_session_fields(path, parsed)
     session = store.journal.find_external(tenant_id, external_id)
     offset = _offset_of(store, session.id) if session else None
-    skipped = _imported(store, path, data, session, offset, events, lines) if session else 0
-    _validate(store, path, events[skipped:], lines[skipped:])
+    held = _Imported(0, parsed.header.version, {})
+    if session is not None:
+        held = _imported(store, path, parsed, data, session, offset, events, lines)
+    # beyond what earlier passes recorded: events a concurrent or dead pass appended
+    skipped = held.count
+    taken_up = held.count - min(held.count, offset.entries) if offset else 0
+    events = _mapped(events, held.id_map)
+    _validate(store, path, events[held.count :], lines[held.count :])
+    created = session is None
     if session is None:
         session = _create(store, parsed, path, tenant_id)
     elif offset is None:  # adopt an empty named session (``sessions create --id``)
-        _insert_offset(store, session.id, path, parsed.format)
+        created = _adopt(store, session.id, path, parsed)
     sizes = _line_sizes(data, lines)
+    # the events no finished pass recorded: this pass's, and any a dead pass appended
+    missing, found_late = _missing_blobs(offset, parsed, data, events[held.count - taken_up :])
     appended = 0
     try:
-        for count in _append(store, session, events, sizes, skipped):
-            appended += count
-        _save_offset(store, session.id, path, parsed, len(events), data)
+        for count, mine in _append(store, session, events, sizes, held.count):
+            appended += count if mine else 0
+            skipped += 0 if mine else count
+            taken_up += 0 if mine else count
+        _save_offset(store, session.id, path, parsed, len(events), data, held, missing)
         after = converters()[parsed.format].after_import
         if after is not None:  # every pass: a pass that failed here runs it again
             after(store, session.id, parsed)
         _link_parent(store, session, parsed, tenant_id)
+        _link_children(store, session, path, tenant_id)
     except (SessionStoreError, OSError) as exc:
         # What was appended stays (the next pass continues after it): say so, and where.
         raise ImportInterrupted(
@@ -242,7 +302,9 @@ def import_session(
             skipped=skipped,
             cause=exc,
         ) from exc
-    status: ImportStatus = "created" if skipped == 0 else "appended" if appended else "unchanged"
+    status: ImportStatus = (
+        "created" if created else "appended" if appended or taken_up else "unchanged"
+    )
     result = ImportResult(
         path=str(path),
         session_id=session.id,
@@ -252,14 +314,16 @@ def import_session(
         appended=appended,
         skipped=skipped,
         incomplete_tail=parsed.incomplete_tail,
-        missing_blobs=list(parsed.missing_blobs),
+        missing_blobs=missing,
+        found_late_blobs=found_late,
         invalid_utf8_lines=parsed.invalid_utf8_lines,
         ignored_lines=list(parsed.ignored_lines),
+        taken_up=taken_up,
     )
     log.info("imported a session file", extra=result.to_dict())
     observed = metrics()
     observed.import_entries.inc(appended)
-    observed.import_bytes.inc(sum(sizes[skipped:]))
+    observed.import_bytes.inc(sum(sizes[held.count :]))
     return result
 
 
@@ -310,29 +374,49 @@ def _check_session_fields(path: Path, parsed: ParsedSession) -> None:
 
 def _create(store: SessionStore, parsed: ParsedSession, path: Path, tenant_id: str) -> Session:
     header = parsed.header
-    session = store.journal.create_session(
-        tenant_id=tenant_id, title=header.title, cwd=header.cwd, external_id=header.external_id
+
+    # The offset row is written with the session, in its transaction: a session of this
+    # external id without one was not made by an import (``sessions create --id``), never
+    # an import in progress, and is adopted only while empty.
+    def record(conn: Connection, session_id: str) -> None:
+        conn.execute(insert(_offsets).values(_new_offset(session_id, path, parsed)))
+
+    return store.journal.create_session(
+        tenant_id=tenant_id,
+        title=header.title,
+        cwd=header.cwd,
+        external_id=header.external_id,
+        with_row=record,
     )
-    # The offset row exists from the start: a session of this external id without one was
-    # not made by an import (``sessions create --id``) and is adopted only while empty.
-    _insert_offset(store, session.id, path, parsed.format)
-    return session
 
 
-def _insert_offset(store: SessionStore, session_id: str, path: Path, format: str) -> None:
+def _adopt(store: SessionStore, session_id: str, path: Path, parsed: ParsedSession) -> bool:
+    """Record that an empty named session is imported from ``path``; False if a concurrent
+    import of the file adopted it first (its row stands)."""
+    upsert = postgresql.insert if store.engine.dialect.name == "postgresql" else sqlite.insert
     with write_transaction(store.engine) as conn:
-        conn.execute(
-            insert(_offsets).values(
-                session_id=session_id,
-                path=str(path.resolve()),
-                format=format,
-                consumed_bytes=0,
-                lines=0,
-                entries=0,
-                prefix_sha256=hashlib.sha256(b"").hexdigest(),
-                updated_at=utcnow(),
-            )
+        done = conn.execute(
+            upsert(_offsets)
+            .values(_new_offset(session_id, path, parsed))
+            .on_conflict_do_nothing(index_elements=[_offsets.c.session_id])
         )
+    return bool(done.rowcount)
+
+
+def _new_offset(session_id: str, path: Path, parsed: ParsedSession) -> dict[str, Any]:
+    """A session's offset row: nothing imported yet."""
+    return dict(
+        session_id=session_id,
+        path=str(path.resolve()),
+        format=parsed.format,
+        source_version=parsed.header.version,
+        **_parent_refs(parsed),
+        consumed_bytes=0,
+        lines=0,
+        entries=0,
+        prefix_sha256=hashlib.sha256(b"").hexdigest(),
+        updated_at=utcnow(),
+    )
 
 
 def _offset_of(store: SessionStore, session_id: str) -> _Offset | None:
@@ -340,44 +424,100 @@ def _offset_of(store: SessionStore, session_id: str) -> _Offset | None:
         row = conn.execute(select(_offsets).where(_offsets.c.session_id == session_id)).first()
     if row is None:
         return None
-    return _Offset(row.consumed_bytes, row.lines, row.entries, row.prefix_sha256)
+    id_map = json.loads(row.id_map) if row.id_map else {}
+    missing = json.loads(row.missing_blobs) if row.missing_blobs is not None else None
+    return _Offset(
+        row.consumed_bytes,
+        row.lines,
+        row.entries,
+        row.prefix_sha256,
+        row.source_version,
+        id_map,
+        missing,
+    )
 
 
 def _imported(
     store: SessionStore,
     path: Path,
+    parsed: ParsedSession,
     data: bytes,
     session: Session,
     offset: _Offset | None,
     events: Sequence[dict[str, Any]],
     lines: Sequence[int],
-) -> int:
-    """How many of the file's events the session holds; ``ImportConflict`` (before anything
-    is written) if the part of the file already imported is not what the session has."""
+) -> _Imported:
+    """How much of the file the session holds, with the map from the file's entry ids to
+    the stored ones (see ``_rewritten_by_pi``); ``ImportConflict`` (before anything is
+    written) if the part of the file already imported is not what the session has."""
+    version = parsed.header.version
     if offset is None:
         if session.head_seq == 0:  # an empty named session (``sessions create --id``)
-            return 0
+            return _Imported(0, version, {})
         raise ImportConflict(
             str(path), 1, f"session {session.id} has this id but was not imported from a file"
         )
     done = _resumed(store, session.id, offset.entries)
+    source = None if offset.source_version is None else min(offset.source_version, version)
+    held = _Imported(done, source, offset.id_map)
     prefix = data[: offset.consumed_bytes]
     if (
         len(data) >= offset.consumed_bytes
         and hashlib.sha256(prefix).hexdigest() == offset.prefix_sha256
         and done <= len(events)
     ):
-        return done
-    # The bytes differ (another path, an export of the session, an edit): what counts is
-    # whether any imported entry's value changed.
-    line = _first_differing_line(store, session, events, lines, done)
-    if line is not None:
+        return held
+    # The bytes differ (another path, an export of the session, an edit, pi's rewrite of an
+    # older file): what counts is whether any imported entry's value changed.
+    mapped = _mapped(events, offset.id_map)
+    line = _first_differing_line(store, session, mapped, lines, done)
+    if line is None:
+        log.info(
+            "the imported part was re-serialized with the same values",
+            extra={"path": str(path), "session_id": session.id},
+        )
+        return held
+    rewritten = None
+    if version == pi.CURRENT_VERSION and offset.source_version != pi.CURRENT_VERSION:
+        limit = max(offset.lines, lines[-1]) + 1
+        rewritten = _rewritten_by_pi(store, session, events, done, offset.source_version, limit)
+    if rewritten is None:
         raise ImportConflict(str(path), line, "the already-imported part of the file changed")
     log.info(
-        "the imported part was re-serialized with the same values",
-        extra={"path": str(path), "session_id": session.id},
+        "pi rewrote the imported file when it opened it (an older version): its entries are "
+        "the imported ones",
+        extra={"path": str(path), "session_id": session.id, "mapped_ids": len(rewritten.id_map)},
     )
-    return done
+    return rewritten
+
+
+def _missing_blobs(
+    offset: _Offset | None,
+    parsed: ParsedSession,
+    data: bytes,
+    new_events: Sequence[dict[str, Any]],
+) -> tuple[list[str], list[str]]:
+    """The blob refs the session holds without their blobs once ``new_events`` (those no
+    finished pass recorded) are in it: those recorded before, and those of this pass's
+    misses that these events hold; and those of the recorded ones this pass found in the
+    file and its blob directory. Before 0018 nothing was recorded: the earlier misses are
+    unknown, and the list is this pass's (as it was)."""
+    if offset is None or offset.missing_blobs is None:
+        recorded: list[str] = [] if offset is None else list(parsed.missing_blobs)
+    else:
+        recorded = list(offset.missing_blobs)
+    now = set(parsed.missing_blobs)
+    if now:
+        text = "\n".join(pi.dumps_exact(event) for event in new_events)
+        recorded += [ref for ref in parsed.missing_blobs if ref not in recorded and ref in text]
+    found = [ref for ref in recorded if ref not in now and ref.encode() in data]
+    if found:
+        log.warning(
+            "blobs the session was imported without are found now; the journal is "
+            "append-only: delete the session and import the file again to store them",
+            extra={"external_id": parsed.header.external_id, "found": found},
+        )
+    return recorded, found
 
 
 def _validate(store: SessionStore, path: Path, events: Sequence[Any], lines: Sequence[int]) -> None:
@@ -426,6 +566,134 @@ def _first_differing_line(
     return None if found == count else lines[found]
 
 
+# pi's rewrite of an older file --------------------------------------------------------------
+
+# the entry fields that name another entry
+_LINKS = ("id", "parentId", "firstKeptEntryId", "targetId", "fromId")
+
+
+def _mapped(events: Sequence[dict[str, Any]], id_map: Mapping[str, str]) -> list[dict[str, Any]]:
+    """The file's events with the entry ids they name mapped to the stored ones (the header,
+    first, names the session: it is kept)."""
+    if not id_map:
+        return list(events)
+
+    def entry(event: dict[str, Any]) -> dict[str, Any]:
+        return {
+            k: id_map.get(v, v) if k in _LINKS and isinstance(v, str) else v
+            for k, v in event.items()
+        }
+
+    return [*events[:1], *(entry(e) for e in events[1:])]
+
+
+def _rewritten_by_pi(
+    store: SessionStore,
+    session: Session,
+    events: Sequence[dict[str, Any]],
+    count: int,
+    source_version: int | None,
+    limit: int,
+) -> _Imported | None:
+    """What the session holds of the file if the file is the imported older one after pi
+    opened it, else None.
+
+    pi migrates a version-1 or -2 file in place when it opens it (to continue the session):
+    every line is written again by ``JSON.stringify`` (numbers as JavaScript's doubles:
+    ``0.0`` is ``0``), and a version-1 file's entries get new random ids where the import
+    derived its own (``pi.v1_entry_id``). The file is that one if its first ``count`` events
+    are the stored file events in order, each the same JavaScript value as its stored event
+    but for the entry ids it holds (``_LINKS``), which correspond one to one, and every stored
+    id that differs is one the import derived for this session (so a file whose ids were
+    changed otherwise, or whose content changed, is refused). Without a recorded source
+    version, only derived ids show that the file was older."""
+    if count > len(events):
+        return None
+    forward: dict[str, str] = {}
+    backward: dict[str, str] = {}
+    derived = _DerivedIds(str(events[0].get("id")), limit)
+    found = 0
+    for stored in _stored_events(store, session.id):
+        if found == count:
+            break
+        theirs = _js_value(_without_transient(events[found]))
+        ours = _js_value(stored.payload)
+        if found == 0:
+            found += same_value(theirs, ours)
+            continue
+        pairs = _corresponding(theirs, ours, forward, backward)
+        if pairs is None:
+            continue  # an event appended to the session directly
+        if theirs.get("id") != ours.get("id") and not derived.next(ours.get("id")):
+            return None
+        for mine, stored_id in pairs.items():
+            forward[mine], backward[stored_id] = stored_id, mine
+        found += 1
+    id_map = {mine: ours for mine, ours in forward.items() if mine != ours}
+    if found != count or (source_version is None and not id_map):
+        return None
+    return _Imported(count, 1 if id_map else source_version, id_map)
+
+
+def _js_value(value: Any) -> Any:
+    """A JSON value as JavaScript's ``JSON.parse`` then ``JSON.stringify`` give it back:
+    every number a double (``1`` and ``1.0`` alike, ``-0`` is ``0``, beyond a double
+    ``null``)."""
+    if isinstance(value, dict):
+        return {k: _js_value(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_js_value(v) for v in value]
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        try:
+            number = float(value)
+        except OverflowError:
+            return None
+        return None if math.isinf(number) else number + 0.0
+    return value
+
+
+def _corresponding(
+    theirs: Any, ours: Any, forward: Mapping[str, str], backward: Mapping[str, str]
+) -> dict[str, str] | None:
+    """The new id pairs (file id -> stored id) under which the file's entry ``theirs`` is the
+    stored ``ours``, consistent with the pairs so far; None if it is not."""
+    if not isinstance(theirs, dict) or not isinstance(ours, dict) or theirs.keys() != ours.keys():
+        return None
+    pairs: dict[str, str] = {}
+    back: dict[str, str] = {}
+    for key in _LINKS:
+        mine, stored = theirs.get(key), ours.get(key)
+        if not (isinstance(mine, str) and isinstance(stored, str)):
+            if not same_value(mine, stored):
+                return None
+            continue
+        if forward.get(mine, pairs.get(mine, stored)) != stored:
+            return None
+        if backward.get(stored, back.get(stored, mine)) != mine:
+            return None
+        pairs[mine], back[stored] = stored, mine
+    rest = {k: v for k, v in theirs.items() if k not in _LINKS}
+    return pairs if same_value(rest, {k: v for k, v in ours.items() if k not in _LINKS}) else None
+
+
+class _DerivedIds:
+    """The ids ``pi.v1_entry_id`` draws for a session's parsed lines, in file order: each
+    stored entry's id must be drawn for a line after the previous one's."""
+
+    def __init__(self, session_id: str, limit: int) -> None:
+        self._session_id, self._limit, self._index = session_id, limit, 0
+
+    def next(self, entry_id: Any) -> bool:
+        if not isinstance(entry_id, str):
+            return False
+        while self._index < self._limit:
+            self._index += 1
+            digest = hashlib.sha256(f"{self._session_id}\0{self._index}".encode()).hexdigest()
+            if entry_id == digest or (len(entry_id) == 8 and entry_id in digest):
+                return True
+        return False
+
+
 def _stored_events(store: SessionStore, session_id: str) -> Iterator[StoredEvent]:
     after = 0
     while True:
@@ -470,10 +738,12 @@ def _append(
     events: Sequence[dict[str, Any]],
     sizes: Sequence[int],
     start: int,
-) -> Iterator[int]:
-    """Append the file events from ``start`` in batches; yields how many each appended."""
+) -> Iterator[tuple[int, bool]]:
+    """Append the file events from ``start`` in batches; yields how many events each batch
+    holds, and whether this pass appended it (else a concurrent import of the file did)."""
     settings = store.settings
-    head, index = session.head_seq, start
+    # the head now, not when the pass began: a concurrent import may have appended since
+    head, index = store.journal.get_session(session.id).head_seq, start
     while index < len(events):
         end = _batch_end(
             sizes,
@@ -487,12 +757,13 @@ def _append(
         result = store.append(
             session.id, events[index:end], expected_seq=head, idempotency_key=_batch_key(index)
         )
-        index += result.last_seq - result.first_seq + 1
+        count = result.last_seq - result.first_seq + 1
+        index += count
         if result.replayed:
             head = store.journal.get_session(session.id).head_seq
         else:
             head = result.last_seq
-            yield result.last_seq - result.first_seq + 1
+        yield count, not result.replayed
 
 
 def _save_offset(
@@ -502,6 +773,8 @@ def _save_offset(
     parsed: ParsedSession,
     entries: int,
     data: bytes,
+    held: _Imported,
+    missing_blobs: list[str],
 ) -> None:
     consumed = parsed.consumed_bytes
     with write_transaction(store.engine) as conn:
@@ -515,9 +788,26 @@ def _save_offset(
                 lines=data.count(b"\n", 0, consumed),
                 entries=entries,
                 prefix_sha256=hashlib.sha256(data[:consumed]).hexdigest(),
+                source_version=held.source_version,
+                **_parent_refs(parsed),
+                id_map=json.dumps(held.id_map, sort_keys=True) if held.id_map else None,
+                missing_blobs=json.dumps(missing_blobs),
                 updated_at=utcnow(),
             )
         )
+
+
+def _parent_refs(parsed: ParsedSession) -> dict[str, str | None]:
+    """The parent pi's ``parentSession`` names (the parent file's path): the path resolved,
+    and the session id its file name ends with (``<timestamp>_<id>.jsonl``)."""
+    ref = parsed.header.parent_session
+    if not ref:
+        return {"parent_path": None, "parent_external": None}
+    try:
+        resolved: str | None = str(Path(ref).expanduser().resolve())
+    except (OSError, ValueError):
+        resolved = None
+    return {"parent_path": resolved, "parent_external": Path(ref).stem.rsplit("_", 1)[-1]}
 
 
 def _link_parent(
@@ -525,28 +815,57 @@ def _link_parent(
 ) -> None:
     """pi's ``parentSession`` (the parent file's path) becomes a fork link once the parent
     is imported too. Nothing is inherited (``forked_from_seq`` stays None): a pi fork's file
-    holds its own copy of the entries."""
-    ref = parsed.header.parent_session
-    if not ref or session.parent_id is not None:
+    holds its own copy of the entries. A child imported first is linked by its parent's
+    pass (``_link_children``); each pass records its reference before either looks."""
+    refs = _parent_refs(parsed)
+    if session.parent_id is not None or refs["parent_external"] is None:
         return
-    parent = _session_of_path(store, ref, tenant_id) or store.journal.find_external(
-        tenant_id, Path(ref).stem.rsplit("_", 1)[-1]
-    )
-    if parent is None or parent.id == session.id:
-        return
+    parent = _parent_of(store, tenant_id, refs["parent_path"], refs["parent_external"])
+    if parent is not None and parent.id != session.id:
+        _set_parent(store, session.id, parent.id)
+
+
+def _link_children(store: SessionStore, session: Session, path: Path, tenant_id: str) -> None:
+    """Link the sessions imported before this one whose header names it as their parent (by
+    the rule ``_link_parent`` applies: the file's path first, then the id in its name)."""
+    mine = str(path.resolve())
+    with read_connection(store.engine) as conn:
+        rows = conn.execute(
+            select(_offsets.c.session_id, _offsets.c.parent_path, _offsets.c.parent_external)
+            .join(_sessions, _sessions.c.id == _offsets.c.session_id)
+            .where(
+                _sessions.c.tenant_id == tenant_id,
+                _sessions.c.parent_id.is_(None),
+                _sessions.c.id != session.id,
+                (_offsets.c.parent_path == mine)
+                | (_offsets.c.parent_external == session.external_id),
+            )
+        ).all()
+    for row in rows:
+        parent = _parent_of(store, tenant_id, row.parent_path, row.parent_external)
+        if parent is not None and parent.id == session.id:
+            _set_parent(store, row.session_id, session.id)
+
+
+def _parent_of(
+    store: SessionStore, tenant_id: str, parent_path: str | None, parent_external: str | None
+) -> Session | None:
+    by_path = _session_of_path(store, parent_path, tenant_id) if parent_path else None
+    if by_path is not None or parent_external is None:
+        return by_path
+    return store.journal.find_external(tenant_id, parent_external)
+
+
+def _set_parent(store: SessionStore, session_id: str, parent_id: str) -> None:
     with write_transaction(store.engine) as conn:
         conn.execute(
             update(_sessions)
-            .where(_sessions.c.id == session.id, _sessions.c.parent_id.is_(None))
-            .values(parent_id=parent.id)
+            .where(_sessions.c.id == session_id, _sessions.c.parent_id.is_(None))
+            .values(parent_id=parent_id)
         )
 
 
-def _session_of_path(store: SessionStore, ref: str, tenant_id: str) -> Session | None:
-    try:
-        resolved = str(Path(ref).expanduser().resolve())
-    except (OSError, ValueError):
-        return None
+def _session_of_path(store: SessionStore, resolved: str, tenant_id: str) -> Session | None:
     with read_connection(store.engine) as conn:
         row = conn.execute(
             select(_offsets.c.session_id)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import base64
 import uuid
+from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 
@@ -59,7 +60,10 @@ class SessionRows:
         cwd: str | None = None,
         session_id: str | None = None,
         external_id: str | None = None,
+        with_row: Callable[[Connection, str], None] | None = None,
     ) -> Session:
+        """A new session. ``with_row(conn, session_id)`` runs in the same transaction (an
+        import records its file there: no one sees the session without it)."""
         if not tenant_id or len(tenant_id) > 128:
             raise InvalidEvent("tenant_id", "must be 1..128 characters")
         if external_id is not None and not 0 < len(external_id) <= EXTERNAL_ID_LEN:
@@ -83,6 +87,8 @@ class SessionRows:
         try:
             with write_transaction(self.engine) as conn:
                 conn.execute(insert(_sessions).values(values))
+                if with_row is not None:
+                    with_row(conn, str(values["id"]))
         except IntegrityError as exc:
             if external_id is not None and self.find_external(tenant_id, external_id):
                 raise ExternalIdTaken(tenant_id, external_id) from exc

@@ -43,8 +43,10 @@ def _result_dict(result: ImportResult) -> dict[str, object]:
         "skipped": result.skipped,
         "status": result.status,
     }
-    if result.missing_blobs:  # oh-my-pi refs whose bytes were not found (kept as refs)
+    if result.missing_blobs:  # oh-my-pi refs the session holds without bytes (kept as refs)
         found["missing_blobs"] = result.missing_blobs
+    if result.found_late_blobs:  # of those, found now: a fresh import would store them
+        found["found_late_blobs"] = result.found_late_blobs
     if result.invalid_utf8_lines:  # read with U+FFFD for the bad bytes, as pi reads them
         found["invalid_utf8_lines"] = result.invalid_utf8_lines
     if result.ignored_lines:  # lines holding no entry: not imported
@@ -53,6 +55,8 @@ def _result_dict(result: ImportResult) -> dict[str, object]:
         ]
     if result.incomplete_tail:  # a last line not imported yet: it waits for the next pass
         found["incomplete_tail"] = True
+    if result.taken_up:  # appended by a concurrent (or interrupted) import of the file
+        found["taken_up"] = result.taken_up
     return found
 
 
@@ -156,6 +160,11 @@ def _report(result: ImportResult, as_json: bool) -> None:
     tail = " (a half-written last line waits)" if result.incomplete_tail else ""
     if result.missing_blobs:
         tail += f"; {len(result.missing_blobs)} blob(s) missing, refs kept"
+    if result.found_late_blobs:
+        tail += (
+            f" ({len(result.found_late_blobs)} found now, after the entries were imported "
+            "without them: delete the session and import again to store them)"
+        )
     if result.invalid_utf8_lines:
         tail += f"; {result.invalid_utf8_lines} line(s) of invalid UTF-8 read with U+FFFD"
     if result.ignored_lines:
@@ -164,6 +173,8 @@ def _report(result: ImportResult, as_json: bool) -> None:
         tail += (
             f"; {len(result.ignored_lines)} line(s) holding no entry not imported: {shown}{more}"
         )
+    if result.taken_up:
+        tail += f"; {result.taken_up} appended by another import of the file"
     console.print(
         f"{result.status}: {result.path} -> {result.session_id} "
         f"({result.external_id}): {result.appended} appended, {result.skipped} skipped{tail}",

@@ -4,12 +4,13 @@ a sample of entries, on both backends: the message list, the model and the think
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from core.errors import ImportFormatError
+from core.errors import ImportConflict, ImportFormatError
 from core.interop import pi
 from core.interop.importer import parse_file
 from core.store import SessionStore
@@ -83,6 +84,55 @@ def test_round_trip_with_pi(store: SessionStore, tmp_path: Path) -> None:
     assert last[0].payload["message"] == message
     after = store.state(result.session_id, rehydrate=True)
     assert pi_context(exported)["leaf"] == as_json(our_context(after))
+
+
+@pytest.mark.parametrize("name", ["v1.jsonl", "v2.jsonl"])
+def test_older_file_continued_in_pi(store: SessionStore, tmp_path: Path, name: str) -> None:
+    """An imported version-1 or -2 file that the user continues in pi: pi migrates it in
+    place when it opens it (new random ids for a v1 file's entries, every line written again
+    by JSON.stringify) and appends. Each later pass appends only what pi added, hung on the
+    imported entries (a branch from an older entry too); state and export are what pi
+    loads. An honest change of an imported entry is still a conflict."""
+    path = tmp_path / "s.jsonl"
+    shutil.copy(FIXTURES / name, path)
+    first = store.import_session(path, tenant_id=TENANT)
+    pi_append(path, {"role": "user", "content": "continued in pi", "timestamp": 1795000099000})
+    # a branch from an older entry, as pi writes one: its parentId is pi's id of that entry
+    older = pi_opened([path])[0]["entries"][2]
+    branch = {
+        "type": "message",
+        "id": "b0000001",
+        "parentId": older["id"],
+        "timestamp": "2026-11-20T11:00:00.000Z",
+        "message": {"role": "user", "content": "branched", "timestamp": 1795000100000},
+    }
+    with path.open("a", encoding="utf-8") as out:
+        out.write(json.dumps(branch) + "\n")
+    again = store.import_session(path, tenant_id=TENANT)
+    assert (again.session_id, again.status, again.appended) == (first.session_id, "appended", 2)
+    pi_append(path, {"role": "user", "content": "after the branch", "timestamp": 1795000101000})
+    third = store.import_session(path, tenant_id=TENANT)
+    assert (third.status, third.appended) == ("appended", 1)
+    assert store.import_session(path, tenant_id=TENANT).status == "unchanged"
+
+    oracle = pi_context(path)
+    ours = [e.payload for e in store.read(first.session_id)[1:]]
+    assert _by_index(ours) == _by_index(oracle["entries"])  # 0.0 == 0: pi wrote 0
+    state = store.state(first.session_id, rehydrate=True)
+    assert as_json(our_context(state)) == oracle["leaf"]
+    exported = tmp_path / "exported.jsonl"
+    with exported.open("w", encoding="utf-8") as out:
+        store.export_session(first.session_id, out)
+    assert pi_context(exported)["leaf"] == oracle["leaf"]
+
+    lines = path.read_text(encoding="utf-8").splitlines(keepends=True)
+    edited = json.loads(lines[2])
+    edited["message"]["content"] = "edited"
+    lines[2] = json.dumps(edited) + "\n"
+    path.write_text("".join(lines), encoding="utf-8")
+    with pytest.raises(ImportConflict) as caught:
+        store.import_session(path, tenant_id=TENANT)
+    assert caught.value.line == 3
 
 
 # Header versions pi reads as 3 (nothing migrated), as 2 (hookMessage renamed), as 1 (ids

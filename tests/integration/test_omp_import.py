@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import io
 import json
 import shutil
 from pathlib import Path
@@ -171,6 +172,33 @@ def test_blobs_dir_option(store: SessionStore, layout: Path, tmp_path: Path) -> 
     assert sorted(lost.missing_blobs) == sorted([IMAGE_REF, URL_REF, MISSING_REF])
     found = store.import_session(layout, tenant_id="t2", blobs_dir=elsewhere)
     assert found.missing_blobs == [MISSING_REF]
+
+
+def test_blobs_found_after_the_import_are_reported_with_what_to_do(
+    store: SessionStore, layout: Path, tmp_path: Path
+) -> None:
+    """The journal is append-only: entries imported without their blobs keep the refs when
+    a later pass finds the blobs. Every pass lists every ref the session lacks (not only the
+    ones missing from the directory it was given), and which of them it found (a fresh
+    import stores them); a fresh import has them."""
+    lost = store.import_session(layout, tenant_id=TENANT, blobs_dir=tmp_path / "nowhere")
+    assert sorted(lost.missing_blobs) == sorted([IMAGE_REF, URL_REF, MISSING_REF])
+    for _ in range(2):
+        later = store.import_session(layout, tenant_id=TENANT)  # the blobs dir beside it
+        assert (later.status, later.appended) == ("unchanged", 0)
+        assert sorted(later.missing_blobs) == sorted([IMAGE_REF, URL_REF, MISSING_REF])
+        assert sorted(later.found_late_blobs) == sorted([IMAGE_REF, URL_REF])
+    assert lost.found_late_blobs == []
+    exported = io.StringIO()
+    store.export_session(lost.session_id, exported)
+    assert exported.getvalue().count('"missingBlobRef"') == 2  # the image refs, kept
+    store.delete_session(lost.session_id, tenant_id=TENANT)
+    fresh = store.import_session(layout, tenant_id=TENANT)
+    assert (fresh.status, fresh.missing_blobs, fresh.found_late_blobs) == (
+        "created",
+        [MISSING_REF],
+        [],
+    )
 
 
 def test_export_reproduces_the_layout(store: SessionStore, tmp_path: Path, backend: str) -> None:

@@ -181,6 +181,28 @@ def test_a_value_changed_to_one_python_calls_equal_is_a_conflict(
     assert store.import_session(path, tenant_id=TENANT).appended == 0
 
 
+def test_renamed_ids_are_a_conflict(store: SessionStore, tmp_path: Path) -> None:
+    """Only pi's own rewrite of an imported version-1 file may change entry ids (to ids of
+    its own for the ones the import derived): a version-3 file's ids renamed one to one,
+    the tree unchanged, is a changed file."""
+    path = tmp_path / "s.jsonl"
+    lines = v3_lines()
+    write(path, lines)
+    store.import_session(path, tenant_id=TENANT)
+    renamed = {e["id"]: f"r{n}" for n, e in enumerate(lines[1:])}
+    links = ("id", "parentId", "firstKeptEntryId", "targetId", "fromId")
+    write(
+        path,
+        [
+            lines[0],
+            *({k: renamed.get(v, v) if k in links else v for k, v in e.items()} for e in lines[1:]),
+        ],
+    )
+    with pytest.raises(ImportConflict) as caught:
+        store.import_session(path, tenant_id=TENANT)
+    assert caught.value.line == 2
+
+
 def test_lost_entries_are_a_conflict(store: SessionStore, tmp_path: Path) -> None:
     path = tmp_path / "s.jsonl"
     write(path, v3_lines())
@@ -319,17 +341,27 @@ def test_named_empty_session_is_adopted_by_import(store: SessionStore) -> None:
     assert result.session_id == named.id
 
 
-def test_parent_session_becomes_a_fork_link(store: SessionStore, tmp_path: Path) -> None:
+@pytest.mark.parametrize("parent_first", [True, False])
+@pytest.mark.parametrize("moved", [False, True])
+def test_parent_session_becomes_a_fork_link(
+    store: SessionStore, tmp_path: Path, parent_first: bool, moved: bool
+) -> None:
+    """One pass over each file links the child, whichever is imported first; by the parent
+    file's path, or (the file moved since) by the session id its name ends with."""
     parent_path = tmp_path / "2026-11-20T10-00-00-000Z_0f3c2a10-v3.jsonl"
     write(parent_path, v3_lines())
+    named = tmp_path / "elsewhere" / parent_path.name if moved else parent_path
     child = v3_lines()[:6]
-    child[0] = {**child[0], "id": "child-1", "parentSession": str(parent_path)}
+    child[0] = {**child[0], "id": "child-1", "parentSession": str(named)}
     child_path = tmp_path / "child.jsonl"
     write(child_path, child)
-    parent = store.import_session(parent_path, tenant_id=TENANT)
-    imported = store.import_session(child_path, tenant_id=TENANT)
+    order = [parent_path, child_path] if parent_first else [child_path, parent_path]
+    parent, imported = (store.import_session(p, tenant_id=TENANT) for p in order)
+    if not parent_first:
+        parent, imported = imported, parent
     session = store.get_session(imported.session_id)
     assert session.parent_id == parent.session_id and session.forked_from_seq is None
+    assert store.get_session(parent.session_id).parent_id is None
 
 
 # export -------------------------------------------------------------------------------------

@@ -19,7 +19,7 @@ TENANT = "acme"
 # append:N dies before the N-th batch's append, append:N+ right after it committed
 STEPS = [
     "_create",
-    "_insert_offset",
+    "_new_offset",
     "append:1",
     "append:2",
     "append:1+",
