@@ -238,6 +238,10 @@ def test_artifact_deletes_on_a_failing_disk_give_storage_unavailable_and_keep_th
     assert artifacts.files.get("notes/a.txt") == b"kept"  # the delete rolled back
     artifacts.files.delete("notes/a.txt")
     assert [f.local_id for f in artifacts.files.list()] == []
+    # the output whose file could not go keeps its row (file first, then row): kept, and
+    # the next cleanup removes it
+    assert artifacts.retrieve(art_id) == "x" * 20_000
+    assert artifacts.cleanup_oversized() == 1
     assert artifacts.retrieve(art_id) is None
 
 
