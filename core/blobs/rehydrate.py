@@ -182,6 +182,23 @@ def materialize(value: Any) -> Any:
     return value
 
 
+def as_refs(value: Any) -> Any:
+    """A plain JSON value: every ``LazyBlob`` inside it replaced by its ref, as stored (no
+    blob is read). The containers are copies."""
+    if isinstance(value, LazyBlob):
+        return value.ref
+    if isinstance(value, dict):
+        return {k: as_refs(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [as_refs(v) for v in value]
+    return value
+
+
+def loaded(value: Any) -> Any:
+    """``value``, or the string a ``LazyBlob`` stands for (read on first use)."""
+    return value.load() if isinstance(value, LazyBlob) else value
+
+
 class Rehydrator:
     """Resolves manifest entries against one blob store, with its cache of verified values."""
 

@@ -73,8 +73,25 @@ class _Ids:
         return [*sealed, zlib.compress(orjson.dumps(tail), 1)]
 
     @classmethod
-    def decode(cls, chunks: list[bytes]) -> _Ids:
-        return cls(chunks[:-1], orjson.loads(zlib.decompress(chunks[-1])))
+    def decode(cls, chunks: list[bytes], count: int, *, verify: bool) -> _Ids:
+        """The ids of ``count`` entries. The tail is decoded now; the sealed chunks on first
+        use, unless ``verify`` (a snapshot without a checksum): then each is decoded and
+        checked now, since a chunk that failed later would fail the read that touched it."""
+        tail = count - (len(chunks) - 1) * CHUNK  # encode seals every full chunk
+        if not chunks or not 0 <= tail < CHUNK:
+            raise ValueError(f"{len(chunks)} id chunks for {count} entries")
+        ids = cls(chunks[:-1], _decode_chunk(chunks[-1], tail))
+        if verify:
+            for chunk, data in enumerate(ids._sealed):
+                ids._decoded[chunk] = _decode_chunk(data, CHUNK)
+        return ids
+
+
+def _decode_chunk(data: bytes, size: int) -> list[str]:
+    ids = orjson.loads(zlib.decompress(data))
+    if type(ids) is not list or len(ids) != size or not set(map(type, ids)) <= {str}:
+        raise ValueError(f"an id chunk is not {size} ids")
+    return ids
 
 
 class _Runs:
@@ -343,18 +360,84 @@ class EntryTree:
         return meta, self._ids.encode()
 
     @classmethod
-    def decode(cls, meta: dict[str, Any], chunks: list[bytes]) -> EntryTree:
+    def decode(
+        cls, meta: dict[str, Any], chunks: list[bytes], *, verify_ids: bool = False
+    ) -> EntryTree:
+        """The tree ``encode`` gave ``meta`` and ``chunks`` for. Raises ``ValueError`` (or
+        ``TypeError``, ``KeyError``) for anything ``encode`` never writes, so that a tree
+        that decodes can be read and appended to without failing (invariant 11)."""
         tree = cls()
-        tree._count = meta["count"]
-        pairs = meta["parents"]
+        count = tree._count = _count(meta["count"])
+        pairs = _ints(meta["parents"])
         tree._parents = dict(zip(pairs[::2], pairs[1::2], strict=True))
-        tree._seq_offsets = _Runs(*meta["seq_offsets"])
-        tree._kinds = _Runs(*meta["kinds"])
-        tree._kind_names = list(meta["kind_names"])
+        for child, parent in tree._parents.items():
+            _check(0 < child < count and ROOT <= parent < child - 1, "a parent")
+        tree._seq_offsets = _runs_of(meta["seq_offsets"], count)
+        offsets = tree._seq_offsets.values
+        # seqs start at 1 and grow with the ordinal: seq - ordinal never decreases
+        _check(not offsets or (offsets[0] >= 1 and _increasing(offsets)), "the entries' seqs")
+        tree._kinds = _runs_of(meta["kinds"], count)
+        names = meta["kind_names"]
+        _check(type(names) is list and set(map(type, names)) <= {str}, "the kinds' names")
+        tree._kind_names = list(names)
         tree._kind_codes = {name: i for i, name in enumerate(tree._kind_names)}
-        tree._runs = list(meta["runs"])
-        tree._ids = _Ids.decode(chunks)
-        if len(tree._ids) != tree._count:
-            raise ValueError(f"{len(tree._ids)} ids for {tree._count} entries")
-        tree._leaf_id = tree._ids[tree._count - 1] if tree._count else None
+        _check(len(tree._kind_codes) == len(names), "the kinds' names")
+        codes = tree._kinds.values
+        _check(not codes or (min(codes) >= 0 and max(codes) < len(names)), "a kind")
+        tree._runs = _ints(meta["runs"])
+        tree._check_branch()
+        tree._ids = _Ids.decode(chunks, count, verify=verify_ids)
+        tree._leaf_id = tree._ids[count - 1] if count else None
         return tree
+
+    def _check_branch(self) -> None:
+        """The active branch is a path from a root to the leaf, in runs of consecutive
+        ordinals: each run starts at the child of the previous run's end."""
+        runs = self._runs
+        _check(len(runs) % 2 == 0, "the branch")
+        if not runs:
+            _check(self._count == 0, "the branch")
+            return
+        _check(runs[-1] == self._count - 1, "the branch's leaf")
+        previous_end = ROOT
+        for i in range(0, len(runs), 2):
+            start, end = runs[i], runs[i + 1]
+            _check(previous_end < start <= end, "the branch")
+            _check(self.parent_at(start) == previous_end, "the branch's path")
+            previous_end = end
+        # inside a run, each entry's parent is the entry before it
+        starts = set(runs[::2])
+        _check(all(o in starts or not self.on_branch(o) for o in self._parents), "the branch")
+
+
+def _check(condition: bool, what: str) -> None:
+    if not condition:
+        raise ValueError(f"{what} does not hold in the snapshot")
+
+
+def _count(value: Any) -> int:
+    _check(type(value) is int and value >= 0, "the entry count")
+    count: int = value
+    return count
+
+
+def _ints(value: Any) -> list[int]:
+    # by type, in C: a long session's runs hold thousands of numbers
+    _check(type(value) is list and set(map(type, value)) <= {int}, "a list of numbers")
+    return list(value)
+
+
+def _increasing(values: list[int]) -> bool:
+    return values == sorted(set(values))
+
+
+def _runs_of(value: Any, count: int) -> _Runs:
+    """Runs covering ordinals 0 … count - 1: the first starts at 0, starts increase."""
+    _check(type(value) is list and len(value) == 2, "runs")
+    starts, values = _ints(value[0]), _ints(value[1])
+    _check(len(starts) == len(values), "runs")
+    if count == 0:
+        _check(not starts, "runs")
+    else:
+        _check(starts[:1] == [0] and _increasing(starts) and starts[-1] < count, "runs")
+    return _Runs(starts, values)

@@ -1,4 +1,5 @@
-"""The fold: one session's events, in seq order, into a ``Fold``; and its snapshot codec.
+"""The fold: one session's events, in seq order, into a ``Fold`` (its snapshot codec is
+``core.query.fold_codec``).
 
 ``apply(fold, event)`` is deterministic and does no I/O. It mutates and returns ``fold``:
 copying a state per event would make a rebuild quadratic. What it keeps is bounded by what
@@ -12,14 +13,10 @@ other versions are then ignored and rebuilt lazily.
 
 from __future__ import annotations
 
-import struct
-import zlib
 from collections.abc import Callable, Iterable
-from dataclasses import asdict, astuple, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any
 
-from core import exact_json
-from core.errors import SnapshotFormatError
 from core.journal.usage import INT64_MAX, INT64_MIN, saturate
 from core.query.entry_tree import ROOT, EntryTree
 from core.records import StoredEvent
@@ -359,74 +356,3 @@ _HANDLERS: dict[str, Callable[[Fold, dict[str, Any], int], None]] = {
     "branch_summary": _plain_entry("branch_summary"),
     "session": _on_header,
 }
-
-
-# snapshot codec -------------------------------------------------------------------------
-
-_MAGIC = b"SSF1"
-_LENGTH = struct.Struct("<I")
-
-
-def encode_fold(fold: Fold) -> bytes:
-    """Snapshot bytes: magic, the length of the JSON metadata, the metadata, id chunks."""
-    tree_meta, chunks = fold.tree.encode()
-    meta = {
-        "version": PROJECTION_VERSION,
-        "seq": fold.seq,
-        "tree": tree_meta,
-        "id_chunks": [len(c) for c in chunks],
-        "counters": asdict(fold.counters),
-        "header": asdict(fold.header),
-        "name": fold.name,
-        "model_changes": [list(astuple(c)) for c in fold.model_changes],
-        "models": [list(astuple(c)) for c in fold.models],
-        "thinking_changes": [list(astuple(c)) for c in fold.thinking_changes],
-        "compactions": [list(astuple(c)) for c in fold.compactions],
-        "custom": fold.custom,
-        "labels": fold.labels,
-    }
-    # exact_json: folded values (usage sums, custom data) may be integers beyond 64 bits
-    encoded = exact_json.dumps(meta)
-    return b"".join((_MAGIC, _LENGTH.pack(len(encoded)), encoded, *chunks))
-
-
-def decode_fold(data: bytes) -> Fold:
-    if data[:4] != _MAGIC:
-        raise SnapshotFormatError("not a sessionstore fold snapshot")
-    try:
-        (length,) = _LENGTH.unpack_from(data, 4)
-        start = 4 + _LENGTH.size
-        meta = exact_json.loads(data[start : start + length])
-        if meta.get("version") != PROJECTION_VERSION:
-            raise SnapshotFormatError(f"snapshot of projection version {meta.get('version')}")
-        counters = meta["counters"]
-        return Fold(
-            seq=meta["seq"],
-            tree=EntryTree.decode(meta["tree"], _chunks(data, start + length, meta["id_chunks"])),
-            counters=Counters(
-                **{k: v for k, v in counters.items() if k != "usage"},
-                usage=TokenUsage(**counters["usage"]),
-            ),
-            header=Header(**meta["header"]),
-            name=meta["name"],
-            model_changes=[ModelChange(*c) for c in meta["model_changes"]],
-            models=[ModelChange(*c) for c in meta["models"]],
-            thinking_changes=[ThinkingLevelChange(*c) for c in meta["thinking_changes"]],
-            compactions=[CompactionMark(*c) for c in meta["compactions"]],
-            custom=meta["custom"],
-            labels=meta["labels"],
-        )
-    except SnapshotFormatError:
-        raise
-    except (KeyError, TypeError, ValueError, struct.error, zlib.error) as exc:
-        raise SnapshotFormatError(f"unreadable snapshot: {exc}") from exc
-
-
-def _chunks(data: bytes, offset: int, sizes: list[int]) -> list[bytes]:
-    chunks = []
-    for size in sizes:
-        chunks.append(data[offset : offset + size])
-        offset += size
-    if offset != len(data):
-        raise SnapshotFormatError("snapshot length does not match its chunks")
-    return chunks

@@ -32,13 +32,8 @@ from core.errors import SnapshotFormatError
 from core.journal.journal import Journal
 from core.journal.validation import check_seq
 from core.models import ArtifactRow, SnapshotRow, table_of, utcnow
-from core.query.projection import (
-    PROJECTION_VERSION,
-    Fold,
-    apply,
-    decode_fold,
-    encode_fold,
-)
+from core.query.fold_codec import decode_fold, encode_fold
+from core.query.projection import PROJECTION_VERSION, Fold, apply
 from core.query.state import ArtifactEntry, SessionState, build_state, plan_context
 from core.records import StoredEvent
 
@@ -100,25 +95,30 @@ def fold_at(
     snapshot_every: int,
     keep: dict[int, StoredEvent] | None = None,
 ) -> Fold:
-    """The fold after ``seq``: from the latest snapshot at or before it, if any.
+    """The fold after ``seq``: from the latest usable snapshot at or before it, if any.
 
     ``keep`` receives the last ``KEEP_FOLDED`` events folded, by seq (payloads are final
     and shared, never modified).
     """
-    fold = load_snapshot(journal.engine, session_id, seq) if snapshot_every else None
-    fold = fold if fold is not None else Fold()
+    found, rejected = (
+        load_snapshot(journal.engine, session_id, seq) if snapshot_every else (None, [])
+    )
+    fold = found if found is not None else Fold()
     boundary = seq - seq % snapshot_every if snapshot_every else 0
-    pending: bytes | None = None
+    # The last boundary passed, and each unusable snapshot found on the way, which this
+    # fold passes too: one written by the fold replaces it (insert-if-absent would keep it).
+    wanted = {boundary, *rejected}
+    pending: dict[int, bytes] = {}
     for event in journal.iter_events(session_id, after_seq=fold.seq, upto_seq=seq):
         apply(fold, event)
         if keep is not None:
             keep[event.seq] = event
             if len(keep) > KEEP_FOLDED:
                 del keep[next(iter(keep))]  # the oldest: dicts keep insertion order
-        if event.seq == boundary:
-            pending = encode_fold(fold)
-    if pending is not None:
-        save_snapshot(journal.engine, session_id, boundary, pending)
+        if event.seq in wanted:
+            pending[event.seq] = encode_fold(fold)
+    for at, state in pending.items():
+        save_snapshot(journal.engine, session_id, at, state, replace=at in rejected)
     return fold
 
 
@@ -176,45 +176,64 @@ def _latest_row(engine: Engine, session_id: str, at_seq: int) -> tuple[int, byte
     return None if row is None else (int(row.seq), bytes(row.state))
 
 
-def load_snapshot(engine: Engine, session_id: str, at_seq: int) -> Fold | None:
-    """The latest snapshot of the current projection version at or before ``at_seq``."""
-    row = _latest_row(engine, session_id, at_seq)
-    if row is None:
-        return None
-    seq, state = row
+def load_snapshot(engine: Engine, session_id: str, at_seq: int) -> tuple[Fold | None, list[int]]:
+    """The latest usable snapshot of the current projection version at or before ``at_seq``
+    (None: none), and the seqs of the unusable ones found after it, each logged once here.
+
+    Only an optimisation is lost with an unusable snapshot: the fold starts from the one
+    before it, or from the start, and the caller replaces it on the way.
+    """
+    rejected: list[int] = []
+    below = at_seq
+    while (row := _latest_row(engine, session_id, below)) is not None:
+        seq, state = row
+        fold = _usable(session_id, seq, state)
+        if fold is not None:
+            return fold, rejected
+        rejected.append(seq)
+        below = seq - 1
+    return None, rejected
+
+
+def _usable(session_id: str, seq: int, state: bytes) -> Fold | None:
+    extra = {"session_id": session_id, "seq": seq, "version": PROJECTION_VERSION}
     try:
         fold = decode_fold(state)
     except SnapshotFormatError as exc:
-        # Only an optimisation was lost: fold from the start instead.
-        log.warning(
-            "ignoring an unreadable snapshot: %s",
-            exc,
-            extra={"session_id": session_id, "seq": seq, "version": PROJECTION_VERSION},
-        )
+        log.warning("ignoring an unreadable snapshot (this read replaces it): %s", exc, extra=extra)
         return None
     if fold.seq != seq:
         log.warning(
-            "ignoring a snapshot whose content is for another seq",
-            extra={"session_id": session_id, "seq": seq, "content_seq": fold.seq},
+            "ignoring a snapshot whose content is for another seq (this read replaces it)",
+            extra={**extra, "content_seq": fold.seq},
         )
         return None
     return fold
 
 
-def save_snapshot(engine: Engine, session_id: str, seq: int, state: bytes) -> bool:
-    """Store a snapshot unless one exists already; False if it could not be stored."""
+def save_snapshot(
+    engine: Engine, session_id: str, seq: int, state: bytes, *, replace: bool = False
+) -> bool:
+    """Store a snapshot unless one exists already (``replace``: over an unusable one);
+    False if it could not be stored.
+
+    Replacing is safe without comparing: every good snapshot of a seq is the same bytes.
+    """
     insert_ = sqlite_insert if is_sqlite(engine) else pg_insert
-    stmt = (
-        insert_(_snapshots)
-        .values(
-            session_id=session_id,
-            version=PROJECTION_VERSION,
-            seq=seq,
-            state=state,
-            created_at=utcnow(),
-        )
-        .on_conflict_do_nothing()
+    stmt = insert_(_snapshots).values(
+        session_id=session_id,
+        version=PROJECTION_VERSION,
+        seq=seq,
+        state=state,
+        created_at=utcnow(),
     )
+    if replace:
+        stmt = stmt.on_conflict_do_update(
+            index_elements=[_snapshots.c.session_id, _snapshots.c.version, _snapshots.c.seq],
+            set_={"state": stmt.excluded.state, "created_at": stmt.excluded.created_at},
+        )
+    else:
+        stmt = stmt.on_conflict_do_nothing()
     try:
         with write_transaction(engine) as conn:
             conn.execute(stmt)
@@ -227,7 +246,7 @@ def save_snapshot(engine: Engine, session_id: str, seq: int, state: bytes) -> bo
         )
         return False
     log.debug(
-        "snapshot stored",
+        "snapshot replaced" if replace else "snapshot stored",
         extra={"session_id": session_id, "seq": seq, "bytes": len(state)},
     )
     return True

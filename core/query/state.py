@@ -10,7 +10,11 @@ Two pure steps, with the I/O between them done by ``core.query.snapshots``:
    pairs tool calls with their results.
 
 Blob refs (``blob:sha256:…``) inside the content stay as they are unless the caller
-rehydrated the events before step 2.
+rehydrated the events before step 2: into exact values, or into ``LazyBlob`` values
+(``state()``'s default). ``Message.text`` reads a lazy value, since text is what it was asked
+for; ``to_dict()`` reads none: it gives a lazy value as its ref, so that it is the JSON of the
+state as stored (what ``rehydrate=False`` and the CLI's ``state --json`` give), and a read of
+a state's metadata never reads the blob store.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+from core.blobs.rehydrate import as_refs, loaded
 from core.query.entry_tree import EntryTree
 from core.query.projection import (
     CONTEXT_TYPES,
@@ -65,27 +70,29 @@ class Message:
 
     @property
     def text(self) -> str:
-        """The text blocks (or the string content) joined by newlines."""
-        if isinstance(self.content, str):
-            return self.content
-        if not isinstance(self.content, list):
+        """The text blocks (or the string content) joined by newlines. An externalized text
+        that is a ``LazyBlob`` is loaded (the ref if its blob cannot be read, logged)."""
+        content = loaded(self.content)
+        if isinstance(content, str):
+            return content
+        if not isinstance(content, list):
             return ""
-        return "\n".join(
-            block["text"]
-            for block in self.content
-            if isinstance(block, dict)
-            and block.get("type") == "text"
-            and isinstance(block.get("text"), str)
+        texts = (
+            loaded(block.get("text"))
+            for block in content
+            if isinstance(block, dict) and block.get("type") == "text"
         )
+        return "\n".join(text for text in texts if isinstance(text, str))
 
     def to_dict(self) -> dict[str, Any]:
+        """Plain JSON: a ``LazyBlob`` is given as its ref (see the module's docstring)."""
         return {
             "entry_id": self.entry_id,
             "seq": self.seq,
             "role": self.role,
-            "content": self.content,
-            "timestamp": self.timestamp,
-            "data": self.data,
+            "content": as_refs(self.content),
+            "timestamp": as_refs(self.timestamp),
+            "data": as_refs(self.data),
         }
 
 
@@ -111,7 +118,7 @@ class ToolCall:
         return self.result_seq is not None
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        return _plain(self)
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,7 +132,7 @@ class Compaction:
     tokens_before: int | float | None
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        return _plain(self)
 
 
 @dataclass(frozen=True, slots=True)
@@ -136,7 +143,13 @@ class CustomEntry:
     data: Any
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        return _plain(self)
+
+
+def _plain(item: Any) -> dict[str, Any]:
+    """A content-bearing record as plain JSON, a ``LazyBlob`` as its ref (``asdict`` would
+    deep-copy the blob store along with it)."""
+    return {f.name: as_refs(getattr(item, f.name)) for f in dataclasses.fields(item)}
 
 
 @dataclass(frozen=True, slots=True)

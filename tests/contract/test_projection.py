@@ -11,7 +11,8 @@ import pytest
 
 from core import SessionStore
 from core.query.entry_tree import EntryTree
-from core.query.projection import Fold, apply, decode_fold, encode_fold, fold_events
+from core.query.fold_codec import decode_fold, encode_fold
+from core.query.projection import Fold, apply, fold_events
 from core.query.state import SessionState, state_from_events
 from core.records import Session, StoredEvent
 

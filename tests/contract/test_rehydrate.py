@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import json
 import logging
 from collections.abc import Iterator
 from pathlib import Path
@@ -322,3 +323,53 @@ def test_a_verified_value_is_read_once_per_store_and_a_corrupt_one_never_cached(
     with SessionStore.from_settings(store.settings) as other:
         again = other.read(session_id, rehydrate=True)
     assert again[1].payload["message"]["content"][0]["data"] == make_ref(image_hash)
+
+
+# the state's lazy values --------------------------------------------------------------
+
+
+def test_a_lazy_states_text_is_the_text_and_its_dict_is_json_with_refs(
+    small_store: SessionStore,
+) -> None:
+    """``state()`` defaults to ``rehydrate="lazy"``: ``Message.text`` reads the externalized
+    text (it was empty), and ``to_dict()`` gives each lazy value as its ref, the same JSON as
+    ``rehydrate=False`` (and the CLI's ``state --json``); it raised TypeError."""
+    store = small_store
+    big, bigger = "hello world " * 100, "tool output " * 100  # over INLINE_LIMIT: blobs
+    session = store.create_session(tenant_id="acme")
+    store.append(
+        session.id,
+        [
+            {"type": "message", "id": "a", "parentId": None,
+             "message": {"role": "user", "content": big}},
+            {"type": "message", "id": "b", "parentId": "a", "message": {
+                "role": "assistant",
+                "content": [
+                    {"type": "text", "text": "short"},
+                    {"type": "text", "text": big},
+                    {"type": "toolCall", "id": "c1", "name": "bash", "arguments": {"x": big}},
+                ],
+            }},
+            {"type": "message", "id": "c", "parentId": "b", "message": {
+                "role": "toolResult", "toolCallId": "c1", "toolName": "bash",
+                "content": [{"type": "text", "text": bigger}],
+            }},
+            {"type": "compaction", "id": "d", "parentId": "c", "summary": bigger,
+             "firstKeptEntryId": "a", "tokensBefore": 9},
+            {"type": "custom", "id": "e", "parentId": "d", "customType": "x",
+             "data": {"blob": big}},
+        ],
+    )  # fmt: skip
+    lazy = store.state(session.id)
+    exact = store.state(session.id, rehydrate=True)
+    as_stored = store.state(session.id, rehydrate=False)
+
+    assert isinstance(lazy.messages[1].content, LazyBlob)  # the compaction summary comes first
+    assert [m.text for m in lazy.messages] == [m.text for m in exact.messages]
+    assert [m.text for m in lazy.messages] == [bigger, big, f"short\n{big}", bigger]
+
+    as_json = json.loads(json.dumps(lazy.to_dict()))
+    assert as_json == json.loads(json.dumps(as_stored.to_dict()))
+    assert make_ref(sha256_hex(big.encode())) in json.dumps(as_json["tool_calls"])
+    assert as_json["custom"]["x"]["data"]["blob"] == make_ref(sha256_hex(big.encode()))
+    assert json.loads(json.dumps(exact.to_dict()))["custom"]["x"]["data"]["blob"] == big
