@@ -294,6 +294,47 @@ def test_a_candidate_put_again_after_the_scan_is_kept(gstore: SessionStore) -> N
     assert gstore.blobs.get(blob_hash) == data
 
 
+@pytest.mark.parametrize("when", ["before the file moves", "after the file moved"])
+def test_a_put_during_the_locked_removal_waits_and_recreates_the_blob(
+    gstore: SessionStore, monkeypatch: pytest.MonkeyPatch, when: str
+) -> None:
+    """Invariant 6, deterministically: a writer puts the blob while GC holds its row lock and
+    is removing its file. The put cannot finish until GC commits, and then the blob is
+    stored again, file and row, never a row naming a removed file. (A GC that removed the
+    file after its commit, without the lock, was caught only by the random racing test.)"""
+    data = b"put again mid-removal " * 30
+    blob_hash = gstore.blobs.put(data).hash
+    _age(gstore, blob_hash)
+    gc = BlobGc(gstore.engine, gstore.blobs, apply=True, grace_s=GRACE)
+    page = gc.scan_page("")
+    real = type(gstore.blobs).quarantine_file
+    writers: list[threading.Thread] = []
+    finished_while_held: list[bool] = []
+
+    def put_meanwhile() -> None:
+        writer = threading.Thread(target=gstore.blobs.put, args=(data,))
+        writers.append(writer)
+        writer.start()
+        writer.join(timeout=1.0)  # long enough to finish, were it not held back
+        finished_while_held.append(not writer.is_alive())
+
+    def quarantine(self: Any, hash_: str) -> list[Path]:
+        if when == "before the file moves":
+            put_meanwhile()
+        moved = real(self, hash_)
+        if when == "after the file moved":
+            put_meanwhile()
+        return moved
+
+    monkeypatch.setattr(type(gstore.blobs), "quarantine_file", quarantine)
+    gc.sweep(page.candidates)
+    assert writers and finished_while_held == [False]
+    writers[0].join(timeout=30)
+    assert not writers[0].is_alive()
+    assert gc.report.deleted == 1
+    assert blob_hash in _registered(gstore) and gstore.blobs.get(blob_hash) == data
+
+
 def test_an_orphan_registered_after_the_scan_is_kept(gstore: SessionStore) -> None:
     data = b"orphan no more " * 30
     blob_hash = _orphan(gstore, data)
