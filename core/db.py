@@ -14,6 +14,7 @@ from sqlalchemy.exc import OperationalError
 from sqlalchemy.pool import ConnectionPoolEntry, NullPool
 
 from core import exact_json
+from core.entry_clock import SQLITE_FUNCTION, entry_us_of
 from core.errors import StoreClosed
 
 _WRITE = "sessionstore_write"
@@ -67,6 +68,8 @@ def _configure_sqlite(engine: Engine) -> None:
         cursor.execute("PRAGMA busy_timeout=60000")
         cursor.execute("PRAGMA foreign_keys=ON")
         cursor.close()
+        # events --since/--until on SQLite (core.query.entry_time)
+        dbapi_conn.create_function(SQLITE_FUNCTION, 3, entry_us_of, deterministic=True)
 
     @event.listens_for(engine, "begin")
     def _on_begin(conn: Connection) -> None:
