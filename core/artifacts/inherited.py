@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import logging
 import os
+import uuid
+from contextlib import suppress
 from dataclasses import replace
 from pathlib import Path
 from typing import NamedTuple
@@ -278,9 +280,16 @@ def _link_new(root: Path, source: Path, target: Path) -> bool:
             return False
         with os.fdopen(fd, "rb") as handle:
             data, times = handle.read(), os.fstat(handle.fileno())
-        tmp = target.with_name(f".{target.name}.cow")
+        # a name of its own: a fixed one, left by a write a crash or a moved directory cut
+        # short, made every later copy to this target fail (FileExistsError) for good
+        tmp = target.with_name(f".{target.name}.{uuid.uuid4().hex[:12]}.cow")
         nofollow.write_new(root, tmp, data)
-        with nofollow.parent_dir(root, tmp) as (dir_fd, name):
-            os.utime(name, ns=(times.st_atime_ns, times.st_mtime_ns), dir_fd=dir_fd)
-        nofollow.replace(root, tmp, target)
+        try:
+            with nofollow.parent_dir(root, tmp) as (dir_fd, name):
+                os.utime(name, ns=(times.st_atime_ns, times.st_mtime_ns), dir_fd=dir_fd)
+            nofollow.replace(root, tmp, target)
+        except BaseException:
+            with suppress(OSError, SymlinkRefused):
+                nofollow.unlink(root, tmp)
+            raise
     return True
