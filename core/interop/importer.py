@@ -211,7 +211,7 @@ class _Offset:
     source_version: int | None = None
     # file id -> stored id, once pi rewrote an imported version-1 file with new ids
     id_map: dict[str, str] = field(default_factory=dict)
-    # the blob refs the session was imported without (None: not recorded, before 0019)
+    # the blob refs the session was imported without (None: not recorded, before 0017)
     missing_blobs: list[str] | None = None
 
 
@@ -500,7 +500,7 @@ def _missing_blobs(
     """The blob refs the session holds without their blobs once ``new_events`` (those no
     finished pass recorded) are in it: those recorded before, and those of this pass's
     misses that these events hold; and those of the recorded ones this pass found in the
-    file and its blob directory. Before 0018 nothing was recorded: the earlier misses are
+    file and its blob directory. Before 0017 nothing was recorded: the earlier misses are
     unknown, and the list is this pass's (as it was)."""
     if offset is None or offset.missing_blobs is None:
         recorded: list[str] = [] if offset is None else list(parsed.missing_blobs)

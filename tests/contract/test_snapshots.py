@@ -196,14 +196,7 @@ def test_the_fold_starts_at_the_latest_snapshot_at_or_before_at_seq(
         store.state(session.id)
         store.state(session.id, at_seq=20)
 
-        starts: list[int] = []
-        original = store.journal.iter_events
-
-        def spy(session_id: str, **kwargs: Any) -> Any:
-            starts.append(kwargs.get("after_seq", 0))
-            return original(session_id, **kwargs)
-
-        monkeypatch.setattr(store.journal, "iter_events", spy)
+        starts = fold_starts(store, monkeypatch)
         store.state(session.id, at_seq=37)
         assert starts[0] == 20  # the fold; later reads fetch the context entries
         starts.clear()
