@@ -289,16 +289,28 @@ def _postgres_number_us(literal: ColumnElement[Any]) -> ColumnElement[Any]:
 
 
 def entry_day(engine: Engine, fallback: ColumnElement[Any]) -> ColumnElement[Any]:
-    """The day (``YYYY-MM-DD``, its first ten characters) of the entry's own ISO
-    ``timestamp`` (an imported session's events were all recorded on the import's day), else
-    ``fallback`` (the day the journal recorded it)."""
+    """The day (``YYYY-MM-DD``) of the entry's own time, for an entry that has one (``entry_us``,
+    the module's one definition), else ``fallback`` (the day the journal recorded it).
+
+    An ISO text gives the day as written: its first ten characters, the producer's local day
+    for ``…-05:00`` (what a person means by "spent on the 1st"). An epoch-millisecond number,
+    which has no zone, gives its UTC day (the floor of the microseconds over a day's, exactly,
+    before 1970 too). A ``timestamp`` that is no entry time (``"yesterday"``, ``"2025-01-01"``
+    alone, ``"2025-02-30T…"``, ``true``) gives no day of its own."""
+    us = entry_us(engine)
     if is_sqlite(engine):
         is_text = func.json_type(_events.c.payload, "$.timestamp") == "text"
         stamp = func.json_extract(_events.c.payload, "$.timestamp")
+        # whole seconds, floored: integer division in SQLite truncates toward zero
+        seconds = us // 1_000_000 - case((us % 1_000_000 < 0, 1), else_=0)
+        utc_day = func.date(seconds, "unixepoch")
     else:
         # events.payload is json (exact text), not jsonb: the json_* functions
         is_text = func.json_typeof(func.json_extract_path(_events.c.payload, "timestamp")) == (
             "string"
         )
         stamp = func.json_extract_path_text(_events.c.payload, "timestamp")
-    return case((is_text, func.substr(stamp, 1, 10)), else_=fallback)
+        days = func.floor(cast(us, Numeric) / _US_PER_DAY)
+        utc_day = func.to_char(literal(date(1970, 1, 1), Date) + cast(days, Integer), "YYYY-MM-DD")
+    own = case((is_text, case((us.is_not(None), func.substr(stamp, 1, 10)))), else_=utc_day)
+    return func.coalesce(own, fallback)

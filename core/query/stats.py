@@ -75,8 +75,9 @@ class TokenTotals:
 @dataclass(frozen=True, slots=True)
 class DayModelUsage:
     """Tokens of one model on one day: the date an entry's own ISO ``timestamp`` carries,
-    as written (the UTC day for ``…Z``, the producer's local day for ``…-05:00``), else the
-    UTC day the journal recorded it.
+    as written (the UTC day for ``…Z``, the producer's local day for ``…-05:00``), the UTC
+    day of an epoch-millisecond one, else (no ``timestamp`` that is an entry time, as
+    ``core.query.entry_time`` defines it) the UTC day the journal recorded it.
 
     ``responses`` counts assistant messages, except the continuation lines of a response
     an importer split over several entries (Claude Code's ``claudeCode.responseLine`` > 0),

@@ -15,13 +15,13 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from sqlalchemy import func, select
+from sqlalchemy import func, literal, select
 
 from core import SessionStore, Settings
 from core.models import EventRow, EventTimeBlockRow, table_of
 from core.query import timeblocks
 from core.query.analytics import EventFilter
-from core.query.entry_time import MAX_US, MIN_US, entry_us
+from core.query.entry_time import MAX_US, MIN_US, entry_day, entry_us
 
 _events = table_of(EventRow)
 _blocks = table_of(EventTimeBlockRow)
@@ -192,6 +192,60 @@ def test_every_backend_reads_the_table_of_cases_alike(store: SessionStore) -> No
         if want != have
     ]
     assert wrong == []
+
+
+def _day_written(value: Any) -> str | None:
+    """The day ``stats`` counts an assistant message on, read by Python from the definition:
+    an ISO text's own date, a number's UTC date, or None (the day it was recorded)."""
+    us = expected(value)
+    if us is None:
+        return None
+    if isinstance(value, str):
+        return value[:10]
+    return (_EPOCH + timedelta(microseconds=us)).date().isoformat()
+
+
+def test_the_entry_day_is_the_day_of_the_entry_time(store: SessionStore) -> None:
+    """Each case of the table: ``entry_day`` gives the date an entry time was written on (a
+    number's UTC date, the floor before 1970 too), or the fallback where the value is no
+    entry time (text such as ``"2025-01-01"`` alone or ``"2025-02-29T…"`` used to count)."""
+    session = _append(store, [v for v, _ in CASES])
+    query = (
+        select(entry_day(store.engine, literal("recorded")))
+        .where(_events.c.session_id == session)
+        .order_by(_events.c.seq)
+    )
+    with store.engine.connect() as conn:
+        got = list(conn.execute(query).scalars())
+    want = [_day_written(v) or "recorded" for v, _ in CASES]
+    wrong = [(repr(v)[:60], w, g) for (v, _), w, g in zip(CASES, want, got, strict=True) if w != g]
+    assert wrong == []
+    assert {"1969-12-31", "0001-01-01", "9999-12-31", "recorded"} <= set(got)
+
+
+def test_stats_count_usage_on_the_entry_day(store: SessionStore) -> None:
+    """A hostile ``timestamp`` is not a day in ``stats``: it falls back to the recorded day."""
+    session = store.create_session(tenant_id="acme").id
+    stamps = ["2025-01-01T23:30:00-05:00", 1_735_776_000_000, "yesterday", "2025-02-30T00:00Z"]
+    store.append(
+        session,
+        [
+            {
+                "type": "message",
+                "timestamp": stamp,
+                "message": {
+                    "role": "assistant",
+                    "model": "m",
+                    "content": [],
+                    "usage": {"input": 1},
+                },
+            }
+            for stamp in stamps
+        ],
+    )
+    today = datetime.now(UTC).date().isoformat()
+    days = {u.day: u.responses for u in store.stats().usage_by_day}
+    assert days == {"2025-01-01": 1, "2025-01-02": 1, today: 2}
 
 
 @pytest.mark.parametrize(
