@@ -39,6 +39,15 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def json_lines(text: str) -> list[dict[str, Any]]:
+    """JSON Lines output (``import --json``): each line one JSON object, nothing else."""
+    import json
+
+    found = [json.loads(line) for line in text.splitlines() if line.strip()]
+    assert all(isinstance(value, dict) for value in found), found
+    return found
+
+
 def wait_for(predicate: Callable[[], bool], timeout: float, what: str, step: float = 0.1) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

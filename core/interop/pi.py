@@ -115,11 +115,33 @@ def dumps_exact(value: Any) -> str:
 
 
 def split_lines(data: bytes) -> tuple[list[tuple[int, bytes]], int, bool]:
-    """The complete lines of ``data`` as (1-based line number, bytes), the bytes they span
-    (up to and including the last newline), and whether an unterminated tail was left."""
+    """The complete lines of ``data`` as (1-based line number, bytes), the bytes they span,
+    and whether an unterminated tail was left (for the next pass).
+
+    A last line without its newline is complete when it is a whole JSON object, as pi reads
+    it (``trim().split("\n")``): a file written by hand or by another tool need not end in a
+    newline. Nothing half written passes for one (no proper prefix of an object's text is a
+    JSON object), and a writer that sends the newline on its own leaves a blank line after it.
+    """
     end = data.rfind(b"\n") + 1
     lines = [(n, raw) for n, raw in enumerate(data[:end].split(b"\n")[:-1], start=1)]
-    return lines, end, end < len(data) and bool(data[end:].strip())
+    tail = data[end:]
+    if not tail.strip():
+        return lines, end, False
+    if _whole_object(tail):
+        lines.append((len(lines) + 1, tail))
+        return lines, len(data), False
+    return lines, end, True
+
+
+def _whole_object(tail: bytes) -> bool:
+    if not tail.rstrip().endswith(b"}"):  # most half-written lines, without reading them
+        return False
+    try:
+        value = loads_exact(tail.decode("utf-8", "replace"))
+    except ValueError:  # not JSON yet (too deep to read: it waits, as before)
+        return False
+    return isinstance(value, dict)
 
 
 def first_lines(data: bytes, count: int) -> Iterator[tuple[int, bytes]]:

@@ -7,6 +7,7 @@ imports only typer at module level: rich, pydantic and ``core.store`` load on fi
 from __future__ import annotations
 
 import re
+import sys
 from collections.abc import Iterable, Iterator, Mapping
 from contextlib import ExitStack, contextmanager
 from functools import cache
@@ -110,6 +111,21 @@ def print_json(value: Any) -> None:
 
         text = json.dumps(value, default=_json_default, indent=2, ensure_ascii=False)
     typer.echo(text)
+
+
+def print_json_line(value: Any) -> None:
+    """``value`` as one line of JSON (JSON Lines: a stream of results, one per line), exactly
+    as ``print_json`` writes it, and flushed: a reader of the pipe sees each line at once."""
+    import orjson
+
+    try:
+        text = orjson.dumps(value, default=str).decode()
+    except orjson.JSONEncodeError:
+        import json
+
+        text = json.dumps(value, default=_json_default, ensure_ascii=False, separators=(",", ":"))
+    typer.echo(text)
+    sys.stdout.flush()
 
 
 def _json_default(value: Any) -> Any:

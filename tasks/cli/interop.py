@@ -22,6 +22,7 @@ from tasks.cli.common import (
     new_app,
     open_store,
     print_json,
+    print_json_line,
     queue_app,
 )
 
@@ -101,7 +102,12 @@ def import_files(
     watch: Path | None = typer.Option(
         None, "--watch", help="Then follow this directory: new files and appended lines."
     ),
-    as_json: bool = JsonOption,
+    as_json: bool = typer.Option(
+        False,
+        "--json",
+        help="JSON Lines: one object per file imported (and per pass with --watch), "
+        "a failed file's error object too.",
+    ),
 ) -> None:
     """Import agent session files; again appends only what is new (idempotent)."""
     from core.errors import SessionStoreError, UnreadableFile
@@ -154,8 +160,7 @@ def _size(path: Path) -> int:
 
 def _report(result: ImportResult, as_json: bool) -> None:
     if as_json:
-        print_json(_result_dict(result))
-        sys.stdout.flush()  # --watch: a reader of the pipe sees each pass at once
+        print_json_line(_result_dict(result))
         return
     tail = " (a half-written last line waits)" if result.incomplete_tail else ""
     if result.missing_blobs:
@@ -195,7 +200,7 @@ def _message(path: Path, exc: Exception) -> str:
 
 def _report_error(path: Path, exc: Exception, as_json: bool) -> None:
     if as_json:
-        print_json(_error_dict(path, exc))
+        print_json_line(_error_dict(path, exc))
     else:
         message = _message(path, exc)
         err_console.print(f"error: {message}", markup=False, highlight=False, soft_wrap=True)

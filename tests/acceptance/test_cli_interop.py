@@ -16,7 +16,7 @@ import pytest
 from tests.cli_process import run_cli
 from tests.fixtures.pi.generate import v3_lines, write
 from tests.pi_support import FIXTURES
-from tests.support import clean_env
+from tests.support import clean_env, json_lines
 
 Run = Callable[..., subprocess.CompletedProcess[str]]
 
@@ -33,26 +33,16 @@ def run(sqlite_url: str, tmp_path: Path) -> Run:
     return run
 
 
-def _objects(text: str) -> list[dict[str, object]]:
-    decoder, objects, pos = json.JSONDecoder(), [], 0
-    text = text.strip()
-    while pos < len(text):
-        value, end = decoder.raw_decode(text, pos)
-        objects.append(value)
-        pos = end
-        while pos < len(text) and text[pos].isspace():
-            pos += 1
-    return objects
-
-
 def test_import_export_and_external_ids(run: Run, tmp_path: Path) -> None:
     first = run("import", str(FIXTURES), "--json", "--tenant", "acme")
     assert first.returncode == 0, first.stderr
-    results = _objects(first.stdout)
+    results = json_lines(first.stdout)
     assert {r["external_id"] for r in results} == {"0f3c2a10-v1", "0f3c2a10-v2", "0f3c2a10-v3"}
     assert {r["status"] for r in results} == {"created"}
     assert set(results[0]) == {"path", "session_id", "external_id", "appended", "skipped", "status"}
-    again = _objects(run("import", str(FIXTURES / "*.jsonl"), "--json", "--tenant", "acme").stdout)
+    again = json_lines(
+        run("import", str(FIXTURES / "*.jsonl"), "--json", "--tenant", "acme").stdout
+    )
     assert [r["appended"] for r in again] == [0, 0, 0]
 
     out = tmp_path / "out.jsonl"
@@ -150,7 +140,7 @@ def test_import_of_a_bad_line_names_it_and_writes_nothing(run: Run, tmp_path: Pa
     write(path, [*lines, *entries])
     done = run("import", str(path), "--json", SESSIONSTORE_MAX_BATCH_EVENTS="5")
     assert done.returncode == 1, done.stderr
-    [report] = _objects(done.stdout)
+    [report] = json_lines(done.stdout)
     assert (report["status"], report["session_id"], report["appended"]) == ("error", None, 0)
     assert f"{path} line {len(lines) + 9}:" in str(report["error"])
     listed = json.loads(run("sessions", "list", "--json").stdout)
@@ -173,7 +163,7 @@ def test_import_failing_midway_reports_what_it_appended(
         )
     done = run("import", str(path), "--json", SESSIONSTORE_MAX_BATCH_EVENTS="5")
     assert done.returncode == 1, done.stderr
-    [report] = _objects(done.stdout)
+    [report] = json_lines(done.stdout)
     appended = 5 * ((len(lines) + 10) // 5)  # the batches before the one holding m10
     assert (report["status"], report["appended"], report["skipped"]) == ("error", appended, 0)
     assert report["external_id"] == lines[0]["id"] and report["session_id"]
@@ -181,7 +171,7 @@ def test_import_failing_midway_reports_what_it_appended(
     with db:
         db.execute("DROP TRIGGER refuse")
     db.close()
-    again = _objects(run("import", str(path), "--json").stdout)
+    again = json_lines(run("import", str(path), "--json").stdout)
     assert [(r["session_id"], r["skipped"]) for r in again] == [(report["session_id"], appended)]
 
 
@@ -203,7 +193,7 @@ def test_import_of_a_path_that_is_not_a_file_is_bad_input(run: Run, tmp_path: Pa
         assert done.stderr.startswith(f"error: cannot read {path}: ")
     mixed = run("import", *bad, str(good), "--json")
     assert mixed.returncode == 3, mixed.stderr
-    reports = {str(r["path"]): r for r in _objects(mixed.stdout)}
+    reports = {str(r["path"]): r for r in json_lines(mixed.stdout)}
     assert [reports[p]["status"] for p in bad] == ["error"] * len(bad)
     assert reports[str(good)]["status"] == "created"
 
@@ -240,16 +230,23 @@ def test_import_reports_lines_holding_no_entry(run: Run, tmp_path: Path) -> None
 
 
 def test_import_json_says_a_last_line_waits(run: Run, tmp_path: Path) -> None:
-    """A complete last entry without its newline is not imported yet: --json says so, as
-    the human line does."""
+    """A half-written last line is not imported yet: --json says so, as the human line
+    does. A whole entry without its newline is imported, as pi reads it; what is appended
+    after it (its newline, then entries) comes in the next pass."""
     path = tmp_path / "s.jsonl"
     header = '{"type":"session","version":3,"id":"s-tail","timestamp":"2025-01-01Z","cwd":"/"}'
-    path.write_text(header + '\n{"type":"label","id":"l","parentId":null}')
+    label = '{"type":"label","id":"l","parentId":null}'
+    path.write_text(header + "\n" + label[:-1])
     result = json.loads(run("import", str(path), "--json").stdout)
     assert (result["appended"], result["incomplete_tail"]) == (1, True)
-    path.write_text(path.read_text() + "\n")
+    path.write_text(header + "\n" + label)
     result = json.loads(run("import", str(path), "--json").stdout)
     assert result["appended"] == 1 and "incomplete_tail" not in result
+    path.write_text(path.read_text() + "\n" + label.replace('"l"', '"m"') + "\n")
+    result = json.loads(run("import", str(path), "--json").stdout)
+    assert result["appended"] == 1 and "incomplete_tail" not in result
+    events = json.loads(run("events", "--session", result["session_id"], "--json").stdout)
+    assert [e["payload"].get("id") for e in events["items"]][1:] == ["l", "m"]
 
 
 def test_an_odd_file_fails_alone_and_the_run_goes_on(run: Run, tmp_path: Path) -> None:
@@ -268,7 +265,7 @@ def test_an_odd_file_fails_alone_and_the_run_goes_on(run: Run, tmp_path: Path) -
     (d / "d_cc_list.jsonl").write_text('{"type":["user"],"uuid":"u2"}\n')
     (d / "z_good.jsonl").write_bytes((FIXTURES / "v3.jsonl").read_bytes())
     done = run("import", str(d), "--json", "--format", "auto")
-    reports = {Path(str(r["path"])).name: r for r in _objects(done.stdout)}
+    reports = {Path(str(r["path"])).name: r for r in json_lines(done.stdout)}
     assert done.returncode == 1, done.stderr  # d_cc_list is not a session file
     assert "Traceback" not in done.stderr
     assert [reports[n]["status"] for n in sorted(reports)] == [

@@ -11,22 +11,13 @@ from pathlib import Path
 
 from core.artifacts.paths import encode_component
 from tests.acceptance.test_cli import data_dir, run
+from tests.support import json_lines
 
 __all__ = ["data_dir"]  # the fixture, used by name
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 OMP_STEM = "2026-01-22T08-30-00-000Z_9b1e4c7a2f3d4e5f"
 CLAUDE_ID = "7d3c5e2a-91f4-4b6e-8a0d-2c1f9e8b7a60"
-
-
-def _objects(text: str) -> list[dict[str, object]]:
-    """The JSON objects printed one after another (pretty-printed)."""
-    decoder, found, index = json.JSONDecoder(), [], 0
-    while index < len(text.rstrip()):
-        value, end = decoder.raw_decode(text, index)
-        found.append(value)
-        index = end + (len(text[end:]) - len(text[end:].lstrip()))
-    return found
 
 
 def _tree(tmp_path: Path) -> Path:
@@ -43,14 +34,14 @@ def test_import_stats_and_export_omp(data_dir: Path, tmp_path: Path) -> None:
     root = _tree(tmp_path)
     done = run(data_dir, "import", str(root), "--tenant", "acme", "--json")
     assert done.returncode == 0, done.stderr
-    results = _objects(done.stdout)
+    results = json_lines(done.stdout)
     # the subagent's explore.jsonl inside the artifacts directory is not a session of its own
     assert sorted(r["external_id"] for r in results) == [CLAUDE_ID, "9b1e4c7a2f3d4e5f"]
     assert {r["status"] for r in results} == {"created"}
     omp = next(r for r in results if r["external_id"] == "9b1e4c7a2f3d4e5f")
     assert omp["missing_blobs"] == ["blob:sha256:" + hashlib.sha256(b"gone").hexdigest()]
     again = run(data_dir, "import", str(root), "--tenant", "acme", "--json")
-    assert [r["appended"] for r in _objects(again.stdout)] == [0, 0]
+    assert [r["appended"] for r in json_lines(again.stdout)] == [0, 0]
 
     stats = run(data_dir, "stats", "--json")
     assert stats.returncode == 0, stats.stderr
@@ -93,7 +84,7 @@ def test_blobs_dir_is_passed_only_to_the_format_that_takes_it(
     shutil.copy(FIXTURES / "pi" / "v3.jsonl", root / "v3.jsonl")
     done = run(data_dir, "import", str(root), "--blobs-dir", str(blobs), "--json")
     assert done.returncode == 0, done.stderr
-    results = {r["external_id"]: r for r in _objects(done.stdout)}
+    results = {r["external_id"]: r for r in json_lines(done.stdout)}
     assert {r["status"] for r in results.values()} == {"created"}
     assert set(results) == {CLAUDE_ID, "9b1e4c7a2f3d4e5f", "0f3c2a10-v3"}
     omp = results["9b1e4c7a2f3d4e5f"]
@@ -107,7 +98,7 @@ def test_import_format_errors_are_one_line(data_dir: Path, tmp_path: Path) -> No
     assert done.returncode == 1 and "Traceback" not in done.stderr
     assert "Claude Code transcript" in " ".join(done.stderr.split())
     auto = run(data_dir, "import", str(junk), "--json")
-    assert _objects(auto.stdout)[0]["status"] == "error"
+    assert json_lines(auto.stdout)[0]["status"] == "error"
 
 
 def _files(root: Path, *, skip: Path) -> set[Path]:

@@ -171,3 +171,52 @@ def test_a_file_starting_with_blank_lines_is_detected() -> None:
         assert pi.sniff(data)
         assert detect_format(Path("x.jsonl"), data) == "pi"
     assert not pi.sniff(b"\n\n") and not pi.sniff(b"\nnot json\n" + header + b"\n")
+
+
+def test_a_whole_last_entry_without_its_newline_is_read() -> None:
+    """pi reads a last line without a newline (``trim().split("\\n")``): so does the import,
+    when it is a whole JSON object. Anything else at the end waits for the next pass."""
+    header = json.dumps({"type": "session", "version": 3, "id": "h"})
+    label = '{"type":"label","id":"l","parentId":null}'
+    for tail, read in [
+        (label, True),
+        (label + " \r", True),
+        (label[:-1], False),
+        ('{"type":"label","id":"l","parentId":{}', False),  # ends in } but is not whole
+        ("[1, 2]", False),
+        ("123", False),
+        ("}", False),
+    ]:
+        data = f"{header}\n{tail}".encode()
+        parsed = pi.parse(Path("x"), data)
+        assert ([e.line for e in parsed.entries] == [2]) is read, tail
+        assert parsed.incomplete_tail is not read, tail
+        assert parsed.consumed_bytes == (len(data) if read else len(header) + 1), tail
+
+
+json_objects = st.dictionaries(
+    st.text(max_size=5),
+    st.recursive(
+        st.none()
+        | st.booleans()
+        | st.integers()
+        | st.floats(allow_nan=False, allow_infinity=False)
+        | st.text(),
+        lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(), inner, max_size=3),
+        max_leaves=10,
+    ),
+    max_size=4,
+)
+
+
+@settings(max_examples=200)
+@given(json_objects, st.data())
+def test_no_part_of_a_line_being_written_is_read_as_whole(value: Any, data: Any) -> None:
+    """A writer caught part way through a line (any cut of its UTF-8 bytes) leaves a tail
+    that is never taken for a whole entry; the whole line is."""
+    line = pi.dumps_exact(value).encode()
+    cut = data.draw(st.integers(1, len(line) - 1))
+    lines, consumed, waits = pi.split_lines(b"{}\n" + line[:cut])
+    assert (len(lines), consumed, waits) == (1, 3, True)
+    lines, consumed, waits = pi.split_lines(b"{}\n" + line)
+    assert (lines[-1], consumed, waits) == ((2, line), 3 + len(line), False)
