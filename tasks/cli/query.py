@@ -40,6 +40,16 @@ DEFAULT_LIMIT = 100
 # the table columns before the summary: ids are shown whole (an operator copies them)
 _COLUMNS = ("position", "session", "tenant", "seq", "type", "role", "recorded")
 CSV_COLUMNS = ("position", "session_id", "tenant_id", "seq", "type", "role", "recorded_at")
+_FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r")
+
+
+def csv_cell(value: object) -> object:
+    """A text cell a spreadsheet would run as a formula (``=HYPERLINK(…)`` as an event's
+    ``type``: OWASP's CSV injection) starts with ``'``, which spreadsheets show as text; the
+    ``payload`` column (JSON, always ``{…}``) keeps every value exactly."""
+    if isinstance(value, str) and value.startswith(_FORMULA_STARTS):
+        return "'" + value
+    return value
 
 
 def _analytics() -> Any:
@@ -98,7 +108,9 @@ class _Printer:
         self.table: Table | None = None
         self.csv: Any = None
         if output is Output.csv:
-            self.csv = csv.writer(sys.stdout, lineterminator="\n")
+            # RFC 4180 rows end in CRLF: a lone \r in a value is then quoted too (with "\n"
+            # as the terminator it was not, and a reader took it for the end of the row)
+            self.csv = csv.writer(sys.stdout, lineterminator="\r\n")
             self.csv.writerow((*CSV_COLUMNS, "payload"))
         elif output is Output.table and not streaming:
             self.table = id_table(*_COLUMNS)
@@ -115,7 +127,8 @@ class _Printer:
             row = event.to_dict()
             from core import exact_json
 
-            self.csv.writerow((*(row[c] for c in CSV_COLUMNS), exact_json.dumps_str(event.payload)))
+            cells = (csv_cell(row[c]) for c in CSV_COLUMNS)
+            self.csv.writerow((*cells, exact_json.dumps_str(event.payload)))
         elif self.table is not None:
             add_row(self.table, *self._cells(event), _summary(event, self._previewer(event)))
         else:

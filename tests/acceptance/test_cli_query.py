@@ -168,6 +168,24 @@ def test_events_jsonl_csv_table_and_json_pages(
     assert window == ""
 
 
+def test_csv_cells_never_run_as_formulas(
+    store: SessionStore, cli_env: Settings, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A hostile producer's ``type`` or ``role`` that a spreadsheet would run (``=``, ``+``,
+    ``-``, ``@``, tab, CR first) is a text cell in ``-o csv``; the payload column is exact."""
+    session = store.create_session(tenant_id="acme").id
+    hostile = ['=HYPERLINK("http://x","y")', "+1+1", "-2", "@SUM(A1)", "\t=1", "\r=1"]
+    plain_ones = ["ok=1", "a\rb", "a\nb", 'say "hi"']
+    store.append(
+        session,
+        [{"type": t, "message": {"role": t, "content": "x"}} for t in hostile + plain_ones],
+    )
+    rows = list(csv.DictReader(io.StringIO(_run(capsys, "events", "-o", "csv"), newline="")))
+    assert [r["type"] for r in rows] == ["'" + t for t in hostile] + plain_ones
+    assert [orjson.loads(r["payload"])["type"] for r in rows] == hostile + plain_ones
+    assert all(not r[c].startswith(("=", "+", "-", "@")) for r in rows for c in r)
+
+
 def test_events_rejects_a_bad_date(cli_env: Settings, capsys: pytest.CaptureFixture[str]) -> None:
     # typer's own (vendored) click errors reach main() un-handled today; accept both shapes
     with pytest.raises((SystemExit, typer.BadParameter)) as raised:
