@@ -10,8 +10,10 @@ import contextlib
 import errno
 import os
 import secrets
+import tempfile
 from collections.abc import Iterator, Sequence
 from pathlib import Path
+from typing import IO
 
 from core import nofollow
 
@@ -43,6 +45,31 @@ def write_durably(path: Path, data: bytes) -> None:
         handle.write(data)
         handle.flush()
         os.fsync(handle.fileno())
+
+
+@contextlib.contextmanager
+def published_text(path: Path) -> Iterator[IO[str]]:
+    """A text file written in a stream and published whole at ``path``: a new file beside it
+    (a name of its own, never an existing file or link), fsynced, renamed over ``path``, the
+    directory fsynced. A reader of ``path`` (an agent with the session open, a watcher) sees
+    the old file or the whole new one, a crash leaves one or the other, and a failure while
+    writing removes the new file. Made as ``open()`` makes a file (0666 less the umask);
+    text is UTF-8, a lone surrogate passed through (it is what the stored value holds)."""
+    fd, name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".partial")
+    try:
+        mask = os.umask(0)
+        os.umask(mask)
+        os.fchmod(fd, 0o666 & ~mask)  # mkstemp's is 0600
+        with os.fdopen(fd, "w", encoding="utf-8", errors="surrogatepass", newline="\n") as out:
+            yield out
+            out.flush()
+            os.fsync(out.fileno())
+        os.replace(name, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(name)
+        raise
+    fsync_dir(path.parent, strict=False)
 
 
 def replace_atomically(path: Path, data: bytes, *, prefix: str = ".tmp-") -> None:

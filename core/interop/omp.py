@@ -43,7 +43,7 @@ from core.artifacts.records import AGENT_OUTPUT, TOOL_OUTPUT
 from core.blobs.externalize import canonical_base64
 from core.blobs.store import BLOB_REF_PREFIX, parse_ref
 from core.errors import ExportIncomplete, SymlinkRefused, UnreadableFile
-from core.fsio import replace_atomically
+from core.fsio import published_text, replace_atomically
 from core.interop import exporter, pi
 from core.interop.importer import read_file, register_converter
 from core.interop.model import ArtifactFile, Format, ParsedSession
@@ -317,7 +317,9 @@ def export_omp(
     target = contained_path(out_dir, session_file_name(header))
     directory = contained_path(out_dir, artifacts_dir(target).name)
     blobs = _DirectoryBlobs(blobs_dir)
-    with target.open("w", encoding="utf-8", newline="\n") as out:
+    # published whole: oh-my-pi may have this session open, and a failed or killed export
+    # must not leave it a truncated file (written in place, it did)
+    with published_text(target) as out:
         lines = write_session_file(out, header, entries, blobs.put)
     count = _export_artifacts(store, session.id, directory)
     done = OmpExport(target, directory, blobs_dir, lines, blobs.written, count)

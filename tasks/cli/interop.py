@@ -5,13 +5,11 @@ Heavy imports stay inside the commands (the CLI starts lazily)."""
 from __future__ import annotations
 
 import logging
-import os
 import sys
-import tempfile
-from collections.abc import Callable, Iterator
-from contextlib import ExitStack, contextmanager, suppress
+from collections.abc import Callable
+from contextlib import ExitStack
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
@@ -298,6 +296,7 @@ def export(
     if format != "pi":
         raise typer.BadParameter(f"unknown export format {format!r} (known: pi, omp)")
     from core.errors import ExportIncomplete
+    from core.fsio import published_text
 
     incomplete: ExportIncomplete | None = None
     with open_store() as store:
@@ -306,7 +305,7 @@ def export(
             return
         if output.is_dir():
             raise typer.BadParameter(f"{output} is a directory", param_hint="--output")
-        with _published(output) as out:  # never a half-written export under the final name
+        with published_text(output) as out:  # never a half-written export under the final name
             try:
                 lines = store.export_session(session, out, at_seq=at_seq, tenant_id=tenant)
             except ExportIncomplete as exc:  # written whole: kept, and reported below
@@ -320,24 +319,6 @@ def export(
         err_console.print(f"wrote {lines} lines to {output}", markup=False)
     if incomplete is not None:
         raise incomplete  # exit 1: the file holds refs where values should be
-
-
-@contextmanager
-def _published(output: Path) -> Iterator[IO[str]]:
-    """A new file beside ``output`` (a name of its own, never an existing file or link),
-    renamed over ``output`` once written; removed if the export fails."""
-    fd, name = tempfile.mkstemp(dir=output.parent, prefix=f".{output.name}.", suffix=".partial")
-    try:
-        mask = os.umask(0)
-        os.umask(mask)
-        os.fchmod(fd, 0o666 & ~mask)  # as open() would make it (mkstemp's is 0600)
-        with os.fdopen(fd, "w", encoding="utf-8", errors="surrogatepass") as out:
-            yield out
-        os.replace(name, output)
-    except BaseException:
-        with suppress(FileNotFoundError):
-            os.unlink(name)
-        raise
 
 
 def _export_via_queue(
@@ -357,6 +338,7 @@ def _export_via_queue(
     from rich.progress import Progress
 
     from core.errors import NotFinishedInTime
+    from core.fsio import published_text
     from tasks import enqueue_rehydrate
 
     with open_store() as store, ExitStack() as stack:
@@ -387,7 +369,7 @@ def _export_via_queue(
     if output is None:
         sys.stdout.write(text)
     else:
-        with _published(output) as out:
+        with published_text(output) as out:
             out.write(text)
     if as_json:
         print_json({**result, "path": str(output) if output else None})

@@ -15,6 +15,7 @@ import pytest
 
 from core.artifacts import ArtifactManager
 from core.errors import ImportInterrupted, InvalidArtifactPath
+from core.interop import omp
 from core.interop.omp import export_omp, parse_omp
 from core.store import SessionStore
 
@@ -235,6 +236,35 @@ def test_export_does_not_write_through_a_symlink_in_the_directory(
     with pytest.raises(InvalidArtifactPath, match="outside"):
         export_omp(store, result.session_id, tmp_path / "sessions", blobs_dir=tmp_path / "blobs")
     assert outside.read_text() == "kept\n"
+
+
+def test_a_failed_export_leaves_the_session_file_as_it_was(
+    store: SessionStore, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The session file is published whole: an export that fails part way (a blob write
+    failing, a disk filling up) over a file oh-my-pi has open leaves that file as it was,
+    and no temporary file behind. Written in place, it was left truncated."""
+    result = store.import_session(SESSION_FILE, tenant_id=TENANT)
+    sessions = tmp_path / "sessions"
+    sessions.mkdir()
+    existing = sessions / SESSION_FILE.name
+    existing.write_bytes(SESSION_FILE.read_bytes() + b'{"type":"label","id":"mine"}\n')
+    before = existing.read_bytes()
+
+    def full_disk(self: object, data: bytes) -> str:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(omp._DirectoryBlobs, "put", full_disk)
+    with pytest.raises(OSError, match="No space"):
+        export_omp(store, result.session_id, sessions, blobs_dir=tmp_path / "blobs")
+    assert existing.read_bytes() == before
+    assert sorted(p.name for p in sessions.iterdir()) == [SESSION_FILE.name]
+    monkeypatch.undo()
+    out = export_omp(store, result.session_id, sessions, blobs_dir=tmp_path / "blobs")
+    assert out.session_file == existing and existing.read_bytes() != before
+    assert [json.loads(x) for x in existing.read_bytes().splitlines()] == [
+        json.loads(x) for x in SESSION_FILE.read_bytes().splitlines()
+    ]
 
 
 def test_export_writes_refs_back_exactly_where_the_import_resolved_them(
