@@ -241,6 +241,18 @@ class SchemaNotCurrent(SessionStoreError):
     """The database schema is missing or behind the code: run `sessionstore db upgrade`."""
 
 
+class DowngradeRefused(SessionStoreError):
+    """A schema downgrade that would lose what the older code cannot do without (see the
+    message); nothing was changed by the refused step."""
+
+    def __init__(self, revision: str, reason: str) -> None:
+        self.revision = revision
+        super().__init__(f"downgrade past {revision} refused: {reason}")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**super().to_dict(), "revision": self.revision}
+
+
 class DatabaseMissing(SessionStoreError):
     """The embedded database file does not exist (read-only commands never create one)."""
 

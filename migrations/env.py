@@ -28,6 +28,10 @@ def _run(connection: Connection) -> None:
         target_metadata=target_metadata,
         render_as_batch=connection.dialect.name == "sqlite",
         compare_type=True,
+        # SQLite's DDL is transactional too once the driver leaves BEGIN to us
+        # (core.db._configure_sqlite): a whole upgrade or downgrade commits or rolls back
+        # as one, as on PostgreSQL, instead of stopping part way at a failing step
+        transactional_ddl=True,
     )
     with context.begin_transaction():
         context.run_migrations()

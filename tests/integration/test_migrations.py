@@ -14,7 +14,7 @@ from sqlalchemy import inspect, text
 
 from core import migrate
 from core.db import make_engine
-from core.errors import SchemaNotCurrent
+from core.errors import DowngradeRefused, SchemaNotCurrent
 from core.models import metadata
 from tests.conftest import PG_ADMIN_DSN, drop_pg_database, pg_url_for
 
@@ -64,6 +64,33 @@ def test_upgrade_downgrade_upgrade_round_trip(empty_url: str) -> None:
     assert migrate.current_revision(empty_url) is None
     migrate.upgrade(empty_url)
     assert _diff(empty_url) == [] and migrate.is_current(empty_url)
+
+
+def test_a_downgrade_never_forgets_directories_still_to_remove(empty_url: str) -> None:
+    """Below 0015 nothing lists a deleted session's directory not removed yet: a downgrade
+    that dropped those rows would leave the directories for good. It is refused, changing
+    nothing, until the rows are gone."""
+    migrate.upgrade(empty_url)
+    engine = make_engine(empty_url)
+    try:
+        with engine.begin() as conn:
+            conn.execute(
+                text(
+                    "INSERT INTO session_removals (session_id, kind, tenant_id, deleted_at) "
+                    "VALUES ('s1', 'session', 'acme', CURRENT_TIMESTAMP)"
+                )
+            )
+        with pytest.raises(DowngradeRefused, match="1 deleted session"):
+            migrate.downgrade(empty_url, "0014")
+        assert migrate.current_revision(empty_url) == migrate.HEAD_REVISION
+        assert "session_removals" in _tables(empty_url)
+        with engine.begin() as conn:
+            conn.execute(text("DELETE FROM session_removals"))
+    finally:
+        engine.dispose()
+    migrate.downgrade(empty_url, "0014")
+    assert migrate.current_revision(empty_url) == "0014"
+    assert "session_removals" not in _tables(empty_url)
 
 
 def test_the_head_constant_is_the_scripts_head() -> None:
