@@ -199,6 +199,22 @@ class Settings(BaseSettings):
     def _blank_is_unset(cls, value: str | None) -> str | None:
         return value or None
 
+    @field_validator("artifact_url")
+    @classmethod
+    def _artifact_url(cls, value: str | None) -> str | None:
+        """One spelling of each place: a bare path is its ``file://`` URL (resolved), an
+        ``s3://`` URL loses a trailing ``/``. Every reader of the setting (the storage, the
+        artifact root, whether it is on the filesystem) then sees the same directory: a bare
+        path used to open that directory as storage while the root stayed in the data dir."""
+        if not value:
+            return None
+        from core.artifacts.storage import artifact_url_of  # no import cycle at load
+
+        try:
+            return artifact_url_of(value)
+        except BadConfig as exc:
+            raise ValueError(str(exc)) from None
+
     @field_validator("gc_schedule", "expire_schedule", "reconcile_schedule")
     @classmethod
     def _check_schedule(cls, value: str) -> str:
@@ -226,12 +242,6 @@ class Settings(BaseSettings):
             raise ValueError(
                 f"blob_url must be file:///… or s3://bucket/prefix, got {self.resolved_blob_url!r}"
             )
-        from core.artifacts.storage import artifact_url_of  # no import cycle at load
-
-        try:
-            artifact_url_of(self.resolved_artifact_url)
-        except BadConfig as exc:
-            raise ValueError(str(exc)) from None
         return self
 
     @property

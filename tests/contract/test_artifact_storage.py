@@ -196,8 +196,17 @@ def test_settings_artifact_url(tmp_path: Path, s3_bucket: str) -> None:
     assert rooted.resolved_artifact_url == (tmp_path / "elsewhere").resolve().as_uri()
     by_url = base.with_overrides(artifact_url=(tmp_path / "u").as_uri())
     assert by_url.resolved_artifact_root == (tmp_path / "u").resolve()
-    on_s3 = base.with_overrides(artifact_url=s3_bucket + "/p")
-    assert not on_s3.artifacts_on_filesystem
+    on_s3 = base.with_overrides(artifact_url=s3_bucket + "/p/")
+    assert not on_s3.artifacts_on_filesystem and on_s3.resolved_artifact_url == s3_bucket + "/p"
+    # a bare path (SESSIONSTORE_ARTIFACT_URL=/srv/artifacts) is that directory everywhere:
+    # the storage, the root and the filesystem check (the root stayed in the data dir)
+    for bare in (str(tmp_path / "bare"), "relative/arts"):
+        by_path = base.with_overrides(artifact_url=bare)
+        assert by_path.resolved_artifact_root == Path(bare).resolve()
+        assert by_path.resolved_artifact_url == Path(bare).resolve().as_uri()
+        assert by_path.artifacts_on_filesystem
+    with pytest.raises(ValueError, match="artifact_url 'ftp://a/b'"):
+        base.with_overrides(artifact_url="ftp://a/b")
     with pytest.raises(ValueError, match="artifact_url"):
         base.with_overrides(artifact_url="http://nope")
 
