@@ -97,9 +97,12 @@ def summarize(engine: Engine) -> int:
             insert_(_blocks)
             .from_select(["block", "max_recorded_at", "max_entry_ms"], rows)
             .on_conflict_do_nothing(index_elements=[_blocks.c.block])
+            .returning(_blocks.c.block)
         )
         with write_transaction(engine) as conn:
-            added = int(conn.execute(statement).rowcount or 0)
+            # the rows returned, not rowcount: PostgreSQL's driver reported -1 for this
+            # INSERT ... SELECT through SQLAlchemy
+            added = len(conn.execute(statement).all())
     except SQLAlchemyError as exc:
         _failed(engine, exc)
         return 0

@@ -398,3 +398,14 @@ def test_huge_strings_are_read_whole(settings: Settings) -> None:
 def _summarized(store: SessionStore) -> int:
     with store.engine.connect() as conn:
         return int(conn.execute(select(func.count()).select_from(_blocks)).scalar_one())
+
+
+def test_summarize_says_how_many_blocks_it_added(store: SessionStore) -> None:
+    """The count is the rows added, on both backends (PostgreSQL's driver reported -1)."""
+    session = store.create_session(tenant_id="acme").id
+    for _ in range(2 * timeblocks.TIME_BLOCK // 1000 + 1):
+        result = store.append(session, [{"type": "custom", "timestamp": 0}] * 1000)
+    sealed = (result.positions[-1] + 1) // timeblocks.TIME_BLOCK  # blocks from position 0
+    assert sealed >= 2
+    assert timeblocks.summarize(store.engine) == sealed == _summarized(store)
+    assert timeblocks.summarize(store.engine) == 0
