@@ -399,8 +399,11 @@ def _adopt(store: SessionStore, session_id: str, path: Path, parsed: ParsedSessi
             upsert(_offsets)
             .values(_new_offset(session_id, path, parsed))
             .on_conflict_do_nothing(index_elements=[_offsets.c.session_id])
+            .returning(_offsets.c.session_id)
         )
-    return bool(done.rowcount)
+        # a row returned, not rowcount: for an INSERT it is -1 on PostgreSQL through
+        # SQLAlchemy, which made every adopter (the losers of the race too) "created"
+        return done.first() is not None
 
 
 def _new_offset(session_id: str, path: Path, parsed: ParsedSession) -> dict[str, Any]:

@@ -20,6 +20,7 @@ from core.errors import (
     InvalidEvent,
     SessionNotFound,
 )
+from core.interop import importer, pi
 from core.interop.pi import dumps_exact, loads_exact
 from core.models import ImportOffsetRow, table_of
 from core.settings import Settings
@@ -338,7 +339,17 @@ def test_external_id_unique_per_tenant(store: SessionStore) -> None:
 def test_named_empty_session_is_adopted_by_import(store: SessionStore) -> None:
     named = store.create_session(tenant_id=TENANT, external_id="0f3c2a10-v2")
     result = store.import_session(FIXTURES / "v2.jsonl", tenant_id=TENANT)
-    assert result.session_id == named.id
+    assert result.session_id == named.id and result.status == "created"
+
+
+def test_a_named_session_is_adopted_once(store: SessionStore) -> None:
+    """Of two imports adopting one named session at once, one adopts it (its row stands)
+    and the other does not (on PostgreSQL both said they had: rowcount -1 is true)."""
+    named = store.create_session(tenant_id=TENANT, external_id="0f3c2a10-v2")
+    path = FIXTURES / "v2.jsonl"
+    parsed = pi.parse(path, path.read_bytes())
+    assert importer._adopt(store, named.id, path, parsed) is True
+    assert importer._adopt(store, named.id, path, parsed) is False
 
 
 @pytest.mark.parametrize("parent_first", [True, False])
