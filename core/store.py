@@ -33,7 +33,7 @@ from core.db import close_engine
 from core.interop.exporter import export_pi
 from core.interop.importer import ImportResult, import_session
 from core.journal import DeadLetters, Journal
-from core.journal.validation import check_name
+from core.journal.validation import CheckedEvents, check_name
 from core.maintenance import (
     ExpireRunReport,
     GcReport,
@@ -264,12 +264,13 @@ class SessionStore:
     def append(
         self,
         session_id: str,
-        events: Sequence[Any],
+        events: Sequence[Any] | CheckedEvents,
         *,
         expected_seq: int | None = None,
         idempotency_key: str | None = None,
     ) -> AppendResult:
-        """Validate, externalize (blobs are stored before the events commit), then append."""
+        """Validate, externalize (blobs are stored before the events commit), then append.
+        ``CheckedEvents`` (``core.journal.validation.checked``) are not checked again."""
         return self._writer.append(
             session_id, events, expected_seq=expected_seq, idempotency_key=idempotency_key
         )

@@ -18,7 +18,7 @@ from core.blobs.externalize import PersistedBatch, Persister, missing_ref_error
 from core.blobs.store import BlobStore, StagedPuts, count_puts
 from core.errors import BlobsMissing, InvalidEvent
 from core.journal import Journal, check_batch
-from core.journal.validation import check_seq
+from core.journal.validation import CheckedEvents, check_batch_size, check_seq
 from core.metrics import metrics
 from core.records import AppendResult, PreparedEvent
 from core.settings import Settings
@@ -57,7 +57,7 @@ class Writer:
     def append(
         self,
         session_id: str,
-        events: Sequence[Any],
+        events: Sequence[Any] | CheckedEvents,
         *,
         expected_seq: int | None = None,
         idempotency_key: str | None = None,
@@ -75,14 +75,19 @@ class Writer:
     def _append(
         self,
         session_id: str,
-        events: Sequence[Any],
+        events: Sequence[Any] | CheckedEvents,
         *,
         expected_seq: int | None,
         idempotency_key: str | None,
     ) -> AppendResult:
         if expected_seq is not None:
             check_seq(expected_seq, "expected_seq", error=InvalidEvent)
-        encoded = self.validate(events)
+        if isinstance(events, CheckedEvents):  # each event checked already: the batch's size
+            check_batch_size(events.events, max_events=self.settings.max_batch_events)
+            encoded = list(events.encoded)
+            events = events.events
+        else:
+            encoded = self.validate(events)
         plan = self.persister.plan(events, encoded)
         if idempotency_key is not None and plan.puts_blobs:
             # A replay (e.g. a Celery redelivery) must not put the batch's blobs again. A

@@ -55,7 +55,7 @@ from core.errors import (
 from core.exact_json import same_value
 from core.interop import pi
 from core.interop.model import IgnoredLine, ParsedSession
-from core.journal.validation import check_event
+from core.journal.validation import CheckedEvents, checked
 from core.metrics import metrics
 from core.models import ImportOffsetRow, SessionRow, table_of, utcnow
 from core.records import PlainRecord, Session, StoredEvent
@@ -271,7 +271,7 @@ def _import_pass(
     skipped = held.count
     taken_up = held.count - min(held.count, offset.entries) if offset else 0
     events = _mapped(events, held.id_map)
-    _validate(store, path, events[held.count :], lines[held.count :])
+    pending = _validate(store, path, events[held.count :], lines[held.count :])
     created = session is None
     if session is None:
         session = _create(store, parsed, path, tenant_id)
@@ -282,7 +282,7 @@ def _import_pass(
     missing, found_late = _missing_blobs(offset, parsed, data, events[held.count - taken_up :])
     appended = 0
     try:
-        for count, mine in _append(store, session, events, sizes, held.count):
+        for count, mine in _append(store, session, pending, sizes, held.count):
             appended += count if mine else 0
             skipped += 0 if mine else count
             taken_up += 0 if mine else count
@@ -523,15 +523,17 @@ def _missing_blobs(
     return recorded, found
 
 
-def _validate(store: SessionStore, path: Path, events: Sequence[Any], lines: Sequence[int]) -> None:
+def _validate(
+    store: SessionStore, path: Path, events: Sequence[Any], lines: Sequence[int]
+) -> CheckedEvents:
     """Refuse the pass, before anything is written, if the journal would refuse any of its
-    events (the check every append makes), naming the event's line of the file."""
-    max_depth = store.settings.max_event_depth
-    for event, line in zip(events, lines, strict=True):
-        try:
-            check_event(event, max_depth=max_depth)
-        except InvalidEvent as exc:
-            raise InvalidEvent(exc.field, f"{path} line {line}: {exc.reason}") from None
+    events (the check every append makes), naming the event's line of the file; the events,
+    checked, for the appends (which do not check them again)."""
+    try:
+        return checked(events, max_depth=store.settings.max_event_depth)
+    except InvalidEvent as exc:
+        line = lines[exc.index] if exc.index is not None else lines[0]
+        raise InvalidEvent(exc.field, f"{path} line {line}: {exc.reason}") from None
 
 
 def _batch_key(index: int) -> str:
@@ -738,16 +740,17 @@ def _batch_end(sizes: Sequence[int], start: int, *, max_events: int, max_bytes: 
 def _append(
     store: SessionStore,
     session: Session,
-    events: Sequence[dict[str, Any]],
+    pending: CheckedEvents,
     sizes: Sequence[int],
     start: int,
 ) -> Iterator[tuple[int, bool]]:
-    """Append the file events from ``start`` in batches; yields how many events each batch
-    holds, and whether this pass appended it (else a concurrent import of the file did)."""
+    """Append the file events from ``start`` (``pending``: those from ``start`` on, checked)
+    in batches; yields how many events each batch holds, and whether this pass appended it
+    (else a concurrent import of the file did)."""
     settings = store.settings
     # the head now, not when the pass began: a concurrent import may have appended since
     head, index = store.journal.get_session(session.id).head_seq, start
-    while index < len(events):
+    while index < start + len(pending):
         end = _batch_end(
             sizes,
             index,
@@ -758,7 +761,10 @@ def _append(
         # expected_seq: a concurrent writer fails this instead of interleaving; the key: a
         # batch already committed (by a pass that died, or a concurrent importer) is replayed
         result = store.append(
-            session.id, events[index:end], expected_seq=head, idempotency_key=_batch_key(index)
+            session.id,
+            pending[index - start : end - start],
+            expected_seq=head,
+            idempotency_key=_batch_key(index),
         )
         count = result.last_seq - result.first_seq + 1
         index += count

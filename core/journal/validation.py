@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import orjson
@@ -26,6 +27,13 @@ def pointer_token(key: str | int) -> str:
 
 def check_batch(events: Sequence[Any], *, max_events: int, max_depth: int) -> list[bytes | None]:
     """Reject a bad batch; per event, its JSON when the fast check proved it plain."""
+    check_batch_size(events, max_events=max_events)
+    return [
+        check_event(event, index=index, max_depth=max_depth) for index, event in enumerate(events)
+    ]
+
+
+def check_batch_size(events: Sequence[Any], *, max_events: int) -> None:
     if isinstance(events, (str, bytes, dict)) or not isinstance(events, Sequence):
         raise InvalidEvent("", f"events must be a list of objects, got {type(events).__name__}")
     if not events:
@@ -34,9 +42,30 @@ def check_batch(events: Sequence[Any], *, max_events: int, max_depth: int) -> li
         raise WriteTooLarge(
             "", f"batch of {len(events)} events exceeds the limit of {max_events} per write"
         )
-    return [
-        check_event(event, index=index, max_depth=max_depth) for index, event in enumerate(events)
-    ]
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class CheckedEvents:
+    """Events ``check_event`` accepted, each with its JSON where the check computed it: an
+    append takes them without checking each event again (the import checks a whole pass
+    before writing any of it, then appends it in batches). Only what ``checked`` returns;
+    the caller must not change the events afterwards."""
+
+    events: Sequence[Any]
+    encoded: Sequence[bytes | None]
+
+    def __len__(self) -> int:
+        return len(self.events)
+
+    def __getitem__(self, part: slice) -> CheckedEvents:
+        return CheckedEvents(self.events[part], self.encoded[part])
+
+
+def checked(events: Sequence[Any], *, max_depth: int) -> CheckedEvents:
+    """``check_event`` on each of ``events`` (any number: batches are cut later)."""
+    return CheckedEvents(
+        events, [check_event(event, index=i, max_depth=max_depth) for i, event in enumerate(events)]
+    )
 
 
 class _Bad(Exception):
