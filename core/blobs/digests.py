@@ -38,9 +38,13 @@ class StoredDigests:
 
     def record(self, blob_hash: str, codec: str, stored: bytes, size: int) -> None:
         """``stored`` are gzip bytes known to decode to the content (``size`` bytes)."""
+        if codec == "gzip":
+            self.record_digest(blob_hash, codec, hashlib.sha256(stored).digest(), size)
+
+    def record_digest(self, blob_hash: str, codec: str, digest: bytes, size: int) -> None:
+        """As ``record``, given the SHA-256 of the stored bytes (hashed as they streamed)."""
         if codec != "gzip":
             return
-        digest = hashlib.sha256(stored).digest()
         with self._lock:
             self._digests[blob_hash] = (digest, size)
             self._digests.move_to_end(blob_hash)
@@ -50,6 +54,14 @@ class StoredDigests:
     def matches(self, blob_hash: str, codec: str, stored: bytes, size: int | None = None) -> bool:
         """Whether ``stored`` are the very gzip bytes recorded for this blob, and (when
         given) ``size`` the size of its content."""
+        if codec != "gzip" or not self.has(blob_hash):
+            return False
+        return self.matches_digest(blob_hash, codec, hashlib.sha256(stored).digest(), size)
+
+    def matches_digest(
+        self, blob_hash: str, codec: str, digest: bytes, size: int | None = None
+    ) -> bool:
+        """As ``matches``, given the SHA-256 of the stored bytes."""
         if codec != "gzip":
             return False
         with self._lock:
@@ -58,7 +70,12 @@ class StoredDigests:
                 self._digests.move_to_end(blob_hash)
         if known is None or (size is not None and size != known[1]):
             return False
-        return hashlib.sha256(stored).digest() == known[0]
+        return digest == known[0]
+
+    def has(self, blob_hash: str) -> bool:
+        """Whether a digest is recorded for this blob (a cheap look before hashing)."""
+        with self._lock:
+            return blob_hash in self._digests
 
     def forget(self, blob_hash: str) -> None:
         with self._lock:

@@ -13,12 +13,14 @@ import os
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
+from typing import BinaryIO
 
 from core import nofollow
 from core.blobs.store import (
     CORRUPT_DIR,
     DEFAULT_GZIP_LEVEL,
     QUARANTINE_SUFFIX,
+    STREAM_CHUNK,
     SUFFIXES,
     BlobFile,
     BlobIndex,
@@ -123,6 +125,31 @@ class FileBlobStore(BlobStore):
             return None
         with os.fdopen(file_fd, "rb") as handle:
             return handle.read()
+
+    @contextmanager
+    def _open(self, blob_hash: str) -> Iterator[tuple[Codec, Iterator[bytes]] | None]:
+        with storage_errors("blobs"):
+            opened = self._open_stored(blob_hash)
+            if opened is None and self._unquarantine(blob_hash):  # as ``_read`` does
+                opened = self._open_stored(blob_hash)
+        if opened is None:
+            yield None
+            return
+        codec, handle = opened
+        with handle:
+            yield codec, _chunks(handle)
+
+    def _open_stored(self, blob_hash: str) -> tuple[Codec, BinaryIO] | None:
+        """The first stored file ``_read_stored`` would read, opened (through no link)."""
+        with self._fanout(blob_hash) as fd:
+            if fd is None:
+                return None
+            for codec in self._ordered(blob_hash, list(self._present(fd, blob_hash)), None):
+                path = self.path_for(blob_hash, codec)
+                file_fd = nofollow.open_at(fd, path.name, path)
+                if file_fd is not None:
+                    return codec, os.fdopen(file_fd, "rb")
+        return None
 
     @storage_errors("blobs")
     def _read_codec(self, blob_hash: str, codec: Codec) -> bytes | None:
@@ -277,6 +304,16 @@ class FileBlobStore(BlobStore):
             return None
         nofollow.sync_dir(self.root, path.parent)
         return os.fspath(aside)
+
+
+def _chunks(handle: BinaryIO) -> Iterator[bytes]:
+    """A file's bytes, ``STREAM_CHUNK`` at a time (a read error typed, as ``_read``'s)."""
+    while True:
+        with storage_errors("blobs"):
+            chunk = handle.read(STREAM_CHUNK)
+        if not chunk:
+            return
+        yield chunk
 
 
 def fanout_dirs(root: Path | str) -> Iterator[str]:

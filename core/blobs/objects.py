@@ -23,6 +23,7 @@ import logging
 import os
 import uuid
 from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from datetime import timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar, cast
@@ -38,6 +39,7 @@ if TYPE_CHECKING:
 
 from core.blobs.store import (
     CORRUPT_DIR,
+    STREAM_CHUNK,
     SUFFIXES,
     BlobFile,
     BlobIndex,
@@ -189,6 +191,32 @@ class ObjectBlobStore(BlobStore):
         if self._unquarantine(blob_hash):  # a GC died between copy-aside and row delete
             return self._read(blob_hash)
         return None
+
+    @contextmanager
+    def _open(self, blob_hash: str) -> Iterator[tuple[Codec, Iterator[bytes]] | None]:
+        yield self._open_stored(blob_hash)
+
+    def _open_stored(self, blob_hash: str) -> tuple[Codec, Iterator[bytes]] | None:
+        """As ``_read``, but a GET whose body streams (``STREAM_CHUNK`` at a time)."""
+        for codec in _codecs(self._registered_codec(blob_hash)):
+            key = self.key_for(blob_hash, codec)
+            try:
+                result = self._call(lambda key=key: obstore.get(self.store, key))  # type: ignore[misc]
+            except FileNotFoundError:
+                continue
+            return codec, self._chunks(result.stream(min_chunk_size=STREAM_CHUNK))
+        if self._unquarantine(blob_hash):  # a GC died between copy-aside and row delete
+            return self._open_stored(blob_hash)
+        return None
+
+    def _chunks(self, stream: Iterator[Any]) -> Iterator[bytes]:
+        """The body's chunks; a connection lost midway is ``StorageUnavailable``."""
+        while True:
+            try:
+                chunk = self._call(lambda: next(stream))
+            except StopIteration:
+                return
+            yield bytes(chunk)
 
     def _stage(self, blob_hash: str, data: bytes, first: Codec | None = None) -> _Stored:
         """Content the index knows takes the base path (look up, verify), its codec first.

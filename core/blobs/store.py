@@ -21,6 +21,7 @@ import re
 import zlib
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Iterator, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -138,6 +139,50 @@ def decode_blob(codec: Codec, stored: bytes) -> bytes:
         rest = inflater.unused_data
         if not rest:
             return parts[0] if len(parts) == 1 else b"".join(parts)
+
+
+STREAM_CHUNK = 256 * 1024  # stored bytes read at a time, and most content inflated at once
+
+
+class StreamDecoder:
+    """``decode_blob``, a chunk of stored bytes at a time: the content comes out in pieces of
+    at most ``limit`` bytes (``max_length``: a megabyte of gzip can hold a gigabyte of
+    zeros), so memory stays bounded whatever the ratio. The rules are ``decode_blob``'s:
+    whole gzip members, any number of them back to back, nothing after; ``finish`` raises
+    ``zlib.error`` for a stream that ends inside a member (or holds none)."""
+
+    def __init__(self, codec: Codec, *, limit: int = STREAM_CHUNK) -> None:
+        self.codec = codec
+        self.limit = limit
+        self._inflater: Any = None  # the member being inflated; None between members
+        self._members = 0
+
+    def feed(self, data: bytes) -> Iterator[bytes]:
+        """The content ``data`` completes, in pieces of at most ``limit`` bytes."""
+        if self.codec == "identity":
+            for start in range(0, len(data), self.limit):
+                yield data[start : start + self.limit]
+            return
+        while True:
+            if self._inflater is None:
+                if not data:
+                    return
+                self._inflater = zlib.decompressobj(wbits=_GZIP_WBITS)
+            out = self._inflater.decompress(data, self.limit)
+            if out:
+                yield out
+            if self._inflater.eof:
+                self._members += 1
+                data = self._inflater.unused_data  # a next member, or bytes after the end
+                self._inflater = None
+                continue
+            data = self._inflater.unconsumed_tail
+            if not data and len(out) < self.limit:
+                return  # everything fed is inflated; with a full piece, more may be pending
+
+    def finish(self) -> None:
+        if self.codec == "gzip" and (self._inflater is not None or self._members == 0):
+            raise zlib.error("incomplete or truncated stream")
 
 
 # records --------------------------------------------------------------------------------
@@ -362,6 +407,12 @@ class BlobStore(ABC):
         """The stored (encoded) bytes, unverified, or None."""
 
     @abstractmethod
+    def _open(self, blob_hash: str) -> AbstractContextManager[tuple[Codec, Iterator[bytes]] | None]:
+        """The stored (encoded) bytes as ``_read`` finds them, unverified, as a stream of
+        chunks of about ``STREAM_CHUNK`` bytes (never the whole object at once); None when
+        there is none. The stream is valid inside the ``with`` only."""
+
+    @abstractmethod
     def remove_file(self, blob_hash: str) -> bool:
         """Delete the stored object; True if there was one.
 
@@ -456,6 +507,66 @@ class BlobStore(ABC):
         if sha256_hex(data) != blob_hash:
             raise BlobCorrupted(blob_hash, "content does not match its hash")
         return data
+
+    @translated
+    def peek(self, blob_hash: str, limit: int) -> bytes:
+        """The first ``limit`` bytes of the verified content, read in bounded memory: the
+        stored object streams through (``_open``), inflated a piece at a time, and only
+        those bytes are kept. It is verified to its end all the same, before anything is
+        returned (invariant 13: showing the start of a blob whose tail is damaged would
+        serve it), so ``BlobCorrupted`` as ``get`` raises it, and ``BlobNotFound``.
+
+        The stored digests (``StoredDigests``) are used as ``check_stored`` uses them: when
+        this process verified the blob's stored bytes before, the rest of them is only
+        hashed (no inflate) and compared; a full check verifies the content and records the
+        stored digest. Memory: a stored chunk and a piece of content at a time, whatever
+        the blob's size."""
+        check_hash(blob_hash)
+        if self.digests.has(blob_hash):
+            head = self._peek(blob_hash, limit, known_digest=True)
+            if head is not None:
+                return head
+        head = self._peek(blob_hash, limit, known_digest=False)
+        assert head is not None  # a full check returns or raises
+        return head
+
+    def _peek(self, blob_hash: str, limit: int, *, known_digest: bool) -> bytes | None:
+        """``peek``'s pass over the stored stream. ``known_digest``: stop inflating once the
+        head is read and prove it by the stored digest recorded for the blob; None when the
+        stored bytes are no longer those (the full pass then decides)."""
+        with self._open(blob_hash) as found:
+            if found is None:
+                raise BlobNotFound(blob_hash)
+            codec, chunks = found
+            shortcut = known_digest and codec == "gzip"
+            decoder = StreamDecoder(codec)
+            stored_digest = hashlib.sha256()
+            content_digest = hashlib.sha256()
+            size = 0
+            head = bytearray()
+            try:
+                for chunk in chunks:
+                    stored_digest.update(chunk)
+                    if shortcut and len(head) >= limit:
+                        continue  # the head is read: the rest is only hashed
+                    for piece in decoder.feed(chunk):
+                        if len(head) < limit:
+                            head += piece[: limit - len(head)]
+                        content_digest.update(piece)
+                        size += len(piece)
+                if shortcut:
+                    if self.digests.matches_digest(blob_hash, codec, stored_digest.digest()):
+                        return bytes(head)
+                    return None
+                decoder.finish()
+            except zlib.error as exc:
+                if shortcut:
+                    return None
+                raise BlobCorrupted(blob_hash, f"cannot decode {codec} data: {exc}") from exc
+        if content_digest.hexdigest() != blob_hash:
+            raise BlobCorrupted(blob_hash, "content does not match its hash")
+        self.digests.record_digest(blob_hash, codec, stored_digest.digest(), size)
+        return bytes(head)
 
     def exists(self, blob_hash: str) -> bool:
         """Registered in the ``blobs`` table and present in storage."""

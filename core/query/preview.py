@@ -5,30 +5,47 @@ Blob refs are resolved lazily, one at a time, and only into a preview: an image 
 characters. Only a ref the event's own manifest names is resolved (invariant 9): a string
 that merely looks like a ref (a producer may write any text, another tenant's hash
 included) previews as the text it is. Nothing here writes.
+
+A text blob's first characters come from ``BlobStore.peek``, in bounded memory whatever
+the blob's size: the stored object streams through, inflated a piece at a time, and only
+the first ``_PEEK_BYTES`` bytes are kept. It is still read and verified to its end before
+any of it is shown. Invariant 13 says a corrupt blob is never served, and a preview that
+showed the start of a blob whose tail is damaged (or cut short) would serve its bytes as
+good; so a blob that does not verify previews as ``[corrupt blob …]`` (and one that is
+gone as ``[missing blob …]``), never as text. The cost of that read is time (the blob's
+stored bytes once per previewer; less where this process verified them before, see
+``StoredDigests``), never memory.
 """
 
 from __future__ import annotations
 
 import copy
+import logging
 from collections.abc import Callable, Collection
 from typing import Any
 
 from core.blobs.store import BlobStore, looks_like_ref, parse_ref
-from core.errors import SessionStoreError
+from core.errors import BlobCorrupted, BlobNotFound, SessionStoreError
 
 TEXT_PEEK = 60
 # Each block of a multi-block content is cut to this, so later blocks stay visible.
 BLOCK_WIDTH = 120
-# How many bytes of a text blob to read for a preview: enough for TEXT_PEEK characters.
+# How many bytes of a text blob a preview keeps: enough for TEXT_PEEK characters. The blob
+# is read (and verified) to its end all the same, a piece at a time (module docstring).
 _PEEK_BYTES = TEXT_PEEK * 4
 
+log = logging.getLogger(__name__)
+
 BlobSize = Callable[[str], int | None]
-BlobHead = Callable[[str], bytes | None]
+# The first bytes of a blob's verified content; ``BlobNotFound``, ``BlobCorrupted`` or another
+# ``SessionStoreError`` when there are none to show.
+BlobHead = Callable[[str], bytes]
 
 
 class Previewer:
-    """Turns payloads into one-line text. ``size`` and ``head`` look a blob up by hash (``None``
-    when it is unknown); results are cached, so a blob is read at most once per previewer.
+    """Turns payloads into one-line text. ``size`` looks a blob's size up by hash (``None``
+    when it is unknown), ``head`` reads its first bytes (raising when it cannot); results
+    are cached, so a blob is read at most once per previewer.
 
     A previewer resolves no ref until it is ``scoped`` to what the previewed payload's
     manifest references: ``referenced()`` gives those hashes, and is called only once a
@@ -67,13 +84,25 @@ class Previewer:
         if blob_hash is None:
             return str(value)
         if blob_hash not in self._texts:
-            head = self._head(blob_hash)
-            if head is None:
-                self._texts[blob_hash] = f"[missing blob {blob_hash[:12]}]"
-            else:
-                peek = " ".join(head[:_PEEK_BYTES].decode("utf-8", errors="replace").split())
-                self._texts[blob_hash] = f"{peek[:TEXT_PEEK]}… [text {self._kb(blob_hash)}]"
+            self._texts[blob_hash] = self._peek(blob_hash)
         return self._texts[blob_hash]
+
+    def _peek(self, blob_hash: str) -> str:
+        """The blob's first characters, or why there are none (never unverified bytes)."""
+        try:
+            head = self._head(blob_hash)
+        except BlobCorrupted as exc:
+            log.warning(
+                "blob is corrupt; previewed as such",
+                extra={"blob_hash": blob_hash, "problem": str(exc)},
+            )
+            return f"[corrupt blob {blob_hash[:12]}]"
+        except BlobNotFound:
+            return f"[missing blob {blob_hash[:12]}]"
+        except SessionStoreError:
+            return f"[unreadable blob {blob_hash[:12]}]"
+        peek = " ".join(head[:_PEEK_BYTES].decode("utf-8", errors="replace").split())
+        return f"{peek[:TEXT_PEEK]}… [text {self._kb(blob_hash)}]"
 
     def block(self, block: Any) -> str:
         if not isinstance(block, dict):
@@ -118,18 +147,16 @@ class Previewer:
 
 
 def for_blobs(blobs: BlobStore) -> Previewer:
-    """A previewer reading ``blobs``: sizes from the index, text from the verified content
-    (a missing or corrupt blob previews as missing rather than failing the listing)."""
+    """A previewer reading ``blobs``: sizes from the index, text from the first bytes of the
+    verified content, read in bounded memory (``BlobStore.peek``); a missing or corrupt blob
+    previews as such rather than failing the listing."""
 
     def size(blob_hash: str) -> int | None:
         info = blobs.info(blob_hash)
         return None if info is None else info.size
 
-    def head(blob_hash: str) -> bytes | None:
-        try:
-            return blobs.get(blob_hash)
-        except SessionStoreError:
-            return None
+    def head(blob_hash: str) -> bytes:
+        return blobs.peek(blob_hash, _PEEK_BYTES)
 
     return Previewer(size=size, head=head)
 

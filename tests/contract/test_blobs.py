@@ -6,6 +6,7 @@ import gzip
 import os
 import resource
 import time
+import tracemalloc
 import zlib
 from collections.abc import Iterator
 from pathlib import Path
@@ -25,6 +26,8 @@ from core.blobs.store import (
     BlobIndex,
     BlobStore,
     Codec,
+    StreamDecoder,
+    decode_blob,
     encode_blob,
     is_valid_hash,
     make_ref,
@@ -41,10 +44,12 @@ from core.errors import (
     StorageUnavailable,
 )
 from core.models import BlobRow
+from core.query.preview import for_blobs
 
 PNG = b"\x89PNG\r\n\x1a\n"
 TEXT = b"".join(b"line %d: the quick brown fox jumps over the lazy dog\n" % i for i in range(2000))
 GOOD = sha256_hex(b"x")
+LARGE = 64 * 1024 * 1024  # a large text blob, for the bounded-memory reads
 BAD_HASHES = [
     "../../x",
     "../" + GOOD[3:],
@@ -302,17 +307,140 @@ class BlobStoreContract:
         assert key not in raw.keys() and not blob_store.has_stored(h)
         assert verify_blobs(blob_store).missing == [h]
 
+    # streaming reads and previews (invariant 13, in bounded memory) ---------------------
+
+    @pytest.mark.parametrize(
+        "data", [TEXT, png_like(), b"", b"a"], ids=["gzip", "identity", "empty", "tiny"]
+    )
+    def test_peek_gives_the_head_of_the_verified_content(
+        self, blob_store: BlobStore, data: bytes
+    ) -> None:
+        h = blob_store.put(data).hash
+        for known in (True, False):  # the digest the put recorded, then a full check
+            if not known:
+                blob_store.digests.forget(h)
+            assert blob_store.peek(h, 240) == data[:240]
+            assert blob_store.peek(h, 10**9) == data
+            assert blob_store.peek(h, 0) == b""
+
+    def test_peek_reads_gzip_members_back_to_back(
+        self, blob_store: BlobStore, raw: RawObjects
+    ) -> None:
+        h = blob_store.put(TEXT).hash
+        half = len(TEXT) // 2
+        two = zlib.compress(TEXT[:half], 6, wbits=31) + zlib.compress(TEXT[half:], 6, wbits=31)
+        raw.write(raw.key(h, "gzip"), two)  # valid gzip (RFC 1952), as ``get`` reads it
+        assert blob_store.get(h) == TEXT
+        assert blob_store.peek(h, 10**9) == TEXT
+        assert blob_store.peek(h, half + 10) == TEXT[: half + 10]
+
+    def test_a_preview_of_a_large_blob_holds_a_piece_of_it_at_a_time(
+        self, blob_store: BlobStore
+    ) -> None:
+        """64 MB of text previewed with a peak allocation under 8 MB: with the digest the
+        put recorded (the rest only hashed) and without it (all inflated and hashed)."""
+        block = b"".join(b"line %d: the quick brown fox jumps over\n" % i for i in range(300))
+        data = (block * (LARGE // len(block) + 1))[:LARGE]
+        put = blob_store.put(data)
+        assert put.codec == "gzip"
+        del data
+        for known in (True, False):
+            if not known:
+                blob_store.digests.forget(put.hash)
+            previewer = for_blobs(blob_store).scoped(lambda: {put.hash})
+            tracemalloc.start()
+            try:
+                shown = previewer.text(put.ref)
+                peak = tracemalloc.get_traced_memory()[1]
+            finally:
+                tracemalloc.stop()
+            assert shown.startswith("line 0: the quick brown fox jumps over line 1:"), shown
+            assert shown.endswith("… [text 65,536 KB]"), shown
+            assert peak < 8 * 1024 * 1024, f"peak {peak:,} bytes (known digest: {known})"
+
+    @pytest.mark.parametrize("known", [True, False], ids=["known-digest", "unknown-digest"])
+    def test_a_blob_damaged_in_its_tail_previews_as_corrupt(
+        self, blob_store: BlobStore, raw: RawObjects, known: bool
+    ) -> None:
+        """The damage is megabytes past the bytes a preview shows: only reading (and
+        verifying) to the end finds it. Whether this process verified the blob before or
+        not, a damaged tail is ``[corrupt blob …]``, never the text it starts with."""
+        data = os.urandom(1024 * 1024).hex().encode()  # 2 MB of text, stored gzipped
+        put = blob_store.put(data)
+        h, key = put.hash, raw.key(put.hash, put.codec)
+        assert put.codec == "gzip" and put.stored_size > 4 * 256 * 1024
+        good = raw.read(h, put.codec)
+        damaged = {
+            f"flipped at -{back}": good[:-back] + bytes([good[-back] ^ 0x01]) + good[-back + 1 :]
+            for back in (1, 5, 9, 64, 4096)  # ISIZE, CRC-32, the last deflate block
+        }
+        damaged |= {f"cut by {cut}": good[:-cut] for cut in (1, 8, 40, len(good) // 2)}
+        damaged["a byte after the end"] = good + b"\x00"
+        for what, stored in damaged.items():
+            raw.write(key, stored)
+            if not known:
+                blob_store.digests.forget(h)
+            shown = for_blobs(blob_store).scoped(lambda: {h}).text(put.ref)
+            assert shown == f"[corrupt blob {h[:12]}]", what
+            assert data[:20].decode() not in shown, what
+            with pytest.raises(BlobCorrupted):
+                blob_store.peek(h, 240)
+        raw.write(key, good)
+        shown = for_blobs(blob_store).scoped(lambda: {h}).text(put.ref)
+        assert shown.startswith(data[:60].decode()) and shown.endswith("[text 2,048 KB]")
+
+    def test_an_identity_blob_damaged_in_its_tail_is_not_peeked(
+        self, blob_store: BlobStore, raw: RawObjects
+    ) -> None:
+        put = blob_store.put(png_like(1024 * 1024))
+        h, key = put.hash, raw.key(put.hash, put.codec)
+        good = raw.read(h, "identity")
+        for stored in (good[:-1] + bytes([good[-1] ^ 0x01]), good[:-1], good + b"x"):
+            raw.write(key, stored)
+            with pytest.raises(BlobCorrupted):
+                blob_store.peek(h, 240)
+            assert (
+                for_blobs(blob_store).scoped(lambda: {h}).text(put.ref).startswith("[corrupt blob")
+            )
+
+    def test_a_missing_blob_previews_as_missing(self, blob_store: BlobStore) -> None:
+        put = blob_store.put(TEXT)
+        blob_store.remove_file(put.hash)
+        with pytest.raises(BlobNotFound):
+            blob_store.peek(put.hash, 240)
+        shown = for_blobs(blob_store).scoped(lambda: {put.hash}).text(put.ref)
+        assert shown == f"[missing blob {put.hash[:12]}]"
+
+    def test_an_image_previews_from_the_index_without_reading_its_bytes(
+        self, blob_store: BlobStore, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        put = blob_store.put(png_like(100 * 1024))
+        blob_store.remove_file(put.hash)  # its bytes are gone; its row says its size
+
+        def no_read(*args: Any) -> Any:
+            pytest.fail("an image preview read the blob's bytes")
+
+        for name in ("_open", "_read", "peek", "get"):
+            monkeypatch.setattr(blob_store, name, no_read, raising=False)
+        previewer = for_blobs(blob_store).scoped(lambda: {put.hash})
+        image = {"type": "image", "data": put.ref, "mimeType": "image/png"}
+        assert previewer.block(image) == "[image 100 KB]"
+        assert previewer.content([{"type": "text", "text": "see"}, image]) == (
+            "see | [image 100 KB]"
+        )
+
     # invariant 9: hashes are validated before any path is built -------------------------
 
     def test_bad_hashes_never_reach_the_storage(
         self, blob_store: BlobStore, raw: RawObjects, monkeypatch: pytest.MonkeyPatch
     ) -> None:
         touched: list[str] = []
-        for name in ("_find", "_read", "_write"):
+        for name in ("_find", "_read", "_open", "_write"):
             monkeypatch.setattr(blob_store, name, lambda *a, n=name: touched.append(n))
         for bad in BAD_HASHES:
             calls = {
                 "get": lambda: blob_store.get(bad),  # noqa: B023
+                "peek": lambda: blob_store.peek(bad, 10),  # noqa: B023
                 "exists": lambda: blob_store.exists(bad),  # noqa: B023
                 "info": lambda: blob_store.info(bad),  # noqa: B023
                 "remove_file": lambda: blob_store.remove_file(bad),  # noqa: B023
@@ -555,3 +683,56 @@ def test_blob_url_must_be_file_or_s3(tmp_path: Path) -> None:
                 open_blob_store(url, engine)
     finally:
         engine.dispose()
+
+
+# the incremental decoder behind ``peek`` ------------------------------------------------
+
+
+def _stream(codec: Codec, stored: bytes, split: int, limit: int = 1024) -> bytes:
+    decoder = StreamDecoder(codec, limit=limit)
+    pieces = [*decoder.feed(stored[:split]), *decoder.feed(stored[split:])]
+    decoder.finish()
+    assert all(len(piece) <= limit for piece in pieces)
+    return b"".join(pieces)
+
+
+def test_stream_decoder_decodes_as_decode_blob_at_every_split() -> None:
+    member = zlib.compress(b"hello, world " * 40, 6, wbits=31)
+    for stored in (member, member + member):
+        whole = decode_blob("gzip", stored)
+        for split in range(len(stored) + 1):
+            assert _stream("gzip", stored, split, limit=64) == whole
+    assert _stream("identity", TEXT, 1000, limit=4096) == TEXT
+
+
+@pytest.mark.parametrize(
+    "stored",
+    [b"", b"\x1f\x8b", zlib.compress(b"abc", 6, wbits=31)[:-1]],
+    ids=["empty", "header-only", "truncated"],
+)
+def test_stream_decoder_refuses_an_incomplete_stream(stored: bytes) -> None:
+    with pytest.raises(zlib.error):
+        decode_blob("gzip", stored)
+    decoder = StreamDecoder("gzip")
+    with pytest.raises(zlib.error):
+        list(decoder.feed(stored))
+        decoder.finish()
+
+
+def test_stream_decoder_refuses_bytes_after_the_end() -> None:
+    decoder = StreamDecoder("gzip")
+    with pytest.raises(zlib.error):
+        list(decoder.feed(zlib.compress(b"abc", 6, wbits=31) + b"junk"))
+        decoder.finish()
+
+
+def test_stream_decoder_bounds_each_piece_of_a_highly_compressed_stream() -> None:
+    """16 MB of zeros is 16 KB of gzip: it comes out in pieces of at most ``limit``."""
+    stored = zlib.compress(bytes(16 * 1024 * 1024), 9, wbits=31)
+    decoder = StreamDecoder("gzip", limit=64 * 1024)
+    total = 0
+    for piece in decoder.feed(stored):
+        assert 0 < len(piece) <= 64 * 1024
+        total += len(piece)
+    decoder.finish()
+    assert total == 16 * 1024 * 1024
