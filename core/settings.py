@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import AliasChoices, Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from core.errors import BadConfig
@@ -29,10 +29,24 @@ def shared_optional(description: str) -> Any:
     return Field(default=None, json_schema_extra=SHARED, description=description)
 
 
+# Settings renamed, by their older name: still taken as arguments, and their older
+# variables still read (each renamed field lists its variables, new first, in _ENV_ALIASES).
+_OLDER_NAMES = {"rehydrate_max_build_seconds": "rehydrate_stall_seconds"}
+_ENV_ALIASES = {
+    # rehydrate_max_build_seconds bounded a build's whole time; now its time without progress
+    "rehydrate_stall_seconds": (
+        "SESSIONSTORE_REHYDRATE_STALL_SECONDS",
+        "SESSIONSTORE_REHYDRATE_MAX_BUILD_SECONDS",
+    ),
+}
+
+
 class Settings(BaseSettings):
     """sessionstore configuration, read from ``SESSIONSTORE_*`` environment variables."""
 
-    model_config = SettingsConfigDict(env_prefix="SESSIONSTORE_", extra="ignore")
+    model_config = SettingsConfigDict(
+        env_prefix="SESSIONSTORE_", extra="ignore", populate_by_name=True
+    )
 
     data_dir: Path = Field(
         json_schema_extra=SHARED,
@@ -125,14 +139,18 @@ class Settings(BaseSettings):
         ge=1,
         description="How long a rehydrated export (sessionstore.rehydrate) is kept.",
     )
-    rehydrate_max_build_seconds: float = Field(
+    rehydrate_stall_seconds: float = Field(
         default=900.0,
         gt=0,
-        description="Longest a rehydrated export's build holds its claim. Past it the "
-        "builder stops heart-beating, so a request waiting for the same export takes the "
-        "build over 10 s later (a build hung on a stalled blob read blocks no one for "
-        "longer); the overrunning builder, taken over, discards its output when it finishes. "
-        "Longer than any real build (the default is the cap of the task time limit).",
+        validation_alias=AliasChoices(*_ENV_ALIASES["rehydrate_stall_seconds"]),
+        description="Longest a rehydrated export's build may go without progress (an event "
+        "read, a blob read, a line written, a chunk uploaded) and still hold its claim. Past "
+        "it the builder stops heart-beating, so a request waiting for the same export takes "
+        "the build over 10 s later (a build hung on a stalled blob read blocks no one for "
+        "longer); the stalled builder, taken over, discards its output if it ever finishes. "
+        "A build that keeps moving is never taken over, however long it runs. Longer than "
+        "any single step of a build. Older name, still read: "
+        "SESSIONSTORE_REHYDRATE_MAX_BUILD_SECONDS.",
     )
     staging_max_age_seconds: float = Field(
         default=6 * 3600.0,
@@ -231,6 +249,23 @@ class Settings(BaseSettings):
             raise ValueError("schedule seconds must be positive")
         return value
 
+    @model_validator(mode="before")
+    @classmethod
+    def _older_names(cls, data: Any) -> Any:
+        """A setting's older name is still taken as an argument (an argument outranks the
+        environment; the new name outranks the old one)."""
+        if not isinstance(data, dict) or not _OLDER_NAMES.keys() & data.keys():
+            return data
+        data = dict(data)
+        for older, name in _OLDER_NAMES.items():
+            if older in data:
+                value = data.pop(older)
+                if name not in data:
+                    data[name] = value
+                    for alias in _ENV_ALIASES.get(name, ()):  # read from the environment
+                        data.pop(alias, None)
+        return data
+
     @model_validator(mode="after")
     def _check_urls(self) -> Settings:
         url = self.resolved_database_url
@@ -290,11 +325,20 @@ class Settings(BaseSettings):
         return (self.data_dir / "cache" / "artifact-spool").resolve()
 
     @property
+    def rehydrate_max_build_seconds(self) -> float:
+        """The older name of ``rehydrate_stall_seconds`` (it is no longer a bound on a
+        build's whole time)."""
+        return self.rehydrate_stall_seconds
+
+    @property
     def is_embedded_broker(self) -> bool:
         return self.broker_url is None
 
     def with_overrides(self, **changes: Any) -> Settings:
         """A validated copy with some fields changed (tests and the CLI use it)."""
+        for older, name in _OLDER_NAMES.items():
+            if older in changes and name not in changes:
+                changes[name] = changes.pop(older)
         return type(self).model_validate({**self.model_dump(), **changes})
 
 

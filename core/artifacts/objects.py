@@ -34,6 +34,7 @@ from core.errors import StorageUnavailable
 _T = TypeVar("_T")
 # Below this, one PUT; above, obstore's multipart upload (atomic on completion too).
 _SINGLE_PUT_BYTES = 8 * 1024 * 1024
+_CHUNK_BYTES = 1024 * 1024  # what put_file reads at a time when it reports its progress
 
 
 class ObjectArtifactStorage:
@@ -69,15 +70,29 @@ class ObjectArtifactStorage:
             lambda: obstore.put(self.store, key, data, use_multipart=False, attributes=stamp)
         )
 
-    def put_file(self, key: str, local: Path) -> None:
+    def put_file(
+        self, key: str, local: Path, *, on_chunk: Callable[[], None] | None = None
+    ) -> None:
         check_key(key)
         multipart = os.path.getsize(local) > _SINGLE_PUT_BYTES
         stamp = _written_now()
-        self._call(
-            lambda: obstore.put(
-                self.store, key, Path(local), use_multipart=multipart, attributes=stamp
-            )
-        )
+
+        def upload() -> None:
+            if on_chunk is None:
+                obstore.put(self.store, key, Path(local), use_multipart=multipart, attributes=stamp)
+                return
+            # Chunks as obstore takes them to send (a part at a time in flight, so memory
+            # stays bounded), each one reported
+            with open(local, "rb") as source:
+                obstore.put(
+                    self.store,
+                    key,
+                    _chunks(source, on_chunk),
+                    use_multipart=multipart,
+                    attributes=stamp,
+                )
+
+        self._call(upload)
 
     @contextmanager
     def writer(self, key: str) -> Iterator[BinaryIO]:
@@ -201,6 +216,12 @@ class _Reader(io.RawIOBase):
 
 
 WRITTEN_AT = "sessionstore-written-at"  # user metadata: x-amz-meta-sessionstore-written-at
+
+
+def _chunks(source: BinaryIO, on_chunk: Callable[[], None]) -> Iterator[bytes]:
+    while chunk := source.read(_CHUNK_BYTES):
+        yield chunk
+        on_chunk()
 
 
 def _written_now() -> dict[str, str]:

@@ -13,7 +13,7 @@ never a row without its bytes (the row commits after the bytes are in place).
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Protocol
@@ -41,12 +41,13 @@ class ObjectStagedFile:
         data: bytes | None = None,
         local: Path | None = None,
         keep_new: bool = True,
+        on_chunk: Callable[[], None] | None = None,
     ) -> None:
         self._storage = storage
         self._root = root
         self._staged = key_of(root, session_root / STAGING_DIR / f"{uuid.uuid4().hex}.tmp")
         if local is not None:
-            storage.put_file(self._staged, local)
+            storage.put_file(self._staged, local, on_chunk=on_chunk)
         else:
             storage.put(self._staged, data or b"")
         self._keep_new = keep_new

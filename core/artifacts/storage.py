@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import os
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path, PurePosixPath
 from typing import BinaryIO, Protocol
@@ -77,8 +77,12 @@ class ArtifactStorage(Protocol):
 
     def put(self, key: str, data: bytes) -> None: ...
 
-    def put_file(self, key: str, local: Path) -> None:
-        """Publish the local file's bytes at ``key`` (whole or not at all)."""
+    def put_file(
+        self, key: str, local: Path, *, on_chunk: Callable[[], None] | None = None
+    ) -> None:
+        """Publish the local file's bytes at ``key`` (whole or not at all). ``on_chunk``,
+        if given, is called as each chunk of the file is read to be sent (a long upload's
+        sign of progress)."""
 
     def writer(self, key: str) -> AbstractContextManager[BinaryIO]:
         """A binary stream whose bytes are published at ``key`` when the block ends
@@ -135,10 +139,14 @@ class FileArtifactStorage:
         nofollow.write_new(self.root, tmp, data)
         self._publish(tmp, key)
 
-    def put_file(self, key: str, local: Path) -> None:
+    def put_file(
+        self, key: str, local: Path, *, on_chunk: Callable[[], None] | None = None
+    ) -> None:
         with open(local, "rb") as source, self.writer(key) as out:
             while chunk := source.read(_COPY_CHUNK):
                 out.write(chunk)
+                if on_chunk is not None:
+                    on_chunk()
 
     @contextmanager
     def writer(self, key: str) -> Iterator[BinaryIO]:

@@ -200,11 +200,21 @@ def loaded(value: Any) -> Any:
 
 
 class Rehydrator:
-    """Resolves manifest entries against one blob store, with its cache of verified values."""
+    """Resolves manifest entries against one blob store, with its cache of verified values.
 
-    def __init__(self, blobs: BlobStore, *, verified: VerifiedValues | None = None) -> None:
+    ``on_read``, if given, is called after each value an exact rehydration resolves (read,
+    cached or left a ref): a long build's sign of progress (``core.interop.rehydrated``)."""
+
+    def __init__(
+        self,
+        blobs: BlobStore,
+        *,
+        verified: VerifiedValues | None = None,
+        on_read: Callable[[], None] | None = None,
+    ) -> None:
         self.blobs = blobs
         self.verified = verified if verified is not None else VerifiedValues()
+        self.on_read = on_read
 
     def read(
         self, journal: Journal, events: Sequence[StoredEvent], *, lazy: bool = False
@@ -275,6 +285,8 @@ class Rehydrator:
             key = (entry.hash, entry.encoding)
             # Failures are not cached, so every pointer to a missing blob gets its warning.
             value = cache[key] if key in cache else _fetch(self.blobs, entry, where, self.verified)
+            if self.on_read is not None:
+                self.on_read()
             if value is not None:
                 cache[key] = value
                 _set_copying(payload, entry.pointer, value, copied)

@@ -7,7 +7,7 @@ comes back value for value. A session made here gets a header built from its row
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from datetime import datetime
 from typing import IO, TYPE_CHECKING, Any
 
@@ -96,11 +96,14 @@ def rehydrated_events(
     session: Session,
     upto_seq: int | None,
     missing: list[str] | None = None,
+    *,
+    moved: Callable[[], None] | None = None,
 ) -> Iterator[StoredEvent]:
     """The session's events up to ``upto_seq``, each rehydrated on its own: memory holds
     one event's blobs at a time, however large the session. A blob that could not be read
-    (missing, or corrupt and refused) leaves its ref in place, and its hash in ``missing``."""
-    for event, entries in rehydrated_with_manifest(store, session, upto_seq):
+    (missing, or corrupt and refused) leaves its ref in place, and its hash in ``missing``.
+    ``moved``, if given, is called after each page read and each blob value resolved."""
+    for event, entries in rehydrated_with_manifest(store, session, upto_seq, moved=moved):
         if missing is not None:
             missing.extend(unresolved(event, entries))
         yield event
@@ -119,17 +122,23 @@ def unresolved(full: StoredEvent, entries: Sequence[ManifestEntry]) -> list[str]
 
 
 def rehydrated_with_manifest(
-    store: SessionStore, session: Session, upto_seq: int | None
+    store: SessionStore,
+    session: Session,
+    upto_seq: int | None,
+    *,
+    moved: Callable[[], None] | None = None,
 ) -> Iterator[tuple[StoredEvent, Sequence[ManifestEntry]]]:
     """Each rehydrated event with its manifest entries: one manifest query per page of
-    events, and one event's blobs in memory at a time."""
-    rehydrator = Rehydrator(store.blobs)
+    events, and one event's blobs in memory at a time. ``moved``: as ``rehydrated_events``."""
+    rehydrator = Rehydrator(store.blobs, on_read=moved)
     after = 0
     while True:
         page = store.journal.read(session.id, after_seq=after, upto_seq=upto_seq, limit=_PAGE)
         if not page:
             return
         manifest = store.journal.manifest_of(page)
+        if moved is not None:
+            moved()
         for event in page:
             entries = manifest.get(event.position, [])
             [full] = rehydrator.events([event], {event.position: entries}) if entries else [event]

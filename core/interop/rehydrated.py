@@ -8,12 +8,15 @@ expiring artifact: what the ``sessionstore.rehydrate`` task serves to whoever as
 - **Deduplicated.** A ``rehydrations`` row per (session, format, head) is claimed by one
   builder; identical requests wait for it and get the same result, and a finished output is
   reused until its artifact expires (with some life left: see ``_reuse_margin``). A
-  thread of the build heart-beats the claim whatever the build is doing, for at most
-  ``rehydrate_max_build_seconds``; a builder that stops heart-beating (a killed worker, or
-  one hung past that bound on a stalled blob read) is taken over, and only the builder
-  holding the claim can finish it: one that lost it discards its output and waits for the
-  other's, so one request key never yields two artifacts. A staged file is published only
-  whole, so nothing partial is ever served.
+  thread of the build heart-beats the claim whatever the build is doing (a slow blob read,
+  an fsync, an upload), as long as the build makes progress: the build notes each page
+  read, blob value resolved, line written and chunk uploaded, and the heartbeat stops once
+  none was noted for ``rehydrate_stall_seconds``. So a build that keeps moving holds its
+  claim however long it runs, and finishes once; a builder that stops heart-beating (a
+  killed worker, or one hung that long on a stalled blob read) is taken over, and only the
+  builder holding the claim can finish it: one that lost it discards its output and waits
+  for the other's, so one request key never yields two artifacts. A staged file is
+  published only whole, so nothing partial is ever served.
 - **Safe.** The session is looked up within the caller's tenant; a blob that is missing
   or corrupt stays a ref in the output and is listed in the result.
 """
@@ -209,20 +212,25 @@ class _Heartbeat:
     """Keeps a claim alive from a thread of its own, whatever the build is doing (a long
     blob read, an fsync, an upload), and notes when the claim was lost.
 
-    Only for ``rehydrate_max_build_seconds``: a build hung past it (a read from a stalled
-    endpoint, a deadlock) would otherwise hold its claim forever, its waiters timing out
-    and no one building. After that the thread only watches the claim, which goes stale and
-    is taken over; the build, if it ever moves again, then stops at its next check."""
+    Only while the build makes progress (``moved``, called by the build at each step):
+    once it has not moved for ``rehydrate_stall_seconds``, the thread only watches the
+    claim. A build hung there (a read from a stalled endpoint, a deadlock) would otherwise
+    hold its claim forever, its waiters timing out and no one building; now its claim goes
+    stale and is taken over, and the build, if it ever moves again, stops at its next
+    check. A build that moves again before anyone took it over is heart-beaten again. How
+    long the build runs in all does not matter: a slow one that keeps moving is never taken
+    over (taken over, a rebuild as slow would be taken over in turn, for ever)."""
 
     def __init__(self, store: SessionStore, key: tuple[str, str, int], builder: str) -> None:
         self.store, self.key, self.builder = store, key, builder
         self.lost = False
-        self._until = 0.0
+        self._stall_s = store.settings.rehydrate_stall_seconds
+        self._moved_at = time.monotonic()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="rehydrate-heartbeat", daemon=True)
 
     def __enter__(self) -> _Heartbeat:
-        self._until = time.monotonic() + self.store.settings.rehydrate_max_build_seconds
+        self.moved()
         self._thread.start()
         return self
 
@@ -234,22 +242,31 @@ class _Heartbeat:
         if self.lost:
             raise _ClaimLost
 
+    def moved(self) -> None:
+        """The build made progress (called from the build's thread; one float written)."""
+        self._moved_at = time.monotonic()
+
     @property
-    def overrun(self) -> bool:
-        return time.monotonic() >= self._until
+    def stalled(self) -> bool:
+        """No progress for ``rehydrate_stall_seconds``."""
+        return time.monotonic() - self._moved_at >= self._stall_s
 
     def _run(self) -> None:
-        warned = False
+        was_stalled = False
+        where = {"session_id": self.key[0], "format": self.key[1], "at_seq": self.key[2]}
         while not self._stop.wait(_HEARTBEAT_S):
-            overrun = self.overrun
-            if overrun and not warned:
-                warned = True
+            stalled = self.stalled
+            if stalled and not was_stalled:
                 log.warning(
-                    "rehydrate build overran its time; its claim is left to be taken over",
-                    extra={"session_id": self.key[0], "format": self.key[1], "at_seq": self.key[2]},
+                    "rehydrate build made no progress for %gs; its claim is left to be taken over",
+                    self._stall_s,
+                    extra=where,
                 )
+            elif was_stalled and not stalled:
+                log.info("rehydrate build moves again; heart-beating its claim", extra=where)
+            was_stalled = stalled
             try:
-                if not (self.held() if overrun else self.beat()):
+                if not (self.held() if stalled else self.beat()):
                     self.lost = True
                     return
             except Exception:  # the database away for a moment: the next beat tries again
@@ -273,12 +290,13 @@ class _Heartbeat:
 
     def confirm(self) -> None:
         """Before publishing: ``_ClaimLost`` unless this builder still holds the claim,
-        which is then refreshed once (an overrun build too: its output is whole, and a
-        publish that hangs lets the claim go stale again), so a waiter does not take over
-        an output about to be served."""
+        which is then refreshed (a build that had stalled too: its output is whole), so a
+        waiter does not take over an output about to be served. The publish counts as
+        progress from here: one that hangs for the stall bound lets the claim go stale."""
         if self.lost or not self.beat():
             self.lost = True
             raise _ClaimLost
+        self.moved()
 
 
 def _build(
@@ -299,8 +317,9 @@ def _build(
 
     def events() -> Iterator[StoredEvent]:
         nonlocal written
-        for event in exporter.rehydrated_events(store, session, head, missing):
+        for event in exporter.rehydrated_events(store, session, head, missing, moved=beat.moved):
             written += 1
+            beat.moved()
             beat.check()  # taken over: stop here, the other builder's output is awaited
             if progress is not None and written % _PROGRESS_EVERY == 0:
                 progress(written, head)
@@ -316,15 +335,18 @@ def _build(
         fd, spooled = tempfile.mkstemp(prefix="rehydrate-", suffix=".part", dir=spool_dir)
     try:
         with open(fd, "w", encoding="utf-8", errors="surrogatepass") as raw:
-            out = _HashingWriter(raw)
+            out = _HashingWriter(raw, on_write=beat.moved)
             entries = _write(store, session, fmt, events(), cast(IO[str], out))
             raw.flush()
             os.fsync(raw.fileno())
+        beat.moved()
         if on_files:
             fsync_dir(staging)
             staged: Staged = StagedFile.adopt(root, name)
-        else:
-            staged = ObjectStagedFile(storage, artifact_root, root, local=Path(spooled))
+        else:  # uploaded to a staging key, each chunk a step of progress
+            staged = ObjectStagedFile(
+                storage, artifact_root, root, local=Path(spooled), on_chunk=beat.moved
+            )
     except BaseException:
         if on_files:  # nothing half-written is left for the staging sweep
             nofollow.unlink(artifact_root, staging / name)
@@ -409,16 +431,20 @@ def _write(
 
 
 class _HashingWriter(io.TextIOBase):
-    """A text sink that counts and hashes the UTF-8 bytes it passes on."""
+    """A text sink that counts and hashes the UTF-8 bytes it passes on, and reports each
+    write to ``on_write`` (the build's progress)."""
 
-    def __init__(self, raw: IO[str]) -> None:
+    def __init__(self, raw: IO[str], *, on_write: Callable[[], None]) -> None:
         super().__init__()
         self.raw = raw
         self.size = 0
         self.sha256 = hashlib.sha256()
+        self.on_write = on_write
 
     def write(self, text: str) -> int:
         data = text.encode("utf-8", "surrogatepass")
         self.size += len(data)
         self.sha256.update(data)
-        return self.raw.write(text)
+        written = self.raw.write(text)
+        self.on_write()
+        return written

@@ -280,7 +280,7 @@ def export(
         "--timeout",
         min=0.1,
         help="With --via-queue: fail (exit 1) when the worker's result takes longer than "
-        "this many seconds [default: twice SESSIONSTORE_REHYDRATE_MAX_BUILD_SECONDS].",
+        "this many seconds [default: twice SESSIONSTORE_REHYDRATE_STALL_SECONDS].",
     ),
     as_json: bool = JsonOption,
 ) -> None:
@@ -332,7 +332,8 @@ def _export_via_queue(
 ) -> None:
     """Ask the workers for the export, show their progress, then write what they built;
     ``NotFinishedInTime`` past ``timeout`` (a build hung on a stalled read is taken over
-    after SESSIONSTORE_REHYDRATE_MAX_BUILD_SECONDS, so the default waits twice that)."""
+    after SESSIONSTORE_REHYDRATE_STALL_SECONDS without progress, so the default waits
+    twice that)."""
     import time
 
     from rich.progress import Progress
@@ -343,7 +344,7 @@ def _export_via_queue(
 
     with open_store() as store, ExitStack() as stack:
         found = store.resolve_session(session, tenant_id=tenant)
-        bound = 2 * store.settings.rehydrate_max_build_seconds if timeout is None else timeout
+        bound = 2 * store.settings.rehydrate_stall_seconds if timeout is None else timeout
         deadline = time.monotonic() + bound
         handle = enqueue_rehydrate(
             found.id, tenant_id=found.tenant_id, at_seq=at_seq, format=fmt, app=queue_app(stack)

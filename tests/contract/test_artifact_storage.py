@@ -65,6 +65,24 @@ def test_streamed_write_publishes_only_on_success(storage: ArtifactStorage, tmp_
     assert not spool.exists() or not list(spool.iterdir())  # no spool file left behind
 
 
+@pytest.mark.parametrize("size", [0, 3 * 1024 * 1024 + 1, 9 * 1024 * 1024 + 512])
+def test_put_file_reports_each_chunk_it_sends(
+    storage: ArtifactStorage, tmp_path: Path, size: int
+) -> None:
+    """``on_chunk`` is called once per MiB read to be sent (a rehydrate build's sign of
+    progress while it uploads), whether the upload is one PUT or multipart (over 8 MiB on
+    S3), and the object is the file's bytes, whole."""
+    local = tmp_path / "local.bin"
+    data = os.urandom(size)
+    local.write_bytes(data)
+    chunks: list[int] = []
+    storage.put_file(KEY, local, on_chunk=lambda: chunks.append(1))
+    assert storage.read(KEY) == data
+    assert len(chunks) == -(-size // (1024 * 1024))
+    storage.put_file("t/s/plain.bin", local)  # without it, as before
+    assert storage.read("t/s/plain.bin") == data
+
+
 def test_copy_and_delete_prefix(storage: ArtifactStorage) -> None:
     storage.put("t/s/a/1.log", b"a")
     storage.put("t/s/b.json", b"b")

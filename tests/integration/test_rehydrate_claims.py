@@ -223,10 +223,11 @@ def test_a_host_whose_clock_runs_ahead_does_not_take_a_live_build_over(
 
 @pytest.fixture
 def bounded_store(settings: Settings, monkeypatch: pytest.MonkeyPatch) -> Iterator[SessionStore]:
-    """Builds heart-beat for at most half a second and are stale half a second later."""
+    """Builds stop heart-beating after half a second without progress, and are stale half a
+    second later."""
     monkeypatch.setattr(rehydrated, "_HEARTBEAT_S", 0.05)
     monkeypatch.setattr(rehydrated, "STALE_AFTER_S", 0.5)
-    bounded = settings.with_overrides(rehydrate_max_build_seconds=0.5)
+    bounded = settings.with_overrides(rehydrate_stall_seconds=0.5)
     with SessionStore.from_settings(bounded) as s:
         yield s
 
@@ -320,6 +321,174 @@ def test_a_build_past_its_bound_that_no_one_took_over_still_finishes(
     assert not a["result"]["reused"] and _outputs(store, sid) == [ref]
     assert store.retrieve(ref, session_id=sid) == _exported(store, sid)
     assert rehydrate(store, Request(sid, "acme"))["ref"] == ref
+
+
+class _SlowThenHungReads:
+    """Blob reads of a slow endpoint that keeps answering: each of the first ``slow`` reads
+    takes ``delay`` seconds (less than the stall bound, so the build keeps moving); with
+    ``hang``, the read after them waits until released (the endpoint stopped answering);
+    later reads pass at once."""
+
+    def __init__(
+        self,
+        monkeypatch: pytest.MonkeyPatch,
+        store: SessionStore,
+        *,
+        slow: int,
+        delay: float,
+        hang: bool = False,
+    ) -> None:
+        self.first = threading.Event()
+        self.hung = threading.Event()
+        self.release = threading.Event()
+        self.reads = 0
+        lock = threading.Lock()
+        get: Callable[[str], bytes] = store.blobs.get
+
+        def slow_get(blob_hash: str) -> bytes:
+            with lock:
+                self.reads += 1
+                n = self.reads
+            self.first.set()
+            if n <= slow:
+                time.sleep(delay)
+            elif n == slow + 1 and hang:
+                self.hung.set()
+                assert self.release.wait(60)
+            return get(blob_hash)
+
+        monkeypatch.setattr(store.blobs, "get", slow_get)
+
+
+def _session_with_blobs(store: SessionStore, count: int) -> str:
+    sid = _session(store)
+    store.append(
+        sid,
+        [
+            {
+                "type": "message",
+                "id": f"b{i}",
+                "parentId": "m2",
+                "message": {"content": f"{i:04d}" + "x" * 20_000},
+            }
+            for i in range(count)
+        ],
+    )
+    return sid
+
+
+def _claims(monkeypatch: pytest.MonkeyPatch) -> list[bool]:
+    """Every claim's outcome, in order (True: that request became the builder)."""
+    outcomes: list[bool] = []
+    claim = rehydrated._claim
+
+    def counted(*args: Any) -> bool:
+        took = claim(*args)
+        outcomes.append(took)
+        return took
+
+    monkeypatch.setattr(rehydrated, "_claim", counted)
+    return outcomes
+
+
+def test_a_slow_build_that_keeps_moving_past_the_bound_is_not_taken_over(
+    bounded_store: SessionStore,
+    monkeypatch: pytest.MonkeyPatch,
+    in_thread: Any,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Every blob read of the build is slow (a big session on a slow S3) but the build
+    keeps moving, for several times the bound plus the staleness limit: it keeps its
+    claim, builds once, and both waiters get its output. Its heartbeat stopped at the
+    bound whatever the build was doing, so a waiter took it over, and the taker, as slow,
+    would have been taken over in turn: the build repeated for ever."""
+    watch_log(caplog, rehydrated.__name__)
+    store = bounded_store
+    sid = _session_with_blobs(store, 12)
+    claims = _claims(monkeypatch)
+    reads = _SlowThenHungReads(monkeypatch, store, slow=12, delay=0.2)  # 2.4 s of reads
+    started = time.monotonic()
+    a = in_thread(lambda: rehydrate(store, Request(sid, "acme")))
+    assert reads.first.wait(30)
+    b = in_thread(lambda: rehydrate(store, Request(sid, "acme"), wait_s=60))
+    c = in_thread(lambda: rehydrate(store, Request(sid, "acme"), wait_s=60))
+    wait_for(lambda: all("result" in x or "error" in x for x in (a, b, c)), 60, "all three")
+    assert all("error" not in x for x in (a, b, c)), (a, b, c)
+    # the case under test: the build ran past the bound and the staleness limit, twice over
+    assert reads.reads >= 12 and time.monotonic() - started >= 2 * (0.5 + 0.5)
+    ref = a["result"]["ref"]
+    assert not a["result"]["reused"]  # A finished its own build, never taken over
+    assert b["result"]["reused"] and c["result"]["reused"]
+    assert b["result"]["ref"] == ref and c["result"]["ref"] == ref
+    assert claims.count(True) == 1  # no waiter ever became a builder
+    assert _outputs(store, sid) == [ref]
+    row = _row(store, sid)
+    assert (row.status, row.artifact_id, row.builds) == ("done", ref, 1)
+    assert store.retrieve(ref, session_id=sid) == _exported(store, sid)
+    said = [r.getMessage() for r in caplog.records if r.name == rehydrated.__name__]
+    assert not [m for m in said if "taken over" in m or "no progress" in m], said
+
+
+def test_a_build_that_moves_then_hangs_is_taken_over_only_once_it_stops(
+    bounded_store: SessionStore,
+    monkeypatch: pytest.MonkeyPatch,
+    in_thread: Any,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Builder A reads slowly but steadily past the bound (not taken over), then blocks in
+    a blob read that never answers: after the bound without progress its heartbeat stops
+    and waiter B takes over and serves the right content; A, woken, finds its claim gone,
+    discards what it built and serves B's output. One artifact for the request key."""
+    watch_log(caplog, rehydrated.__name__)
+    store = bounded_store
+    sid = _session_with_blobs(store, 8)
+    claims = _claims(monkeypatch)
+    reads = _SlowThenHungReads(monkeypatch, store, slow=6, delay=0.2, hang=True)
+    try:
+        a = in_thread(lambda: rehydrate(store, Request(sid, "acme")))
+        assert reads.first.wait(30)
+        b = in_thread(lambda: rehydrate(store, Request(sid, "acme"), wait_s=60))
+        assert reads.hung.wait(30)  # 1.2 s of slow reads: past the bound and staleness
+        assert claims.count(True) == 1 and "result" not in b and "error" not in b
+        row = _row(store, sid)
+        assert (row.status, row.builds) == ("building", 0)  # still A's
+        wait_for(lambda: "result" in b or "error" in b, 30, "B to take over and finish")
+        assert "error" not in b, b
+        assert claims.count(True) == 2 and "result" not in a and "error" not in a  # A hangs
+        assert not b["result"]["reused"]
+        assert store.retrieve(b["result"]["ref"], session_id=sid) == _exported(store, sid)
+    finally:
+        reads.release.set()
+    wait_for(lambda: "result" in a or "error" in a, 30, "builder A")
+    assert "error" not in a, a
+    ref = b["result"]["ref"]
+    assert a["result"]["reused"] and a["result"]["ref"] == ref
+    assert _outputs(store, sid) == [ref]  # A published nothing
+    row = _row(store, sid)
+    assert (row.status, row.artifact_id, row.builds) == ("done", ref, 1)
+    staging = session_dir(store.settings.resolved_artifact_root, "acme", sid) / STAGING_DIR
+    assert not staging.exists() or not any(staging.iterdir())  # A's staged file is gone
+    said = [r.getMessage() for r in caplog.records if r.name == rehydrated.__name__]
+    assert any(m.startswith("rehydrate build made no progress for 0.5s") for m in said), said
+    assert "rehydrate build taken over; waiting for the other's result" in said  # A lost it
+
+
+def test_the_stall_bound_keeps_its_older_names(
+    settings: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """SESSIONSTORE_REHYDRATE_MAX_BUILD_SECONDS (and the keyword of that name) still set
+    the bound, now rehydrate_stall_seconds; the new name wins when both are given."""
+    monkeypatch.delenv("SESSIONSTORE_REHYDRATE_STALL_SECONDS", raising=False)
+    monkeypatch.setenv("SESSIONSTORE_REHYDRATE_MAX_BUILD_SECONDS", "42")
+    assert Settings().rehydrate_stall_seconds == 42.0
+    assert Settings().rehydrate_max_build_seconds == 42.0
+    monkeypatch.setenv("SESSIONSTORE_REHYDRATE_STALL_SECONDS", "7")
+    assert Settings().rehydrate_stall_seconds == 7.0
+    assert Settings(rehydrate_max_build_seconds=3).rehydrate_stall_seconds == 3.0
+    both = Settings(rehydrate_max_build_seconds=3, rehydrate_stall_seconds=4)
+    assert both.rehydrate_stall_seconds == 4.0
+    assert settings.with_overrides(rehydrate_max_build_seconds=2).rehydrate_stall_seconds == 2.0
+    assert settings.with_overrides(rehydrate_stall_seconds=1).rehydrate_stall_seconds == 1.0
 
 
 def test_an_output_about_to_expire_is_built_anew_not_served(store: SessionStore) -> None:
