@@ -158,6 +158,11 @@ class ArtifactNotFound(ArtifactError):
     """No such artifact."""
 
 
+class ArtifactBusy(ArtifactError):
+    """An artifact could not be removed now: its session was being moved meanwhile. Its
+    row stays, so a later run (the next expiry) removes it."""
+
+
 class InvalidArtifactPath(ArtifactError):
     """An artifact path was rejected by the sanitizer."""
 

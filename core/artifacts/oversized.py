@@ -32,7 +32,7 @@ from core.artifacts.records import (
 from core.artifacts.staging import Staged, staged_in
 from core.artifacts.storage import FileArtifactStorage, artifact_storage_for, key_of
 from core.db import read_connection, write_transaction
-from core.errors import ArtifactError, SessionNotFound, SymlinkRefused
+from core.errors import ArtifactBusy, ArtifactError, SessionNotFound, SymlinkRefused
 from core.models import utcnow
 from core.settings import Settings
 from core.translate import storage_errors
@@ -40,6 +40,8 @@ from core.translate import storage_errors
 logger = logging.getLogger(__name__)
 
 SUMMARY_CHARS = 200
+# Rounds of ``discard`` before it gives up on a session that keeps moving under it.
+DISCARD_ATTEMPTS = 5
 OVERSIZED_ID = re.compile(r"^art_[0-9a-f]{16}$")
 _NEWLINES = re.compile(r"[\r\n]")
 
@@ -212,21 +214,86 @@ class OversizedOutputs:
         File first: a row without its file already reads as expired, and the next expiry
         (or discard) removes it; a file without its row (a failing disk, or a crash between
         the two) would be found by nothing and kept forever. A file that cannot be removed
-        keeps its row, so it is retried. Both happen under the tenant's quota lock, which a
-        move of the session holds while it renames the directory: the file is removed where
-        the session is now, not where it was when the output was listed."""
-        with write_transaction(self.engine) as conn:
-            try:
-                info = rows.lock_quota(conn, session_id)
-            except SessionNotFound:  # deleted meanwhile, with its outputs
+        keeps its row, so it is retried. A symlink planted on the way is refused, and stays
+        (it is no file of ours); the row then goes.
+
+        The file is removed where the session is now, but outside any database lock: on S3
+        it is a network call, and on SQLite a write transaction is the database's one write
+        lock (every append of every session waited on a slow or hung endpoint; on
+        PostgreSQL the tenant's quota lock was held across it). Three steps:
+
+        1. under the tenant's quota lock, a short transaction reads the session's place:
+           its tenant, its move epoch (``rows.MOVE_EPOCH``, raised by every move attempt in
+           the transaction that records its intent) and whether a move is pending;
+        2. with no lock held, the file is removed there;
+        3. under the lock again, the place is read once more. Same tenant, same epoch and no
+           move pending at either read: no move touched the session's files between the two
+           reads, so the removal in step 2 was at the session's one place, and the row is
+           deleted in this transaction. Otherwise the three steps run again (at most
+           ``DISCARD_ATTEMPTS`` times, then ``ArtifactBusy``: the row stays, and the next
+           expiry removes it).
+
+        Why each interleaving with a concurrent move ends with the file gone where the
+        session is (a move records its intent and raises the epoch in one commit, then
+        relocates under the tenants' locks: on disk one directory rename, on S3 copy every
+        object, write a marker, delete the sources; a failed commit undoes that outside
+        the lock, then drops the intent; a crash leaves the intent to ``repair``):
+
+        - a move wholly before step 1, or wholly after step 3: the file is removed where
+          it is, or was removed before the move (which then has nothing of it to move);
+        - a move that starts (intent, epoch) after step 1: step 3 sees another epoch, even
+          if the move failed and was undone meanwhile (its rename or copy back may have
+          brought the file back to where step 2 found nothing), and it runs again at the
+          session's new place;
+        - a move pending at step 1 (between its intent and its commit, in its undo, or
+          crashed and not yet repaired): the files' place is not settled, so nothing is
+          removed and it runs again (a crashed one's ``repair`` settles it);
+        - on S3, step 2 deleting an object the move has listed but not copied yet: the move
+          skips it (``ObjectMove.run``); copied already: the copy is removed at the target
+          in the next round, as the epoch changed.
+
+        Each round holds the lock twice, briefly, and never across a removal."""
+        name = oversized_name(artifact_id)
+        for _ in range(DISCARD_ATTEMPTS):
+            place = self._place(session_id)
+            if place is None:  # deleted meanwhile, with its outputs
                 return False
-            path = session_dir(self.root, info.tenant_id, session_id) / oversized_name(artifact_id)
+            if place.moving:
+                continue  # a move's undo or repair may still bring files back: not yet
+            path = session_dir(self.root, place.tenant_id, session_id) / name
             try:
                 self._remove(path)
             except SymlinkRefused as exc:  # a planted link is no file of ours: it stays
                 logger.warning(
                     "oversized output removal refused a symlink", extra={"path": exc.path}
                 )
+            deleted = self._forget(session_id, artifact_id, place)
+            if deleted is not None:
+                return deleted
+        raise ArtifactBusy(
+            f"oversized output {artifact_id} of session {session_id}: the session kept "
+            "moving while it was removed; its row stays for the next expiry"
+        )
+
+    def _place(self, session_id: str) -> rows.SessionPlace | None:
+        """Step 1: where the session's files are; None if the session is gone."""
+        with write_transaction(self.engine) as conn:
+            try:
+                return rows.session_place(conn, session_id)
+            except SessionNotFound:
+                return None
+
+    def _forget(self, session_id: str, artifact_id: str, seen: rows.SessionPlace) -> bool | None:
+        """Step 3: delete the row if the session is where ``seen`` says, with no move since;
+        whether there was a row, or None when the session moved (the file is to be removed
+        again, at its new place)."""
+        with write_transaction(self.engine) as conn:
+            try:
+                place = rows.session_place(conn, session_id)
+            except SessionNotFound:  # deleted meanwhile, with its outputs
+                return False
+            if place != seen or place.moving:
+                return None
             return rows.delete_artifact(conn, session_id, OVERSIZED, artifact_id)
 
     def stats(self, *, tenant_id: str | None = None) -> ArtifactStats:

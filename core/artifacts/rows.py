@@ -15,13 +15,14 @@ from sqlalchemy.dialects import postgresql, sqlite
 from core.artifacts.records import FILE, OVERSIZED, ArtifactInfo, ArtifactStats
 from core.db import advisory_lock
 from core.errors import SessionNotFound
-from core.models import ArtifactRow, BlobRefRow, CounterRow, SessionRow, table_of
+from core.models import ArtifactRow, BlobRefRow, CounterRow, MoveIntentRow, SessionRow, table_of
 from core.records import from_row
 
 _artifacts = table_of(ArtifactRow)
 _counters = table_of(CounterRow)
 _sessions = table_of(SessionRow)
 _refs = table_of(BlobRefRow)
+_moves = table_of(MoveIntentRow)
 
 _QUOTA_LOCK_PREFIX = "sessionstore.artifact-quota:"
 
@@ -79,6 +80,45 @@ def lock_quota(conn: Connection, session_id: str) -> SessionQuotaRow:
         if current.tenant_id == info.tenant_id:
             return current
         info = current
+
+
+# --- where a session's files are: moves --------------------------------------------------------
+
+# A per-session counter every move attempt raises when it records its intent (in that same
+# transaction), whether the move then commits, fails and is undone, or crashes. Work that
+# touches a session's files outside its tenant's lock (``OversizedOutputs.discard``) reads it
+# before and after: equal, with no move pending, means no move touched the directory between.
+MOVE_EPOCH = "session-moves"
+
+
+@dataclass(frozen=True, slots=True)
+class SessionPlace:
+    """Where a session's files are, read under its tenant lock: the tenant, the move epoch,
+    and whether a move is pending (its intent recorded, not yet committed or undone)."""
+
+    tenant_id: str
+    epoch: int
+    moving: bool
+
+
+def raise_move_epoch(conn: Connection, session_id: str) -> None:
+    """Count a move attempt of the session (in the transaction recording its intent)."""
+    next_id(conn, session_id, MOVE_EPOCH)
+
+
+def session_place(conn: Connection, session_id: str) -> SessionPlace:
+    """The session's place, under its tenant's quota lock (taken here); ``SessionNotFound``
+    when it is gone."""
+    info = lock_quota(conn, session_id)
+    epoch = conn.execute(
+        select(_counters.c.value).where(
+            _counters.c.session_id == session_id, _counters.c.name == MOVE_EPOCH
+        )
+    ).scalar()
+    moving = conn.execute(
+        select(_moves.c.session_id).where(_moves.c.session_id == session_id)
+    ).first()
+    return SessionPlace(info.tenant_id, int(epoch or 0), moving is not None)
 
 
 # --- counters ---------------------------------------------------------------------------------

@@ -124,6 +124,9 @@ class Moves:
                         started_at=utcnow(),
                     )
                 )
+                # Seen by what touches the session's files outside the lock (an oversized
+                # output's discard): a move happened, even one that is undone later.
+                rows.raise_move_epoch(conn, session_id)
         except IntegrityError as exc:
             raise MoveFailed(f"session {session_id}: another move is in progress") from exc
         return session.tenant_id, target
