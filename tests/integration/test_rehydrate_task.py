@@ -417,7 +417,7 @@ def test_cli_export_via_queue_fails_typed_when_its_wait_runs_out(
     env["SESSIONSTORE_BROKER_URL"] = redis_url
     argv = ["export", sid, "--via-queue", "-o", str(tmp_path / "q")]
     # --timeout, then its default: twice the build bound
-    bounded = {**env, "SESSIONSTORE_REHYDRATE_MAX_BUILD_SECONDS": "0.25"}
+    bounded = {**env, "SESSIONSTORE_REHYDRATE_STALL_SECONDS": "0.25"}
     for extra, run_env in ((["--timeout", "0.5"], env), ([], bounded)):
         done = run_cli(*argv, *extra, env=run_env, timeout=30)
         assert done.returncode == 1, (done.returncode, done.stderr)
