@@ -42,21 +42,72 @@ class ObjectMove:
         keys = self.storage.keys(self.source)
         if not keys:
             return  # nothing stored yet, or an earlier crashed move already moved it all
-        if [k for k in self.storage.keys(self.target) if k != self.marker]:
-            raise MoveFailed(f"the target artifact prefix is not empty: {self.target}")
-        for key in keys:
+        if self._clear_leftovers(keys):
+            keys = self.storage.keys(self.source)
+        try:
+            for key in keys:
+                try:
+                    self.storage.copy(key, self.target + key[len(self.source) :])
+                except FileNotFoundError:
+                    # Removed since the listing: an oversized output's discard deletes its
+                    # object outside the tenant lock (it then removes it at the target too,
+                    # if it was copied). Gone is gone: nothing to move.
+                    log.info("an object vanished while its session moved", extra={"key": key})
+            self.storage.put(self.marker, b"")
+        except BaseException:
+            # The source is whole: what was copied so far is removed (best effort; what
+            # stays is cleared by this session's next move, see _clear_leftovers)
             try:
-                self.storage.copy(key, self.target + key[len(self.source) :])
-            except FileNotFoundError:
-                # Removed since the listing: an oversized output's discard deletes its
-                # object outside the tenant lock (it then removes it at the target too, if
-                # it was copied). Gone is gone: nothing to move.
-                log.info("an object vanished while its session moved", extra={"key": key})
-        self.storage.put(self.marker, b"")
+                self._remove_target()
+            except Exception as exc:
+                log.error(
+                    "could not remove a failed move's partial copy",
+                    extra={"target": self.target, "error": str(exc)},
+                )
+            raise
         self._moved = True
         for key in keys:
             self.storage.delete(key)
         self.storage.delete(self.marker)
+
+    def _clear_leftovers(self, source_keys: list[str]) -> bool:
+        """Settle what an earlier move of this session that failed part way left at the
+        target, before copying; whether objects were put back at the source.
+
+        The target prefix is this session's own directory under the other tenant, so no
+        other session's objects are ever there, and no intent is pending (``repair``
+        settles a crashed move before another starts): the session lives at the source.
+        A leftover whose source object exists is a partial copy (a copy that failed and
+        could not clean up); one whose source object is missing is the only copy of it (an
+        undo that failed after the source objects were deleted): it is copied back first.
+        Then the target is emptied. Left there, they made every later move to that tenant
+        fail ("the target artifact prefix is not empty"), for good."""
+        leftovers = [k for k in self.storage.keys(self.target) if k != self.marker]
+        if not leftovers:
+            return False
+        present = set(source_keys)
+        restored = 0
+        try:
+            for key in leftovers:
+                back = self.source + key[len(self.target) :]
+                if back not in present:
+                    self.storage.copy(key, back)
+                    restored += 1
+            self._remove_target()
+        except Exception as exc:
+            raise MoveFailed(
+                f"the target artifact prefix holds a failed earlier move's objects that could "
+                f"not be settled: {self.target}"
+            ) from exc
+        log.warning(
+            "settled a failed earlier move's objects at its target",
+            extra={"target": self.target, "objects": len(leftovers), "restored": restored},
+        )
+        return restored > 0
+
+    def _remove_target(self) -> None:
+        for key in self.storage.keys(self.target):
+            self.storage.delete(key)
 
     def undo(self) -> None:
         """After a failed commit: copy the objects back, then remove the target's."""

@@ -219,3 +219,60 @@ def test_expiry_sweeps_staged_uploads_killed_processes_left_on_s3(
     report = expire_artifacts(store.engine, store.oversized, apply=True, now=later)
     assert (report.stale_temp_files, report.stale_temp_bytes) == (1, 5)
     assert raw.keys_under(staging) == [key_of(raw.root, staging / "old.bak")]
+
+
+@S3_ONLY
+@POSTGRES
+def test_a_copy_failing_mid_move_leaves_nothing_at_the_target(
+    store: SessionStore, raw: RawArtifacts, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A copy that fails part way (S3 refusing the second object) removes what it copied:
+    the partial copy made every later move to that tenant fail ("not empty"), for good."""
+    sid, ids = _session_with_outputs(store)
+    before = _texts(store, sid, ids)
+    storage = store._moves.storage
+    real, calls = storage.copy, {"n": 0}
+
+    def second_fails(source: str, target: str) -> None:
+        calls["n"] += 1
+        if calls["n"] == 2:
+            raise OSError("S3 said no")
+        real(source, target)
+
+    monkeypatch.setattr(storage, "copy", second_fails)
+    with pytest.raises(Exception, match="S3 said no"):
+        store.move(sid, tenant_id="globex")
+    monkeypatch.undo()
+    assert calls["n"] == 2
+    assert store.get_session(sid).tenant_id == "acme"
+    assert raw.keys_under(session_dir(raw.root, "globex", sid)) == []
+    store.move(sid, tenant_id="globex")
+    assert _texts(store, sid, ids) == before
+
+
+@S3_ONLY
+@POSTGRES
+@pytest.mark.parametrize("undo_failed", [False, True])
+def test_a_failed_moves_leftovers_are_settled_by_the_next_move(
+    store: SessionStore, raw: RawArtifacts, undo_failed: bool
+) -> None:
+    """Objects an earlier failed move of the session left under the other tenant (no intent
+    pending): a partial copy is removed; the only copy of an object (an undo that failed
+    after the source objects went) is put back first. Then the move goes through, every
+    output readable, nothing left behind."""
+    sid, ids = _session_with_outputs(store)
+    before = _texts(store, sid, ids)
+    source, target = session_dir(raw.root, "acme", sid), session_dir(raw.root, "globex", sid)
+    src, dst = key_prefix_of(raw.root, source), key_prefix_of(raw.root, target)
+    keys = raw.storage.keys(src)
+    for key in keys[:2]:
+        raw.storage.copy(key, dst + key[len(src) :])
+    if undo_failed:
+        raw.storage.delete(keys[0])  # its only copy is at the target now
+    assert store._moves.pending() == []
+    store.move(sid, tenant_id="globex")
+    assert store.get_session(sid).tenant_id == "globex"
+    assert raw.keys_under(source) == [] and len(raw.keys_under(target)) == 3
+    assert _texts(store, sid, ids) == before
+    store.move(sid, tenant_id="acme")  # and back
+    assert raw.keys_under(target) == [] and _texts(store, sid, ids) == before
