@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import logging
 import math
-import re
 from datetime import UTC, datetime, timedelta, timezone
 from typing import Any
 
@@ -17,7 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from sqlalchemy import func, literal, select
 
-from core import SessionStore, Settings
+from core import SessionStore, Settings, entry_clock
 from core.models import EventRow, EventTimeBlockRow, table_of
 from core.query import timeblocks
 from core.query.analytics import EventFilter
@@ -26,16 +25,17 @@ from core.query.entry_time import MAX_US, MIN_US, entry_day, entry_us
 _events = table_of(EventRow)
 _blocks = table_of(EventTimeBlockRow)
 _EPOCH = datetime(1970, 1, 1)
-_ISO = re.compile(
-    r"(\d{4})-(\d\d)-(\d\d)[T ](\d\d):(\d\d)(?::(\d\d)(?:\.(\d+))?)?(Z|[+-]\d\d(?::?\d\d)?)?",
-    re.ASCII,
-)
 JAN_1 = 1_735_689_600_000_000  # 2025-01-01T00:00:00Z in microseconds
 HOUR = 3_600_000_000
 
 
 def expected(value: Any) -> int | None:
-    """The definition, read by Python: the entry time in epoch microseconds, or None."""
+    """The definition, read by Python: the entry time in epoch microseconds, or None.
+
+    Written apart from ``core.entry_clock`` (SQLite's reading, which uses a regular
+    expression and ``datetime``): the text is read a character at a time and the day is
+    numbered by Hinnant's days-from-civil arithmetic, so a mistake the two share would
+    have to be made twice, in two different ways."""
     if isinstance(value, bool):
         return None
     if isinstance(value, int):
@@ -43,22 +43,82 @@ def expected(value: Any) -> int | None:
     if isinstance(value, float):
         micros = value * 1000.0
         return math.floor(micros) if MIN_US <= micros < MAX_US + 1 else None
-    if not isinstance(value, str) or not (match := _ISO.fullmatch(value)):
+    if not isinstance(value, str):
         return None
-    year, month, day, hour, minute, second, fraction, zone = match.groups()
-    try:
-        naive = datetime(int(year), int(month), int(day), int(hour), int(minute), int(second or 0))
-    except ValueError:
+    return _text_us(value)
+
+
+_DIGITS = "0123456789"  # ASCII only: str.isdigit() takes fullwidth and other digits too
+
+
+def _number(text: str, at: int, width: int) -> int | None:
+    part = text[at : at + width]
+    if len(part) != width or any(c not in _DIGITS for c in part):
         return None
-    micros = (naive - _EPOCH) // timedelta(microseconds=1) + int(
-        (fraction or "0")[:6].ljust(6, "0")
-    )
-    if zone and zone != "Z":
-        digits = zone[1:].replace(":", "")
-        hours, minutes = int(digits[:2]), int(digits[2:] or 0)
-        if hours > 23 or minutes > 59:
+    return int(part)
+
+
+def _days_from_civil(year: int, month: int, day: int) -> int:
+    """Days from 1970-01-01 to a proleptic Gregorian date (H. Hinnant's algorithm)."""
+    year -= month <= 2
+    era = (year if year >= 0 else year - 399) // 400
+    year_of_era = year - era * 400
+    day_of_year = (153 * (month + (-3 if month > 2 else 9)) + 2) // 5 + day - 1
+    day_of_era = year_of_era * 365 + year_of_era // 4 - year_of_era // 100 + day_of_year
+    return era * 146097 + day_of_era - 719468
+
+
+def _days_in_month(year: int, month: int) -> int:
+    leap = year % 4 == 0 and (year % 100 != 0 or year % 400 == 0)
+    return [31, 29 if leap else 28, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31][month - 1]
+
+
+def _offset_minutes(rest: str) -> int | None:
+    """``""`` or ``Z``: 0; ``±hh``, ``±hhmm``, ``±hh:mm`` up to 23:59; else None."""
+    if rest in ("", "Z"):
+        return 0
+    if rest[0] not in "+-":
+        return None
+    body = rest[1:]
+    if len(body) == 5 and body[2] == ":":
+        body = body[:2] + body[3:]
+    if len(body) not in (2, 4):
+        return None
+    hours, minutes = _number(body, 0, 2), _number(body, 2, 2) if len(body) == 4 else 0
+    if hours is None or minutes is None or hours > 23 or minutes > 59:
+        return None
+    return (hours * 60 + minutes) * (1 if rest[0] == "+" else -1)
+
+
+def _text_us(text: str) -> int | None:
+    fields = [_number(text, at, width) for at, width in ((0, 4), (5, 2), (8, 2), (11, 2), (14, 2))]
+    if any(f is None for f in fields) or (text[4:5], text[7:8], text[13:14]) != ("-", "-", ":"):
+        return None
+    if text[10:11] not in ("T", " ") or len(text) < 16:
+        return None
+    year, month, day, hour, minute = (f or 0 for f in fields)  # none is None (above)
+    at, second, fraction = 16, 0, 0
+    if text[at : at + 1] == ":":
+        seconds = _number(text, at + 1, 2)
+        if seconds is None:
             return None
-        micros -= (1 if zone[0] == "+" else -1) * (hours * 60 + minutes) * 60_000_000
+        second, at = seconds, at + 3
+        if text[at : at + 1] == ".":
+            end = at + 1
+            while end < len(text) and text[end] in _DIGITS:
+                end += 1
+            if end == at + 1:
+                return None
+            fraction, at = int((text[at + 1 : end] + "000000")[:6]), end
+    offset = _offset_minutes(text[at:])
+    if offset is None or not (1 <= year and 1 <= month <= 12):
+        return None
+    if not (1 <= day <= _days_in_month(year, month) and hour <= 23 and minute <= 59):
+        return None
+    if second > 59:
+        return None
+    clock = ((hour * 60 + minute - offset) * 60 + second) * 1_000_000 + fraction
+    micros = _days_from_civil(year, month, day) * 86_400_000_000 + clock
     return micros if MIN_US <= micros <= MAX_US else None
 
 
@@ -326,6 +386,14 @@ def test_any_stored_timestamp_reads_as_the_definition_says(
     store: SessionStore, values: list[Any]
 ) -> None:
     assert _read(store, _append(store, values)) == [expected(v) for v in values]
+
+
+@settings(max_examples=3000, deadline=None)
+@given(st.one_of(text_timestamps, noise, st.text(max_size=40)))
+def test_sqlites_reading_agrees_with_the_independent_one(value: str) -> None:
+    """SQLite's function (``core.entry_clock``) against this file's reading, written apart,
+    on many texts: cheap here (no database), so many more than the stored property."""
+    assert entry_clock.entry_us_of("text", value, None) == expected(value)
 
 
 def test_hostile_values_fail_no_listing_and_no_summary(
