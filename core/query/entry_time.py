@@ -38,6 +38,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from datetime import UTC, date, datetime, timedelta
 from decimal import Decimal
+from functools import cache
 from typing import Any, NamedTuple
 
 from sqlalchemy import (
@@ -82,7 +83,15 @@ def bound_us(when: datetime) -> int:
 def entry_us(engine: Engine) -> ColumnElement[Any]:
     """The payload's entry time (see the module) in whole epoch microseconds, a BIGINT; NULL
     when it has none. For a query over ``events``: it reads the row's payload."""
-    return _sqlite_entry_us() if is_sqlite(engine) else _postgres_entry_us()
+    return _entry_us(is_sqlite(engine))
+
+
+@cache
+def _entry_us(sqlite: bool) -> ColumnElement[Any]:
+    """Built once per backend and reused by every query (SQLAlchemy expressions are
+    immutable): PostgreSQL's is a large expression, and building it anew for each query
+    cost more than running it (``stats()`` built it for each part it reads)."""
+    return _sqlite_entry_us() if sqlite else _postgres_entry_us()
 
 
 class _Fields(NamedTuple):
