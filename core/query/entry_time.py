@@ -58,9 +58,10 @@ from sqlalchemy import (
     select,
 )
 from sqlalchemy.sql.elements import ColumnElement
+from sqlalchemy.sql.functions import Function
 
 from core.db import is_sqlite
-from core.entry_clock import MAX_MS, MAX_US, MIN_MS, MIN_US
+from core.entry_clock import MAX_MS, MAX_US, MIN_MS, MIN_US, SQLITE_FUNCTION
 from core.models import EventRow, table_of
 
 _events = table_of(EventRow)
@@ -110,12 +111,11 @@ class _Fields(NamedTuple):
     zone_minutes: ColumnElement[Any]
 
 
-def _unchecked_us(f: _Fields, epoch_days: Any) -> ColumnElement[Any]:
+def _unchecked_us(f: _Fields) -> ColumnElement[Any]:
     """Epoch microseconds of the text ``f`` was read from, NULL unless it has the form and
     its fields their ranges; the instant's range is the caller's to check (at one place, as
-    each use of this expression evaluates it again). ``epoch_days(f)``: the day's number
-    from 1970-01-01, asked only of a valid date. One piece of SQL for both backends: only
-    the reading of the fields and the day's number differ."""
+    each use of this expression evaluates it again). The day is numbered (``make_date``)
+    only for a valid date."""
     leap = and_(f.year % 4 == 0, or_(f.year % 100 != 0, f.year % 400 == 0))
     month_days = case(
         (f.month == 2, case((leap, 29), else_=28)),
@@ -133,7 +133,7 @@ def _unchecked_us(f: _Fields, epoch_days: Any) -> ColumnElement[Any]:
         f.zone_minutes <= 59,
     )
     us = (
-        epoch_days(f) * _US_PER_DAY
+        _postgres_days(f) * _US_PER_DAY
         + f.hour * _US_PER_HOUR
         + f.minute * _US_PER_MINUTE
         + f.second * 1_000_000
@@ -153,7 +153,7 @@ def _layers(first: Sequence[ColumnElement[Any]], *more: Any) -> list[ColumnEleme
     """``first`` (over the outer query's ``events`` row), then what each of ``more`` adds
     (a function of the list of columns so far), each layer a derived table evaluated once per
     row: the payload is JSON text that each use would parse again, and the fields are used
-    many times each. ``OFFSET 0`` keeps either backend from merging a layer into its user,
+    many times each. ``OFFSET 0`` keeps PostgreSQL from merging a layer into its user,
     which would copy its expressions back into every use."""
     layer = (
         select(*(c.label(f"v{i}") for i, c in enumerate(first)))
@@ -178,18 +178,19 @@ def _number(literal: ColumnElement[Any]) -> ColumnElement[Any]:
     return cast(literal, BigInteger)
 
 
-# SQLite ---------------------------------------------------------------------------------
-
-
 def _sqlite_entry_us() -> ColumnElement[Any]:
     """``core.entry_clock.entry_us_of``, registered on every SQLite connection."""
     path = "$.timestamp"
-    return func.sessionstore_entry_us(
+    return Function(
+        SQLITE_FUNCTION,
         func.json_type(_events.c.payload, path),
         func.json_extract(_events.c.payload, path),
         _events.c.payload.op("->")(path),  # a number's literal, as written (reals only)
         type_=BigInteger,
     )
+
+
+# PostgreSQL -----------------------------------------------------------------------------
 
 
 def _fields_at(t: ColumnElement[Any], zone: ColumnElement[Any], shaped: Any) -> _Fields:
@@ -220,8 +221,6 @@ def _fields_at(t: ColumnElement[Any], zone: ColumnElement[Any], shaped: Any) -> 
     )
 
 
-# PostgreSQL -----------------------------------------------------------------------------
-
 # the definition's form: ASCII digits ([0-9]: \d may take other scripts' digits), upper
 # case. No capture groups: PostgreSQL's engine then only answers whether it matches, fast
 # (regexp_match with groups took ~0.7 ms a row); the fields are read by their places.
@@ -241,7 +240,7 @@ def _postgres_entry_us() -> ColumnElement[Any]:
         ],
         lambda c: [and_(c[1] == "string", c[2].op("~")(_PG_ISO)), _postgres_zone(c[2])],
         lambda c: list(_fields_at(c[2], c[4], c[3])),
-        lambda c: [_unchecked_us(_Fields(*c[5:]), _postgres_days)],
+        lambda c: [_unchecked_us(_Fields(*c[5:]))],
     )
     kind, text, text_us = columns[1], columns[2], columns[-1]
     return select(

@@ -99,33 +99,36 @@ def open_store(*, create: bool = False) -> Iterator[SessionStore]:
 
 
 def print_json(value: Any) -> None:
-    """``value`` as indented JSON, exactly (DESIGN invariant 11): key order, ``-0.0`` and
-    integers of any size. orjson writes all but integers beyond 64 bits, which it refuses;
-    the standard library writes those (as ``core.exact_json`` does for the journal)."""
-    import orjson
-
-    try:
-        text = orjson.dumps(value, default=str, option=orjson.OPT_INDENT_2).decode()
-    except orjson.JSONEncodeError:
-        import json
-
-        text = json.dumps(value, default=_json_default, indent=2, ensure_ascii=False)
-    typer.echo(text)
+    """``value`` as indented JSON, exactly (``_exact_json``)."""
+    typer.echo(_exact_json(value, indent=True))
 
 
 def print_json_line(value: Any) -> None:
     """``value`` as one line of JSON (JSON Lines: a stream of results, one per line), exactly
     as ``print_json`` writes it, and flushed: a reader of the pipe sees each line at once."""
+    typer.echo(_exact_json(value, indent=False))
+    sys.stdout.flush()
+
+
+def _exact_json(value: Any, *, indent: bool) -> str:
+    """JSON text of ``value``, exactly (DESIGN invariant 11): key order, ``-0.0`` and
+    integers of any size. orjson writes all but integers beyond 64 bits, which it refuses;
+    the standard library writes those (as ``core.exact_json`` does for the journal)."""
     import orjson
 
     try:
-        text = orjson.dumps(value, default=str).decode()
+        return orjson.dumps(
+            value, default=str, option=orjson.OPT_INDENT_2 if indent else 0
+        ).decode()
     except orjson.JSONEncodeError:
         import json
 
-        text = json.dumps(value, default=_json_default, ensure_ascii=False, separators=(",", ":"))
-    typer.echo(text)
-    sys.stdout.flush()
+        return json.dumps(
+            value,
+            default=_json_default,
+            ensure_ascii=False,
+            **({"indent": 2} if indent else {"separators": (",", ":")}),
+        )
 
 
 def _json_default(value: Any) -> Any:
