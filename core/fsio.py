@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import re
 import secrets
 import tempfile
 from collections.abc import Iterator, Sequence
@@ -16,6 +17,23 @@ from pathlib import Path
 from typing import IO
 
 from core import nofollow
+
+# A lone surrogate: what ``os.fsdecode`` makes of a byte that is not UTF-8 (U+DC80-U+DCFF), or
+# what a JSON ``\ud800`` escape holds. No database stores one, and no terminal shows one.
+LONE_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def path_text(path: str | os.PathLike[str]) -> str:
+    """A file name as text every backend stores and every terminal shows: a byte that is
+    not UTF-8 (``os.fsdecode`` keeps it as U+DC80-U+DCFF) as ``\\xff``, any other lone
+    surrogate as ``\\ud800``; a UTF-8 name unchanged. One name one text, so a stored name
+    matches itself; a name spelled with a literal ``\\xff`` shares its text."""
+    return LONE_SURROGATE.sub(_surrogate_escape, os.fspath(path))
+
+
+def _surrogate_escape(match: re.Match[str]) -> str:
+    code = ord(match[0])
+    return f"\\x{code - 0xDC00:02x}" if 0xDC80 <= code <= 0xDCFF else f"\\u{code:04x}"
 
 
 def fsync_dir(directory: Path, *, strict: bool = True) -> None:

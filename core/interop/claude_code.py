@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from core.errors import ImportFormatError
+from core.fsio import path_text
 from core.interop import pi
 from core.interop.importer import register_converter
 from core.interop.model import Format, IgnoredLine, ParsedEntry, ParsedSession, SessionHeader
@@ -176,13 +177,15 @@ class _Converter:
     # header ------------------------------------------------------------------------------
 
     def header(self, path: Path) -> SessionHeader:
-        session_id = self.session_id or path.stem
+        # the file's name as stored text (a name that is not UTF-8 escaped: ``path_text``)
+        stem, name = path_text(path.stem), path_text(path.name)
+        session_id = self.session_id or stem
         # Subagent transcripts (agent-<id>.jsonl) carry their parent's sessionId.
         external = session_id
-        if path.stem != session_id and path.stem.startswith("agent-"):
-            external = f"{session_id}/{path.stem}"
+        if stem != session_id and stem.startswith("agent-"):
+            external = f"{session_id}/{stem}"
         # not a pi header: the journal's header event is then built from the fields
-        raw = {"source": FORMAT, "sessionId": session_id, "file": path.name}
+        raw = {"source": FORMAT, "sessionId": session_id, "file": name}
         return SessionHeader(
             external_id=external,
             version=3,

@@ -53,6 +53,7 @@ from core.errors import (
     UnreadableFile,
 )
 from core.exact_json import same_value
+from core.fsio import path_text
 from core.interop import pi
 from core.interop.model import IgnoredLine, ParsedSession
 from core.journal.validation import CheckedEvents, checked
@@ -410,7 +411,7 @@ def _new_offset(session_id: str, path: Path, parsed: ParsedSession) -> dict[str,
     """A session's offset row: nothing imported yet."""
     return dict(
         session_id=session_id,
-        path=str(path.resolve()),
+        path=_resolved(path),
         format=parsed.format,
         source_version=parsed.header.version,
         **_parent_refs(parsed),
@@ -791,7 +792,7 @@ def _save_offset(
             update(_offsets)
             .where(_offsets.c.session_id == session_id)
             .values(
-                path=str(path.resolve()),
+                path=_resolved(path),
                 format=parsed.format,
                 consumed_bytes=consumed,
                 lines=data.count(b"\n", 0, consumed),
@@ -813,10 +814,19 @@ def _parent_refs(parsed: ParsedSession) -> dict[str, str | None]:
     if not ref:
         return {"parent_path": None, "parent_external": None}
     try:
-        resolved: str | None = str(Path(ref).expanduser().resolve())
+        resolved: str | None = _resolved(Path(ref).expanduser())
     except (OSError, ValueError):
         resolved = None
-    return {"parent_path": resolved, "parent_external": Path(ref).stem.rsplit("_", 1)[-1]}
+    return {
+        "parent_path": resolved,
+        "parent_external": path_text(Path(ref).stem.rsplit("_", 1)[-1]),
+    }
+
+
+def _resolved(path: Path) -> str:
+    """The text a file's path is stored and matched by: resolved, and a name that is not
+    UTF-8 escaped (``path_text``), which no database could store as it is."""
+    return path_text(path.resolve())
 
 
 def _link_parent(
@@ -837,7 +847,7 @@ def _link_parent(
 def _link_children(store: SessionStore, session: Session, path: Path, tenant_id: str) -> None:
     """Link the sessions imported before this one whose header names it as their parent (by
     the rule ``_link_parent`` applies: the file's path first, then the id in its name)."""
-    mine = str(path.resolve())
+    mine = _resolved(path)
     with read_connection(store.engine) as conn:
         rows = conn.execute(
             select(_offsets.c.session_id, _offsets.c.parent_path, _offsets.c.parent_external)

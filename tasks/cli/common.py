@@ -123,12 +123,19 @@ def _exact_json(value: Any, *, indent: bool) -> str:
     except orjson.JSONEncodeError:
         import json
 
-        return json.dumps(
+        text = json.dumps(
             value,
             default=_json_default,
             ensure_ascii=False,
             **({"indent": 2} if indent else {"separators": (",", ":")}),
         )
+        # orjson refuses lone surrogates too (a file name that is not UTF-8, as os.fsdecode
+        # reads it): each is written as its JSON escape, so the output stays UTF-8 and
+        # json.loads gives the name back (os.fsencode then its bytes). Outside its strings
+        # JSON text is ASCII, so every surrogate here is inside one.
+        from core.fsio import LONE_SURROGATE
+
+        return LONE_SURROGATE.sub(lambda m: f"\\u{ord(m[0]):04x}", text)
 
 
 def _json_default(value: Any) -> Any:
@@ -144,7 +151,8 @@ def _json_default(value: Any) -> Any:
 # isolates (U+202E turns "/w\u202egnp.exe" into "/wexe.png"); invisible marks (the zero-width
 # space, word joiner, BOM). The joiners U+200C/U+200D stay: scripts and emoji need them.
 _CONTROL = re.compile(
-    "[\x00-\x1f\x7f-\x9f\u061c\u180e\u200b\u200e\u200f\u2028-\u202e\u2060\u2066-\u2069\ufeff]"
+    "[\x00-\x1f\x7f-\x9f\u061c\u180e\u200b\u200e\u200f\u2028-\u202e\u2060\u2066-\u2069\ufeff"
+    "\ud800-\udfff]"  # and lone surrogates: a file name's byte that is not UTF-8 (path_text)
 )
 
 
@@ -155,12 +163,21 @@ def plain(value: object) -> Text:
     or the console prints it."""
     from rich.text import Text
 
-    shown = "" if value is None else str(value)
-    return Text(_CONTROL.sub(_escape, shown))
+    return Text(literal("" if value is None else str(value)))
+
+
+def literal(text: str) -> str:
+    """``text`` with each control character (``_CONTROL``) and lone surrogate as its escape:
+    for a line printed without rich (``plain`` is this as rich text)."""
+    return _CONTROL.sub(_escape, text)
 
 
 def _escape(match: re.Match[str]) -> str:
+    from core.fsio import path_text
+
     code = ord(match[0])
+    if 0xD800 <= code <= 0xDFFF:
+        return path_text(match[0])  # a file name's byte that is not UTF-8 as \xff
     return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
 
 

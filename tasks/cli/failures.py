@@ -127,7 +127,10 @@ def fail(exc: BaseException, *, debug: bool) -> None:
     if debug:
         traceback.print_exception(exc, file=sys.stderr)
     hint = _HINTS.get(code)
-    line = " ".join(message.split()) or type(exc).__name__
+    from tasks.cli.common import literal
+
+    # one line, and a path's control character or byte that is not UTF-8 as its escape
+    line = literal(" ".join(message.split())) or type(exc).__name__
     if hint and hint not in line:
         line = f"{line} ({hint})"
     sys.stderr.write(f"error: {line}\n")

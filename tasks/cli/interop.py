@@ -19,6 +19,7 @@ from tasks.cli.common import (
     err_console,
     new_app,
     open_store,
+    plain,
     print_json,
     print_json_line,
     queue_app,
@@ -119,7 +120,7 @@ def import_files(
     files = session_files(paths or default)
     if not files and watch is None:
         shown = " ".join(paths) if paths else str(DEFAULT_SESSIONS_DIR)
-        err_console.print(f"no session files (*.jsonl) in {shown}", markup=False)
+        err_console.print(plain(f"no session files (*.jsonl) in {shown}"))
     failed, unreadable = 0, 0
     with open_store(create=True) as store:
         with _progress(len(files), sum(_size(f) for f in files), quiet=as_json) as advance:
@@ -179,9 +180,10 @@ def _report(result: ImportResult, as_json: bool) -> None:
     if result.taken_up:
         tail += f"; {result.taken_up} appended by another import of the file"
     console.print(
-        f"{result.status}: {result.path} -> {result.session_id} "
-        f"({result.external_id}): {result.appended} appended, {result.skipped} skipped{tail}",
-        markup=False,
+        plain(
+            f"{result.status}: {result.path} -> {result.session_id} "
+            f"({result.external_id}): {result.appended} appended, {result.skipped} skipped{tail}"
+        ),
         highlight=False,
     )
 
@@ -201,7 +203,7 @@ def _report_error(path: Path, exc: Exception, as_json: bool) -> None:
         print_json_line(_error_dict(path, exc))
     else:
         message = _message(path, exc)
-        err_console.print(f"error: {message}", markup=False, highlight=False, soft_wrap=True)
+        err_console.print(plain(f"error: {message}"), highlight=False, soft_wrap=True)
 
 
 def _follow(store: object, directory: Path, tenant: str, format: str, as_json: bool) -> None:
@@ -209,7 +211,7 @@ def _follow(store: object, directory: Path, tenant: str, format: str, as_json: b
     from core.store import SessionStore
 
     assert isinstance(store, SessionStore)
-    err_console.print(f"following {directory} (Ctrl-C to stop)", markup=False)
+    err_console.print(plain(f"following {directory} (Ctrl-C to stop)"))
     follower = Follower(
         store,
         directory,
@@ -316,7 +318,7 @@ def export(
             | ({"missing_blobs": incomplete.hashes} if incomplete else {})
         )
     else:
-        err_console.print(f"wrote {lines} lines to {output}", markup=False)
+        err_console.print(plain(f"wrote {lines} lines to {output}"))
     if incomplete is not None:
         raise incomplete  # exit 1: the file holds refs where values should be
 
@@ -408,9 +410,10 @@ def _export_omp(
         print_json(done.to_dict() | ({"missing_blobs": incomplete.hashes} if incomplete else {}))
     else:
         err_console.print(
-            f"wrote {done.lines} lines to {done.session_file}, {done.artifacts} artifact(s), "
-            f"{done.blobs_written} new blob(s) in {done.blobs_dir}",
-            markup=False,
+            plain(
+                f"wrote {done.lines} lines to {done.session_file}, {done.artifacts} artifact(s), "
+                f"{done.blobs_written} new blob(s) in {done.blobs_dir}"
+            )
         )
     if incomplete is not None:
         raise incomplete  # exit 1: the session file holds refs whose blobs are not there

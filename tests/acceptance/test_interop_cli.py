@@ -6,12 +6,16 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import shutil
+import subprocess
 from pathlib import Path
 
 from core.artifacts.paths import encode_component
 from tests.acceptance.test_cli import data_dir, run
-from tests.support import json_lines
+from tests.cli_process import EXE
+from tests.fixtures.pi.generate import v3_lines, write
+from tests.support import clean_env, json_lines
 
 __all__ = ["data_dir"]  # the fixture, used by name
 
@@ -142,3 +146,40 @@ def test_export_omp_names_come_from_the_header_but_stay_inside_the_directory(
         "2025-01-01T00-00-00-000Z_main-sess%2Fagent-abc.jsonl",
         encode_component(f"{str(tmp_path / 'escaped').replace('.', '-')}_evil") + ".jsonl",
     }
+
+
+def test_import_names_a_file_whose_name_is_not_utf8_or_holds_controls(
+    data_dir: Path, tmp_path: Path
+) -> None:
+    """A file name reaches the terminal escaped (a byte that is not UTF-8 as ``\\xff``, a
+    control as ``\\x1b``) and ``--json`` as valid UTF-8 whose strings give the name back
+    (a lone surrogate as its JSON escape: ``json.loads`` then ``os.fsencode``)."""
+    root = tmp_path / "in"
+    root.mkdir()
+    good = os.fsencode(root) + b"/s\xff_0f3c2a10-v3.jsonl"
+    junk = os.fsencode(root) + b"/e\x1b[2J\xfe.jsonl"
+    write(Path(os.fsdecode(good)), v3_lines())
+    Path(os.fsdecode(junk)).write_bytes(b'{"hello": 1}\n')
+    gone = os.fsencode(root) + b"/gone\xff\x1b.jsonl"
+
+    def cli(*args: bytes) -> subprocess.CompletedProcess[bytes]:
+        return subprocess.run(
+            [EXE, "import", *args], env=clean_env(data_dir), capture_output=True, check=False
+        )
+
+    as_json = cli(os.fsencode(root), b"--json")
+    assert as_json.returncode == 1  # the junk file failed
+    results = [json.loads(line) for line in as_json.stdout.decode("utf-8").splitlines()]
+    assert {os.fsencode(r["path"]) for r in results} == {good, junk}
+    assert sorted(r["status"] for r in results) == ["created", "error"]
+
+    human = cli(os.fsencode(root))
+    out, err = human.stdout.decode("utf-8"), human.stderr.decode("utf-8")
+    unwrapped = "".join((out + err).split())  # rich wraps long lines
+    assert "unchanged:" in unwrapped and "/s\\xff_0f3c2a10-v3.jsonl->" in unwrapped
+    assert "/e\\x1b[2J\\xfe.jsonl" in unwrapped and "\x1b" not in out + err
+
+    missing = cli(gone)
+    assert missing.returncode == 3
+    line = "".join(missing.stderr.decode("utf-8").split())
+    assert "/gone\\xff\\x1b.jsonl" in line and "\x1b" not in line and "Traceback" not in line

@@ -4,6 +4,7 @@ its stats (tokens and models per day), images in blobs, and re-imports of a grow
 from __future__ import annotations
 
 import base64
+import os
 import shutil
 from pathlib import Path
 
@@ -124,3 +125,17 @@ def test_a_subagent_file_is_its_own_session(store: SessionStore, tmp_path: Path,
     assert a.session_id != b.session_id
     assert b.external_id == f"{SESSION_ID}/agent-4a1f"
     assert store.state(b.session_id).messages[-1].text.startswith("Two callers")
+
+
+def test_a_subagent_file_whose_name_is_not_utf8(store: SessionStore, tmp_path: Path) -> None:
+    """The file's name goes into the session's external id as its escaped text
+    (``path_text``): a lone surrogate there would be refused."""
+    side = b"\n".join(FIXTURE.read_bytes().split(b"\n")[8:12]) + b"\n"
+    sub = tmp_path / os.fsdecode(b"agent-4a\xff.jsonl")
+    sub.write_bytes(side)
+    done = store.import_session(sub, tenant_id=TENANT)
+    assert done.external_id == f"{SESSION_ID}/agent-4a\\xff"
+    assert (
+        store.resolve_session(f"{SESSION_ID}/agent-4a\\xff", tenant_id=TENANT).id == done.session_id
+    )
+    assert store.import_session(sub, tenant_id=TENANT).status == "unchanged"

@@ -7,6 +7,7 @@ from __future__ import annotations
 import io
 import json
 import math
+import os
 from pathlib import Path
 from typing import Any
 
@@ -398,6 +399,47 @@ def test_parent_session_becomes_a_fork_link(
     session = store.get_session(imported.session_id)
     assert session.parent_id == parent.session_id and session.forked_from_seq is None
     assert store.get_session(parent.session_id).parent_id is None
+
+
+def test_a_file_name_that_is_not_utf8_is_imported(store: SessionStore, tmp_path: Path) -> None:
+    """A name with a byte that is not UTF-8 (``os.fsdecode`` keeps it as a lone surrogate,
+    which no database stores) is recorded as its escaped text, imports again as unchanged,
+    and a fork that names it links to it. pi (node) reads such a byte as U+FFFD, so the
+    fork's ``parentSession`` cannot match the path: the link is the id the name ends with."""
+    folder = tmp_path / os.fsdecode(b"dir\xfe")
+    folder.mkdir()
+    parent_path = folder / os.fsdecode(b"2026-11-20T10-00-00-000Z\xff_0f3c2a10-v3.jsonl")
+    write(parent_path, v3_lines())
+    child = v3_lines()[:6]
+    as_pi_names_it = str(parent_path).encode("utf-8", "surrogateescape").decode("utf-8", "replace")
+    child[0] = {**child[0], "id": "child-1", "parentSession": as_pi_names_it}
+    child_path = folder / os.fsdecode(b"child\x80.jsonl")
+    write(child_path, child)
+
+    imported = store.import_session(child_path, tenant_id=TENANT)
+    parent = store.import_session(parent_path, tenant_id=TENANT)
+    assert (parent.status, parent.appended) == ("created", len(v3_lines()))
+    stored = _offset(store, parent.session_id).path
+    assert (
+        stored == f"{tmp_path.resolve()}/dir\\xfe/2026-11-20T10-00-00-000Z\\xff_0f3c2a10-v3.jsonl"
+    )
+    assert _offset(store, imported.session_id).parent_path.endswith("\ufffd_0f3c2a10-v3.jsonl")
+    assert store.import_session(parent_path, tenant_id=TENANT).status == "unchanged"
+    assert store.get_session(imported.session_id).parent_id == parent.session_id
+
+
+def test_a_parent_session_holding_a_lone_surrogate_is_refused(
+    store: SessionStore, tmp_path: Path
+) -> None:
+    """A hostile ``parentSession`` with a lone surrogate (a JSON escape) is an InvalidEvent
+    naming its line, like any value no backend stores; nothing is written."""
+    lines = v3_lines()
+    lines[0] = {**lines[0], "parentSession": "/p/s\udcff_x.jsonl"}
+    path = tmp_path / "s.jsonl"
+    path.write_text("".join(dumps_exact(line) + "\n" for line in lines), encoding="utf-8")
+    with pytest.raises(InvalidEvent, match="line 1"):
+        store.import_session(path, tenant_id=TENANT)
+    assert store.list_sessions(tenant_id=TENANT).items == []
 
 
 # export -------------------------------------------------------------------------------------
