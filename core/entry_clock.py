@@ -19,6 +19,8 @@ MIN_US = -62_135_596_800_000_000  # 0001-01-01T00:00:00.000000Z
 MAX_US = 253_402_300_799_999_999  # 9999-12-31T23:59:59.999999Z
 MIN_MS, MAX_MS = MIN_US // 1000, MAX_US // 1000  # the integers (epoch ms) within them
 SQLITE_FUNCTION = "sessionstore_entry_us"
+# PostgreSQL's own reading, in PL/pgSQL: created by migration 0019, which names it too
+POSTGRES_FUNCTION = "sessionstore_entry_us"
 
 _ISO = re.compile(
     r"([0-9]{4})-([0-9]{2})-([0-9]{2})[T ]([0-9]{2}):([0-9]{2})"

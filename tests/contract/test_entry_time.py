@@ -17,10 +17,11 @@ from hypothesis import strategies as st
 from sqlalchemy import func, literal, select
 
 from core import SessionStore, Settings, entry_clock
+from core.entry_clock import MAX_US, MIN_US
 from core.models import EventRow, EventTimeBlockRow, table_of
 from core.query import timeblocks
 from core.query.analytics import EventFilter
-from core.query.entry_time import MAX_US, MIN_US, entry_day, entry_us
+from core.query.entry_time import entry_day, entry_us
 
 _events = table_of(EventRow)
 _blocks = table_of(EventTimeBlockRow)
