@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import copy
 import logging
+import time
 from collections.abc import Callable, Collection
 from typing import Any
 
@@ -33,6 +34,10 @@ BLOCK_WIDTH = 120
 # How many bytes of a text blob a preview keeps: enough for TEXT_PEEK characters. The blob
 # is read (and verified) to its end all the same, a piece at a time (module docstring).
 _PEEK_BYTES = TEXT_PEEK * 4
+# A blob that could not be shown (missing, corrupt, unreadable) is tried again after this
+# long: a repaired or restored blob shows in a long ``events --follow``, and a page that
+# names one bad blob many times still reads it once.
+RETRY_FAILED_S = 10.0
 
 log = logging.getLogger(__name__)
 
@@ -42,19 +47,32 @@ BlobSize = Callable[[str], int | None]
 BlobHead = Callable[[str], bytes]
 
 
+class _Unshown(Exception):
+    """A blob the preview cannot show: ``shown`` says why, in its place."""
+
+    def __init__(self, shown: str) -> None:
+        super().__init__(shown)
+        self.shown = shown
+
+
 class Previewer:
     """Turns payloads into one-line text. ``size`` looks a blob's size up by hash (``None``
     when it is unknown), ``head`` reads its first bytes (raising when it cannot); results
-    are cached, so a blob is read at most once per previewer.
+    are cached, so a blob is read at most once per previewer; one that could not be shown
+    at most once per ``RETRY_FAILED_S`` (by ``clock``).
 
     A previewer resolves no ref until it is ``scoped`` to what the previewed payload's
     manifest references: ``referenced()`` gives those hashes, and is called only once a
     payload holds something that looks like a ref (most hold none: no query for them)."""
 
-    def __init__(self, *, size: BlobSize, head: BlobHead) -> None:
+    def __init__(
+        self, *, size: BlobSize, head: BlobHead, clock: Callable[[], float] = time.monotonic
+    ) -> None:
         self._size = size
         self._head = head
+        self._clock = clock
         self._texts: dict[str, str] = {}
+        self._failed: dict[str, tuple[float, str]] = {}  # hash -> (when, what was shown)
         self._referenced: Callable[[], Collection[str]] = frozenset
         self._scope: Collection[str] | None = None
 
@@ -83,12 +101,23 @@ class Previewer:
         blob_hash = self._ref(value)
         if blob_hash is None:
             return str(value)
-        if blob_hash not in self._texts:
-            self._texts[blob_hash] = self._peek(blob_hash)
-        return self._texts[blob_hash]
+        shown = self._texts.get(blob_hash)
+        if shown is not None:
+            return shown
+        failed = self._failed.get(blob_hash)
+        if failed is not None and self._clock() - failed[0] < RETRY_FAILED_S:
+            return failed[1]
+        try:
+            shown = self._texts[blob_hash] = self._peek(blob_hash)
+        except _Unshown as why:
+            self._failed[blob_hash] = (self._clock(), why.shown)
+            return why.shown
+        self._failed.pop(blob_hash, None)
+        return shown
 
     def _peek(self, blob_hash: str) -> str:
-        """The blob's first characters, or why there are none (never unverified bytes)."""
+        """The blob's first characters; ``_Unshown`` saying why there are none (never
+        unverified bytes)."""
         try:
             head = self._head(blob_hash)
         except BlobCorrupted as exc:
@@ -96,11 +125,11 @@ class Previewer:
                 "blob is corrupt; previewed as such",
                 extra={"blob_hash": blob_hash, "problem": str(exc)},
             )
-            return f"[corrupt blob {blob_hash[:12]}]"
+            raise _Unshown(f"[corrupt blob {blob_hash[:12]}]") from None
         except BlobNotFound:
-            return f"[missing blob {blob_hash[:12]}]"
+            raise _Unshown(f"[missing blob {blob_hash[:12]}]") from None
         except SessionStoreError:
-            return f"[unreadable blob {blob_hash[:12]}]"
+            raise _Unshown(f"[unreadable blob {blob_hash[:12]}]") from None
         peek = " ".join(head[:_PEEK_BYTES].decode("utf-8", errors="replace").split())
         return f"{peek[:TEXT_PEEK]}… [text {self._kb(blob_hash)}]"
 
