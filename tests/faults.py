@@ -26,6 +26,20 @@ def _note_event_insert(conn: Any, cursor: Any, statement: str, *args: Any) -> No
         conn.info["inserted_events"] = True
 
 
+if FAULT_DIR:
+    # PostgreSQL's append runs on the driver's cursor (core.journal.postgres.run_append),
+    # where SQLAlchemy's cursor events do not see it: it is noted here instead.
+    from core.journal import journal as _journal
+
+    _real_run_append = _journal.run_append
+
+    def _noting_run_append(conn: Any, *args: Any, **kwargs: Any) -> Any:
+        conn.info["inserted_events"] = True
+        return _real_run_append(conn, *args, **kwargs)
+
+    _journal.run_append = _noting_run_append  # type: ignore[assignment]
+
+
 @event.listens_for(Pool, "checkin")
 def _hang_once_after_commit(dbapi_connection: Any, record: Any) -> None:
     if not FAULT_DIR or record is None or not record.info.pop("inserted_events", False):

@@ -42,10 +42,10 @@ from core.errors import (
 )
 from core.journal import manifest
 from core.journal.postgres import (
-    PG_APPEND,
     PG_NEXT_POSITIONS,
     SQLITE_LAST_POSITION,
     WRITER_LOCK_KEY,
+    run_append,
     session_events,
 )
 from core.journal.sessions import MAX_READ_PAGE, SessionRows
@@ -260,8 +260,10 @@ class Journal(SessionRows):
             for i, ev in enumerate(events, start=1)
             for r in ev.refs
         ]
-        rows = conn.execute(
-            PG_APPEND[idempotency_key is not None, bool(refs)],
+        rows = run_append(
+            conn,
+            idempotency_key is not None,
+            bool(refs),
             {
                 "sid": session_id,
                 "n": len(events),
@@ -275,10 +277,10 @@ class Journal(SessionRows):
                 "lock_key": WRITER_LOCK_KEY,
                 "refs": exact_json.dumps(refs).decode() if refs else None,
             },
-        ).all()
+        )
         if not rows:
             return None
-        return rows[0].seq, [r.position for r in rows]
+        return rows[0][1], [position for position, _ in rows]
 
     def serialize_writers(self, conn: Connection) -> None:
         """Make positions commit in order: one event writer at a time, until its commit.

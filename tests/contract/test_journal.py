@@ -19,6 +19,8 @@ import pytest
 from sqlalchemy import event, func, select, text
 
 from core import ConcurrencyConflict, InvalidEvent, SessionNotFound, SessionStore, Settings
+from core.journal import journal as journal_module
+from core.journal.postgres import PG_APPEND
 from core.models import EventRow, WriteRow
 from tests.pi_support import FIXTURES
 
@@ -396,12 +398,24 @@ class JournalContract:
 
     # append-only (invariant 1) --------------------------------------------------------
 
-    def test_no_code_path_updates_or_deletes_single_events(self, store: SessionStore) -> None:
+    def test_no_code_path_updates_or_deletes_single_events(
+        self, store: SessionStore, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
         statements: list[str] = []
 
         @event.listens_for(store.engine, "before_cursor_execute")
         def _record(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
             statements.append(statement.upper())
+
+        # PostgreSQL's append runs on the driver's cursor, unseen by SQLAlchemy's events
+        appended: list[str] = []
+        real_run_append = journal_module.run_append
+
+        def _run_append(conn: Any, keyed: bool, refs: bool, params: Any) -> Any:
+            appended.append(PG_APPEND[keyed, refs].upper())
+            return real_run_append(conn, keyed, refs, params)
+
+        monkeypatch.setattr(journal_module, "run_append", _run_append)
 
         s = store.create_session(tenant_id="acme")
         store.append(s.id, [_msg(1)])
@@ -425,6 +439,9 @@ class JournalContract:
         store.stats()
         store.gc_blobs(apply=True, grace=0)
         store.expire_artifacts(apply=True)
+        if store.engine.dialect.name == "postgresql":
+            assert len(appended) >= 5  # the journal's appends, the import's too
+        statements += appended
         touching = [q for q in statements if ("UPDATE EVENTS" in q or "DELETE FROM EVENTS" in q)]
         assert touching == []
         # the one statement that deletes events takes a whole session's: no seq, no position

@@ -74,6 +74,39 @@ def test_database_stopped_gives_storage_unavailable(
     assert is_unavailable(info.value)
 
 
+@pytest.mark.parametrize("backend", ["postgres"])  # SQLite has no server to lose
+@pytest.mark.parametrize(("keyed", "blob"), [(False, False), (True, False), (True, True)])
+def test_connections_the_server_dropped_fail_one_append_and_are_not_used_again(
+    store: SessionStore, keyed: bool, blob: bool
+) -> None:
+    """The pool's connections lose their server processes (a restart, a failover, an idle
+    timeout): the append that finds one fails as StorageUnavailable and nothing lands; the
+    pool is then renewed, so the next append lands instead of finding the next dead one."""
+    import psycopg
+
+    sid = store.create_session(tenant_id="acme").id
+    with store.engine.connect() as a, store.engine.connect() as b:  # two pooled connections
+        a.execute(text("SELECT 1"))
+        b.execute(text("SELECT 1"))
+    store.append(sid, [{"type": "note", "n": 1}])
+    url = store.engine.url.set(drivername="postgresql").render_as_string(hide_password=False)
+    with psycopg.connect(url, autocommit=True) as admin:
+        gone = admin.execute(
+            "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity"
+            " WHERE datname = current_database() AND pid <> pg_backend_pid()"
+        ).fetchone()
+    assert gone is not None and gone[0] >= 2
+
+    key = {"idempotency_key": "k"} if keyed else {}
+    # a large string goes to the blob store: the append is then a transaction (its blob
+    # registered in it), not the one autocommit statement
+    big = {"out": "x" * (store.settings.inline_string_limit + 1)} if blob else {}
+    with pytest.raises(StorageUnavailable):
+        store.append(sid, [{"type": "note", "n": 2, **big}], **key)  # type: ignore[arg-type]
+    store.append(sid, [{"type": "note", "n": 3, **big}], **key)  # type: ignore[arg-type]
+    assert [e.payload["n"] for e in store.read(sid)] == [1, 3]
+
+
 @pytest.mark.parametrize(
     ("case", "kwargs"),
     [
