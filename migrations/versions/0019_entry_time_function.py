@@ -77,7 +77,9 @@ BEGIN
             RETURN NULL;
         END IF;
         micros := floor(exact::double precision * 1000.0);
-        IF micros BETWEEN -62135596800000000::bigint AND 253402300799999999::bigint THEN
+        -- bounds a double holds exactly (MAX_US is not one: as a double it is MAX_US + 1)
+        IF micros >= -62135596800000000::double precision
+           AND micros < 253402300800000000::double precision THEN
             RETURN micros::bigint;
         END IF;
         RETURN NULL;

@@ -206,6 +206,11 @@ CASES: list[tuple[Any, int | None]] = [
     (253_402_300_799_999, MAX_US - 999),
     (253_402_300_799_999.9, math.floor(253_402_300_799_999.9 * 1000.0)),
     (253_402_300_800_000, None),
+    # times 1000 these round (as doubles) to MAX_US + 1, one past the range: a bound of
+    # MAX_US converted to a double is that same value, so "<= MAX_US" let them in
+    (253_402_300_800_000.0, None),
+    (253_402_300_799_999.98, math.floor(253_402_300_799_999.98 * 1000.0)),  # the last below
+    (-62_135_596_800_000.0, MIN_US),
     (1e20, None),
     (1e308, None),
     (-1e308, None),
