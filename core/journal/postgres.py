@@ -120,6 +120,12 @@ def run_append(
         raise DBAPIError.instance(
             statement, params, exc, psycopg.Error, connection_invalidated=dropped
         ) from exc
+    except BaseException as exc:
+        if not isinstance(exc, Exception):
+            # An exit (SystemExit, KeyboardInterrupt) mid-statement leaves the connection in
+            # an unknown state: invalidated, as SQLAlchemy does (this one only).
+            conn.invalidate(exc)
+        raise
 
 
 _SESSION_EVENTS = (

@@ -58,6 +58,7 @@ from core.blobs.files import FileBlobStore, fanout_dirs
 from core.blobs.store import BlobStore, parse_blob_name
 from core.db import is_sqlite, read_connection, write_transaction
 from core.errors import StorageUnavailable, SymlinkRefused
+from core.fsio import path_text
 from core.journal.validation import check_limit, check_seconds
 from core.maintenance.runs import Progress
 from core.metrics import metrics
@@ -469,7 +470,8 @@ class BlobGc:
                 except FileNotFoundError:
                     continue
                 except (OSError, SymlinkRefused) as exc:
-                    self.report.error(f"temp file {f.path}: cannot remove: {exc}")
+                    # a name that is not UTF-8 as \xff: the report is stored as JSON text
+                    self.report.error(f"temp file {path_text(f.path)}: cannot remove: {exc}")
                     continue
             self.report.temp_files += 1
             self.report.temp_bytes += f.size or 0

@@ -16,6 +16,7 @@ from tasks.cli.common import (
     new_app,
     new_table,
     open_store,
+    plain,
     print_json,
 )
 
@@ -79,7 +80,7 @@ def _print_report(title: str, report: dict[str, Any], applied: bool) -> None:
             add_row(table, key, value)
     console.print(table)
     for line in report.get("errors", []):
-        err_console.print(f"error: {line}", markup=False, highlight=False, soft_wrap=True)
+        err_console.print(plain(f"error: {line}"), highlight=False, soft_wrap=True)
     if not applied:
         console.print("dry run: nothing was deleted; run again with --apply to delete")
 

@@ -154,6 +154,25 @@ def _temp_file(store: SessionStore, name: str, age: timedelta) -> Path:
     return path
 
 
+@FILE_ONLY  # a file name on disk
+def test_a_temp_file_that_cannot_go_is_reported_by_a_name_every_backend_stores(
+    gstore: SessionStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A stale temp file whose name is not UTF-8 (a planted one) and cannot be removed: the
+    report names it with the byte as ``\\xff`` (``path_text``), as JSON the run log can
+    store, not as the lone surrogate ``os.fsdecode`` reads it as."""
+    stale = _temp_file(gstore, os.fsdecode(b"odd\xff"), timedelta(seconds=TEMP_MIN_AGE_S + 60))
+
+    def refuse(root: Path, path: Path) -> None:
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr("core.maintenance.gc.nofollow.unlink", refuse)
+    report = gstore.gc_blobs(apply=True, grace=GRACE)
+    [error] = report.errors
+    assert ".tmp-odd\\xff.part: cannot remove" in error and stale.exists()
+    json.dumps(report.to_dict()).encode("utf-8")  # strict: no lone surrogate left
+
+
 def _state(store: SessionStore) -> tuple[set[tuple[str, str]], set[tuple[str, float, int]]]:
     """Every blob row and every file under the blob root, with what GC could change."""
     with store.engine.connect() as conn:

@@ -13,6 +13,7 @@ import sys
 from collections.abc import Callable, Iterator
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
 from sqlalchemy import text
@@ -105,6 +106,32 @@ def test_connections_the_server_dropped_fail_one_append_and_are_not_used_again(
         store.append(sid, [{"type": "note", "n": 2, **big}], **key)  # type: ignore[arg-type]
     store.append(sid, [{"type": "note", "n": 3, **big}], **key)  # type: ignore[arg-type]
     assert [e.payload["n"] for e in store.read(sid)] == [1, 3]
+
+
+@pytest.mark.parametrize("backend", ["postgres"])  # the driver-cursor append
+def test_an_exit_while_the_append_runs_closes_that_connection(
+    store: SessionStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A SystemExit (a signal handler's) raised while the append statement runs leaves its
+    connection in an unknown state: it is invalidated and closed, never pooled again, as
+    SQLAlchemy does with an exit it sees."""
+    import psycopg
+
+    sid = store.create_session(tenant_id="acme").id
+    used: list[Any] = []
+    real_execute = psycopg.Cursor.execute
+
+    def interrupted(self: Any, *args: Any, **kwargs: Any) -> Any:
+        used.append(self.connection)
+        raise SystemExit(1)
+
+    monkeypatch.setattr(psycopg.Cursor, "execute", interrupted)
+    with pytest.raises(SystemExit):
+        store.append(sid, [{"type": "note"}])
+    monkeypatch.setattr(psycopg.Cursor, "execute", real_execute)
+    assert len(used) == 1 and used[0].closed
+    store.append(sid, [{"type": "note"}])
+    assert store.get_session(sid).head_seq == 1
 
 
 @pytest.mark.parametrize(
