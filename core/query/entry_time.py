@@ -37,7 +37,6 @@ a row, the function about one). Inline SQL on PostgreSQL was 32 KB per query tha
 from __future__ import annotations
 
 from datetime import UTC, date, datetime, timedelta
-from functools import cache
 from typing import Any
 
 from sqlalchemy import (
@@ -75,13 +74,7 @@ def bound_us(when: datetime) -> int:
 def entry_us(engine: Engine) -> ColumnElement[Any]:
     """The payload's entry time (see the module) in whole epoch microseconds, a BIGINT; NULL
     when it has none. For a query over ``events``: it reads the row's payload."""
-    return _entry_us(is_sqlite(engine))
-
-
-@cache
-def _entry_us(sqlite: bool) -> ColumnElement[Any]:
-    """One expression per backend, reused (SQLAlchemy expressions are immutable)."""
-    return _sqlite_entry_us() if sqlite else _postgres_entry_us()
+    return _sqlite_entry_us() if is_sqlite(engine) else _postgres_entry_us()
 
 
 def _sqlite_entry_us() -> ColumnElement[Any]:
