@@ -8,7 +8,6 @@ only, so another tenant's content is never read (DESIGN invariant 9).
 
 from __future__ import annotations
 
-import base64
 import json
 import re
 from collections.abc import Callable
@@ -17,6 +16,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qsl, urlsplit
 
+import pybase64
 from sqlalchemy import Engine
 
 from core.artifacts import rows
@@ -248,9 +248,7 @@ class _Resolver:
         if encoding == "utf8":
             return _text(url, data.decode("utf-8", "replace"), "text/plain")
         note = f"binary content ({len(data)} bytes), base64-encoded"
-        return _text(
-            url, base64.b64encode(data).decode("ascii"), "application/octet-stream", [note]
-        )
+        return _text(url, pybase64.b64encode_as_string(data), "application/octet-stream", [note])
 
 
 def _reject_constant(name: str) -> Any:

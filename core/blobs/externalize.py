@@ -17,12 +17,13 @@ otherwise. Strings that merely look like refs anywhere else are ordinary strings
 
 from __future__ import annotations
 
-import base64
 import binascii
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
+
+import pybase64
 
 from core.blobs.store import (
     BLOB_REF_PREFIX,
@@ -203,31 +204,17 @@ class _Walker:
 def canonical_base64(text: str) -> bytes | None:
     """The decoded bytes, only if encoding them again gives back exactly ``text``.
 
-    Strict decoding (``validate=True``) already refuses every other alphabet, whitespace,
-    missing or misplaced padding; what it still accepts and encoding would change is a
-    length that is not the encoded length (extra padding) or a last character carrying
-    non-zero bits the padding leaves over. So the check looks at
-    that one character instead of encoding a screenshot's bytes again."""
+    That is the definition, checked as written: strict decoding (``validate=True``) refuses
+    other alphabets, whitespace and misplaced padding, and encoding again refuses what it
+    still lets through (extra padding, a last character with non-zero spare bits).
+    ``pybase64`` (SIMD) does both some 40 times faster than the standard library's
+    ``base64``; ``tests/unit/test_canonical_base64.py`` holds it to the standard library's
+    answer."""
     try:
-        raw = base64.b64decode(text, validate=True)
+        raw = pybase64.b64decode(text, validate=True)
     except (binascii.Error, ValueError):
         return None
-    if len(text) != 4 * ((len(raw) + 2) // 3):  # e.g. a stray "=" after whole quanta
-        return None
-    if text.endswith("=="):
-        spare = 0xF  # one byte in the last quantum: the low 4 bits of the 2nd character
-        last = text[-3]
-    elif text.endswith("="):
-        spare = 0x3  # two bytes: the low 2 bits of the 3rd character
-        last = text[-2]
-    else:
-        return raw
-    return raw if _B64_VALUE[last] & spare == 0 else None
-
-
-_B64_VALUE = {
-    c: i for i, c in enumerate("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/")
-}
+    return raw if pybase64.b64encode_as_string(raw) == text else None
 
 
 def _is_image_data_url(value: Any) -> bool:

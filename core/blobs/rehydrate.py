@@ -13,13 +13,14 @@ and logs session, seq and pointer; the read continues.
 
 from __future__ import annotations
 
-import base64
 import dataclasses
 import logging
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Literal
+
+import pybase64
 
 from core.blobs.externalize import parse_pointer
 from core.blobs.store import BLOB_REF_PREFIX, BlobStore
@@ -119,7 +120,7 @@ def _fetch_verified(blobs: BlobStore, entry: ManifestEntry, where: _Where) -> st
 
 def decode_value(data: bytes, encoding: BlobEncoding) -> str:
     if encoding == "base64":
-        return base64.b64encode(data).decode("ascii")
+        return pybase64.b64encode_as_string(data)
     return data.decode("utf-8")
 
 

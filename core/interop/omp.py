@@ -25,7 +25,6 @@ Artifacts are imported with their ids (``put_tool_output`` / ``put_agent_output`
 
 from __future__ import annotations
 
-import base64
 import hashlib
 import logging
 import os
@@ -34,6 +33,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
+
+import pybase64
 
 from core import nofollow
 from core.artifacts.inherited import read_artifact_file, read_own_file
@@ -154,7 +155,7 @@ class _BlobReader:
                 out[MISSING_KEY] = out["data"]
                 out["data"] = ""
             else:
-                out["data"] = base64.b64encode(data).decode("ascii")
+                out["data"] = pybase64.b64encode_as_string(data)
         return out
 
 
