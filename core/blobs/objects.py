@@ -151,6 +151,8 @@ def storage_call(component: str, call: Callable[[], _T]) -> _T:
 
 
 class ObjectBlobStore(BlobStore):
+    read_ahead = 8  # a GET is a round trip: overlapping them is the whole gain
+
     def __init__(self, store: S3Store, index: BlobIndex, *, gzip_level: int = 6) -> None:
         super().__init__(index, gzip_level=gzip_level)
         self.store = store

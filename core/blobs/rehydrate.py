@@ -15,9 +15,12 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 import threading
 from collections import OrderedDict
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor, wait
+from contextlib import contextmanager
 from typing import Any, Literal
 
 import pybase64
@@ -78,22 +81,109 @@ class VerifiedValues:
                 _, dropped = self._values.popitem(last=True)
                 self._chars -= len(dropped)
 
+    def __contains__(self, key: tuple[str, BlobEncoding]) -> bool:
+        with self._lock:
+            return key in self._values
+
+
+READ_AHEAD_THREADS = 8
+"""The process's blob-read threads, shared by every rehydration (each keeps at most its
+store's ``read_ahead`` reads in flight)."""
+
+
+class _ReadAhead:
+    """``BlobStore.get`` of the blobs an exact rehydration will ask for, in that order,
+    started in the shared thread pool up to ``window`` ahead of the one being decoded.
+
+    For a store whose read is a round trip (S3: ``read_ahead``), the waits overlap each
+    other and the decoding instead of queueing one after another. At most ``window`` read
+    blobs wait at a time. ``get`` raises what ``BlobStore.get`` raises; a blob asked for out
+    of order, or again, is read in the caller's thread; ``close`` leaves no read running."""
+
+    def __init__(self, get: Callable[[str], bytes], hashes: Sequence[str], window: int) -> None:
+        self._get = get
+        self._hashes = hashes
+        self._order = {h: i for i, h in enumerate(hashes)}
+        self._next = 0  # the index of the next hash to start
+        self._window = window
+        self._pending: dict[str, Future[bytes]] = {}  # started, not yet asked for
+        self._skipped: list[Future[bytes]] = []  # passed over: only waited for by close
+
+    def get(self, blob_hash: str) -> bytes:
+        index = self._order.get(blob_hash)
+        if index is not None:
+            # The caller passed the reads before this one (a cached value, a bad pointer):
+            # they leave the window, and what was not started yet never is.
+            for passed in [h for h in self._pending if self._order[h] < index]:
+                self._skip(self._pending.pop(passed))
+            self._next = max(self._next, index)
+            self._top_up()
+        future = self._pending.pop(blob_hash, None)
+        self._top_up()
+        return future.result() if future is not None else self._get(blob_hash)
+
+    def _skip(self, future: Future[bytes]) -> None:
+        if not future.cancel():
+            self._skipped.append(future)
+
+    def _top_up(self) -> None:
+        """Start reads in order while fewer than ``window`` run: those waiting here and the
+        one the caller is about to wait for (or read itself)."""
+        while self._next < len(self._hashes) and len(self._pending) < self._window - 1:
+            blob_hash = self._hashes[self._next]
+            self._next += 1
+            self._pending[blob_hash] = _pool().submit(self._get, blob_hash)
+
+    def close(self) -> None:
+        for future in self._pending.values():
+            self._skip(future)
+        self._pending.clear()
+        wait(self._skipped)
+        self._skipped.clear()
+
+
+_POOL: ThreadPoolExecutor | None = None
+_POOL_LOCK = threading.Lock()
+
+
+def _pool() -> ThreadPoolExecutor:
+    """The process's blob-read threads, created on first use (after a fork: anew)."""
+    global _POOL
+    with _POOL_LOCK:
+        if _POOL is None:
+            _POOL = ThreadPoolExecutor(
+                max_workers=READ_AHEAD_THREADS, thread_name_prefix="blob-read"
+            )
+        return _POOL
+
+
+def _forget_pool() -> None:
+    global _POOL, _POOL_LOCK
+    _POOL, _POOL_LOCK = None, threading.Lock()  # a forked child has none of the threads
+
+
+os.register_at_fork(after_in_child=_forget_pool)
+
 
 def _fetch(
-    blobs: BlobStore, entry: ManifestEntry, where: _Where, verified: VerifiedValues | None
+    blobs: BlobStore,
+    entry: ManifestEntry,
+    where: _Where,
+    verified: VerifiedValues | None,
+    ahead: _ReadAhead | None = None,
 ) -> str | None:
     """The original string, or None (logged) when the blob cannot give it back."""
     key = (entry.hash, entry.encoding)
     cached = verified.get(key) if verified is not None else None
     if cached is not None:
         return cached
-    value = _fetch_verified(blobs, entry, where)
+    value = _fetch_verified(ahead.get if ahead is not None else blobs.get, entry, where)
     if value is not None and verified is not None:
         verified.put(key, value)
     return value
 
 
-def _fetch_verified(blobs: BlobStore, entry: ManifestEntry, where: _Where) -> str | None:
+def _fetch_verified(get: Callable[[str], bytes], entry: ManifestEntry, where: _Where) -> str | None:
     extra = {
         "session_id": where.session_id,
         "seq": where.seq,
@@ -101,7 +191,7 @@ def _fetch_verified(blobs: BlobStore, entry: ManifestEntry, where: _Where) -> st
         "blob_hash": entry.hash,
     }
     try:
-        data = blobs.get(entry.hash)
+        data = get(entry.hash)
     except BlobNotFound:
         log.warning("blob missing on rehydrate; keeping the ref", extra=extra)
         metrics().rehydrate_misses.labels("missing").inc()
@@ -204,7 +294,8 @@ class Rehydrator:
     """Resolves manifest entries against one blob store, with its cache of verified values.
 
     ``on_read``, if given, is called after each value an exact rehydration resolves (read,
-    cached or left a ref): a long build's sign of progress (``core.interop.rehydrated``)."""
+    cached or left a ref): a long build's sign of progress (``core.interop.rehydrated``).
+    ``read_ahead``: reads kept in flight (``_ReadAhead``); by default the store's own."""
 
     def __init__(
         self,
@@ -212,10 +303,12 @@ class Rehydrator:
         *,
         verified: VerifiedValues | None = None,
         on_read: Callable[[], None] | None = None,
+        read_ahead: int | None = None,
     ) -> None:
         self.blobs = blobs
         self.verified = verified if verified is not None else VerifiedValues()
         self.on_read = on_read
+        self.read_ahead = blobs.read_ahead if read_ahead is None else read_ahead
 
     def read(
         self, journal: Journal, events: Sequence[StoredEvent], *, lazy: bool = False
@@ -246,14 +339,40 @@ class Rehydrator:
     ) -> list[StoredEvent]:
         cache: dict[tuple[str, BlobEncoding], str] = {}
         out: list[StoredEvent] = []
-        for event in events:
-            entries = manifest.get(event.position, ())
-            if not entries:
-                out.append(event)
-                continue
-            payload = self.payload(event, entries, lazy=lazy, cache=cache)
-            out.append(dataclasses.replace(event, payload=payload))
+        with self._reading_ahead(events, manifest, lazy=lazy) as ahead:
+            for event in events:
+                entries = manifest.get(event.position, ())
+                if not entries:
+                    out.append(event)
+                    continue
+                payload = self.payload(event, entries, lazy=lazy, cache=cache, ahead=ahead)
+                out.append(dataclasses.replace(event, payload=payload))
         return out
+
+    @contextmanager
+    def _reading_ahead(
+        self,
+        events: Sequence[StoredEvent],
+        manifest: Mapping[int, Sequence[ManifestEntry]],
+        *,
+        lazy: bool,
+    ) -> Iterator[_ReadAhead | None]:
+        """A ``_ReadAhead`` of the blobs this exact rehydration will read (None: lazy, or
+        fewer than two to read)."""
+        hashes: dict[str, None] = {}
+        if not lazy and self.read_ahead > 1:
+            for event in events:
+                for entry in manifest.get(event.position, ()):
+                    if (entry.hash, entry.encoding) not in self.verified:
+                        hashes.setdefault(entry.hash)
+        if len(hashes) < 2:
+            yield None
+            return
+        ahead = _ReadAhead(self.blobs.get, list(hashes), self.read_ahead)
+        try:
+            yield ahead
+        finally:
+            ahead.close()
 
     def payload(
         self,
@@ -262,6 +381,7 @@ class Rehydrator:
         *,
         lazy: bool = False,
         cache: dict[tuple[str, BlobEncoding], str] | None = None,
+        ahead: _ReadAhead | None = None,
     ) -> dict[str, Any]:
         """A rehydrated copy of ``event.payload`` (the stored one is never modified).
 
@@ -285,7 +405,10 @@ class Rehydrator:
                 continue
             key = (entry.hash, entry.encoding)
             # Failures are not cached, so every pointer to a missing blob gets its warning.
-            value = cache[key] if key in cache else _fetch(self.blobs, entry, where, self.verified)
+            if key in cache:
+                value: str | None = cache[key]
+            else:
+                value = _fetch(self.blobs, entry, where, self.verified, ahead)
             if self.on_read is not None:
                 self.on_read()
             if value is not None:

@@ -386,6 +386,11 @@ def _upsert_statement(engine: Engine) -> Any:
 class BlobStore(ABC):
     """Content-addressed bytes. Subclasses supply the storage primitives only."""
 
+    read_ahead = 1
+    """``get`` calls worth running at once when many blobs are wanted (an exact rehydration:
+    ``core.blobs.rehydrate``). One here: a read from local files is mostly the GIL's work,
+    and threads made a session's rehydration slower, not faster (bench/RESULTS.md)."""
+
     def __init__(self, index: BlobIndex, *, gzip_level: int = DEFAULT_GZIP_LEVEL) -> None:
         self.index = index
         self.gzip_level = gzip_level
