@@ -96,9 +96,12 @@ class _ReadAhead:
     started in the shared thread pool up to ``window`` ahead of the one being decoded.
 
     For a store whose read is a round trip (S3: ``read_ahead``), the waits overlap each
-    other and the decoding instead of queueing one after another. At most ``window`` read
-    blobs wait at a time. ``get`` raises what ``BlobStore.get`` raises; a blob asked for out
-    of order, or again, is read in the caller's thread; ``close`` leaves no read running."""
+    other and the decoding instead of queueing one after another. At most ``window`` reads
+    run for one rehydration, and as many read blobs wait at most. ``get`` raises what
+    ``BlobStore.get`` raises. A blob whose read has not started (asked for out of order,
+    again, or queued behind other rehydrations' reads in the shared pool) is read in the
+    caller's thread, so no read waits longer than reading one at a time would. ``close``
+    leaves no read running, whatever interrupted the caller."""
 
     def __init__(self, get: Callable[[str], bytes], hashes: Sequence[str], window: int) -> None:
         self._get = get
@@ -107,32 +110,46 @@ class _ReadAhead:
         self._next = 0  # the index of the next hash to start
         self._window = window
         self._pending: dict[str, Future[bytes]] = {}  # started, not yet asked for
-        self._skipped: list[Future[bytes]] = []  # passed over: only waited for by close
+        self._skipped: list[Future[bytes]] = []  # passed over while running: still counted
 
     def get(self, blob_hash: str) -> bytes:
         index = self._order.get(blob_hash)
         if index is not None:
             # The caller passed the reads before this one (a cached value, a bad pointer):
-            # they leave the window, and what was not started yet never is.
+            # they leave the window, and what was not started yet never is; this one, if
+            # not started yet, the caller reads itself.
             for passed in [h for h in self._pending if self._order[h] < index]:
                 self._skip(self._pending.pop(passed))
-            self._next = max(self._next, index)
-            self._top_up()
+            self._next = max(self._next, index + 1)
         future = self._pending.pop(blob_hash, None)
         self._top_up()
-        return future.result() if future is not None else self._get(blob_hash)
+        if future is None or future.cancel():
+            return self._get(blob_hash)
+        try:
+            return future.result()
+        except BaseException:
+            self._skip(future)  # a time limit or an interrupt raised here while it waits
+            raise
 
     def _skip(self, future: Future[bytes]) -> None:
-        if not future.cancel():
+        if not future.cancel() and not future.done():
             self._skipped.append(future)
 
     def _top_up(self) -> None:
-        """Start reads in order while fewer than ``window`` run: those waiting here and the
-        one the caller is about to wait for (or read itself)."""
-        while self._next < len(self._hashes) and len(self._pending) < self._window - 1:
-            blob_hash = self._hashes[self._next]
-            self._next += 1
-            self._pending[blob_hash] = _pool().submit(self._get, blob_hash)
+        """Start reads in order while fewer than ``window`` run: those started here (and
+        passed over, still running) and the one the caller is about to wait for or read."""
+        self._skipped = [f for f in self._skipped if not f.done()]
+        try:
+            while (
+                self._next < len(self._hashes)
+                and len(self._pending) + len(self._skipped) < self._window - 1
+            ):
+                blob_hash = self._hashes[self._next]
+                self._next += 1
+                self._pending[blob_hash] = _pool().submit(self._get, blob_hash)
+        except RuntimeError:  # no thread to be had, or the interpreter is exiting
+            log.warning("blob read-ahead unavailable; reading one at a time", exc_info=True)
+            self._next = len(self._hashes)
 
     def close(self) -> None:
         for future in self._pending.values():

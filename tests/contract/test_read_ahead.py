@@ -15,6 +15,7 @@ import multiprocessing
 import threading
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +23,7 @@ import obstore
 import pytest
 
 from core import SessionStore, Settings
+from core.blobs import rehydrate
 from core.blobs.objects import ObjectBlobStore
 from core.blobs.rehydrate import READ_AHEAD_THREADS, Rehydrator, _ReadAhead
 from core.blobs.store import make_ref, sha256_hex
@@ -250,3 +252,126 @@ def test_a_forked_process_reads_ahead_with_threads_of_its_own() -> None:
         if child.is_alive():
             child.kill()
     assert child.exitcode == 0
+
+
+class PerHash:
+    """A ``get`` whose call for each hash waits for that hash's release; counts the calls
+    running at once."""
+
+    def __init__(self) -> None:
+        self.released: dict[str, threading.Event] = {}
+        self.started: list[str] = []
+        self.lock = threading.Lock()
+        self.now = 0
+        self.most = 0
+
+    def gate(self, blob_hash: str) -> threading.Event:
+        with self.lock:
+            return self.released.setdefault(blob_hash, threading.Event())
+
+    def release(self, *hashes: str) -> None:
+        for h in hashes:
+            self.gate(h).set()
+
+    def release_all(self) -> None:
+        with self.lock:
+            gates = list(self.released.values())
+        for gate in gates:
+            gate.set()
+
+    def __call__(self, blob_hash: str) -> bytes:
+        with self.lock:
+            self.started.append(blob_hash)
+            self.now += 1
+            self.most = max(self.most, self.now)
+        try:
+            assert self.gate(blob_hash).wait(10)
+            return blob_hash.encode()
+        finally:
+            with self.lock:
+                self.now -= 1
+
+
+def test_reads_passed_over_while_running_still_count_against_the_window() -> None:
+    reads = PerHash()
+    ahead = _ReadAhead(reads, [f"h{i}" for i in range(10)], window=3)
+    got: list[bytes] = []
+    caller = threading.Thread(target=lambda: got.extend([ahead.get("h0"), ahead.get("h5")]))
+    caller.start()
+    try:
+        _until(lambda: {"h0", "h1", "h2"} <= set(reads.started))
+        reads.release("h0")  # the caller goes on to h5, passing h1 and h2, still running
+        _until(lambda: "h5" in reads.started)
+        time.sleep(0.05)  # room for more reads, were they started
+        assert reads.most <= 3, reads.started
+    finally:
+        reads.release_all()
+        caller.join(10)
+    ahead.close()
+    assert got == [b"h0", b"h5"]
+    assert reads.now == 0
+
+
+class Interrupt(BaseException):
+    """What a Celery soft time limit or a ^C raises in the thread that waits."""
+
+
+def test_an_interrupt_while_waiting_leaves_no_read_running(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    reads = PerHash()
+    ahead = _ReadAhead(reads, ["h0", "h1", "h2", "h3"], window=4)
+    reads.release("h0")
+    assert ahead.get("h0") == b"h0"  # read by the caller; h1-h3 started in the pool
+    _until(lambda: {"h1", "h2", "h3"} <= set(reads.started))
+
+    def interrupted(self: Future[bytes], timeout: float | None = None) -> bytes:
+        raise Interrupt
+
+    monkeypatch.setattr(Future, "result", interrupted)
+    with pytest.raises(Interrupt):
+        ahead.get("h1")
+    monkeypatch.undo()
+    threading.Timer(0.3, reads.release, args=("h2", "h3")).start()
+    threading.Timer(0.6, reads.release, args=("h1",)).start()  # the interrupted one, last
+    ahead.close()
+    assert reads.now == 0  # close waited for h1 as well
+
+
+def test_a_read_queued_behind_other_rehydrations_is_done_by_its_caller() -> None:
+    """The pool is shared: a small rehydration never waits behind a big one's reads."""
+    reads = PerHash()
+    big = _ReadAhead(reads, [f"b{i}" for i in range(READ_AHEAD_THREADS + 1)], window=99)
+    big_caller = threading.Thread(target=big.get, args=("b0",))
+    big_caller.start()  # b0 in that thread, b1-b8 hold every thread of the pool
+    small = _ReadAhead(lambda h: h.encode(), ["q0", "q1", "q2"], window=3)
+    got: list[bytes] = []
+    small_caller = threading.Thread(target=lambda: got.extend(small.get(h) for h in small._hashes))
+    try:
+        _until(lambda: len(reads.started) == READ_AHEAD_THREADS + 1)
+        small_caller.start()
+        small_caller.join(5)
+        assert not small_caller.is_alive(), "the small read waited for the big one's"
+        assert got == [b"q0", b"q1", b"q2"]
+    finally:
+        reads.release_all()
+        big_caller.join(10)
+        small_caller.join(10)
+    small.close()
+    big.close()
+
+
+def test_without_threads_it_reads_one_at_a_time(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    class NoThreads:
+        def submit(self, *args: Any) -> Future[bytes]:
+            raise RuntimeError("can't start new thread")
+
+    monkeypatch.setattr(rehydrate, "_pool", NoThreads)
+    hashes = [f"h{i}" for i in range(5)]
+    ahead = _ReadAhead(lambda h: h.encode(), hashes, window=4)
+    with caplog.at_level(logging.WARNING, logger="core.blobs.rehydrate"):
+        assert [ahead.get(h) for h in hashes] == [h.encode() for h in hashes]
+    ahead.close()
+    assert "read-ahead unavailable" in caplog.text
