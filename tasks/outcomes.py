@@ -13,6 +13,7 @@ from typing import Any
 from celery import Celery, states
 
 from core.journal.dead_letters import DeadLetter
+from core.records import AppendResult
 
 APPEND_TASK = "sessionstore.append"
 _PREFIX = "ssw-"
@@ -28,11 +29,27 @@ def write_task_id(session_id: str, idempotency_key: str) -> str:
 
 
 def stored_outcome(app: Celery, session_id: str, idempotency_key: str) -> dict[str, Any] | None:
-    """The outcome the worker stored for (session, key), or None while it has none."""
-    meta = app.backend.get_task_meta(write_task_id(session_id, idempotency_key))
+    """The outcome stored for (session, key) now, or None while it has none (read afresh:
+    the backend's cache would keep answering with an outcome since replaced)."""
+    meta = app.backend.get_task_meta(write_task_id(session_id, idempotency_key), cache=False)
     if meta["status"] == states.SUCCESS and isinstance(meta["result"], dict):
         return meta["result"]
     return None
+
+
+def committed(idempotency_key: str, result: AppendResult) -> dict[str, Any]:
+    """The outcome document of a write that committed (or was answered as a replay)."""
+    return {"status": "ok", "idempotency_key": idempotency_key, **result.to_dict()}
+
+
+def store_outcome(
+    app: Celery, session_id: str, idempotency_key: str, outcome: dict[str, Any]
+) -> None:
+    """Record ``outcome`` as the answer for (session, key), where producers look it up, in
+    place of any before it (Celery's backends ignore a result stored over a SUCCESS)."""
+    task_id = write_task_id(session_id, idempotency_key)
+    app.backend.forget(task_id)
+    app.backend.store_result(task_id, outcome, states.SUCCESS)
 
 
 def dead_lettered(letter: DeadLetter) -> dict[str, Any]:

@@ -8,6 +8,7 @@ the same (session, key), those without an outcome after a timeout; the journal d
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 import uuid
@@ -15,15 +16,19 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from celery import Celery, states
+from celery.exceptions import TimeLimitExceeded
 from celery.result import AsyncResult
 
-from core.errors import WriteRejected
+from core.errors import StorageUnavailable, WriteRejected
 from core.journal.validation import check_write
 from core.records import AppendResult
 from core.settings import Settings
+from core.translate import storage_errors
 from tasks.app import QUEUE, get_app, settings_of
 from tasks.outcomes import APPEND_TASK, write_task_id
 from tasks.results import QueueTimeout
+
+logger = logging.getLogger(__name__)
 
 __all__ = ["APPEND_TASK", "AppendHandle", "Producer", "WriteRejected", "enqueue_append"]
 
@@ -67,7 +72,8 @@ class AppendHandle:
 
     def outcome(self) -> dict[str, Any] | None:
         """The stored outcome (committed or dead-lettered), or None while there is none."""
-        meta = self.result.backend.get_task_meta(self.task_id)
+        with storage_errors("broker"):
+            meta = self.result.backend.get_task_meta(self.task_id)
         if meta["status"] == states.SUCCESS and isinstance(meta["result"], dict):
             return meta["result"]
         return None
@@ -84,13 +90,18 @@ class AppendHandle:
         deadline = None if timeout is None else time.monotonic() + timeout
         delay = 0.005
         while True:
-            meta = backend.get_task_meta(self.task_id)
+            with storage_errors("broker"):
+                meta = backend.get_task_meta(self.task_id)
             state = meta["status"]
             if state == states.SUCCESS:
                 outcome: dict[str, Any] = meta["result"]
                 return outcome
             if state in states.PROPAGATE_STATES:
-                raise backend.exception_to_python(meta["result"])
+                exc = backend.exception_to_python(meta["result"])
+                # A run killed at the hard time limit is recorded as a FAILURE, and its
+                # message goes back to the queue (task_acks_on_timeout off): not an outcome.
+                if not isinstance(exc, TimeLimitExceeded):
+                    raise exc
             if deadline is not None and time.monotonic() >= deadline:
                 raise QueueTimeout(
                     f"write {self.idempotency_key} not finished after {timeout}s (state {state})"
@@ -156,11 +167,26 @@ def enqueue_append(
     def send() -> AsyncResult:
         # enqueued_at: the worker's queue-lag metric (enqueue to commit)
         headers = {"enqueued_at": time.time()}
-        return app.send_task(
-            APPEND_TASK, kwargs=kwargs, task_id=task_id, queue=QUEUE, headers=headers
-        )
+        _forget_outcome(app, task_id)
+        with storage_errors("broker"):
+            return app.send_task(
+                APPEND_TASK, kwargs=kwargs, task_id=task_id, queue=QUEUE, headers=headers
+            )
 
     return AppendHandle(send(), session_id, key, send)
+
+
+def _forget_outcome(app: Celery, task_id: str) -> None:
+    """Drop the outcome stored under this (session, key) before: it is not this send's. A
+    rejection (a stale expected_seq, a dead letter since replayed) would answer for a write
+    that then commits; a send of a write that already committed is answered again, as a
+    replay. Best effort: with the backend away (the publish that follows retries for a
+    while; this does not) or unable to forget (rpc://), the old answer stays, as before."""
+    try:
+        with storage_errors("broker"):
+            app.backend.forget(task_id)
+    except (StorageUnavailable, NotImplementedError) as exc:
+        logger.warning("could not clear a write's earlier outcome", extra={"error": repr(exc)})
 
 
 class Producer:

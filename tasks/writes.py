@@ -19,7 +19,7 @@ from celery.exceptions import Reject
 
 from core.metrics import metrics
 from tasks.app import sessionstore_task, settings_of
-from tasks.outcomes import APPEND_TASK, dead_lettered, write_task_id
+from tasks.outcomes import APPEND_TASK, committed, dead_lettered, write_task_id
 from tasks.producer import validate_write
 from tasks.retry import backoff_seconds, is_transient
 from tasks.runtime import store_for
@@ -48,7 +48,7 @@ def append(
             _retry_later(self, "transient failure, retrying write", exc)
         outcome = _dead_letter(self, key, session_id, events, expected_seq, exc)
     else:
-        outcome = {"status": "ok", "idempotency_key": key, **result.to_dict()}
+        outcome = committed(key, result)
         _observe_commit(self, result.replayed)
     _store_under_write_id(self, outcome)
     return outcome

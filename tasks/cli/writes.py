@@ -16,9 +16,11 @@ from tasks.cli.common import (
     JsonOption,
     add_row,
     console,
+    err_console,
     id_table,
     new_app,
     open_store,
+    plain,
     print_fields,
     print_json,
     print_table,
@@ -162,7 +164,7 @@ def dead_show(letter_id: int, as_json: bool = JsonOption) -> None:
         return
     print_fields(letter.to_dict())
     console.print("[bold]events[/]:")
-    console.print_json(letter.payload)
+    console.print_json(letter.payload, ensure_ascii=True)  # a lone surrogate stays escaped
 
 
 @dead_app.command("export")
@@ -222,15 +224,31 @@ def dead_replay(
     elif expected_seq is not None:
         override = expected_seq
     with open_store() as store:
+        letter = store.dead_letters.get(letter_id)
         result = store.dead_letters.replay(
             letter_id, store.append, events=events, expected_seq=override
         )
+    _answer_producers(letter.session_id, letter.idempotency_key, result)
     if as_json:
         print_json(result.to_dict())
     else:
         console.print(
             f"replayed dead letter {letter_id}: seq {result.first_seq}..{result.last_seq}"
         )
+
+
+def _answer_producers(session_id: Any, key: Any, result: AppendResult) -> None:
+    """A producer looking up (session, key) learns that the write committed, no longer the
+    rejection stored when it was dead-lettered. Best effort: the journal has the write."""
+    if not isinstance(session_id, str) or not isinstance(key, str):
+        return
+    from tasks.app import get_app
+    from tasks.outcomes import committed, store_outcome
+
+    try:
+        store_outcome(get_app(), session_id, key, committed(key, result))
+    except Exception as exc:  # the result backend away: only the lookup is stale
+        err_console.print(plain(f"warning: could not record the outcome for producers: {exc}"))
 
 
 def _load_fixed(path: Path) -> list[Any]:

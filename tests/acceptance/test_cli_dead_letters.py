@@ -78,3 +78,43 @@ def test_replay_at_an_explicit_head(tmp_path: Path) -> None:
     )
     assert replayed.returncode == 0, replayed.stderr
     assert json.loads(replayed.stdout)["last_seq"] == 3
+
+
+def test_show_prints_a_letter_holding_a_lone_surrogate(tmp_path: Path) -> None:
+    """The letters kept are the writes that could not be stored, lone surrogates included:
+    the human view shows them escaped, as --json does, instead of failing to encode them."""
+    data_dir = tmp_path / "data"
+    assert run(data_dir, "db", "upgrade").returncode == 0
+    with SessionStore.from_settings(Settings(data_dir=data_dir)) as store:
+        sid = store.create_session(tenant_id="acme").id
+        letter = store.dead_letters.record(
+            idempotency_key="k",
+            session_id=sid,
+            events=[{"type": "n", "text": "a\ud800b"}],
+            expected_seq=None,
+            error=ValueError("lone surrogate"),
+        )
+    shown = run(data_dir, "dead-letters", "show", str(letter.id))
+    assert shown.returncode == 0, shown.stderr
+    assert "a\\ud800b" in shown.stdout
+
+
+def test_replay_answers_producers_looking_the_write_up(tmp_path: Path) -> None:
+    """After a replay, the outcome stored for (session, key) says committed, no longer the
+    rejection a producer was given when the write was dead-lettered."""
+    from tasks.app import create_app
+    from tasks.outcomes import dead_lettered, store_outcome, stored_outcome
+
+    data_dir = tmp_path / "data"
+    assert run(data_dir, "db", "upgrade").returncode == 0
+    sid, letter_id = _letter(data_dir)
+    app = create_app(Settings(data_dir=data_dir))
+    key = "conflicted-write-key-that-is-long-" + "x" * 40
+    with SessionStore.from_settings(Settings(data_dir=data_dir)) as store:
+        store_outcome(app, sid, key, dead_lettered(store.dead_letters.get(letter_id)))
+    rejected = stored_outcome(app, sid, key)
+    assert rejected is not None and rejected["status"] == "dead_lettered"
+    done = run(data_dir, "dead-letters", "replay", str(letter_id), "--no-expected-seq")
+    assert done.returncode == 0, done.stderr
+    outcome = stored_outcome(app, sid, key)
+    assert outcome is not None and outcome["status"] == "ok" and outcome["last_seq"] == 3

@@ -1,0 +1,169 @@
+"""The queue under Celery's time limits, and a producer's answers (invariants 8 and 10).
+
+A prefork worker (time limits need one) with the visibility timeout at 10 s: a soft limit
+of 4 s, a hard limit of 5 s. A write held up past a limit is not lost and not rejected:
+cut short at the soft limit it is retried; killed at the hard limit (stuck in C, where the
+soft one cannot reach it) its message goes back to the queue instead of being acked with
+a FAILURE, Celery's default. And what a producer is answered is this send's outcome.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+from celery import Celery
+
+from core import SessionStore, Settings
+from core.errors import StorageUnavailable
+from core.migrate import upgrade
+from tasks import WriteRejected, enqueue_append
+from tasks.app import celery_config, create_app
+from tasks.outcomes import stored_outcome
+from tests.support import WorkerProcess, settings_env, thread_worker
+
+pytestmark = [pytest.mark.redis]
+
+VISIBILITY = 10
+
+
+def _event(marker: str) -> dict[str, Any]:
+    return {"type": "message", "marker": marker, "message": {"role": "user", "content": marker}}
+
+
+def _markers(store: SessionStore, session_id: str) -> list[str]:
+    return [e.payload["marker"] for e in store.read(session_id)]
+
+
+@pytest.fixture
+def limited(redis_url: str, tmp_path: Path) -> Iterator[tuple[Settings, Path]]:
+    """Settings with the time limits at 4 s (soft) and 5 s (hard), and the test's directory."""
+    settings = Settings(
+        data_dir=tmp_path / "data",
+        broker_url=redis_url,
+        result_backend=redis_url,
+        task_visibility_timeout=VISIBILITY,
+    )
+    config = celery_config(settings)
+    assert (config["task_soft_time_limit"], config["task_time_limit"]) == (4, 5)
+    yield settings, tmp_path
+
+
+def _worker(settings: Settings, database_url: str, tmp_path: Path) -> WorkerProcess:
+    env = settings_env(
+        database_url=database_url,
+        broker_url=str(settings.broker_url),
+        data_dir=tmp_path / "w",
+        visibility_timeout=VISIBILITY,
+    )
+    return WorkerProcess(env, tmp_path / "worker.log", concurrency=1)
+
+
+def _warm(app: Celery, session_id: str) -> None:
+    """A first write, so the worker's pool process has its store open."""
+    enqueue_append(session_id, [_event("warm")], app=app).get(timeout=60)
+
+
+def test_a_write_killed_at_the_hard_limit_is_requeued_not_lost(
+    limited: tuple[Settings, Path],
+) -> None:
+    settings, tmp_path = limited
+    database = tmp_path / "journal.db"
+    url = f"sqlite:///{database}"
+    upgrade(url)
+    settings = settings.with_overrides(database_url=url)
+    app = create_app(settings)
+    worker = _worker(settings, url, tmp_path)
+    with SessionStore.from_settings(settings) as store:
+        sid = store.create_session(tenant_id="acme").id
+        try:
+            _warm(app, sid)
+            # SQLite's busy wait is in C: the soft limit's signal waits for it, and the hard
+            # limit kills the pool process at 5 s, mid-write.
+            lock = sqlite3.connect(database, isolation_level=None)
+            lock.execute("BEGIN IMMEDIATE")
+            handle = enqueue_append(sid, [_event("held")], idempotency_key="k-held", app=app)
+            time.sleep(7.5)
+            lock.execute("ROLLBACK")
+            lock.close()
+            result = handle.get(timeout=60)  # the FAILURE stored at the kill is not an answer
+            assert (result.first_seq, result.last_seq) == (2, 2)
+        finally:
+            worker.stop()
+        assert "Hard time limit" in (tmp_path / "worker.log").read_text()
+        assert _markers(store, sid) == ["warm", "held"]
+        assert store.dead_letters.count() == 0
+
+
+@pytest.mark.postgres
+def test_a_write_cut_short_by_the_soft_limit_is_retried_not_rejected(
+    limited: tuple[Settings, Path], pg_url: str
+) -> None:
+    settings, tmp_path = limited
+    settings = settings.with_overrides(database_url=pg_url)
+    app = create_app(settings)
+    worker = _worker(settings, pg_url, tmp_path)
+    with SessionStore.from_settings(settings) as store:
+        sid = store.create_session(tenant_id="acme").id
+        try:
+            _warm(app, sid)
+            plain_url = pg_url.replace("postgresql+psycopg://", "postgresql://", 1)
+            with psycopg.connect(plain_url) as lock:
+                lock.execute("LOCK TABLE events IN EXCLUSIVE MODE")  # appends wait (in Python)
+                handle = enqueue_append(sid, [_event("held")], idempotency_key="k-soft", app=app)
+                time.sleep(5.5)  # past the soft limit, and the retry waits again
+            result = handle.get(timeout=60)
+            assert (result.first_seq, result.last_seq) == (2, 2)
+            # the pool process's connection, interrupted mid-statement, was not reused stuck
+            after = enqueue_append(sid, [_event("after")], app=app).get(timeout=60)
+            assert after.last_seq == 3
+        finally:
+            worker.stop()
+        log = (tmp_path / "worker.log").read_text()
+        assert "Soft time limit" in log and "transient failure, retrying write" in log
+        assert _markers(store, sid) == ["warm", "held", "after"]
+        assert store.dead_letters.count() == 0
+
+
+@pytest.mark.postgres
+def test_a_send_is_answered_with_its_own_outcome(queue_settings: Settings) -> None:
+    app = create_app(queue_settings)
+    with SessionStore.from_settings(queue_settings) as store, thread_worker(app, concurrency=1):
+        sid = store.create_session(tenant_id="acme").id
+        with pytest.raises(WriteRejected):  # expected head 5 of an empty session: a conflict
+            enqueue_append(sid, [_event("a")], expected_seq=5, idempotency_key="k", app=app).get()
+        # The same key without the stale expectation: this write commits, and is answered
+        # as committed, not with the rejection stored under (session, key) before.
+        result = enqueue_append(sid, [_event("a")], idempotency_key="k", app=app).get()
+        assert (result.first_seq, result.replayed) == (1, False)
+        outcome = stored_outcome(app, sid, "k")
+        assert outcome is not None and outcome["status"] == "ok"
+        assert _markers(store, sid) == ["a"]
+
+
+def test_an_unreachable_broker_is_storage_unavailable(tmp_path: Path) -> None:
+    dead = "redis://127.0.0.1:1/0"  # nothing listens on port 1
+    settings = Settings(
+        data_dir=tmp_path, broker_url=dead, result_backend=dead, publish_retry_seconds=0.5
+    )
+    app = create_app(settings)
+    failed: list[BaseException] = []
+
+    def send() -> None:
+        try:
+            enqueue_append("0e0e0e0e-0000-4000-8000-000000000000", [_event("x")], app=app)
+        except BaseException as exc:
+            failed.append(exc)
+
+    sender = threading.Thread(target=send)
+    sender.start()
+    sender.join(60)
+    assert not sender.is_alive()
+    [error] = failed
+    assert isinstance(error, StorageUnavailable) and error.component == "broker", repr(error)
