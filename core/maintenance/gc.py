@@ -112,7 +112,9 @@ class GcReport:
     temp_bytes: int = 0
     errors: list[str] = field(default_factory=list)
     error_count: int = 0
-    complete: bool = True  # False when the time budget or a database error cut it short
+    complete: bool = (
+        True  # False when the time budget, a database or a blob store error cut it short
+    )
     seconds: float = 0.0
     phase_seconds: dict[str, float] = field(default_factory=dict)
 
@@ -225,6 +227,12 @@ class BlobGc:
             self.report.complete = False
             self.report.error(f"database error, run stopped: {exc}")
             log.error("blob GC stopped by a database error", extra={"error": repr(exc)})
+        except StorageUnavailable as exc:
+            # The blob store went away (S3 down): the same, instead of waiting out its
+            # retries blob after blob, inside the sweep's transaction.
+            self.report.complete = False
+            self.report.error(f"blob store unavailable, run stopped: {exc}")
+            log.error("blob GC stopped: the blob store is unavailable", extra={"error": repr(exc)})
         self.report.seconds = time.monotonic() - self._started
         log.info("blob GC finished", extra={"gc": self.report.to_dict()})
         return self.report
@@ -311,16 +319,18 @@ class BlobGc:
             with write_transaction(self.engine) as conn:
                 locked = self._lock(conn, hashes)
                 eligible = self._recheck(conn, locked)
-                removed, moved = self._quarantine(eligible)
+                removed, moved, away = self._quarantine(eligible)
                 if removed:
                     conn.execute(delete(_blobs).where(_blobs.c.hash.in_([h for h, _ in removed])))
         except BaseException:
             self.blobs.restore_quarantined(moved)
             raise
-        self.blobs.purge_quarantined(moved)
         self.report.skipped += len(chunk) - len(eligible)
         self.report.deleted += len(removed)
         self.report.blob_bytes += sum(size for _, size in removed)
+        self.blobs.purge_quarantined(moved)
+        if away is not None:
+            raise away  # the moves made are committed; the rest waits for the next run
 
     def recover_quarantined(self) -> None:
         """Files a GC moved aside and never purged: back if still registered, else gone."""
@@ -360,21 +370,30 @@ class BlobGc:
 
     def _quarantine(
         self, eligible: list[tuple[str, int]]
-    ) -> tuple[list[tuple[str, int]], list[Path]]:
+    ) -> tuple[list[tuple[str, int]], list[Path], StorageUnavailable | None]:
+        """Move the files aside; what was moved, and the store's failure that stopped it.
+
+        A file that cannot go (a planted link, a permission) is skipped; a store that is
+        unavailable stops the chunk at once, since each further try would wait out its
+        retries (S3: ``SESSIONSTORE_S3_RETRY_SECONDS``) while this transaction holds the
+        candidates' row locks, and on SQLite every writer's lock."""
         removed: list[tuple[str, int]] = []
         moved: list[Path] = []
         for blob_hash, size in eligible:
             try:
                 aside = self.blobs.quarantine_file(blob_hash)
-            except (OSError, SymlinkRefused, StorageUnavailable) as exc:
+            except StorageUnavailable as exc:
                 # The file may still be there: keep its row, so it stays a valid blob.
+                self.report.error(f"blob {blob_hash}: cannot remove: {exc}")
+                return removed, moved, exc
+            except (OSError, SymlinkRefused) as exc:
                 self.report.error(f"blob {blob_hash}: cannot remove: {exc}")
                 continue
             if not aside:
                 log.warning("registered blob had no file", extra={"blob_hash": blob_hash})
             moved += aside
             removed.append((blob_hash, size if aside else 0))
-        return removed, moved
+        return removed, moved, None
 
     # files on disk: never registered, or temporary --------------------------------------
 

@@ -32,7 +32,7 @@ from core.blobs.files import FileBlobStore
 from core.blobs.objects import ObjectBlobStore
 from core.blobs.store import sha256_hex
 from core.db import is_sqlite
-from core.errors import BlobsMissing
+from core.errors import BlobsMissing, StorageUnavailable
 from core.maintenance.gc import TEMP_MIN_AGE_S, BlobGc, GcReport
 from core.models import BlobRefRow, BlobRow, utcnow
 from core.records import ManifestEntry, PreparedEvent
@@ -654,3 +654,43 @@ def test_a_failed_row_delete_puts_the_files_back(gstore: SessionStore) -> None:
     assert blobs.path_for(result.hash, result.codec).exists()  # moved aside, then put back
     assert blobs.get(result.hash) == b"collectable " * 50
     assert list(blobs.iter_quarantined()) == []
+
+
+def test_an_unavailable_blob_store_stops_the_run_at_once(
+    gstore: SessionStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """S3 down mid-run: one failed removal ends the run, reported, instead of each further
+    candidate waiting out the store's retries inside the sweep's transaction (the rows'
+    locks; on SQLite, every writer's)."""
+    hashes = [gstore.blobs.put(_text(f"down-{i}").encode()).hash for i in range(5)]
+    for blob_hash in hashes:
+        _age(gstore, blob_hash)
+    tried: list[str] = []
+
+    def unavailable(blob_hash: str) -> list[Path]:
+        tried.append(blob_hash)
+        raise StorageUnavailable("blobs", "blobs is unavailable: connection refused")
+
+    monkeypatch.setattr(gstore.blobs, "quarantine_file", unavailable)
+    report = gstore.gc_blobs(apply=True, grace=60)
+    assert len(tried) == 1
+    assert not report.complete and report.deleted == 0
+    assert any("run stopped" in e for e in report.errors), report.errors
+    assert set(hashes) <= _registered(gstore)  # nothing lost its row
+    monkeypatch.undo()
+    assert gstore.gc_blobs(apply=True, grace=60).deleted == 5  # the next run collects them
+
+
+def test_a_blob_store_listing_that_fails_ends_the_run_with_its_report(
+    gstore: SessionStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    garbage = gstore.blobs.put(_text("listed").encode()).hash
+    _age(gstore, garbage)
+
+    def unavailable(self: Any) -> Any:
+        raise StorageUnavailable("blobs", "blobs is unavailable: connection refused")
+
+    monkeypatch.setattr(BlobGc, "_files", unavailable)
+    report = gstore.gc_blobs(apply=True, grace=60)  # returns, does not raise
+    assert report.deleted == 1 and not report.complete  # what was done is reported
+    assert any("run stopped" in e for e in report.errors), report.errors
