@@ -19,7 +19,7 @@ from sqlalchemy.exc import IntegrityError
 
 from core import nofollow
 from core.artifacts import rows
-from core.artifacts.inherited import read_artifact_file
+from core.artifacts.inherited import preserve_for_forks, read_artifact_file
 from core.artifacts.paths import oversized_name, sanitize_tool_type, session_dir
 from core.artifacts.records import (
     OVERSIZED,
@@ -255,7 +255,7 @@ class OversizedOutputs:
         Each round holds the lock twice, briefly, and never across a removal."""
         name = oversized_name(artifact_id)
         for _ in range(DISCARD_ATTEMPTS):
-            place = self._place(session_id)
+            place = self._place(session_id, artifact_id)
             if place is None:  # deleted meanwhile, with its outputs
                 return False
             if place.moving:
@@ -275,13 +275,23 @@ class OversizedOutputs:
             "moving while it was removed; its row stays for the next expiry"
         )
 
-    def _place(self, session_id: str) -> rows.SessionPlace | None:
-        """Step 1: where the session's files are; None if the session is gone."""
+    def _place(self, session_id: str, artifact_id: str) -> rows.SessionPlace | None:
+        """Step 1: where the session's files are; None if the session is gone. A fork whose
+        copy is unfinished and that inherited this output gets its own link to the file
+        first (``preserve_for_forks``, as a file's delete does): its copy would otherwise
+        find the output gone and fail, though the fork's row says it is there. On S3 that
+        is a server-side copy under the lock, paid only while such a fork exists."""
         with write_transaction(self.engine) as conn:
             try:
-                return rows.session_place(conn, session_id)
+                place = rows.session_place(conn, session_id)
             except SessionNotFound:
                 return None
+            row = rows.get_artifact(conn, session_id, OVERSIZED, artifact_id)
+            if row is not None and not place.moving:
+                name = oversized_name(artifact_id)
+                path = session_dir(self.root, place.tenant_id, session_id) / name
+                preserve_for_forks(conn, self.root, session_id, row, path, storage=self.storage)
+            return place
 
     def _forget(self, session_id: str, artifact_id: str, seen: rows.SessionPlace) -> bool | None:
         """Step 3: delete the row if the session is where ``seen`` says, with no move since;

@@ -274,3 +274,21 @@ def test_a_pending_move_defers_the_discard(store: SessionStore, raw: RawArtifact
     assert repair.outcome == "rolled_back"
     assert store.oversized.discard(sid, art) is True
     assert raw.gone(_path(raw, "acme", sid, art)) and store.oversized.stats().count == 0
+
+
+def test_a_pending_fork_keeps_an_output_its_parent_discards(store: SessionStore) -> None:
+    """Its row says the output is there: the discard gives the fork its own copy first (as
+    a file's delete does), so the fork reads it, and its copy finishes instead of failing
+    on a file "changed or removed in the parent"."""
+    store.fork_copier = lambda fork: None  # the queue has not run the fork's copy yet
+    parent = store.create_session(tenant_id="acme")
+    store.append(parent.id, [{"type": "custom", "n": 1}])
+    artifact_id, content = _oversized(store, parent.id, "inherited")
+    fork = store.fork(parent.id)
+    assert fork.copy_status == "pending"
+    assert store.artifacts(parent.id).cleanup_oversized() == 1
+    assert store.retrieve(artifact_id, session_id=parent.id) is None
+    assert store.retrieve(artifact_id, session_id=fork.id) == content
+    report = store.copy_fork_artifacts(fork.id)
+    assert (report.status, report.error) == ("copied", None)
+    assert store.retrieve(artifact_id, session_id=fork.id) == content
