@@ -333,10 +333,11 @@ def write_session_file(
     out: IO[str],
     header: dict[str, Any],
     entries: Iterator[dict[str, Any]],
-    put: Callable[[bytes], str],
+    put: Callable[[bytes], str | None],
 ) -> int:
     """oh-my-pi's session file: pi lines whose images are blob refs (``put`` stores the
-    bytes somewhere and returns the ref). The number of lines."""
+    bytes somewhere and returns the ref, or None to keep them inline). The number of
+    lines."""
     writer = _BlobWriter(put)
     return pi.write(out, header, (writer.externalize(e) for e in entries))
 
@@ -359,7 +360,7 @@ class _DirectoryBlobs:
 
 @dataclass
 class _BlobWriter:
-    put: Callable[[bytes], str]
+    put: Callable[[bytes], str | None]
 
     def externalize(self, value: Any, key: str | None = None) -> Any:
         """oh-my-pi's persistence rule: images where ``_image_at`` finds them and image data
@@ -371,7 +372,7 @@ class _BlobWriter:
         out: dict[str, Any] = {}
         for child, item in value.items():
             if child == DATA_URL_KEY and isinstance(item, str) and _is_data_url(item):
-                out[child] = self.put(item.encode("utf-8", "surrogatepass"))
+                out[child] = self.put(item.encode("utf-8", "surrogatepass")) or item
             else:
                 out[child] = self.externalize(item, child)
         if MISSING_KEY in out and (out.get("type") == "image" or _image_at(out, key)):
@@ -381,7 +382,7 @@ class _BlobWriter:
             if len(data) >= EXTERNALIZE_MIN_CHARS and not _is_ref(data):
                 raw = canonical_base64(data)
                 if raw is not None:
-                    out["data"] = self.put(raw)
+                    out["data"] = self.put(raw) or data
         return out
 
 

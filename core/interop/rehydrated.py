@@ -46,6 +46,7 @@ from core.artifacts.fsio import StagedFile
 from core.artifacts.paths import STAGING_DIR, session_dir
 from core.artifacts.staging import ObjectStagedFile, Staged
 from core.artifacts.storage import FileArtifactStorage
+from core.blobs.store import BLOB_REF_PREFIX
 from core.db import read_connection, write_transaction
 from core.errors import InvalidEvent, RehydrateInProgress
 from core.fsio import fsync_dir
@@ -53,7 +54,7 @@ from core.interop import exporter, omp, pi
 from core.journal.validation import check_at_seq
 from core.models import REHYDRATION_BUILDING as BUILDING
 from core.models import REHYDRATION_DONE as DONE
-from core.models import RehydrationRow, database_clock, table_of, utcnow
+from core.models import BlobRefRow, RehydrationRow, database_clock, table_of, utcnow
 from core.records import Session, StoredEvent
 
 if TYPE_CHECKING:
@@ -413,9 +414,17 @@ def _write(
         return exporter.write_pi(session, events, out)
     if fmt == "omp":
         # oh-my-pi's session file, its images as refs into this store's blobs (the same
-        # sha256 addresses, so ``resolve blob:sha256:…`` gives their bytes)
+        # sha256 addresses, so ``resolve blob:sha256:…`` gives their bytes): only those the
+        # session's manifest names, which GC keeps and a tenant's resolve finds; an image
+        # the journal kept inline (oh-my-pi externalizes more) stays inline here too.
+        named = _manifest_hashes(store, session.id)
+
+        def ref_of(data: bytes) -> str | None:
+            blob_hash = hashlib.sha256(data).hexdigest()
+            return BLOB_REF_PREFIX + blob_hash if blob_hash in named else None
+
         header, entries = exporter.pi_lines(session, events)
-        return omp.write_session_file(out, header, entries, lambda data: store.blobs.put(data).ref)
+        return omp.write_session_file(out, header, entries, ref_of)
     count = 0
     for event in events:
         line = {
@@ -428,6 +437,13 @@ def _write(
         out.write(pi.dumps_exact(line) + "\n")
         count += 1
     return count
+
+
+def _manifest_hashes(store: SessionStore, session_id: str) -> set[str]:
+    refs = table_of(BlobRefRow)
+    query = select(refs.c.hash).where(refs.c.session_id == session_id).distinct()
+    with read_connection(store.engine) as conn:
+        return set(conn.execute(query).scalars())
 
 
 class _HashingWriter(io.TextIOBase):

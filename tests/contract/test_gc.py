@@ -13,6 +13,7 @@ import json
 import multiprocessing
 import os
 import random
+import re
 import subprocess
 import threading
 import time
@@ -694,3 +695,36 @@ def test_a_blob_store_listing_that_fails_ends_the_run_with_its_report(
     report = gstore.gc_blobs(apply=True, grace=60)  # returns, does not raise
     assert report.deleted == 1 and not report.complete  # what was done is reported
     assert any("run stopped" in e for e in report.errors), report.errors
+
+
+def test_an_omp_export_names_only_blobs_the_manifest_keeps(gstore: SessionStore) -> None:
+    """oh-my-pi externalizes more images than the journal (``frames`` here): a rehydrated
+    omp export keeps those inline, and refs only the blobs the session's manifest names,
+    which GC keeps for as long as the session, and a tenant's resolve finds. Before, the
+    export stored the others as blobs of their own that nothing referenced: GC collected
+    them while the export was still served."""
+    from core.interop.rehydrated import Request, rehydrate
+
+    content_png, frame_png = _png("content"), _png("frame")
+    frame_data = base64.b64encode(frame_png).decode()
+    sid = gstore.create_session(tenant_id="acme").id
+    block = {"type": "image", "data": base64.b64encode(content_png).decode()}
+    message = {
+        "role": "user",
+        "content": [{**block, "mimeType": "image/png"}],
+        "frames": [{"type": "image", "data": frame_data, "mimeType": "image/png"}],
+    }
+    entry = {"type": "message", "id": "u1", "parentId": None, "message": message}
+    gstore.append(sid, [{**entry, "timestamp": "2026-11-27T10:00:00.000Z"}])
+    result = rehydrate(gstore, Request(sid, "acme", "omp"))
+    text = gstore.retrieve(result["ref"], session_id=sid)
+    assert text is not None
+    named = set(re.findall(r"blob:sha256:([0-9a-f]{64})", text))
+    assert named == {sha256_hex(content_png)}
+    assert frame_data in text  # inline, as the journal keeps it
+    for blob_hash in _registered(gstore):
+        _age(gstore, blob_hash)
+    gstore.gc_blobs(apply=True, grace=60)
+    for blob_hash in named:
+        assert gstore.blobs.get(blob_hash) == content_png
+        assert gstore.resolve(f"blob:sha256:{blob_hash}", session_id=sid) is not None
