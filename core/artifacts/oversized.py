@@ -40,6 +40,7 @@ from core.translate import storage_errors
 logger = logging.getLogger(__name__)
 
 SUMMARY_CHARS = 200
+MAX_TTL_S = 10**10  # ~317 years (as check_seconds): any TTL a caller means, and a date still
 # Rounds of ``discard`` before it gives up on a session that keeps moving under it.
 DISCARD_ATTEMPTS = 5
 OVERSIZED_ID = re.compile(r"^art_[0-9a-f]{16}$")
@@ -80,8 +81,8 @@ class OversizedOutputs:
         if len(content) <= self.settings.oversized_output_chars:
             return None
         ttl = self.settings.oversized_ttl_seconds if ttl_s is None else ttl_s
-        if ttl <= 0:
-            raise ArtifactError(f"ttl_s must be positive, got {ttl}")
+        if type(ttl) is not int or not 0 < ttl <= MAX_TTL_S:  # now + ttl must be a date
+            raise ArtifactError(f"ttl_s must be positive, at most {MAX_TTL_S:,} s, got {ttl!r}")
         data = content.encode("utf-8", "surrogatepass")
         with read_connection(self.engine) as conn:
             tenant_id = rows.session_info(conn, session_id).tenant_id

@@ -120,6 +120,9 @@ def expire_artifacts(
         report.deleted = count
     else:
         _expire_batches(oversized, report, batch_size, progress)
+        # What is still due at the same moment was not freed: outputs whose file could not
+        # go, those a move kept busy, and those left once the run stopped early.
+        report.bytes_freed = max(0, size - _expired_totals(engine, moment)[1])
     max_age = oversized.settings.staging_max_age_seconds
     # Builds by the database's clock (their heartbeats'), not ``now``: whether a build is
     # alive is a matter of real time. Outputs by ``moment``: those an apply run has just

@@ -203,12 +203,14 @@ class SessionLifecycle:
                 parent_id=parent_id,
             )
 
-    def _remove_held(self, fork_id: str, parent_id: str, parent_tenant: str) -> str | None:
+    def _remove_held(
+        self, fork_id: str, parent_id: str, parent_tenant: str, *, strict: bool = False
+    ) -> str | None:
         """Remove what the parent holds for the deleted fork: None when done (the record
         dropped), else why not. The record stays when the parent moved meanwhile (the files
         went along, and the next expiry run finds them where the parent is then)."""
         directory = held_dir(session_dir(self.root, parent_tenant, parent_id), fork_id)
-        if not self._remove_tree(directory, "files held for a deleted fork"):
+        if not self._remove_tree(directory, "files held for a deleted fork", strict=strict):
             return f"cannot remove {directory} held for deleted {fork_id}"
         with read_connection(self.engine) as conn:
             parent = session_or_none(conn, self.journal, parent_id)
@@ -220,10 +222,13 @@ class SessionLifecycle:
         self._forget(fork_id, REMOVE_HELD)
         return None
 
-    def _remove_session_dir(self, session_id: str, kind: str, tenant_id: str) -> bool:
+    def _remove_session_dir(
+        self, session_id: str, kind: str, tenant_id: str, *, strict: bool = False
+    ) -> bool:
         """Remove a deleted session's directory under ``tenant_id``, then its record."""
         directory = session_dir(self.root, tenant_id, session_id)
-        if not self._remove_tree(directory, "the deleted session's artifact directory"):
+        what = "the deleted session's artifact directory"
+        if not self._remove_tree(directory, what, strict=strict):
             return False
         self._forget(session_id, kind)
         return True
@@ -260,8 +265,12 @@ class SessionLifecycle:
             with read_connection(self.engine) as conn:
                 rows_ = conn.execute(query.order_by(*key.clauses).limit(page)).all()
             report.pending += len(rows_)
-            for row in rows_ if apply else ():
-                self._finish(row.session_id, row.kind, row.tenant_id, row.parent_id, report)
+            try:
+                for row in rows_ if apply else ():
+                    self._finish(row.session_id, row.kind, row.tenant_id, row.parent_id, report)
+            except StorageUnavailable as exc:  # S3 down: the rest waits for the next run
+                report.errors.append(f"storage unavailable, run stopped: {exc}")
+                break
             if len(rows_) < page:
                 break
             last = rows_[-1]
@@ -284,14 +293,14 @@ class SessionLifecycle:
         if moving:  # the move's repair (or its own commit) settles where they are
             problem = _DEFERRED
         elif kind != REMOVE_HELD:
-            removed = self._remove_session_dir(session_id, kind, tenant_id)
+            removed = self._remove_session_dir(session_id, kind, tenant_id, strict=True)
             directory = session_dir(self.root, tenant_id, session_id)
             problem = None if removed else f"cannot remove {directory} of deleted {session_id}"
         elif parent is None:  # deleted since: it took what it held with its own directory
             self._forget(session_id, kind)
             problem = None
         else:
-            problem = self._remove_held(session_id, parent.id, parent.tenant_id)
+            problem = self._remove_held(session_id, parent.id, parent.tenant_id, strict=True)
         if problem is None:
             report.removed += 1
         elif problem == _DEFERRED:
@@ -299,12 +308,16 @@ class SessionLifecycle:
         else:
             report.errors.append(problem)
 
-    def _remove_tree(self, directory: Path, what: str) -> bool:
+    def _remove_tree(self, directory: Path, what: str, *, strict: bool = False) -> bool:
         """Remove ``directory`` (its objects on S3) after the rows are gone: a failure is
-        logged and reported, never raised (the delete itself is done)."""
+        logged and reported, never raised (the delete itself is done); but with ``strict``
+        the storage itself failing (``StorageUnavailable``) is raised, for a sweep to stop
+        instead of waiting out the store's retries directory after directory."""
         try:  # the file store's follows no link, above or inside (nofollow.rmtree)
             self.storage.delete_prefix(key_prefix_of(self.root, directory))
         except (OSError, SymlinkRefused, StorageUnavailable) as exc:
+            if strict and isinstance(exc, StorageUnavailable):
+                raise
             log.warning(
                 f"{what} could not be removed", extra={"path": str(directory), "error": str(exc)}
             )

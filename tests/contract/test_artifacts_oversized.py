@@ -110,8 +110,11 @@ def test_retrieve_unknown_or_malformed_ids(store: SessionStore, sid: str) -> Non
 
 @SQLITE_ONLY
 def test_invalid_ttl(store: SessionStore, sid: str) -> None:
-    with pytest.raises(ArtifactError, match="ttl_s must be positive"):
-        store.store_oversized(sid, "x" * 13_000, "bash", ttl_s=0)
+    # 10**12 s is past the last date: it was a builtin OverflowError, not a typed error
+    for ttl in (0, -1, 10**12, 1.5, True, "60"):
+        with pytest.raises(ArtifactError, match="ttl_s must be positive"):
+            store.store_oversized(sid, "x" * 13_000, "bash", ttl_s=ttl)  # type: ignore[arg-type]
+    assert store.artifacts(sid).list() == []
 
 
 def test_cleanup_session_and_stats(store: SessionStore, sid: str, raw: RawArtifacts) -> None:

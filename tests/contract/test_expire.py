@@ -197,15 +197,17 @@ def test_one_file_that_cannot_go_holds_back_no_other(store: SessionStore) -> Non
     stuck.mkdir()
     (stuck / "x").write_text("planted")
 
+    sizes = {a.local_id: a.size_bytes for a in store.artifacts(sid).list()}
     report = store.expire_artifacts(apply=True, batch_size=2)
 
     assert report.deleted == 4
+    assert report.bytes_freed == sum(sizes[a] for a in ids[1:])  # not the stuck one's
     [error] = report.errors
     assert ids[0] in error and "Is a directory" in error
     assert not any(_path(store, sid, a).exists() for a in ids[1:])
     assert _rows(store) == 1
     again = store.expire_artifacts(apply=True, batch_size=2)
-    assert (again.deleted, len(again.errors)) == (0, 1)
+    assert (again.deleted, again.bytes_freed, len(again.errors)) == (0, 0, 1)
 
 
 def test_expiry_removes_the_file_where_a_concurrent_move_put_it(

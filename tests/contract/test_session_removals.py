@@ -19,7 +19,9 @@ from sqlalchemy import insert, select
 from core import SessionNotFound, SessionStore, nofollow
 from core.artifacts import session_dir
 from core.artifacts.inherited import held_dir
-from core.errors import SymlinkRefused
+from core.artifacts.objects import ObjectArtifactStorage
+from core.artifacts.storage import FileArtifactStorage
+from core.errors import StorageUnavailable, SymlinkRefused
 from core.models import MoveIntentRow, SessionRemovalRow, table_of, utcnow
 from core.sessions import lifecycle
 from core.sessions.lifecycle import SessionLifecycle
@@ -60,10 +62,10 @@ def _parent_moves_when(held: Path, store: SessionStore, parent: str) -> Iterator
     """The parent's move renames its directory just before ``held`` is removed."""
     real = SessionLifecycle._remove_tree
 
-    def parent_moves_first(self: SessionLifecycle, directory: Path, what: str) -> bool:
+    def parent_moves_first(self: SessionLifecycle, directory: Path, what: str, **kw: bool) -> bool:
         if directory == held:
             store.move(parent, tenant_id="beta")
-        return real(self, directory, what)
+        return real(self, directory, what, **kw)
 
     with pytest.MonkeyPatch.context() as racing:
         racing.setattr(SessionLifecycle, "_remove_tree", parent_moves_first)
@@ -305,8 +307,8 @@ def test_directories_that_cannot_be_removed_never_hold_up_the_others(
     unremovable = {session_dir(root, "acme", sid) for sid in stuck}
     real = SessionLifecycle._remove_tree
 
-    def fails_for_stuck(self: SessionLifecycle, directory: Path, what: str) -> bool:
-        return directory not in unremovable and real(self, directory, what)
+    def fails_for_stuck(self: SessionLifecycle, directory: Path, what: str, **kw: bool) -> bool:
+        return directory not in unremovable and real(self, directory, what, **kw)
 
     monkeypatch.setattr(SessionLifecycle, "_remove_tree", fails_for_stuck)
     report = store._lifecycle.finish_removals(apply=True, page=2)
@@ -430,3 +432,27 @@ def test_a_directory_swapped_for_a_link_after_the_check_is_refused(
     with pytest.raises(SymlinkRefused):
         nofollow.rmtree(store.settings.resolved_artifact_root, directory)
     assert any(outside.rglob("plan.md"))  # nothing removed through the link
+
+
+def test_a_sweep_stops_at_the_first_removal_the_storage_cannot_serve(
+    store: SessionStore, monkeypatch: pytest.MonkeyPatch, settled: None
+) -> None:
+    """S3 down: one directory's removal waits out the store's retries, then the run stops
+    and reports it, rather than each further directory waiting them out too (up to a
+    thousand records: hours of an expiry run)."""
+    sids = [_with_files(store) for _ in range(4)]
+    _delete_while_storage_fails(store, *sids)
+    tried: list[str] = []
+
+    def unavailable(self: Any, prefix: str) -> None:
+        tried.append(prefix)
+        raise StorageUnavailable("artifacts", "artifacts is unavailable: injected")
+
+    with monkeypatch.context() as failing:
+        failing.setattr(FileArtifactStorage, "delete_prefix", unavailable)
+        failing.setattr(ObjectArtifactStorage, "delete_prefix", unavailable)
+        report = store._lifecycle.finish_removals(apply=True)
+    assert len(tried) == 1 and report.removed == 0
+    assert any("run stopped" in e for e in report.errors), report.errors
+    assert len(_records(store)) == 4  # all kept for the next run
+    assert store._lifecycle.finish_removals(apply=True).removed == 4
