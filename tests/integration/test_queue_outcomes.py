@@ -119,7 +119,8 @@ def test_messages_that_never_reach_the_task_are_dead_lettered_verbatim(
     sid = store.create_session(tenant_id="acme").id
     wrong_arity = app.send_task("sessionstore.append", args=[sid, [note("x")], None, "k", 5, 6])
     unknown_field = app.send_task(
-        "sessionstore.append", kwargs={"session_id": sid, "events": [note("y")], "colour": 1}
+        "sessionstore.append",
+        kwargs={"session_id": sid, "events": [note("y")], "idempotency_key": "k-c", "colour": 1},
     )
     garbage = [
         (b"\xff\xfe not json", "application/json", "binary", {"task": "sessionstore.append"}),
@@ -152,6 +153,9 @@ def test_messages_that_never_reach_the_task_are_dead_lettered_verbatim(
     for result in (wrong_arity, unknown_field):
         meta = app.backend.get_task_meta(result.id)
         assert meta["result"]["status"] == "dead_lettered"
+    # found by (session, key) too, as the task stores a write's outcome (invariant 10)
+    by_key = stored_outcome(app, sid, "k-c")
+    assert by_key is not None and by_key["status"] == "dead_lettered"
     assert child_deaths(prefork) == 0
     wait_for(lambda: queue_drained(redis_url), 20, "the queue to drain")
 
