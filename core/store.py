@@ -37,6 +37,7 @@ from core.journal.validation import CheckedEvents, check_name
 from core.maintenance import (
     ExpireRunReport,
     GcReport,
+    GcResume,
     MaintenanceRuns,
     Progress,
     expire_artifacts,
@@ -430,10 +431,12 @@ class SessionStore:
         batch_size: int = 1000,
         progress: Progress | None = None,
         time_budget_s: float | None = None,
+        resume: GcResume | None = None,
     ) -> GcReport:
         """Collect blobs no event references, written more than ``grace`` seconds ago
         (default ``settings.gc_grace_seconds``), and blob files never registered. A dry run
-        unless ``apply``; memory stays bounded by ``batch_size`` whatever the store's size."""
+        unless ``apply``; memory stays bounded by ``batch_size`` whatever the store's size.
+        ``resume``: start where a run ``time_budget_s`` cut short stopped (its ``resume``)."""
         return gc_blobs(
             self.engine,
             self.blobs,
@@ -442,6 +445,7 @@ class SessionStore:
             batch_size=batch_size,
             progress=progress,
             time_budget_s=time_budget_s,
+            resume=resume,
         )
 
     def expire_artifacts(

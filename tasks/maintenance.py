@@ -15,6 +15,7 @@ from typing import Any
 
 from celery import Task
 
+from core.maintenance import GcResume
 from core.models import utcnow
 from core.store import SessionStore
 from tasks.app import sessionstore_task, settings_of
@@ -42,7 +43,8 @@ def gc_blobs(self: Task, apply: bool = True, grace: float | None = None) -> dict
     budget = _soft_limit_s(self) * GC_BUDGET_SHARE
 
     def work(store: SessionStore) -> dict[str, Any]:
-        report = store.gc_blobs(apply=apply, grace=grace, time_budget_s=budget)
+        resume = _resume_point(store) if apply else None
+        report = store.gc_blobs(apply=apply, grace=grace, time_budget_s=budget, resume=resume)
         return report.to_dict()
 
     return _run_periodic(self, GC_JOB, settings_of(self.app).gc_schedule, work)
@@ -79,6 +81,22 @@ def _run_periodic(task: Task, job: str, schedule: str, work: Work) -> dict[str, 
         _record(store, job, started, result)
     logger.info("maintenance job done", extra={"job": job, "ran": result["ran"], "slot": slot})
     return result
+
+
+def _resume_point(store: SessionStore) -> GcResume | None:
+    """Where the last GC run that ran (and applied) stopped, if its budget cut it short: a
+    store too big for one run's budget is then swept whole over several, instead of each
+    run scanning the same first blobs again and never reaching the rest, or the files."""
+    try:
+        runs = store.maintenance_runs.recent(job=GC_JOB, limit=20)
+    except Exception as exc:  # the log is best effort: start from the beginning
+        logger.warning("could not read the GC run log", extra={"error": repr(exc)})
+        return None
+    for run in runs:
+        report = run.report.get("report")
+        if run.ran and isinstance(report, dict) and report.get("applied") is True:
+            return GcResume.from_report(report)
+    return None
 
 
 def _record(store: SessionStore, job: str, started: datetime, result: dict[str, Any]) -> None:

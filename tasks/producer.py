@@ -186,7 +186,8 @@ def _forget_outcome(app: Celery, task_id: str) -> None:
         with storage_errors("broker"):
             app.backend.forget(task_id)
     except (StorageUnavailable, NotImplementedError) as exc:
-        logger.warning("could not clear a write's earlier outcome", extra={"error": repr(exc)})
+        # info: the publish that follows says the same louder, if the broker is away too
+        logger.info("could not clear a write's earlier outcome", extra={"error": repr(exc)})
 
 
 class Producer:

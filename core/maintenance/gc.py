@@ -55,7 +55,7 @@ from sqlalchemy.sql.elements import ColumnElement
 
 from core import nofollow
 from core.blobs.files import FileBlobStore, fanout_dirs
-from core.blobs.store import BlobStore, parse_blob_name
+from core.blobs.store import BlobStore, is_valid_hash, parse_blob_name
 from core.db import is_sqlite, read_connection, write_transaction
 from core.errors import StorageUnavailable, SymlinkRefused
 from core.fsio import path_text
@@ -112,9 +112,13 @@ class GcReport:
     temp_bytes: int = 0
     errors: list[str] = field(default_factory=list)
     error_count: int = 0
-    complete: bool = (
-        True  # False when the time budget, a database or a blob store error cut it short
-    )
+    # False when the time budget, a database or a blob store error cut it short
+    complete: bool = True
+    # What cut it short, if a storage failure did: "database", or the blob store's component
+    unavailable: str | None = None
+    # Where a run its time budget cut short stopped: the next budgeted run starts there
+    # (``GcResume``), so a store too big for one run is still swept whole, run after run.
+    resume: GcResume | None = None
     seconds: float = 0.0
     phase_seconds: dict[str, float] = field(default_factory=dict)
 
@@ -160,12 +164,39 @@ class GcReport:
             "errors": list(self.errors),
             "error_count": self.error_count,
             "complete": self.complete,
+            "unavailable": self.unavailable,
+            "resume": None if self.resume is None else self.resume.to_dict(),
             "seconds": round(self.seconds, 3),
             "phase_seconds": {k: round(v, 3) for k, v in self.phase_seconds.items()},
         }
 
 
 # blob GC --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class GcResume:
+    """Where a budgeted run stopped: in the registered blobs after hash ``after``, or in
+    the files (the next run sweeps them first). Read back from a run's report."""
+
+    phase: str  # "blobs" or "files"
+    after: str = ""
+
+    def to_dict(self) -> dict[str, str]:
+        return {"phase": self.phase, "after": self.after}
+
+    @classmethod
+    def from_report(cls, report: Any) -> GcResume | None:
+        """The resume point a run's report names; None (start over) for anything else."""
+        found = report.get("resume") if isinstance(report, dict) else None
+        if not isinstance(found, dict):
+            return None
+        phase, after = found.get("phase"), found.get("after", "")
+        if phase not in ("blobs", "files") or not isinstance(after, str):
+            return None
+        if after and not is_valid_hash(after):
+            return None
+        return cls(phase, after)
 
 
 @dataclass(frozen=True, slots=True)
@@ -197,6 +228,7 @@ class BlobGc:
         progress: Progress | None = None,
         time_budget_s: float | None = None,
         now: datetime | None = None,
+        resume: GcResume | None = None,
     ) -> None:
         grace_s = check_seconds(grace_s, "grace")
         check_limit(batch_size, "batch_size")
@@ -210,36 +242,45 @@ class BlobGc:
         self.report = GcReport(applied=apply, grace_s=grace_s, cutoff=self.cutoff)
         self._started = time.monotonic()
         self._deadline = None if time_budget_s is None else self._started + time_budget_s
+        self._resume = resume
 
     def run(self) -> GcReport:
         try:
             if self.apply:
                 self.recover_quarantined()
-            for phase, sweep in (
-                ("blobs", self._sweep_registered),
-                ("files", self._sweep_files),
-            ):
+            phases = [("blobs", self._sweep_registered), ("files", self._sweep_files)]
+            if self._resume is not None and self._resume.phase == "files":
+                phases.reverse()  # the last run never got to them
+            for phase, sweep in phases:
+                if self.report.resume is not None:
+                    break  # out of time
                 started = time.monotonic()
                 sweep()
                 self.report.phase_seconds[phase] = time.monotonic() - started
         except SQLAlchemyError as exc:
             # The database went away mid-run: what was committed stays done; report it.
             self.report.complete = False
+            self.report.unavailable = "database"
             self.report.error(f"database error, run stopped: {exc}")
             log.error("blob GC stopped by a database error", extra={"error": repr(exc)})
         except StorageUnavailable as exc:
             # The blob store went away (S3 down): the same, instead of waiting out its
-            # retries blob after blob, inside the sweep's transaction.
+            # retries blob after blob, inside the sweep's transaction. Before anything was
+            # collected there is nothing to report: the caller gets the typed error itself.
+            if not (self.report.deleted or self.report.orphans or self.report.temp_files):
+                raise
             self.report.complete = False
+            self.report.unavailable = exc.component
             self.report.error(f"blob store unavailable, run stopped: {exc}")
             log.error("blob GC stopped: the blob store is unavailable", extra={"error": repr(exc)})
         self.report.seconds = time.monotonic() - self._started
         log.info("blob GC finished", extra={"gc": self.report.to_dict()})
         return self.report
 
-    def _out_of_time(self) -> bool:
+    def _out_of_time(self, where: GcResume) -> bool:
         if self._deadline is not None and time.monotonic() > self._deadline:
             self.report.complete = False
+            self.report.resume = where
             return True
         return False
 
@@ -251,9 +292,10 @@ class BlobGc:
 
     def _sweep_registered(self) -> None:
         total = self._count_blobs()
-        after = ""
+        resume = self._resume
+        after = resume.after if resume is not None and resume.phase == "blobs" else ""
         self._tick("blobs", 0, total)
-        while not self._out_of_time():
+        while not self._out_of_time(GcResume("blobs", after)):
             page = self.scan_page(after)
             if page.last_hash is None:
                 break
@@ -401,7 +443,7 @@ class BlobGc:
         seen = 0
         self._tick("files", 0, None)
         for chunk in _chunks(self._files(), self.batch_size):
-            if self._out_of_time():
+            if self._out_of_time(GcResume("files")):
                 return
             seen += len(chunk)
             hashes = {f.hash for f in chunk if f.hash is not None}
@@ -571,8 +613,10 @@ def gc_blobs(
     batch_size: int = DEFAULT_BATCH,
     progress: Progress | None = None,
     time_budget_s: float | None = None,
+    resume: GcResume | None = None,
 ) -> GcReport:
-    """Collect unreferenced blobs older than ``grace_s``; a dry run unless ``apply``."""
+    """Collect unreferenced blobs older than ``grace_s``; a dry run unless ``apply``.
+    ``resume``: where an earlier run its time budget cut short stopped (its report's)."""
     report = BlobGc(
         engine,
         blobs,
@@ -581,6 +625,7 @@ def gc_blobs(
         batch_size=batch_size,
         progress=progress,
         time_budget_s=time_budget_s,
+        resume=resume,
     ).run()
     if apply:
         observed = metrics()

@@ -106,6 +106,10 @@ def gc(
         print_json(result)
     else:
         _print_report("blob GC", result, apply)
+    if report.unavailable:  # what it did is reported; the exit says storage, as a raise would
+        from tasks.cli.failures import ExitCode
+
+        raise typer.Exit(code=ExitCode.STORAGE_UNAVAILABLE)
     if report.error_count:
         raise typer.Exit(code=1)
 

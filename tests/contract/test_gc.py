@@ -660,26 +660,35 @@ def test_a_failed_row_delete_puts_the_files_back(gstore: SessionStore) -> None:
 def test_an_unavailable_blob_store_stops_the_run_at_once(
     gstore: SessionStore, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """S3 down mid-run: one failed removal ends the run, reported, instead of each further
-    candidate waiting out the store's retries inside the sweep's transaction (the rows'
-    locks; on SQLite, every writer's)."""
-    hashes = [gstore.blobs.put(_text(f"down-{i}").encode()).hash for i in range(5)]
+    """S3 down mid-run: one failed removal ends the run, and what it did is reported,
+    instead of each further candidate waiting out the store's retries inside the sweep's
+    transaction (the rows' locks; on SQLite, every writer's). Down from the start, the run
+    raises the typed error (nothing to report)."""
+    hashes = sorted(gstore.blobs.put(_text(f"down-{i}").encode()).hash for i in range(5))
     for blob_hash in hashes:
         _age(gstore, blob_hash)
+    real = gstore.blobs.quarantine_file
     tried: list[str] = []
 
-    def unavailable(blob_hash: str) -> list[Path]:
+    def unavailable_after_one(blob_hash: str) -> list[Path]:
         tried.append(blob_hash)
-        raise StorageUnavailable("blobs", "blobs is unavailable: connection refused")
+        if len(tried) > 1:
+            raise StorageUnavailable("blobs", "blobs is unavailable: connection refused")
+        return real(blob_hash)
 
-    monkeypatch.setattr(gstore.blobs, "quarantine_file", unavailable)
-    report = gstore.gc_blobs(apply=True, grace=60)
-    assert len(tried) == 1
-    assert not report.complete and report.deleted == 0
+    with monkeypatch.context() as down:
+        down.setattr(gstore.blobs, "quarantine_file", unavailable_after_one)
+        report = gstore.gc_blobs(apply=True, grace=60)
+    assert len(tried) == 2
+    assert (report.deleted, report.complete, report.unavailable) == (1, False, "blobs")
     assert any("run stopped" in e for e in report.errors), report.errors
-    assert set(hashes) <= _registered(gstore)  # nothing lost its row
-    monkeypatch.undo()
-    assert gstore.gc_blobs(apply=True, grace=60).deleted == 5  # the next run collects them
+    assert set(hashes[1:]) <= _registered(gstore) and hashes[0] not in _registered(gstore)
+    with monkeypatch.context() as down:
+        down.setattr(gstore.blobs, "quarantine_file", unavailable_after_one)
+        with pytest.raises(StorageUnavailable):
+            gstore.gc_blobs(apply=True, grace=60)
+    assert len(tried) == 3
+    assert gstore.gc_blobs(apply=True, grace=60).deleted == 4  # the next run collects them
 
 
 def test_a_blob_store_listing_that_fails_ends_the_run_with_its_report(
@@ -728,3 +737,57 @@ def test_an_omp_export_names_only_blobs_the_manifest_keeps(gstore: SessionStore)
     for blob_hash in named:
         assert gstore.blobs.get(blob_hash) == content_png
         assert gstore.resolve(f"blob:sha256:{blob_hash}", session_id=sid) is not None
+
+
+def _text_with_hash(prefix_range: str, start: int) -> tuple[str, int]:
+    """A blob text (and the next counter) whose sha256 starts with a character of
+    ``prefix_range``: the test decides where blobs fall in hash order."""
+    i = start
+    while True:
+        text = _text(f"ordered-{i}")
+        if sha256_hex(text.encode())[0] in prefix_range:
+            return text, i + 1
+        i += 1
+
+
+def test_a_budgeted_run_resumes_where_the_last_one_stopped(
+    gstore: SessionStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A store too big for one run's budget: each run goes on from where the last stopped
+    (its report's ``resume``), so garbage late in hash order, and the files phase, are
+    reached; before, every run scanned the same first blobs again and stopped there."""
+    sid = gstore.create_session(tenant_id="acme").id
+    counter = 0
+    for _ in range(15):  # referenced blobs, all early in hash order: kept, but scanned
+        text, counter = _text_with_hash("01234567", counter)
+        gstore.append(sid, [{"type": "custom", "customType": "gc", "data": text}])
+    garbage_text, counter = _text_with_hash("89abcdef", counter)
+    garbage = gstore.blobs.put(garbage_text.encode()).hash
+    for blob_hash in _registered(gstore):
+        _age(gstore, blob_hash)
+    clock = [0.0]  # a page scan costs one "second"; the budget is 2.5: three pages a run
+    real_scan = BlobGc.scan_page
+
+    def timed_scan(self: BlobGc, after: str) -> Any:
+        clock[0] += 1.0
+        return real_scan(self, after)
+
+    monkeypatch.setattr(BlobGc, "scan_page", timed_scan)
+    monkeypatch.setattr("core.maintenance.gc.time.monotonic", lambda: clock[0])
+    reports = []
+    resume = None
+    for _ in range(4):
+        report = gstore.gc_blobs(
+            apply=True, grace=60, batch_size=5, time_budget_s=2.5, resume=resume
+        )
+        reports.append(report)
+        resume = report.resume
+        if report.complete:
+            break
+    first = reports[0]
+    assert (first.scanned, first.deleted, first.complete) == (15, 0, False)
+    assert first.resume is not None and first.resume.phase == "blobs"
+    assert garbage not in _registered(gstore)
+    assert sum(r.deleted for r in reports) == 1
+    assert reports[-1].complete and reports[-1].resume is None
+    assert "resume" in first.to_dict() and first.to_dict()["resume"]["phase"] == "blobs"

@@ -183,3 +183,36 @@ def test_two_beat_processes_run_each_job_once_per_period(
         assert len(ran) <= periods and len(ran) >= BEAT_SECONDS / PERIOD_S - 2
         assert len(by_job[job]) - len(ran) >= BEAT_SECONDS / PERIOD_S / 2
         assert all(r.report["report"]["applied"] for r in ran)
+
+
+def test_the_gc_job_resumes_from_the_last_applied_run_that_was_cut_short(
+    tmp_path: Path,
+) -> None:
+    """What ``sessionstore.gc_blobs`` passes on as ``resume``: the run log's latest applied
+    run's stopping point; skipped executions and dry runs are looked past, and a complete
+    run, or a report that is not one, starts over."""
+    from core.maintenance import GcResume
+    from tasks.maintenance import GC_JOB, _resume_point
+
+    with SessionStore.from_settings(Settings(data_dir=tmp_path / "data")) as store:
+
+        def record(ran: bool, report: dict[str, Any] | None) -> None:
+            result = {"job": GC_JOB, "ran": ran, "report": report}
+            now = utcnow()
+            store.maintenance_runs.record(
+                job=GC_JOB, started_at=now, finished_at=now, ran=ran, report=result
+            )
+
+        assert _resume_point(store) is None
+        stopped = "a" * 64
+        record(True, {"applied": True, "resume": {"phase": "blobs", "after": stopped}})
+        assert _resume_point(store) == GcResume("blobs", stopped)
+        record(False, None)  # another beat's execution in the same period: skipped
+        record(True, {"applied": False, "resume": {"phase": "files", "after": ""}})  # dry
+        assert _resume_point(store) == GcResume("blobs", stopped)
+        record(True, {"applied": True, "resume": {"phase": "files", "after": ""}})
+        assert _resume_point(store) == GcResume("files")
+        record(True, {"applied": True, "resume": None})  # complete: start over
+        assert _resume_point(store) is None
+        record(True, {"applied": True, "resume": {"phase": "blobs", "after": "../etc"}})
+        assert _resume_point(store) is None
