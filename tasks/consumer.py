@@ -42,13 +42,14 @@ def keep_undeliverable(app: Celery, message: Any, reason: str, connection_errors
     task_id = str(headers.get("id") or "")
     body = message.body
     raw = body.encode("utf-8", "surrogatepass") if isinstance(body, str) else bytes(body or b"")
+    hints = _hints(body, task_id)
     try:
         letter = store_for(app).dead_letters.record_raw(
             body=raw,
             content_type=message.content_type,
             content_encoding=message.content_encoding,
             reason=reason,
-            **_hints(body, task_id),
+            **hints,
         )
     except Exception as exc:
         _failures["consecutive"] += 1
@@ -71,8 +72,8 @@ def keep_undeliverable(app: Celery, message: Any, reason: str, connection_errors
     # Where producers look: the message's task id, and (session, key) when the body names
     # them (as the task stores a write's outcome; a client may have chosen its own id).
     answered = {task_id} if task_id else set()
-    if letter.session_id and letter.idempotency_key:
-        answered.add(write_task_id(letter.session_id, letter.idempotency_key))
+    if hints["session_id"] and hints["message_id"] != task_id:  # the body named both
+        answered.add(write_task_id(hints["session_id"], hints["message_id"]))
     for answer_id in answered:
         try:
             app.backend.store_result(answer_id, dead_lettered(letter), "SUCCESS")

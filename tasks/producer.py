@@ -177,16 +177,20 @@ def enqueue_append(
 
 
 def _forget_outcome(app: Celery, task_id: str) -> None:
-    """Drop the outcome stored under this (session, key) before: it is not this send's. A
-    rejection (a stale expected_seq, a dead letter since replayed) would answer for a write
-    that then commits; a send of a write that already committed is answered again, as a
-    replay. Best effort: with the backend away (the publish that follows retries for a
-    while; this does not) or unable to forget (rpc://), the old answer stays, as before."""
+    """Drop a rejection stored under this (session, key) before: it is not this send's (a
+    stale expected_seq, a dead letter since replayed), and Celery never stores a result
+    over it, so the write would commit and still be answered as rejected. A committed
+    outcome stays: a send of a write that committed is answered with it again. Best
+    effort: with the backend away, or unable to forget (rpc://), the old answer stays."""
     try:
         with storage_errors("broker"):
-            app.backend.forget(task_id)
+            meta = app.backend.get_task_meta(task_id, cache=False)
+            result = meta.get("result")
+            stored = result.get("status") if isinstance(result, dict) else None
+            if meta.get("status") == states.SUCCESS and stored == "dead_lettered":
+                app.backend.forget(task_id)
     except (StorageUnavailable, NotImplementedError) as exc:
-        # info: the publish that follows says the same louder, if the broker is away too
+        # info: the publish that follows says it louder, if the broker is away too
         logger.info("could not clear a write's earlier outcome", extra={"error": repr(exc)})
 
 

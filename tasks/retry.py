@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import random
 
-from celery.exceptions import SoftTimeLimitExceeded
-
 from core.errors import StorageUnavailable
 from core.translate import translate
 
@@ -14,15 +12,12 @@ BACKOFF_CAP_S = 60.0
 
 
 def is_transient(exc: BaseException) -> bool:
-    """A failure worth retrying: storage (database, broker, blobs) unreachable or busy, or
-    a run cut short by the soft time limit (a lock wait or a slow store: the write did
-    not commit, or committed and its retry is answered as a replay; a write that hits the
-    limit every time is dead-lettered once the retries run out).
+    """A failure worth retrying: storage (database, broker, blobs) unreachable or busy.
 
     Errors reach tasks typed by ``core``'s storage boundary; ``translate`` is applied
     once more for the few raised outside it (the broker, a connection refused early).
     """
-    return isinstance(exc, SoftTimeLimitExceeded) or isinstance(translate(exc), StorageUnavailable)
+    return isinstance(translate(exc), StorageUnavailable)
 
 
 def backoff_seconds(retries: int, visibility_timeout: int) -> float:

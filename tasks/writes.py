@@ -15,7 +15,7 @@ import time
 from typing import Any, NoReturn
 
 from celery import Task
-from celery.exceptions import Reject
+from celery.exceptions import Reject, SoftTimeLimitExceeded
 
 from core.metrics import metrics
 from tasks.app import sessionstore_task, settings_of
@@ -25,6 +25,8 @@ from tasks.retry import backoff_seconds, is_transient
 from tasks.runtime import store_for
 
 logger = logging.getLogger(__name__)
+
+SOFT_LIMIT_RETRIES = 2
 
 
 @sessionstore_task(name=APPEND_TASK, bind=True, max_retries=None)
@@ -44,7 +46,12 @@ def append(
             session_id, events, expected_seq=expected_seq, idempotency_key=key
         )
     except Exception as exc:
-        if is_transient(exc) and self.request.retries < settings.task_max_retries:
+        # Cut short by the soft time limit (a lock wait, a slow store): the write did not
+        # commit, or did and its retry is answered as a replay; retried a little, then a
+        # write that hits the limit every time is dead-lettered.
+        cut_short = isinstance(exc, SoftTimeLimitExceeded)
+        retries = SOFT_LIMIT_RETRIES if cut_short else settings.task_max_retries
+        if (cut_short or is_transient(exc)) and self.request.retries < retries:
             _retry_later(self, "transient failure, retrying write", exc)
         outcome = _dead_letter(self, key, session_id, events, expected_seq, exc)
     else:

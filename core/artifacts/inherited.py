@@ -218,16 +218,18 @@ def preserve_for_forks(
     which the fork's copy checks) whatever the parent does next. Forks that already have
     the file, or that inherited other content, are left alone. Returns the forks served.
     """
-    objects = None if isinstance(storage, FileArtifactStorage) else storage
-    modified = _mtime(root, path, objects)
-    if modified is None or not row.name:
-        return []
-    served: list[str] = []
     found = conn.execute(
         select(_sessions.c.id, _sessions.c.tenant_id, _sessions.c.created_at).where(
             _sessions.c.parent_id == session_id, _sessions.c.copy_status.in_(_UNFINISHED)
         )
     ).all()
+    if not found or not row.name:  # the common case: no storage call at all
+        return []
+    objects = None if isinstance(storage, FileArtifactStorage) else storage
+    modified = _mtime(root, path, objects)
+    if modified is None:
+        return []
+    served: list[str] = []
     for fork_id, tenant_id, created_at in found:
         held = rows.get_artifact(conn, fork_id, row.kind, row.local_id)
         if held is None or replace(held, session_id=session_id) != row:

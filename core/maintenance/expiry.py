@@ -13,6 +13,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from sqlalchemy import Engine, delete, func, select, tuple_
+from sqlalchemy.exc import SQLAlchemyError
 
 from core.artifacts import OversizedOutputs
 from core.artifacts import rows as artifact_rows
@@ -121,8 +122,12 @@ def expire_artifacts(
     else:
         _expire_batches(oversized, report, batch_size, progress)
         # What is still due at the same moment was not freed: outputs whose file could not
-        # go, those a move kept busy, and those left once the run stopped early.
-        report.bytes_freed = max(0, size - _expired_totals(engine, moment)[1])
+        # go, those a move kept busy, and those left once the run stopped early. (A session
+        # deleted meanwhile counts as freed too; an error reading it keeps the estimate.)
+        try:
+            report.bytes_freed = max(0, size - _expired_totals(engine, moment)[1])
+        except SQLAlchemyError as exc:
+            log.warning("could not count what expiry freed", extra={"error": repr(exc)})
     max_age = oversized.settings.staging_max_age_seconds
     # Builds by the database's clock (their heartbeats'), not ``now``: whether a build is
     # alive is a matter of real time. Outputs by ``moment``: those an apply run has just

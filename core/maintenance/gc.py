@@ -65,6 +65,7 @@ from core.metrics import metrics
 from core.models import BlobRefRow, BlobRow, table_of, utcnow
 
 log = logging.getLogger(__name__)
+_monotonic = time.monotonic  # the budget's clock (a test drives it)
 
 _blobs = table_of(BlobRow)
 _refs = table_of(BlobRefRow)
@@ -240,16 +241,17 @@ class BlobGc:
         self.now = now or utcnow()
         self.cutoff = self.now - timedelta(seconds=grace_s)
         self.report = GcReport(applied=apply, grace_s=grace_s, cutoff=self.cutoff)
-        self._started = time.monotonic()
+        self._started = _monotonic()
         self._deadline = None if time_budget_s is None else self._started + time_budget_s
         self._resume = resume
+        self._files_first = resume is not None and resume.phase == "files"
 
     def run(self) -> GcReport:
         try:
             if self.apply:
                 self.recover_quarantined()
             phases = [("blobs", self._sweep_registered), ("files", self._sweep_files)]
-            if self._resume is not None and self._resume.phase == "files":
+            if self._files_first:
                 phases.reverse()  # the last run never got to them
             for phase, sweep in phases:
                 if self.report.resume is not None:
@@ -273,12 +275,12 @@ class BlobGc:
             self.report.unavailable = exc.component
             self.report.error(f"blob store unavailable, run stopped: {exc}")
             log.error("blob GC stopped: the blob store is unavailable", extra={"error": repr(exc)})
-        self.report.seconds = time.monotonic() - self._started
+        self.report.seconds = _monotonic() - self._started
         log.info("blob GC finished", extra={"gc": self.report.to_dict()})
         return self.report
 
     def _out_of_time(self, where: GcResume) -> bool:
-        if self._deadline is not None and time.monotonic() > self._deadline:
+        if self._deadline is not None and _monotonic() > self._deadline:
             self.report.complete = False
             self.report.resume = where
             return True
@@ -442,8 +444,11 @@ class BlobGc:
     def _sweep_files(self) -> None:
         seen = 0
         self._tick("files", 0, None)
+        # The files have no cursor: cut short while sweeping them first, the next run sweeps
+        # the blobs first again, so the phases alternate and neither is starved for good.
+        where = GcResume("blobs") if self._files_first else GcResume("files")
         for chunk in _chunks(self._files(), self.batch_size):
-            if self._out_of_time(GcResume("files")):
+            if self._out_of_time(where):
                 return
             seen += len(chunk)
             hashes = {f.hash for f in chunk if f.hash is not None}

@@ -118,3 +118,20 @@ def test_replay_answers_producers_looking_the_write_up(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr
     outcome = stored_outcome(app, sid, key)
     assert outcome is not None and outcome["status"] == "ok" and outcome["last_seq"] == 3
+
+
+def test_a_send_clears_an_earlier_rejection_but_never_a_commit(tmp_path: Path) -> None:
+    """What a send clears under its (session, key) before publishing: a dead letter's
+    outcome (not this send's answer), never a committed one (the answer to any resend)."""
+    from tasks.app import create_app
+    from tasks.outcomes import store_outcome, stored_outcome, write_task_id
+    from tasks.producer import _forget_outcome
+
+    app = create_app(Settings(data_dir=tmp_path / "data"))
+    committed = {"status": "ok", "session_id": "s", "idempotency_key": "k", "last_seq": 1}
+    store_outcome(app, "s", "k", committed)
+    _forget_outcome(app, write_task_id("s", "k"))
+    assert stored_outcome(app, "s", "k") == committed
+    store_outcome(app, "s", "k", {"status": "dead_lettered", "dead_letter_id": 1})
+    _forget_outcome(app, write_task_id("s", "k"))
+    assert stored_outcome(app, "s", "k") is None

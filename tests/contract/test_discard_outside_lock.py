@@ -27,7 +27,13 @@ from core.artifacts.paths import oversized_name, session_dir
 from core.artifacts.storage import key_of
 from core.errors import ArtifactBusy
 from core.sessions.moves import Moves
-from tests.contract.artifact_backends import RawArtifacts, artifact_backend, raw, settings
+from tests.contract.artifact_backends import (
+    FILE_ONLY,
+    RawArtifacts,
+    artifact_backend,
+    raw,
+    settings,
+)
 
 __all__ = ["artifact_backend", "raw", "settings"]  # every test runs on file:// and s3://
 
@@ -292,3 +298,28 @@ def test_a_pending_fork_keeps_an_output_its_parent_discards(store: SessionStore)
     report = store.copy_fork_artifacts(fork.id)
     assert (report.status, report.error) == ("copied", None)
     assert store.retrieve(artifact_id, session_id=fork.id) == content
+
+
+@FILE_ONLY
+@pytest.mark.parametrize("pending_fork", [False, True])
+def test_a_symlink_planted_at_a_discarded_output_is_left_and_the_row_goes(
+    store: SessionStore, raw: RawArtifacts, tmp_path: Path, pending_fork: bool
+) -> None:
+    """Keeping an output for a pending fork never follows (or is stopped by) a link planted
+    in its place: its target is untouched, and the row goes, fork or not (a first try at
+    keeping it stopped every discard of the row at the link, for good)."""
+    store.fork_copier = lambda fork: None
+    parent = store.create_session(tenant_id="acme")
+    store.append(parent.id, [{"type": "custom", "n": 1}])
+    artifact_id, _ = _oversized(store, parent.id, "linked")
+    if pending_fork:
+        store.fork(parent.id)
+    secret = tmp_path / "secret"
+    secret.write_text("not the store's")
+    path = _path(raw, "acme", parent.id, artifact_id)
+    path.unlink()
+    path.symlink_to(secret)
+    assert store.oversized.discard(parent.id, artifact_id) is True
+    assert secret.read_text() == "not the store's"
+    assert store.retrieve(artifact_id, session_id=parent.id) is None
+    assert [a for a in store.artifacts(parent.id).list() if a.local_id == artifact_id] == []

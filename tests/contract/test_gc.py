@@ -34,7 +34,7 @@ from core.blobs.objects import ObjectBlobStore
 from core.blobs.store import sha256_hex
 from core.db import is_sqlite
 from core.errors import BlobsMissing, StorageUnavailable
-from core.maintenance.gc import TEMP_MIN_AGE_S, BlobGc, GcReport
+from core.maintenance.gc import TEMP_MIN_AGE_S, BlobGc, GcReport, GcResume
 from core.models import BlobRefRow, BlobRow, utcnow
 from core.records import ManifestEntry, PreparedEvent
 from tests.cli_process import run_cli
@@ -773,7 +773,7 @@ def test_a_budgeted_run_resumes_where_the_last_one_stopped(
         return real_scan(self, after)
 
     monkeypatch.setattr(BlobGc, "scan_page", timed_scan)
-    monkeypatch.setattr("core.maintenance.gc.time.monotonic", lambda: clock[0])
+    monkeypatch.setattr("core.maintenance.gc._monotonic", lambda: clock[0])
     reports = []
     resume = None
     for _ in range(4):
@@ -791,3 +791,14 @@ def test_a_budgeted_run_resumes_where_the_last_one_stopped(
     assert sum(r.deleted for r in reports) == 1
     assert reports[-1].complete and reports[-1].resume is None
     assert "resume" in first.to_dict() and first.to_dict()["resume"]["phase"] == "blobs"
+
+
+def test_runs_cut_short_in_the_files_alternate_with_the_blobs(
+    gstore: SessionStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The files have no cursor: a run that sweeps them first and is cut short there hands
+    the next run the blobs, so a file walk longer than the budget never starves them."""
+    gstore.blobs.put(_text("a file to walk").encode())
+    monkeypatch.setattr("core.maintenance.gc._monotonic", lambda: 100.0)  # time stands still
+    report = gstore.gc_blobs(apply=True, grace=60, time_budget_s=-1.0, resume=GcResume("files"))
+    assert not report.complete and report.resume == GcResume("blobs")

@@ -225,7 +225,7 @@ def test_retry_policy_classifies_and_caps() -> None:
 
     assert is_transient(OperationalError("x", {}, Exception("server closed the connection")))
     assert is_transient(ConnectionResetError())
-    assert is_transient(SoftTimeLimitExceeded())  # a lock wait cut short: retried
+    assert not is_transient(SoftTimeLimitExceeded())  # only the write task retries it
     assert not is_transient(IntegrityError("x", {}, Exception("dup")))
     assert not is_transient(ValueError("bad"))
     delays = [backoff_seconds(n, visibility_timeout=40) for n in range(30)]

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import sqlite3
 import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -26,7 +25,7 @@ from core.migrate import upgrade
 from tasks import WriteRejected, enqueue_append
 from tasks.app import celery_config, create_app
 from tasks.outcomes import stored_outcome
-from tests.support import WorkerProcess, settings_env, thread_worker
+from tests.support import WorkerProcess, settings_env, thread_worker, wait_for
 
 pytestmark = [pytest.mark.redis]
 
@@ -65,6 +64,12 @@ def _worker(settings: Settings, database_url: str, tmp_path: Path) -> WorkerProc
     return WorkerProcess(env, tmp_path / "worker.log", concurrency=1)
 
 
+def _logged(tmp_path: Path, text: str) -> None:
+    """Wait until the worker's log says ``text`` (the lock stays held until it does)."""
+    log = tmp_path / "worker.log"
+    wait_for(lambda: log.exists() and text in log.read_text(), 90, repr(text), step=0.2)
+
+
 def _warm(app: Celery, session_id: str) -> None:
     """A first write, so the worker's pool process has its store open."""
     enqueue_append(session_id, [_event("warm")], app=app).get(timeout=60)
@@ -89,7 +94,7 @@ def test_a_write_killed_at_the_hard_limit_is_requeued_not_lost(
             lock = sqlite3.connect(database, isolation_level=None)
             lock.execute("BEGIN IMMEDIATE")
             handle = enqueue_append(sid, [_event("held")], idempotency_key="k-held", app=app)
-            time.sleep(7.5)
+            _logged(tmp_path, "Hard time limit")  # killed mid-write, however slow the pickup
             lock.execute("ROLLBACK")
             lock.close()
             result = handle.get(timeout=60)  # the FAILURE stored at the kill is not an answer
@@ -117,7 +122,7 @@ def test_a_write_cut_short_by_the_soft_limit_is_retried_not_rejected(
             with psycopg.connect(plain_url) as lock:
                 lock.execute("LOCK TABLE events IN EXCLUSIVE MODE")  # appends wait (in Python)
                 handle = enqueue_append(sid, [_event("held")], idempotency_key="k-soft", app=app)
-                time.sleep(5.5)  # past the soft limit, and the retry waits again
+                _logged(tmp_path, "transient failure, retrying write")  # cut short, retried
             result = handle.get(timeout=60)
             assert (result.first_seq, result.last_seq) == (2, 2)
             # the pool process's connection, interrupted mid-statement, was not reused stuck
