@@ -167,12 +167,13 @@ def enqueue_append(
     def send() -> AsyncResult:
         # enqueued_at: the worker's queue-lag metric (enqueue to commit)
         headers = {"enqueued_at": time.time()}
-        _forget_outcome(app, task_id)
         with storage_errors("broker"):
             return app.send_task(
                 APPEND_TASK, kwargs=kwargs, task_id=task_id, queue=QUEUE, headers=headers
             )
 
+    if idempotency_key is not None:  # a key of the caller's may have an answer already
+        _forget_outcome(app, task_id)  # (a new one cannot; a resend follows no answer)
     return AppendHandle(send(), session_id, key, send)
 
 
