@@ -236,3 +236,28 @@ def test_expiry_removes_the_file_where_a_concurrent_move_put_it(
     assert store.get_session(sid).tenant_id == "globex"
     assert raw.gone(_path(store, sid, art_id))
     assert _rows(store) == 0
+
+
+def test_a_failure_counting_what_was_freed_keeps_the_report(
+    store: SessionStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The outputs are gone by then: the report still comes back, with the estimate."""
+    from sqlalchemy.exc import OperationalError
+
+    from core.maintenance import expiry
+
+    sid = store.create_session(tenant_id="acme").id
+    for art_id in [_oversized(store, sid, str(i)) for i in range(2)]:
+        _expire_now(store, art_id)
+    real = expiry._expired_totals
+    calls: list[int] = []
+
+    def second_fails(engine: Any, moment: Any) -> tuple[int, int]:
+        calls.append(1)
+        if len(calls) == 2:
+            raise OperationalError("SELECT", {}, Exception("the database went away"))
+        return real(engine, moment)
+
+    monkeypatch.setattr(expiry, "_expired_totals", second_fails)
+    report = store.expire_artifacts(apply=True)
+    assert report.deleted == 2 and report.bytes_freed > 0 and _rows(store) == 0

@@ -156,6 +156,8 @@ def test_messages_that_never_reach_the_task_are_dead_lettered_verbatim(
     # found by (session, key) too, as the task stores a write's outcome (invariant 10)
     by_key = stored_outcome(app, sid, "k-c")
     assert by_key is not None and by_key["status"] == "dead_lettered"
+    # ... but only when the body named both: not under the letter's "-" placeholder
+    assert app.backend.get_task_meta(write_task_id("-", "t-1"))["status"] == "PENDING"
     assert child_deaths(prefork) == 0
     wait_for(lambda: queue_drained(redis_url), 20, "the queue to drain")
 
