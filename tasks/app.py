@@ -171,10 +171,10 @@ def celery_config(settings: Settings) -> dict[str, Any]:
         # Unacked messages come back after this long; same value for broker and results.
         "broker_transport_options": {"visibility_timeout": visibility, **transport_options},
         "result_backend_transport_options": {"visibility_timeout": visibility},
-        # Hard/soft time limits below the visibility timeout (see above). The soft limit
-        # is retried (tasks.retry); a run killed at the hard limit (stuck where the soft
-        # one cannot reach it, in C) goes back to the queue instead of being acked with a
-        # FAILURE and lost: Celery's default acks a timed-out message.
+        # Hard/soft time limits below the visibility timeout (see above). The write task
+        # retries the soft limit (tasks.writes); a run killed at the hard limit (stuck
+        # where the soft one cannot reach it, in C) goes back to the queue instead of
+        # being acked with a FAILURE and lost: Celery's default acks a timed-out message.
         "task_time_limit": hard_limit,
         "task_soft_time_limit": int(hard_limit * 0.8),
         "task_acks_on_timeout": False,

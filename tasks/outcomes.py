@@ -31,9 +31,17 @@ def write_task_id(session_id: str, idempotency_key: str) -> str:
 def stored_outcome(app: Celery, session_id: str, idempotency_key: str) -> dict[str, Any] | None:
     """The outcome stored for (session, key) now, or None while it has none (read afresh:
     the backend's cache would keep answering with an outcome since replaced)."""
-    meta = app.backend.get_task_meta(write_task_id(session_id, idempotency_key), cache=False)
-    if meta["status"] == states.SUCCESS and isinstance(meta["result"], dict):
-        return meta["result"]
+    return outcome_in(
+        app.backend.get_task_meta(write_task_id(session_id, idempotency_key), cache=False)
+    )
+
+
+def outcome_in(meta: dict[str, Any]) -> dict[str, Any] | None:
+    """The outcome document a backend's task meta holds (committed or dead-lettered), or
+    None while it holds none (pending, a FAILURE of Celery's own)."""
+    result = meta.get("result")
+    if meta.get("status") == states.SUCCESS and isinstance(result, dict):
+        return result
     return None
 
 

@@ -25,7 +25,7 @@ from core.records import AppendResult
 from core.settings import Settings
 from core.translate import storage_errors
 from tasks.app import QUEUE, get_app, settings_of
-from tasks.outcomes import APPEND_TASK, write_task_id
+from tasks.outcomes import APPEND_TASK, outcome_in, write_task_id
 from tasks.results import QueueTimeout
 
 logger = logging.getLogger(__name__)
@@ -73,10 +73,7 @@ class AppendHandle:
     def outcome(self) -> dict[str, Any] | None:
         """The stored outcome (committed or dead-lettered), or None while there is none."""
         with storage_errors("broker"):
-            meta = self.result.backend.get_task_meta(self.task_id)
-        if meta["status"] == states.SUCCESS and isinstance(meta["result"], dict):
-            return meta["result"]
-        return None
+            return outcome_in(self.result.backend.get_task_meta(self.task_id))
 
     def get(self, timeout: float | None = 30.0) -> AppendResult:
         """Wait for the write; raises ``WriteRejected`` if it was dead-lettered.
@@ -185,10 +182,8 @@ def _forget_outcome(app: Celery, task_id: str) -> None:
     effort: with the backend away, or unable to forget (rpc://), the old answer stays."""
     try:
         with storage_errors("broker"):
-            meta = app.backend.get_task_meta(task_id, cache=False)
-            result = meta.get("result")
-            stored = result.get("status") if isinstance(result, dict) else None
-            if meta.get("status") == states.SUCCESS and stored == "dead_lettered":
+            earlier = outcome_in(app.backend.get_task_meta(task_id, cache=False))
+            if earlier is not None and earlier.get("status") == "dead_lettered":
                 app.backend.forget(task_id)
     except (StorageUnavailable, NotImplementedError) as exc:
         # info: the publish that follows says it louder, if the broker is away too

@@ -338,6 +338,16 @@ def s3_bucket(s3_endpoint: str) -> str:
 
 
 @pytest.fixture
+def s3_store(database_url: str, s3_bucket: str, tmp_path: Path) -> Iterator[SessionStore]:
+    """A store of the parametrized journal with its blobs on the moto server."""
+    settings = Settings(
+        data_dir=tmp_path / "data", database_url=database_url, blob_url=f"{s3_bucket}/blobs"
+    )
+    with SessionStore.from_settings(settings) as store:
+        yield store
+
+
+@pytest.fixture
 def black_hole() -> Iterator[str]:
     """An endpoint that accepts connections and never answers: a hung S3 service, the case
     where the client's own retries and timeouts would take minutes."""

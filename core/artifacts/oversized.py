@@ -11,6 +11,7 @@ import logging
 import re
 import secrets
 from collections.abc import Collection
+from contextlib import suppress
 from datetime import datetime, timedelta
 from pathlib import Path
 
@@ -291,10 +292,10 @@ class OversizedOutputs:
             if row is not None and not place.moving:
                 name = oversized_name(artifact_id)
                 path = session_dir(self.root, place.tenant_id, session_id) / name
-                try:  # no storage call unless an unfinished fork exists (the common case)
+                # No storage call unless an unfinished fork exists (the common case); a
+                # planted link is no file of ours: nothing to keep for anyone.
+                with suppress(SymlinkRefused):
                     preserve_for_forks(conn, self.root, session_id, row, path, storage=self.storage)
-                except SymlinkRefused:
-                    pass  # a planted link is no file of ours: nothing to keep for anyone
             return place
 
     def _forget(self, session_id: str, artifact_id: str, seen: rows.SessionPlace) -> bool | None:

@@ -183,18 +183,18 @@ os.register_at_fork(after_in_child=_forget_pool)
 
 
 def _fetch(
-    blobs: BlobStore,
+    get: Callable[[str], bytes],
     entry: ManifestEntry,
     where: _Where,
     verified: VerifiedValues | None,
-    ahead: _ReadAhead | None = None,
 ) -> str | None:
-    """The original string, or None (logged) when the blob cannot give it back."""
+    """The original string, or None (logged) when the blob cannot give it back; ``get``
+    reads a blob (``BlobStore.get``, or a ``_ReadAhead``'s)."""
     key = (entry.hash, entry.encoding)
     cached = verified.get(key) if verified is not None else None
     if cached is not None:
         return cached
-    value = _fetch_verified(ahead.get if ahead is not None else blobs.get, entry, where)
+    value = _fetch_verified(get, entry, where)
     if value is not None and verified is not None:
         verified.put(key, value)
     return value
@@ -263,7 +263,7 @@ class LazyBlob:
         """The original string; the ref string if the blob cannot be read (logged)."""
         if self._value is None:
             entry = ManifestEntry(self._where.pointer, self.hash, self.size, self.encoding)
-            self._value = _fetch(self._blobs, entry, self._where, self._verified) or self.ref
+            self._value = _fetch(self._blobs.get, entry, self._where, self._verified) or self.ref
         return self._value
 
     def __eq__(self, other: object) -> bool:
@@ -425,7 +425,8 @@ class Rehydrator:
             if key in cache:
                 value: str | None = cache[key]
             else:
-                value = _fetch(self.blobs, entry, where, self.verified, ahead)
+                get = ahead.get if ahead is not None else self.blobs.get
+                value = _fetch(get, entry, where, self.verified)
             if self.on_read is not None:
                 self.on_read()
             if value is not None:

@@ -46,7 +46,7 @@ from core.artifacts.fsio import StagedFile
 from core.artifacts.paths import STAGING_DIR, session_dir
 from core.artifacts.staging import ObjectStagedFile, Staged
 from core.artifacts.storage import FileArtifactStorage
-from core.blobs.store import BLOB_REF_PREFIX
+from core.blobs.store import make_ref, sha256_hex
 from core.db import read_connection, write_transaction
 from core.errors import InvalidEvent, RehydrateInProgress
 from core.fsio import fsync_dir
@@ -420,8 +420,8 @@ def _write(
         named = _manifest_hashes(store, session.id)
 
         def ref_of(data: bytes) -> str | None:
-            blob_hash = hashlib.sha256(data).hexdigest()
-            return BLOB_REF_PREFIX + blob_hash if blob_hash in named else None
+            blob_hash = sha256_hex(data)
+            return make_ref(blob_hash) if blob_hash in named else None
 
         header, entries = exporter.pi_lines(session, events)
         return omp.write_session_file(out, header, entries, ref_of)

@@ -256,9 +256,9 @@ class BlobGc:
             for phase, sweep in phases:
                 if self.report.resume is not None:
                     break  # out of time
-                started = time.monotonic()
+                started = _monotonic()
                 sweep()
-                self.report.phase_seconds[phase] = time.monotonic() - started
+                self.report.phase_seconds[phase] = _monotonic() - started
         except SQLAlchemyError as exc:
             # The database went away mid-run: what was committed stays done; report it.
             self.report.complete = False

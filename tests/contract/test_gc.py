@@ -802,3 +802,23 @@ def test_runs_cut_short_in_the_files_alternate_with_the_blobs(
     monkeypatch.setattr("core.maintenance.gc._monotonic", lambda: 100.0)  # time stands still
     report = gstore.gc_blobs(apply=True, grace=60, time_budget_s=-1.0, resume=GcResume("files"))
     assert not report.complete and report.resume == GcResume("blobs")
+
+
+def test_an_omp_export_refs_an_image_data_url_the_manifest_names(gstore: SessionStore) -> None:
+    """The data-URL side of the same rule: the journal externalizes every image data URL
+    (as UTF-8 text), so the export refs it by that same hash, and the ref resolves after
+    GC, with the data URL's text."""
+    from core.interop.rehydrated import Request, rehydrate
+
+    url = "data:image/png;base64," + base64.b64encode(_png("url")).decode()
+    sid = gstore.create_session(tenant_id="acme").id
+    message = {"role": "user", "content": [{"type": "image_url", "image_url": url}]}
+    entry = {"type": "message", "id": "u1", "parentId": None, "message": message}
+    gstore.append(sid, [{**entry, "timestamp": "2026-11-27T10:00:00.000Z"}])
+    text = gstore.retrieve(rehydrate(gstore, Request(sid, "acme", "omp"))["ref"], session_id=sid)
+    assert text is not None and url not in text
+    assert set(re.findall(r"blob:sha256:([0-9a-f]{64})", text)) == {sha256_hex(url.encode())}
+    for blob_hash in _registered(gstore):
+        _age(gstore, blob_hash)
+    gstore.gc_blobs(apply=True, grace=60)
+    assert gstore.blobs.get(sha256_hex(url.encode())) == url.encode()

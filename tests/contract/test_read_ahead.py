@@ -14,15 +14,14 @@ import logging
 import multiprocessing
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from concurrent.futures import Future
-from pathlib import Path
 from typing import Any
 
 import obstore
 import pytest
 
-from core import SessionStore, Settings
+from core import SessionStore
 from core.blobs import rehydrate
 from core.blobs.objects import ObjectBlobStore
 from core.blobs.rehydrate import READ_AHEAD_THREADS, Rehydrator, _ReadAhead
@@ -41,15 +40,6 @@ def events() -> list[dict[str, Any]]:
         {"type": "message", "message": {"role": "toolResult", "content": [text(i)]}}
         for i in range(N)
     ]
-
-
-@pytest.fixture
-def s3_store(database_url: str, s3_bucket: str, tmp_path: Path) -> Iterator[SessionStore]:
-    settings = Settings(
-        data_dir=tmp_path / "data", database_url=database_url, blob_url=f"{s3_bucket}/blobs"
-    )
-    with SessionStore.from_settings(settings) as store:
-        yield store
 
 
 @pytest.fixture

@@ -12,6 +12,7 @@ from __future__ import annotations
 import sqlite3
 import threading
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -70,9 +71,22 @@ def _logged(tmp_path: Path, text: str) -> None:
     wait_for(lambda: log.exists() and text in log.read_text(), 90, repr(text), step=0.2)
 
 
-def _warm(app: Celery, session_id: str) -> None:
-    """A first write, so the worker's pool process has its store open."""
-    enqueue_append(session_id, [_event("warm")], app=app).get(timeout=60)
+@contextmanager
+def _warm_worker(
+    settings: Settings, database_url: str, tmp_path: Path
+) -> Iterator[tuple[Celery, SessionStore, str]]:
+    """A prefork worker on ``database_url`` whose pool process has its store open (a first
+    write landed), the app, a store and a session; the worker stops on exit."""
+    settings = settings.with_overrides(database_url=database_url)
+    app = create_app(settings)
+    worker = _worker(settings, database_url, tmp_path)
+    with SessionStore.from_settings(settings) as store:
+        sid = store.create_session(tenant_id="acme").id
+        try:
+            enqueue_append(sid, [_event("warm")], app=app).get(timeout=60)
+            yield app, store, sid
+        finally:
+            worker.stop()
 
 
 def test_a_write_killed_at_the_hard_limit_is_requeued_not_lost(
@@ -82,28 +96,20 @@ def test_a_write_killed_at_the_hard_limit_is_requeued_not_lost(
     database = tmp_path / "journal.db"
     url = f"sqlite:///{database}"
     upgrade(url)
-    settings = settings.with_overrides(database_url=url)
-    app = create_app(settings)
-    worker = _worker(settings, url, tmp_path)
-    with SessionStore.from_settings(settings) as store:
-        sid = store.create_session(tenant_id="acme").id
-        try:
-            _warm(app, sid)
-            # SQLite's busy wait is in C: the soft limit's signal waits for it, and the hard
-            # limit kills the pool process at 5 s, mid-write.
-            lock = sqlite3.connect(database, isolation_level=None)
-            lock.execute("BEGIN IMMEDIATE")
-            handle = enqueue_append(sid, [_event("held")], idempotency_key="k-held", app=app)
-            _logged(tmp_path, "Hard time limit")  # killed mid-write, however slow the pickup
-            lock.execute("ROLLBACK")
-            lock.close()
-            result = handle.get(timeout=60)  # the FAILURE stored at the kill is not an answer
-            assert (result.first_seq, result.last_seq) == (2, 2)
-        finally:
-            worker.stop()
-        assert "Hard time limit" in (tmp_path / "worker.log").read_text()
+    with _warm_worker(settings, url, tmp_path) as (app, store, sid):
+        # SQLite's busy wait is in C: the soft limit's signal waits for it, and the hard
+        # limit kills the pool process at 5 s, mid-write.
+        lock = sqlite3.connect(database, isolation_level=None)
+        lock.execute("BEGIN IMMEDIATE")
+        handle = enqueue_append(sid, [_event("held")], idempotency_key="k-held", app=app)
+        _logged(tmp_path, "Hard time limit")  # killed mid-write, however slow the pickup
+        lock.execute("ROLLBACK")
+        lock.close()
+        result = handle.get(timeout=60)  # the FAILURE stored at the kill is not an answer
+        assert (result.first_seq, result.last_seq) == (2, 2)
         assert _markers(store, sid) == ["warm", "held"]
         assert store.dead_letters.count() == 0
+    assert "Hard time limit" in (tmp_path / "worker.log").read_text()
 
 
 @pytest.mark.postgres
@@ -111,29 +117,21 @@ def test_a_write_cut_short_by_the_soft_limit_is_retried_not_rejected(
     limited: tuple[Settings, Path], pg_url: str
 ) -> None:
     settings, tmp_path = limited
-    settings = settings.with_overrides(database_url=pg_url)
-    app = create_app(settings)
-    worker = _worker(settings, pg_url, tmp_path)
-    with SessionStore.from_settings(settings) as store:
-        sid = store.create_session(tenant_id="acme").id
-        try:
-            _warm(app, sid)
-            plain_url = pg_url.replace("postgresql+psycopg://", "postgresql://", 1)
-            with psycopg.connect(plain_url) as lock:
-                lock.execute("LOCK TABLE events IN EXCLUSIVE MODE")  # appends wait (in Python)
-                handle = enqueue_append(sid, [_event("held")], idempotency_key="k-soft", app=app)
-                _logged(tmp_path, "transient failure, retrying write")  # cut short, retried
-            result = handle.get(timeout=60)
-            assert (result.first_seq, result.last_seq) == (2, 2)
-            # the pool process's connection, interrupted mid-statement, was not reused stuck
-            after = enqueue_append(sid, [_event("after")], app=app).get(timeout=60)
-            assert after.last_seq == 3
-        finally:
-            worker.stop()
-        log = (tmp_path / "worker.log").read_text()
-        assert "Soft time limit" in log and "transient failure, retrying write" in log
+    with _warm_worker(settings, pg_url, tmp_path) as (app, store, sid):
+        plain_url = pg_url.replace("postgresql+psycopg://", "postgresql://", 1)
+        with psycopg.connect(plain_url) as lock:
+            lock.execute("LOCK TABLE events IN EXCLUSIVE MODE")  # appends wait (in Python)
+            handle = enqueue_append(sid, [_event("held")], idempotency_key="k-soft", app=app)
+            _logged(tmp_path, "transient failure, retrying write")  # cut short, retried
+        result = handle.get(timeout=60)
+        assert (result.first_seq, result.last_seq) == (2, 2)
+        # the pool process's connection, interrupted mid-statement, was not reused stuck
+        after = enqueue_append(sid, [_event("after")], app=app).get(timeout=60)
+        assert after.last_seq == 3
         assert _markers(store, sid) == ["warm", "held", "after"]
         assert store.dead_letters.count() == 0
+    log = (tmp_path / "worker.log").read_text()
+    assert "Soft time limit" in log and "transient failure, retrying write" in log
 
 
 @pytest.mark.postgres

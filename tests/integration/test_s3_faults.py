@@ -13,7 +13,7 @@ import hashlib
 import logging
 import os
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import obstore
@@ -35,15 +35,6 @@ DAMAGE: dict[str, Callable[[bytes], bytes]] = {
         data[: len(data) // 2] + bytes([data[len(data) // 2] ^ 0x01]) + data[len(data) // 2 + 1 :]
     ),
 }
-
-
-@pytest.fixture
-def s3_store(database_url: str, s3_bucket: str, tmp_path: Path) -> Iterator[SessionStore]:
-    settings = Settings(
-        data_dir=tmp_path / "data", database_url=database_url, blob_url=f"{s3_bucket}/blobs"
-    )
-    with SessionStore.from_settings(settings) as store:
-        yield store
 
 
 def _object_key(store: SessionStore, blob_hash: str) -> str:

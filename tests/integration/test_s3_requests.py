@@ -10,26 +10,16 @@ from __future__ import annotations
 
 import os
 from collections import Counter
-from collections.abc import Callable, Iterator
-from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 import obstore
 import pytest
 
-from core import SessionStore, Settings
+from core import SessionStore
 
 TEXT = b"".join(b"line %d: the quick brown fox\n" % i for i in range(3000))  # gzip codec
 MEDIA = b"\x89PNG\r\n\x1a\n" + os.urandom(20_000)  # identity codec
-
-
-@pytest.fixture
-def s3_store(database_url: str, s3_bucket: str, tmp_path: Path) -> Iterator[SessionStore]:
-    settings = Settings(
-        data_dir=tmp_path / "data", database_url=database_url, blob_url=f"{s3_bucket}/blobs"
-    )
-    with SessionStore.from_settings(settings) as store:
-        yield store
 
 
 @pytest.fixture
