@@ -97,6 +97,38 @@ class WriteTooLarge(InvalidEvent):
     """A write exceeds a documented size limit."""
 
 
+class IdempotencyKeyReused(InvalidEvent):
+    """An idempotency key that committed one write was sent again with other content.
+
+    A replay of the same write is answered with its result (invariant 5); this is not
+    one, and answering it as one would drop the new content without a word. The new write
+    is not appended: send it under a new key. ``first_seq``..``last_seq`` are the seqs the
+    key committed."""
+
+    def __init__(
+        self, session_id: str, idempotency_key: str, first_seq: int, last_seq: int
+    ) -> None:
+        self.field, self.index = "idempotency_key", None
+        self.session_id = session_id
+        self.idempotency_key = idempotency_key
+        self.first_seq = first_seq
+        self.last_seq = last_seq
+        self.reason = (
+            f"key {idempotency_key!r} already committed other content to session "
+            f"{session_id} (seq {first_seq}..{last_seq}); send new content under a new key"
+        )
+        SessionStoreError.__init__(self, f"idempotency key reused: {self.reason}")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            **super().to_dict(),
+            "session_id": self.session_id,
+            "idempotency_key": self.idempotency_key,
+            "first_seq": self.first_seq,
+            "last_seq": self.last_seq,
+        }
+
+
 class BlobError(SessionStoreError):
     """A blob operation failed."""
 
@@ -388,6 +420,21 @@ class WriteRejected(SessionStoreError):
             f"write rejected ({self.error_type}: {self.reason}); "
             f"kept as dead letter {self.dead_letter_id}"
         )
+
+
+class DeliveriesExhausted(SessionStoreError):
+    """A queued write was delivered again and again without finishing (killed at the hard
+    time limit, or its worker lost, each time): it is kept as a dead letter."""
+
+    def __init__(self, deliveries: int) -> None:
+        self.deliveries = deliveries
+        super().__init__(
+            f"delivered {deliveries} times without finishing (killed at the hard time limit, "
+            "or its worker lost, each time)"
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**super().to_dict(), "deliveries": self.deliveries}
 
 
 class NotFinishedInTime(SessionStoreError, TimeoutError):

@@ -190,6 +190,13 @@ class Settings(BaseSettings):
     task_max_retries: int = Field(
         default=20, ge=0, description="Retries of a transient failure before dead-lettering."
     )
+    task_max_deliveries: int = Field(
+        default=5,
+        ge=1,
+        le=1000,
+        description="Deliveries of a Redis message that never finishes (killed at the hard "
+        "time limit, or its worker lost, each time) before its write is dead-lettered.",
+    )
     gc_schedule: str = Field(
         json_schema_extra=SHARED,
         default="3600",

@@ -276,6 +276,14 @@ class SessionStore:
             session_id, events, expected_seq=expected_seq, idempotency_key=idempotency_key
         )
 
+    def committed_write(
+        self, session_id: str, events: Sequence[Any], idempotency_key: str
+    ) -> AppendResult | None:
+        """The answer ``append`` would give ``events`` under ``idempotency_key`` as a replay
+        (nothing is written or stored): None if the key has committed nothing in the
+        session; ``IdempotencyKeyReused`` if it committed other content."""
+        return self._writer.committed_write(session_id, events, idempotency_key)
+
     def prepare(self, events: Sequence[Any]) -> list[PreparedEvent]:
         """Validate a batch, put its blobs, and turn it into journal-ready events."""
         return self._writer.prepare(events)

@@ -14,11 +14,19 @@ from typing import Any
 
 from sqlalchemy import Connection
 
-from core.blobs.externalize import PersistedBatch, Persister, missing_ref_error
+from core import exact_json
+from core.blobs.externalize import PersistedBatch, Persister, PersistPlan, missing_ref_error
 from core.blobs.store import BlobStore, StagedPuts, count_puts
-from core.errors import BlobsMissing, InvalidEvent
+from core.errors import BlobsMissing, IdempotencyKeyReused, InvalidEvent
 from core.journal import Journal, check_batch
-from core.journal.validation import CheckedEvents, check_batch_size, check_seq
+from core.journal.validation import (
+    MAX_ID_LENGTH,
+    MAX_KEY_LENGTH,
+    CheckedEvents,
+    check_batch_size,
+    check_id,
+    check_seq,
+)
 from core.metrics import metrics
 from core.records import AppendResult, PreparedEvent
 from core.settings import Settings
@@ -92,15 +100,46 @@ class Writer:
         if idempotency_key is not None and plan.puts_blobs:
             # A replay (e.g. a Celery redelivery) must not put the batch's blobs again. A
             # batch without blobs needs no pre-check: the append itself answers a replay.
-            prior = self.journal.find_write(session_id, idempotency_key)
+            prior = self._replay_of(session_id, plan, idempotency_key)
             if prior is not None:
                 return prior
         tenant_id = self._tenant_of(session_id) if plan.has_input_refs else None
         # The new blobs are stored now and registered in the append's own transaction.
         batch = self.persister.put(plan, tenant_id=tenant_id, register=False)
-        return self._append_batch(
+        result = self._append_batch(
             session_id, batch, expected_seq=expected_seq, idempotency_key=idempotency_key
         )
+        if result.replayed and idempotency_key is not None:
+            return self._same_write(
+                result, idempotency_key, [event.payload for event in batch.events]
+            )
+        return result
+
+    def committed_write(
+        self, session_id: str, events: Sequence[Any], idempotency_key: str
+    ) -> AppendResult | None:
+        """What appending ``events`` under ``idempotency_key`` would answer as a replay,
+        found without writing or storing anything: None if the key committed nothing."""
+        check_id(session_id, "session_id", MAX_ID_LENGTH)
+        check_id(idempotency_key, "idempotency_key", MAX_KEY_LENGTH)
+        plan = self.persister.plan(events, self.validate(events))
+        return self._replay_of(session_id, plan, idempotency_key)
+
+    def _replay_of(self, session_id: str, plan: PersistPlan, key: str) -> AppendResult | None:
+        prior = self.journal.find_write(session_id, key)
+        if prior is None:
+            return None
+        return self._same_write(prior, key, self.persister.planned_payloads(plan))
+
+    def _same_write(
+        self, prior: AppendResult, key: str, payloads: Sequence[dict[str, Any]]
+    ) -> AppendResult:
+        """``prior``, the write committed under ``key``, if ``payloads`` are what it stored:
+        a replay. Other content under the same key raises ``IdempotencyKeyReused``."""
+        stored = self.journal.written_payloads(prior)
+        if stored != [exact_json.dumps(payload) for payload in payloads]:
+            raise IdempotencyKeyReused(prior.session_id, key, prior.first_seq, prior.last_seq)
+        return prior
 
     def _tenant_of(self, session_id: str) -> str:
         # Refs without bytes are scoped by the session's tenant (invariant 9).

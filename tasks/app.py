@@ -175,6 +175,7 @@ def celery_config(settings: Settings) -> dict[str, Any]:
         # retries the soft limit (tasks.writes); a run killed at the hard limit (stuck
         # where the soft one cannot reach it, in C) goes back to the queue instead of
         # being acked with a FAILURE and lost: Celery's default acks a timed-out message.
+        # A write back too often is dead-lettered (tasks.deliveries counts redeliveries).
         "task_time_limit": hard_limit,
         "task_soft_time_limit": int(hard_limit * 0.8),
         "task_acks_on_timeout": False,

@@ -24,7 +24,7 @@ from celery.worker.strategy import default as default_strategy
 
 from core.metrics import metrics
 from tasks.app import settings_of
-from tasks.outcomes import dead_lettered, write_task_id
+from tasks.outcomes import DIGEST_HEADER, dead_lettered, digest_in, write_task_id
 from tasks.retry import backoff_seconds
 from tasks.runtime import store_for
 
@@ -72,11 +72,12 @@ def keep_undeliverable(app: Celery, message: Any, reason: str, connection_errors
     # Where producers look: the message's task id, and (session, key) when the body names
     # them (as the task stores a write's outcome; a client may have chosen its own id).
     answered = {task_id} if task_id else set()
+    digest = digest_in(headers.get(DIGEST_HEADER))
     if hints["session_id"] and hints["message_id"] != task_id:  # the body named both
         answered.add(write_task_id(hints["session_id"], hints["message_id"]))
     for answer_id in answered:
         try:
-            app.backend.store_result(answer_id, dead_lettered(letter), "SUCCESS")
+            app.backend.store_result(answer_id, dead_lettered(letter, digest), "SUCCESS")
         except Exception as exc:  # the letter is kept; only the producer's wait is lost
             logger.warning("could not store an outcome", extra={"error": repr(exc)})
     message.ack_log_error(logger, connection_errors)

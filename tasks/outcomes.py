@@ -12,11 +12,18 @@ from typing import Any
 
 from celery import Celery, states
 
+from core import exact_json
+from core.errors import IdempotencyKeyReused
 from core.journal.dead_letters import DeadLetter
 from core.records import AppendResult
 
 APPEND_TASK = "sessionstore.append"
 _PREFIX = "ssw-"
+# The message header naming the content a write carries (``write_digest``): its outcome
+# repeats it, so a producer can tell its own write's outcome from that of other content
+# sent before under the same (session, key).
+DIGEST_HEADER = "write_digest"
+KEY_REUSED = "key_reused"
 
 
 def write_task_id(session_id: str, idempotency_key: str) -> str:
@@ -45,9 +52,49 @@ def outcome_in(meta: dict[str, Any]) -> dict[str, Any] | None:
     return None
 
 
-def committed(idempotency_key: str, result: AppendResult) -> dict[str, Any]:
+def write_digest(events: Any) -> str:
+    """The digest of a validated write's events, as its producer sent them."""
+    return hashlib.sha256(exact_json.dumps(list(events))).hexdigest()[:32]
+
+
+def digest_in(value: Any) -> str | None:
+    """A digest a message header carries, if it is one (a hostile client's is not kept)."""
+    return value if isinstance(value, str) and 0 < len(value) <= 64 else None
+
+
+def committed(
+    idempotency_key: str, result: AppendResult, digest: str | None = None
+) -> dict[str, Any]:
     """The outcome document of a write that committed (or was answered as a replay)."""
-    return {"status": "ok", "idempotency_key": idempotency_key, **result.to_dict()}
+    outcome = {"status": "ok", "idempotency_key": idempotency_key, **result.to_dict()}
+    return _with_digest(outcome, digest)
+
+
+def answer_for(outcome: dict[str, Any] | None, digest: str | None) -> dict[str, Any] | None:
+    """``outcome`` as the answer to a write of content ``digest`` under its (session, key).
+
+    An outcome of other content is not this write's: a commit of it means this write is
+    refused (the key is taken: ``KEY_REUSED``), a rejection of it says nothing about this
+    write (None: no answer yet). An outcome without a digest (a client that sent none, or
+    the CLI's replay) answers any write under its key, as it did before digests.
+    """
+    if outcome is None or digest is None:
+        return outcome
+    theirs = outcome.get("digest")
+    if not isinstance(theirs, str) or theirs == digest:
+        return outcome
+    if outcome.get("status") != "ok":
+        return None
+    return {**outcome, "status": KEY_REUSED, "digest": digest}
+
+
+def key_reused_error(outcome: dict[str, Any]) -> IdempotencyKeyReused:
+    return IdempotencyKeyReused(
+        str(outcome.get("session_id")),
+        str(outcome.get("idempotency_key")),
+        int(outcome["first_seq"]),
+        int(outcome["last_seq"]),
+    )
 
 
 def store_outcome(
@@ -60,9 +107,9 @@ def store_outcome(
     app.backend.store_result(task_id, outcome, states.SUCCESS)
 
 
-def dead_lettered(letter: DeadLetter) -> dict[str, Any]:
+def dead_lettered(letter: DeadLetter, digest: str | None = None) -> dict[str, Any]:
     """The outcome document of a write kept as ``letter``: small, JSON-safe strings only."""
-    return {
+    outcome = {
         "status": "dead_lettered",
         "dead_letter_id": letter.id,
         "session_id": letter.session_id,
@@ -70,3 +117,10 @@ def dead_lettered(letter: DeadLetter) -> dict[str, Any]:
         "error_type": letter.error_type,
         "error": letter.error[:1000],
     }
+    return _with_digest(outcome, digest)
+
+
+def _with_digest(outcome: dict[str, Any], digest: str | None) -> dict[str, Any]:
+    if digest is not None:
+        outcome["digest"] = digest
+    return outcome

@@ -25,7 +25,16 @@ from core.records import AppendResult
 from core.settings import Settings
 from core.translate import storage_errors
 from tasks.app import QUEUE, get_app, settings_of
-from tasks.outcomes import APPEND_TASK, outcome_in, write_task_id
+from tasks.outcomes import (
+    APPEND_TASK,
+    DIGEST_HEADER,
+    KEY_REUSED,
+    answer_for,
+    key_reused_error,
+    outcome_in,
+    write_digest,
+    write_task_id,
+)
 from tasks.results import QueueTimeout
 
 logger = logging.getLogger(__name__)
@@ -42,10 +51,13 @@ class AppendHandle:
         session_id: str,
         idempotency_key: str,
         send: Callable[[], AsyncResult],
+        digest: str | None = None,
     ) -> None:
         self.result = result
         self.session_id = session_id
         self.idempotency_key = idempotency_key
+        # the content sent, when the key is the caller's (another write may have used it)
+        self.digest = digest
         self.sent_at = time.monotonic()
         self._send = send
 
@@ -65,18 +77,26 @@ class AppendHandle:
         it records it as unacked, so a worker killed in that instant loses a message the
         broker had accepted. A write not confirmed in time is simply sent again.
         """
-        if self.outcome() is not None:
+        backend = self.result.backend
+        with storage_errors("broker"):
+            stored = outcome_in(backend.get_task_meta(self.task_id, cache=False))
+        if answer_for(stored, self.digest) is not None:
             return  # it has an outcome: nothing to resend
+        if stored is not None:  # a rejection of other content sent under this key
+            _forget_rejection(backend, self.task_id)  # would stand over this one's answer
         self.result = self._send()
         self.sent_at = time.monotonic()
 
     def outcome(self) -> dict[str, Any] | None:
-        """The stored outcome (committed or dead-lettered), or None while there is none."""
+        """The stored outcome (committed, dead-lettered, or ``key_reused``: the key had
+        committed other content), or None while there is none."""
         with storage_errors("broker"):
-            return outcome_in(self.result.backend.get_task_meta(self.task_id))
+            meta = self.result.backend.get_task_meta(self.task_id)
+        return answer_for(outcome_in(meta), self.digest)
 
     def get(self, timeout: float | None = 30.0) -> AppendResult:
-        """Wait for the write; raises ``WriteRejected`` if it was dead-lettered.
+        """Wait for the write; raises ``WriteRejected`` if it was dead-lettered, and
+        ``IdempotencyKeyReused`` if its key had committed other content.
 
         Polls the stored result (safe from any thread; see ``tasks.results``).
         """
@@ -91,8 +111,9 @@ class AppendHandle:
                 meta = backend.get_task_meta(self.task_id)
             state = meta["status"]
             if state == states.SUCCESS:
-                outcome: dict[str, Any] = meta["result"]
-                return outcome
+                outcome = answer_for(meta["result"], self.digest)
+                if outcome is not None:
+                    return outcome
             if state in states.PROPAGATE_STATES:
                 exc = backend.exception_to_python(meta["result"])
                 # A run killed at the hard time limit is recorded as a FAILURE, and its
@@ -108,9 +129,12 @@ class AppendHandle:
 
 
 def to_result(outcome: dict[str, Any]) -> AppendResult:
-    """An outcome document as the library's result; ``WriteRejected`` for a dead letter."""
+    """An outcome document as the library's result; ``WriteRejected`` for a dead letter,
+    ``IdempotencyKeyReused`` for a write whose key had committed other content."""
     if outcome.get("status") == "dead_lettered":
         raise WriteRejected(outcome)
+    if outcome.get("status") == KEY_REUSED:
+        raise key_reused_error(outcome)
     return AppendResult(
         session_id=outcome["session_id"],
         first_seq=outcome["first_seq"],
@@ -160,31 +184,37 @@ def enqueue_append(
         "idempotency_key": key,
     }
     task_id = write_task_id(session_id, key)
+    # A key of the caller's may have carried other content before: the digest tells its
+    # outcome from this write's (a new key cannot have; it costs a hash of the write).
+    digest = write_digest(events) if idempotency_key is not None else None
 
     def send() -> AsyncResult:
         # enqueued_at: the worker's queue-lag metric (enqueue to commit)
-        headers = {"enqueued_at": time.time()}
+        headers: dict[str, Any] = {"enqueued_at": time.time()}
+        if digest is not None:
+            headers[DIGEST_HEADER] = digest
         with storage_errors("broker"):
             return app.send_task(
                 APPEND_TASK, kwargs=kwargs, task_id=task_id, queue=QUEUE, headers=headers
             )
 
     if idempotency_key is not None:  # a key of the caller's may have an answer already
-        _forget_outcome(app, task_id)  # (a new one cannot; a resend follows no answer)
-    return AppendHandle(send(), session_id, key, send)
+        _forget_rejection(app.backend, task_id)  # (a new one cannot; see resend)
+    return AppendHandle(send(), session_id, key, send, digest)
 
 
-def _forget_outcome(app: Celery, task_id: str) -> None:
+def _forget_rejection(backend: Any, task_id: str) -> None:
     """Drop a rejection stored under this (session, key) before: it is not this send's (a
-    stale expected_seq, a dead letter since replayed), and Celery never stores a result
-    over it, so the write would commit and still be answered as rejected. A committed
-    outcome stays: a send of a write that committed is answered with it again. Best
-    effort: with the backend away, or unable to forget (rpc://), the old answer stays."""
+    stale expected_seq, a dead letter since replayed, other content), and Celery never
+    stores a result over it, so the write would commit and still be answered as
+    rejected. A committed outcome stays: a send of a write that committed is answered
+    with it again (or, for other content, refused by it). Best effort: with the backend
+    away, or unable to forget (rpc://), the old answer stays."""
     try:
         with storage_errors("broker"):
-            earlier = outcome_in(app.backend.get_task_meta(task_id, cache=False))
+            earlier = outcome_in(backend.get_task_meta(task_id, cache=False))
             if earlier is not None and earlier.get("status") == "dead_lettered":
-                app.backend.forget(task_id)
+                backend.forget(task_id)
     except (StorageUnavailable, NotImplementedError) as exc:
         # info: the publish that follows says it louder, if the broker is away too
         logger.info("could not clear a write's earlier outcome", extra={"error": repr(exc)})

@@ -13,9 +13,16 @@ from typing import Any
 
 from celery import Celery, Task, states
 
-from core.errors import InvalidEvent, RehydrateInProgress, SessionNotFound, SessionStoreError
+from core.errors import (
+    DeliveriesExhausted,
+    InvalidEvent,
+    RehydrateInProgress,
+    SessionNotFound,
+    SessionStoreError,
+)
 from core.interop.rehydrated import FORMATS, Request, rehydrate
 from tasks.app import QUEUE, get_app, sessionstore_task, settings_of
+from tasks.deliveries import delivery_count
 from tasks.results import QueueTimeout
 from tasks.retry import backoff_seconds, is_transient
 from tasks.runtime import store_for
@@ -30,6 +37,9 @@ def rehydrate_task(
     def progress(done: int, total: int) -> None:
         self.update_state(state="PROGRESS", meta={"done": done, "total": total})
 
+    deliveries = delivery_count(self)
+    if deliveries > settings_of(self.app).task_max_deliveries:  # stuck each time: give up
+        return {"status": "refused", **DeliveriesExhausted(deliveries).to_dict()}
     request = Request(session_id=session_id, tenant_id=tenant_id, format=format, at_seq=at_seq)
     # Wait for another worker's identical build within this task's time limit, not beyond.
     wait_s = max(1.0, float(self.app.conf.task_soft_time_limit or 60) / 2)
@@ -83,6 +93,8 @@ def _outcome(result: dict[str, Any]) -> dict[str, Any]:
     if result.get("status") == "refused":
         if result.get("error") == "SessionNotFound":
             raise SessionNotFound(str(result.get("session_id", "")), str(result.get("message")))
+        if result.get("error") == "DeliveriesExhausted":
+            raise DeliveriesExhausted(int(result.get("deliveries", 0)))
         raise InvalidEvent(str(result.get("field", "")), str(result.get("reason")))
     return result
 

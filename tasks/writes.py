@@ -17,9 +17,18 @@ from typing import Any, NoReturn
 from celery import Task
 from celery.exceptions import Reject, SoftTimeLimitExceeded
 
+from core.errors import DeliveriesExhausted, InvalidEvent
 from core.metrics import metrics
 from tasks.app import sessionstore_task, settings_of
-from tasks.outcomes import APPEND_TASK, committed, dead_lettered, write_task_id
+from tasks.deliveries import delivery_count
+from tasks.outcomes import (
+    APPEND_TASK,
+    DIGEST_HEADER,
+    committed,
+    dead_lettered,
+    digest_in,
+    write_task_id,
+)
 from tasks.producer import validate_write
 from tasks.retry import backoff_seconds, is_transient
 from tasks.runtime import store_for
@@ -39,6 +48,11 @@ def append(
 ) -> dict[str, Any]:
     settings = settings_of(self.app)
     key = str(self.request.id) if idempotency_key is None else idempotency_key
+    deliveries = delivery_count(self)
+    if deliveries > settings.task_max_deliveries:
+        outcome = _given_up(self, key, session_id, events, expected_seq, deliveries)
+        _store_under_write_id(self, outcome)
+        return outcome
     try:
         # The producer ran this already; other clients may not have (send_task by name).
         validate_write(settings, session_id, events, expected_seq, key)
@@ -55,10 +69,33 @@ def append(
             _retry_later(self, "transient failure, retrying write", exc)
         outcome = _dead_letter(self, key, session_id, events, expected_seq, exc)
     else:
-        outcome = committed(key, result)
+        outcome = committed(key, result, _digest_of(self))
         _observe_commit(self, result.replayed)
     _store_under_write_id(self, outcome)
     return outcome
+
+
+def _given_up(
+    task: Task, key: Any, session_id: Any, events: Any, expected_seq: Any, deliveries: int
+) -> dict[str, Any]:
+    """The outcome of a write delivered too often: committed, if an earlier delivery
+    committed it before being killed (a lookup, not the write that hangs), else a dead
+    letter saying how often it came back (or why the lookup refused it)."""
+    error: Exception = DeliveriesExhausted(deliveries)
+    try:
+        prior = store_for(task.app).committed_write(session_id, events, key)
+        if prior is not None:
+            return committed(key, prior, _digest_of(task))
+    except InvalidEvent as exc:  # bad input, or the key's other content: the letter says so
+        error = exc
+    except Exception as exc:  # the database stuck too: keep the write
+        logger.warning("could not look up a write delivered too often", extra={"error": repr(exc)})
+    return _dead_letter(task, key, session_id, events, expected_seq, error)
+
+
+def _digest_of(task: Task) -> str | None:
+    """The digest the producer sent with the write (``tasks.outcomes.DIGEST_HEADER``)."""
+    return digest_in(task.request.get(DIGEST_HEADER))
 
 
 def _observe_commit(task: Task, replayed: bool) -> None:
@@ -114,7 +151,7 @@ def _dead_letter(
             "error": letter.error,
         },
     )
-    return dead_lettered(letter)
+    return dead_lettered(letter, _digest_of(task))
 
 
 def _store_under_write_id(task: Task, outcome: dict[str, Any]) -> None:

@@ -336,6 +336,16 @@ class Persister:
         put = {r.hash: slot.data for slot, r in zip(slots, results, strict=True)}
         return PersistedBatch(prepared, put, input_refs, staged)
 
+    def planned_payloads(self, plan: PersistPlan) -> list[dict[str, Any]]:
+        """The payloads ``put`` would store for ``plan``, each ref computed from its bytes'
+        hash and nothing stored (to compare a replay with the write it repeats). Fills the
+        refs into the plan's own payloads: the plan is not to be put afterwards."""
+        for walker in plan.walkers:
+            for slot in walker.slots:
+                ref = make_ref(sha256_hex(slot.data))
+                set_at_pointer(plan.payloads[slot.event], slot.pointer, ref)
+        return list(plan.payloads)
+
     def _walk(self, index: int, event: dict[str, Any]) -> tuple[_Walker, dict[str, Any]]:
         walker = _Walker(index, image_min=self.image_min, inline_limit=self.inline_limit)
         try:

@@ -45,6 +45,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 from core.db import read_connection, write_transaction
 from core.errors import (
     ExternalIdTaken,
+    IdempotencyKeyReused,
     ImportConflict,
     ImportFormatError,
     ImportInterrupted,
@@ -59,7 +60,7 @@ from core.interop.model import IgnoredLine, ParsedSession
 from core.journal.validation import CheckedEvents, checked
 from core.metrics import metrics
 from core.models import ImportOffsetRow, SessionRow, table_of, utcnow
-from core.records import PlainRecord, Session, StoredEvent
+from core.records import AppendResult, PlainRecord, Session, StoredEvent
 
 if TYPE_CHECKING:
     from core.store import SessionStore
@@ -761,12 +762,17 @@ def _append(
         )
         # expected_seq: a concurrent writer fails this instead of interleaving; the key: a
         # batch already committed (by a pass that died, or a concurrent importer) is replayed
-        result = store.append(
-            session.id,
-            pending[index - start : end - start],
-            expected_seq=head,
-            idempotency_key=_batch_key(index),
-        )
+        try:
+            result = store.append(
+                session.id,
+                pending[index - start : end - start],
+                expected_seq=head,
+                idempotency_key=_batch_key(index),
+            )
+        except IdempotencyKeyReused as exc:
+            # A concurrent import committed a batch from this same file event, cut at
+            # another line: those are the file's events too, so it counts as a replay.
+            result = AppendResult(session.id, exc.first_seq, exc.last_seq, [], replayed=True)
         count = result.last_seq - result.first_seq + 1
         index += count
         if result.replayed:

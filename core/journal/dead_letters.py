@@ -199,19 +199,22 @@ class DeadLetters:
         *,
         events: Any = None,
         expected_seq: int | Keep | None = KEEP,
+        idempotency_key: str | None = None,
     ) -> AppendResult:
         """Append the letter (or a fixed ``events``) under its original idempotency key.
 
         The key makes a replay land once, however often it is run; the letter is removed
         only after the write has committed. ``expected_seq`` overrides the letter's (an int)
-        or drops it (None), for a write rejected on a conflict.
+        or drops it (None), for a write rejected on a conflict. ``idempotency_key``
+        replaces the letter's, for a write refused because its key had committed other
+        content (``IdempotencyKeyReused``).
         """
         letter = self.get(letter_id)
         result = append(
             letter.session_id,
             letter.events if events is None else events,
             expected_seq=letter.expected_seq if isinstance(expected_seq, Keep) else expected_seq,
-            idempotency_key=letter.idempotency_key,
+            idempotency_key=letter.idempotency_key if idempotency_key is None else idempotency_key,
         )
         with write_transaction(self.engine) as conn:
             conn.execute(delete(_letters).where(_letters.c.id == letter_id))

@@ -252,9 +252,9 @@ def check_write(
     the field: the producer and the worker run this same function, so a write accepted
     here is one the journal can store.
     """
-    _check_id(session_id, "session_id", MAX_ID_LENGTH)
+    check_id(session_id, "session_id", MAX_ID_LENGTH)
     if idempotency_key is not None:
-        _check_id(idempotency_key, "idempotency_key", MAX_KEY_LENGTH)
+        check_id(idempotency_key, "idempotency_key", MAX_KEY_LENGTH)
     if expected_seq is not None:
         check_seq(expected_seq, "expected_seq", error=InvalidEvent)
     encoded = check_batch(events, max_events=max_events, max_depth=max_depth)
@@ -309,7 +309,7 @@ def check_at_seq(at_seq: Any, head_seq: int) -> int:
     return at_seq
 
 
-def _check_id(value: Any, field: str, max_length: int) -> None:
+def check_id(value: Any, field: str, max_length: int) -> None:
     if type(value) is not str:
         raise InvalidEvent(field, f"must be a string, got {type(value).__name__}")
     if not 0 < len(value) <= max_length:

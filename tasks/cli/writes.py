@@ -206,12 +206,19 @@ def dead_replay(
     no_expected_seq: bool = typer.Option(
         False, "--no-expected-seq", help="Replay without any expected head (append at the end)."
     ),
+    key: str | None = typer.Option(
+        None,
+        "--key",
+        help="Replay under this idempotency key instead of the letter's (for a write "
+        "refused because its key had committed other content).",
+    ),
     as_json: bool = JsonOption,
 ) -> None:
     """Append a dead letter under its original key (so it lands once), then remove it.
 
     A write rejected on a conflict can be replayed at another head (--expected-seq) or
-    at whatever the head is now (--no-expected-seq).
+    at whatever the head is now (--no-expected-seq); one whose key had committed other
+    content (IdempotencyKeyReused), under a new key (--key).
     """
     from core.journal.dead_letters import KEEP, Keep
 
@@ -226,9 +233,9 @@ def dead_replay(
     with open_store() as store:
         letter = store.dead_letters.get(letter_id)
         result = store.dead_letters.replay(
-            letter_id, store.append, events=events, expected_seq=override
+            letter_id, store.append, events=events, expected_seq=override, idempotency_key=key
         )
-    _answer_producers(letter.session_id, letter.idempotency_key, result)
+    _answer_producers(letter.session_id, key or letter.idempotency_key, result)
     if as_json:
         print_json(result.to_dict())
     else:

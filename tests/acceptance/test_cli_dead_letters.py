@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 
 from core import SessionStore, Settings
-from core.errors import ConcurrencyConflict
+from core.errors import ConcurrencyConflict, IdempotencyKeyReused
 from tests.acceptance.test_cli import assert_user_error, run
 
 
@@ -125,13 +125,48 @@ def test_a_send_clears_an_earlier_rejection_but_never_a_commit(tmp_path: Path) -
     outcome (not this send's answer), never a committed one (the answer to any resend)."""
     from tasks.app import create_app
     from tasks.outcomes import store_outcome, stored_outcome, write_task_id
-    from tasks.producer import _forget_outcome
+    from tasks.producer import _forget_rejection
 
     app = create_app(Settings(data_dir=tmp_path / "data"))
     committed = {"status": "ok", "session_id": "s", "idempotency_key": "k", "last_seq": 1}
     store_outcome(app, "s", "k", committed)
-    _forget_outcome(app, write_task_id("s", "k"))
+    _forget_rejection(app.backend, write_task_id("s", "k"))
     assert stored_outcome(app, "s", "k") == committed
     store_outcome(app, "s", "k", {"status": "dead_lettered", "dead_letter_id": 1})
-    _forget_outcome(app, write_task_id("s", "k"))
+    _forget_rejection(app.backend, write_task_id("s", "k"))
     assert stored_outcome(app, "s", "k") is None
+
+
+def test_a_letter_refused_for_a_reused_key_replays_under_a_new_key(tmp_path: Path) -> None:
+    """A write refused because its key had committed other content cannot land under that
+    key (each replay is refused the same way, typed); ``--key`` lands it under a new one,
+    and ``append`` with a reused key says so too."""
+    data_dir = tmp_path / "data"
+    assert run(data_dir, "db", "upgrade").returncode == 0
+    with SessionStore.from_settings(Settings(data_dir=data_dir)) as store:
+        sid = store.create_session(tenant_id="acme").id
+        store.append(sid, [{"type": "n", "i": 1}], idempotency_key="k")
+        try:
+            store.append(sid, [{"type": "n", "i": 2}], idempotency_key="k")
+        except IdempotencyKeyReused as exc:
+            refused = exc
+        letter = store.dead_letters.record(
+            idempotency_key="k",
+            session_id=sid,
+            events=[{"type": "n", "i": 2}],
+            expected_seq=None,
+            error=refused,
+        )
+    again = run(data_dir, "dead-letters", "replay", str(letter.id))
+    assert_user_error(again, "idempotency key reused", "seq 1..1")
+    landed = run(data_dir, "dead-letters", "replay", str(letter.id), "--key", "k-2", "--json")
+    assert landed.returncode == 0, landed.stderr
+    assert json.loads(landed.stdout)["first_seq"] == 2
+    assert run(data_dir, "dead-letters", "list", "--json").stdout.strip() in ("", "[]")
+
+    first = run(data_dir, "append", sid, "-", "--key", "b", stdin='{"type": "n", "i": 3}\n')
+    assert first.returncode == 0, first.stderr
+    reused = run(data_dir, "append", sid, "-", "--key", "b", stdin='{"type": "n", "i": 4}\n')
+    assert_user_error(reused, "idempotency key reused", "'b:0'")
+    with SessionStore.from_settings(Settings(data_dir=data_dir)) as store:
+        assert [e.payload["i"] for e in store.read(sid)] == [1, 2, 3]

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from sqlalchemy import text
 
 from core import SessionStore, exact_json
-from core.errors import InvalidEvent
+from core.errors import IdempotencyKeyReused, InvalidEvent
 from core.journal.validation import MAX_INT_BITS
 
 Strict = tuple[str, Any]
@@ -73,6 +73,60 @@ def test_read_returns_exactly_what_was_appended(
     store.append(session.id, batch)
     read = [e.payload for e in store.read(session.id, rehydrate=True)]
     assert [strict(e) for e in read] == [strict(e) for e in batch]
+
+
+def _flip_first_number(value: Any) -> tuple[Any, bool]:
+    """``value`` with its first number changed to one Python's ``==`` holds equal (1 and
+    1.0, 0.0 and -0.0), or to the next integer where there is none; and whether one was."""
+    if type(value) is int:
+        return (float(value) if abs(value) < 2**53 else value + 1), True
+    if type(value) is float:
+        return (-value if value == 0 else int(value) if value.is_integer() else value * 2), True
+    if isinstance(value, list):
+        for i, item in enumerate(value):
+            flipped, done = _flip_first_number(item)
+            if done:
+                return [*value[:i], flipped, *value[i + 1 :]], True
+    if isinstance(value, dict):
+        for key, item in value.items():
+            flipped, done = _flip_first_number(item)
+            if done:
+                return {**value, key: flipped}, True
+    return value, False
+
+
+@hsettings(
+    max_examples=60,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+@given(
+    batch=st.lists(events, min_size=1, max_size=3),
+    change=st.sampled_from(["same", "number", "key order", "other batch"]),
+    other=st.lists(events, min_size=1, max_size=3),
+)
+def test_a_key_replays_exactly_its_own_content(
+    store: SessionStore, batch: list[dict[str, Any]], change: str, other: list[dict[str, Any]]
+) -> None:
+    """Under a committed key, a batch that would store the same JSON text is a replay and
+    any other is refused (IdempotencyKeyReused), with the strictness reads have: key
+    order, ``1`` against ``1.0``, ``-0.0`` against ``0.0``, integers of any size."""
+    if change == "number":
+        other = _flip_first_number(batch)[0]
+    elif change == "key order":
+        other = [dict(reversed(event.items())) for event in batch]
+    elif change == "same":
+        other = batch
+    session = store.create_session(tenant_id="acme")
+    first = store.append(session.id, batch, idempotency_key="k")
+    if [strict(e) for e in other] == [strict(e) for e in batch]:
+        assert store.append(session.id, other, idempotency_key="k") == first.__class__(
+            **{**first.to_dict(), "replayed": True}
+        )
+    else:
+        with pytest.raises(IdempotencyKeyReused):
+            store.append(session.id, other, idempotency_key="k")
+    assert store.get_session(session.id).head_seq == len(batch)
 
 
 @pytest.mark.parametrize(

@@ -19,6 +19,7 @@ import pytest
 from sqlalchemy import event, func, select, text
 
 from core import ConcurrencyConflict, InvalidEvent, SessionNotFound, SessionStore, Settings
+from core.errors import IdempotencyKeyReused
 from core.journal import journal as journal_module
 from core.journal.postgres import PG_APPEND
 from core.models import EventRow, WriteRow
@@ -192,6 +193,45 @@ class JournalContract:
         replay = store.append(s.id, [_msg(1), _msg(2)], idempotency_key="k-dead")
         assert replay.replayed and (replay.first_seq, replay.last_seq) == (1, 2)
         assert _count_events(store) == 2
+
+    @pytest.mark.parametrize(
+        "other",
+        [
+            [_msg(1), _msg(3)],  # another event
+            [_msg(1)],  # fewer events
+            [_msg(1), _msg(2), _msg(3)],  # more events
+            [_msg(1), _msg(2, n=1)],  # a field more
+            [_msg(1), {**_msg(2), "type": "custom"}],  # another type
+            [_msg(1), dict(reversed(_msg(2).items()))],  # the same fields in another order
+        ],
+        ids=["event", "fewer", "more", "field", "type", "key-order"],
+    )
+    def test_a_key_reused_for_other_content_is_refused_and_nothing_lost(
+        self, store: SessionStore, other: list[dict[str, Any]]
+    ) -> None:
+        """Answering other content under a committed key as a replay dropped that content
+        without a word (the key is the producer's, and producers reuse them by mistake)."""
+        s = store.create_session(tenant_id="acme")
+        first = store.append(s.id, [_msg(1), _msg(2)], idempotency_key="k")
+        with pytest.raises(IdempotencyKeyReused) as caught:
+            store.append(s.id, other, idempotency_key="k")
+        error = caught.value
+        assert isinstance(error, InvalidEvent) and error.field == "idempotency_key"
+        assert (error.session_id, error.idempotency_key) == (s.id, "k")
+        assert (error.first_seq, error.last_seq) == (first.first_seq, first.last_seq)
+        assert error.to_dict()["error"] == "IdempotencyKeyReused"
+        assert _count_events(store) == 2 and store.get_session(s.id).head_seq == 2
+        # the write it repeats is still answered as a replay, and a new key lands the rest
+        assert store.append(s.id, [_msg(1), _msg(2)], idempotency_key="k").replayed
+        assert store.append(s.id, other, idempotency_key="k2").first_seq == 3
+
+    def test_a_key_reused_after_a_session_fork_or_in_another_session_is_its_own(
+        self, store: SessionStore
+    ) -> None:
+        """Keys are scoped by session: the same key in another session is a new write."""
+        a, b = store.create_session(tenant_id="acme"), store.create_session(tenant_id="acme")
+        store.append(a.id, [_msg(1)], idempotency_key="k")
+        assert store.append(b.id, [_msg(2)], idempotency_key="k").replayed is False
 
     def test_idempotency_record_commits_with_the_events(self, store: SessionStore) -> None:
         s = store.create_session(tenant_id="acme")

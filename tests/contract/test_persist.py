@@ -20,7 +20,7 @@ from core.blobs.externalize import TRANSIENT_FIELDS, canonical_base64
 from core.blobs.files import FileBlobStore
 from core.blobs.store import BLOB_REF_PREFIX, StagedPuts, make_ref, parse_ref, sha256_hex
 from core.db import write_transaction
-from core.errors import BlobsMissing, ConcurrencyConflict
+from core.errors import BlobsMissing, ConcurrencyConflict, IdempotencyKeyReused
 from core.models import BlobRefRow, BlobRow, EventRow
 from core.records import ManifestEntry, StoredEvent
 
@@ -555,6 +555,38 @@ def test_replayed_write_puts_no_blobs(store: SessionStore, monkeypatch: pytest.M
     again = store.append(session.id, [user("w" * 20_000)], idempotency_key="k1")
     assert again.replayed and again.positions == first.positions
     assert puts == []
+
+
+@pytest.mark.parametrize("path", ["checked first", "answered by the append"])
+def test_a_key_reused_for_other_blobs_is_refused_and_puts_none(
+    store: SessionStore, monkeypatch: pytest.MonkeyPatch, path: str
+) -> None:
+    """A batch with blobs is checked against its key before any put (a replay must not
+    put again); one without is answered by the append: both compare the content."""
+    session = store.create_session(tenant_id="acme")
+    shot, other_shot = image_b64(8_000), image_b64(8_000)
+    first = store.append(session.id, [user(image(shot))], idempotency_key="k")
+    blobs = count(store, BlobRow)
+    puts: list[int] = []
+
+    def counted(real: Any) -> Any:
+        return lambda items: puts.append(len(items)) if items else real(items)
+
+    for name in ("put_many", "stage_many"):
+        monkeypatch.setattr(store.blobs, name, counted(getattr(store.blobs, name)))
+    if path == "checked first":  # other bytes under the key: the pre-check compares refs
+        with pytest.raises(IdempotencyKeyReused):
+            store.append(session.id, [user(image(other_shot))], idempotency_key="k")
+        assert puts == []
+    else:  # no blob to put: the append finds the key, then the content is compared
+        with pytest.raises(IdempotencyKeyReused):
+            store.append(session.id, [user("no image")], idempotency_key="k")
+    # the same bytes under the key are the same write, even sent as a ref now
+    assert store.append(session.id, [user(image(shot))], idempotency_key="k").replayed
+    ref = make_ref(sha256_hex(base64.b64decode(shot)))
+    assert store.append(session.id, [user(image(ref))], idempotency_key="k").replayed
+    assert puts == [] and count(store, BlobRow) == blobs
+    assert count(store, EventRow) == 1 and first.last_seq == 1
 
 
 def test_stored_event_is_a_plain_record(store: SessionStore) -> None:

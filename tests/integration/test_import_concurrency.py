@@ -145,3 +145,34 @@ def test_events_a_dead_pass_appended_are_taken_up_not_unchanged(
         )
         again = store.import_session(path, tenant_id=TENANT)
         assert (again.status, again.taken_up) == ("unchanged", 0)
+
+
+def test_a_batch_a_concurrent_pass_cut_elsewhere_counts_as_imported(
+    settings: Settings, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A batch's key names its first file event, so a concurrent pass with another batch
+    size commits other content under the same key. Those are this file's events all the
+    same: the pass counts them as a replay (not ``IdempotencyKeyReused``) and goes on."""
+    path = tmp_path / "s.jsonl"
+    lines = _lines(20)
+    write(path, lines)
+    import core.interop.importer as importer
+
+    with SessionStore.from_settings(settings.model_copy(update={"max_batch_events": 10})) as a:
+        with monkeypatch.context() as patch:  # a pass that commits its batches, not its offset
+            patch.setattr(importer, "_save_offset", _raise)
+            with pytest.raises(importer.ImportInterrupted):
+                a.import_session(path, tenant_id=TENANT)
+    with SessionStore.from_settings(settings.model_copy(update={"max_batch_events": 7})) as b:
+        with monkeypatch.context() as patch:  # it looked before the other pass committed
+            patch.setattr(importer, "_resumed", lambda store, session_id, entries: entries)
+            found = b.import_session(path, tenant_id=TENANT)
+        assert (found.appended, found.skipped) == (0, len(lines))
+        events = b.read(found.session_id, rehydrate=True)
+        assert [e.payload for e in events] == lines  # each once
+        again = b.import_session(path, tenant_id=TENANT)
+        assert (again.status, again.appended) == ("unchanged", 0)
+
+
+def _raise(*args: Any, **kwargs: Any) -> None:
+    raise OSError("died before it recorded its batches")

@@ -55,14 +55,14 @@ def limited(redis_url: str, tmp_path: Path) -> Iterator[tuple[Settings, Path]]:
     yield settings, tmp_path
 
 
-def _worker(settings: Settings, database_url: str, tmp_path: Path) -> WorkerProcess:
-    env = settings_env(
+def _worker(settings: Settings, database_url: str, tmp_path: Path, **env: str) -> WorkerProcess:
+    base = settings_env(
         database_url=database_url,
         broker_url=str(settings.broker_url),
         data_dir=tmp_path / "w",
         visibility_timeout=VISIBILITY,
     )
-    return WorkerProcess(env, tmp_path / "worker.log", concurrency=1)
+    return WorkerProcess({**base, **env}, tmp_path / "worker.log", concurrency=1)
 
 
 def _logged(tmp_path: Path, text: str) -> None:
@@ -73,13 +73,13 @@ def _logged(tmp_path: Path, text: str) -> None:
 
 @contextmanager
 def _warm_worker(
-    settings: Settings, database_url: str, tmp_path: Path
+    settings: Settings, database_url: str, tmp_path: Path, **env: str
 ) -> Iterator[tuple[Celery, SessionStore, str]]:
     """A prefork worker on ``database_url`` whose pool process has its store open (a first
     write landed), the app, a store and a session; the worker stops on exit."""
     settings = settings.with_overrides(database_url=database_url)
     app = create_app(settings)
-    worker = _worker(settings, database_url, tmp_path)
+    worker = _worker(settings, database_url, tmp_path, **env)
     with SessionStore.from_settings(settings) as store:
         sid = store.create_session(tenant_id="acme").id
         try:
@@ -110,6 +110,45 @@ def test_a_write_killed_at_the_hard_limit_is_requeued_not_lost(
         assert _markers(store, sid) == ["warm", "held"]
         assert store.dead_letters.count() == 0
     assert "Hard time limit" in (tmp_path / "worker.log").read_text()
+
+
+@pytest.mark.slow
+def test_a_write_killed_at_the_hard_limit_every_time_is_dead_lettered_not_run_forever(
+    limited: tuple[Settings, Path],
+) -> None:
+    """Requeued at each kill, a write stuck every time ran again after every visibility
+    timeout, for ever, holding a pool process to the hard limit each time. Its deliveries
+    are counted (Redis marks a restored message), and past the limit it is dead-lettered,
+    typed, without running again."""
+    settings, tmp_path = limited
+    database = tmp_path / "journal.db"
+    url = f"sqlite:///{database}"
+    upgrade(url)
+    with _warm_worker(settings, url, tmp_path, SESSIONSTORE_TASK_MAX_DELIVERIES="2") as (
+        app,
+        store,
+        sid,
+    ):
+        lock = sqlite3.connect(database, isolation_level=None)
+        lock.execute("BEGIN IMMEDIATE")
+        handle = enqueue_append(sid, [_event("stuck")], idempotency_key="k-stuck", app=app)
+        log = tmp_path / "worker.log"
+        wait_for(
+            lambda: log.read_text().count("Hard time limit") >= 2, 90, "a second kill", step=0.2
+        )
+        lock.execute("ROLLBACK")  # a third delivery would now commit: it is not run
+        lock.close()
+        with pytest.raises(WriteRejected) as rejected:
+            handle.get(timeout=60)
+        assert rejected.value.error_type == "DeliveriesExhausted"
+        assert "delivered 3 times" in rejected.value.reason
+        assert _markers(store, sid) == ["warm"]
+        (letter,) = store.dead_letters.list()
+        assert (letter.idempotency_key, letter.events) == ("k-stuck", [_event("stuck")])
+        # the letter lands when replayed, once
+        store.dead_letters.replay(letter.id, store.append)
+        assert _markers(store, sid) == ["warm", "stuck"]
+    assert log.read_text().count("Hard time limit") == 2
 
 
 @pytest.mark.postgres

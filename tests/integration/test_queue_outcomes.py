@@ -20,10 +20,10 @@ from sqlalchemy.engine import Connection, Engine
 
 from core import SessionStore, Settings
 from core.blobs.files import FileBlobStore
-from core.errors import InvalidEvent, WriteRejected
+from core.errors import IdempotencyKeyReused, InvalidEvent, WriteRejected
 from tasks import enqueue_append
 from tasks.app import QUEUE, create_app
-from tasks.outcomes import stored_outcome, write_task_id
+from tasks.outcomes import store_outcome, stored_outcome, write_task_id
 from tests.support import (
     DiskFull,
     TcpProxy,
@@ -374,3 +374,64 @@ def test_a_write_with_no_worker_times_out_typed_and_is_still_delivered(
     finally:
         worker.stop()
     assert [e.payload["marker"] for e in store.read(sid)] == ["waiting"]
+
+
+def test_a_key_reused_for_other_content_is_refused_typed_and_the_write_kept(
+    app: Celery, store: SessionStore, prefork: Path, redis_url: str
+) -> None:
+    """A producer that sends other content under a key that committed was answered with
+    that commit (Celery's result for the key), and the worker took the write for a replay:
+    both said committed, and the content was gone. Now the producer's wait raises
+    ``IdempotencyKeyReused`` (the outcome names other content), and the worker refuses
+    the write into a dead letter, from where it replays under a new key."""
+    sid = store.create_session(tenant_id="acme").id
+    first = enqueue_append(sid, [note("first")], idempotency_key="k", app=app).get(timeout=60)
+    reused = enqueue_append(sid, [note("other")], idempotency_key="k", app=app)
+    with pytest.raises(IdempotencyKeyReused) as caught:
+        reused.get(timeout=60)
+    assert (caught.value.first_seq, caught.value.last_seq) == (first.first_seq, first.last_seq)
+    assert reused.outcome() is not None and reused.outcome()["status"] == "key_reused"
+    wait_for(lambda: len(store.dead_letters.list()) == 1, 60, "the worker's dead letter")
+    (letter,) = store.dead_letters.list()
+    assert (letter.error_type, letter.idempotency_key) == ("IdempotencyKeyReused", "k")
+    assert letter.events == [note("other")]
+    # the write that committed is still answered as itself, sent again by anyone
+    again = enqueue_append(sid, [note("first")], idempotency_key="k", app=app)
+    assert again.get(timeout=60).last_seq == first.last_seq
+    # a client that sends no digest cannot tell; the worker still keeps its write
+    raw = send_raw(app, sid, [note("raw")], key="k")
+    assert raw.get(timeout=60).last_seq == first.last_seq
+    wait_for(lambda: len(store.dead_letters.list()) == 2, 60, "the raw write's dead letter")
+    landed = store.dead_letters.replay(letter.id, store.append, idempotency_key="k-2")
+    assert [e.payload["marker"] for e in store.read(sid)] == ["first", "other"]
+    assert landed.first_seq == 2
+    wait_for(lambda: queue_drained(redis_url), 20, "the queue to drain")
+    assert child_deaths(prefork) == 0
+
+
+def test_a_rejection_of_other_content_is_not_a_writes_answer(
+    app: Celery, store: SessionStore
+) -> None:
+    """The outcome stored under (session, key) can be another write's: a rejection of other
+    content sent under the key says nothing of this write (no answer yet), and a resend
+    clears it, as Celery would never store this write's outcome over it."""
+    sid = store.create_session(tenant_id="acme").id
+    handle = enqueue_append(sid, [note("mine")], idempotency_key="k", app=app)
+    foreign = {
+        "status": "dead_lettered",
+        "dead_letter_id": 9,
+        "session_id": sid,
+        "idempotency_key": "k",
+        "error_type": "ConcurrencyConflict",
+        "error": "another write's",
+        "digest": "f" * 32,
+    }
+    store_outcome(app, sid, "k", foreign)
+    assert handle.outcome() is None
+    handle.resend()  # before any worker ran: two messages now, one write
+    with thread_worker(app):
+        result = handle.get(timeout=30)
+    assert result.last_seq == 1 and [e.payload["marker"] for e in store.read(sid)] == ["mine"]
+    stored = stored_outcome(app, sid, "k")
+    assert stored is not None and stored["status"] == "ok"
+    assert handle.digest is not None and stored["digest"] == handle.digest

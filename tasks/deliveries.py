@@ -1,0 +1,45 @@
+"""How many times a queued message was delivered, for the one that never finishes.
+
+A task acked late and killed at the hard time limit (stuck in C, where the soft limit
+cannot reach it), or whose worker is lost each time, goes back to the queue (so it is
+not lost) and runs again after the visibility timeout: for ever, one pool process per
+hard limit, if it is stuck every time. Redis marks a message it restores as redelivered;
+only then is the delivery counted, in Redis, under the message's task id and retry (a
+retry is a new message). A first delivery costs nothing.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from celery import Task
+
+from tasks.app import settings_of
+
+logger = logging.getLogger(__name__)
+
+PREFIX = "sessionstore:deliveries"
+
+
+def delivery_count(task: Task) -> int:
+    """This delivery's number: 1 for a first delivery (or where nothing counts them: the
+    embedded broker never redelivers), else how many times the message was delivered."""
+    info = task.request.delivery_info or {}
+    settings = settings_of(task.app)
+    broker = settings.broker_url or ""
+    if not info.get("redelivered") or not broker.startswith(("redis://", "rediss://")):
+        return 1
+    key = f"{PREFIX}:{task.request.id}:{task.request.retries}"
+    # kept for as long as the redeliveries it counts can take, and then some
+    ttl = settings.task_visibility_timeout * (settings.task_max_deliveries + 2)
+    try:
+        with task.app.connection_for_write() as connection:
+            client = connection.default_channel.client  # redis-py, on the broker's URL
+            pipe = client.pipeline()
+            pipe.incr(key)
+            pipe.expire(key, ttl)
+            redeliveries, _ = pipe.execute()
+    except Exception as exc:  # not counted: the write runs, as it would without a count
+        logger.warning("could not count a redelivery", extra={"error": repr(exc)})
+        return 1
+    return 1 + int(redeliveries)
