@@ -19,7 +19,7 @@ from celery import Celery, states
 from celery.exceptions import TimeLimitExceeded
 from celery.result import AsyncResult
 
-from core.errors import StorageUnavailable, WriteRejected
+from core.errors import InvalidArgument, StorageUnavailable, WriteRejected
 from core.journal.validation import check_write
 from core.records import AppendResult
 from core.settings import Settings
@@ -230,9 +230,20 @@ class Producer:
     you sent but did not see confirmed, under the same (session, key).
     """
 
-    def __init__(self, app: Celery | None = None, *, confirm_timeout: float = 30.0) -> None:
+    def __init__(
+        self,
+        app: Celery | None = None,
+        *,
+        confirm_timeout: float = 30.0,
+        keep_confirmed: int = 100_000,
+    ) -> None:
+        if keep_confirmed < 0:
+            raise InvalidArgument("keep_confirmed", "must be 0 or more")
         self.app = app or get_app()
         self.confirm_timeout = confirm_timeout
+        # outcomes kept for ``confirmed``, the oldest dropped past this many (a producer
+        # that runs for ever would otherwise keep every outcome): ``pop_confirmed`` drains
+        self.keep_confirmed = keep_confirmed
         self._pending: dict[tuple[str, str], AppendHandle] = {}
         self._outcomes: dict[tuple[str, str], dict[str, Any]] = {}
         self._lock = threading.Lock()
@@ -264,8 +275,11 @@ class Producer:
             outcome = handle.outcome()
             if outcome is not None:
                 with self._lock:
+                    self._outcomes.pop(ident, None)  # (re-inserted: the newest)
                     self._outcomes[ident] = outcome
                     self._pending.pop(ident, None)
+                    while len(self._outcomes) > self.keep_confirmed:
+                        del self._outcomes[next(iter(self._outcomes))]
         with self._lock:
             return len(self._pending)
 
@@ -280,9 +294,16 @@ class Producer:
         return len(stale)
 
     def confirmed(self) -> dict[tuple[str, str], dict[str, Any]]:
-        """(session, key) -> outcome, for every write confirmed so far."""
+        """(session, key) -> outcome, for the writes confirmed so far (the newest
+        ``keep_confirmed`` of those not taken by ``pop_confirmed``)."""
         with self._lock:
             return dict(self._outcomes)
+
+    def pop_confirmed(self) -> dict[tuple[str, str], dict[str, Any]]:
+        """``confirmed()``, forgetting those outcomes: call it as you record them."""
+        with self._lock:
+            taken, self._outcomes = self._outcomes, {}
+            return taken
 
     def unconfirmed(self) -> list[AppendHandle]:
         with self._lock:

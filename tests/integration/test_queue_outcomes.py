@@ -24,6 +24,7 @@ from core.errors import IdempotencyKeyReused, InvalidEvent, WriteRejected
 from tasks import enqueue_append
 from tasks.app import QUEUE, create_app
 from tasks.outcomes import store_outcome, stored_outcome, write_task_id
+from tasks.producer import Producer
 from tests.support import (
     DiskFull,
     TcpProxy,
@@ -435,3 +436,20 @@ def test_a_rejection_of_other_content_is_not_a_writes_answer(
     stored = stored_outcome(app, sid, "k")
     assert stored is not None and stored["status"] == "ok"
     assert handle.digest is not None and stored["digest"] == handle.digest
+
+
+def test_a_producer_keeps_a_bounded_number_of_outcomes(app: Celery, store: SessionStore) -> None:
+    """A producer that runs for ever kept every outcome it saw: now the newest
+    ``keep_confirmed``, and ``pop_confirmed`` drains them; pending writes are never dropped."""
+    sid = store.create_session(tenant_id="acme").id
+    producer = Producer(app, keep_confirmed=2)
+    handles = [producer.append(sid, [note(f"n{i}")]) for i in range(4)]
+    for i, handle in enumerate(handles[:3]):
+        store_outcome(app, sid, handle.idempotency_key, {"status": "ok", "n": i})
+        assert producer.poll() == 3 - i  # the fourth has no outcome: still pending
+    assert [o["n"] for o in producer.confirmed().values()] == [1, 2]
+    assert producer.unconfirmed() == [handles[3]]
+    assert [o["n"] for o in producer.pop_confirmed().values()] == [1, 2]
+    assert producer.confirmed() == {} and producer.poll() == 1
+    with pytest.raises(InvalidEvent):
+        Producer(app, keep_confirmed=-1)
