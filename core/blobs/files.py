@@ -31,7 +31,7 @@ from core.blobs.store import (
     encode_blob,
     parse_blob_name,
 )
-from core.fsio import fsync_dir, replace_many_atomically
+from core.fsio import fsync_dir, path_text, replace_many_atomically
 from core.translate import storage_errors
 
 log = logging.getLogger(__name__)
@@ -285,9 +285,13 @@ class FileBlobStore(BlobStore):
                 os.fsync(fd)
         return removed
 
-    def iter_files(self) -> Iterator[BlobFile]:
-        for leaf in fanout_dirs(self.root):
-            yield from _blob_files(leaf)
+    def iter_files(self, after: str = "") -> Iterator[BlobFile]:
+        for _, entry in fanout_entries(self.root, after):
+            parsed = parse_blob_name(entry.name)
+            if parsed is None or not entry.is_file(follow_symlinks=False):
+                continue
+            stat = entry.stat(follow_symlinks=False)
+            yield BlobFile(parsed[0], parsed[1], Path(entry.path), stat.st_size, stat.st_mtime)
 
     @storage_errors("blobs")
     def _discard_other_codecs(self, blob_hash: str, keep: Codec) -> None:
@@ -322,6 +326,33 @@ def fanout_dirs(root: Path | str) -> Iterator[str]:
         yield from _subdirs(first)
 
 
+def fanout_entries(root: Path | str, after: str = "") -> Iterator[tuple[str, os.DirEntry[str]]]:
+    """(key, entry) of each entry of the fan-out leaves, in key order, those past ``after``.
+
+    A key is ``<h[0:2]>/<h[2:4]>/<name>``, as an object store names the same blob, and the
+    order is the one it lists keys in: a walk cut short goes on from its last key.
+    """
+    leaf_after = after[:5]
+    for first in _subdirs(root):
+        top = os.path.basename(first)
+        if top < leaf_after[:2] or not _is_hex2(top):  # (no blob lives elsewhere)
+            continue
+        for leaf in _subdirs(first):
+            prefix = f"{top}/{os.path.basename(leaf)}"
+            if prefix < leaf_after or not _is_hex2(prefix[3:]):
+                continue
+            # a name that is not UTF-8 as \xff: the key is stored as JSON (a GC's resume)
+            keyed = [(path_text(f"{prefix}/{e.name}"), e) for e in _entries(leaf)]
+            keyed.sort(key=lambda pair: pair[0])
+            for key, entry in keyed:
+                if key > after:
+                    yield key, entry
+
+
+def _is_hex2(name: str) -> bool:
+    return len(name) == 2 and all(c in "0123456789abcdef" for c in name)
+
+
 def _subdirs(directory: Path | str) -> list[str]:
     try:
         with os.scandir(directory) as entries:
@@ -338,13 +369,3 @@ def _entries(directory: str) -> list[os.DirEntry[str]]:
             return list(entries)
     except (FileNotFoundError, NotADirectoryError):
         return []
-
-
-def _blob_files(directory: str) -> Iterator[BlobFile]:
-    with os.scandir(directory) as entries:
-        for entry in entries:
-            parsed = parse_blob_name(entry.name)
-            if parsed is None or not entry.is_file(follow_symlinks=False):
-                continue
-            stat = entry.stat(follow_symlinks=False)
-            yield BlobFile(parsed[0], parsed[1], Path(entry.path), stat.st_size, stat.st_mtime)

@@ -421,8 +421,9 @@ class ObjectBlobStore(BlobStore):
             if parsed is not None:
                 yield parsed[0], Path(meta["path"])
 
-    def iter_files(self) -> Iterator[BlobFile]:
-        for meta in self._list(None):
+    def iter_files(self, after: str = "") -> Iterator[BlobFile]:
+        # S3 lists keys in order (UTF-8 binary), past ``after`` when given (StartAfter)
+        for meta in self._list(None, offset=after or None):
             key = str(meta["path"])
             parsed = parse_blob_name(key.rsplit("/", 1)[-1])
             if parsed is None or key.startswith(QUARANTINE_PREFIX + "/"):
@@ -440,8 +441,10 @@ class ObjectBlobStore(BlobStore):
             raise StorageUnavailable("blobs", "the object store returned other bytes")
         self._call(lambda: obstore.delete(self.store, key))
 
-    def _list(self, prefix: str | None) -> Iterator[Any]:
-        stream = self._call(lambda: obstore.list(self.store, prefix=prefix, chunk_size=1000))
+    def _list(self, prefix: str | None, *, offset: str | None = None) -> Iterator[Any]:
+        stream = self._call(
+            lambda: obstore.list(self.store, prefix=prefix, offset=offset, chunk_size=1000)
+        )
         while True:
             try:
                 page = self._call(lambda: next(stream))

@@ -448,8 +448,9 @@ class BlobStore(ABC):
         """(hash, path) of every file left quarantined (by a GC that did not finish)."""
 
     @abstractmethod
-    def iter_files(self) -> Iterator[BlobFile]:
-        """Every stored object, registered or not (temporary files excluded)."""
+    def iter_files(self, after: str = "") -> Iterator[BlobFile]:
+        """Every stored object, registered or not (temporary files excluded), in key order
+        (``<h[0:2]>/<h[2:4]>/<name>``), those past the key ``after``."""
 
     @abstractmethod
     def _discard_other_codecs(self, blob_hash: str, keep: Codec) -> None:

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import time
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -54,7 +55,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.sql.elements import ColumnElement
 
 from core import nofollow
-from core.blobs.files import FileBlobStore, fanout_dirs
+from core.blobs.files import FileBlobStore, fanout_entries
 from core.blobs.store import BlobStore, is_valid_hash, parse_blob_name
 from core.db import is_sqlite, read_connection, write_transaction
 from core.errors import StorageUnavailable, SymlinkRefused
@@ -178,7 +179,8 @@ class GcReport:
 @dataclass(frozen=True, slots=True)
 class GcResume:
     """Where a budgeted run stopped: in the registered blobs after hash ``after``, or in
-    the files (the next run sweeps them first). Read back from a run's report."""
+    the files after key ``after`` (``<h[0:2]>/<h[2:4]>/<name>``; the next run sweeps them
+    first). Read back from a run's report."""
 
     phase: str  # "blobs" or "files"
     after: str = ""
@@ -195,9 +197,12 @@ class GcResume:
         phase, after = found.get("phase"), found.get("after", "")
         if phase not in ("blobs", "files") or not isinstance(after, str):
             return None
-        if after and not is_valid_hash(after):
+        if after and not (is_valid_hash(after) if phase == "blobs" else _FILE_KEY.match(after)):
             return None
         return cls(phase, after)
+
+
+_FILE_KEY = re.compile(r"[0-9a-f]{2}/[0-9a-f]{2}/[^/]{1,1024}\Z")
 
 
 @dataclass(frozen=True, slots=True)
@@ -444,12 +449,14 @@ class BlobGc:
     def _sweep_files(self) -> None:
         seen = 0
         self._tick("files", 0, None)
-        # The files have no cursor: cut short while sweeping them first, the next run sweeps
-        # the blobs first again, so the phases alternate and neither is starved for good.
-        where = GcResume("blobs") if self._files_first else GcResume("files")
-        for chunk in _chunks(self._files(), self.batch_size):
-            if self._out_of_time(where):
+        resume = self._resume
+        after = resume.after if resume is not None and resume.phase == "files" else ""
+        # Walked in key order, the files have a cursor as the blobs do: a walk longer than
+        # one run's budget goes on from its last key in the next (files first).
+        for chunk in _chunks(self._files(after), self.batch_size):
+            if self._out_of_time(GcResume("files", after)):
                 return
+            after = chunk[-1].key
             seen += len(chunk)
             hashes = {f.hash for f in chunk if f.hash is not None}
             registered = self._registered_among(hashes)
@@ -458,12 +465,12 @@ class BlobGc:
             self._sweep_temps(_stat_all([f for f in chunk if f.hash is None]))
             self._tick("files", seen, None)
 
-    def _files(self) -> Iterator[FoundFile]:
+    def _files(self, after: str) -> Iterator[FoundFile]:
         if isinstance(self.blobs, FileBlobStore):
-            return file_tree(self.blobs.root)  # stats only what it must (see file_tree)
-        return (
-            FoundFile(f.hash, str(f.path), f.stored_size, f.modified_at)
-            for f in self.blobs.iter_files()
+            return file_tree(self.blobs.root, after)  # stats only what it must (file_tree)
+        return (  # an object's path is its key
+            FoundFile(f.hash, str(f.path), str(f.path), f.stored_size, f.modified_at)
+            for f in self.blobs.iter_files(after)
         )
 
     def _registered_among(self, hashes: set[str]) -> set[str]:
@@ -555,29 +562,29 @@ class FoundFile:
 
     hash: str | None
     path: str
+    key: str  # ``<h[0:2]>/<h[2:4]>/<name>``: where a walk in key order stands
     size: int | None = None  # None until stat'ed
     mtime: float | None = None
 
 
-def file_tree(root: Path) -> Iterator[FoundFile]:
-    """Blob and temporary files in FileBlobStore's two fan-out levels, in one walk.
+def file_tree(root: Path, after: str = "") -> Iterator[FoundFile]:
+    """Blob and temporary files in FileBlobStore's two fan-out levels, in one walk, in key
+    order from past the key ``after``.
 
     Names only, no stat: most blob files are registered and need none, so the caller stats
     just the rest. (``iter_files`` stats every file and skips temporary ones.)
     """
-    for leaf in fanout_dirs(root):
-        with os.scandir(leaf) as entries:
-            for entry in entries:
-                found = _classify(entry.name, entry.path)
-                if found is not None:
-                    yield found
+    for key, entry in fanout_entries(root, after):
+        found = _classify(entry.name, entry.path, key)
+        if found is not None:
+            yield found
 
 
-def _classify(name: str, path: str) -> FoundFile | None:
+def _classify(name: str, path: str, key: str) -> FoundFile | None:
     if name.startswith(TEMP_PREFIX) and name.endswith(TEMP_SUFFIX):
-        return FoundFile(None, path)
+        return FoundFile(None, path, key)
     parsed = parse_blob_name(name)
-    return FoundFile(parsed[0], path) if parsed is not None else None
+    return FoundFile(parsed[0], path, key) if parsed is not None else None
 
 
 def _stat_all(files: list[FoundFile]) -> list[FoundFile]:
@@ -591,7 +598,7 @@ def _stat_all(files: list[FoundFile]) -> list[FoundFile]:
             stat = os.stat(f.path, follow_symlinks=False)
         except FileNotFoundError:
             continue
-        out.append(FoundFile(f.hash, f.path, stat.st_size, stat.st_mtime))
+        out.append(FoundFile(f.hash, f.path, f.key, stat.st_size, stat.st_mtime))
     return out
 
 

@@ -697,7 +697,7 @@ def test_a_blob_store_listing_that_fails_ends_the_run_with_its_report(
     garbage = gstore.blobs.put(_text("listed").encode()).hash
     _age(gstore, garbage)
 
-    def unavailable(self: Any) -> Any:
+    def unavailable(self: Any, after: str) -> Any:
         raise StorageUnavailable("blobs", "blobs is unavailable: connection refused")
 
     monkeypatch.setattr(BlobGc, "_files", unavailable)
@@ -793,15 +793,59 @@ def test_a_budgeted_run_resumes_where_the_last_one_stopped(
     assert "resume" in first.to_dict() and first.to_dict()["resume"]["phase"] == "blobs"
 
 
-def test_runs_cut_short_in_the_files_alternate_with_the_blobs(
+def test_a_file_walk_longer_than_the_budget_goes_on_where_it_stopped(
     gstore: SessionStore, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The files have no cursor: a run that sweeps them first and is cut short there hands
-    the next run the blobs, so a file walk longer than the budget never starves them."""
-    gstore.blobs.put(_text("a file to walk").encode())
-    monkeypatch.setattr("core.maintenance.gc._monotonic", lambda: 100.0)  # time stands still
-    report = gstore.gc_blobs(apply=True, grace=60, time_budget_s=-1.0, resume=GcResume("files"))
-    assert not report.complete and report.resume == GcResume("blobs")
+    """The files had no cursor: a walk longer than one run's budget started over each
+    run, so an orphan late in key order was never reached (S3 with millions of keys).
+    Walked in key order, the files resume after the last key swept, as the blobs do."""
+    sid = gstore.create_session(tenant_id="acme").id
+    counter = 0
+    for _ in range(6):  # registered blob files, early in key order: walked, kept
+        text, counter = _text_with_hash("01234567", counter)
+        gstore.append(sid, [{"type": "custom", "customType": "gc", "data": text}])
+    late, counter = _text_with_hash("89abcdef", counter)
+    orphan = _orphan(gstore, late.encode())
+    time.sleep(1.1)  # the orphan's storage time is before the run's (grace 0)
+    clock = [0.0]  # a chunk of files costs one "second"; the budget, 1.5: two chunks a run
+    real_lookup = BlobGc._registered_among
+
+    def timed_lookup(self: BlobGc, hashes: set[str]) -> set[str]:
+        clock[0] += 1.0
+        return real_lookup(self, hashes)
+
+    monkeypatch.setattr(BlobGc, "_registered_among", timed_lookup)
+    monkeypatch.setattr("core.maintenance.gc._monotonic", lambda: clock[0])
+    reports, resume = [], None
+    for _ in range(4):
+        report = gstore.gc_blobs(
+            apply=True, grace=0, batch_size=2, time_budget_s=1.5, resume=resume
+        )
+        reports.append(report)
+        resume = report.resume
+        if report.orphans:
+            break
+    first = reports[0]
+    assert first.resume is not None and first.resume.phase == "files"
+    assert first.resume.after.startswith(("0", "1", "2", "3", "4", "5", "6", "7"))
+    assert GcResume.from_report(first.to_dict()) == first.resume  # as the beat reads it
+    assert [r.orphans for r in reports] == [0, 1]  # the second run went on from there
+    assert not gstore.blobs.has_stored(orphan)
+    assert len(gstore.read(sid, rehydrate=True)) == 6
+
+
+@pytest.mark.parametrize(
+    "after",
+    ["", "ab/cd/" + "a" * 64 + ".blob", "ab/cd/.tmp-x\\xff.part"],
+)
+def test_a_files_resume_point_reads_back(after: str) -> None:
+    report = {"resume": {"phase": "files", "after": after}}
+    assert GcResume.from_report(report) == GcResume("files", after)
+
+
+@pytest.mark.parametrize("after", ["../../etc", "ab/cd", "xy/cd/name", "ab/cd/x/y", 7])
+def test_a_files_resume_point_that_is_no_key_starts_over(after: Any) -> None:
+    assert GcResume.from_report({"resume": {"phase": "files", "after": after}}) is None
 
 
 def test_an_omp_export_refs_an_image_data_url_the_manifest_names(gstore: SessionStore) -> None:
