@@ -23,13 +23,13 @@ PREFIX = "sessionstore:deliveries"
 
 def delivery_count(task: Task) -> int:
     """This delivery's number: 1 for a first delivery (or where nothing counts them: the
-    embedded broker never redelivers), else how many times the message was delivered."""
+    embedded broker's restores are not marked so), else how many times it was delivered."""
     info = task.request.delivery_info or {}
     settings = settings_of(task.app)
     broker = settings.broker_url or ""
     if not info.get("redelivered") or not broker.startswith(("redis://", "rediss://")):
         return 1
-    key = f"{PREFIX}:{task.request.id}:{task.request.retries}"
+    key = _key(task)
     # kept for as long as the redeliveries it counts can take, and then some
     ttl = settings.task_visibility_timeout * (settings.task_max_deliveries + 2)
     try:
@@ -43,3 +43,17 @@ def delivery_count(task: Task) -> int:
         logger.warning("could not count a redelivery", extra={"error": repr(exc)})
         return 1
     return 1 + int(redeliveries)
+
+
+def forget_deliveries(task: Task) -> None:
+    """Drop the count once the message has an outcome: a later send under the same (session,
+    key), after the cause is fixed, starts from one (called only after a count was made)."""
+    try:
+        with task.app.connection_for_write() as connection:
+            connection.default_channel.client.delete(_key(task))
+    except Exception as exc:  # it expires on its own
+        logger.warning("could not drop a delivery count", extra={"error": repr(exc)})
+
+
+def _key(task: Task) -> str:
+    return f"{PREFIX}:{task.request.id}:{task.request.retries}"

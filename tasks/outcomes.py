@@ -8,11 +8,13 @@ use the same key never share a task id, a stored result, or an answer.
 from __future__ import annotations
 
 import hashlib
+import re
+from collections.abc import Sequence
 from typing import Any
 
 from celery import Celery, states
 
-from core import exact_json
+from core.blobs.externalize import content_digest
 from core.errors import IdempotencyKeyReused
 from core.journal.dead_letters import DeadLetter
 from core.records import AppendResult
@@ -21,9 +23,12 @@ APPEND_TASK = "sessionstore.append"
 _PREFIX = "ssw-"
 # The message header naming the content a write carries (``write_digest``): its outcome
 # repeats it, so a producer can tell its own write's outcome from that of other content
-# sent before under the same (session, key).
+# sent before under the same (session, key). ``NEW_KEY``: a key made for this write, which
+# no other content can have used (nothing to compare; the worker computes nothing).
 DIGEST_HEADER = "write_digest"
+NEW_KEY = "new"
 KEY_REUSED = "key_reused"
+_DIGEST = re.compile(r"[0-9a-f]{32}\Z")
 
 
 def write_task_id(session_id: str, idempotency_key: str) -> str:
@@ -52,14 +57,15 @@ def outcome_in(meta: dict[str, Any]) -> dict[str, Any] | None:
     return None
 
 
-def write_digest(events: Any) -> str:
-    """The digest of a validated write's events, as its producer sent them."""
-    return hashlib.sha256(exact_json.dumps(list(events))).hexdigest()[:32]
+def write_digest(events: Sequence[Any]) -> str:
+    """The digest of a validated write's content (``core.blobs.externalize.content_digest``:
+    the same for two sends of one write, whatever differs only in how it is stored)."""
+    return content_digest(events)
 
 
 def digest_in(value: Any) -> str | None:
     """A digest a message header carries, if it is one (a hostile client's is not kept)."""
-    return value if isinstance(value, str) and 0 < len(value) <= 64 else None
+    return value if isinstance(value, str) and _DIGEST.match(value) else None
 
 
 def committed(

@@ -29,6 +29,7 @@ from tasks.outcomes import (
     APPEND_TASK,
     DIGEST_HEADER,
     KEY_REUSED,
+    NEW_KEY,
     answer_for,
     key_reused_error,
     outcome_in,
@@ -190,9 +191,7 @@ def enqueue_append(
 
     def send() -> AsyncResult:
         # enqueued_at: the worker's queue-lag metric (enqueue to commit)
-        headers: dict[str, Any] = {"enqueued_at": time.time()}
-        if digest is not None:
-            headers[DIGEST_HEADER] = digest
+        headers = {"enqueued_at": time.time(), DIGEST_HEADER: digest or NEW_KEY}
         with storage_errors("broker"):
             return app.send_task(
                 APPEND_TASK, kwargs=kwargs, task_id=task_id, queue=QUEUE, headers=headers

@@ -20,13 +20,15 @@ from celery.exceptions import Reject, SoftTimeLimitExceeded
 from core.errors import DeliveriesExhausted, InvalidEvent
 from core.metrics import metrics
 from tasks.app import sessionstore_task, settings_of
-from tasks.deliveries import delivery_count
+from tasks.deliveries import delivery_count, forget_deliveries
 from tasks.outcomes import (
     APPEND_TASK,
     DIGEST_HEADER,
+    NEW_KEY,
     committed,
     dead_lettered,
     digest_in,
+    write_digest,
     write_task_id,
 )
 from tasks.producer import validate_write
@@ -51,8 +53,7 @@ def append(
     deliveries = delivery_count(self)
     if deliveries > settings.task_max_deliveries:
         outcome = _given_up(self, key, session_id, events, expected_seq, deliveries)
-        _store_under_write_id(self, outcome)
-        return outcome
+        return _answer(self, outcome, deliveries)
     try:
         # The producer ran this already; other clients may not have (send_task by name).
         validate_write(settings, session_id, events, expected_seq, key)
@@ -69,9 +70,16 @@ def append(
             _retry_later(self, "transient failure, retrying write", exc)
         outcome = _dead_letter(self, key, session_id, events, expected_seq, exc)
     else:
-        outcome = committed(key, result, _digest_of(self))
+        outcome = committed(key, result, _digest_of(self, events))
         _observe_commit(self, result.replayed)
-    _store_under_write_id(self, outcome)
+    return _answer(self, outcome, deliveries)
+
+
+def _answer(task: Task, outcome: dict[str, Any], deliveries: int) -> dict[str, Any]:
+    """The write's outcome, stored where producers look it up; its deliveries forgotten."""
+    _store_under_write_id(task, outcome)
+    if deliveries > 1:
+        forget_deliveries(task)
     return outcome
 
 
@@ -85,7 +93,7 @@ def _given_up(
     try:
         prior = store_for(task.app).committed_write(session_id, events, key)
         if prior is not None:
-            return committed(key, prior, _digest_of(task))
+            return committed(key, prior, _digest_of(task, events))
     except InvalidEvent as exc:  # bad input, or the key's other content: the letter says so
         error = exc
     except Exception as exc:  # the database stuck too: keep the write
@@ -93,9 +101,18 @@ def _given_up(
     return _dead_letter(task, key, session_id, events, expected_seq, error)
 
 
-def _digest_of(task: Task) -> str | None:
-    """The digest the producer sent with the write (``tasks.outcomes.DIGEST_HEADER``)."""
-    return digest_in(task.request.get(DIGEST_HEADER))
+def _digest_of(task: Task, events: Any) -> str | None:
+    """The digest of the write's content for its outcome: the producer's (``DIGEST_HEADER``),
+    none for a key the producer made for it, else (a client that sent none) computed."""
+    sent = task.request.get(DIGEST_HEADER)
+    if sent == NEW_KEY:
+        return None
+    if digest_in(sent) is not None:
+        return str(sent)
+    try:
+        return write_digest(events)
+    except Exception:  # events no write could hold (its outcome is a dead letter)
+        return None
 
 
 def _observe_commit(task: Task, replayed: bool) -> None:
@@ -151,7 +168,7 @@ def _dead_letter(
             "error": letter.error,
         },
     )
-    return dead_lettered(letter, _digest_of(task))
+    return dead_lettered(letter, _digest_of(task, events))
 
 
 def _store_under_write_id(task: Task, outcome: dict[str, Any]) -> None:

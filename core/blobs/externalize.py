@@ -18,13 +18,16 @@ otherwise. Strings that merely look like refs anywhere else are ordinary strings
 from __future__ import annotations
 
 import binascii
+import hashlib
 import re
+import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import pybase64
 
+from core import exact_json
 from core.blobs.store import (
     BLOB_REF_PREFIX,
     BlobStore,
@@ -199,6 +202,60 @@ class _Walker:
     def externalize(self, data: bytes, encoding: BlobEncoding, path: _Path) -> str:
         self.slots.append(_Slot(self.event, _pointer(path), data, encoding))
         return ""  # placeholder until the put returns the hash
+
+
+def content_digest(events: Sequence[Any]) -> str:
+    """A digest of a batch's content, whatever the settings that will store it: what two
+    sends of one write share and two writes of other content do not.
+
+    Transient fields are left out, as the journal drops them; every image's bytes and
+    every image data URL count as their blob ref (sent as bytes once and as a ref again,
+    an image is the same image), whatever their size; every other value as sent, in
+    order. Events must have passed validation.
+    """
+    digest = hashlib.sha256()
+    for event in events:
+        as_json = exact_json.dumps(event)
+        if _WALK_MARKERS.search(as_json) is not None:
+            walker = _Walker(0, image_min=0, inline_limit=sys.maxsize)
+            payload = walker.obj(event, None)
+            for slot in walker.slots:
+                set_at_pointer(payload, slot.pointer, make_ref(sha256_hex(slot.data)))
+            as_json = exact_json.dumps(payload)
+        digest.update(len(as_json).to_bytes(8, "big") + as_json)
+    return digest.hexdigest()[:32]
+
+
+def same_stored_value(stored: Any, planned: Any) -> bool:
+    """Whether a payload the journal holds and one a write would store now are the same
+    content: the same JSON (key order, types, ``-0.0``), except that a value may be a
+    blob ref on one side and inline on the other (stored under other externalization
+    settings), when the inline value's bytes have that ref's hash."""
+    if type(stored) is not type(planned):
+        return False
+    if isinstance(stored, dict):
+        return list(stored) == list(planned) and all(
+            same_stored_value(value, planned[key]) for key, value in stored.items()
+        )
+    if isinstance(stored, list):
+        return len(stored) == len(planned) and all(
+            same_stored_value(a, b) for a, b in zip(stored, planned, strict=True)
+        )
+    if isinstance(stored, float):
+        return bool(stored.hex() == planned.hex())
+    if isinstance(stored, str) and stored != planned:
+        return _inline_of(stored, planned) or _inline_of(planned, stored)
+    return bool(stored == planned)
+
+
+def _inline_of(ref: str, text: str) -> bool:
+    blob_hash = parse_ref(ref) if looks_like_ref(ref) else None
+    if blob_hash is None or looks_like_ref(text):
+        return False
+    raw = canonical_base64(text)  # an image's bytes, or the text itself as UTF-8
+    return (raw is not None and sha256_hex(raw) == blob_hash) or sha256_hex(
+        text.encode()
+    ) == blob_hash
 
 
 def canonical_base64(text: str) -> bytes | None:

@@ -235,7 +235,8 @@ def dead_replay(
         result = store.dead_letters.replay(
             letter_id, store.append, events=events, expected_seq=override, idempotency_key=key
         )
-    _answer_producers(letter.session_id, key or letter.idempotency_key, result)
+    replayed = letter.events if events is None else events
+    _answer_producers(letter.session_id, key or letter.idempotency_key, result, replayed)
     if as_json:
         print_json(result.to_dict())
     else:
@@ -244,16 +245,19 @@ def dead_replay(
         )
 
 
-def _answer_producers(session_id: Any, key: Any, result: AppendResult) -> None:
+def _answer_producers(session_id: Any, key: Any, result: AppendResult, events: Any) -> None:
     """A producer looking up (session, key) learns that the write committed, no longer the
-    rejection stored when it was dead-lettered. Best effort: the journal has the write."""
+    rejection stored when it was dead-lettered; with the digest of what committed, so a
+    producer of other content under the key is not taken for it. Best effort: the journal
+    has the write."""
     if not isinstance(session_id, str) or not isinstance(key, str):
         return
     from tasks.app import get_app
-    from tasks.outcomes import committed, store_outcome
+    from tasks.outcomes import committed, store_outcome, write_digest
 
     try:
-        store_outcome(get_app(), session_id, key, committed(key, result))
+        outcome = committed(key, result, write_digest(events))
+        store_outcome(get_app(), session_id, key, outcome)
     except Exception as exc:  # the result backend away: only the lookup is stale
         err_console.print(plain(f"warning: could not record the outcome for producers: {exc}"))
 

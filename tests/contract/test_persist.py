@@ -589,6 +589,37 @@ def test_a_key_reused_for_other_blobs_is_refused_and_puts_none(
     assert count(store, EventRow) == 1 and first.last_seq == 1
 
 
+@pytest.mark.parametrize(
+    "override",
+    [{"inline_string_limit": 100_000}, {"image_min_base64_chars": 100_000}],
+    ids=["text kept inline now", "image kept inline now"],
+)
+def test_a_replay_stored_under_other_settings_now_is_still_a_replay(
+    store: SessionStore, settings: Settings, override: dict[str, int]
+) -> None:
+    """The first send externalized a value that the replay's settings would keep inline (a
+    worker on a new configuration takes a redelivery): a ref one side, the value the
+    other, with that ref's hash. The same write, not IdempotencyKeyReused; anything
+    else different is still refused."""
+    session = store.create_session(tenant_id="acme")
+    events = [user("w" * 20_000, image(image_b64(8_000)))]
+    first = store.append(session.id, events, idempotency_key="k")
+    with SessionStore.from_settings(settings.model_copy(update=override)) as other:
+        again = other.append(session.id, events, idempotency_key="k")
+        assert again.replayed and again.positions == first.positions
+        changed = [user("w" * 20_000, image(image_b64(8_000)))]  # another image
+        with pytest.raises(IdempotencyKeyReused):
+            other.append(session.id, changed, idempotency_key="k")
+    assert count(store, EventRow) == 1
+
+
+def test_a_replay_that_differs_only_in_transient_fields_is_a_replay(store: SessionStore) -> None:
+    session = store.create_session(tenant_id="acme")
+    first = store.append(session.id, [{**user("hi"), "partialJson": '{"a":'}], idempotency_key="k")
+    again = store.append(session.id, [{**user("hi"), "partialJson": "{}"}], idempotency_key="k")
+    assert again.replayed and again.positions == first.positions
+
+
 def test_stored_event_is_a_plain_record(store: SessionStore) -> None:
     session = store.create_session(tenant_id="acme")
     store.append(session.id, [user("v" * 20_000)])

@@ -453,3 +453,27 @@ def test_a_producer_keeps_a_bounded_number_of_outcomes(app: Celery, store: Sessi
     assert producer.confirmed() == {} and producer.poll() == 1
     with pytest.raises(InvalidEvent):
         Producer(app, keep_confirmed=-1)
+
+
+def test_a_key_a_client_without_digests_committed_refuses_other_content(
+    app: Celery, store: SessionStore, prefork: Path
+) -> None:
+    """A ``send_task`` client sends no digest: the worker computes it for the outcome, so
+    a producer that later sends other content under that key is refused, not answered
+    with the client's commit as its own; and a resend that differs only in how it is
+    stored (a transient field, the image as its ref) is the same write."""
+    sid = store.create_session(tenant_id="acme").id
+    raw = send_raw(app, sid, [note("by name")], key="k")
+    committed_by_name = raw.get(timeout=60)
+    with pytest.raises(IdempotencyKeyReused):
+        enqueue_append(sid, [note("other")], idempotency_key="k", app=app).get(timeout=60)
+    same = enqueue_append(sid, [note("by name")], idempotency_key="k", app=app).get(timeout=60)
+    assert same.last_seq == committed_by_name.last_seq
+    streamed = {**note("streamed"), "partialJson": '{"a":'}
+    first = enqueue_append(sid, [streamed], idempotency_key="s", app=app).get(timeout=60)
+    resent = {**note("streamed"), "partialJson": '{"a": 1}'}
+    again = enqueue_append(sid, [resent], idempotency_key="s", app=app).get(timeout=60)
+    assert again.last_seq == first.last_seq
+    assert [e.payload["marker"] for e in store.read(sid)] == ["by name", "streamed"]
+    wait_for(lambda: len(store.dead_letters.list()) == 1, 60, "the other content's letter")
+    assert [x.events for x in store.dead_letters.list()] == [[note("other")]]

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import base64
 from typing import Any
 
 import pytest
 
+from core.blobs.store import make_ref, sha256_hex
 from core.errors import IdempotencyKeyReused
 from core.records import AppendResult
 from tasks.outcomes import KEY_REUSED, answer_for, committed, digest_in, write_digest
@@ -41,10 +43,28 @@ def test_a_commit_of_other_content_refuses_the_write_typed() -> None:
     assert (caught.value.first_seq, caught.value.last_seq) == (3, 4)
 
 
-def test_the_digest_names_the_content_exactly() -> None:
+def test_the_digest_names_the_content_not_how_it_is_stored() -> None:
+    """Two sends of one write share a digest (transient fields, an image as bytes or as its
+    ref, a data URL or its ref); other content, key order or number types do not."""
     events = [{"type": "n", "v": 1}]
     assert write_digest(events) == write_digest([{"type": "n", "v": 1}])
     for other in ([{"type": "n", "v": 1.0}], [{"v": 1, "type": "n"}], [{"type": "n", "v": 2}]):
         assert write_digest(other) != write_digest(events)
+    raw = b"\x89PNG" + bytes(range(256)) * 4
+    b64 = base64.b64encode(raw).decode()
+    ref = make_ref(sha256_hex(raw))
+
+    def shot(data: str, **extra: Any) -> list[dict[str, Any]]:
+        block = {"type": "image", "data": data, "mimeType": "image/png"}
+        return [{"type": "message", "message": {"content": [block]}, **extra}]
+
+    assert write_digest(shot(b64)) == write_digest(shot(ref))
+    assert write_digest(shot(b64, partialJson="{")) == write_digest(shot(b64))
+    assert write_digest(shot(b64)) != write_digest(shot(base64.b64encode(raw + b"!").decode()))
+    url = "data:image/png;base64," + b64
+    as_url = [{"type": "custom", "image_url": url}]
+    assert write_digest(as_url) == write_digest(
+        [{"type": "custom", "image_url": make_ref(sha256_hex(url.encode()))}]
+    )
     assert digest_in(write_digest(events)) is not None
-    assert [digest_in(v) for v in (None, 7, "", "x" * 65)] == [None] * 4
+    assert [digest_in(v) for v in (None, 7, "", "new", "x" * 32, "a" * 33)] == [None] * 6
