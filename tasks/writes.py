@@ -17,7 +17,7 @@ from typing import Any, NoReturn
 from celery import Task
 from celery.exceptions import Reject, SoftTimeLimitExceeded
 
-from core.errors import DeliveriesExhausted, InvalidEvent
+from core.errors import DeliveriesExhausted, IdempotencyKeyReused, InvalidEvent
 from core.metrics import metrics
 from tasks.app import sessionstore_task, settings_of
 from tasks.deliveries import delivery_count, forget_deliveries
@@ -168,7 +168,31 @@ def _dead_letter(
             "error": letter.error,
         },
     )
-    return dead_lettered(letter, _digest_of(task, events))
+    rejected = dead_lettered(letter, _digest_of(task, events))
+    if isinstance(error, IdempotencyKeyReused):
+        return _kept_for_the_key(task, error, rejected)
+    return rejected
+
+
+def _kept_for_the_key(
+    task: Task, error: IdempotencyKeyReused, rejected: dict[str, Any]
+) -> dict[str, Any]:
+    """What (session, key) answers after other content under it was refused: the write the
+    key committed, naming the refused content (``refused_digest``), so that producer is
+    told (``key_reused``). The key holds one outcome, the first stored: a rejection there
+    would stand over the commit, whose own outcome may not be stored yet (a worker killed
+    between its commit and its result), and its producer would never be answered."""
+    try:
+        prior = store_for(task.app).journal.find_write(error.session_id, error.idempotency_key)
+    except Exception as exc:  # the database away: the rejection is an answer too
+        logger.warning("could not look up a reused key's write", extra={"error": repr(exc)})
+        return rejected
+    if prior is None:
+        return rejected
+    outcome = committed(error.idempotency_key, prior)
+    if isinstance(rejected.get("digest"), str):
+        outcome["refused_digest"] = rejected["digest"]
+    return outcome
 
 
 def _store_under_write_id(task: Task, outcome: dict[str, Any]) -> None:
