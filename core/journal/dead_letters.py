@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Engine, delete, func, insert, select
+from sqlalchemy import Connection, Engine, delete, func, insert, select
 
 from core.db import read_connection, write_transaction
 from core.errors import DeadLetterNotFound, SessionStoreError
@@ -149,10 +149,24 @@ class DeadLetters:
     def _insert(self, **values: Any) -> DeadLetter:
         values["created_at"] = utcnow()
         with write_transaction(self.engine) as conn:
+            if "raw_body" not in values and (same := self._same_letter(conn, values)):
+                return same
             new_id = conn.execute(
                 insert(_letters).values(values).returning(_letters.c.id)
             ).scalar_one()
         return DeadLetter(id=int(new_id), **values)
+
+    def _same_letter(self, conn: Connection, values: dict[str, Any]) -> DeadLetter | None:
+        """The letter already kept for this write and this reason: a message dead-lettered
+        and then redelivered (its worker lost before the ack) is kept once, not per
+        delivery. Another reason, or other events, is another letter."""
+        match = [
+            getattr(_letters.c, name) == values[name]
+            for name in ("idempotency_key", "session_id", "error_type", "payload")
+        ]
+        match.append(_letters.c.expected_seq.is_not_distinct_from(values["expected_seq"]))
+        row = conn.execute(select(_letters).where(*match).order_by(_letters.c.id).limit(1)).first()
+        return DeadLetter(**row._mapping) if row is not None else None
 
     @translated
     def list(self, *, after_id: int = 0, limit: int = 100) -> list[DeadLetter]:

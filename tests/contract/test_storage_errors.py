@@ -22,7 +22,7 @@ import core.artifacts.oversized as oversized_module
 from core import SessionStore, Settings, nofollow
 from core.artifacts.paths import oversized_name, session_dir
 from core.blobs.files import FileBlobStore
-from core.errors import InvalidEvent, StorageUnavailable
+from core.errors import ConcurrencyConflict, InvalidEvent, StorageUnavailable
 from core.translate import is_unavailable, translated
 from tests.support import DiskFull, FileFault, TcpProxy, clean_env, set_output_expiry
 
@@ -187,6 +187,31 @@ def test_dead_letters_store_any_value(store: SessionStore) -> None:
     assert again.expected_seq is None and "2**64" not in again.error
     assert "18446744073709551616" in again.error
     assert "\x00" not in again.session_id + again.idempotency_key
+
+
+def test_a_write_dead_lettered_again_is_kept_once(store: SessionStore) -> None:
+    """A message dead-lettered and then delivered again (its worker lost before the ack, a
+    resend) was kept once per delivery; each letter replayed the same write. Now it is
+    kept once; other events, another reason or another head are other letters."""
+
+    def record(events: Any = None, error: Exception | None = None, seq: int | None = 3) -> int:
+        return store.dead_letters.record(
+            idempotency_key="k\ud800",
+            session_id="s",
+            events=[{"type": "x", "n": 2**70}] if events is None else events,
+            expected_seq=seq,
+            error=error or InvalidEvent("/type", "bad"),
+        ).id
+
+    first = record()
+    assert record() == first and record(error=InvalidEvent("/type", "worded otherwise")) == first
+    others = {
+        record(events=[{"type": "y"}]),
+        record(error=ConcurrencyConflict("s", 3, 4)),
+        record(seq=None),
+    }
+    assert first not in others and len(others) == 3
+    assert record(seq=None) in others and store.dead_letters.count() == 4
 
 
 def test_full_blob_disk_gives_storage_unavailable_and_the_write_lands_once_space_is_back(
