@@ -20,10 +20,10 @@ from core.blobs.externalize import (
     Persister,
     PersistPlan,
     missing_ref_error,
-    same_stored_value,
 )
+from core.blobs.rehydrate import Rehydrator
 from core.blobs.store import BlobStore, StagedPuts, count_puts
-from core.errors import BlobsMissing, IdempotencyKeyReused, InvalidEvent
+from core.errors import BlobError, BlobsMissing, IdempotencyKeyReused, InvalidEvent
 from core.journal import Journal, check_batch
 from core.journal.validation import (
     MAX_ID_LENGTH,
@@ -116,9 +116,8 @@ class Writer:
             session_id, batch, expected_seq=expected_seq, idempotency_key=idempotency_key
         )
         if result.replayed and idempotency_key is not None:
-            return self._same_write(
-                result, idempotency_key, [event.payload for event in batch.events]
-            )
+            payloads = [event.payload for event in batch.events]
+            return self._same_write(result, idempotency_key, plan, payloads)
         return result
 
     def committed_write(
@@ -135,23 +134,43 @@ class Writer:
         prior = self.journal.find_write(session_id, key)
         if prior is None:
             return None
-        return self._same_write(prior, key, self.persister.planned_payloads(plan))
+        return self._same_write(prior, key, plan, self.persister.planned_payloads(plan))
 
     def _same_write(
-        self, prior: AppendResult, key: str, payloads: Sequence[dict[str, Any]]
+        self,
+        prior: AppendResult,
+        key: str,
+        plan: PersistPlan,
+        payloads: Sequence[dict[str, Any]],
     ) -> AppendResult:
-        """``prior``, the write committed under ``key``, if ``payloads`` are what it stored:
-        a replay. Other content under the same key raises ``IdempotencyKeyReused``."""
+        """``prior``, the write committed under ``key``, if the batch ``plan`` walked (stored
+        as ``payloads``) is its content: a replay. Other content under the same key raises
+        ``IdempotencyKeyReused``.
+
+        The stored JSON decides when it is the same. Where it differs, the batch may still
+        be the same write stored under other settings (a value a blob holds one time and
+        inline the other, or in another encoding): both are compared as sent, the
+        committed events rehydrated exactly (invariant 11) and the batch's values put back.
+        """
         stored = self.journal.written_payloads(prior)
-        if stored != [exact_json.dumps(payload) for payload in payloads] and not (
-            len(stored) == len(payloads)
-            and all(  # a value stored under other settings: a ref one side, inline the other
-                same_stored_value(exact_json.loads(text), payload)
-                for text, payload in zip(stored, payloads, strict=True)
-            )
+        if stored != [exact_json.dumps(payload) for payload in payloads] and (
+            len(stored) != len(payloads) or not self._same_as_sent(prior, plan)
         ):
             raise IdempotencyKeyReused(prior.session_id, key, prior.first_seq, prior.last_seq)
         return prior
+
+    def _same_as_sent(self, prior: AppendResult, plan: PersistPlan) -> bool:
+        committed = self.journal.read(
+            prior.session_id, after_seq=prior.first_seq - 1, upto_seq=prior.last_seq
+        )
+        try:
+            sent = self.persister.sent_payloads(plan, self.blobs.get)
+            rehydrated = Rehydrator(self.blobs).read(self.journal, committed)
+        except BlobError:  # a value that cannot be read back cannot be shown the same
+            return False
+        return [exact_json.dumps(e.payload) for e in rehydrated] == [
+            exact_json.dumps(payload) for payload in sent
+        ]
 
     def _tenant_of(self, session_id: str) -> str:
         # Refs without bytes are scoped by the session's tenant (invariant 9).

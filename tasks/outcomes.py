@@ -81,14 +81,11 @@ def answer_for(outcome: dict[str, Any] | None, digest: str | None) -> dict[str, 
 
     An outcome of other content is not this write's: a commit of it means this write is
     refused (the key is taken: ``KEY_REUSED``), a rejection of it says nothing about this
-    write (None: no answer yet). A commit that names this write's content as refused
-    (``refused_digest``) refuses it too. An outcome without a digest (stored before
-    digests, or the commit a refusal answers with) answers any other write under its key.
+    write (None: no answer yet). An outcome without a digest (stored before digests)
+    answers any write under its key.
     """
     if outcome is None or digest is None:
         return outcome
-    if outcome.get("refused_digest") == digest:  # the key's commit, after refusing this
-        return {**outcome, "status": KEY_REUSED, "digest": digest}
     theirs = outcome.get("digest")
     if not isinstance(theirs, str) or theirs == digest:
         return outcome

@@ -178,21 +178,26 @@ def _kept_for_the_key(
     task: Task, error: IdempotencyKeyReused, rejected: dict[str, Any]
 ) -> dict[str, Any]:
     """What (session, key) answers after other content under it was refused: the write the
-    key committed, naming the refused content (``refused_digest``), so that producer is
-    told (``key_reused``). The key holds one outcome, the first stored: a rejection there
-    would stand over the commit, whose own outcome may not be stored yet (a worker killed
-    between its commit and its result), and its producer would never be answered."""
+    key committed, with the digest of its own content (read back exactly), so its producer
+    is answered and every other content is told ``key_reused``. The key holds one outcome,
+    the first stored: a rejection there would stand over the commit, whose own outcome may
+    not be stored yet (a worker killed between its commit and its result), for good."""
+    store = store_for(task.app)
     try:
-        prior = store_for(task.app).journal.find_write(error.session_id, error.idempotency_key)
+        prior = store.journal.find_write(error.session_id, error.idempotency_key)
+        if prior is None:
+            return rejected
+        events = store.read(
+            prior.session_id,
+            after_seq=prior.first_seq - 1,
+            upto_seq=prior.last_seq,
+            rehydrate=True,
+        )
+        digest = write_digest([event.payload for event in events])
     except Exception as exc:  # the database away: the rejection is an answer too
         logger.warning("could not look up a reused key's write", extra={"error": repr(exc)})
         return rejected
-    if prior is None:
-        return rejected
-    outcome = committed(error.idempotency_key, prior)
-    if isinstance(rejected.get("digest"), str):
-        outcome["refused_digest"] = rejected["digest"]
-    return outcome
+    return committed(error.idempotency_key, prior, digest)
 
 
 def _store_under_write_id(task: Task, outcome: dict[str, Any]) -> None:

@@ -18,10 +18,11 @@ otherwise. Strings that merely look like refs anywhere else are ordinary strings
 from __future__ import annotations
 
 import binascii
+import copy
 import hashlib
 import re
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -226,36 +227,8 @@ def content_digest(events: Sequence[Any]) -> str:
     return digest.hexdigest()[:32]
 
 
-def same_stored_value(stored: Any, planned: Any) -> bool:
-    """Whether a payload the journal holds and one a write would store now are the same
-    content: the same JSON (key order, types, ``-0.0``), except that a value may be a
-    blob ref on one side and inline on the other (stored under other externalization
-    settings), when the inline value's bytes have that ref's hash."""
-    if type(stored) is not type(planned):
-        return False
-    if isinstance(stored, dict):
-        return list(stored) == list(planned) and all(
-            same_stored_value(value, planned[key]) for key, value in stored.items()
-        )
-    if isinstance(stored, list):
-        return len(stored) == len(planned) and all(
-            same_stored_value(a, b) for a, b in zip(stored, planned, strict=True)
-        )
-    if isinstance(stored, float):
-        return bool(stored.hex() == planned.hex())
-    if isinstance(stored, str) and stored != planned:
-        return _inline_of(stored, planned) or _inline_of(planned, stored)
-    return bool(stored == planned)
-
-
-def _inline_of(ref: str, text: str) -> bool:
-    blob_hash = parse_ref(ref) if looks_like_ref(ref) else None
-    if blob_hash is None or looks_like_ref(text):
-        return False
-    raw = canonical_base64(text)  # an image's bytes, or the text itself as UTF-8
-    return (raw is not None and sha256_hex(raw) == blob_hash) or sha256_hex(
-        text.encode()
-    ) == blob_hash
+def _b64(data: bytes) -> str:
+    return pybase64.b64encode_as_string(data)
 
 
 def canonical_base64(text: str) -> bytes | None:
@@ -402,6 +375,22 @@ class Persister:
                 ref = make_ref(sha256_hex(slot.data))
                 set_at_pointer(plan.payloads[slot.event], slot.pointer, ref)
         return list(plan.payloads)
+
+    def sent_payloads(
+        self, plan: PersistPlan, read: Callable[[str], bytes]
+    ) -> list[dict[str, Any]]:
+        """The payloads of ``plan`` as sent, less transient fields: every value a blob
+        holds or would hold put back inline (a producer's image ref read with ``read``),
+        as an exact rehydration of what it stores gives back (to compare a replay stored
+        under other settings). The plan is left as it was."""
+        payloads = [copy.deepcopy(payload) for payload in plan.payloads]
+        for walker in plan.walkers:
+            for slot in walker.slots:
+                text = slot.data.decode() if slot.encoding == "utf8" else _b64(slot.data)
+                set_at_pointer(payloads[slot.event], slot.pointer, text)
+            for ref in walker.input_refs:
+                set_at_pointer(payloads[ref.event], ref.pointer, _b64(read(ref.hash)))
+        return payloads
 
     def _walk(self, index: int, event: dict[str, Any]) -> tuple[_Walker, dict[str, Any]]:
         walker = _Walker(index, image_min=self.image_min, inline_limit=self.inline_limit)

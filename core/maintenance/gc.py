@@ -249,6 +249,7 @@ class BlobGc:
         self._started = _monotonic()
         self._deadline = None if time_budget_s is None else self._started + time_budget_s
         self._resume = resume
+        self._at: GcResume | None = None
         self._files_first = resume is not None and resume.phase == "files"
 
     def run(self) -> GcReport:
@@ -268,6 +269,7 @@ class BlobGc:
             # The database went away mid-run: what was committed stays done; report it.
             self.report.complete = False
             self.report.unavailable = "database"
+            self._stopped_at_error()
             self.report.error(f"database error, run stopped: {exc}")
             log.error("blob GC stopped by a database error", extra={"error": repr(exc)})
         except StorageUnavailable as exc:
@@ -278,11 +280,22 @@ class BlobGc:
                 raise
             self.report.complete = False
             self.report.unavailable = exc.component
+            self._stopped_at_error()
             self.report.error(f"blob store unavailable, run stopped: {exc}")
             log.error("blob GC stopped: the blob store is unavailable", extra={"error": repr(exc)})
         self.report.seconds = _monotonic() - self._started
         log.info("blob GC finished", extra={"gc": self.report.to_dict()})
         return self.report
+
+    def _reached(self, where: GcResume) -> GcResume:
+        """Record how far the phase has got (all before ``where`` is done): a run that an
+        error stops hands the next one this point, as a run out of time does."""
+        self._at = where
+        return where
+
+    def _stopped_at_error(self) -> None:
+        if self.report.resume is None and self.apply:
+            self.report.resume = self._at
 
     def _out_of_time(self, where: GcResume) -> bool:
         if self._deadline is not None and _monotonic() > self._deadline:
@@ -298,11 +311,12 @@ class BlobGc:
     # registered blobs -------------------------------------------------------------------
 
     def _sweep_registered(self) -> None:
-        total = self._count_blobs()
         resume = self._resume
         after = resume.after if resume is not None and resume.phase == "blobs" else ""
+        self._reached(GcResume("blobs", after))
+        total = self._count_blobs()
         self._tick("blobs", 0, total)
-        while not self._out_of_time(GcResume("blobs", after)):
+        while not self._out_of_time(self._reached(GcResume("blobs", after))):
             page = self.scan_page(after)
             if page.last_hash is None:
                 break
@@ -451,10 +465,11 @@ class BlobGc:
         self._tick("files", 0, None)
         resume = self._resume
         after = resume.after if resume is not None and resume.phase == "files" else ""
+        self._reached(GcResume("files", after))
         # Walked in key order, the files have a cursor as the blobs do: a walk longer than
         # one run's budget goes on from its last key in the next (files first).
         for chunk in _chunks(self._files(after), self.batch_size):
-            if self._out_of_time(GcResume("files", after)):
+            if self._out_of_time(self._reached(GcResume("files", after))):
                 return
             after = chunk[-1].key
             seen += len(chunk)

@@ -170,3 +170,33 @@ def test_a_letter_refused_for_a_reused_key_replays_under_a_new_key(tmp_path: Pat
     assert_user_error(reused, "idempotency key reused", "'b:0'")
     with SessionStore.from_settings(Settings(data_dir=data_dir)) as store:
         assert [e.payload["i"] for e in store.read(sid)] == [1, 2, 3]
+
+
+def test_a_replay_with_fixed_events_answers_the_producer_that_sent_the_letter(
+    tmp_path: Path,
+) -> None:
+    """The producer waiting under (session, key) sent the letter's events; the operator's
+    fix landed under its key, so its answer is "committed", not another write's."""
+    from tasks.app import create_app
+    from tasks.outcomes import answer_for, stored_outcome, write_digest
+
+    data_dir = tmp_path / "data"
+    assert run(data_dir, "db", "upgrade").returncode == 0
+    sid, letter_id = _letter(data_dir)
+    fixed = tmp_path / "fixed.jsonl"
+    fixed.write_text('{"type": "n", "i": 33}\n')
+    done = run(
+        data_dir,
+        "dead-letters",
+        "replay",
+        str(letter_id),
+        "--file",
+        str(fixed),
+        "--json",
+        "--no-expected-seq",
+    )
+    assert done.returncode == 0, done.stderr
+    app = create_app(Settings(data_dir=data_dir))
+    key = "conflicted-write-key-that-is-long-" + "x" * 40
+    answer = answer_for(stored_outcome(app, sid, key), write_digest([{"type": "n", "i": 3}]))
+    assert answer is not None and answer["status"] == "ok" and answer["last_seq"] == 3

@@ -27,6 +27,7 @@ import obstore
 import pytest
 from sqlalchemy import delete, select, update
 from sqlalchemy import event as sa_event
+from sqlalchemy.exc import OperationalError
 
 from core import InvalidEvent, SessionStore, Settings
 from core.blobs.files import FileBlobStore
@@ -704,6 +705,31 @@ def test_a_blob_store_listing_that_fails_ends_the_run_with_its_report(
     report = gstore.gc_blobs(apply=True, grace=60)  # returns, does not raise
     assert report.deleted == 1 and not report.complete  # what was done is reported
     assert any("run stopped" in e for e in report.errors), report.errors
+    assert report.resume == GcResume("files", "")  # the blobs are done: the files next
+
+
+def test_a_file_walk_an_error_stops_keeps_its_place(
+    gstore: SessionStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An error mid-walk (the database away) ended the run without a resume point, so the
+    next run walked every file again: one error per run starved the walk as a budget did."""
+    for i in range(5):
+        gstore.blobs.put(_text(f"walked {i}").encode())
+    calls = [0]
+    real_lookup = BlobGc._registered_among
+
+    def failing_lookup(self: BlobGc, hashes: set[str]) -> set[str]:
+        calls[0] += 1
+        if calls[0] == 3:
+            raise OperationalError("SELECT", {}, Exception("server closed the connection"))
+        return real_lookup(self, hashes)
+
+    monkeypatch.setattr(BlobGc, "_registered_among", failing_lookup)
+    report = gstore.gc_blobs(apply=True, grace=60, batch_size=2)
+    assert not report.complete and report.unavailable == "database"
+    assert report.resume is not None and report.resume.phase == "files"
+    keys = sorted(f"{h[:2]}/{h[2:4]}/{h}" for h in _registered(gstore))
+    assert report.resume.after.startswith(keys[3])  # two chunks of two walked: the third not
 
 
 def test_an_omp_export_names_only_blobs_the_manifest_keeps(gstore: SessionStore) -> None:

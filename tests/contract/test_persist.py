@@ -590,19 +590,23 @@ def test_a_key_reused_for_other_blobs_is_refused_and_puts_none(
 
 
 @pytest.mark.parametrize(
-    "override",
-    [{"inline_string_limit": 100_000}, {"image_min_base64_chars": 100_000}],
-    ids=["text kept inline now", "image kept inline now"],
+    ("override", "shot"),
+    [
+        ({"inline_string_limit": 100_000}, 8_000),
+        ({"image_min_base64_chars": 100_000}, 8_000),
+        ({"image_min_base64_chars": 100_000}, 40_000),  # a UTF-8 blob now, base64 before
+    ],
+    ids=["text kept inline now", "image kept inline now", "image as text blob now"],
 )
 def test_a_replay_stored_under_other_settings_now_is_still_a_replay(
-    store: SessionStore, settings: Settings, override: dict[str, int]
+    store: SessionStore, settings: Settings, override: dict[str, int], shot: int
 ) -> None:
-    """The first send externalized a value that the replay's settings would keep inline (a
-    worker on a new configuration takes a redelivery): a ref one side, the value the
-    other, with that ref's hash. The same write, not IdempotencyKeyReused; anything
-    else different is still refused."""
+    """The first send externalized a value that the replay's settings store otherwise (a
+    worker on a new configuration takes a redelivery): inline, or as a blob of another
+    encoding. The same write, not IdempotencyKeyReused; anything else different is still
+    refused."""
     session = store.create_session(tenant_id="acme")
-    events = [user("w" * 20_000, image(image_b64(8_000)))]
+    events = [user("w" * 20_000, image(image_b64(shot)))]
     first = store.append(session.id, events, idempotency_key="k")
     with SessionStore.from_settings(settings.model_copy(update=override)) as other:
         again = other.append(session.id, events, idempotency_key="k")
@@ -611,6 +615,32 @@ def test_a_replay_stored_under_other_settings_now_is_still_a_replay(
         with pytest.raises(IdempotencyKeyReused):
             other.append(session.id, changed, idempotency_key="k")
     assert count(store, EventRow) == 1
+
+
+@pytest.mark.parametrize(
+    ("first", "then"),
+    [
+        ("hello", make_ref(sha256_hex(b"hello"))),  # a literal ref-shaped text
+        ("<svg/>" * 300, base64.b64encode(b"<svg/>" * 300).decode()),  # text, then base64
+        ("w" * 20_000, "W" * 20_000),  # two blobs
+    ],
+    ids=["literal ref", "text vs its base64", "other blob"],
+)
+def test_other_content_that_only_hashes_alike_is_not_a_replay(
+    store: SessionStore, first: str, then: str
+) -> None:
+    """A value is the same only as sent: a text that happens to be the ref of the value
+    stored, or the base64 of it, is other content (answering it as a replay would lose
+    it)."""
+    session = store.create_session(tenant_id="acme")
+    store.append(session.id, [user(first)], idempotency_key="k")
+    with pytest.raises(IdempotencyKeyReused):
+        store.append(session.id, [user(then)], idempotency_key="k")
+    shot = image_b64(8_000)
+    store.append(session.id, [user(image(shot))], idempotency_key="i")
+    as_text = [user(image(base64.b64decode(shot).decode("latin-1")))]
+    with pytest.raises(IdempotencyKeyReused):
+        store.append(session.id, as_text, idempotency_key="i")
 
 
 def test_a_replay_that_differs_only_in_transient_fields_is_a_replay(store: SessionStore) -> None:

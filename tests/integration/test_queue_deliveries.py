@@ -119,9 +119,12 @@ def test_other_content_under_a_committed_key_is_dead_lettered_as_such(
             handle.get(timeout=30)
     (letter,) = store.dead_letters.list()
     assert letter.error_type == "IdempotencyKeyReused" and letter.events == [note("other")]
-    answer = answer_for(stored_outcome(app, sid, "k"), write_digest([note("landed")]))
+    stored = stored_outcome(app, sid, "k")
+    answer = answer_for(stored, write_digest([note("landed")]))
     assert answer is not None and answer["status"] == "ok"
     assert answer["last_seq"] == landed.last_seq
+    third = answer_for(stored, write_digest([note("a third content")]))  # nobody's "ok"
+    assert third is not None and third["status"] == "key_reused"
 
 
 def test_a_rehydrate_back_too_often_is_refused_typed(

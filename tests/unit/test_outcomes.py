@@ -26,16 +26,6 @@ REJECTED = {"status": "dead_lettered", "dead_letter_id": 1, "digest": "a" * 32}
         ({**OK, "digest": None}, "b" * 32, {**OK, "digest": None}),  # a client sent none
         (REJECTED, "a" * 32, REJECTED),
         (REJECTED, "b" * 32, None),  # another write's rejection: no answer for this one
-        (
-            {**OK, "digest": None, "refused_digest": "b" * 32},
-            "a" * 32,
-            {**OK, "digest": None, "refused_digest": "b" * 32},
-        ),  # the key's commit answers its own producer after refusing other content
-        (
-            {**OK, "refused_digest": "b" * 32},
-            "b" * 32,
-            {**OK, "refused_digest": "b" * 32, "status": KEY_REUSED, "digest": "b" * 32},
-        ),  # ... and refuses the content it names
     ],
 )
 def test_an_outcome_answers_the_write_whose_content_it_names(
