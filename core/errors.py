@@ -102,17 +102,23 @@ class IdempotencyKeyReused(InvalidEvent):
 
     A replay of the same write is answered with its result (invariant 5); this is not
     one, and answering it as one would drop the new content without a word. The new write
-    is not appended: send it under a new key. ``first_seq``..``last_seq`` are the seqs the
-    key committed."""
+    is not appended: send it under a new key. ``first_seq``..``last_seq`` (at
+    ``positions``) are the events the key committed."""
 
     def __init__(
-        self, session_id: str, idempotency_key: str, first_seq: int, last_seq: int
+        self,
+        session_id: str,
+        idempotency_key: str,
+        first_seq: int,
+        last_seq: int,
+        positions: Sequence[int] = (),
     ) -> None:
         self.field, self.index = "idempotency_key", None
         self.session_id = session_id
         self.idempotency_key = idempotency_key
         self.first_seq = first_seq
         self.last_seq = last_seq
+        self.positions = list(positions)
         self.reason = (
             f"key {idempotency_key!r} already committed other content to session "
             f"{session_id} (seq {first_seq}..{last_seq}); send new content under a new key"

@@ -34,7 +34,7 @@ from core.journal.validation import (
     check_seq,
 )
 from core.metrics import metrics
-from core.records import AppendResult, PreparedEvent
+from core.records import AppendResult, PreparedEvent, StoredEvent
 from core.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -152,17 +152,19 @@ class Writer:
         inline the other, or in another encoding): both are compared as sent, the
         committed events rehydrated exactly (invariant 11) and the batch's values put back.
         """
-        stored = self.journal.written_payloads(prior)
-        if stored != [exact_json.dumps(payload) for payload in payloads] and (
-            len(stored) != len(payloads) or not self._same_as_sent(prior, plan)
-        ):
-            raise IdempotencyKeyReused(prior.session_id, key, prior.first_seq, prior.last_seq)
-        return prior
-
-    def _same_as_sent(self, prior: AppendResult, plan: PersistPlan) -> bool:
         committed = self.journal.read(
             prior.session_id, after_seq=prior.first_seq - 1, upto_seq=prior.last_seq
         )
+        stored = [exact_json.dumps(event.payload) for event in committed]
+        if stored != [exact_json.dumps(payload) for payload in payloads] and (
+            len(stored) != len(payloads) or not self._same_as_sent(committed, plan)
+        ):
+            raise IdempotencyKeyReused(
+                prior.session_id, key, prior.first_seq, prior.last_seq, prior.positions
+            )
+        return prior
+
+    def _same_as_sent(self, committed: list[StoredEvent], plan: PersistPlan) -> bool:
         try:
             sent = self.persister.sent_payloads(plan, self.blobs.get)
             rehydrated = Rehydrator(self.blobs).read(self.journal, committed)

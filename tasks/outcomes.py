@@ -100,6 +100,7 @@ def key_reused_error(outcome: dict[str, Any]) -> IdempotencyKeyReused:
         str(outcome.get("idempotency_key")),
         int(outcome["first_seq"]),
         int(outcome["last_seq"]),
+        [int(position) for position in outcome.get("positions", ())],
     )
 
 

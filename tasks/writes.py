@@ -19,6 +19,7 @@ from celery.exceptions import Reject, SoftTimeLimitExceeded
 
 from core.errors import DeliveriesExhausted, IdempotencyKeyReused, InvalidEvent
 from core.metrics import metrics
+from core.records import AppendResult
 from tasks.app import sessionstore_task, settings_of
 from tasks.deliveries import delivery_count, forget_deliveries
 from tasks.outcomes import (
@@ -182,12 +183,11 @@ def _kept_for_the_key(
     is answered and every other content is told ``key_reused``. The key holds one outcome,
     the first stored: a rejection there would stand over the commit, whose own outcome may
     not be stored yet (a worker killed between its commit and its result), for good."""
-    store = store_for(task.app)
+    prior = AppendResult(
+        error.session_id, error.first_seq, error.last_seq, error.positions, replayed=True
+    )
     try:
-        prior = store.journal.find_write(error.session_id, error.idempotency_key)
-        if prior is None:
-            return rejected
-        events = store.read(
+        events = store_for(task.app).read(
             prior.session_id,
             after_seq=prior.first_seq - 1,
             upto_seq=prior.last_seq,
@@ -195,7 +195,7 @@ def _kept_for_the_key(
         )
         digest = write_digest([event.payload for event in events])
     except Exception as exc:  # the database away: the rejection is an answer too
-        logger.warning("could not look up a reused key's write", extra={"error": repr(exc)})
+        logger.warning("could not read back a reused key's write", extra={"error": repr(exc)})
         return rejected
     return committed(error.idempotency_key, prior, digest)
 

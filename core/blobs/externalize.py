@@ -219,12 +219,30 @@ def content_digest(events: Sequence[Any]) -> str:
         as_json = exact_json.dumps(event)
         if _WALK_MARKERS.search(as_json) is not None:
             walker = _Walker(0, image_min=0, inline_limit=sys.maxsize)
-            payload = walker.obj(event, None)
-            for slot in walker.slots:
-                set_at_pointer(payload, slot.pointer, make_ref(sha256_hex(slot.data)))
-            as_json = exact_json.dumps(payload)
+            payloads = [walker.obj(event, None)]
+            _fill_slots(payloads, [walker], _hash_ref)
+            as_json = exact_json.dumps(payloads[0])
         digest.update(len(as_json).to_bytes(8, "big") + as_json)
     return digest.hexdigest()[:32]
+
+
+def _fill_slots(
+    payloads: Sequence[dict[str, Any]], walkers: Sequence[_Walker], value: Callable[[_Slot], str]
+) -> None:
+    """Put ``value(slot)`` in place of every value the walkers took out of ``payloads``."""
+    for walker in walkers:
+        for slot in walker.slots:
+            set_at_pointer(payloads[slot.event], slot.pointer, value(slot))
+
+
+def _hash_ref(slot: _Slot) -> str:
+    """The ref a put of the slot's bytes gives, computed without storing them."""
+    return make_ref(sha256_hex(slot.data))
+
+
+def _sent_value(slot: _Slot) -> str:
+    """The value as the producer sent it (what an exact rehydration of its blob gives)."""
+    return slot.data.decode() if slot.encoding == "utf8" else _b64(slot.data)
 
 
 def _b64(data: bytes) -> str:
@@ -370,10 +388,7 @@ class Persister:
         """The payloads ``put`` would store for ``plan``, each ref computed from its bytes'
         hash and nothing stored (to compare a replay with the write it repeats). Fills the
         refs into the plan's own payloads: the plan is not to be put afterwards."""
-        for walker in plan.walkers:
-            for slot in walker.slots:
-                ref = make_ref(sha256_hex(slot.data))
-                set_at_pointer(plan.payloads[slot.event], slot.pointer, ref)
+        _fill_slots(plan.payloads, plan.walkers, _hash_ref)
         return list(plan.payloads)
 
     def sent_payloads(
@@ -384,12 +399,9 @@ class Persister:
         as an exact rehydration of what it stores gives back (to compare a replay stored
         under other settings). The plan is left as it was."""
         payloads = [copy.deepcopy(payload) for payload in plan.payloads]
-        for walker in plan.walkers:
-            for slot in walker.slots:
-                text = slot.data.decode() if slot.encoding == "utf8" else _b64(slot.data)
-                set_at_pointer(payloads[slot.event], slot.pointer, text)
-            for ref in walker.input_refs:
-                set_at_pointer(payloads[ref.event], ref.pointer, _b64(read(ref.hash)))
+        _fill_slots(payloads, plan.walkers, _sent_value)
+        for ref in (ref for walker in plan.walkers for ref in walker.input_refs):
+            set_at_pointer(payloads[ref.event], ref.pointer, _b64(read(ref.hash)))
         return payloads
 
     def _walk(self, index: int, event: dict[str, Any]) -> tuple[_Walker, dict[str, Any]]:

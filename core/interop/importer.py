@@ -772,7 +772,9 @@ def _append(
         except IdempotencyKeyReused as exc:
             # A concurrent import committed a batch from this same file event, cut at
             # another line: those are the file's events too, so it counts as a replay.
-            result = AppendResult(session.id, exc.first_seq, exc.last_seq, [], replayed=True)
+            result = AppendResult(
+                session.id, exc.first_seq, exc.last_seq, exc.positions, replayed=True
+            )
         count = result.last_seq - result.first_seq + 1
         index += count
         if result.replayed:

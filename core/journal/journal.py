@@ -457,21 +457,6 @@ class Journal(SessionRows):
         with read_connection(self.engine) as conn:
             return self._prior_write(conn, session_id, key)
 
-    @translated
-    def written_payloads(self, write: AppendResult) -> list[bytes]:
-        """The payloads ``write`` committed, as their stored JSON, in seq order: what a
-        replay under its key must match (events are never changed once appended)."""
-        with read_connection(self.engine) as conn:
-            rows = conn.execute(
-                select(_events.c.payload)
-                .where(
-                    _events.c.session_id == write.session_id,
-                    _events.c.seq.between(write.first_seq, write.last_seq),
-                )
-                .order_by(_events.c.seq)
-            )
-            return [exact_json.dumps(row.payload) for row in rows]
-
     # reads ------------------------------------------------------------------------------
 
     @translated

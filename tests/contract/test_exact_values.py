@@ -6,6 +6,7 @@
 
 from __future__ import annotations
 
+import copy
 import math
 from typing import Any
 
@@ -16,6 +17,7 @@ from hypothesis import strategies as st
 from sqlalchemy import text
 
 from core import SessionStore, exact_json
+from core.blobs.externalize import content_digest
 from core.errors import IdempotencyKeyReused, InvalidEvent
 from core.journal.validation import MAX_INT_BITS
 
@@ -127,6 +129,28 @@ def test_a_key_replays_exactly_its_own_content(
         with pytest.raises(IdempotencyKeyReused):
             store.append(session.id, other, idempotency_key="k")
     assert store.get_session(session.id).head_seq == len(batch)
+
+
+@hsettings(max_examples=300, deadline=None)
+@given(
+    batch=st.lists(events, min_size=1, max_size=3),
+    change=st.sampled_from(["same", "number", "key order", "other batch"]),
+    other=st.lists(events, min_size=1, max_size=3),
+)
+def test_the_queue_digest_tells_content_apart_as_strictly_as_the_journal(
+    batch: list[dict[str, Any]], change: str, other: list[dict[str, Any]]
+) -> None:
+    """The producer's digest (``content_digest``) is equal for two batches exactly when the
+    journal would answer the second as a replay of the first: wide integers, ``-0.0``,
+    ``1.0`` against ``1``, key order and NUL strings included."""
+    if change == "number":
+        other = _flip_first_number(batch)[0]
+    elif change == "key order":
+        other = [dict(reversed(event.items())) for event in batch]
+    elif change == "same":
+        other = copy.deepcopy(batch)
+    same = [strict(e) for e in other] == [strict(e) for e in batch]
+    assert (content_digest(other) == content_digest(batch)) is same
 
 
 @pytest.mark.parametrize(

@@ -18,7 +18,7 @@ import subprocess
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -776,6 +776,35 @@ def _text_with_hash(prefix_range: str, start: int) -> tuple[str, int]:
         i += 1
 
 
+def _budgeted_runs(
+    gstore: SessionStore,
+    monkeypatch: pytest.MonkeyPatch,
+    costly: str,
+    until: Callable[[GcReport], bool],
+    **options: Any,
+) -> list[GcReport]:
+    """Up to four applied runs, each resuming where the last stopped, on a clock of GC's
+    own that moves one "second" per call of ``BlobGc.<costly>`` and nowhere else."""
+    clock = [0.0]
+    real = getattr(BlobGc, costly)
+
+    def timed(self: BlobGc, *args: Any) -> Any:
+        clock[0] += 1.0
+        return real(self, *args)
+
+    monkeypatch.setattr(BlobGc, costly, timed)
+    monkeypatch.setattr("core.maintenance.gc._monotonic", lambda: clock[0])
+    reports: list[GcReport] = []
+    resume = None
+    for _ in range(4):
+        report = gstore.gc_blobs(apply=True, resume=resume, **options)
+        reports.append(report)
+        resume = report.resume
+        if until(report):
+            break
+    return reports
+
+
 def test_a_budgeted_run_resumes_where_the_last_one_stopped(
     gstore: SessionStore, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -791,25 +820,16 @@ def test_a_budgeted_run_resumes_where_the_last_one_stopped(
     garbage = gstore.blobs.put(garbage_text.encode()).hash
     for blob_hash in _registered(gstore):
         _age(gstore, blob_hash)
-    clock = [0.0]  # a page scan costs one "second"; the budget is 2.5: three pages a run
-    real_scan = BlobGc.scan_page
-
-    def timed_scan(self: BlobGc, after: str) -> Any:
-        clock[0] += 1.0
-        return real_scan(self, after)
-
-    monkeypatch.setattr(BlobGc, "scan_page", timed_scan)
-    monkeypatch.setattr("core.maintenance.gc._monotonic", lambda: clock[0])
-    reports = []
-    resume = None
-    for _ in range(4):
-        report = gstore.gc_blobs(
-            apply=True, grace=60, batch_size=5, time_budget_s=2.5, resume=resume
-        )
-        reports.append(report)
-        resume = report.resume
-        if report.complete:
-            break
+    # a page scan costs one "second"; the budget is 2.5: three pages a run
+    reports = _budgeted_runs(
+        gstore,
+        monkeypatch,
+        "scan_page",
+        lambda r: r.complete,
+        grace=60,
+        batch_size=5,
+        time_budget_s=2.5,
+    )
     first = reports[0]
     assert (first.scanned, first.deleted, first.complete) == (15, 0, False)
     assert first.resume is not None and first.resume.phase == "blobs"
@@ -833,24 +853,16 @@ def test_a_file_walk_longer_than_the_budget_goes_on_where_it_stopped(
     late, counter = _text_with_hash("89abcdef", counter)
     orphan = _orphan(gstore, late.encode())
     time.sleep(1.1)  # the orphan's storage time is before the run's (grace 0)
-    clock = [0.0]  # a chunk of files costs one "second"; the budget, 1.5: two chunks a run
-    real_lookup = BlobGc._registered_among
-
-    def timed_lookup(self: BlobGc, hashes: set[str]) -> set[str]:
-        clock[0] += 1.0
-        return real_lookup(self, hashes)
-
-    monkeypatch.setattr(BlobGc, "_registered_among", timed_lookup)
-    monkeypatch.setattr("core.maintenance.gc._monotonic", lambda: clock[0])
-    reports, resume = [], None
-    for _ in range(4):
-        report = gstore.gc_blobs(
-            apply=True, grace=0, batch_size=2, time_budget_s=1.5, resume=resume
-        )
-        reports.append(report)
-        resume = report.resume
-        if report.orphans:
-            break
+    # a chunk of files costs one "second" (its lookup); the budget, 1.5: two chunks a run
+    reports = _budgeted_runs(
+        gstore,
+        monkeypatch,
+        "_registered_among",
+        lambda r: r.orphans > 0,
+        grace=0,
+        batch_size=2,
+        time_budget_s=1.5,
+    )
     first = reports[0]
     assert first.resume is not None and first.resume.phase == "files"
     assert first.resume.after.startswith(("0", "1", "2", "3", "4", "5", "6", "7"))
