@@ -6,9 +6,10 @@ Shared step for step by the library (``SessionStore.append``) and the queue (the
 
 from __future__ import annotations
 
+import copy
 import logging
 import time
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from functools import partial
 from typing import Any
 
@@ -20,6 +21,7 @@ from core.blobs.externalize import (
     Persister,
     PersistPlan,
     missing_ref_error,
+    set_at_pointer,
 )
 from core.blobs.rehydrate import Rehydrator
 from core.blobs.store import BlobStore, StagedPuts, count_puts
@@ -34,7 +36,7 @@ from core.journal.validation import (
     check_seq,
 )
 from core.metrics import metrics
-from core.records import AppendResult, PreparedEvent, StoredEvent
+from core.records import AppendResult, ManifestEntry, PreparedEvent, StoredEvent
 from core.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -165,14 +167,36 @@ class Writer:
         return prior
 
     def _same_as_sent(self, committed: list[StoredEvent], plan: PersistPlan) -> bool:
-        try:
-            sent = self.persister.sent_payloads(plan, self.blobs.get)
-            rehydrated = Rehydrator(self.blobs).read(self.journal, committed)
-        except BlobError:  # a value that cannot be read back cannot be shown the same
+        """Whether ``committed``, rehydrated exactly, is the batch of ``plan`` as sent.
+
+        A blob the batch carries is read from the batch (its hash names its bytes), so a
+        committed blob lost or corrupted since cannot make a replay look like other content.
+        Where one the batch does not carry cannot be read back, the batch is other content
+        if it differs anywhere else; if not, the comparison is undecided and the blob's
+        typed error (``BlobNotFound``, ``BlobCorrupted``) is raised, never a false
+        ``IdempotencyKeyReused``."""
+        carried = plan.carried()
+        unreadable: dict[str, BlobError] = {}
+
+        def get(blob_hash: str) -> bytes:
+            if blob_hash in carried:
+                return carried[blob_hash]
+            try:
+                return self.blobs.get(blob_hash)
+            except BlobError as exc:  # rehydration keeps the ref (logged) and goes on
+                unreadable.setdefault(blob_hash, exc)
+                raise
+
+        sent = self.persister.sent_payloads(plan, get)
+        manifest = self.journal.manifest_of(committed)
+        shown = [e.payload for e in Rehydrator(self.blobs, get=get).events(committed, manifest)]
+        if unreadable and not _mask(committed, manifest, set(unreadable), shown, sent):
+            return False  # a structure the committed values could not have
+        if [exact_json.dumps(p) for p in shown] != [exact_json.dumps(p) for p in sent]:
             return False
-        return [exact_json.dumps(e.payload) for e in rehydrated] == [
-            exact_json.dumps(payload) for payload in sent
-        ]
+        if unreadable:
+            raise next(iter(unreadable.values()))
+        return True
 
     def _tenant_of(self, session_id: str) -> str:
         # Refs without bytes are scoped by the session's tenant (invariant 9).
@@ -230,3 +254,26 @@ class Writer:
             extra={"session_id": session_id, "hashes": sorted(exc.hashes), "attempt": attempt},
         )
         self.blobs.put_many([batch.blobs[h] for h in sorted(exc.hashes)])
+
+
+def _mask(
+    events: Sequence[StoredEvent],
+    manifest: Mapping[int, Sequence[ManifestEntry]],
+    hashes: Collection[str],
+    *sides: list[dict[str, Any]],
+) -> bool:
+    """Put None, on every side, where an event's manifest places a blob of ``hashes`` (one
+    that could not be read): what is left compares as far as anything can be known. False
+    if a side has no value there."""
+    for index, event in enumerate(events):
+        pointers = [e.pointer for e in manifest.get(event.position, ()) if e.hash in hashes]
+        if not pointers:
+            continue
+        for side in sides:
+            side[index] = copy.deepcopy(side[index])
+            for pointer in pointers:
+                try:
+                    set_at_pointer(side[index], pointer, None)
+                except (KeyError, IndexError, TypeError, ValueError):
+                    return False
+    return True

@@ -130,6 +130,11 @@ class PersistPlan:
     def has_input_refs(self) -> bool:
         return any(w.input_refs for w in self.walkers)
 
+    def carried(self) -> dict[str, bytes]:
+        """The bytes of every value the batch would externalize, by their hash (the blob a
+        ref to that hash names: content-addressed, so these are its bytes)."""
+        return {sha256_hex(s.data): s.data for w in self.walkers for s in w.slots}
+
 
 class _Walker:
     """One pass over one event: builds the stored payload, records what to externalize."""

@@ -312,7 +312,8 @@ class Rehydrator:
 
     ``on_read``, if given, is called after each value an exact rehydration resolves (read,
     cached or left a ref): a long build's sign of progress (``core.interop.rehydrated``).
-    ``read_ahead``: reads kept in flight (``_ReadAhead``); by default the store's own."""
+    ``read_ahead``: reads kept in flight (``_ReadAhead``); by default the store's own.
+    ``get``: how an exact rehydration reads a blob; by default ``blobs.get``."""
 
     def __init__(
         self,
@@ -321,8 +322,10 @@ class Rehydrator:
         verified: VerifiedValues | None = None,
         on_read: Callable[[], None] | None = None,
         read_ahead: int | None = None,
+        get: Callable[[str], bytes] | None = None,
     ) -> None:
         self.blobs = blobs
+        self.get = blobs.get if get is None else get
         self.verified = verified if verified is not None else VerifiedValues()
         self.on_read = on_read
         self.read_ahead = blobs.read_ahead if read_ahead is None else read_ahead
@@ -385,7 +388,7 @@ class Rehydrator:
         if len(hashes) < 2:
             yield None
             return
-        ahead = _ReadAhead(self.blobs.get, list(hashes), self.read_ahead)
+        ahead = _ReadAhead(self.get, list(hashes), self.read_ahead)
         try:
             yield ahead
         finally:
@@ -425,7 +428,7 @@ class Rehydrator:
             if key in cache:
                 value: str | None = cache[key]
             else:
-                get = ahead.get if ahead is not None else self.blobs.get
+                get = ahead.get if ahead is not None else self.get
                 value = _fetch(get, entry, where, self.verified)
             if self.on_read is not None:
                 self.on_read()

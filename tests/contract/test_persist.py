@@ -20,7 +20,13 @@ from core.blobs.externalize import TRANSIENT_FIELDS, canonical_base64
 from core.blobs.files import FileBlobStore
 from core.blobs.store import BLOB_REF_PREFIX, StagedPuts, make_ref, parse_ref, sha256_hex
 from core.db import write_transaction
-from core.errors import BlobsMissing, ConcurrencyConflict, IdempotencyKeyReused
+from core.errors import (
+    BlobCorrupted,
+    BlobNotFound,
+    BlobsMissing,
+    ConcurrencyConflict,
+    IdempotencyKeyReused,
+)
 from core.models import BlobRefRow, BlobRow, EventRow
 from core.records import ManifestEntry, StoredEvent
 
@@ -614,6 +620,47 @@ def test_a_replay_stored_under_other_settings_now_is_still_a_replay(
         changed = [user("w" * 20_000, image(image_b64(8_000)))]  # another image
         with pytest.raises(IdempotencyKeyReused):
             other.append(session.id, changed, idempotency_key="k")
+    assert count(store, EventRow) == 1
+
+
+@pytest.mark.parametrize("damage", ["lost", "corrupted"])
+def test_a_replay_compared_with_a_blob_damaged_since_is_never_refused_falsely(
+    store: SessionStore, settings: Settings, damage: str
+) -> None:
+    """The replay of a write stored under other settings is compared as sent, which reads
+    the committed blobs back. One lost or corrupted since: read from the batch if the batch
+    carries its bytes (a replay, as it is); if not, undecided, so its typed error, never a
+    false IdempotencyKeyReused; other content elsewhere is still refused."""
+    session = store.create_session(tenant_id="acme")
+    text, shot = "w" * 20_000, image_b64(8_000)
+    first = store.append(session.id, [user(text, image(shot))], idempotency_key="k")
+    text_hash = sha256_hex(text.encode())
+    image_hash = sha256_hex(base64.b64decode(shot))
+
+    def spoil(blob_hash: str) -> None:
+        if damage == "lost":
+            assert store.blobs.remove_file(blob_hash)
+        else:
+            found = store.blobs._find(blob_hash)
+            assert found is not None
+            store.blobs._write(blob_hash, found[0], b"not the blob")
+
+    # the text is kept inline now, so the stored JSON differs: compared as sent
+    with SessionStore.from_settings(
+        settings.model_copy(update={"inline_string_limit": 100_000})
+    ) as other:
+        spoil(image_hash)  # the batch carries the image's bytes: still a replay
+        again = other.append(session.id, [user(text, image(shot))], idempotency_key="k")
+        assert again.replayed and again.positions == first.positions
+        spoil(text_hash)  # inline in the batch now: nothing to read it from
+        error = BlobNotFound if damage == "lost" else BlobCorrupted
+        with pytest.raises(error) as caught:
+            other.append(session.id, [user(text, image(shot))], idempotency_key="k")
+        assert caught.value.blob_hash == text_hash
+        with pytest.raises(IdempotencyKeyReused):  # differs where the store can still tell
+            other.append(session.id, [user(text, image(shot), "more")], idempotency_key="k")
+        with pytest.raises(IdempotencyKeyReused):  # a structure the text could not fill
+            other.append(session.id, [user(image(shot), text)], idempotency_key="k")
     assert count(store, EventRow) == 1
 
 
