@@ -402,13 +402,22 @@ def settings_env(
     }
 
 
-def send_raw(app: Celery, session_id: Any, events: Any, *, key: str, **extra: Any) -> AppendHandle:
-    """What a client that skips ``enqueue_append`` does: ``send_task`` by name."""
+def send_raw(
+    app: Celery,
+    session_id: Any,
+    events: Any,
+    *,
+    key: str,
+    headers: dict[str, Any] | None = None,
+    **extra: Any,
+) -> AppendHandle:
+    """What a client that skips ``enqueue_append`` does: ``send_task`` by name (with
+    ``headers`` of its own, if given)."""
     kwargs = {"session_id": session_id, "events": events, "idempotency_key": key, **extra}
     task_id = write_task_id(str(session_id), key)
 
     def send() -> Any:
-        return app.send_task("sessionstore.append", kwargs=kwargs, task_id=task_id)
+        return app.send_task("sessionstore.append", kwargs=kwargs, task_id=task_id, headers=headers)
 
     return AppendHandle(send(), str(session_id), key, send)
 

@@ -11,6 +11,7 @@ the queue drains.
 
 from __future__ import annotations
 
+import re
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -28,7 +29,7 @@ from core.errors import InvalidEvent, SessionStoreError
 from core.journal.dead_letters import DeadLetter
 from tasks import enqueue_append
 from tasks.app import QUEUE, create_app
-from tasks.outcomes import write_task_id
+from tasks.outcomes import NEW_KEY, stored_outcome, write_digest, write_task_id
 from tests.integration.test_queue_outcomes import child_deaths, deep, queue_drained
 from tests.support import WorkerProcess, send_raw, settings_env, wait_for
 
@@ -52,6 +53,16 @@ values = st.recursive(
 )
 bad_depth = st.integers(min_value=65, max_value=1500).map(deep)
 
+# what a client may put in the write_digest header: a digest (of anything), the producer's
+# mark for a key it made, or values no producer sends
+digests = st.one_of(
+    st.just(NEW_KEY),
+    st.binary(min_size=16, max_size=16).map(bytes.hex),
+    st.text(alphabet="0123456789abcdefABCDEF", min_size=31, max_size=33),
+    st.just("0" * 10_000),
+    values,
+)
+
 
 @st.composite
 def events(draw: st.DrawFn, marker: str) -> Any:
@@ -71,6 +82,7 @@ class Message:
     args: Any = None
     body: bytes = b""
     content_type: str = ""
+    headers: dict[str, Any] | None = None
     refused: bool = False
 
 
@@ -87,7 +99,10 @@ def messages(draw: st.DrawFn, sessions: list[str]) -> Message:
         return Message(kind, key, body=body, content_type=content_type)
     session = draw(st.sampled_from([*sessions, *sessions, "no-such", "s\ud800", "s\x00", 7]))
     expected = draw(st.sampled_from([None, None, None, 0, 2**63 + 1, -1, 2**64]))
-    return Message(kind, key, session, draw(events(key)), expected)
+    message = Message(kind, key, session, draw(events(key)), expected)
+    if kind == "by_name":  # a client's own digest header: absent, claimed, or anything
+        message.headers = draw(st.one_of(st.none(), st.builds(dict, write_digest=digests)))
+    return message
 
 
 def send(app: Celery, message: Message) -> None:
@@ -105,7 +120,14 @@ def send(app: Celery, message: Message) -> None:
     elif message.kind == "by_name":
         extra = {"expected_seq": message.expected_seq}
         try:
-            send_raw(app, message.session, message.events, key=message.key, **extra)
+            send_raw(
+                app,
+                message.session,
+                message.events,
+                key=message.key,
+                headers=message.headers,
+                **extra,
+            )
         except EncodeError:  # too deep for kombu's own encoder: never published
             message.refused = True
     elif message.kind == "raw_task":
@@ -139,6 +161,18 @@ def _letters(letters: list[DeadLetter], message: Message) -> int:
     # the write's key, or (for a body the worker could not read) its task id
     ids = {message.key, write_task_id(str(message.session), message.key)}
     return sum(1 for x in letters if any(i in x.idempotency_key for i in ids))
+
+
+def kept_digest(message: Message) -> str | None:
+    """The digest a commit's outcome carries: none for a key the producer made, the
+    client's own if it is one, else the worker's of the content (a hostile value is not
+    kept: it would answer for other content, or refuse the write's own)."""
+    sent = (message.headers or {}).get("write_digest")
+    if sent == NEW_KEY:
+        return None
+    if isinstance(sent, str) and re.fullmatch(r"[0-9a-f]{32}", sent):
+        return sent
+    return write_digest(message.events)
 
 
 def outcomes(store: SessionStore, message: Message, letters: list[DeadLetter]) -> int:
@@ -191,6 +225,9 @@ def test_every_hostile_message_has_exactly_one_outcome(
         letters = store.dead_letters.list(limit=1000)
         for message in batch:
             assert outcomes(store, message, letters) == 1, message
+            if message.kind == "by_name" and _journaled(store, message):
+                outcome = stored_outcome(app, message.session, message.key)
+                assert outcome is not None and outcome.get("digest") == kept_digest(message)
 
     run()
     wait_for(lambda: queue_drained(redis_url), 30, "the queue to drain")

@@ -23,7 +23,7 @@ from core.blobs.files import FileBlobStore
 from core.errors import IdempotencyKeyReused, InvalidEvent, WriteRejected
 from tasks import enqueue_append
 from tasks.app import QUEUE, create_app
-from tasks.outcomes import store_outcome, stored_outcome, write_task_id
+from tasks.outcomes import store_outcome, stored_outcome, write_digest, write_task_id
 from tasks.producer import Producer
 from tests.support import (
     DiskFull,
@@ -477,3 +477,26 @@ def test_a_key_a_client_without_digests_committed_refuses_other_content(
     assert [e.payload["marker"] for e in store.read(sid)] == ["by name", "streamed"]
     wait_for(lambda: len(store.dead_letters.list()) == 1, 60, "the other content's letter")
     assert [x.events for x in store.dead_letters.list()] == [[note("other")]]
+
+
+HOSTILE_DIGESTS = ["F" * 32, "0" * 31, "0" * 10_000, "", 12345, ["0" * 32], {"d": "0" * 32}, None]
+
+
+def test_a_hostile_digest_header_is_not_kept(
+    app: Celery, store: SessionStore, prefork: Path
+) -> None:
+    """A ``send_task`` client's own ``write_digest`` header that is not a digest is never
+    kept in its outcome (it would refuse the write's own resend, or answer for other
+    content): the worker computes the digest of what it committed, as for no header."""
+    sid = store.create_session(tenant_id="acme").id
+    for n, header in enumerate(HOSTILE_DIGESTS):
+        key = f"k{n}"
+        raw = send_raw(app, sid, [note(key)], key=key, headers={"write_digest": header})
+        assert raw.get(timeout=60).last_seq == n + 1
+        stored = stored_outcome(app, sid, key)
+        assert stored is not None and stored["digest"] == write_digest([note(key)]), header
+        same = enqueue_append(sid, [note(key)], idempotency_key=key, app=app)
+        assert same.get(timeout=60).last_seq == n + 1
+        with pytest.raises(IdempotencyKeyReused):
+            enqueue_append(sid, [note("other")], idempotency_key=key, app=app).get(timeout=60)
+    assert child_deaths(prefork) == 0
