@@ -4,6 +4,8 @@ With ``SS_FAULT_DIR`` set and a file ``armed`` in it, the first transaction that
 events hangs right after its commit (when its connection goes back to the pool): the write
 has landed but the task has neither stored its result nor been acked. A SIGKILL now is
 the worst case for at-least-once delivery: the message comes back for a write that landed.
+``SS_FAULT_TABLE`` names another table to watch instead (``dead_letters``: a rejection
+kept, its outcome not yet stored).
 """
 
 from __future__ import annotations
@@ -18,15 +20,16 @@ from sqlalchemy.engine import Engine
 from sqlalchemy.pool import Pool
 
 FAULT_DIR = os.environ.get("SS_FAULT_DIR")
+FAULT_TABLE = os.environ.get("SS_FAULT_TABLE", "events")
 
 
 @event.listens_for(Engine, "before_cursor_execute")
 def _note_event_insert(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
-    if FAULT_DIR and "INTO events" in statement:
+    if FAULT_DIR and f"INTO {FAULT_TABLE} " in statement:
         conn.info["inserted_events"] = True
 
 
-if FAULT_DIR:
+if FAULT_DIR and FAULT_TABLE == "events":
     # PostgreSQL's append runs on the driver's cursor (core.journal.postgres.run_append),
     # where SQLAlchemy's cursor events do not see it: it is noted here instead.
     from core.journal import journal as _journal

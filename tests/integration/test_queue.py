@@ -283,6 +283,39 @@ def test_message_redelivered_after_worker_killed_mid_task_writes_no_duplicate(
 
 
 @pytest.mark.slow
+def test_worker_killed_after_keeping_a_dead_letter_answers_once_with_one_letter(
+    app: Celery, store: SessionStore, queue_settings: Settings, tmp_path: Path
+) -> None:
+    """Killed between keeping the rejected write and storing its outcome: the message comes
+    back, its second run finds the same letter (not a second one) and answers with it."""
+    faults = tmp_path / "faults"
+    faults.mkdir()
+    (faults / "armed").touch()
+    env = settings_env(
+        database_url=str(queue_settings.database_url),
+        broker_url=str(queue_settings.broker_url),
+        data_dir=tmp_path / "w",
+    )
+    env.update(SS_FAULT_DIR=str(faults), SS_FAULT_TABLE="dead_letters")
+    worker = WorkerProcess(env, tmp_path / "worker.log", include="tests.faults")
+    try:
+        sid = store.create_session(tenant_id="acme").id
+        handle = enqueue_append(sid, [_event("late")], expected_seq=5, idempotency_key="k", app=app)
+        wait_for((faults / "committed").exists, 60, "the letter to be kept and the task to hang")
+        (kept,) = store.dead_letters.list()
+        assert handle.result.state == "PENDING"  # kept, but no outcome stored, no ack
+        os.kill(int((faults / "committed").read_text()), signal.SIGKILL)
+        with pytest.raises(WriteRejected) as rejected:
+            handle.get(timeout=60)
+    finally:
+        worker.stop()
+    assert rejected.value.error_type == "ConcurrencyConflict"
+    assert rejected.value.dead_letter_id == kept.id
+    assert [letter.id for letter in store.dead_letters.list()] == [kept.id]
+    assert _markers(store) == []
+
+
+@pytest.mark.slow
 def test_sigkill_worker_mid_stream_every_accepted_write_lands_once(
     app: Celery, store: SessionStore, queue_settings: Settings, tmp_path: Path
 ) -> None:
