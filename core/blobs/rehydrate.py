@@ -90,6 +90,12 @@ READ_AHEAD_THREADS = 8
 """The process's blob-read threads, shared by every rehydration (each keeps at most its
 store's ``read_ahead`` reads in flight)."""
 
+READ_AHEAD_BYTES = 64 * 1024 * 1024
+"""The most blob bytes one rehydration reads ahead (running, or read and waiting to be
+asked for); a blob larger than this alone is never read ahead, only when asked for. With
+blobs of up to ``max_blob_bytes`` a window of reads could otherwise hold that many times
+as much."""
+
 
 class _ReadAhead:
     """``BlobStore.get`` of the blobs an exact rehydration will ask for, in that order,
@@ -101,16 +107,31 @@ class _ReadAhead:
     ``BlobStore.get`` raises. A blob whose read has not started (asked for out of order,
     again, or queued behind other rehydrations' reads in the shared pool) is read in the
     caller's thread, so no read waits longer than reading one at a time would. ``close``
-    leaves no read running, whatever interrupted the caller."""
+    leaves no read running, whatever interrupted the caller.
 
-    def __init__(self, get: Callable[[str], bytes], hashes: Sequence[str], window: int) -> None:
+    ``sizes`` (each blob's, in the order of ``hashes``) bound the bytes read ahead too: at
+    most ``max_bytes`` (by default ``READ_AHEAD_BYTES``) running or waiting, and a blob
+    larger than that alone is read only when asked for."""
+
+    def __init__(
+        self,
+        get: Callable[[str], bytes],
+        hashes: Sequence[str],
+        window: int,
+        *,
+        sizes: Sequence[int] | None = None,
+        max_bytes: int | None = None,
+    ) -> None:
         self._get = get
         self._hashes = hashes
         self._order = {h: i for i, h in enumerate(hashes)}
+        self._sizes = list(sizes) if sizes is not None else [0] * len(hashes)
+        self._max_bytes = READ_AHEAD_BYTES if max_bytes is None else max_bytes
         self._next = 0  # the index of the next hash to start
         self._window = window
         self._pending: dict[str, Future[bytes]] = {}  # started, not yet asked for
-        self._skipped: list[Future[bytes]] = []  # passed over while running: still counted
+        # passed over while running: still counted, with their sizes
+        self._skipped: dict[Future[bytes], int] = {}
 
     def get(self, blob_hash: str) -> bytes:
         index = self._order.get(blob_hash)
@@ -119,7 +140,7 @@ class _ReadAhead:
             # they leave the window, and what was not started yet never is; this one, if
             # not started yet, the caller reads itself.
             for passed in [h for h in self._pending if self._order[h] < index]:
-                self._skip(self._pending.pop(passed))
+                self._skip(self._pending.pop(passed), self._size(passed))
             self._next = max(self._next, index + 1)
         future = self._pending.pop(blob_hash, None)
         self._top_up()
@@ -128,32 +149,44 @@ class _ReadAhead:
         try:
             return future.result()
         except BaseException:
-            self._skip(future)  # a time limit or an interrupt raised here while it waits
+            # a time limit or an interrupt raised here while it waits
+            self._skip(future, self._size(blob_hash))
             raise
 
-    def _skip(self, future: Future[bytes]) -> None:
+    def _size(self, blob_hash: str) -> int:
+        return self._sizes[self._order[blob_hash]]
+
+    def _skip(self, future: Future[bytes], size: int) -> None:
         if not future.cancel() and not future.done():
-            self._skipped.append(future)
+            self._skipped[future] = size
 
     def _top_up(self) -> None:
-        """Start reads in order while fewer than ``window`` run: those started here (and
-        passed over, still running) and the one the caller is about to wait for or read."""
-        self._skipped = [f for f in self._skipped if not f.done()]
+        """Start reads in order while fewer than ``window`` run (those started here, and
+        passed over, still running, and the one the caller is about to wait for or read)
+        and their bytes stay within ``max_bytes``."""
+        self._skipped = {f: n for f, n in self._skipped.items() if not f.done()}
+        held = sum(self._skipped.values()) + sum(self._size(h) for h in self._pending)
         try:
             while (
                 self._next < len(self._hashes)
                 and len(self._pending) + len(self._skipped) < self._window - 1
             ):
-                blob_hash = self._hashes[self._next]
+                blob_hash, size = self._hashes[self._next], self._sizes[self._next]
+                if size > self._max_bytes:  # read only when asked for, by the caller
+                    self._next += 1
+                    continue
+                if held + size > self._max_bytes:
+                    break
                 self._next += 1
+                held += size
                 self._pending[blob_hash] = _pool().submit(self._get, blob_hash)
         except RuntimeError:  # no thread to be had, or the interpreter is exiting
             log.warning("blob read-ahead unavailable; reading one at a time", exc_info=True)
             self._next = len(self._hashes)
 
     def close(self) -> None:
-        for future in self._pending.values():
-            self._skip(future)
+        for blob_hash, future in self._pending.items():
+            self._skip(future, self._size(blob_hash))
         self._pending.clear()
         wait(self._skipped)
         self._skipped.clear()
@@ -325,10 +358,14 @@ class Rehydrator:
         get: Callable[[str], bytes] | None = None,
     ) -> None:
         self.blobs = blobs
-        self.get = blobs.get if get is None else get
+        self._get = get
         self.verified = verified if verified is not None else VerifiedValues()
         self.on_read = on_read
         self.read_ahead = blobs.read_ahead if read_ahead is None else read_ahead
+
+    def get(self, blob_hash: str) -> bytes:
+        """A blob's bytes, as an exact rehydration reads them."""
+        return self.blobs.get(blob_hash) if self._get is None else self._get(blob_hash)
 
     def read(
         self, journal: Journal, events: Sequence[StoredEvent], *, lazy: bool = False
@@ -379,16 +416,16 @@ class Rehydrator:
     ) -> Iterator[_ReadAhead | None]:
         """A ``_ReadAhead`` of the blobs this exact rehydration will read (None: lazy, or
         fewer than two to read)."""
-        hashes: dict[str, None] = {}
+        hashes: dict[str, int] = {}
         if not lazy and self.read_ahead > 1:
             for event in events:
                 for entry in manifest.get(event.position, ()):
                     if (entry.hash, entry.encoding) not in self.verified:
-                        hashes.setdefault(entry.hash)
+                        hashes.setdefault(entry.hash, entry.size)
         if len(hashes) < 2:
             yield None
             return
-        ahead = _ReadAhead(self.get, list(hashes), self.read_ahead)
+        ahead = _ReadAhead(self.get, list(hashes), self.read_ahead, sizes=list(hashes.values()))
         try:
             yield ahead
         finally:

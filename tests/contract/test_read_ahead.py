@@ -4,8 +4,8 @@ A read from S3 is a round trip, so the blobs of a session are read concurrently,
 store's ``read_ahead``, ahead of the one being decoded (``core.blobs.rehydrate._ReadAhead``).
 What must hold all the same: every value exact; a missing or corrupt blob keeps its ref and
 is logged where it is, as without read-ahead; a storage failure leaves no read running once
-the call has raised; memory bounded by the window; and a forked worker process (Celery's
-prefork pool) gets threads of its own instead of hanging on its parent's.
+the call has raised; memory bounded by the window and by a byte budget; and a forked worker
+process (Celery's prefork pool) gets threads of its own instead of hanging on its parent's.
 """
 
 from __future__ import annotations
@@ -365,3 +365,47 @@ def test_without_threads_it_reads_one_at_a_time(
         assert [ahead.get(h) for h in hashes] == [h.encode() for h in hashes]
     ahead.close()
     assert "read-ahead unavailable" in caplog.text
+
+
+def test_the_bytes_read_ahead_stay_within_the_budget() -> None:
+    """Blobs of up to ``max_blob_bytes`` would let a window of reads hold that many times
+    as much: reads ahead stop at ``max_bytes``, and one larger than that alone is read
+    only when asked for, in the caller's thread."""
+    gated = Gated()
+    sizes = [40, 40, 40, 40, 500, 10, 10]
+    hashes = [f"h{i}" for i in range(len(sizes))]
+    ahead = _ReadAhead(gated, hashes, window=8, sizes=sizes, max_bytes=100)
+    asking = threading.Thread(target=ahead.get, args=("h0",))
+    asking.start()
+    _until(lambda: len(gated.started) >= 3)
+    time.sleep(0.05)  # room for a fourth, were one started
+    assert sorted(gated.started) == ["h0", "h1", "h2"]  # h0 read by its caller; 80 ahead
+    gated.go.set()
+    asking.join(10)
+    readers: dict[str, str] = {}
+
+    def get(blob_hash: str) -> bytes:
+        readers[blob_hash] = threading.current_thread().name
+        time.sleep(0.02)  # long enough for the pool to take up what was started
+        return blob_hash.encode()
+
+    ahead.close()
+    ahead = _ReadAhead(get, hashes, window=8, sizes=sizes, max_bytes=100)
+    assert [ahead.get(h) for h in hashes] == [h.encode() for h in hashes]
+    ahead.close()
+    assert readers["h4"] == threading.current_thread().name  # too large to read ahead
+    assert any(readers[h] != threading.current_thread().name for h in ("h5", "h6"))
+
+
+def test_an_s3_rehydration_reads_ahead_within_the_byte_budget(
+    s3_store: SessionStore, filled: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The budget is the manifest's sizes: blobs of 20 KB with 25 KB to read ahead leave
+    one read ahead of the caller's, whatever the window."""
+    assert s3_store.blobs.read_ahead > 2
+    monkeypatch.setattr(rehydrate, "READ_AHEAD_BYTES", 25_000)
+    fresh_reader(s3_store)
+    gets = InFlight(s3_store.blobs.get)
+    monkeypatch.setattr(s3_store.blobs, "get", gets)
+    assert [e.payload for e in s3_store.read(filled, rehydrate=True)] == events()
+    assert gets.most == 2 and len(gets.calls) == N
