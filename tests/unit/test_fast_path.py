@@ -50,6 +50,11 @@ awkward_scalars = st.one_of(
             2**64,
             -(2**63) - 1,
             -0.0,
+            math.nan,
+            math.inf,
+            -math.inf,
+            (1, 2),
+            "a\x00b",
             "blob:sha256:" + "a" * 64,
         ]
     ),
@@ -76,6 +81,30 @@ awkward_events = st.builds(
 )
 
 
+# Ordinary values with one awkward value among them: the one thing to catch is that value
+# (above, most events hold several, and any one of them decides).
+clean_scalars = st.one_of(
+    st.text(st.characters(exclude_categories=["Cs"], exclude_characters="\x00"), max_size=8),
+    st.integers(min_value=-(2**63), max_value=2**63 - 1),
+    st.floats(allow_nan=False, allow_infinity=False),
+    st.booleans(),
+    st.none(),
+)
+clean_values = st.recursive(
+    clean_scalars,
+    lambda children: st.one_of(
+        st.lists(children, max_size=3), st.dictionaries(st.text(max_size=3), children, max_size=3)
+    ),
+    max_leaves=10,
+)
+one_awkward_events = st.builds(
+    lambda body, odd, where: {**body, "type": "m", "odd": odd if where else [{"in": odd}]},
+    st.dictionaries(st.sampled_from(["a", "b", "c"]), clean_values, max_size=3),
+    awkward_scalars,
+    st.booleans(),
+)
+
+
 def verdict(event: Any, *, walk_only: bool) -> tuple[str, ...]:
     """What ``check_event`` says: accepted, or the field and reason of its rejection."""
     patch = mock.patch.object(validation, "plain_json", return_value=None)
@@ -87,14 +116,22 @@ def verdict(event: Any, *, walk_only: bool) -> tuple[str, ...]:
     return ("accepted",)
 
 
+# A large event is checked node by node instead of decoded and compared: both ways are held
+# to the walk's verdict.
+LARGE = "x" * 70_000
+
+
+@pytest.mark.parametrize("padding", ["", LARGE], ids=["small", "large"])
 @hsettings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(event=awkward_events)
-def test_validation_fast_path_agrees_with_the_walk(event: dict[str, Any]) -> None:
+@given(body=st.one_of(awkward_events, one_awkward_events))
+def test_validation_fast_path_agrees_with_the_walk(body: dict[str, Any], padding: str) -> None:
+    event = {**body, "pad": padding}
     assert verdict(event, walk_only=False) == verdict(event, walk_only=True)
     encoded = validation.plain_json(event, max_depth=MAX_DEPTH)
     if encoded is not None:
         assert verdict(event, walk_only=True) == ("accepted",)
         assert orjson.loads(encoded) == event
+        assert encoded == exact_json.dumps(event)  # stored as is: what the journal writes
 
 
 @pytest.mark.parametrize(
@@ -111,8 +148,10 @@ def test_validation_fast_path_agrees_with_the_walk(event: dict[str, Any]) -> Non
         {1: "x"},
     ],
 )
-def test_fast_path_declines_what_it_cannot_vouch_for(value: Any) -> None:
-    assert validation.plain_json({"type": "m", "v": value}, max_depth=MAX_DEPTH) is None
+@pytest.mark.parametrize("padding", ["", LARGE], ids=["small", "large"])
+def test_fast_path_declines_what_it_cannot_vouch_for(value: Any, padding: str) -> None:
+    event = {"type": "m", "v": value, "pad": padding}
+    assert validation.plain_json(event, max_depth=MAX_DEPTH) is None
 
 
 @pytest.mark.parametrize("padding", ["", "x" * 70_000])  # a large event is walked
