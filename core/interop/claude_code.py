@@ -14,6 +14,11 @@ results (pi keeps each ``toolResult`` in its own message). The mapping is the ta
 - A ``compact_boundary`` line and the compact-summary user line after it become one
   ``compaction`` entry (parented to the boundary's ``logicalParentUuid``). A boundary that is
   the file's last line is not consumed yet: the summary follows it in the next write.
+- A transcript is the session its file names (``<session>.jsonl``). A resumed session's
+  file begins with the lines it resumes, which carry the earlier session's ``sessionId``:
+  that session becomes its parent once both are imported (nothing inherited). Only a file
+  not named by a session id (a copy renamed) goes by the first ``sessionId`` in it; a
+  subagent's (``agent-<id>.jsonl``) is ``<parent session>/agent-<id>``.
 - Everything else (``summary`` titles, ``system`` notes, file-history snapshots, …) becomes a
   ``custom`` entry ``claude-code.<type>`` holding the line, so nothing is lost and pi's
   context ignores it.
@@ -28,6 +33,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import re
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -40,6 +46,8 @@ from core.interop.importer import register_converter
 from core.interop.model import Format, IgnoredLine, ParsedEntry, ParsedSession, SessionHeader
 
 FORMAT: Format = "claude-code"
+# what Claude Code names a session's file by (a UUID)
+_SESSION_ID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}", re.I)
 META_KEY = "claudeCode"
 CUSTOM_PREFIX = "claude-code."
 _MESSAGE_TYPES = frozenset({"user", "assistant"})
@@ -179,7 +187,10 @@ class _Converter:
     def header(self, path: Path) -> SessionHeader:
         # the file's name as stored text (a name that is not UTF-8 escaped: ``path_text``)
         stem, name = path_text(path.stem), path_text(path.name)
-        session_id = self.session_id or stem
+        inner = self.session_id or stem
+        # Claude Code names a session's file by its id; the lines a resumed session's file
+        # begins with carry the id of the session it resumes.
+        session_id = stem if _SESSION_ID.fullmatch(stem) else inner
         # Subagent transcripts (agent-<id>.jsonl) carry their parent's sessionId.
         external = session_id
         if stem != session_id and stem.startswith("agent-"):
@@ -193,6 +204,9 @@ class _Converter:
             timestamp=self.started,
             title=self.custom_title or self.title,
             raw=raw,
+            # the session it resumes: linked as its parent, nothing inherited (as a pi
+            # fork's file, this one holds its own copy of the lines)
+            parent_session=inner if inner != session_id else None,
         )
 
     # lines -------------------------------------------------------------------------------

@@ -4,6 +4,7 @@ its stats (tokens and models per day), images in blobs, and re-imports of a grow
 from __future__ import annotations
 
 import base64
+import json
 import os
 import shutil
 from pathlib import Path
@@ -112,6 +113,47 @@ def test_reimport_appends_nothing_then_only_what_the_file_grew(
     whole = store.import_session(FIXTURE, tenant_id="other")
     theirs = [e.payload for e in store.read(whole.session_id)]
     assert [e.payload for e in store.read(first.session_id)] == theirs
+
+
+RESUMED_ID = "0b9e4f31-5c2d-4e8a-9f17-6a3b2c1d0e9f"
+
+
+def test_a_resumed_sessions_file_is_the_session_its_name_says(
+    store: SessionStore, tmp_path: Path
+) -> None:
+    """Claude Code writes a resumed session to a file of its own, named by the new id, that
+    begins with the lines it resumes (their sessionId the earlier session's). Keyed by the
+    first sessionId, it was taken for the earlier session: a conflict with that session's
+    own file, whichever came second. Each is now the session its file names."""
+    earlier = tmp_path / FIXTURE.name
+    shutil.copyfile(FIXTURE, earlier)
+    lines = FIXTURE.read_bytes().split(b"\n")[:8]
+    new = json.loads(lines[2])  # a user line: the resumed session's own, under its id
+    new.update(
+        uuid="r1-0000", parentUuid="a4-0000", sessionId=RESUMED_ID, timestamp="2026-01-21T10:00:00Z"
+    )
+    new["message"] = {"role": "user", "content": "And the century years?"}
+    resumed = tmp_path / f"{RESUMED_ID}.jsonl"
+    resumed.write_bytes(b"\n".join([*lines, json.dumps(new).encode()]) + b"\n")
+    for first, second in ((resumed, earlier), (earlier, resumed)):
+        tenant = f"t-{first.stem[:4]}"
+        a = store.import_session(first, tenant_id=tenant)
+        b = store.import_session(second, tenant_id=tenant)
+        assert a.session_id != b.session_id and {a.status, b.status} == {"created"}
+        by_id = {r.external_id: r for r in (a, b)}
+        assert set(by_id) == {SESSION_ID, RESUMED_ID}
+        mine = store.read(by_id[RESUMED_ID].session_id, upto_seq=1)[0].payload
+        assert mine["id"] == RESUMED_ID
+        state = store.state(by_id[RESUMED_ID].session_id)
+        assert state.messages[-1].text == "And the century years?"
+        # the session it resumes is its parent (linked by whichever pass came second)
+        resumed_session = store.get_session(by_id[RESUMED_ID].session_id)
+        assert resumed_session.parent_id == by_id[SESSION_ID].session_id
+        assert resumed_session.forked_from_seq is None  # nothing inherited
+    # a copy under a name that is no session id still goes by the id inside it
+    copy = tmp_path / "backup.jsonl"
+    shutil.copyfile(FIXTURE, copy)
+    assert store.import_session(copy, tenant_id="copies").external_id == SESSION_ID
 
 
 @pytest.mark.parametrize("sub", ["agent-4a1f.jsonl"])
