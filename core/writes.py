@@ -20,8 +20,10 @@ from core.blobs.externalize import (
     PersistedBatch,
     Persister,
     PersistPlan,
+    holds_blob,
     missing_ref_error,
     set_at_pointer,
+    value_at_pointer,
 )
 from core.blobs.rehydrate import Rehydrator
 from core.blobs.store import BlobStore, StagedPuts, count_puts
@@ -169,34 +171,29 @@ class Writer:
     def _same_as_sent(self, committed: list[StoredEvent], plan: PersistPlan) -> bool:
         """Whether ``committed``, rehydrated exactly, is the batch of ``plan`` as sent.
 
-        A blob the batch carries is read from the batch (its hash names its bytes), so a
-        committed blob lost or corrupted since cannot make a replay look like other content.
-        Where one the batch does not carry cannot be read back, the batch is other content
-        if it differs anywhere else; if not, the comparison is undecided and the blob's
-        typed error (``BlobNotFound``, ``BlobCorrupted``) is raised, never a false
-        ``IdempotencyKeyReused``."""
+        A committed blob lost or corrupted since cannot make a replay look like other
+        content: a blob the batch carries is read from the batch, and one the store cannot
+        give back is compared by its hash (content-addressed, as the store is), the value
+        the batch has in its place the same only if it hashes to it. A producer's ref the
+        store cannot read raises its typed error (``BlobNotFound``, ``BlobCorrupted``)."""
         carried = plan.carried()
-        unreadable: dict[str, BlobError] = {}
+        unreadable: set[str] = set()
 
         def get(blob_hash: str) -> bytes:
             if blob_hash in carried:
                 return carried[blob_hash]
             try:
                 return self.blobs.get(blob_hash)
-            except BlobError as exc:  # rehydration keeps the ref (logged) and goes on
-                unreadable.setdefault(blob_hash, exc)
+            except BlobError:  # rehydration keeps the ref (logged) and goes on
+                unreadable.add(blob_hash)
                 raise
 
         sent = self.persister.sent_payloads(plan, get)
         manifest = self.journal.manifest_of(committed)
         shown = [e.payload for e in Rehydrator(self.blobs, get=get).events(committed, manifest)]
-        if unreadable and not _mask(committed, manifest, set(unreadable), shown, sent):
-            return False  # a structure the committed values could not have
-        if [exact_json.dumps(p) for p in shown] != [exact_json.dumps(p) for p in sent]:
+        if unreadable and not _fill_by_hash(committed, manifest, unreadable, shown, sent):
             return False
-        if unreadable:
-            raise next(iter(unreadable.values()))
-        return True
+        return [exact_json.dumps(p) for p in shown] == [exact_json.dumps(p) for p in sent]
 
     def _tenant_of(self, session_id: str) -> str:
         # Refs without bytes are scoped by the session's tenant (invariant 9).
@@ -256,24 +253,25 @@ class Writer:
         self.blobs.put_many([batch.blobs[h] for h in sorted(exc.hashes)])
 
 
-def _mask(
+def _fill_by_hash(
     events: Sequence[StoredEvent],
     manifest: Mapping[int, Sequence[ManifestEntry]],
     hashes: Collection[str],
-    *sides: list[dict[str, Any]],
+    shown: list[dict[str, Any]],
+    sent: Sequence[dict[str, Any]],
 ) -> bool:
-    """Put None, on every side, where an event's manifest places a blob of ``hashes`` (one
-    that could not be read): what is left compares as far as anything can be known. False
-    if a side has no value there."""
+    """Put in ``shown`` (the events rehydrated, refs left where a blob of ``hashes`` could
+    not be read) the value ``sent`` has in each such place, if it is that blob's value:
+    its bytes hash to the ref. False where it is not (or ``sent`` has none there): the
+    events differ."""
     for index, event in enumerate(events):
-        pointers = [e.pointer for e in manifest.get(event.position, ()) if e.hash in hashes]
-        if not pointers:
+        entries = [e for e in manifest.get(event.position, ()) if e.hash in hashes]
+        if not entries:
             continue
-        for side in sides:
-            side[index] = copy.deepcopy(side[index])
-            for pointer in pointers:
-                try:
-                    set_at_pointer(side[index], pointer, None)
-                except (KeyError, IndexError, TypeError, ValueError):
-                    return False
+        shown[index] = copy.deepcopy(shown[index])
+        for entry in entries:
+            value = value_at_pointer(sent[index], entry.pointer)
+            if not holds_blob(value, entry.hash, entry.encoding):
+                return False
+            set_at_pointer(shown[index], entry.pointer, value)
     return True

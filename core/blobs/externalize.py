@@ -295,6 +295,32 @@ def set_at_pointer(document: Any, pointer: str, value: Any) -> None:
         target[last] = value
 
 
+def value_at_pointer(document: Any, pointer: str) -> Any:
+    """The value at an RFC 6901 pointer inside ``document``, or None where there is none."""
+    target = document
+    try:
+        for token in parse_pointer(pointer):
+            target = target[int(token)] if isinstance(target, list) else target[token]
+    except (KeyError, IndexError, ValueError, TypeError):
+        return None
+    return target
+
+
+def holds_blob(value: Any, blob_hash: str, encoding: BlobEncoding) -> bool:
+    """Whether ``value`` is what an exact rehydration of the blob ``blob_hash``, stored with
+    ``encoding``, gives back (found without reading it: its bytes hash to it)."""
+    if not isinstance(value, str):
+        return False
+    if encoding == "base64":
+        raw = canonical_base64(value)
+    else:
+        try:
+            raw = value.encode("utf-8")
+        except UnicodeEncodeError:
+            return False
+    return raw is not None and sha256_hex(raw) == blob_hash
+
+
 def parse_pointer(pointer: str) -> list[str]:
     if not pointer.startswith("/"):
         raise ValueError(f"not a JSON pointer to a member: {pointer!r}")

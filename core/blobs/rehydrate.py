@@ -25,7 +25,7 @@ from typing import Any, Literal
 
 import pybase64
 
-from core.blobs.externalize import parse_pointer
+from core.blobs.externalize import parse_pointer, value_at_pointer
 from core.blobs.store import BLOB_REF_PREFIX, BlobStore
 from core.errors import BlobCorrupted, BlobNotFound, InvalidBlobHash
 from core.journal import Journal
@@ -498,10 +498,4 @@ def _set_copying(root: dict[str, Any], pointer: str, value: Any, copied: set[int
 
 
 def _holds_ref(payload: Any, entry: ManifestEntry) -> bool:
-    target = payload
-    try:
-        for token in parse_pointer(entry.pointer):
-            target = target[int(token)] if isinstance(target, list) else target[token]
-    except (KeyError, IndexError, ValueError, TypeError):
-        return False
-    return bool(target == BLOB_REF_PREFIX + entry.hash)
+    return bool(value_at_pointer(payload, entry.pointer) == BLOB_REF_PREFIX + entry.hash)

@@ -628,9 +628,9 @@ def test_a_replay_compared_with_a_blob_damaged_since_is_never_refused_falsely(
     store: SessionStore, settings: Settings, damage: str
 ) -> None:
     """The replay of a write stored under other settings is compared as sent, which reads
-    the committed blobs back. One lost or corrupted since: read from the batch if the batch
-    carries its bytes (a replay, as it is); if not, undecided, so its typed error, never a
-    false IdempotencyKeyReused; other content elsewhere is still refused."""
+    the committed blobs back. One lost or corrupted since is read from the batch if the
+    batch carries its bytes, else compared by its hash: a replay is still a replay, other
+    content still refused. A producer's ref to it cannot be read: its typed error."""
     session = store.create_session(tenant_id="acme")
     text, shot = "w" * 20_000, image_b64(8_000)
     first = store.append(session.id, [user(text, image(shot))], idempotency_key="k")
@@ -645,22 +645,26 @@ def test_a_replay_compared_with_a_blob_damaged_since_is_never_refused_falsely(
             assert found is not None
             store.blobs._write(blob_hash, found[0], b"not the blob")
 
-    # the text is kept inline now, so the stored JSON differs: compared as sent
-    with SessionStore.from_settings(
-        settings.model_copy(update={"inline_string_limit": 100_000})
-    ) as other:
-        spoil(image_hash)  # the batch carries the image's bytes: still a replay
+    inline_text = settings.model_copy(update={"inline_string_limit": 100_000})
+    with SessionStore.from_settings(inline_text) as other:  # stored JSON differs now
+        spoil(image_hash)  # the batch carries the image's bytes
         again = other.append(session.id, [user(text, image(shot))], idempotency_key="k")
         assert again.replayed and again.positions == first.positions
-        spoil(text_hash)  # inline in the batch now: nothing to read it from
+        spoil(text_hash)  # inline in the batch now: compared by its hash
+        again = other.append(session.id, [user(text, image(shot))], idempotency_key="k")
+        assert again.replayed and again.positions == first.positions
+        for changed in (
+            [user("W" * 20_000, image(shot))],  # another text where the lost one was
+            [user(text, image(image_b64(8_000)))],  # another image where the lost one was
+            [user(text, image(shot), "more")],  # the same where they were, more elsewhere
+            [user(image(shot), text)],  # a structure the lost values could not fill
+        ):
+            with pytest.raises(IdempotencyKeyReused):
+                other.append(session.id, changed, idempotency_key="k")
         error = BlobNotFound if damage == "lost" else BlobCorrupted
         with pytest.raises(error) as caught:
-            other.append(session.id, [user(text, image(shot))], idempotency_key="k")
-        assert caught.value.blob_hash == text_hash
-        with pytest.raises(IdempotencyKeyReused):  # differs where the store can still tell
-            other.append(session.id, [user(text, image(shot), "more")], idempotency_key="k")
-        with pytest.raises(IdempotencyKeyReused):  # a structure the text could not fill
-            other.append(session.id, [user(image(shot), text)], idempotency_key="k")
+            other.append(session.id, [user(text, image(make_ref(image_hash)))], idempotency_key="k")
+        assert caught.value.blob_hash == image_hash
     assert count(store, EventRow) == 1
 
 
