@@ -26,7 +26,7 @@ from core.blobs.externalize import (
     value_at_pointer,
 )
 from core.blobs.rehydrate import Rehydrator
-from core.blobs.store import BlobStore, StagedPuts, count_puts
+from core.blobs.store import BLOB_REF_PREFIX, BlobStore, StagedPuts, count_puts
 from core.errors import BlobError, BlobsMissing, IdempotencyKeyReused, InvalidEvent
 from core.journal import Journal, check_batch
 from core.journal.validation import (
@@ -263,9 +263,15 @@ def _fill_by_hash(
     """Put in ``shown`` (the events rehydrated, refs left where a blob of ``hashes`` could
     not be read) the value ``sent`` has in each such place, if it is that blob's value:
     its bytes hash to the ref. False where it is not (or ``sent`` has none there): the
-    events differ."""
+    events differ. A manifest entry whose place does not hold its ref was left as stored
+    by the rehydration, and is compared as stored."""
     for index, event in enumerate(events):
-        entries = [e for e in manifest.get(event.position, ()) if e.hash in hashes]
+        entries = [
+            e
+            for e in manifest.get(event.position, ())
+            if e.hash in hashes
+            and value_at_pointer(shown[index], e.pointer) == BLOB_REF_PREFIX + e.hash
+        ]
         if not entries:
             continue
         shown[index] = copy.deepcopy(shown[index])
