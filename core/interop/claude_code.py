@@ -15,9 +15,9 @@ results (pi keeps each ``toolResult`` in its own message). The mapping is the ta
   ``compaction`` entry (parented to the boundary's ``logicalParentUuid``). A boundary that is
   the file's last line is not consumed yet: the summary follows it in the next write.
 - A transcript is the session its file names (``<session>.jsonl``). A resumed session's
-  file begins with the lines it resumes, which carry the earlier session's ``sessionId``:
-  that session becomes its parent once both are imported (nothing inherited). Only a file
-  not named by a session id (a copy renamed) goes by the first ``sessionId`` in it; a
+  file begins with the lines it resumes, which carry the earlier sessions' ``sessionId``:
+  the last of those becomes its parent once both are imported (nothing inherited). A file
+  not named by a session id (a copy renamed) goes by the last ``sessionId`` in it; a
   subagent's (``agent-<id>.jsonl``) is ``<parent session>/agent-<id>``.
 - Everything else (``summary`` titles, ``system`` notes, file-history snapshots, …) becomes a
   ``custom`` entry ``claude-code.<type>`` holding the line, so nothing is lost and pi's
@@ -174,7 +174,7 @@ class _Converter:
     tool_names: dict[str, str] = field(default_factory=dict)
     usage_seen: dict[str, dict[str, int]] = field(default_factory=dict)
     response_lines: dict[str, int] = field(default_factory=dict)
-    session_id: str | None = None
+    session_ids: list[str] = field(default_factory=list)  # in order, the last seen last
     cwd: str | None = None
     started: str | None = None
     title: str | None = None
@@ -187,13 +187,21 @@ class _Converter:
     def header(self, path: Path) -> SessionHeader:
         # the file's name as stored text (a name that is not UTF-8 escaped: ``path_text``)
         stem, name = path_text(path.stem), path_text(path.name)
-        inner = self.session_id or stem
         # Claude Code names a session's file by its id; the lines a resumed session's file
-        # begins with carry the id of the session it resumes.
-        session_id = stem if _SESSION_ID.fullmatch(stem) else inner
+        # begins with carry the ids of the sessions it resumes (the last one last).
+        named = _SESSION_ID.fullmatch(stem) is not None
+        own = [i for i in self.session_ids if i.lower() == stem.lower()]
+        if own:
+            session_id = own[0]  # as written inside (a copy may name it in upper case)
+        elif named or not self.session_ids:
+            session_id = stem  # a resumed session whose own lines are yet to come
+        else:
+            session_id = self.session_ids[-1]  # a renamed copy, or a subagent's file
+        resumed = [i for i in self.session_ids if i.lower() != session_id.lower()]
         # Subagent transcripts (agent-<id>.jsonl) carry their parent's sessionId.
         external = session_id
-        if stem != session_id and stem.startswith("agent-"):
+        subagent = stem != session_id and stem.startswith("agent-")
+        if subagent:
             external = f"{session_id}/{stem}"
         # not a pi header: the journal's header event is then built from the fields
         raw = {"source": FORMAT, "sessionId": session_id, "file": name}
@@ -206,7 +214,7 @@ class _Converter:
             raw=raw,
             # the session it resumes: linked as its parent, nothing inherited (as a pi
             # fork's file, this one holds its own copy of the lines)
-            parent_session=inner if inner != session_id else None,
+            parent_session=resumed[-1] if resumed and not subagent else None,
         )
 
     # lines -------------------------------------------------------------------------------
@@ -232,8 +240,11 @@ class _Converter:
             self._custom(line)
 
     def _note_session(self, value: dict[str, Any]) -> None:
-        if self.session_id is None and isinstance(value.get("sessionId"), str):
-            self.session_id = value["sessionId"]
+        sid = value.get("sessionId")
+        if isinstance(sid, str) and (not self.session_ids or self.session_ids[-1] != sid):
+            if sid in self.session_ids:
+                self.session_ids.remove(sid)
+            self.session_ids.append(sid)
         if self.cwd is None and isinstance(value.get("cwd"), str):
             self.cwd = value["cwd"]
         stamp = value.get("timestamp")

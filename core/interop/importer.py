@@ -26,6 +26,7 @@ What makes a pass safe to repeat, and to interrupt:
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import importlib
 import importlib.util
@@ -260,11 +261,13 @@ def _import_pass(
 ) -> ImportResult:
     data = read_file(path)
     parsed = parse_file_data(path, data, format=format, options=options)
+    session = store.journal.find_external(tenant_id, parsed.header.external_id)
+    if session is None:
+        parsed, session = _imported_under_parent(store, tenant_id, path, parsed)
     events = [pi.header_event(parsed.header), *(e.entry for e in parsed.entries)]
     lines = [1, *(e.line for e in parsed.entries)]
     external_id = parsed.header.external_id
     _check_session_fields(path, parsed)
-    session = store.journal.find_external(tenant_id, external_id)
     offset = _offset_of(store, session.id) if session else None
     held = _Imported(0, parsed.header.version, {})
     if session is not None:
@@ -327,6 +330,33 @@ def _import_pass(
     observed.import_entries.inc(appended)
     observed.import_bytes.inc(sum(sizes[held.count :]))
     return result
+
+
+def _imported_under_parent(
+    store: SessionStore, tenant_id: str, path: Path, parsed: ParsedSession
+) -> tuple[ParsedSession, Session | None]:
+    """The session this very file was imported into under the id its header now names as
+    its parent, if there is one, and the file as that session holds it: a Claude Code
+    resumed session's file was keyed by the session it resumes before stop 37. It goes on
+    there (a second session would copy its lines, and be linked to the first as its
+    child); deleting that session and importing again keys it by the file."""
+    earlier = _parent_refs(parsed)["parent_external"]
+    found = store.journal.find_external(tenant_id, earlier) if earlier else None
+    if found is None or earlier is None:
+        return parsed, None
+    with read_connection(store.engine) as conn:
+        held = conn.execute(
+            select(_offsets.c.path).where(_offsets.c.session_id == found.id)
+        ).scalar_one_or_none()
+    if held != _resolved(path):
+        return parsed, None
+    log.warning(
+        "a file imported before under the id of the session it continues: importing on "
+        "into that session (delete it and import again to key it by the file)",
+        extra={"path": str(path), "session_id": found.id, "external_id": earlier},
+    )
+    header = dataclasses.replace(parsed.header, external_id=earlier, parent_session=None)
+    return dataclasses.replace(parsed, header=header), found
 
 
 def parse_file_data(

@@ -4,14 +4,18 @@ its stats (tokens and models per day), images in blobs, and re-imports of a grow
 from __future__ import annotations
 
 import base64
+import dataclasses
 import json
 import os
 import shutil
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from core.blobs.store import parse_ref
+from core.errors import ImportConflict
+from core.interop import importer
 from core.query.stats import TokenTotals
 from core.store import SessionStore
 
@@ -118,14 +122,10 @@ def test_reimport_appends_nothing_then_only_what_the_file_grew(
 RESUMED_ID = "0b9e4f31-5c2d-4e8a-9f17-6a3b2c1d0e9f"
 
 
-def test_a_resumed_sessions_file_is_the_session_its_name_says(
-    store: SessionStore, tmp_path: Path
-) -> None:
-    """Claude Code writes a resumed session to a file of its own, named by the new id, that
-    begins with the lines it resumes (their sessionId the earlier session's). Keyed by the
-    first sessionId, it was taken for the earlier session: a conflict with that session's
-    own file, whichever came second. Each is now the session its file names."""
-    earlier = tmp_path / FIXTURE.name
+def _earlier_and_resumed(folder: Path) -> tuple[Path, Path]:
+    """The fixture's session, and a session resumed from it: its file begins with the
+    earlier one's first lines (their sessionId the earlier session's), then one of its own."""
+    earlier = folder / FIXTURE.name
     shutil.copyfile(FIXTURE, earlier)
     lines = FIXTURE.read_bytes().split(b"\n")[:8]
     new = json.loads(lines[2])  # a user line: the resumed session's own, under its id
@@ -133,8 +133,19 @@ def test_a_resumed_sessions_file_is_the_session_its_name_says(
         uuid="r1-0000", parentUuid="a4-0000", sessionId=RESUMED_ID, timestamp="2026-01-21T10:00:00Z"
     )
     new["message"] = {"role": "user", "content": "And the century years?"}
-    resumed = tmp_path / f"{RESUMED_ID}.jsonl"
+    resumed = folder / f"{RESUMED_ID}.jsonl"
     resumed.write_bytes(b"\n".join([*lines, json.dumps(new).encode()]) + b"\n")
+    return earlier, resumed
+
+
+def test_a_resumed_sessions_file_is_the_session_its_name_says(
+    store: SessionStore, tmp_path: Path
+) -> None:
+    """Claude Code writes a resumed session to a file of its own, named by the new id, that
+    begins with the lines it resumes (their sessionId the earlier session's). Keyed by the
+    first sessionId, it was taken for the earlier session: a conflict with that session's
+    own file, whichever came second. Each is now the session its file names."""
+    earlier, resumed = _earlier_and_resumed(tmp_path)
     for first, second in ((resumed, earlier), (earlier, resumed)):
         tenant = f"t-{first.stem[:4]}"
         a = store.import_session(first, tenant_id=tenant)
@@ -154,6 +165,36 @@ def test_a_resumed_sessions_file_is_the_session_its_name_says(
     copy = tmp_path / "backup.jsonl"
     shutil.copyfile(FIXTURE, copy)
     assert store.import_session(copy, tenant_id="copies").external_id == SESSION_ID
+
+
+def test_a_resumed_file_imported_under_the_earlier_id_goes_on_there(
+    store: SessionStore, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A resumed session's file imported before the file's name keyed it (under the id of
+    the session it resumes) goes on in that session: not copied into a second one linked
+    to it as its child."""
+    earlier, resumed = _earlier_and_resumed(tmp_path)
+    real = importer.parse_file_data
+
+    def keyed_the_old_way(*args: Any, **kwargs: Any) -> Any:
+        parsed = real(*args, **kwargs)
+        old = dataclasses.replace(parsed.header, external_id=SESSION_ID, parent_session=None)
+        return dataclasses.replace(parsed, header=old)
+
+    monkeypatch.setattr(importer, "parse_file_data", keyed_the_old_way)
+    before = store.import_session(resumed, tenant_id=TENANT)
+    monkeypatch.setattr(importer, "parse_file_data", real)
+    grown = resumed.read_bytes() + resumed.read_bytes().splitlines(keepends=True)[-1].replace(
+        b"r1-0000", b"r2-0000"
+    )
+    resumed.write_bytes(grown)
+    again = store.import_session(resumed, tenant_id=TENANT)
+    assert (again.session_id, again.external_id) == (before.session_id, SESSION_ID)
+    assert (again.status, again.appended) == ("appended", 1)
+    assert [s.id for s in store.list_sessions(tenant_id=TENANT).items] == [before.session_id]
+    assert store.get_session(before.session_id).parent_id is None
+    with pytest.raises(ImportConflict):  # what the old keying left: delete, import again
+        store.import_session(earlier, tenant_id=TENANT)
 
 
 @pytest.mark.parametrize("sub", ["agent-4a1f.jsonl"])

@@ -562,3 +562,37 @@ def test_a_time_without_an_offset_is_utc_wherever_the_import_runs(
     finally:
         monkeypatch.undo()
         time.tzset()
+
+
+A = "7d3c5e2a-91f4-4b6e-8a0d-2c1f9e8b7a60"
+B = "0b9e4f31-5c2d-4e8a-9f17-6a3b2c1d0e9f"
+C = "11111111-2222-4333-8444-555555555555"
+
+
+def _user_line(session: str, uuid: str, parent: str | None) -> str:
+    message = {"role": "user", "content": uuid}
+    return json.dumps(
+        {"type": "user", "uuid": uuid, "parentUuid": parent, "sessionId": session}
+        | {"timestamp": "2026-01-21T10:00:00Z", "message": message}
+    )
+
+
+@pytest.mark.parametrize(
+    ("name", "sessions", "external", "parent"),
+    [
+        (f"{A}.jsonl", [A], A, None),
+        (f"{A.upper()}.jsonl", [A], A, None),  # its own id in upper case: not a child of itself
+        (f"{B}.jsonl", [A, B], B, A),  # resumed from A
+        (f"{C}.jsonl", [A, B, C], C, B),  # resumed from B, which was resumed from A
+        (f"{B}.jsonl", [A], B, A),  # resumed, none of its own lines yet
+        ("backup-of-b.jsonl", [A, B], B, A),  # a renamed copy of B: B
+        ("copy.jsonl", [A], A, None),
+        ("agent-4a1f.jsonl", [B], f"{B}/agent-4a1f", None),
+    ],
+)
+def test_a_file_is_the_session_its_name_says(
+    name: str, sessions: list[str], external: str, parent: str | None
+) -> None:
+    lines = [_user_line(s, f"u{i}", f"u{i - 1}" if i else None) for i, s in enumerate(sessions)]
+    header = parse_claude_code(Path(name), ("\n".join(lines) + "\n").encode()).header
+    assert (header.external_id, header.parent_session) == (external, parent)
