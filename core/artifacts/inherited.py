@@ -282,9 +282,12 @@ def _link_new(root: Path, source: Path, target: Path) -> bool:
             return False
         with os.fdopen(fd, "rb") as handle:
             data, times = handle.read(), os.fstat(handle.fileno())
-        # a name of its own: a fixed one, left by a write a crash or a moved directory cut
-        # short, made every later copy to this target fail (FileExistsError) for good
-        tmp = target.with_name(f".{target.name}.{uuid.uuid4().hex[:12]}.cow")
+        # A name of its own (a fixed one, left by a write a crash or a moved directory cut
+        # short, made every later copy to this target fail for good), in the session's
+        # staging directory, where the expiry sweep removes what a killed process left
+        # (beside the target, nothing ever did).
+        session_root = root.joinpath(*target.relative_to(root).parts[:2])
+        tmp = session_root / STAGING_DIR / f"{uuid.uuid4().hex}.copy"
         nofollow.write_new(root, tmp, data)
         try:
             with nofollow.parent_dir(root, tmp) as (dir_fd, name):
