@@ -175,6 +175,7 @@ class _Converter:
     usage_seen: dict[str, dict[str, int]] = field(default_factory=dict)
     response_lines: dict[str, int] = field(default_factory=dict)
     session_ids: list[str] = field(default_factory=list)  # in order, the last seen last
+    first_session_id: str | None = None
     cwd: str | None = None
     started: str | None = None
     title: str | None = None
@@ -214,8 +215,17 @@ class _Converter:
             raw=raw,
             # the session it resumes: linked as its parent, nothing inherited (as a pi
             # fork's file, this one holds its own copy of the lines)
-            parent_session=resumed[-1] if resumed and not subagent else None,
+            parent_id=resumed[-1] if resumed and not subagent else None,
+            # until stop 37 a file was keyed by the first sessionId in it
+            former_ids=tuple(k for k in [self._first_key(stem)] if k and k != external),
         )
+
+    def _first_key(self, stem: str) -> str | None:
+        """The key a file had when the first sessionId in it decided (before stop 37)."""
+        first = self.first_session_id
+        if first is None:
+            return None
+        return f"{first}/{stem}" if stem != first and stem.startswith("agent-") else first
 
     # lines -------------------------------------------------------------------------------
 
@@ -241,6 +251,8 @@ class _Converter:
 
     def _note_session(self, value: dict[str, Any]) -> None:
         sid = value.get("sessionId")
+        if isinstance(sid, str) and self.first_session_id is None:
+            self.first_session_id = sid
         if isinstance(sid, str) and (not self.session_ids or self.session_ids[-1] != sid):
             if sid in self.session_ids:
                 self.session_ids.remove(sid)

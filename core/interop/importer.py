@@ -263,7 +263,7 @@ def _import_pass(
     parsed = parse_file_data(path, data, format=format, options=options)
     session = store.journal.find_external(tenant_id, parsed.header.external_id)
     if session is None:
-        parsed, session = _imported_under_parent(store, tenant_id, path, parsed)
+        parsed, session = _imported_under_former_id(store, tenant_id, path, parsed)
     events = [pi.header_event(parsed.header), *(e.entry for e in parsed.entries)]
     lines = [1, *(e.line for e in parsed.entries)]
     external_id = parsed.header.external_id
@@ -332,31 +332,34 @@ def _import_pass(
     return result
 
 
-def _imported_under_parent(
+def _imported_under_former_id(
     store: SessionStore, tenant_id: str, path: Path, parsed: ParsedSession
 ) -> tuple[ParsedSession, Session | None]:
-    """The session this very file was imported into under the id its header now names as
-    its parent, if there is one, and the file as that session holds it: a Claude Code
-    resumed session's file was keyed by the session it resumes before stop 37. It goes on
-    there (a second session would copy its lines, and be linked to the first as its
-    child); deleting that session and importing again keys it by the file."""
-    earlier = _parent_refs(parsed)["parent_external"]
-    found = store.journal.find_external(tenant_id, earlier) if earlier else None
-    if found is None or earlier is None:
-        return parsed, None
-    with read_connection(store.engine) as conn:
-        held = conn.execute(
-            select(_offsets.c.path).where(_offsets.c.session_id == found.id)
-        ).scalar_one_or_none()
-    if held != _resolved(path):
-        return parsed, None
-    log.warning(
-        "a file imported before under the id of the session it continues: importing on "
-        "into that session (delete it and import again to key it by the file)",
-        extra={"path": str(path), "session_id": found.id, "external_id": earlier},
-    )
-    header = dataclasses.replace(parsed.header, external_id=earlier, parent_session=None)
-    return dataclasses.replace(parsed, header=header), found
+    """The session this very file was imported into under an external id an earlier version
+    keyed it by (``SessionHeader.former_ids``: a Claude Code resumed session's file was keyed
+    by the first session it resumes before stop 37), if there is one, and the file as that
+    session holds it. It goes on there: a second session would copy its lines. Deleting
+    that session and importing again keys it as the file is keyed now."""
+    for former in parsed.header.former_ids:
+        found = store.journal.find_external(tenant_id, former)
+        if found is None:
+            continue
+        with read_connection(store.engine) as conn:
+            held = conn.execute(
+                select(_offsets.c.path).where(_offsets.c.session_id == found.id)
+            ).scalar_one_or_none()
+        if held != _resolved(path):
+            continue
+        log.warning(
+            "a file imported before under another id: importing on into that session "
+            "(delete it and import again to key it by the file)",
+            extra={"path": str(path), "session_id": found.id, "external_id": former},
+        )
+        header = dataclasses.replace(
+            parsed.header, external_id=former, parent_id=None, parent_session=None
+        )
+        return dataclasses.replace(parsed, header=header), found
+    return parsed, None
 
 
 def parse_file_data(
@@ -848,6 +851,8 @@ def _save_offset(
 def _parent_refs(parsed: ParsedSession) -> dict[str, str | None]:
     """The parent pi's ``parentSession`` names (the parent file's path): the path resolved,
     and the session id its file name ends with (``<timestamp>_<id>.jsonl``)."""
+    if parsed.header.parent_id is not None:  # named by its id, not by a file
+        return {"parent_path": None, "parent_external": parsed.header.parent_id}
     ref = parsed.header.parent_session
     if not ref:
         return {"parent_path": None, "parent_external": None}

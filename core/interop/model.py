@@ -26,6 +26,12 @@ class SessionHeader:
     parent_session: str | None = None  # pi ``parentSession`` (a path or an id)
     title: str | None = None  # Claude Code ``summary`` line
     raw: dict[str, Any] = field(default_factory=dict)  # the header object as read
+    # the parent session by its external id, not by a file's path (the session a Claude
+    # Code transcript resumes)
+    parent_id: str | None = None
+    # external ids earlier versions keyed this file by: a session imported from this very
+    # file under one of them is the file's session
+    former_ids: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

@@ -122,19 +122,30 @@ def test_reimport_appends_nothing_then_only_what_the_file_grew(
 RESUMED_ID = "0b9e4f31-5c2d-4e8a-9f17-6a3b2c1d0e9f"
 
 
-def _earlier_and_resumed(folder: Path) -> tuple[Path, Path]:
+CHAINED_ID = "1c2d3e4f-5a6b-4c7d-8e9f-0a1b2c3d4e5f"
+
+
+def _earlier_and_resumed(folder: Path, *, chained: bool = False) -> tuple[Path, Path]:
     """The fixture's session, and a session resumed from it: its file begins with the
-    earlier one's first lines (their sessionId the earlier session's), then one of its own."""
+    earlier one's first lines (their sessionId the earlier session's), then one of its own.
+    ``chained``: resumed from that one in turn (a line of it, then one of its own)."""
     earlier = folder / FIXTURE.name
     shutil.copyfile(FIXTURE, earlier)
     lines = FIXTURE.read_bytes().split(b"\n")[:8]
-    new = json.loads(lines[2])  # a user line: the resumed session's own, under its id
-    new.update(
-        uuid="r1-0000", parentUuid="a4-0000", sessionId=RESUMED_ID, timestamp="2026-01-21T10:00:00Z"
-    )
-    new["message"] = {"role": "user", "content": "And the century years?"}
-    resumed = folder / f"{RESUMED_ID}.jsonl"
-    resumed.write_bytes(b"\n".join([*lines, json.dumps(new).encode()]) + b"\n")
+    own = [(RESUMED_ID, "And the century years?")]
+    if chained:
+        own.append((CHAINED_ID, "And negative years?"))
+    parent = "a4-0000"
+    for n, (session, text) in enumerate(own, 1):
+        new = json.loads(lines[2])  # a user line: the resumed session's own, under its id
+        new.update(
+            uuid=f"r{n}-0000", parentUuid=parent, sessionId=session, timestamp="2026-01-21T10:00Z"
+        )
+        new["message"] = {"role": "user", "content": text}
+        lines.append(json.dumps(new).encode())
+        parent = f"r{n}-0000"
+    resumed = folder / f"{own[-1][0]}.jsonl"
+    resumed.write_bytes(b"\n".join(lines) + b"\n")
     return earlier, resumed
 
 
@@ -167,27 +178,27 @@ def test_a_resumed_sessions_file_is_the_session_its_name_says(
     assert store.import_session(copy, tenant_id="copies").external_id == SESSION_ID
 
 
+@pytest.mark.parametrize("chained", [False, True], ids=["resumed", "resumed twice"])
 def test_a_resumed_file_imported_under_the_earlier_id_goes_on_there(
-    store: SessionStore, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    store: SessionStore, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, chained: bool
 ) -> None:
-    """A resumed session's file imported before the file's name keyed it (under the id of
-    the session it resumes) goes on in that session: not copied into a second one linked
-    to it as its child."""
-    earlier, resumed = _earlier_and_resumed(tmp_path)
+    """A resumed session's file imported before the file's name keyed it (under the first
+    sessionId in it) goes on in that session: not copied into a second one linked to it as
+    its child. Twice resumed (A -> B -> C), its file was keyed by A too."""
+    earlier, resumed = _earlier_and_resumed(tmp_path, chained=chained)
     real = importer.parse_file_data
 
     def keyed_the_old_way(*args: Any, **kwargs: Any) -> Any:
         parsed = real(*args, **kwargs)
-        old = dataclasses.replace(parsed.header, external_id=SESSION_ID, parent_session=None)
+        old = dataclasses.replace(parsed.header, external_id=SESSION_ID, parent_id=None)
         return dataclasses.replace(parsed, header=old)
 
     monkeypatch.setattr(importer, "parse_file_data", keyed_the_old_way)
     before = store.import_session(resumed, tenant_id=TENANT)
     monkeypatch.setattr(importer, "parse_file_data", real)
-    grown = resumed.read_bytes() + resumed.read_bytes().splitlines(keepends=True)[-1].replace(
-        b"r1-0000", b"r2-0000"
-    )
-    resumed.write_bytes(grown)
+    last = json.loads(resumed.read_bytes().splitlines()[-1])
+    more = {**last, "uuid": "r9-0000", "parentUuid": last["uuid"]}
+    resumed.write_bytes(resumed.read_bytes() + json.dumps(more).encode() + b"\n")
     again = store.import_session(resumed, tenant_id=TENANT)
     assert (again.session_id, again.external_id) == (before.session_id, SESSION_ID)
     assert (again.status, again.appended) == ("appended", 1)

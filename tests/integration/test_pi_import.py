@@ -104,6 +104,23 @@ def test_reimport_twice_appends_nothing(store: SessionStore, tmp_path: Path) -> 
     assert store.get_session(first.session_id).head_seq == len(v3_lines())
 
 
+def test_a_fork_imported_through_its_parents_path_is_a_session_of_its_own(
+    store: SessionStore, tmp_path: Path
+) -> None:
+    """One path used for the parent's file, then for a fork of it (its header names the
+    parent's file): the fork is its own session, linked to the parent; never taken for the
+    session that path was imported into (a Claude Code file's earlier key is no pi rule)."""
+    path = tmp_path / "session.jsonl"
+    lines = v3_lines()
+    write(path, lines)
+    parent = store.import_session(path, tenant_id=TENANT)
+    header = {**lines[0], "id": "fork-1", "parentSession": f"/x/2026-11-20_{lines[0]['id']}.jsonl"}
+    write(path, [header, *lines[1:4]])
+    fork = store.import_session(path, tenant_id=TENANT)
+    assert (fork.status, fork.external_id) == ("created", "fork-1")
+    assert store.get_session(fork.session_id).parent_id == parent.session_id
+
+
 def test_grown_file_appends_only_the_new_entries(store: SessionStore, tmp_path: Path) -> None:
     path = tmp_path / "s.jsonl"
     lines = v3_lines()

@@ -578,21 +578,26 @@ def _user_line(session: str, uuid: str, parent: str | None) -> str:
 
 
 @pytest.mark.parametrize(
-    ("name", "sessions", "external", "parent"),
+    ("name", "sessions", "external", "parent", "former"),
     [
-        (f"{A}.jsonl", [A], A, None),
-        (f"{A.upper()}.jsonl", [A], A, None),  # its own id in upper case: not a child of itself
-        (f"{B}.jsonl", [A, B], B, A),  # resumed from A
-        (f"{C}.jsonl", [A, B, C], C, B),  # resumed from B, which was resumed from A
-        (f"{B}.jsonl", [A], B, A),  # resumed, none of its own lines yet
-        ("backup-of-b.jsonl", [A, B], B, A),  # a renamed copy of B: B
-        ("copy.jsonl", [A], A, None),
-        ("agent-4a1f.jsonl", [B], f"{B}/agent-4a1f", None),
+        (f"{A}.jsonl", [A], A, None, ()),
+        (f"{A.upper()}.jsonl", [A], A, None, ()),  # its own id in upper case: not its child
+        (f"{B}.jsonl", [A, B], B, A, (A,)),  # resumed from A
+        (f"{C}.jsonl", [A, B, C], C, B, (A,)),  # resumed from B, which was resumed from A
+        (f"{B}.jsonl", [A], B, A, (A,)),  # resumed, none of its own lines yet
+        ("backup-of-b.jsonl", [A, B], B, A, (A,)),  # a renamed copy of B: B
+        ("copy.jsonl", [A], A, None, ()),
+        ("resumed.jsonl", ["chat_7.v1", "x"], "x", "chat_7.v1", ("chat_7.v1",)),
+        ("agent-4a1f.jsonl", [B], f"{B}/agent-4a1f", None, ()),
+        ("agent-4a1f.jsonl", [A, B], f"{B}/agent-4a1f", None, (f"{A}/agent-4a1f",)),
     ],
 )
 def test_a_file_is_the_session_its_name_says(
-    name: str, sessions: list[str], external: str, parent: str | None
+    name: str, sessions: list[str], external: str, parent: str | None, former: tuple[str, ...]
 ) -> None:
+    """The key, the parent (by its id: never parsed as a path) and the key the first
+    sessionId gave before stop 37, under which an import finds a file imported then."""
     lines = [_user_line(s, f"u{i}", f"u{i - 1}" if i else None) for i, s in enumerate(sessions)]
     header = parse_claude_code(Path(name), ("\n".join(lines) + "\n").encode()).header
-    assert (header.external_id, header.parent_session) == (external, parent)
+    assert (header.external_id, header.parent_id, header.parent_session) == (external, parent, None)
+    assert header.former_ids == former
