@@ -25,8 +25,8 @@ from core.blobs.externalize import (
     set_at_pointer,
     value_at_pointer,
 )
-from core.blobs.rehydrate import Rehydrator
-from core.blobs.store import BLOB_REF_PREFIX, BlobStore, StagedPuts, count_puts
+from core.blobs.rehydrate import Rehydrator, holds_ref
+from core.blobs.store import BlobStore, StagedPuts, count_puts
 from core.errors import BlobError, BlobsMissing, IdempotencyKeyReused, InvalidEvent
 from core.journal import Journal, check_batch
 from core.journal.validation import (
@@ -269,8 +269,7 @@ def _fill_by_hash(
         entries = [
             e
             for e in manifest.get(event.position, ())
-            if e.hash in hashes
-            and value_at_pointer(shown[index], e.pointer) == BLOB_REF_PREFIX + e.hash
+            if e.hash in hashes and holds_ref(shown[index], e)
         ]
         if not entries:
             continue

@@ -63,6 +63,15 @@ def write_digest(events: Sequence[Any]) -> str:
     return content_digest(events)
 
 
+def digest_or_none(events: Any) -> str | None:
+    """``write_digest`` of events that may hold no write at all (a client's that skipped the
+    door, a dead letter's): None for those."""
+    try:
+        return write_digest(events)
+    except Exception:
+        return None
+
+
 def digest_in(value: Any) -> str | None:
     """A digest a message header carries, if it is one (a hostile client's is not kept)."""
     return value if isinstance(value, str) and _DIGEST.match(value) else None

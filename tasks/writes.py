@@ -29,6 +29,7 @@ from tasks.outcomes import (
     committed,
     dead_lettered,
     digest_in,
+    digest_or_none,
     write_digest,
     write_task_id,
 )
@@ -110,10 +111,7 @@ def _digest_of(task: Task, events: Any) -> str | None:
         return None
     if digest_in(sent) is not None:
         return str(sent)
-    try:
-        return write_digest(events)
-    except Exception:  # events no write could hold (its outcome is a dead letter)
-        return None
+    return digest_or_none(events)  # None: no write could hold them (a dead letter's)
 
 
 def _observe_commit(task: Task, replayed: bool) -> None:

@@ -450,7 +450,7 @@ class Rehydrator:
         cache = {} if cache is None else cache
         for entry in entries:
             where = _Where(event.session_id, event.seq, entry.pointer)
-            if not _holds_ref(payload, entry):
+            if not holds_ref(payload, entry):
                 log.error(
                     "manifest pointer does not hold its ref; left as stored",
                     extra={**dataclasses.asdict(where), "blob_hash": entry.hash},
@@ -497,5 +497,6 @@ def _set_copying(root: dict[str, Any], pointer: str, value: Any, copied: set[int
         target[last] = value
 
 
-def _holds_ref(payload: Any, entry: ManifestEntry) -> bool:
+def holds_ref(payload: Any, entry: ManifestEntry) -> bool:
+    """Whether ``payload`` holds ``entry``'s ref where the entry places it."""
     return bool(value_at_pointer(payload, entry.pointer) == BLOB_REF_PREFIX + entry.hash)

@@ -216,6 +216,7 @@ class _Offset:
     id_map: dict[str, str] = field(default_factory=dict)
     # the blob refs the session was imported without (None: not recorded, before 0017)
     missing_blobs: list[str] | None = None
+    path: str = ""  # the file imported, resolved (``_resolved``)
 
 
 @dataclass(frozen=True, slots=True)
@@ -261,13 +262,13 @@ def _import_pass(
 ) -> ImportResult:
     data = read_file(path)
     parsed = parse_file_data(path, data, format=format, options=options)
+    _check_session_fields(path, parsed)
     session = store.journal.find_external(tenant_id, parsed.header.external_id)
     if session is None:
         parsed, session = _imported_under_former_id(store, tenant_id, path, parsed)
     events = [pi.header_event(parsed.header), *(e.entry for e in parsed.entries)]
     lines = [1, *(e.line for e in parsed.entries)]
     external_id = parsed.header.external_id
-    _check_session_fields(path, parsed)
     offset = _offset_of(store, session.id) if session else None
     held = _Imported(0, parsed.header.version, {})
     if session is not None:
@@ -342,13 +343,8 @@ def _imported_under_former_id(
     that session and importing again keys it as the file is keyed now."""
     for former in parsed.header.former_ids:
         found = store.journal.find_external(tenant_id, former)
-        if found is None:
-            continue
-        with read_connection(store.engine) as conn:
-            held = conn.execute(
-                select(_offsets.c.path).where(_offsets.c.session_id == found.id)
-            ).scalar_one_or_none()
-        if held != _resolved(path):
+        held = _offset_of(store, found.id) if found is not None else None
+        if found is None or held is None or held.path != _resolved(path):
             continue
         log.warning(
             "a file imported before under another id: importing on into that session "
@@ -472,6 +468,7 @@ def _offset_of(store: SessionStore, session_id: str) -> _Offset | None:
         row.source_version,
         id_map,
         missing,
+        row.path,
     )
 
 

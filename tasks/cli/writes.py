@@ -253,13 +253,11 @@ def _answer_producers(session_id: Any, key: Any, result: AppendResult, events: A
     if not isinstance(session_id, str) or not isinstance(key, str):
         return
     from tasks.app import get_app
-    from tasks.outcomes import committed, store_outcome, write_digest
+    from tasks.outcomes import committed, digest_or_none, store_outcome
 
     try:
-        try:
-            digest: str | None = write_digest(events)
-        except Exception:  # a letter no write could hold (replayed with --file)
-            digest = None
+        # None for a letter no write could hold (replayed with --file)
+        digest = digest_or_none(events)
         store_outcome(get_app(), session_id, key, committed(key, result, digest))
     except Exception as exc:  # the result backend away: only the lookup is stale
         err_console.print(plain(f"warning: could not record the outcome for producers: {exc}"))

@@ -9,6 +9,7 @@ import threading
 import time
 import uuid
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -252,10 +253,13 @@ def _land_every_write(store: SessionStore, handles: dict[str, Any]) -> None:
     time.sleep(2)  # would-be duplicates have time to show up
 
 
-@pytest.mark.slow
-def test_message_redelivered_after_worker_killed_mid_task_writes_no_duplicate(
-    app: Celery, store: SessionStore, queue_settings: Settings, tmp_path: Path
-) -> None:
+@contextmanager
+def hanging_after_commit(
+    queue_settings: Settings, tmp_path: Path, *, table: str = "events"
+) -> Iterator[Path]:
+    """A prefork worker with ``tests.faults`` armed: the first transaction that inserts into
+    ``table`` hangs after its commit, its process id in ``<faults>/committed``. Yields the
+    faults directory; the worker is stopped on the way out."""
     faults = tmp_path / "faults"
     faults.mkdir()
     (faults / "armed").touch()
@@ -264,9 +268,19 @@ def test_message_redelivered_after_worker_killed_mid_task_writes_no_duplicate(
         broker_url=str(queue_settings.broker_url),
         data_dir=tmp_path / "w",
     )
-    env["SS_FAULT_DIR"] = str(faults)
+    env.update(SS_FAULT_DIR=str(faults), SS_FAULT_TABLE=table)
     worker = WorkerProcess(env, tmp_path / "worker.log", include="tests.faults")
     try:
+        yield faults
+    finally:
+        worker.stop()
+
+
+@pytest.mark.slow
+def test_message_redelivered_after_worker_killed_mid_task_writes_no_duplicate(
+    app: Celery, store: SessionStore, queue_settings: Settings, tmp_path: Path
+) -> None:
+    with hanging_after_commit(queue_settings, tmp_path) as faults:
         sid = store.create_session(tenant_id="acme").id
         handle = enqueue_append(sid, [_event("x"), _event("y")], idempotency_key="k-crash", app=app)
         wait_for((faults / "committed").exists, 60, "the write to commit and hang before ack")
@@ -277,8 +291,6 @@ def test_message_redelivered_after_worker_killed_mid_task_writes_no_duplicate(
         # the idempotency record: the same seqs, nothing written.
         result = handle.get(timeout=60)
         assert result.replayed and (result.first_seq, result.last_seq) == (1, 2)
-    finally:
-        worker.stop()
     assert _markers(store) == ["x", "y"]
 
 
@@ -288,17 +300,7 @@ def test_worker_killed_after_keeping_a_dead_letter_answers_once_with_one_letter(
 ) -> None:
     """Killed between keeping the rejected write and storing its outcome: the message comes
     back, its second run finds the same letter (not a second one) and answers with it."""
-    faults = tmp_path / "faults"
-    faults.mkdir()
-    (faults / "armed").touch()
-    env = settings_env(
-        database_url=str(queue_settings.database_url),
-        broker_url=str(queue_settings.broker_url),
-        data_dir=tmp_path / "w",
-    )
-    env.update(SS_FAULT_DIR=str(faults), SS_FAULT_TABLE="dead_letters")
-    worker = WorkerProcess(env, tmp_path / "worker.log", include="tests.faults")
-    try:
+    with hanging_after_commit(queue_settings, tmp_path, table="dead_letters") as faults:
         sid = store.create_session(tenant_id="acme").id
         handle = enqueue_append(sid, [_event("late")], expected_seq=5, idempotency_key="k", app=app)
         wait_for((faults / "committed").exists, 60, "the letter to be kept and the task to hang")
@@ -307,8 +309,6 @@ def test_worker_killed_after_keeping_a_dead_letter_answers_once_with_one_letter(
         os.kill(int((faults / "committed").read_text()), signal.SIGKILL)
         with pytest.raises(WriteRejected) as rejected:
             handle.get(timeout=60)
-    finally:
-        worker.stop()
     assert rejected.value.error_type == "ConcurrencyConflict"
     assert rejected.value.dead_letter_id == kept.id
     assert [letter.id for letter in store.dead_letters.list()] == [kept.id]
