@@ -847,12 +847,16 @@ def _save_offset(
 
 def _parent_refs(parsed: ParsedSession) -> dict[str, str | None]:
     """The parent pi's ``parentSession`` names (the parent file's path): the path resolved,
-    and the session id its file name ends with (``<timestamp>_<id>.jsonl``)."""
-    if parsed.header.parent_id is not None:  # named by its id, not by a file
-        return {"parent_path": None, "parent_external": parsed.header.parent_id}
-    ref = parsed.header.parent_session
-    if not ref:
+    and the session id its file name ends with (``<timestamp>_<id>.jsonl``); or the one a
+    header names by its id (``SessionHeader.parent_id``)."""
+    header = parsed.header
+    ref = header.parent_id or header.parent_session
+    # No session's id holds a U+0000, and no PostgreSQL text can: such a ref names no
+    # session (the file's header event keeps it as written).
+    if not ref or "\x00" in ref:
         return {"parent_path": None, "parent_external": None}
+    if header.parent_id is not None:  # named by its id, not by a file
+        return {"parent_path": None, "parent_external": ref}
     try:
         resolved: str | None = _resolved(Path(ref).expanduser())
     except (OSError, ValueError):

@@ -178,6 +178,20 @@ def test_a_resumed_sessions_file_is_the_session_its_name_says(
     assert store.import_session(copy, tenant_id="copies").external_id == SESSION_ID
 
 
+def test_a_resumed_sessions_parent_id_with_a_nul_links_nothing(
+    store: SessionStore, tmp_path: Path
+) -> None:
+    """The sessionId of the lines a file resumes is the parent's id: one with a U+0000 names
+    no session, so the file is imported unlinked (PostgreSQL refused it whole)."""
+    line = json.loads(FIXTURE.read_bytes().split(b"\n")[2])
+    own = {**line, "uuid": "r1-0000", "parentUuid": line["uuid"], "sessionId": RESUMED_ID}
+    resumed = tmp_path / f"{RESUMED_ID}.jsonl"
+    resumed.write_text(json.dumps({**line, "sessionId": "a\x00b"}) + "\n" + json.dumps(own) + "\n")
+    done = store.import_session(resumed, tenant_id=TENANT)
+    assert (done.status, done.external_id) == ("created", RESUMED_ID)
+    assert store.get_session(done.session_id).parent_id is None
+
+
 @pytest.mark.parametrize("chained", [False, True], ids=["resumed", "resumed twice"])
 def test_a_resumed_file_imported_under_the_earlier_id_goes_on_there(
     store: SessionStore, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, chained: bool

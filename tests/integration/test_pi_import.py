@@ -121,6 +121,21 @@ def test_a_fork_imported_through_its_parents_path_is_a_session_of_its_own(
     assert store.get_session(fork.session_id).parent_id == parent.session_id
 
 
+def test_a_parent_named_with_a_nul_links_nothing_and_refuses_nothing(
+    store: SessionStore, tmp_path: Path
+) -> None:
+    """A header's parent with a U+0000 names no session (none can hold one): the file is
+    imported, unlinked, its header kept as written. PostgreSQL refused the import whole
+    (the offset row could not hold it) where SQLite stored it."""
+    path = tmp_path / "s.jsonl"
+    lines = v3_lines()
+    header = {**lines[0], "parentSession": f"/x/2026-11-20_{lines[0]['id']}\x00.jsonl"}
+    write(path, [header, *lines[1:]])
+    done = store.import_session(path, tenant_id=TENANT)
+    assert done.status == "created" and store.get_session(done.session_id).parent_id is None
+    assert store.read(done.session_id, upto_seq=1, rehydrate=True)[0].payload == header
+
+
 def test_grown_file_appends_only_the_new_entries(store: SessionStore, tmp_path: Path) -> None:
     path = tmp_path / "s.jsonl"
     lines = v3_lines()
