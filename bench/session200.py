@@ -11,6 +11,7 @@ of which 10 are distinct), built from ``tasks.cli.samples``. Per round, on a fre
   ``events`` and ``blob_refs``) plus the blob files, against the raw JSON of the workload.
 
 ``--profile`` prints a cProfile of one phase instead (the top functions by own time).
+``--validation`` times the write's validation of the session against ``orjson.dumps``.
 ``--storage-variants`` copies the stored events into tables of other payload types and TOAST
 settings and prints each one's size and full-scan read time (issue 19, item 4).
 """
@@ -35,6 +36,7 @@ import orjson
 import psycopg
 
 from core import SessionStore, Settings
+from core.journal.validation import checked
 from core.migrate import upgrade
 from tasks.cli.samples import EntryBuilder
 
@@ -209,6 +211,28 @@ def storage_variants(events: list[dict[str, Any]], rounds: int) -> None:
                 )
 
 
+def validation(events: list[dict[str, Any]], rounds: int) -> None:
+    """The write's validation of the whole session (``checked``, what every append runs)
+    against its floor, the bare ``orjson.dumps`` of each event that any store of JSON pays:
+    interleaved, 15 runs of each per round."""
+    depth = Settings().max_event_depth
+    floor: list[float] = []
+    ours: list[float] = []
+    for _ in range(rounds):
+        for _ in range(15):
+            start = time.perf_counter()
+            for event in events:
+                orjson.dumps(event)
+            floor.append(time.perf_counter() - start)
+            start = time.perf_counter()
+            checked(events, max_depth=depth)
+            ours.append(time.perf_counter() - start)
+    for label, times in (("orjson.dumps (floor)", floor), ("validation (checked)", ours)):
+        ms = sorted(t * 1e3 for t in times)
+        print(f"{label}: {statistics.median(ms):.1f} ms ({ms[0]:.1f}-{ms[-1]:.1f})")
+    print(f"validation / floor: {statistics.median(ours) / statistics.median(floor):.2f}x")
+
+
 def _journal_bytes(name: str, *tables: str) -> int:
     with psycopg.connect(f"postgresql://postgres@127.0.0.1:5432/{name}") as conn:
         row = conn.execute(
@@ -223,6 +247,9 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--profile", choices=("append", "rebuild"))
     parser.add_argument("--storage-variants", action="store_true")
+    parser.add_argument(
+        "--validation", action="store_true", help="time validation against orjson.dumps"
+    )
     args = parser.parse_args()
     events = workload()
     raw = sum(len(orjson.dumps(e)) for e in events)
@@ -232,6 +259,9 @@ def main() -> None:
         return
     if args.storage_variants:
         storage_variants(events, args.rounds)
+        return
+    if args.validation:
+        validation(events, args.rounds)
         return
     rates, rebuilds, sizes = [], [], []
     for i in range(args.rounds):
