@@ -14,6 +14,7 @@ at a file's name is no file (as absent), never a reader blocked in ``open`` for 
 
 from __future__ import annotations
 
+import ctypes
 import errno
 import os
 import stat
@@ -447,6 +448,64 @@ def rename(root: Path, source: Path, target: Path) -> None:
         os.rename(src_name, dst_name, src_dir_fd=src_fd, dst_dir_fd=dst_fd)
         _fsync_fd(dst_fd)
         _fsync_fd(src_fd)
+
+
+def rename_new(root: Path, source: Path, target: Path) -> None:
+    """Rename ``source`` to ``target``, never replacing anything there (FileExistsError,
+    ``source`` left as it was), making ``target``'s directories as needed; fsyncs its
+    directory. One atomic ``renameat2(RENAME_NOREPLACE)`` where the kernel, C library and
+    filesystem have it; elsewhere a check then a rename, which a name made in between
+    still loses to."""
+    with (
+        parent_dir(root, source) as (src_fd, src_name),
+        parent_dir(root, target, create=True) as (dst_fd, dst_name),
+    ):
+        if not _rename_noreplace(src_fd, src_name, dst_fd, dst_name):
+            if _exists_at(dst_fd, dst_name):
+                raise FileExistsError(errno.EEXIST, "already exists", str(target))
+            os.rename(src_name, dst_name, src_dir_fd=src_fd, dst_dir_fd=dst_fd)
+        _fsync_fd(dst_fd)
+
+
+_RENAME_NOREPLACE = 1  # <linux/fs.h>
+# renameat2 not there, or not for this filesystem: the caller checks, then renames
+_NO_NOREPLACE = frozenset({errno.ENOSYS, errno.EINVAL, errno.ENOTSUP, errno.EOPNOTSUPP})
+
+
+def _load_renameat2() -> ctypes._CFuncPtr | None:  # type: ignore[name-defined]
+    try:
+        function = ctypes.CDLL(None, use_errno=True).renameat2
+    except (OSError, AttributeError):  # not glibc >= 2.28 (or not Linux)
+        return None
+    function.argtypes = (ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p)
+    function.argtypes += (ctypes.c_uint,)
+    function.restype = ctypes.c_int
+    return function
+
+
+_renameat2 = _load_renameat2()
+
+
+def _rename_noreplace(src_fd: int, src_name: str, dst_fd: int, dst_name: str) -> bool:
+    """``renameat2(..., RENAME_NOREPLACE)``: True once renamed, FileExistsError when the
+    name is taken, False where it is not supported (nothing done)."""
+    if _renameat2 is None:
+        return False
+    source, target = os.fsencode(src_name), os.fsencode(dst_name)
+    if _renameat2(src_fd, source, dst_fd, target, _RENAME_NOREPLACE) == 0:
+        return True
+    code = ctypes.get_errno()
+    if code in _NO_NOREPLACE:
+        return False
+    raise OSError(code, os.strerror(code), dst_name)
+
+
+def _exists_at(dir_fd: int, name: str) -> bool:
+    try:
+        os.lstat(name, dir_fd=dir_fd)
+    except FileNotFoundError:
+        return False
+    return True
 
 
 def link(root: Path, source: Path, target: Path) -> None:

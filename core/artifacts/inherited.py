@@ -292,9 +292,17 @@ def _link_new(root: Path, source: Path, target: Path) -> bool:
         try:
             with nofollow.parent_dir(root, tmp) as (dir_fd, name):
                 os.utime(name, ns=(times.st_atime_ns, times.st_mtime_ns), dir_fd=dir_fd)
-            nofollow.replace(root, tmp, target)
+            # never over a file made since the check above (the fork's own, say)
+            nofollow.rename_new(root, tmp, target)
+        except FileExistsError:
+            _remove_quietly(root, tmp)
+            return False
         except BaseException:
-            with suppress(OSError, SymlinkRefused):
-                nofollow.unlink(root, tmp)
+            _remove_quietly(root, tmp)
             raise
     return True
+
+
+def _remove_quietly(root: Path, path: Path) -> None:
+    with suppress(OSError, SymlinkRefused):
+        nofollow.unlink(root, path)

@@ -454,10 +454,12 @@ def _publish_new(root: Path, tmp: Path, target: Path) -> bool:
     except OSError as exc:
         if exc.errno not in _NO_HARD_LINKS:
             raise
-        # a filesystem without hard links: check, rename
-        if nofollow.exists(root, target, refuse_link=True):
+        # a filesystem without hard links: a rename that never replaces either
+        try:
+            nofollow.rename_new(root, tmp, target)
+        except FileExistsError:
+            nofollow.exists(root, target, refuse_link=True)
             return False
-        nofollow.replace(root, tmp, target)
         return True
     with nofollow.parent_dir(root, target) as (dir_fd, _name):
         os.fsync(dir_fd)

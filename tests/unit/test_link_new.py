@@ -1,14 +1,17 @@
 """An inherited file held for a pending fork, where hard links fail (another filesystem, a
 directory moved mid-operation): copied through a temporary file of its own name. A fixed
 name (``.NAME.cow``) left behind by a copy cut short made every later copy to that target
-fail with FileExistsError, for good; and a temporary file beside the target, left by a
-process killed mid-copy, was never removed."""
+fail with FileExistsError, for good; a temporary file beside the target, left by a
+process killed mid-copy, was never removed; and a file made at the target while the copy
+was written (the fork's own) was replaced by it."""
 
 from __future__ import annotations
 
 import errno
 import os
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -16,6 +19,7 @@ from core import nofollow
 from core.artifacts import inherited
 from core.artifacts.fsio import sweep_staging
 from core.artifacts.paths import STAGING_DIR
+from core.sessions import fork_copy
 
 
 @pytest.fixture
@@ -57,7 +61,7 @@ def test_a_copy_cut_short_leaves_its_file_where_the_sweep_removes_it(
     def killed(*args: object, **kwargs: object) -> None:
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(nofollow, "replace", killed)
+    monkeypatch.setattr(nofollow, "rename_new", killed)
     monkeypatch.setattr(nofollow, "unlink", lambda *args, **kwargs: None)  # no clean-up ran
     with pytest.raises(KeyboardInterrupt):
         inherited._link_new(root, source, target)
@@ -71,3 +75,73 @@ def test_a_copy_cut_short_leaves_its_file_where_the_sweep_removes_it(
         len(b"the parent's version"),
     )
     assert list(staging.iterdir()) == []
+
+
+@pytest.mark.usefixtures("no_hard_links")
+@pytest.mark.parametrize("noreplace", [True, False], ids=["renameat2", "check-then-rename"])
+def test_a_file_made_at_the_target_meanwhile_is_never_replaced(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, noreplace: bool
+) -> None:
+    """The fork writes its own file between the copy's check for one and its rename: the
+    fork's file stays, the copy is dropped (no leftover in staging), and the link is not
+    counted as made."""
+    root, source, target = _files(tmp_path)
+    if not noreplace:  # a filesystem without RENAME_NOREPLACE: the check before the rename
+        monkeypatch.setattr(nofollow, "_renameat2", None)
+    write_new = nofollow.write_new
+
+    def then_the_fork_writes(root_: Path, path: Path, data: bytes) -> None:
+        write_new(root_, path, data)
+        target.write_bytes(b"the fork's own version")
+
+    monkeypatch.setattr(nofollow, "write_new", then_the_fork_writes)
+    assert inherited._link_new(root, source, target) is False
+    assert target.read_bytes() == b"the fork's own version"
+    assert list((root / "acme" / "s" / STAGING_DIR).iterdir()) == []
+
+
+@pytest.mark.parametrize("noreplace", [True, False], ids=["renameat2", "check-then-rename"])
+def test_rename_new(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, noreplace: bool) -> None:
+    if not noreplace:
+        monkeypatch.setattr(nofollow, "_renameat2", None)
+    (tmp_path / "a").write_bytes(b"a")
+    (tmp_path / "taken").write_bytes(b"taken")
+    (tmp_path / "link").symlink_to(tmp_path / "nowhere")
+    for name in ("taken", "link"):  # a dangling link is a name taken too, never followed
+        with pytest.raises(FileExistsError):
+            nofollow.rename_new(tmp_path, tmp_path / "a", tmp_path / name)
+    assert not (tmp_path / "nowhere").exists()
+    nofollow.rename_new(tmp_path, tmp_path / "a", tmp_path / "sub" / "b")
+    assert (tmp_path / "sub" / "b").read_bytes() == b"a" and not (tmp_path / "a").exists()
+    assert (tmp_path / "taken").read_bytes() == b"taken"
+
+
+@pytest.mark.parametrize("noreplace", [True, False], ids=["renameat2", "check-then-rename"])
+def test_the_fork_copy_never_replaces_a_file_made_just_before_its_rename(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, noreplace: bool
+) -> None:
+    """The fork's copy job, where hard links fail: a file made at the target after the
+    copy's checks (the fork's own write, just before the rename) stays."""
+    root, source, target = _files(tmp_path)
+    monkeypatch.setattr(nofollow, "link", _refuse_link(errno.EPERM))
+    if not noreplace:
+        monkeypatch.setattr(nofollow, "_renameat2", None)
+    parent_dir = nofollow.parent_dir
+
+    def the_fork_writes_first(root_: Path, path: Path, **kwargs: Any) -> Any:
+        if path == target and kwargs.get("create"):
+            target.write_bytes(b"the fork's own version")
+        return parent_dir(root_, path, **kwargs)
+
+    monkeypatch.setattr(nofollow, "parent_dir", the_fork_writes_first)
+    staging = root / "acme" / "s" / STAGING_DIR
+    assert fork_copy._copy_file(source, target, staging, 3e9, root) is None
+    assert target.read_bytes() == b"the fork's own version"
+    assert list(staging.iterdir()) == []
+
+
+def _refuse_link(code: int) -> Callable[[Path, Path, Path], None]:
+    def refuse(root: Path, source: Path, target: Path) -> None:
+        raise OSError(code, os.strerror(code))
+
+    return refuse
