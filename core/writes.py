@@ -27,7 +27,14 @@ from core.blobs.externalize import (
 )
 from core.blobs.rehydrate import Rehydrator, holds_ref
 from core.blobs.store import BlobStore, StagedPuts, count_puts
-from core.errors import BlobError, BlobsMissing, IdempotencyKeyReused, InvalidEvent
+from core.errors import (
+    BlobError,
+    BlobsMissing,
+    IdempotencyKeyReused,
+    InvalidEvent,
+    StorageUnavailable,
+    SymlinkRefused,
+)
 from core.journal import Journal, check_batch
 from core.journal.validation import (
     MAX_ID_LENGTH,
@@ -112,6 +119,7 @@ class Writer:
             # batch without blobs needs no pre-check: the append itself answers a replay.
             prior = self._replay_of(session_id, plan, idempotency_key)
             if prior is not None:
+                self._restore_carried(plan)
                 return prior
         tenant_id = self._tenant_of(session_id) if plan.has_input_refs else None
         # The new blobs are stored now and registered in the append's own transaction.
@@ -194,6 +202,31 @@ class Writer:
         if unreadable and not _fill_by_hash(committed, manifest, unreadable, shown, sent):
             return False
         return [exact_json.dumps(p) for p in shown] == [exact_json.dumps(p) for p in sent]
+
+    def _restore_carried(self, plan: PersistPlan) -> None:
+        """A replay carries the bytes of its blobs: put again each one the store has lost
+        or holds damaged since (a registered blob, so referenced: the replayed write's own,
+        or another session's that holds the same content), as a re-put of the content
+        repairs it (invariant 13). A check only, without writing, where all are intact.
+        Best effort: a store that cannot be read now does not fail the replay's answer."""
+        try:
+            damaged = {
+                blob_hash: data
+                for blob_hash, data in sorted(plan.carried().items())
+                if self.blobs.index.registered(blob_hash)
+                and (
+                    not self.blobs.has_stored(blob_hash)
+                    or self.blobs.check_stored(blob_hash, len(data)) is not None
+                )
+            }
+            if damaged:
+                log.warning(
+                    "a replayed write carried blobs the store had lost or damaged; put again",
+                    extra={"hashes": list(damaged)},
+                )
+                self.blobs.put_many(list(damaged.values()))
+        except (StorageUnavailable, SymlinkRefused, OSError) as exc:
+            log.warning("could not check a replayed write's blobs", extra={"error": str(exc)})
 
     def _tenant_of(self, session_id: str) -> str:
         # Refs without bytes are scoped by the session's tenant (invariant 9).

@@ -26,6 +26,7 @@ from core.errors import (
     BlobsMissing,
     ConcurrencyConflict,
     IdempotencyKeyReused,
+    StorageUnavailable,
 )
 from core.models import BlobRefRow, BlobRow, EventRow
 from core.records import ManifestEntry, StoredEvent
@@ -639,7 +640,8 @@ def test_a_replay_compared_with_a_blob_damaged_since_is_never_refused_falsely(
 
     def spoil(blob_hash: str) -> None:
         if damage == "lost":
-            assert store.blobs.remove_file(blob_hash)
+            store.blobs.remove_file(blob_hash)
+            assert not store.blobs.has_stored(blob_hash)
         else:
             found = store.blobs._find(blob_hash)
             assert found is not None
@@ -662,10 +664,64 @@ def test_a_replay_compared_with_a_blob_damaged_since_is_never_refused_falsely(
             with pytest.raises(IdempotencyKeyReused):
                 other.append(session.id, changed, idempotency_key="k")
         error = BlobNotFound if damage == "lost" else BlobCorrupted
+        spoil(image_hash)  # the first replay put it back (its bytes were in the batch)
         with pytest.raises(error) as caught:
             other.append(session.id, [user(text, image(make_ref(image_hash)))], idempotency_key="k")
         assert caught.value.blob_hash == image_hash
     assert count(store, EventRow) == 1
+
+
+@pytest.mark.parametrize("damage", ["lost", "corrupted"])
+def test_a_replay_puts_back_the_blobs_it_carries_that_the_store_lost(
+    store: SessionStore, settings: Settings, damage: str
+) -> None:
+    """A blob lost or damaged since the write committed is restored from a replay that
+    carries its bytes (a redelivery, a producer's retry), as a re-put of the content is
+    (invariant 13): the session reads whole again. A carried blob nothing references is not
+    stored; an intact store is only checked; a store that cannot be checked now does not
+    fail the replay's answer."""
+    session = store.create_session(tenant_id="acme")
+    text, shot = "w" * 20_000, image_b64(8_000)
+    events = [user(text, image(shot))]
+    first = store.append(session.id, events, idempotency_key="k")
+    hashes = [sha256_hex(text.encode()), sha256_hex(base64.b64decode(shot))]
+    for blob_hash in hashes:
+        if damage == "lost":
+            assert store.blobs.remove_file(blob_hash)
+        else:
+            found = store.blobs._find(blob_hash)
+            assert found is not None
+            store.blobs._write(blob_hash, found[0], b"not the blob")
+        with pytest.raises(BlobNotFound if damage == "lost" else BlobCorrupted):
+            store.blobs.get(blob_hash)
+    again = store.append(session.id, events, idempotency_key="k")
+    assert again.replayed and again.positions == first.positions
+    assert [store.blobs.get(h) for h in hashes] == [text.encode(), base64.b64decode(shot)]
+    assert [e.payload for e in store.read(session.id, rehydrate=True)] == events
+    assert count(store, EventRow) == 1
+
+    # carried, unreferenced (the committed write holds the value inline): not stored
+    inline = settings.model_copy(update={"inline_string_limit": 100_000})
+    with SessionStore.from_settings(inline) as other:
+        other.append(session.id, [user("v" * 20_000)], idempotency_key="i")
+    blobs = count(store, BlobRow)
+    assert store.append(session.id, [user("v" * 20_000)], idempotency_key="i").replayed
+    assert count(store, BlobRow) == blobs and not store.blobs.has_stored(sha256_hex(b"v" * 20_000))
+
+
+def test_a_replay_is_answered_when_its_blobs_cannot_be_checked(
+    store: SessionStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    session = store.create_session(tenant_id="acme")
+    events = [user("w" * 20_000)]
+    first = store.append(session.id, events, idempotency_key="k")
+
+    def unavailable(blob_hash: str) -> bool:
+        raise StorageUnavailable("blobs", "the object store is down")
+
+    monkeypatch.setattr(store.blobs, "has_stored", unavailable)
+    again = store.append(session.id, events, idempotency_key="k")
+    assert again.replayed and again.positions == first.positions
 
 
 @pytest.mark.parametrize(
