@@ -27,6 +27,7 @@ What makes a pass safe to repeat, and to interrupt:
 from __future__ import annotations
 
 import dataclasses
+import errno
 import hashlib
 import importlib
 import importlib.util
@@ -869,8 +870,13 @@ def _parent_refs(parsed: ParsedSession) -> dict[str, str | None]:
 
 def _resolved(path: Path) -> str:
     """The text a file's path is stored and matched by: resolved, and a name that is not
-    UTF-8 escaped (``path_text``), which no database could store as it is."""
-    return path_text(path.resolve())
+    UTF-8 escaped (``path_text``), which no database could store as it is. A path through
+    a loop of links is an OSError (ELOOP), as opening it would be."""
+    try:
+        resolved = path.resolve()
+    except RuntimeError as exc:  # Python < 3.13 reports a link loop so
+        raise OSError(errno.ELOOP, str(exc), str(path)) from None
+    return path_text(resolved)
 
 
 def _link_parent(

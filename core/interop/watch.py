@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from core.errors import SessionStoreError, UnreadableFile
+from core.errors import ImportInterrupted, SessionStoreError, StorageUnavailable, UnreadableFile
 from core.interop.importer import ImportResult, import_session
 
 if TYPE_CHECKING:
@@ -44,7 +44,9 @@ def session_files(paths: Iterable[str | Path]) -> list[Path]:
             found[path] = None
         else:
             matches = sorted(Path(p) for p in glob.glob(str(path), recursive=True))
-            usable = [m for m in matches if m.is_dir() or m.is_file()]
+            usable = [
+                m for m in matches if m.is_dir() or (m.is_file() and not _in_artifacts_dir(m))
+            ]
             found.update(dict.fromkeys(session_files(usable)))
     return list(found)
 
@@ -53,6 +55,13 @@ def _in_artifacts_dir(path: Path) -> bool:
     """oh-my-pi keeps a subagent's session (``<outputId>.jsonl``) in the artifacts directory
     ``<stem>/`` of ``<stem>.jsonl``: it is part of that session, not one of its own."""
     return path.parent.with_name(path.parent.name + SUFFIX).is_file()
+
+
+def _transient(exc: SessionStoreError) -> bool:
+    """A failure the next pass may not meet (a database or store away, busy): the file is
+    tried again on the next rescan, not only once it changes."""
+    cause = exc.cause if isinstance(exc, ImportInterrupted) else exc
+    return isinstance(cause, StorageUnavailable)
 
 
 OnResult = Callable[[ImportResult], None]
@@ -92,8 +101,9 @@ class Follower:
             yield_on_timeout=True,
         ):
             changed = {Path(p) for kind, p in changes if kind != watchfiles.Change.deleted}
-            for path in sorted(p for p in changed if p.suffix == SUFFIX and p.is_file()):
-                self.import_one(path)
+            for path in sorted(changed):
+                if path.suffix == SUFFIX and path.is_file() and not _in_artifacts_dir(path):
+                    self.import_one(path)
             self.scan()
 
     def scan(self) -> None:
@@ -118,9 +128,16 @@ class Follower:
             return None
         except SessionStoreError as exc:
             log.warning("import failed", extra={"path": str(path), "error": exc.message})
-            self._sizes[path] = size  # not again until the file changes
+            if not _transient(exc):  # not again until the file changes
+                self._sizes[path] = size
             if self.on_error is not None:
                 self.on_error(path, exc)
+            return None
+        except Exception as exc:  # a defect of ours: this file's, the others still followed
+            log.exception("import failed unexpectedly", extra={"path": str(path)})
+            self._sizes[path] = size
+            if self.on_error is not None:
+                self.on_error(path, SessionStoreError(f"{path}: {type(exc).__name__}: {exc}"))
             return None
         self._sizes[path] = size
         if self.on_result is not None and result.appended:

@@ -1,0 +1,166 @@
+"""``import --watch``'s follower (``core.interop.watch.Follower``), in process: what it takes
+up, what it tries again, and that one file's failure never ends the following of the
+others."""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from core.errors import SessionStoreError, StorageUnavailable
+from core.interop import importer
+from core.interop.watch import Follower, session_files
+from core.store import SessionStore
+from tests.support import wait_for
+
+TENANT = "watch"
+
+
+def header(session_id: str, **more: Any) -> dict[str, Any]:
+    return {
+        "type": "session",
+        "version": 3,
+        "id": session_id,
+        "timestamp": "2026-01-01T00:00:00.000Z",
+        "cwd": "/w",
+        **more,
+    }
+
+
+def message(n: int, parent: str | None) -> dict[str, Any]:
+    return {
+        "type": "message",
+        "id": f"m{n}",
+        "parentId": parent,
+        "timestamp": "2026-01-01T00:00:01.000Z",
+        "message": {"role": "user", "content": f"hi {n}", "timestamp": 1},
+    }
+
+
+def write(path: Path, lines: list[dict[str, Any]], mode: str = "w") -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open(mode) as out:
+        out.writelines(json.dumps(line) + "\n" for line in lines)
+
+
+def head_of(store: SessionStore, external_id: str) -> int:
+    session = store.journal.find_external(TENANT, external_id)
+    return -1 if session is None else session.head_seq
+
+
+@contextmanager
+def following(store: SessionStore, directory: Path) -> Iterator[list[SessionStoreError]]:
+    errors: list[SessionStoreError] = []
+    follower = Follower(
+        store, directory, tenant_id=TENANT, on_error=lambda path, exc: errors.append(exc)
+    )
+    stop = threading.Event()
+    failed: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            follower.run(stop)
+        except BaseException as exc:
+            failed.append(exc)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    try:
+        yield errors
+    finally:
+        stop.set()
+        thread.join(10)
+    assert not thread.is_alive() and failed == []  # the follower never died
+
+
+def test_a_subagent_file_in_an_artifacts_directory_is_not_a_session(
+    store: SessionStore, tmp_path: Path
+) -> None:
+    """oh-my-pi's subagent sessions sit in ``<stem>/`` beside ``<stem>.jsonl``: part of that
+    session. A directory import skipped them; the follower (on a change event) and a glob
+    took them up as sessions of their own."""
+    root = tmp_path / "sessions"
+    main = root / "p" / "2026-01-01T00-00-00-000Z_main1.jsonl"
+    write(main, [header("main1"), message(1, None)])
+    sidecar = main.with_suffix("") / "1-explore.jsonl"
+    write(sidecar, [header("sub1"), message(1, None)])
+    assert session_files([root]) == [main]
+    assert session_files([f"{root}/**/*.jsonl"]) == [main]
+    with following(store, root):
+        wait_for(lambda: head_of(store, "main1") == 2, 10, "the session file imported")
+        write(sidecar, [message(2, "m1")], mode="a")  # a change event for the sidecar
+        write(main, [message(2, "m1")], mode="a")
+        wait_for(lambda: head_of(store, "main1") == 3, 10, "the session's new line")
+    assert store.journal.find_external(TENANT, "sub1") is None
+
+
+def test_a_transient_failure_is_tried_again_without_a_change(
+    store: SessionStore, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The database away for a moment while the agent's last lines are imported: the next
+    rescan takes them up, though the file never changes again (before, its size counted
+    as seen until it changed, so the journal missed the tail while the watcher ran)."""
+    root = tmp_path / "sessions"
+    path = root / "2026-01-01T00-00-00-000Z_w1.jsonl"
+    write(path, [header("w1"), message(1, None)])
+    real = store.append
+    failures = []
+
+    def away_once(*args: Any, **kwargs: Any) -> Any:
+        if not failures:
+            failures.append(1)
+            raise StorageUnavailable("database")
+        return real(*args, **kwargs)
+
+    with following(store, root) as errors:
+        wait_for(lambda: head_of(store, "w1") == 2, 10, "the first lines imported")
+        monkeypatch.setattr(store, "append", away_once)
+        write(path, [message(2, "m1"), message(3, "m2")], mode="a")  # then no more changes
+        wait_for(lambda: head_of(store, "w1") == 4, 10, "the tail taken up on a rescan")
+    assert failures == [1] and len(errors) == 1
+
+
+def test_an_unexpected_error_in_one_file_never_stops_the_others(
+    store: SessionStore, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    root = tmp_path / "sessions"
+    bad = root / "2026-01-01T00-00-00-000Z_bad.jsonl"
+    good = root / "2026-01-01T00-00-01-000Z_good.jsonl"
+    write(bad, [header("bad"), message(1, None)])
+    write(good, [header("good"), message(1, None)])
+    real = importer.import_session
+
+    def defect(store_: SessionStore, path: Path, **kwargs: Any) -> Any:
+        if path.name == bad.name:
+            raise RuntimeError("a defect")
+        return real(store_, path, **kwargs)
+
+    monkeypatch.setattr("core.interop.watch.import_session", defect)
+    with following(store, root) as errors:
+        wait_for(lambda: head_of(store, "good") == 2, 10, "the good file imported")
+        write(good, [message(2, "m1")], mode="a")
+        wait_for(lambda: head_of(store, "good") == 3, 10, "the good file followed on")
+    assert any("RuntimeError: a defect" in e.message for e in errors)
+
+
+def test_a_parent_ref_through_a_link_loop_links_nothing(
+    store: SessionStore, tmp_path: Path
+) -> None:
+    """pi's ``parentSession`` naming a path through a loop of symlinks: the session is
+    imported unlinked (Path.resolve raised RuntimeError, which the import, and the
+    follower, let through)."""
+    (tmp_path / "loopA").symlink_to(tmp_path / "loopB")
+    (tmp_path / "loopB").symlink_to(tmp_path / "loopA")
+    path = tmp_path / "2026-01-01T00-00-00-000Z_c1.jsonl"
+    parent = str(tmp_path / "loopA" / "2026-01-01T00-00-00-000Z_p1.jsonl")
+    write(path, [header("c1", parentSession=parent), message(1, None)])
+    result = store.import_session(path, tenant_id=TENANT)
+    assert result.status == "created"
+    session = store.get_session(result.session_id)
+    assert session.parent_id is None and session.head_seq == 2
