@@ -39,16 +39,33 @@ def export_pi(
     session = store.resolve_session(session_ref, tenant_id=tenant_id)
     at_seq = check_at_seq(at_seq, session.head_seq)
     missing: list[str] = []
-    lines = write_pi(session, rehydrated_events(store, session, at_seq, missing), out)
+    events = rehydrated_events(store, session, at_seq, missing)
+    lines = write_pi(session, events, out, parent_file=parent_file(store, session))
     if missing:
         raise ExportIncomplete(missing, lines)
     return lines
 
 
-def write_pi(session: Session, events: Iterator[StoredEvent], out: IO[str]) -> int:
+def write_pi(
+    session: Session,
+    events: Iterator[StoredEvent],
+    out: IO[str],
+    *,
+    parent_file: str | None = None,
+) -> int:
     """The pi v3 file of ``events`` (the session's, in seq order, rehydrated)."""
-    header, entries = pi_lines(session, events)
+    header, entries = pi_lines(session, events, parent_file=parent_file)
     return pi.write(out, header, entries)
+
+
+def parent_file(store: SessionStore, session: Session) -> str | None:
+    """The file a fork's parent was imported from (pi's ``parentSession`` names the parent
+    by its file); None for a session that is no fork, or whose parent came from no file."""
+    if session.forked_from_seq is None or session.parent_id is None:
+        return None
+    from core.interop.importer import imported_path
+
+    return imported_path(store, session.parent_id)
 
 
 def session_lines(
@@ -61,29 +78,55 @@ def session_lines(
     """The header and the entries (rehydrated, lazily read) of a version-3 file; the
     hashes of blobs that could not be read are added to ``missing`` as they are met."""
     at_seq = check_at_seq(at_seq, session.head_seq)
-    return pi_lines(session, rehydrated_events(store, session, at_seq, missing))
+    events = rehydrated_events(store, session, at_seq, missing)
+    return pi_lines(session, events, parent_file=parent_file(store, session))
 
 
 def pi_lines(
-    session: Session, events: Iterator[StoredEvent]
+    session: Session, events: Iterator[StoredEvent], *, parent_file: str | None = None
 ) -> tuple[dict[str, Any], Iterator[dict[str, Any]]]:
     """The header and entries of a version-3 file from the session's events: an imported
     session's stored header (seq 1), or one built from the session row. Only that is the
     header: a later ``session`` line is an entry, written back where it was, as pi keeps it
-    in its file (its ``getHeader`` is the first)."""
+    in its file (its ``getHeader`` is the first).
+
+    A fork (``forked_from_seq``) names itself, as pi's own forks do: the header it inherited
+    is its ancestor's, whose id would take the file for that session (an import of it
+    would continue the ancestor with the fork's entries). Its ``parentSession`` is the file
+    its parent was imported from (``parent_file``), when there is one."""
     first = next(events, None)
+    fork = session.forked_from_seq is not None
     if first is not None and first.type == pi.HEADER_TYPE:
-        header = first.payload
+        header = _fork_header(first.payload, session, parent_file) if fork else first.payload
         entries: Iterator[dict[str, Any]] = (e.payload for e in events)
     else:
         header = pi.new_header(
             session.external_id or session.id,
             timestamp=js_iso(session.created_at),
             cwd=session.cwd,
+            parent_session=parent_file if fork else None,
         )
         rest = (e.payload for e in events)
         entries = rest if first is None else _chain(first.payload, rest)
     return header, entries
+
+
+def _fork_header(
+    inherited: dict[str, Any], session: Session, parent_file: str | None
+) -> dict[str, Any]:
+    """The inherited header as the fork's own: its id, its start, its parent; whatever else
+    the header holds is kept, in its place."""
+    own = {
+        "id": session.external_id or session.id,
+        "timestamp": js_iso(session.created_at),
+        "parentSession": parent_file,
+    }
+    header = {k: own.get(k, v) for k, v in inherited.items()}
+    if "parentSession" not in header:
+        header["parentSession"] = parent_file
+    if header["parentSession"] is None:
+        del header["parentSession"]
+    return header
 
 
 def _chain(first: dict[str, Any], rest: Iterator[dict[str, Any]]) -> Iterator[dict[str, Any]]:

@@ -227,6 +227,9 @@ class _Imported:
     count: int
     source_version: int | None
     id_map: dict[str, str]
+    # of ``count``: events another file of the session (an export) holds that the session
+    # had from elsewhere (appended directly), in the file's order
+    had: int = 0
 
 
 def import_session(
@@ -276,7 +279,8 @@ def _import_pass(
         held = _imported(store, path, parsed, data, session, offset, events, lines)
     # beyond what earlier passes recorded: events a concurrent or dead pass appended
     skipped = held.count
-    taken_up = held.count - min(held.count, offset.entries) if offset else 0
+    imported = held.count - held.had  # by passes of the file the session follows
+    taken_up = imported - min(imported, offset.entries) if offset else 0
     events = _mapped(events, held.id_map)
     pending = _validate(store, path, events[held.count :], lines[held.count :])
     created = session is None
@@ -293,7 +297,10 @@ def _import_pass(
             appended += count if mine else 0
             skipped += 0 if mine else count
             taken_up += 0 if mine else count
-        _save_offset(store, session.id, path, parsed, len(events), data, held, missing)
+        # The file the session follows stays the one it was imported from while another
+        # file of it (an export, a copy) brings nothing new.
+        if appended or taken_up or offset is None or offset.path == _resolved(path):
+            _save_offset(store, session.id, path, parsed, len(events), data, held, missing)
         after = converters()[parsed.format].after_import
         if after is not None:  # every pass: a pass that failed here runs it again
             after(store, session.id, parsed)
@@ -454,6 +461,12 @@ def _new_offset(session_id: str, path: Path, parsed: ParsedSession) -> dict[str,
     )
 
 
+def imported_path(store: SessionStore, session_id: str) -> str | None:
+    """The file the session was (last) imported from, resolved; None if from none."""
+    offset = _offset_of(store, session_id)
+    return offset.path if offset is not None and offset.path else None
+
+
 def _offset_of(store: SessionStore, session_id: str) -> _Offset | None:
     with read_connection(store.engine) as conn:
         row = conn.execute(select(_offsets).where(_offsets.c.session_id == session_id)).first()
@@ -502,7 +515,7 @@ def _imported(
         and hashlib.sha256(prefix).hexdigest() == offset.prefix_sha256
         and done <= len(events)
     ):
-        return held
+        return _with_held_beyond(store, path, session, offset, held, events)
     # The bytes differ (another path, an export of the session, an edit, pi's rewrite of an
     # older file): what counts is whether any imported entry's value changed.
     mapped = _mapped(events, offset.id_map)
@@ -512,7 +525,7 @@ def _imported(
             "the imported part was re-serialized with the same values",
             extra={"path": str(path), "session_id": session.id},
         )
-        return held
+        return _with_held_beyond(store, path, session, offset, held, events)
     rewritten = None
     if version == pi.CURRENT_VERSION and offset.source_version != pi.CURRENT_VERSION:
         limit = max(offset.lines, lines[-1]) + 1
@@ -525,6 +538,23 @@ def _imported(
         extra={"path": str(path), "session_id": session.id, "mapped_ids": len(rewritten.id_map)},
     )
     return rewritten
+
+
+def _with_held_beyond(
+    store: SessionStore,
+    path: Path,
+    session: Session,
+    offset: _Offset,
+    held: _Imported,
+    events: Sequence[dict[str, Any]],
+) -> _Imported:
+    """``held``, and for another file of the session than the one it follows (an export, a
+    copy), every further event of it the session holds in its order: an export holds what
+    was appended to the session directly, which is the session's already."""
+    if offset.path == _resolved(path):
+        return held
+    done = _held_in_order(store, session, _mapped(events, offset.id_map))
+    return dataclasses.replace(held, count=max(done, held.count), had=max(0, done - held.count))
 
 
 def _missing_blobs(
@@ -595,13 +625,20 @@ def _first_differing_line(
     by seq."""
     if count > len(events):
         return lines[-1] + 1  # the file lost entries: the first missing one
+    found = _held_in_order(store, session, events[:count])
+    return None if found == count else lines[found]
+
+
+def _held_in_order(store: SessionStore, session: Session, events: Sequence[dict[str, Any]]) -> int:
+    """How many of ``events``, from the first, the journal holds in their order (others
+    may sit between them)."""
     found = 0
     for stored in _stored_events(store, session.id):
-        if found == count:
+        if found == len(events):
             break
         if same_value(_without_transient(events[found]), stored.payload):
             found += 1
-    return None if found == count else lines[found]
+    return found
 
 
 # pi's rewrite of an older file --------------------------------------------------------------

@@ -410,8 +410,9 @@ def _write(
     events: Iterator[StoredEvent],
     out: IO[str],
 ) -> int:
+    parent = exporter.parent_file(store, session)
     if fmt == "pi":
-        return exporter.write_pi(session, events, out)
+        return exporter.write_pi(session, events, out, parent_file=parent)
     if fmt == "omp":
         # oh-my-pi's session file, its images as refs into this store's blobs (the same
         # sha256 addresses, so ``resolve blob:sha256:…`` gives their bytes): only those the
@@ -423,7 +424,7 @@ def _write(
             blob_hash = sha256_hex(data)
             return make_ref(blob_hash) if blob_hash in named else None
 
-        header, entries = exporter.pi_lines(session, events)
+        header, entries = exporter.pi_lines(session, events, parent_file=parent)
         return omp.write_session_file(out, header, entries, ref_of)
     count = 0
     for event in events:

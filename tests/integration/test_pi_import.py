@@ -28,7 +28,7 @@ from core.models import ImportOffsetRow, table_of
 from core.settings import Settings
 from core.store import SessionStore
 from tests.fixtures.pi.generate import assistant, user, v1_lines, v2_lines, v3_lines, write
-from tests.pi_support import FIXTURES
+from tests.pi_support import FIXTURES, pi_opened
 
 TENANT = "acme"
 
@@ -148,17 +148,25 @@ def test_grown_file_appends_only_the_new_entries(store: SessionStore, tmp_path: 
     assert [e.payload for e in events] == _lines(path)
 
 
-def test_grown_file_after_a_direct_append_appends_every_new_entry(
+def _imported_then_labelled(
     store: SessionStore, tmp_path: Path
-) -> None:
-    """An event appended to an imported session directly is not one of the file's: a later
-    pass appends all the file's new entries after it (it once skipped one per such event)."""
+) -> tuple[Path, list[dict[str, Any]], importer.ImportResult, dict[str, Any]]:
+    """The v3 file imported, then an event appended to its session directly."""
     path = tmp_path / "s.jsonl"
     lines = v3_lines()
     write(path, lines)
     first = store.import_session(path, tenant_id=TENANT)
     label = {"type": "label", "id": "L1", "parentId": lines[-1]["id"], "label": "mine"}
     store.append(first.session_id, [label])
+    return path, lines, first, label
+
+
+def test_grown_file_after_a_direct_append_appends_every_new_entry(
+    store: SessionStore, tmp_path: Path
+) -> None:
+    """An event appended to an imported session directly is not one of the file's: a later
+    pass appends all the file's new entries after it (it once skipped one per such event)."""
+    path, lines, first, label = _imported_then_labelled(store, tmp_path)
     _grow(path, lines, 3)
     grown = store.import_session(path, tenant_id=TENANT)
     assert (grown.status, grown.appended, grown.skipped) == ("appended", 3, len(lines))
@@ -610,6 +618,59 @@ def test_import_of_export_has_the_same_state(store: SessionStore, tmp_path: Path
             b.leaf_id,
             b.labels,
         )
+
+
+def test_an_export_holding_direct_appends_adds_nothing_and_the_file_goes_on(
+    store: SessionStore, tmp_path: Path
+) -> None:
+    """The export of an imported session holds what was appended to it directly, in its
+    place. Imported back into the session, it is the session already (that event was
+    appended a second time), and the session still follows its own file (the export took
+    its place, and the agent's next line was then a conflict)."""
+    path, lines, first, label = _imported_then_labelled(store, tmp_path)
+    out = tmp_path / "export.jsonl"
+    with out.open("w", encoding="utf-8") as f:
+        store.export_session(first.session_id, f)
+    again = store.import_session(out, tenant_id=TENANT)
+    assert (again.session_id, again.status, again.appended) == (first.session_id, "unchanged", 0)
+    assert store.get_session(first.session_id).head_seq == len(lines) + 1
+    _grow(path, lines, 2)
+    grown = store.import_session(path, tenant_id=TENANT)
+    assert (grown.status, grown.appended) == ("appended", 2)
+    file_events = _lines(path)
+    payloads = [e.payload for e in store.read(first.session_id, rehydrate=True)]
+    assert payloads == [*file_events[: len(lines)], label, *file_events[len(lines) :]]
+
+
+def test_the_export_of_a_fork_names_the_fork(store: SessionStore, tmp_path: Path) -> None:
+    """A fork of an imported session inherits its header (seq 1): exported as it was, the
+    file named the parent, and importing it continued the parent with the fork's entries.
+    The fork's file names the fork, its start, and its parent's file, as pi's forks do."""
+    path = tmp_path / "2026-11-20T10-00-00-000Z_parent.jsonl"
+    lines = v3_lines()
+    write(path, lines)
+    parent = store.import_session(path, tenant_id=TENANT)
+    fork = store.fork(parent.session_id)
+    mine = {"type": "label", "id": "F1", "parentId": lines[-1]["id"], "label": "fork"}
+    store.append(fork.id, [mine])
+    out = tmp_path / "fork.jsonl"
+    with out.open("w", encoding="utf-8") as f:
+        store.export_session(fork.id, f)
+    exported = _lines(out)
+    assert exported[0] == {
+        **lines[0],
+        "id": fork.id,
+        "timestamp": exported[0]["timestamp"],
+        "parentSession": str(path.resolve()),
+    }
+    assert exported[0]["timestamp"] != lines[0]["timestamp"] and exported[1:] == [*lines[1:], mine]
+    opened = pi_opened([out])[0]  # pi's own reader takes it as that session, whole
+    assert opened["header"] == exported[0]
+    assert [e["id"] for e in opened["entries"]] == [e["id"] for e in exported[1:]]
+    again = store.import_session(out, tenant_id=TENANT)
+    assert again.status == "created" and again.session_id not in (parent.session_id, fork.id)
+    assert store.get_session(again.session_id).parent_id == parent.session_id
+    assert store.get_session(parent.session_id).head_seq == len(lines)
 
 
 def test_export_of_a_session_made_here(store: SessionStore, tmp_path: Path) -> None:
