@@ -79,7 +79,7 @@ def loads_exact(line: bytes | str) -> Any:
         if not _holds_wide_float(value) or _LONG_DIGITS.search(line) is None:
             return value
     # strict UTF-8 (UnicodeDecodeError): json.loads(bytes) would pass encoded surrogates
-    text = line.removeprefix(codecs.BOM_UTF8).decode("utf-8")
+    text = line.decode("utf-8")
     try:
         return json.loads(text, parse_constant=_reject_constant)
     except RecursionError:  # the standard library's reader recurses: ~1,000 levels at most
@@ -164,7 +164,7 @@ def first_line(data: bytes) -> bytes:
         end = data.find(b"\n", start)
         line = data[start:] if end < 0 else data[start:end]
         if end < 0 or line.strip():
-            return line
+            return line.removeprefix(codecs.BOM_UTF8)  # as ``iter_objects`` reads it
         start = end + 1
 
 
@@ -183,10 +183,17 @@ def iter_objects(
     that way (their text is not the file's bytes) are appended to ``replaced``.
 
     A line nested too deeply to be read exactly is JSON pi would keep: it is refused with
-    ``ImportFormatError`` naming its line, never skipped as malformed."""
+    ``ImportFormatError`` naming its line, never skipped as malformed.
+
+    A byte order mark is read only where pi's ``content.trim()`` drops it, at the start of
+    the file (before the first line that is not blank); on any other line, as for pi's
+    ``JSON.parse``, it makes the line malformed."""
+    first = True
     for number, raw in lines:
         if not raw.strip():
             continue
+        if first:
+            raw, first = raw.removeprefix(codecs.BOM_UTF8), False
         try:
             try:
                 value = loads_exact(raw)

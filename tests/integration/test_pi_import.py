@@ -673,6 +673,18 @@ def test_the_export_of_a_fork_names_the_fork(store: SessionStore, tmp_path: Path
     assert store.get_session(parent.session_id).head_seq == len(lines)
 
 
+def test_a_byte_order_mark_is_read_where_pi_reads_one(store: SessionStore, tmp_path: Path) -> None:
+    """pi drops a BOM at the start of the file (``content.trim()``) and skips a line that
+    begins with one elsewhere (``JSON.parse`` refuses it): the import took both lines."""
+    lines = [json.dumps(line) for line in v3_lines()[:4]]
+    path = tmp_path / "bom.jsonl"
+    path.write_bytes(("\ufeff" + "\n\ufeff".join(lines[:3]) + "\n" + lines[3] + "\n").encode())
+    done = store.import_session(path, tenant_id=TENANT)
+    assert [i.line for i in done.ignored_lines] == [2, 3]
+    ours = [e.payload["id"] for e in store.read(done.session_id)[1:]]
+    assert ours == [e["id"] for e in pi_opened([path])[0]["entries"]] == [v3_lines()[3]["id"]]
+
+
 def test_export_of_a_session_made_here(store: SessionStore, tmp_path: Path) -> None:
     session = store.create_session(tenant_id=TENANT, cwd="/w", external_id="made-here")
     entries = v3_lines()[1:8]
