@@ -956,7 +956,9 @@ def _link_children(store: SessionStore, session: Session, path: Path, tenant_id:
 def _parent_of(
     store: SessionStore, tenant_id: str, parent_path: str | None, parent_external: str | None
 ) -> Session | None:
-    by_path = _session_of_path(store, parent_path, tenant_id) if parent_path else None
+    by_path = (
+        _session_of_path(store, parent_path, tenant_id, parent_external) if parent_path else None
+    )
     if by_path is not None or parent_external is None:
         return by_path
     return store.journal.find_external(tenant_id, parent_external)
@@ -971,11 +973,19 @@ def _set_parent(store: SessionStore, session_id: str, parent_id: str) -> None:
         )
 
 
-def _session_of_path(store: SessionStore, resolved: str, tenant_id: str) -> Session | None:
+def _session_of_path(
+    store: SessionStore, resolved: str, tenant_id: str, external_id: str | None
+) -> Session | None:
+    """The session imported from the file at ``resolved``. A path used again for another
+    session (the old file removed, pi restarting a file it could not read) names two: the
+    one whose id the reference's file name ends with, else the one imported from it last."""
     with read_connection(store.engine) as conn:
-        row = conn.execute(
-            select(_offsets.c.session_id)
+        rows = conn.execute(
+            select(_offsets.c.session_id, _sessions.c.external_id)
             .join(_sessions, _sessions.c.id == _offsets.c.session_id)
             .where(_offsets.c.path == resolved, _sessions.c.tenant_id == tenant_id)
-        ).first()
-    return store.journal.get_session(row.session_id) if row else None
+            .order_by(_offsets.c.updated_at.desc(), _sessions.c.created_at.desc())
+        ).all()
+    named = [row for row in rows if external_id is not None and row.external_id == external_id]
+    chosen = named or rows
+    return store.journal.get_session(chosen[0].session_id) if chosen else None

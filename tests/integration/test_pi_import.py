@@ -441,6 +441,28 @@ def test_parent_session_becomes_a_fork_link(
     assert store.get_session(parent.session_id).parent_id is None
 
 
+@pytest.mark.parametrize("name", ["work.jsonl", "2026-11-20T10-00-00-000Z_old-1.jsonl"])
+def test_a_path_used_again_links_a_fork_to_the_session_it_names(
+    store: SessionStore, tmp_path: Path, name: str
+) -> None:
+    """A path imported for one session, then used for another (the old file removed: pi
+    --session PATH, or pi restarting a file it could not read): a fork naming the path is
+    linked to the one whose id the file name ends with, else to the one it holds now (it
+    was whichever row the database gave first)."""
+    path = tmp_path / name
+    lines = v3_lines()
+    write(path, [{**lines[0], "id": "old-1"}, *lines[1:4]])
+    old = store.import_session(path, tenant_id=TENANT)
+    path.unlink()
+    write(path, [{**lines[0], "id": "new-1"}, *lines[1:4]])
+    new = store.import_session(path, tenant_id=TENANT)
+    child_path = tmp_path / "child.jsonl"
+    write(child_path, [{**lines[0], "id": "child-1", "parentSession": str(path)}, *lines[1:3]])
+    child = store.import_session(child_path, tenant_id=TENANT)
+    expected = old if name.endswith("_old-1.jsonl") else new
+    assert store.get_session(child.session_id).parent_id == expected.session_id
+
+
 def test_a_file_name_that_is_not_utf8_is_imported(store: SessionStore, tmp_path: Path) -> None:
     """A name with a byte that is not UTF-8 (``os.fsdecode`` keeps it as a lone surrogate,
     which no database stores) is recorded as its escaped text, imports again as unchanged,
