@@ -306,6 +306,7 @@ def _import_pass(
             after(store, session.id, parsed)
         _link_parent(store, session, parsed, tenant_id)
         _link_children(store, session, path, tenant_id)
+        _retitle(store, session, parsed)
     except (SessionStoreError, OSError) as exc:
         # What was appended stays (the next pass continues after it): say so, and where.
         raise ImportInterrupted(
@@ -962,6 +963,18 @@ def _parent_of(
     if by_path is not None or parent_external is None:
         return by_path
     return store.journal.find_external(tenant_id, parent_external)
+
+
+def _retitle(store: SessionStore, session: Session, parsed: ParsedSession) -> None:
+    """The file's title, once it has one other than the session's: a title comes later
+    than the first pass of a file being written (Claude Code's ``/rename``, pi's session
+    name), and the last one is the session's. The file is where an imported session's
+    title comes from (nothing else sets one)."""
+    title = parsed.header.title
+    if title is None or title == session.title:
+        return
+    with write_transaction(store.engine) as conn:
+        conn.execute(update(_sessions).where(_sessions.c.id == session.id).values(title=title))
 
 
 def _set_parent(store: SessionStore, session_id: str, parent_id: str) -> None:

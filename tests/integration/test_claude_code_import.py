@@ -119,6 +119,24 @@ def test_reimport_appends_nothing_then_only_what_the_file_grew(
     assert [e.payload for e in store.read(first.session_id)] == theirs
 
 
+def test_a_title_that_comes_after_the_first_pass_is_the_sessions(
+    store: SessionStore, tmp_path: Path
+) -> None:
+    """A file followed as it is written gets its title later (``/rename`` writes a
+    ``custom-title`` line): the session takes the last one, as a single pass would (it
+    kept the title of the pass that created it, none)."""
+    lines = FIXTURE.read_bytes().split(b"\n")
+    path = tmp_path / FIXTURE.name
+    path.write_bytes(b"\n".join(lines[1:6]) + b"\n")  # without the summary line
+    first = store.import_session(path, tenant_id=TENANT)
+    assert store.get_session(first.session_id).title is None
+    renamed = {"type": "custom-title", "customTitle": "Leap years", "sessionId": SESSION_ID}
+    with path.open("ab") as out:
+        out.write(json.dumps(renamed).encode() + b"\n" + b"\n".join(lines[6:]))
+    store.import_session(path, tenant_id=TENANT)
+    assert store.get_session(first.session_id).title == "Leap years"
+
+
 RESUMED_ID = "0b9e4f31-5c2d-4e8a-9f17-6a3b2c1d0e9f"
 
 
