@@ -261,7 +261,10 @@ class _progress:
 def export(
     session: str = typer.Argument(help="Session id, or its external id (the agent's own)."),
     output: Path | None = typer.Option(
-        None, "-o", "--output", help="File [default: stdout]; omp: a directory [default: .]."
+        None,
+        "-o",
+        "--output",
+        help="File [default: stdout]; omp: a directory [default: .] (with --via-queue: a file).",
     ),
     format: str = typer.Option(
         "pi", "--format", help="pi (a version-3 pi session file) | omp (oh-my-pi's layout)."
@@ -337,6 +340,13 @@ def _export_via_queue(
     after SESSIONSTORE_REHYDRATE_STALL_SECONDS without progress, so the default waits
     twice that)."""
     import time
+
+    if output is not None and output.is_dir():  # before any work: a worker builds one file
+        raise typer.BadParameter(
+            f"{output} is a directory: with --via-queue the export is one file (omp's too: "
+            "its images as refs into this store)",
+            param_hint="--output",
+        )
 
     from rich.progress import Progress
 

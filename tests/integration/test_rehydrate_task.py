@@ -426,6 +426,25 @@ def test_cli_export_via_queue_fails_typed_when_its_wait_runs_out(
     assert not (tmp_path / "q").exists()
 
 
+@pytest.mark.redis
+@pytest.mark.parametrize("fmt", ["pi", "omp"])
+def test_cli_export_via_queue_to_a_directory_is_refused_before_any_work(
+    redis_url: str, tmp_path: Path, fmt: str
+) -> None:
+    """A worker builds one file, omp's too: ``-o DIR`` (omp's own layout without the queue)
+    is a usage error up front, where the worker built the export and the CLI then failed
+    writing it (``Is a directory``, exit 3)."""
+    sid, env = _embedded_cli(tmp_path, turns=1)
+    env["SESSIONSTORE_BROKER_URL"] = redis_url  # no worker: a request would wait
+    out = tmp_path / "out"
+    out.mkdir()
+    argv = ["export", sid, "--format", fmt, "--via-queue", "-o", str(out), "--timeout", "5"]
+    done = run_cli(*argv, env=env, timeout=30)
+    assert done.returncode == 2, (done.returncode, done.stderr)
+    assert "is a directory: with --via-queue the export is one file" in done.stderr
+    assert list(out.iterdir()) == []
+
+
 @pytest.mark.postgres
 @pytest.mark.redis
 @pytest.mark.slow
