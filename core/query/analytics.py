@@ -34,11 +34,13 @@ from sqlalchemy import (
 from sqlalchemy.sql.elements import ColumnElement
 
 from core.db import is_sqlite, keyset_pages, read_connection
+from core.errors import InvalidArgument
 from core.journal.validation import check_limit, check_name, check_seq
 from core.models import BlobRefRow, BlobRow, EventRow, SessionRow, table_of
 from core.query import timeblocks
 from core.query.entry_time import bound_us, entry_us
 from core.records import Page
+from core.translate import storage_errors, translated
 
 _events = table_of(EventRow)
 _sessions = table_of(SessionRow)
@@ -223,6 +225,7 @@ def _time_floor(engine: Engine, flt: EventFilter, after: int) -> int:
     return max(after, first - 1)
 
 
+@translated
 def list_events(
     engine: Engine,
     flt: EventFilter | None = None,
@@ -264,10 +267,14 @@ def _head(conn: Connection) -> int:
     return int(conn.execute(select(func.coalesce(func.max(_events.c.position), 0))).scalar_one())
 
 
+@translated
 def head_position(engine: Engine) -> int:
     """The largest position committed so far (0 for an empty journal)."""
     with read_connection(engine) as conn:
         return _head(conn)
+
+
+MAX_POLL_S = 3600  # an idle follower polls at least hourly (and time.sleep has a bound)
 
 
 def follow_events(
@@ -286,10 +293,16 @@ def follow_events(
     (checked between polls) or when the consumer stops iterating.
     """
     check_seq(after_position, "after_position")
+    poll = poll_interval
+    if type(poll) not in (int, float) or not 0 < poll <= MAX_POLL_S:  # NaN fails too
+        raise InvalidArgument(
+            "poll_interval", f"must be seconds in (0, {MAX_POLL_S}], not {poll!r}"
+        )
     flt = flt or EventFilter()
-    position = _time_floor(engine, flt, after_position)
+    with storage_errors():
+        position = _time_floor(engine, flt, after_position)
     while True:
-        with read_connection(engine) as conn:
+        with storage_errors(), read_connection(engine) as conn:
             head = _head(conn)
             rows = _listing(conn, engine, flt, after=position, upto=head, limit=page_size)
         yield from rows

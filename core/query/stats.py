@@ -40,6 +40,7 @@ from core.query.analytics import (
     _sessions,
     _tenant_sessions,
 )
+from core.translate import translated
 
 log = logging.getLogger(__name__)
 
@@ -180,6 +181,7 @@ def _plain(value: Any) -> int | float:
     return value if isinstance(value, (int, float)) else float(value)
 
 
+@translated
 def stats(
     engine: Engine,
     *,

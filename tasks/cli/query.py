@@ -203,7 +203,11 @@ def events(
         False, "--follow", "-f", help="Keep printing events as they commit, like tail -f."
     ),
     poll_interval: float = typer.Option(
-        0.5, "--poll-interval", min=0.01, help="With --follow: seconds between polls when idle."
+        0.5,
+        "--poll-interval",
+        min=0.01,
+        max=3600,
+        help="With --follow: seconds between polls when idle.",
     ),
     timeout: float | None = typer.Option(
         None, min=0, help="With --follow: stop after this many seconds."

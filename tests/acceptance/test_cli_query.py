@@ -197,6 +197,17 @@ def test_events_rejects_a_bad_date(cli_env: Settings, capsys: pytest.CaptureFixt
         assert "not an ISO 8601" in str(raised.value)
 
 
+@pytest.mark.parametrize("value", ["1e300", "inf", "3601"])
+def test_events_follow_refuses_a_poll_interval_it_cannot_sleep(
+    cli_env: Settings, capsys: pytest.CaptureFixture[str], value: str
+) -> None:
+    """A usage error (exit 2) where time.sleep raised OverflowError (a traceback)."""
+    with pytest.raises(SystemExit) as raised:
+        main(["events", "--follow", "--poll-interval", value, "--timeout", "1"])
+    err = capsys.readouterr().err
+    assert raised.value.code == 2 and "--poll-interval" in err and "Traceback" not in err
+
+
 def test_stats_and_state_human_and_json(
     store: SessionStore, cli_env: Settings, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -14,7 +14,7 @@ import pytest
 
 from core import SessionStore
 from core.errors import InvalidArgument, InvalidEvent
-from core.query import EventFilter
+from core.query import EventFilter, analytics
 
 SEQS = [-1, 2**63, True, "1", 1.0, None]  # None only where the argument is not optional
 LIMITS = [0, -1, 2**63, True, "2", 2.0]
@@ -41,6 +41,12 @@ CALLS: dict[str, tuple[Call, list[Any]]] = {
     "gc_blobs grace": (lambda st, sid, v: st.gc_blobs(grace=v), SECONDS),
     "gc_blobs batch_size": (lambda st, sid, v: st.gc_blobs(batch_size=v), LIMITS),
     "expire_artifacts batch_size": (lambda st, sid, v: st.expire_artifacts(batch_size=v), LIMITS),
+    "follow_events poll_interval": (
+        lambda st, sid, v: next(
+            analytics.follow_events(st.engine, after_position=0, poll_interval=v)
+        ),
+        [0, -1, float("nan"), float("inf"), 1e300, 3601, True, "5"],
+    ),
 }
 FIELDS = {
     "read_all after_position": "after_position",

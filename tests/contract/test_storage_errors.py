@@ -23,6 +23,7 @@ from core import SessionStore, Settings, nofollow
 from core.artifacts.paths import oversized_name, session_dir
 from core.blobs.files import FileBlobStore
 from core.errors import ConcurrencyConflict, InvalidEvent, StorageUnavailable
+from core.query import EventFilter, analytics
 from core.translate import is_unavailable, translated
 from tests.support import DiskFull, FileFault, TcpProxy, clean_env, set_output_expiry
 
@@ -73,6 +74,16 @@ def test_database_stopped_gives_storage_unavailable(
     with pytest.raises(StorageUnavailable):
         store.dead_letters.list()
     assert is_unavailable(info.value)
+    # the analysts' reads too (they gave the driver's own OperationalError)
+    for read in (
+        lambda: store.list_events(),
+        lambda: store.stats(),
+        lambda: analytics.head_position(store.engine),
+        lambda: next(analytics.follow_events(store.engine, after_position=0)),
+        lambda: next(iter(analytics.iter_events(store.engine))),
+    ):
+        with pytest.raises(StorageUnavailable):
+            read()
 
 
 @pytest.mark.parametrize("backend", ["postgres"])  # SQLite has no server to lose
@@ -154,6 +165,20 @@ def test_value_the_database_refuses_gives_invalid_event(
 def test_lone_surrogate_session_id_gives_invalid_event(store: SessionStore) -> None:
     with pytest.raises(InvalidEvent):
         store.append("s\udc00", [{"type": "note"}])
+    # what argv makes of a byte that is not UTF-8, in the analysts' filters: typed too
+    # (a raw UnicodeEncodeError before)
+    bad = "t\udcff"
+    for read in (
+        lambda: store.list_events(EventFilter(tenant_id=bad)),
+        lambda: store.list_events(EventFilter(types=(bad,))),
+        lambda: store.list_events(EventFilter(roles=(bad,))),
+        lambda: store.stats(tenant_id=bad),
+        lambda: next(
+            analytics.follow_events(store.engine, EventFilter(tenant_id=bad), after_position=0)
+        ),
+    ):
+        with pytest.raises(InvalidEvent):
+            read()
 
 
 def test_database_data_error_gives_invalid_event(store: SessionStore, backend: str) -> None:
