@@ -42,6 +42,8 @@ def _decode_cursor(cursor: str) -> tuple[datetime, str]:
         created_at = datetime.fromisoformat(stamp)
         if created_at.tzinfo is None:  # the cursors issued name their zone
             raise ValueError("naive timestamp")
+        if "\x00" in session_id:  # no session id holds one (PostgreSQL refused the query)
+            raise ValueError("U+0000 in the session id")
         return created_at, session_id
     except (ValueError, UnicodeDecodeError) as exc:
         raise InvalidEvent("cursor", f"not a cursor this store issued: {cursor!r}") from exc

@@ -111,8 +111,12 @@ class JournalContract:
     def test_out_of_range_cursors_are_invalid_not_a_driver_error(self, store: SessionStore) -> None:
         store.append(store.create_session(tenant_id="acme").id, [_msg()])
         naive = base64.urlsafe_b64encode(b"2024-01-01T00:00:00|x").decode()  # well formed, no zone
-        with pytest.raises(InvalidEvent, match="cursor"):
-            store.list_sessions(cursor=naive)
+        # a session id no session holds, which PostgreSQL refused where SQLite read a page
+        nul = base64.urlsafe_b64encode(b"2024-01-01T00:00:00+00:00|x\x00").decode()
+        for cursor in (naive, nul):
+            with pytest.raises(InvalidEvent, match="not a cursor this store issued") as caught:
+                store.list_sessions(cursor=cursor)
+            assert caught.value.field == "cursor"
         for position in (2**63, -1, True):
             with pytest.raises(InvalidEvent, match="after_position"):
                 store.list_events(after_position=position)
