@@ -113,9 +113,17 @@ class ListedEvent:
 
 
 def _json_text(engine: Engine, *path: str) -> ColumnElement[Any]:
+    """The value at ``path`` if it is a JSON string, else NULL: the same on both backends
+    (SQLite's ``json_extract`` gives a number or a boolean as one, PostgreSQL's text gives
+    its JSON text), and as the fold reads a role or a model (a string, or none)."""
     if is_sqlite(engine):
-        return func.json_extract(_events.c.payload, "$." + ".".join(path))
-    return func.json_extract_path_text(_events.c.payload, *path)
+        where = "$." + ".".join(path)
+        kind = func.json_type(_events.c.payload, where)
+        return case((kind == "text", func.json_extract(_events.c.payload, where)))
+    node = func.json_extract_path(_events.c.payload, *path)
+    return case(
+        (func.json_typeof(node) == "string", func.json_extract_path_text(_events.c.payload, *path))
+    )
 
 
 def _json_number(engine: Engine, *path: str) -> ColumnElement[Any]:
@@ -294,10 +302,8 @@ def follow_events(
     """
     check_seq(after_position, "after_position")
     poll = poll_interval
-    if type(poll) not in (int, float) or not 0 < poll <= MAX_POLL_S:  # NaN fails too
-        raise InvalidArgument(
-            "poll_interval", f"must be seconds in (0, {MAX_POLL_S}], not {poll!r}"
-        )
+    if type(poll) not in (int, float) or not 0 <= poll <= MAX_POLL_S:  # NaN fails too
+        raise InvalidArgument("poll_interval", f"must be seconds in 0..{MAX_POLL_S}, not {poll!r}")
     flt = flt or EventFilter()
     with storage_errors():
         position = _time_floor(engine, flt, after_position)

@@ -75,6 +75,39 @@ def test_list_events_filters(store: SessionStore) -> None:
     ]
 
 
+def test_a_role_or_model_that_is_no_string_is_none_on_every_backend(store: SessionStore) -> None:
+    """A role or model that is a JSON number or boolean is none, as the fold reads it: the
+    role filter ``1`` or ``true`` matched it on PostgreSQL (its JSON text) and not on
+    SQLite, and stats named such models differently on each (``1.0e+16`` / ``1e+16``)."""
+    sid = store.create_session(tenant_id="acme").id
+
+    def message(role: Any, **more: Any) -> dict[str, Any]:
+        return {"type": "message", "message": {"role": role, "content": "x", **more}}
+
+    store.append(
+        sid,
+        [
+            message(1),
+            message(True),
+            message("assistant", model=True),
+            message("assistant", model=2**80),
+            message("assistant", model=1e16),
+            message("assistant", model="claude-x"),
+        ],
+    )
+    for role in ("1", "true", "True", "1.0"):
+        assert store.list_events(EventFilter(roles=(role,))).items == []
+    assert [e.seq for e in store.list_events(EventFilter(roles=("assistant",))).items] == [
+        3,
+        4,
+        5,
+        6,
+    ]
+    models = {u.model for u in store.stats().usage_by_day}
+    assert "claude-x" in models and not models & {"1", "true", "1e+16", "1.0e+16", str(2**80)}
+    assert store.state(sid).info.model is not None
+
+
 def test_cursor_pagination_visits_each_event_once(store: SessionStore) -> None:
     _acme_and_globex(store)
     flt = EventFilter(tenant_id="acme")

@@ -45,7 +45,7 @@ CALLS: dict[str, tuple[Call, list[Any]]] = {
         lambda st, sid, v: next(
             analytics.follow_events(st.engine, after_position=0, poll_interval=v)
         ),
-        [0, -1, float("nan"), float("inf"), 1e300, 3601, True, "5"],
+        [-1, float("nan"), float("inf"), 1e300, 3601, True, "5"],
     ),
 }
 FIELDS = {
