@@ -123,6 +123,15 @@ def store_outcome(
     app.backend.store_result(task_id, outcome, states.SUCCESS)
 
 
+def forget_rejection(backend: Any, task_id: str) -> None:
+    """Drop a rejection (a dead-letter outcome) stored under ``task_id``: Celery never stores
+    a result over it, so a later commit of the write would still be answered as rejected.
+    A committed outcome stays. Raises what the backend raises (the caller decides)."""
+    earlier = outcome_in(backend.get_task_meta(task_id, cache=False))
+    if earlier is not None and earlier.get("status") == "dead_lettered":
+        backend.forget(task_id)
+
+
 def dead_lettered(letter: DeadLetter, digest: str | None = None) -> dict[str, Any]:
     """The outcome document of a write kept as ``letter``: small, JSON-safe strings only."""
     outcome = {

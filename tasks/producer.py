@@ -31,6 +31,7 @@ from tasks.outcomes import (
     KEY_REUSED,
     NEW_KEY,
     answer_for,
+    forget_rejection,
     key_reused_error,
     outcome_in,
     write_digest,
@@ -211,9 +212,7 @@ def _forget_rejection(backend: Any, task_id: str) -> None:
     away, or unable to forget (rpc://), the old answer stays."""
     try:
         with storage_errors("broker"):
-            earlier = outcome_in(backend.get_task_meta(task_id, cache=False))
-            if earlier is not None and earlier.get("status") == "dead_lettered":
-                backend.forget(task_id)
+            forget_rejection(backend, task_id)
     except (StorageUnavailable, NotImplementedError) as exc:
         # info: the publish that follows says it louder, if the broker is away too
         logger.info("could not clear a write's earlier outcome", extra={"error": repr(exc)})

@@ -14,7 +14,7 @@ import logging
 import time
 from typing import Any, NoReturn
 
-from celery import Task
+from celery import Task, states
 from celery.exceptions import Reject, SoftTimeLimitExceeded
 
 from core.errors import DeliveriesExhausted, IdempotencyKeyReused, InvalidEvent
@@ -30,6 +30,7 @@ from tasks.outcomes import (
     dead_lettered,
     digest_in,
     digest_or_none,
+    forget_rejection,
     write_digest,
     write_task_id,
 )
@@ -71,9 +72,11 @@ def append(
         if (cut_short or is_transient(exc)) and self.request.retries < retries:
             _retry_later(self, "transient failure, retrying write", exc)
         outcome = _dead_letter(self, key, session_id, events, expected_seq, exc)
+        outcome = _unless_committed_since(self, key, session_id, events, outcome)
     else:
         outcome = committed(key, result, _digest_of(self, events))
         _observe_commit(self, result.replayed)
+        _clear_rejections(self, session_id, key)
     return _answer(self, outcome, deliveries)
 
 
@@ -82,6 +85,70 @@ def _answer(task: Task, outcome: dict[str, Any], deliveries: int) -> dict[str, A
     _store_under_write_id(task, outcome)
     if deliveries > 1:
         forget_deliveries(task)
+    return outcome
+
+
+def _task_ids(task: Task, session_id: Any, key: Any) -> list[str]:
+    """Where the write's outcome is stored: its task id, and the one (session, key) derive."""
+    ids = [str(task.request.id)]
+    if isinstance(session_id, str) and isinstance(key, str):
+        derived = write_task_id(session_id, key)
+        ids += [derived] if derived != ids[0] else []
+    return ids
+
+
+def _clear_rejections(task: Task, session_id: Any, key: Any) -> None:
+    """A commit's outcome stands over a rejection stored for the same (session, key) before
+    it: another delivery of the write (a producer's resend, a client's second send) was
+    dead-lettered first, for a cause this one did not meet (a stale ``expected_seq``, the
+    session made since). Celery never stores a result over it, so the write, committed,
+    would be answered as rejected, and its producer might send it again as new. One read
+    of the stored outcome per commit; best effort (the commit stands either way)."""
+    for task_id in _task_ids(task, session_id, key):
+        try:
+            forget_rejection(task.backend, task_id)
+        except Exception as exc:
+            logger.warning("could not clear an earlier rejection", extra={"error": repr(exc)})
+
+
+def _unless_committed_since(
+    task: Task, key: Any, session_id: Any, events: Any, rejected: dict[str, Any]
+) -> dict[str, Any]:
+    """The rejection, stored, unless the write committed meanwhile: then its commit.
+
+    Another delivery of the same write may commit between this one's rejection and its
+    outcome being stored (the half ``_clear_rejections`` cannot see: that commit read no
+    rejection yet, then found this one stored over its own). So the rejection is stored
+    first, and the journal asked after: a commit of this content under the key is the
+    answer then, stored over the rejection. The dead letter stays (a replay of it is
+    answered as the replay it is)."""
+    if rejected.get("status") != "dead_lettered":
+        return rejected
+    ids = _task_ids(task, session_id, key)
+    try:
+        for task_id in ids:
+            task.backend.store_result(task_id, rejected, states.SUCCESS)
+        prior = store_for(task.app).committed_write(session_id, events, key)
+    except Exception as exc:  # bad input, the other content's key, the database away
+        logger.debug("no commit found for a rejected write", extra={"error": repr(exc)})
+        return rejected
+    if prior is None:
+        return rejected
+    outcome = committed(key, prior, _digest_of(task, events))
+    logger.info(
+        "a rejected write was committed by another delivery meanwhile; answering its commit",
+        extra={
+            "session_id": session_id,
+            "key": key,
+            "dead_letter_id": rejected.get("dead_letter_id"),
+        },
+    )
+    for task_id in ids:
+        try:
+            task.backend.forget(task_id)
+            task.backend.store_result(task_id, outcome, states.SUCCESS)
+        except Exception as exc:
+            logger.warning("could not store a write's commit", extra={"error": repr(exc)})
     return outcome
 
 

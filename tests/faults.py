@@ -5,7 +5,8 @@ events hangs right after its commit (when its connection goes back to the pool):
 has landed but the task has neither stored its result nor been acked. A SIGKILL now is
 the worst case for at-least-once delivery: the message comes back for a write that landed.
 ``SS_FAULT_TABLE`` names another table to watch instead (``dead_letters``: a rejection
-kept, its outcome not yet stored).
+kept, its outcome not yet stored). The hang ends when the test kills the process, or when
+it creates ``release`` in the directory (then the task goes on).
 """
 
 from __future__ import annotations
@@ -53,7 +54,10 @@ def _hang_once_after_commit(dbapi_connection: Any, record: Any) -> None:
     except FileNotFoundError:
         return
     (folder / "committed").write_text(str(os.getpid()))
-    time.sleep(60)
+    # until the test kills this process, or lets it go on (a file ``release``)
+    deadline = time.monotonic() + 60
+    while not (folder / "release").exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
 
 
 SLOW_REHYDRATE_S = float(os.environ.get("SS_SLOW_REHYDRATE_S", "0"))

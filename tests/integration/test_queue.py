@@ -315,6 +315,28 @@ def test_worker_killed_after_keeping_a_dead_letter_answers_once_with_one_letter(
     assert _markers(store) == []
 
 
+def test_a_rejection_stored_after_another_delivery_committed_is_answered_as_the_commit(
+    app: Celery, store: SessionStore, queue_settings: Settings, tmp_path: Path
+) -> None:
+    """One delivery of a write is rejected (its expected_seq stale then) and stops between
+    keeping the letter and storing its outcome; meanwhile the same write commits (another
+    delivery). The rejection, stored last, stood over the commit for good: its producer was
+    told the write was rejected, and might send it again as new. Now the rejected delivery
+    asks the journal after storing its outcome, and answers with the commit."""
+    with hanging_after_commit(queue_settings, tmp_path, table="dead_letters") as faults:
+        sid = store.create_session(tenant_id="acme").id
+        write = [_event("second")]
+        handle = enqueue_append(sid, write, expected_seq=1, idempotency_key="k", app=app)
+        wait_for((faults / "committed").exists, 60, "the rejection to be kept and the task to hang")
+        store.append(sid, [_event("first")])
+        store.append(sid, write, expected_seq=1, idempotency_key="k")  # the write, committed
+        (faults / "release").touch()
+        result = handle.get(timeout=60)
+    assert (result.first_seq, result.last_seq) == (2, 2)
+    assert _markers(store) == ["first", "second"]
+    assert len(store.dead_letters.list()) == 1  # kept: a replay of it is answered as one
+
+
 @pytest.mark.slow
 def test_sigkill_worker_mid_stream_every_accepted_write_lands_once(
     app: Celery, store: SessionStore, queue_settings: Settings, tmp_path: Path

@@ -23,7 +23,13 @@ from core.blobs.files import FileBlobStore
 from core.errors import IdempotencyKeyReused, InvalidEvent, WriteRejected
 from tasks import enqueue_append
 from tasks.app import QUEUE, create_app
-from tasks.outcomes import store_outcome, stored_outcome, write_digest, write_task_id
+from tasks.outcomes import (
+    DIGEST_HEADER,
+    store_outcome,
+    stored_outcome,
+    write_digest,
+    write_task_id,
+)
 from tasks.producer import Producer
 from tests.support import (
     DiskFull,
@@ -436,6 +442,34 @@ def test_a_rejection_of_other_content_is_not_a_writes_answer(
     stored = stored_outcome(app, sid, "k")
     assert stored is not None and stored["status"] == "ok"
     assert handle.digest is not None and stored["digest"] == handle.digest
+
+
+def test_a_commit_stands_over_a_rejection_of_the_same_write_stored_before(
+    app: Celery, store: SessionStore
+) -> None:
+    """A client sends a write twice (no clearing between: a plain Celery client, or a
+    producer's resend before the first outcome). The first delivery is rejected (a stale
+    expected_seq then), the second commits once the earlier write is in: Celery never
+    stores a result over the rejection, so the commit was answered as rejected."""
+    sid = store.create_session(tenant_id="acme").id
+    write = [note("second")]
+    first = enqueue_append(sid, write, expected_seq=1, idempotency_key="k", app=app)
+    with thread_worker(app, concurrency=1):
+        with pytest.raises(WriteRejected):
+            first.get(timeout=30)
+        store.append(sid, [note("first")])
+        headers = {DIGEST_HEADER: write_digest(write)}
+        again = send_raw(app, sid, write, key="k", headers=headers, expected_seq=1)
+
+        def markers() -> list[str]:
+            return [e.payload["marker"] for e in store.read(sid)]
+
+        wait_for(lambda: markers() == ["first", "second"], 30, "the second send to commit")
+        wait_for(lambda: (stored_outcome(app, sid, "k") or {}).get("status") == "ok", 30, "ok")
+    for handle in (again, first):  # both answered by the commit now
+        result = handle.get(timeout=1)
+        assert (result.first_seq, result.last_seq) == (2, 2)
+    assert markers() == ["first", "second"]
 
 
 def test_a_producer_keeps_a_bounded_number_of_outcomes(app: Celery, store: SessionStore) -> None:
