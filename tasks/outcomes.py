@@ -123,6 +123,13 @@ def store_outcome(
     app.backend.store_result(task_id, outcome, states.SUCCESS)
 
 
+def keeps_outcomes(backend: Any) -> bool:
+    """Whether outcomes are stored where any process reads them by task id (Redis, a
+    database): not rpc:// (replies to the sender only) nor a disabled backend."""
+    module = type(backend).__module__
+    return not module.startswith(("celery.backends.rpc", "celery.backends.base"))
+
+
 def forget_rejection(backend: Any, task_id: str) -> None:
     """Drop a rejection (a dead-letter outcome) stored under ``task_id``: Celery never stores
     a result over it, so a later commit of the write would still be answered as rejected.

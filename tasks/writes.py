@@ -31,6 +31,7 @@ from tasks.outcomes import (
     digest_in,
     digest_or_none,
     forget_rejection,
+    keeps_outcomes,
     write_digest,
     write_task_id,
 )
@@ -104,6 +105,8 @@ def _clear_rejections(task: Task, session_id: Any, key: Any) -> None:
     session made since). Celery never stores a result over it, so the write, committed,
     would be answered as rejected, and its producer might send it again as new. One read
     of the stored outcome per commit; best effort (the commit stands either way)."""
+    if not keeps_outcomes(task.backend):
+        return
     for task_id in _task_ids(task, session_id, key):
         try:
             forget_rejection(task.backend, task_id)

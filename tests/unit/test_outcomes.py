@@ -68,3 +68,26 @@ def test_the_digest_names_the_content_not_how_it_is_stored() -> None:
     )
     assert digest_in(write_digest(events)) is not None
     assert [digest_in(v) for v in (None, 7, "", "new", "x" * 32, "a" * 33)] == [None] * 6
+
+
+def test_outcomes_are_replaced_only_where_every_process_reads_them() -> None:
+    """A commit clears an earlier rejection where outcomes are kept by task id (Redis, a
+    database); rpc:// replies to the sender only (reading there would drain the worker's
+    own reply queue), and a disabled backend keeps nothing."""
+    from celery.backends.base import DisabledBackend
+    from celery.backends.database import DatabaseBackend
+    from celery.backends.redis import RedisBackend
+    from celery.backends.rpc import RPCBackend
+
+    from tasks.outcomes import keeps_outcomes
+    from tasks.results import PollingRedisBackend
+
+    kinds = (RedisBackend, PollingRedisBackend, DatabaseBackend, RPCBackend, DisabledBackend)
+    kept = {kind: keeps_outcomes(object.__new__(kind)) for kind in kinds}
+    assert kept == {
+        RedisBackend: True,
+        PollingRedisBackend: True,
+        DatabaseBackend: True,
+        RPCBackend: False,
+        DisabledBackend: False,
+    }
