@@ -11,6 +11,7 @@ import errno
 import os
 import re
 import secrets
+import stat
 import tempfile
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -72,7 +73,18 @@ def published_text(path: Path) -> Iterator[IO[str]]:
     directory fsynced. A reader of ``path`` (an agent with the session open, a watcher) sees
     the old file or the whole new one, a crash leaves one or the other, and a failure while
     writing removes the new file. Made as ``open()`` makes a file (0666 less the umask);
-    text is UTF-8, a lone surrogate passed through (it is what the stored value holds)."""
+    text is UTF-8, a lone surrogate passed through (it is what the stored value holds).
+
+    A path that is no file to replace (a FIFO, a device such as ``/dev/stdout``, a socket)
+    is written in place, as ``cp`` or a shell's ``>`` would: renaming over it replaced the
+    device or pipe with a file, and the text never reached its reader. A link to a file
+    publishes at the file it names (the link stays)."""
+    target = _file_to_replace(path)
+    if target is None:
+        with open(path, "w", encoding="utf-8", errors="surrogatepass", newline="\n") as direct:
+            yield direct
+        return
+    path = target
     fd, name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".partial")
     try:
         mask = os.umask(0)
@@ -88,6 +100,18 @@ def published_text(path: Path) -> Iterator[IO[str]]:
             os.unlink(name)
         raise
     fsync_dir(path.parent, strict=False)
+
+
+def _file_to_replace(path: Path) -> Path | None:
+    """Where ``published_text`` puts its new file: ``path``, or the file a link there names
+    (a dangling link: the name it points at); None when ``path`` is no regular file."""
+    try:
+        info = os.stat(path)  # through links (a /proc magic link too: never resolved by name)
+    except FileNotFoundError:
+        return path.resolve() if path.is_symlink() else path
+    if not stat.S_ISREG(info.st_mode):
+        return None
+    return path.resolve() if path.is_symlink() else path
 
 
 def replace_atomically(path: Path, data: bytes, *, prefix: str = ".tmp-") -> None:

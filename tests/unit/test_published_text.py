@@ -1,0 +1,66 @@
+"""Where ``core.fsio.published_text`` (``export -o PATH``) writes: a new file renamed over a
+regular file, but in place into what is no file to replace. It renamed over whatever was at
+PATH: a FIFO's reader got nothing, a link was replaced by a file, and ``-o /dev/stdout``
+(run as root) replaced the system's /dev/stdout with a regular file."""
+
+from __future__ import annotations
+
+import os
+import stat
+import threading
+from pathlib import Path
+
+from core.fsio import published_text
+
+
+def _publish(path: Path, text: str) -> None:
+    with published_text(path) as out:
+        out.write(text)
+
+
+def test_a_regular_file_is_replaced_whole(tmp_path: Path) -> None:
+    path = tmp_path / "out.jsonl"
+    path.write_text("old\n")
+    _publish(path, "new\n")
+    assert path.read_text() == "new\n" and sorted(p.name for p in tmp_path.iterdir()) == [
+        "out.jsonl"
+    ]
+
+
+def test_a_fifo_is_written_into_and_stays_a_fifo(tmp_path: Path) -> None:
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    got: list[bytes] = []
+    reader = threading.Thread(target=lambda: got.append(fifo.read_bytes()), daemon=True)
+    reader.start()
+    _publish(fifo, "line 1\nline 2\n")
+    reader.join(10)
+    assert got == [b"line 1\nline 2\n"] and stat.S_ISFIFO(os.lstat(fifo).st_mode)
+
+
+def test_a_link_to_a_process_descriptor_reaches_it(tmp_path: Path) -> None:
+    """``-o /dev/stdout`` is a link to /proc/self/fd/1: the text goes to that descriptor
+    (here a pipe's), and the link stays a link."""
+    read_end, write_end = os.pipe()
+    link = tmp_path / "stdout"
+    link.symlink_to(f"/proc/self/fd/{write_end}")
+    try:
+        _publish(link, "to the pipe\n")
+    finally:
+        os.close(write_end)
+    with os.fdopen(read_end, "rb") as pipe:
+        assert pipe.read() == b"to the pipe\n"
+    assert link.is_symlink()
+
+
+def test_a_link_to_a_file_publishes_at_that_file_and_stays(tmp_path: Path) -> None:
+    target = tmp_path / "real.jsonl"
+    target.write_text("old\n")
+    link = tmp_path / "link.jsonl"
+    link.symlink_to(target)
+    _publish(link, "new\n")
+    assert link.is_symlink() and target.read_text() == "new\n"
+    dangling = tmp_path / "dangling.jsonl"
+    dangling.symlink_to(tmp_path / "made.jsonl")
+    _publish(dangling, "made\n")
+    assert dangling.is_symlink() and (tmp_path / "made.jsonl").read_text() == "made\n"
