@@ -31,14 +31,16 @@ if TYPE_CHECKING:
 HEAD_REVISION = "0019"
 VERSION_TABLE = "alembic_version"
 
-PROJECT_ROOT = Path(__file__).resolve().parent.parent
+# The scripts are part of the package (an installed copy has no checkout around it: the
+# scripts beside the project root were not installed, and every schema command failed).
+MIGRATIONS = Path(__file__).resolve().parent / "migrations"
 
 
 def alembic_config(url: str) -> Config:
     from alembic.config import Config
 
-    cfg = Config(str(PROJECT_ROOT / "alembic.ini"))
-    cfg.set_main_option("script_location", str(PROJECT_ROOT / "migrations"))
+    cfg = Config()  # alembic.ini at the project root is for the alembic command only
+    cfg.set_main_option("script_location", str(MIGRATIONS))
     cfg.set_main_option("sqlalchemy.url", url.replace("%", "%%"))
     cfg.attributes["configure_logger"] = False
     return cfg

@@ -118,3 +118,61 @@ def test_the_revision_is_read_as_alembic_reads_it_at_every_step(empty_url: str) 
             migrate.engine_revision(engine)
     finally:
         engine.dispose()
+
+
+def test_an_installed_copy_manages_its_schema_without_the_checkout(tmp_path: Path) -> None:
+    """What ``pip install .`` (the compose image) installs, and nothing else: the packages
+    pyproject.toml's setuptools rules select, with their package data, copied alone. Its CLI
+    creates, upgrades, checks and lists the schema (the scripts lived beside the project
+    root, were not installed, and every schema command failed with a traceback)."""
+    import shutil
+    import subprocess
+    import sys
+    import tomllib
+
+    from setuptools import find_namespace_packages
+
+    root = Path(__file__).resolve().parents[2]
+    config = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]
+    site = tmp_path / "site"
+    for package in find_namespace_packages(
+        str(root), include=config["packages"]["find"]["include"]
+    ):
+        source = root.joinpath(*package.split("."))
+        data = config.get("package-data", {}).get(package, [])
+        for path in source.iterdir():
+            if path.is_file() and (path.suffix == ".py" or any(path.match(p) for p in data)):
+                target = site.joinpath(*package.split("."), path.name)
+                target.parent.mkdir(parents=True, exist_ok=True)
+                shutil.copyfile(path, target)
+    elsewhere = tmp_path / "cwd"
+    elsewhere.mkdir()
+    env = {
+        "PATH": "/usr/bin:/bin",
+        "PYTHONPATH": str(site),
+        "SESSIONSTORE_DATA_DIR": str(tmp_path / "data"),
+        "HOME": str(tmp_path),
+    }
+    code = (
+        "import sys; from tasks.cli import main; sys.argv = ['sessionstore', *sys.argv[1:]]; main()"
+    )
+    for argv in (["db", "upgrade"], ["db", "check"], ["db", "history"], ["sessions", "create"]):
+        done = subprocess.run(
+            [sys.executable, "-c", code, *argv],
+            cwd=elsewhere,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert done.returncode == 0, (argv, done.stderr[-2000:])
+        assert "Traceback" not in done.stderr
+    imported = subprocess.run(
+        [sys.executable, "-c", "import core; print(core.__file__)"],
+        cwd=elsewhere,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert imported.stdout.strip().startswith(str(site))  # the copy, not the checkout
