@@ -8,6 +8,8 @@ refuses to open a schema that is missing or behind (SchemaNotCurrent).
 from __future__ import annotations
 
 import fcntl
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
@@ -17,7 +19,7 @@ from sqlalchemy import Engine, inspect, text
 from sqlalchemy.engine import make_url
 
 from core.db import make_engine
-from core.errors import DatabaseMissing, SchemaNotCurrent, StorageUnavailable
+from core.errors import DatabaseMissing, InvalidArgument, SchemaNotCurrent, StorageUnavailable
 from core.translate import translate
 
 if TYPE_CHECKING:
@@ -57,13 +59,27 @@ def _scripts() -> ScriptDirectory:
 def upgrade(url: str, revision: str = "head") -> None:
     from alembic import command
 
-    command.upgrade(alembic_config(url), revision)
+    with _revision_errors():
+        command.upgrade(alembic_config(url), revision)
 
 
 def downgrade(url: str, revision: str = "base") -> None:
     from alembic import command
 
-    command.downgrade(alembic_config(url), revision)
+    with _revision_errors():
+        command.downgrade(alembic_config(url), revision)
+
+
+@contextmanager
+def _revision_errors() -> Iterator[None]:
+    """Alembic's refusal of a revision (none such, not reachable that way) is bad input
+    naming the argument, not a traceback."""
+    from alembic.util.exc import CommandError
+
+    try:
+        yield
+    except CommandError as exc:
+        raise InvalidArgument("revision", str(exc)) from None
 
 
 def head_revision(url: str | None = None) -> str | None:

@@ -20,7 +20,11 @@ _PASS_THROUGH = {"allow_extra_args": True, "ignore_unknown_options": True}
 def worker(
     ctx: typer.Context,
     metrics_port: int | None = typer.Option(
-        None, "--metrics-port", help="Serve Prometheus /metrics on this port (all processes)."
+        None,
+        "--metrics-port",
+        min=1,
+        max=65535,
+        help="Serve Prometheus /metrics on this port (all processes).",
     ),
     metrics_addr: str = typer.Option("127.0.0.1", "--metrics-addr", help="Address to bind."),
 ) -> None:

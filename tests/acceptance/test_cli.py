@@ -51,6 +51,20 @@ def test_db_commands(data_dir: Path) -> None:
     assert current["current"] == current["head"] is not None
 
 
+def test_bad_values_for_db_and_worker_are_one_line_not_a_traceback(data_dir: Path) -> None:
+    """A revision Alembic cannot find (exit 3, naming it), a port out of range (usage, exit
+    2): each was a 56-100 line traceback."""
+    for argv in (["db", "upgrade", "nosuch"], ["db", "downgrade", "nosuch", "--yes"]):
+        done = run(data_dir, *argv)
+        assert done.returncode == 3, (argv, done.stderr)
+        assert_user_error(done, "revision", "nosuch")
+        assert len(done.stderr.strip().splitlines()) == 1, done.stderr
+    for port in ("99999", "0", "-1"):
+        done = run(data_dir, "worker", "--metrics-port", port)
+        assert done.returncode == 2, (port, done.stderr)
+        assert_user_error(done, "--metrics-port")
+
+
 def test_append_from_file_and_stdin_then_read_back(
     data_dir: Path, session_id: str, tmp_path: Path
 ) -> None:
