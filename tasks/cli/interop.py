@@ -267,7 +267,10 @@ def export(
         help="File [default: stdout]; omp: a directory [default: .] (with --via-queue: a file).",
     ),
     format: str = typer.Option(
-        "pi", "--format", help="pi (a version-3 pi session file) | omp (oh-my-pi's layout)."
+        "pi",
+        "--format",
+        help="pi (a version-3 pi session file) | omp (oh-my-pi's layout) | events (the "
+        "journal's events as JSONL; with --via-queue).",
     ),
     blobs_dir: Path | None = typer.Option(
         None,
@@ -292,14 +295,19 @@ def export(
     """Write a session as a pi session file (header, then every entry as it was), or as
     oh-my-pi's layout (the file, its artifacts directory, its blobs). ``--via-queue``: a
     worker builds it (pi, or the journal's ``events`` as JSONL) and this waits for it."""
+    known = ("pi", "omp", "events") if via_queue else ("pi", "omp")
+    if format not in known:
+        also = "; events with --via-queue" if format == "events" else ""
+        raise typer.BadParameter(
+            f"unknown export format {format!r} (known: {', '.join(known)}{also})",
+            param_hint="--format",
+        )
     if via_queue:
         _export_via_queue(session, output, format, at_seq, tenant, as_json, timeout)
         return
     if format == "omp":
         _export_omp(session, output or Path("."), blobs_dir, at_seq, tenant, as_json)
         return
-    if format != "pi":
-        raise typer.BadParameter(f"unknown export format {format!r} (known: pi, omp)")
     from core.errors import ExportIncomplete
     from core.fsio import published_text
 
@@ -384,8 +392,8 @@ def _export_via_queue(
     else:
         with published_text(output) as out:
             out.write(text)
-    if as_json:
-        print_json({**result, "path": str(output) if output else None})
+    if as_json and output is not None:  # else stdout is the export's (as without the queue)
+        print_json({**result, "path": str(output)})
     if result.get("missing_blobs"):
         from core.errors import ExportIncomplete
 

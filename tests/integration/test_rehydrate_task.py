@@ -357,6 +357,15 @@ def test_cli_export_via_queue_on_embedded_defaults_needs_no_worker(tmp_path: Pat
         done = run_cli("export", sid, "-o", str(tmp_path / name), *extra, env=env)
         assert done.returncode == 0, done.stderr
     assert (tmp_path / "q.jsonl").read_bytes() == (tmp_path / "d.jsonl").read_bytes()
+    # to stdout, --json or not, stdout holds the export alone (the queue's summary was
+    # printed after it: no JSON and no JSONL reader could take it)
+    for extra in ([], ["--json"]):
+        done = run_cli("export", sid, "--via-queue", "--timeout", "60", *extra, env=env)
+        assert done.returncode == 0, done.stderr
+        assert done.stdout.encode() == (tmp_path / "d.jsonl").read_bytes(), extra
+    for extra in (["--via-queue"], []):  # a usage error on both paths (it was 3 via the queue)
+        done = run_cli("export", sid, "--format", "bogus", *extra, env=env)
+        assert done.returncode == 2 and "unknown export format 'bogus'" in done.stderr, extra
 
 
 def test_an_export_missing_a_blob_says_so_and_exits_1_on_every_path(tmp_path: Path) -> None:
