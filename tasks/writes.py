@@ -44,7 +44,16 @@ logger = logging.getLogger(__name__)
 SOFT_LIMIT_RETRIES = 2
 
 
-@sessionstore_task(name=APPEND_TASK, bind=True, max_retries=None)
+class WriteTask(Task):  # type: ignore[misc]
+    """The write task's class: what it does once Celery has stored its outcome."""
+
+    def on_success(self, retval: Any, task_id: str, args: Any, kwargs: Any) -> None:
+        # Runs after the trace stored ``retval``: nothing of this delivery is stored later.
+        if isinstance(retval, dict) and retval.get("status") == "dead_lettered":
+            _unless_committed_since(self, retval)
+
+
+@sessionstore_task(name=APPEND_TASK, bind=True, max_retries=None, base=WriteTask)
 def append(
     self: Task,
     session_id: Any,
@@ -54,6 +63,7 @@ def append(
 ) -> dict[str, Any]:
     settings = settings_of(self.app)
     key = str(self.request.id) if idempotency_key is None else idempotency_key
+    self.request.sessionstore_write = (session_id, events, key)  # for on_success
     deliveries = delivery_count(self)
     if deliveries > settings.task_max_deliveries:
         outcome = _given_up(self, key, session_id, events, expected_seq, deliveries)
@@ -73,7 +83,6 @@ def append(
         if (cut_short or is_transient(exc)) and self.request.retries < retries:
             _retry_later(self, "transient failure, retrying write", exc)
         outcome = _dead_letter(self, key, session_id, events, expected_seq, exc)
-        outcome = _unless_committed_since(self, key, session_id, events, outcome)
     else:
         outcome = committed(key, result, _digest_of(self, events))
         _observe_commit(self, result.replayed)
@@ -114,45 +123,45 @@ def _clear_rejections(task: Task, session_id: Any, key: Any) -> None:
             logger.warning("could not clear an earlier rejection", extra={"error": repr(exc)})
 
 
-def _unless_committed_since(
-    task: Task, key: Any, session_id: Any, events: Any, rejected: dict[str, Any]
-) -> dict[str, Any]:
-    """The rejection, stored, unless the write committed meanwhile: then its commit.
+def _unless_committed_since(task: Task, rejected: dict[str, Any]) -> None:
+    """Once a rejection is stored: if the journal holds a commit under its (session, key),
+    store that commit over it.
 
-    Another delivery of the same write may commit between this one's rejection and its
-    outcome being stored (the half ``_clear_rejections`` cannot see: that commit read no
-    rejection yet, then found this one stored over its own). So the rejection is stored
-    first, and the journal asked after: a commit of this content under the key is the
-    answer then, stored over the rejection. The dead letter stays (a replay of it is
-    answered as the replay it is)."""
-    if rejected.get("status") != "dead_lettered":
-        return rejected
-    ids = _task_ids(task, session_id, key)
+    Another delivery of the write may commit between this one's rejection and its outcome
+    being stored: that commit's ``_clear_rejections`` found nothing yet, and then Celery
+    kept this rejection over its outcome (it stores nothing over a SUCCESS). So the
+    journal is asked only after every store of the rejection (``on_success``); a commit
+    after the asking finds the rejection and clears it itself. The commit found is this
+    content's, or the other content the key holds (then this write's producer is told
+    ``key_reused``, as ``_kept_for_the_key`` does). The dead letter stays (a replay of it
+    is answered as the replay it is). Best effort: the rejection stands if this fails."""
+    write = getattr(task.request, "sessionstore_write", None)
+    if write is None or not keeps_outcomes(task.backend):
+        return
+    session_id, events, key = write
     try:
-        for task_id in ids:
-            task.backend.store_result(task_id, rejected, states.SUCCESS)
         prior = store_for(task.app).committed_write(session_id, events, key)
-    except Exception as exc:  # bad input, the other content's key, the database away
+    except IdempotencyKeyReused as exc:  # the key holds other content, committed
+        answer = _kept_for_the_key(task, exc, rejected)
+        if answer is rejected:
+            return
+    except Exception as exc:  # bad input, the database away
         logger.debug("no commit found for a rejected write", extra={"error": repr(exc)})
-        return rejected
-    if prior is None:
-        return rejected
-    outcome = committed(key, prior, _digest_of(task, events))
+        return
+    else:
+        if prior is None:
+            return
+        answer = committed(key, prior, _digest_of(task, events))
     logger.info(
-        "a rejected write was committed by another delivery meanwhile; answering its commit",
-        extra={
-            "session_id": session_id,
-            "key": key,
-            "dead_letter_id": rejected.get("dead_letter_id"),
-        },
+        "a rejected write's key was committed by another delivery meanwhile; answering it",
+        extra={"session_id": session_id, "dead_letter_id": rejected.get("dead_letter_id")},
     )
-    for task_id in ids:
+    for task_id in _task_ids(task, session_id, key):
         try:
             task.backend.forget(task_id)
-            task.backend.store_result(task_id, outcome, states.SUCCESS)
+            task.backend.store_result(task_id, answer, states.SUCCESS)
         except Exception as exc:
             logger.warning("could not store a write's commit", extra={"error": repr(exc)})
-    return outcome
 
 
 def _given_up(

@@ -19,7 +19,7 @@ from celery.exceptions import SoftTimeLimitExceeded
 from sqlalchemy import func, select, text
 
 from core import SessionStore, Settings
-from core.errors import DeadLetterNotFound, InvalidEvent, WriteTooLarge
+from core.errors import DeadLetterNotFound, IdempotencyKeyReused, InvalidEvent, WriteTooLarge
 from core.models import EventRow
 from tasks import WriteRejected, enqueue_append
 from tasks.app import create_app
@@ -315,25 +315,33 @@ def test_worker_killed_after_keeping_a_dead_letter_answers_once_with_one_letter(
     assert _markers(store) == []
 
 
-def test_a_rejection_stored_after_another_delivery_committed_is_answered_as_the_commit(
-    app: Celery, store: SessionStore, queue_settings: Settings, tmp_path: Path
+@pytest.mark.parametrize("committed", ["the same write", "other content"])
+def test_a_rejection_stored_after_the_key_committed_is_answered_by_the_commit(
+    app: Celery, store: SessionStore, queue_settings: Settings, tmp_path: Path, committed: str
 ) -> None:
     """One delivery of a write is rejected (its expected_seq stale then) and stops between
-    keeping the letter and storing its outcome; meanwhile the same write commits (another
-    delivery). The rejection, stored last, stood over the commit for good: its producer was
-    told the write was rejected, and might send it again as new. Now the rejected delivery
-    asks the journal after storing its outcome, and answers with the commit."""
+    keeping the letter and storing its outcome; meanwhile the key commits: the same write
+    (another delivery), or other content under it. The rejection, stored last, stood over
+    the commit for good: the write's producer was told it was rejected (and might send it
+    again as new), or got no answer at all. Now the rejected delivery asks the journal once
+    its outcome is stored: the commit answers (``key_reused`` for other content)."""
     with hanging_after_commit(queue_settings, tmp_path, table="dead_letters") as faults:
         sid = store.create_session(tenant_id="acme").id
         write = [_event("second")]
         handle = enqueue_append(sid, write, expected_seq=1, idempotency_key="k", app=app)
         wait_for((faults / "committed").exists, 60, "the rejection to be kept and the task to hang")
         store.append(sid, [_event("first")])
-        store.append(sid, write, expected_seq=1, idempotency_key="k")  # the write, committed
+        landed = write if committed == "the same write" else [_event("other")]
+        store.append(sid, landed, expected_seq=1, idempotency_key="k")
         (faults / "release").touch()
-        result = handle.get(timeout=60)
-    assert (result.first_seq, result.last_seq) == (2, 2)
-    assert _markers(store) == ["first", "second"]
+        if committed == "the same write":
+            result = handle.get(timeout=60)
+            assert (result.first_seq, result.last_seq) == (2, 2)
+        else:
+            with pytest.raises(IdempotencyKeyReused) as reused:
+                handle.get(timeout=60)
+            assert (reused.value.first_seq, reused.value.last_seq) == (2, 2)
+    assert _markers(store) == ["first", landed[0]["marker"]]
     assert len(store.dead_letters.list()) == 1  # kept: a replay of it is answered as one
 
 

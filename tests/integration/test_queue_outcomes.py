@@ -472,6 +472,41 @@ def test_a_commit_stands_over_a_rejection_of_the_same_write_stored_before(
     assert markers() == ["first", "second"]
 
 
+def test_a_rejection_is_stored_whole_before_the_journal_is_asked(
+    app: Celery, store: SessionStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The rejected delivery asks the journal for a commit of its key only once nothing of
+    its own is stored later: a commit after the asking clears the rejection itself. Celery
+    stored the rejection again after the asking (the task's return value), over a commit
+    that had cleared the first copy."""
+    calls: list[tuple[str, Any]] = []
+    backend_type = type(app.backend)
+    real_store = backend_type.store_result
+
+    def store_result(self: Any, task_id: str, result: Any, state: str, *a: Any, **kw: Any) -> Any:
+        if isinstance(result, dict):
+            calls.append(("stored", result.get("status")))
+        return real_store(self, task_id, result, state, *a, **kw)
+
+    real_lookup = SessionStore.committed_write
+
+    def committed_write(self: SessionStore, *args: Any, **kwargs: Any) -> Any:
+        calls.append(("asked", None))
+        return real_lookup(self, *args, **kwargs)
+
+    monkeypatch.setattr(backend_type, "store_result", store_result)
+    monkeypatch.setattr(SessionStore, "committed_write", committed_write)
+    sid = store.create_session(tenant_id="acme").id
+    handle = enqueue_append(sid, [note("late")], expected_seq=3, idempotency_key="k", app=app)
+    with thread_worker(app, concurrency=1):
+        with pytest.raises(WriteRejected):
+            handle.get(timeout=30)
+        wait_for(lambda: ("asked", None) in calls, 30, "the journal to be asked")
+    asked = calls.index(("asked", None))
+    assert ("stored", "dead_lettered") in calls[:asked]
+    assert ("stored", "dead_lettered") not in calls[asked:], calls
+
+
 def test_a_producer_keeps_a_bounded_number_of_outcomes(app: Celery, store: SessionStore) -> None:
     """A producer that runs for ever kept every outcome it saw: now the newest
     ``keep_confirmed``, and ``pop_confirmed`` drains them; pending writes are never dropped."""
