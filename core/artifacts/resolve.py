@@ -33,7 +33,7 @@ from core.artifacts.records import (
 )
 from core.artifacts.storage import ArtifactStorage, FileArtifactStorage, key_prefix_of
 from core.db import read_connection
-from core.errors import BlobError, ResolveError, ResolveNotFound, SessionNotFound
+from core.errors import BlobNotFound, ResolveError, ResolveNotFound, SessionNotFound
 from core.models import utcnow
 
 BlobReader = Callable[[str], bytes]
@@ -243,8 +243,9 @@ class _Resolver:
             raise ResolveError("blob refs cannot be resolved: this store has no blob store")
         try:
             data = self.blob_reader(blob_hash)
-        except BlobError as exc:
+        except BlobNotFound as exc:
             raise ResolveNotFound(f"blob not found: {url}") from exc
+        # BlobCorrupted goes up as it is: the blob is there, and refused (invariant 13)
         if encoding == "utf8":
             return _text(url, data.decode("utf-8", "replace"), "text/plain")
         note = f"binary content ({len(data)} bytes), base64-encoded"

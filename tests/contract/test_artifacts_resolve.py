@@ -9,7 +9,8 @@ import pytest
 
 from core import SessionStore
 from core.artifacts.jsonquery import apply_query, parse_query, path_to_query
-from core.errors import ResolveError, ResolveNotFound
+from core.blobs.store import sha256_hex
+from core.errors import BlobCorrupted, ResolveError, ResolveNotFound
 from tests.contract.artifact_backends import FILE_ONLY, artifact_backend, settings
 
 __all__ = ["FILE_ONLY", "artifact_backend", "settings"]  # each test on file:// and s3://
@@ -302,6 +303,23 @@ def test_blob_refs_resolve_through_the_manifest(store: SessionStore, sid: str) -
 def test_invalid_blob_refs(store: SessionStore, sid: str, ref: str) -> None:
     with pytest.raises(ResolveError, match="expected blob:sha256:<64 lowercase hex>"):
         store.resolve(ref, session_id=sid)
+
+
+def test_a_corrupt_or_lost_blob_is_said_to_be_so(store: SessionStore, sid: str) -> None:
+    """A corrupt blob is there and refused (BlobCorrupted, as every direct read says it);
+    it was reported as not found, as a lost one is."""
+    text = "t" * 20_000
+    store.append(sid, [{"type": "message", "message": {"role": "user", "content": text}}])
+    blob_hash = sha256_hex(text.encode())
+    found = store.blobs._find(blob_hash)
+    assert found is not None
+    store.blobs._write(blob_hash, found[0], b"not the blob")
+    with pytest.raises(BlobCorrupted) as caught:
+        store.resolve(f"blob:sha256:{blob_hash}", session_id=sid)
+    assert caught.value.blob_hash == blob_hash
+    store.blobs.remove_file(blob_hash)
+    with pytest.raises(ResolveNotFound, match="blob not found"):
+        store.resolve(f"blob:sha256:{blob_hash}", session_id=sid)
 
 
 def test_unreferenced_blob_is_not_found(store: SessionStore, sid: str) -> None:
