@@ -12,7 +12,7 @@ cli = new_app()
 @cli.command("health")
 def health(
     as_json: bool = JsonOption,
-    timeout: float = typer.Option(5.0, "--timeout", min=0.1, help="Seconds per check."),
+    timeout: float = typer.Option(5.0, "--timeout", min=0.1, max=3600, help="Seconds per check."),
 ) -> None:
     """Check the database (schema current), broker, blob and artifact storage; exit 1 and
     name what failed if any check does (compose uses this as the healthcheck)."""

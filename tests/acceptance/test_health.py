@@ -37,6 +37,15 @@ def test_embedded_defaults_are_healthy_once_migrated(tmp_path: Path) -> None:
     assert {c["name"] for c in report["checks"]} == {"database", "blobs", "artifacts", "broker"}
 
 
+def test_a_timeout_no_check_can_wait_is_a_usage_error(tmp_path: Path) -> None:
+    """1e400 (inf) passed the option's minimum and every check then failed on an
+    OverflowError, reported as the storage being down."""
+    env = {**os.environ, "SESSIONSTORE_DATA_DIR": str(tmp_path / "data")}
+    for value in ("1e400", "3601"):
+        run = run_cli("health", "--timeout", value, env=env)
+        assert run.returncode == 2 and "--timeout" in run.stderr, (value, run.stderr)
+
+
 def test_a_dead_broker_and_a_dead_database_are_named(tmp_path: Path) -> None:
     closed = free_port()
     env = {
