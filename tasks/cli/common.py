@@ -72,6 +72,26 @@ else:
 JsonOption = typer.Option(False, "--json", help="Machine-readable JSON output.")
 
 
+def confirm(question: str, *, yes: bool) -> None:
+    """Go on if ``yes`` (``--yes``) or the answer is yes (from a terminal, or piped: ``yes
+    |``); the question on stderr (stdout holds ``--json``'s document). No answer at all
+    (stdin closed: a script's run) is a usage error saying to pass ``--yes``, where the
+    prompt went to stdout and the run ended in "Aborted!"."""
+    if yes:
+        return
+    # not click's confirm: its input() writes a space to stdout even with err=True
+    sys.stderr.write(f"{question} [y/N]: ")
+    sys.stderr.flush()
+    line = sys.stdin.readline()
+    if not line and not sys.stdin.isatty():
+        sys.stderr.write("\n")
+        raise typer.BadParameter(
+            f"{question} No answer on stdin (not a terminal): pass --yes", param_hint="--yes"
+        )
+    if line.strip().lower() not in ("y", "yes"):
+        raise typer.Abort()
+
+
 def load_settings() -> Settings:
     """``Settings()`` from the environment; a bad value is a one-line BadConfig."""
     import pydantic

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import typer
 
-from tasks.cli.common import JsonOption, console, load_settings, new_app, print_json
+from tasks.cli.common import JsonOption, confirm, console, load_settings, new_app, print_json
 
 cli = new_app()
 
@@ -47,8 +47,7 @@ def downgrade(
     from core import migrate
 
     url = _url()
-    if not yes:
-        typer.confirm(f"downgrade the schema to {revision}? Dropped tables lose data", abort=True)
+    confirm(f"downgrade the schema to {revision}? Dropped tables lose data.", yes=yes)
     migrate.downgrade(url, revision)
     _print_current(url, as_json)
 

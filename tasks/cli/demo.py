@@ -12,7 +12,7 @@ from pathlib import Path
 
 import typer
 
-from tasks.cli.common import JsonOption, load_settings, new_app
+from tasks.cli.common import JsonOption, confirm, load_settings, new_app
 
 cli = new_app()
 
@@ -42,12 +42,11 @@ def demo(
         settings = load_settings()
         where = display_url(settings.resolved_database_url)
         broker = settings.broker_url or "the embedded broker"
-        if not yes:
-            typer.confirm(
-                f"run the demo against {where} and {broker}? It writes sessions and runs "
-                "blob GC and artifact expiry there",
-                abort=True,
-            )
+        confirm(
+            f"run the demo against {where} and {broker}? It writes sessions and runs blob "
+            "GC and artifact expiry there.",
+            yes=yes,
+        )
         demo_script.run(settings, tenant, as_json=as_json)
         return
     data_dir = Path(tempfile.mkdtemp(prefix="sessionstore-demo-"))

@@ -9,6 +9,7 @@ import typer
 from tasks.cli.common import (
     JsonOption,
     add_row,
+    confirm,
     console,
     id_table,
     new_app,
@@ -129,10 +130,7 @@ def delete(
     """Delete a session: events, manifest rows, artifacts and directory (blobs stay for GC)."""
     with open_store() as store:
         session_id = store.resolve_session(session_id).id
-        if not yes:
-            typer.confirm(
-                f"delete session {session_id} and all its events and artifacts?", abort=True
-            )
+        confirm(f"delete session {session_id} and all its events and artifacts?", yes=yes)
         report = store.delete_session(session_id)
     if as_json:
         print_json(report.to_dict())

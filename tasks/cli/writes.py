@@ -15,6 +15,7 @@ from core.errors import InvalidEvent, SessionNotFound
 from tasks.cli.common import (
     JsonOption,
     add_row,
+    confirm,
     console,
     err_console,
     id_table,
@@ -279,8 +280,7 @@ def dead_discard(
     as_json: bool = JsonOption,
 ) -> None:
     """Delete a dead letter for good."""
-    if not yes and not typer.confirm(f"discard dead letter {letter_id}?"):
-        raise typer.Abort()
+    confirm(f"discard dead letter {letter_id}?", yes=yes)
     with open_store() as store:
         store.dead_letters.discard(letter_id)
     if as_json:

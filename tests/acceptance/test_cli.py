@@ -65,6 +65,28 @@ def test_bad_values_for_db_and_worker_are_one_line_not_a_traceback(data_dir: Pat
         assert_user_error(done, "--metrics-port")
 
 
+def test_a_question_is_asked_on_stderr_and_no_answer_is_a_usage_error(
+    data_dir: Path, session_id: str
+) -> None:
+    """Without --yes: the question goes to stderr (it was on stdout, breaking --json), a
+    piped answer counts, and no answer at all (stdin closed: a script) is exit 2 saying to
+    pass --yes, nothing done (it was "Aborted!", exit 1)."""
+    argv = ("sessions", "delete", session_id, "--json")
+    for stdin in ("", "n\n"):
+        done = run(data_dir, *argv, stdin=stdin)
+        assert done.stdout == "" and "delete session" in done.stderr, done
+        if stdin:
+            assert done.returncode == 1  # answered no
+        else:
+            assert done.returncode == 2 and "pass --yes" in done.stderr, done.stderr
+    assert run(data_dir, "sessions", "show", session_id).returncode == 0  # still there
+    done = run(data_dir, *argv, stdin="y\n")
+    assert done.returncode == 0 and json.loads(done.stdout)["events"] == 0, done.stderr
+    done = run(data_dir, "db", "downgrade", "base", stdin="")
+    assert done.returncode == 2 and "pass --yes" in done.stderr
+    assert run(data_dir, "db", "check").returncode == 0  # not downgraded
+
+
 def test_append_from_file_and_stdin_then_read_back(
     data_dir: Path, session_id: str, tmp_path: Path
 ) -> None:

@@ -302,7 +302,7 @@ def test_demo_never_touches_the_configured_data(cli: Cli, user_data: Path) -> No
 def test_demo_use_settings_asks_first(cli: Cli, user_data: Path) -> None:
     cli.env["SESSIONSTORE_DATA_DIR"] = str(user_data)
     result = cli("demo", "--use-settings", stdin="n\n")
-    assert result.returncode != 0 and "run the demo against" in result.stdout
+    assert result.returncode != 0 and "run the demo against" in result.stderr  # not stdout
     assert not user_data.exists()
 
 
