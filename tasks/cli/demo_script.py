@@ -48,6 +48,10 @@ class DemoSession:
         self.artifacts = store.artifacts(session_id)
 
     def send(self, *events: dict[str, Any]) -> None:
+        """Queue the session's next write once the previous one is confirmed: writes queued
+        together may commit in any order (two pool processes take them), and a session's
+        turns must land in theirs (README: Order)."""
+        self.wait()
         self.tally.events += len(events)
         encoded = orjson.dumps(list(events))
         self.tally.bytes_in += len(encoded)

@@ -6,6 +6,7 @@ journal-facing cases run on SQLite too.
 
 from __future__ import annotations
 
+import json
 import os
 import threading
 from collections.abc import Iterator
@@ -31,6 +32,7 @@ from tasks.outcomes import (
     write_task_id,
 )
 from tasks.producer import Producer
+from tests.cli_process import run_cli
 from tests.support import (
     DiskFull,
     TcpProxy,
@@ -569,3 +571,27 @@ def test_a_hostile_digest_header_is_not_kept(
         with pytest.raises(IdempotencyKeyReused):
             enqueue_append(sid, [note("other")], idempotency_key=key, app=app).get(timeout=60)
     assert child_deaths(prefork) == 0
+
+
+@pytest.mark.slow
+def test_the_demo_on_a_deployment_writes_its_session_in_order(
+    store: SessionStore, queue_settings: Settings, prefork: Path, tmp_path: Path
+) -> None:
+    """``demo --use-settings`` with two pool processes (the compose worker's shape): each
+    entry comes after the one it follows. The demo queued every turn at once, and the two
+    processes committed them in any order (a conversation without its user turn at seq 6)."""
+    env = settings_env(
+        database_url=str(queue_settings.database_url),
+        broker_url=str(queue_settings.broker_url),
+        data_dir=tmp_path / "cli",
+    )
+    done = run_cli("demo", "--use-settings", "--yes", "--json", env=env, timeout=240)
+    assert done.returncode == 0, done.stderr[-2000:]
+    session_id = json.loads(done.stdout)["session_id"]
+    seen: set[str] = set()
+    for stored in store.read(session_id):
+        parent = stored.payload.get("parentId")
+        assert parent is None or parent in seen, (stored.seq, parent, sorted(seen))
+        if isinstance(stored.payload.get("id"), str):
+            seen.add(stored.payload["id"])
+    assert len(seen) >= 8
