@@ -15,7 +15,7 @@ from sqlalchemy import Connection, Engine, insert, literal, select, tuple_
 from sqlalchemy.exc import IntegrityError
 
 from core.db import read_connection, write_transaction
-from core.errors import ExternalIdTaken, InvalidEvent, SessionNotFound
+from core.errors import ExternalIdTaken, InvalidArgument, InvalidEvent, SessionNotFound
 from core.journal.validation import check_limit
 from core.models import EXTERNAL_ID_LEN, SessionRow, table_of, utcnow
 from core.records import Page, Session, from_row
@@ -114,9 +114,30 @@ class SessionRows:
             return self.get_session(ref, tenant_id=tenant_id)
         except SessionNotFound:
             found = self.find_external(tenant_id, ref)
-            if found is None:
-                raise
-            return found
+            if found is not None:
+                return found
+            tenants = self._tenants_of_external(ref) if tenant_id is None else []
+            if len(tenants) > 1:  # not "not found": found in more than one tenant
+                shown = ", ".join(tenants[:5]) + (", ..." if len(tenants) > 5 else "")
+                raise InvalidArgument(
+                    "session",
+                    f"the external id {ref!r} names sessions of several tenants ({shown}): "
+                    "give the tenant (--tenant)",
+                ) from None
+            raise
+
+    @translated
+    def _tenants_of_external(self, external_id: str) -> list[str]:
+        if _NUL in external_id:
+            return []
+        query = (
+            select(_sessions.c.tenant_id)
+            .where(_sessions.c.external_id == external_id)
+            .order_by(_sessions.c.tenant_id)
+            .limit(6)
+        )
+        with read_connection(self.engine) as conn:
+            return [str(row.tenant_id) for row in conn.execute(query)]
 
     @translated
     def get_session(self, session_id: str, *, tenant_id: str | None = None) -> Session:

@@ -70,6 +70,11 @@ else:
     err_console = _LazyConsole(True)
 
 JsonOption = typer.Option(False, "--json", help="Machine-readable JSON output.")
+TenantOption = typer.Option(
+    None,
+    "--tenant",
+    help="The session's tenant: required where its external id names sessions of several.",
+)
 
 
 def confirm(question: str, *, yes: bool) -> None:

@@ -8,6 +8,7 @@ import typer
 
 from tasks.cli.common import (
     JsonOption,
+    TenantOption,
     add_row,
     confirm,
     console,
@@ -62,10 +63,10 @@ def list_sessions(
 
 
 @sessions_app.command("show")
-def show(session_id: str, as_json: bool = JsonOption) -> None:
+def show(session_id: str, tenant: str | None = TenantOption, as_json: bool = JsonOption) -> None:
     """Show one session's metadata."""
     with open_store() as store:
-        session = store.resolve_session(session_id)
+        session = store.resolve_session(session_id, tenant_id=tenant)
     if as_json:
         print_json(session.to_dict())
         return
@@ -90,6 +91,7 @@ def fork(
     inline: bool = typer.Option(
         False, "--inline", help="Copy the artifacts in this process instead of the queue."
     ),
+    tenant: str | None = TenantOption,
     as_json: bool = JsonOption,
 ) -> None:
     """Fork a session at its head or an earlier seq; its artifacts are copied by a worker
@@ -100,7 +102,7 @@ def fork(
     with open_store() as store:
         if not inline:
             attach_fork_copier(store, get_app())
-        session_id = store.resolve_session(session_id).id
+        session_id = store.resolve_session(session_id, tenant_id=tenant).id
         session = store.fork(session_id, at_seq=at_seq)
     _print_session(session, as_json, f"forked {session_id} at seq {session.forked_from_seq}")
 
@@ -110,13 +112,18 @@ def move(
     session_id: str,
     tenant: str | None = typer.Option(None, help="The tenant to move the session to."),
     cwd: str | None = typer.Option(None, help="The new working directory."),
+    from_tenant: str | None = typer.Option(
+        None,
+        "--from-tenant",
+        help="The session's tenant now: required where its external id names sessions of several.",
+    ),
     as_json: bool = JsonOption,
 ) -> None:
     """Move a session (metadata and artifact directory together) to a tenant and/or cwd."""
     if tenant is None and cwd is None:
         raise typer.BadParameter("give --tenant and/or --cwd")
     with open_store() as store:
-        session_id = store.resolve_session(session_id).id
+        session_id = store.resolve_session(session_id, tenant_id=from_tenant).id
         session = store.move(session_id, tenant_id=tenant, cwd=cwd)
     _print_session(session, as_json, f"moved {session_id}")
 
@@ -125,11 +132,12 @@ def move(
 def delete(
     session_id: str,
     yes: bool = typer.Option(False, "--yes", "-y", help="Do not ask for confirmation."),
+    tenant: str | None = TenantOption,
     as_json: bool = JsonOption,
 ) -> None:
     """Delete a session: events, manifest rows, artifacts and directory (blobs stay for GC)."""
     with open_store() as store:
-        session_id = store.resolve_session(session_id).id
+        session_id = store.resolve_session(session_id, tenant_id=tenant).id
         confirm(f"delete session {session_id} and all its events and artifacts?", yes=yes)
         report = store.delete_session(session_id)
     if as_json:
@@ -150,10 +158,12 @@ def delete(
 
 
 @sessions_app.command("copy-artifacts")
-def copy_artifacts(fork_id: str, as_json: bool = JsonOption) -> None:
+def copy_artifacts(
+    fork_id: str, tenant: str | None = TenantOption, as_json: bool = JsonOption
+) -> None:
     """Run a fork's artifact copy now, in this process (also retries a failed copy)."""
     with open_store() as store:
-        fork_id = store.resolve_session(fork_id).id
+        fork_id = store.resolve_session(fork_id, tenant_id=tenant).id
         report = store.copy_fork_artifacts(fork_id)
     if as_json:
         print_json(report.to_dict())

@@ -5,15 +5,16 @@ from __future__ import annotations
 import json
 import sys
 from collections.abc import Iterable, Iterator
-from contextlib import ExitStack, suppress
+from contextlib import ExitStack
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import typer
 
-from core.errors import InvalidEvent, SessionNotFound
+from core.errors import InvalidEvent
 from tasks.cli.common import (
     JsonOption,
+    TenantOption,
     add_row,
     confirm,
     console,
@@ -75,14 +76,16 @@ def append(
     key: str | None = typer.Option(None, help="Idempotency key (per batch: KEY:N)."),
     expected_seq: int | None = typer.Option(None, help="Fail unless the head is this seq."),
     batch_size: int = typer.Option(100, min=1, help="Events per write."),
+    tenant: str | None = TenantOption,
     as_json: bool = JsonOption,
 ) -> None:
     """Append events from a JSONL file or stdin, one write per batch."""
     with ExitStack() as stack:
         stream = sys.stdin if source == "-" else stack.enter_context(Path(source).open())
         store = stack.enter_context(open_store(create=True))
-        with suppress(SessionNotFound):  # an unknown id is the write's to refuse (the queue's)
-            session_id = store.resolve_session(session_id).id
+        # before anything is read or sent: an unknown session is not found here (exit 4), as
+        # on the direct path, not a dead letter the queue makes of every batch
+        session_id = store.resolve_session(session_id, tenant_id=tenant).id
         name = "stdin" if source == "-" else source
         writer = _queue_writer(stack) if enqueue else store.append
         results: list[AppendResult] = []

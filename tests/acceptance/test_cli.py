@@ -119,10 +119,14 @@ def test_unknown_session_and_bad_urls_are_one_line_errors(data_dir: Path, sessio
     assert_user_error(
         run(data_dir, "sessions", "show", "no-such-session"), "session not found: no-such-session"
     )
-    assert_user_error(
-        run(data_dir, "append", "no-such-session", "-", stdin=_jsonl({"type": "m"})),
-        "session not found",
-    )
+    for extra in ([], ["--enqueue"]):  # refused here, not dead-lettered by the queue
+        done = run(data_dir, "append", "no-such-session", "-", *extra, stdin=_jsonl({"type": "m"}))
+        assert done.returncode == 4, (extra, done.stderr)
+        assert_user_error(done, "session not found")
+    empty = run(data_dir, "append", "no-such-session", "-", stdin="")  # nothing to write, still
+    assert empty.returncode == 4 and "session not found" in empty.stderr
+    with SessionStore.from_settings(Settings(data_dir=data_dir)) as store:
+        assert store.dead_letters.list() == []
     assert_user_error(
         run(data_dir, "read", "artifact://abc", "--session", session_id),
         "artifact:// ID must be numeric, got: abc",

@@ -59,6 +59,34 @@ def test_import_export_and_external_ids(run: Run, tmp_path: Path) -> None:
     assert events.returncode == 0, events.stderr
 
 
+def test_an_external_id_of_several_tenants_asks_for_the_tenant(run: Run, tmp_path: Path) -> None:
+    """The same file imported for two tenants: a command given its external id alone says
+    which tenants it names and to pass --tenant (it said "session not found"), and every
+    command that takes a session takes --tenant (show, fork, delete, copy-artifacts and
+    append had none; move's is --from-tenant)."""
+    for tenant in ("acme", "globex"):
+        assert run("import", str(FIXTURES / "v3.jsonl"), "--tenant", tenant).returncode == 0
+    ambiguous = run("sessions", "show", "0f3c2a10-v3")
+    assert ambiguous.returncode == 3 and "Traceback" not in ambiguous.stderr
+    assert "several tenants (acme, globex): give the tenant (--tenant)" in ambiguous.stderr
+    shown = json.loads(
+        run("sessions", "show", "0f3c2a10-v3", "--tenant", "globex", "--json").stdout
+    )
+    assert shown["tenant_id"] == "globex"
+    events = tmp_path / "more.jsonl"
+    events.write_text(json.dumps({"type": "label", "id": "L1", "label": "x"}) + "\n")
+    for argv in (
+        ["append", "0f3c2a10-v3", str(events), "--tenant", "acme"],
+        ["sessions", "fork", "0f3c2a10-v3", "--tenant", "acme", "--inline"],
+        ["sessions", "copy-artifacts", "0f3c2a10-v3", "--tenant", "acme"],
+        ["sessions", "move", "0f3c2a10-v3", "--from-tenant", "acme", "--cwd", "/elsewhere"],
+        ["sessions", "delete", "0f3c2a10-v3", "--tenant", "globex", "--yes"],
+    ):
+        done = run(*argv)
+        assert done.returncode == 0, (argv, done.stderr)
+    assert run("sessions", "show", "0f3c2a10-v3", "--json").returncode == 0  # one left
+
+
 def test_every_command_that_takes_a_session_takes_its_external_id(run: Run, tmp_path: Path) -> None:
     """read, append, sessions fork / move / copy-artifacts / delete (they answered "not
     found", where state, events, show and export took it)."""
