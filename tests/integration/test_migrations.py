@@ -120,6 +120,30 @@ def test_the_revision_is_read_as_alembic_reads_it_at_every_step(empty_url: str) 
         engine.dispose()
 
 
+def test_the_rollup_of_models_read_from_any_value_is_forgotten(empty_url: str) -> None:
+    """0020: a rollup row written when a model that is a JSON number was named (``5``) would
+    disagree with the days read live now (no model): the rollup goes, and is rebuilt."""
+    migrate.upgrade(empty_url, "0019")
+    engine = make_engine(empty_url)
+    try:
+        with engine.begin() as conn:
+            conn.execute(text("INSERT INTO event_rollup_blocks (block, rolled) VALUES (0, true)"))
+            conn.execute(
+                text(
+                    "INSERT INTO event_rollups (day, session_id, type, entry_day, model, "
+                    "has_model, assistant, inherited, events, payload_bytes, blob_bytes, "
+                    "responses) VALUES ('2026-11-27', 's1', 'message', '2026-11-27', '5', true, "
+                    "true, false, 1, 10, 0, 1)"
+                )
+            )
+        migrate.upgrade(empty_url)
+        with engine.connect() as conn:
+            for table in ("event_rollups", "event_rollup_blocks"):
+                assert conn.execute(text(f"SELECT count(*) FROM {table}")).scalar_one() == 0
+    finally:
+        engine.dispose()
+
+
 def test_an_installed_copy_manages_its_schema_without_the_checkout(tmp_path: Path) -> None:
     """What ``pip install .`` (the compose image) installs, and nothing else: the packages
     pyproject.toml's setuptools rules select, with their package data, copied alone. Its CLI
