@@ -19,7 +19,6 @@ migrated entry is pi's too.
 
 from __future__ import annotations
 
-import codecs
 import hashlib
 import json
 import logging
@@ -163,8 +162,9 @@ def first_line(data: bytes) -> bytes:
     while True:
         end = data.find(b"\n", start)
         line = data[start:] if end < 0 else data[start:end]
+        line = _LEADING_JS_SPACE.sub(b"", line)  # as ``iter_objects`` reads the file's first line
         if end < 0 or line.strip():
-            return line.removeprefix(codecs.BOM_UTF8)  # as ``iter_objects`` reads it
+            return line
         start = end + 1
 
 
@@ -185,15 +185,16 @@ def iter_objects(
     A line nested too deeply to be read exactly is JSON pi would keep: it is refused with
     ``ImportFormatError`` naming its line, never skipped as malformed.
 
-    A byte order mark is read only where pi's ``content.trim()`` drops it, at the start of
-    the file (before the first line that is not blank); on any other line, as for pi's
-    ``JSON.parse``, it makes the line malformed."""
+    What pi's ``content.trim()`` drops at the start of the file (JavaScript's whitespace,
+    a byte order mark among it, over as many lines as it spans) is dropped; elsewhere, as
+    for pi's ``JSON.parse``, a byte order mark makes its line malformed."""
     first = True
     for number, raw in lines:
+        if first:
+            raw = _LEADING_JS_SPACE.sub(b"", raw)
         if not raw.strip():
             continue
-        if first:
-            raw, first = raw.removeprefix(codecs.BOM_UTF8), False
+        first = False
         try:
             try:
                 value = loads_exact(raw)
@@ -352,6 +353,10 @@ _JS_SPACE = (
     "\t\n\v\f\r \u00a0\u1680"
     + "".join(map(chr, range(0x2000, 0x200B)))
     + "\u2028\u2029\u202f\u205f\u3000\ufeff"
+)
+# the same at the start of a line's bytes (UTF-8): what ``content.trim()`` drops there
+_LEADING_JS_SPACE = re.compile(
+    rb"\A(?:" + b"|".join(re.escape(c.encode()) for c in _JS_SPACE) + rb")+"
 )
 _JS_DECIMAL = re.compile(r"[+-]?(?:Infinity|(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?)")
 _JS_RADIX = {"x": 16, "X": 16, "o": 8, "O": 8, "b": 2, "B": 2}
