@@ -16,7 +16,7 @@ from sqlalchemy.exc import IntegrityError
 
 from core.db import read_connection, write_transaction
 from core.errors import ExternalIdTaken, InvalidArgument, InvalidEvent, SessionNotFound
-from core.journal.validation import check_limit
+from core.journal.validation import check_limit, check_name
 from core.models import EXTERNAL_ID_LEN, SessionRow, table_of, utcnow
 from core.records import Page, Session, from_row
 from core.translate import translated
@@ -75,6 +75,7 @@ class SessionRows:
             # PostgreSQL ``text`` cannot hold it; SQLite could: refused on every backend
             if value is not None and _NUL in value:
                 raise InvalidEvent(name, "contains U+0000, which a session's fields cannot hold")
+            check_name(value, name)  # a lone surrogate: no database text holds one
         now = utcnow()
         values = {
             "id": session_id or str(uuid.uuid4()),

@@ -7,6 +7,7 @@ objects/arrays nested at most ``max_event_depth`` levels deep inside one event.
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -307,11 +308,20 @@ def check_limit(value: Any, field: str = "limit") -> int:
 
 def check_name(value: Any, field: str) -> None:
     """An id, tenant, type or path argument a query compares: no U+0000 (PostgreSQL's text
-    cannot hold one, so the driver failed where SQLite matched nothing)."""
-    if isinstance(value, str) and "\x00" in value:
+    cannot hold one, so the driver failed where SQLite matched nothing), and no lone
+    surrogate (what Python makes of a command-line byte that is not UTF-8: no database
+    text holds one, and the driver's codec error named neither the argument nor why)."""
+    if not isinstance(value, str):
+        return
+    if "\x00" in value:
         raise InvalidArgument(field, "cannot contain U+0000")
+    if _LONE_SURROGATE.search(value):
+        raise InvalidArgument(
+            field, "is not UTF-8 text (a lone surrogate: a byte that is not UTF-8, as given)"
+        )
 
 
+_LONE_SURROGATE = re.compile("[\ud800-\udfff]")
 _MAX_SECONDS = 10**10  # ~317 years: any age a caller means; now minus it is still a date
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 from pathlib import Path
 
@@ -85,6 +86,27 @@ def test_a_question_is_asked_on_stderr_and_no_answer_is_a_usage_error(
     done = run(data_dir, "db", "downgrade", "base", stdin="")
     assert done.returncode == 2 and "pass --yes" in done.stderr
     assert run(data_dir, "db", "check").returncode == 0  # not downgraded
+
+
+def test_an_argument_that_is_not_utf8_is_named_before_any_sql(
+    data_dir: Path, session_id: str
+) -> None:
+    """A byte that is not UTF-8 in an id or a tenant (Python reads it as a lone surrogate):
+    bad input naming the argument, on every command, where the database's codec error
+    named neither ("invalid event at /: the database refused a value: 'utf-8' codec...")."""
+    bad = os.fsdecode(b"x\xff")
+    for argv, field in (
+        (["sessions", "show", bad], "ref"),
+        (["state", bad], "ref"),
+        (["export", bad], "session_id"),
+        (["sessions", "create", "--tenant", bad], "tenant_id"),
+        (["stats", "--tenant", bad], "tenant_id"),
+        (["events", "--tenant", bad], "tenant_id"),
+        (["sessions", "list", "--tenant", bad], "tenant_id"),
+    ):
+        done = run(data_dir, *argv)
+        assert done.returncode == 3, (argv, done.stderr)
+        assert_user_error(done, f"invalid argument {field}: is not UTF-8 text")
 
 
 def test_append_from_file_and_stdin_then_read_back(
