@@ -36,6 +36,10 @@ def embedded_worker(
     # Pool threads look tasks up through celery's current app, which falls back to the
     # process default: make it this app.
     app.set_default()
+    # No remote-control mailbox: this worker lives as long as one command, and each one it
+    # bound stayed in the broker's exchange after it, so every later broadcast (``queue
+    # status``) wrote messages for it into the queue directory that nothing ever read.
+    app.conf.worker_enable_remote_control = False
     worker = _Controller(
         app=app,
         pool_cls="threads",
