@@ -110,8 +110,15 @@ def import_files(
 ) -> None:
     """Import agent session files; again appends only what is new (idempotent)."""
     from core.errors import SessionStoreError, UnreadableFile
+    from core.interop.importer import converters
     from core.interop.watch import DEFAULT_SESSIONS_DIR, session_files
     from tasks.cli.failures import ExitCode
+
+    known = sorted(converters())
+    if format != "auto" and format not in known:  # before any file: it fails every one
+        raise typer.BadParameter(
+            f"unknown format {format!r} (known: auto, {', '.join(known)})", param_hint="--format"
+        )
 
     # the default directory may not exist (nothing to import); a path named must
     default = (

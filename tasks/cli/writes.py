@@ -227,7 +227,9 @@ def dead_replay(
     from core.journal.dead_letters import KEEP, Keep
 
     if expected_seq is not None and no_expected_seq:
-        raise InvalidEvent("expected_seq", "give --expected-seq or --no-expected-seq, not both")
+        raise typer.BadParameter(
+            "give --expected-seq or --no-expected-seq, not both", param_hint="--no-expected-seq"
+        )
     events = _load_fixed(fixed) if fixed else None
     override: int | Keep | None = KEEP
     if no_expected_seq:

@@ -109,6 +109,17 @@ def test_an_argument_that_is_not_utf8_is_named_before_any_sql(
         assert_user_error(done, f"invalid argument {field}: is not UTF-8 text")
 
 
+def test_contradicting_or_unknown_options_are_usage_errors(data_dir: Path, tmp_path: Path) -> None:
+    """Exit 2 before any work: import --format bogus failed each file (exit 1), and
+    --expected-seq with --no-expected-seq was bad input (exit 3)."""
+    source = tmp_path / "s.jsonl"
+    source.write_text(_jsonl({"type": "session", "version": 3, "id": "s1"}))
+    done = run(data_dir, "import", str(source), "--format", "bogus")
+    assert done.returncode == 2 and "unknown format 'bogus'" in done.stderr, done.stderr
+    done = run(data_dir, "dead-letters", "replay", "1", "--expected-seq", "3", "--no-expected-seq")
+    assert done.returncode == 2 and "not both" in done.stderr, done.stderr
+
+
 def test_append_from_file_and_stdin_then_read_back(
     data_dir: Path, session_id: str, tmp_path: Path
 ) -> None:
