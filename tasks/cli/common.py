@@ -253,11 +253,30 @@ def print_table(table: Table) -> None:
 def queue_app(stack: ExitStack) -> Celery:
     """The Celery app a command enqueues through. With the embedded broker nothing else
     consumes its queue, so a worker runs in this process until ``stack`` closes (as
-    ``append --via-queue`` and ``export --via-queue`` need; with Redis, the workers do)."""
+    ``append --enqueue`` and ``export --via-queue`` need; with Redis, the workers do). With
+    a broker that is unreachable, the first retry of a publish says so (it was silent for as
+    long as the retries last, two minutes by default)."""
     from tasks.app import get_app, settings_of
     from tasks.embedded import embedded_worker
 
     celery_app = get_app()
-    if settings_of(celery_app).is_embedded_broker:
+    settings = settings_of(celery_app)
+    if settings.is_embedded_broker:
         stack.enter_context(embedded_worker(celery_app))
+        return celery_app
+    told: list[bool] = []
+
+    def say_once(exc: BaseException, interval: float) -> None:  # kombu's errback, per retry
+        if not told:
+            told.append(True)
+            err_console.print(
+                plain(
+                    f"the broker is unreachable ({exc}); retrying for up to "
+                    f"{settings.publish_retry_seconds:g} s (SESSIONSTORE_PUBLISH_RETRY_SECONDS)"
+                ),
+                soft_wrap=True,
+            )
+
+    policy = dict(celery_app.conf.task_publish_retry_policy or {})
+    celery_app.conf.task_publish_retry_policy = {**policy, "errback": say_once}
     return celery_app

@@ -168,6 +168,7 @@ def test_broker_stopped_is_one_line(cli: Cli) -> None:
     cli.env["SESSIONSTORE_BROKER_URL"] = f"redis://127.0.0.1:{free_port()}/0"
     cli.env["SESSIONSTORE_PUBLISH_RETRY_SECONDS"] = "0"
     assert cli("db", "upgrade").returncode == 0
+    assert cli("sessions", "create", "--id", "s1").returncode == 0
     one_line_error(cli("queue", "status"), ExitCode.BROKER_UNAVAILABLE, "broker unavailable")
     events = json.dumps(_message("hi", "e1")) + "\n"
     one_line_error(
@@ -184,13 +185,18 @@ def test_publish_retries_as_long_as_the_setting_says(cli: Cli) -> None:
     cli.env["SESSIONSTORE_DATA_DIR"] = str(cli.home / "data")
     cli.env["SESSIONSTORE_BROKER_URL"] = f"redis://127.0.0.1:{free_port()}/0"
     assert cli("db", "upgrade").returncode == 0
+    assert cli("sessions", "create", "--id", "s1").returncode == 0
     events = json.dumps(_message("hi", "e1")) + "\n"
     for setting in (1, 8):
         cli.env["SESSIONSTORE_PUBLISH_RETRY_SECONDS"] = str(setting)
         started = time.monotonic()
         result = cli("append", "s1", "--enqueue", stdin=events)
         elapsed = time.monotonic() - started
-        one_line_error(result, ExitCode.BROKER_UNAVAILABLE, "broker unavailable")
+        # first what it is doing (it was silent for the whole wait), then the one error line
+        notice, error = result.stderr.splitlines()
+        assert notice.startswith("the broker is unreachable") and f"up to {setting} s" in notice
+        assert result.returncode == int(ExitCode.BROKER_UNAVAILABLE)
+        assert error.startswith("error: broker unavailable"), result.stderr
         assert setting <= elapsed < setting + 15, (setting, elapsed)
 
 
@@ -210,6 +216,7 @@ def test_bad_url_bad_id_bad_input(cli: Cli) -> None:
     assert cli("db", "upgrade").returncode == 0
     one_line_error(cli("sessions", "show", "no-such-session"), ExitCode.NOT_FOUND)
     one_line_error(cli("dead-letters", "show", "42"), ExitCode.NOT_FOUND)
+    assert cli("sessions", "create", "--id", "s1").returncode == 0
     one_line_error(cli("append", "s1", stdin="{not json\n"), ExitCode.BAD_INPUT, "line 1")
 
 
