@@ -33,9 +33,10 @@ if TYPE_CHECKING:
 HEAD_REVISION = "0020"
 VERSION_TABLE = "alembic_version"
 
-# The scripts are part of the package (an installed copy has no checkout around it: the
-# scripts beside the project root were not installed, and every schema command failed).
-MIGRATIONS = Path(__file__).resolve().parent / "migrations"
+# The scripts beside ``core/``: in a checkout, and in an installed copy, where pyproject
+# installs ``migrations`` beside the packages (they were left out, and every schema command
+# failed there).
+MIGRATIONS = Path(__file__).resolve().parent.parent / "migrations"
 
 
 def alembic_config(url: str) -> Config:

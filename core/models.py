@@ -1,4 +1,4 @@
-"""The schema, as SQLModel tables. Alembic (core/migrations/) is the only thing that creates it."""
+"""The schema, as SQLModel tables. Alembic (migrations/) is the only thing that creates it."""
 
 from __future__ import annotations
 

@@ -249,7 +249,7 @@ def test_app_services_share_one_image_built_from_the_repository(
             *sources, _ = line.split()[1:]
             copied |= {s.rstrip("/") for s in sources}
     # What pip install . and alembic need; each must exist, or the build fails.
-    assert {"pyproject.toml", "alembic.ini", "core", "tasks"} <= copied  # core/migrations too
+    assert {"pyproject.toml", "alembic.ini", "core", "tasks", "migrations"} <= copied
     for source in copied:
         assert (ROOT / source).exists(), f"the image COPYs {source}, which is not in the repo"
     workdir = next(line.split()[1] for line in lines if line.startswith("WORKDIR"))

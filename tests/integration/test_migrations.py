@@ -147,8 +147,8 @@ def test_the_rollup_of_models_read_from_any_value_is_forgotten(empty_url: str) -
 def test_an_installed_copy_manages_its_schema_without_the_checkout(tmp_path: Path) -> None:
     """What ``pip install .`` (the compose image) installs, and nothing else: the packages
     pyproject.toml's setuptools rules select, with their package data, copied alone. Its CLI
-    creates, upgrades, checks and lists the schema (the scripts lived beside the project
-    root, were not installed, and every schema command failed with a traceback)."""
+    creates, upgrades, checks and lists the schema (the scripts were left out of the
+    install, and every schema command failed there with a traceback)."""
     import shutil
     import subprocess
     import sys
