@@ -91,7 +91,11 @@ def append(
 
 
 def _answer(task: Task, outcome: dict[str, Any], deliveries: int) -> dict[str, Any]:
-    """The write's outcome, stored where producers look it up; its deliveries forgotten."""
+    """The write's outcome, stored where producers look it up; its deliveries forgotten.
+    A rejection is not stored at all where the key has committed already (the same write,
+    by another delivery; or other content): that commit answers instead."""
+    if outcome.get("status") == "dead_lettered":
+        outcome = _commit_of_the_key(task, outcome) or outcome
     _store_under_write_id(task, outcome)
     if deliveries > 1:
         forget_deliveries(task)
@@ -130,28 +134,15 @@ def _unless_committed_since(task: Task, rejected: dict[str, Any]) -> None:
     Another delivery of the write may commit between this one's rejection and its outcome
     being stored: that commit's ``_clear_rejections`` found nothing yet, and then Celery
     kept this rejection over its outcome (it stores nothing over a SUCCESS). So the
-    journal is asked only after every store of the rejection (``on_success``); a commit
-    after the asking finds the rejection and clears it itself. The commit found is this
-    content's, or the other content the key holds (then this write's producer is told
-    ``key_reused``, as ``_kept_for_the_key`` does). The dead letter stays (a replay of it
-    is answered as the replay it is). Best effort: the rejection stands if this fails."""
-    write = getattr(task.request, "sessionstore_write", None)
-    if write is None or not keeps_outcomes(task.backend):
+    journal is asked again after every store of the rejection (``on_success``); a commit
+    after the asking finds the rejection and clears it itself. (``_answer`` asks before
+    the rejection is stored, too: a commit found then is never shown as a rejection.)"""
+    if not keeps_outcomes(task.backend):
         return
-    session_id, events, key = write
-    try:
-        prior = store_for(task.app).committed_write(session_id, events, key)
-    except IdempotencyKeyReused as exc:  # the key holds other content, committed
-        answer = _kept_for_the_key(task, exc, rejected)
-        if answer is rejected:
-            return
-    except Exception as exc:  # bad input, the database away
-        logger.debug("no commit found for a rejected write", extra={"error": repr(exc)})
+    answer = _commit_of_the_key(task, rejected)
+    if answer is None:
         return
-    else:
-        if prior is None:
-            return
-        answer = committed(key, prior, _digest_of(task, events))
+    session_id, _events, key = task.request.sessionstore_write
     logger.info(
         "a rejected write's key was committed by another delivery meanwhile; answering it",
         extra={"session_id": session_id, "dead_letter_id": rejected.get("dead_letter_id")},
@@ -162,6 +153,41 @@ def _unless_committed_since(task: Task, rejected: dict[str, Any]) -> None:
             task.backend.store_result(task_id, answer, states.SUCCESS)
         except Exception as exc:
             logger.warning("could not store a write's commit", extra={"error": repr(exc)})
+
+
+def _commit_of_the_key(task: Task, rejected: dict[str, Any]) -> dict[str, Any] | None:
+    """The answer a rejected write's (session, key) gives once the key has committed: this
+    content's commit, or, for other content under the key (invalid content too: no write
+    could hold it), the key's commit as ``_kept_for_the_key`` states it (this write's
+    producer is then told ``key_reused``). None while the key holds no commit, or where
+    the journal cannot say (the rejection stands: best effort). The dead letter stays (a
+    replay of it is answered as the replay it is)."""
+    write = getattr(task.request, "sessionstore_write", None)
+    if write is None:
+        return None
+    session_id, events, key = write
+    if not isinstance(session_id, str) or not isinstance(key, str):
+        return None
+    store = store_for(task.app)
+    try:
+        prior = store.journal.find_write(session_id, key)
+        if prior is None:
+            return None
+        try:
+            same = store.committed_write(session_id, events, key)
+        except IdempotencyKeyReused as exc:
+            reused = exc
+        except InvalidEvent:  # content no write could hold: the key's commit is another's
+            reused = IdempotencyKeyReused(
+                prior.session_id, key, prior.first_seq, prior.last_seq, prior.positions
+            )
+        else:
+            return committed(key, same or prior, _digest_of(task, events))
+    except Exception as exc:  # the database away
+        logger.debug("no commit found for a rejected write", extra={"error": repr(exc)})
+        return None
+    answer = _kept_for_the_key(task, reused, rejected)
+    return None if answer is rejected else answer
 
 
 def _given_up(

@@ -22,6 +22,7 @@ from sqlalchemy.engine import Connection, Engine
 from core import SessionStore, Settings
 from core.blobs.files import FileBlobStore
 from core.errors import IdempotencyKeyReused, InvalidEvent, WriteRejected
+from core.journal import Journal
 from tasks import enqueue_append
 from tasks.app import QUEUE, create_app
 from tasks.outcomes import (
@@ -477,36 +478,57 @@ def test_a_commit_stands_over_a_rejection_of_the_same_write_stored_before(
 def test_a_rejection_is_stored_whole_before_the_journal_is_asked(
     app: Celery, store: SessionStore, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The rejected delivery asks the journal for a commit of its key only once nothing of
-    its own is stored later: a commit after the asking clears the rejection itself. Celery
-    stored the rejection again after the asking (the task's return value), over a commit
-    that had cleared the first copy."""
-    calls: list[tuple[str, Any]] = []
+    """The rejected delivery asks the journal for a commit of its key once more after the
+    last store of its rejection: a commit after that asking clears the rejection itself.
+    Celery stored the rejection again after the asking (the task's return value), over a
+    commit that had cleared the first copy."""
+    calls: list[str] = []
     backend_type = type(app.backend)
     real_store = backend_type.store_result
 
     def store_result(self: Any, task_id: str, result: Any, state: str, *a: Any, **kw: Any) -> Any:
-        if isinstance(result, dict):
-            calls.append(("stored", result.get("status")))
+        if isinstance(result, dict) and result.get("status") == "dead_lettered":
+            calls.append("rejection stored")
         return real_store(self, task_id, result, state, *a, **kw)
 
-    real_lookup = SessionStore.committed_write
+    real_lookup = Journal.find_write
 
-    def committed_write(self: SessionStore, *args: Any, **kwargs: Any) -> Any:
-        calls.append(("asked", None))
-        return real_lookup(self, *args, **kwargs)
+    def find_write(self: Journal, session_id: str, key: str) -> Any:
+        if key == "k":
+            calls.append("asked")
+        return real_lookup(self, session_id, key)
 
     monkeypatch.setattr(backend_type, "store_result", store_result)
-    monkeypatch.setattr(SessionStore, "committed_write", committed_write)
+    monkeypatch.setattr(Journal, "find_write", find_write)
     sid = store.create_session(tenant_id="acme").id
     handle = enqueue_append(sid, [note("late")], expected_seq=3, idempotency_key="k", app=app)
     with thread_worker(app, concurrency=1):
         with pytest.raises(WriteRejected):
             handle.get(timeout=30)
-        wait_for(lambda: ("asked", None) in calls, 30, "the journal to be asked")
-    asked = calls.index(("asked", None))
-    assert ("stored", "dead_lettered") in calls[:asked]
-    assert ("stored", "dead_lettered") not in calls[asked:], calls
+        wait_for(lambda: calls[-1:] == ["asked"], 30, "the journal to be asked after")
+    assert "rejection stored" in calls
+    last_store = max(i for i, call in enumerate(calls) if call == "rejection stored")
+    assert "asked" in calls[last_store:], calls
+    assert calls.index("asked") < calls.index("rejection stored"), calls  # and before
+
+
+def test_a_rejection_of_invalid_content_under_a_committed_key_answers_with_the_commit(
+    app: Celery, store: SessionStore
+) -> None:
+    """A key committed (here through the library, which stores no outcome), then content
+    no write could hold sent under it by a plain client: the outcome under (session, key)
+    is the key's commit, so its producer is answered (it was the invalid content's
+    rejection, and the commit's producer waited for an answer that never came)."""
+    sid = store.create_session(tenant_id="acme").id
+    mine = [note("mine")]
+    store.append(sid, mine, idempotency_key="k")
+    with thread_worker(app, concurrency=1):
+        send_raw(app, sid, [{"type": 5}], key="k")
+        wait_for(lambda: stored_outcome(app, sid, "k") is not None, 30, "an outcome")
+    stored = stored_outcome(app, sid, "k")
+    assert stored is not None and stored["status"] == "ok", stored
+    assert stored["digest"] == write_digest(mine) and stored["first_seq"] == 1
+    assert len(store.dead_letters.list()) == 1  # the invalid content is kept
 
 
 def test_a_producer_keeps_a_bounded_number_of_outcomes(app: Celery, store: SessionStore) -> None:
