@@ -75,10 +75,17 @@ def published_text(path: Path) -> Iterator[IO[str]]:
     writing removes the new file. Made as ``open()`` makes a file (0666 less the umask);
     text is UTF-8, a lone surrogate passed through (it is what the stored value holds).
 
-    A path that is no file to replace (a FIFO, a device such as ``/dev/stdout``, a socket)
-    is written in place, as ``cp`` or a shell's ``>`` would: renaming over it replaced the
-    device or pipe with a file, and the text never reached its reader. A link to a file
-    publishes at the file it names (the link stays)."""
+    A path that is no regular file (a FIFO, a device, a link such as ``/dev/stdout``) is
+    written in place, as a shell's ``>`` would: renaming over it replaced the device, pipe
+    or link with a file, and the text never reached its reader."""
+    descriptor = _descriptor_named(path)
+    if descriptor is not None:  # /dev/stdout, /dev/fd/N: this process's own descriptor
+        shared_fd = os.dup(descriptor)
+        with os.fdopen(
+            shared_fd, "w", encoding="utf-8", errors="surrogatepass", newline="\n"
+        ) as shared:
+            yield shared
+        return
     target = _file_to_replace(path)
     if target is None:
         with open(path, "w", encoding="utf-8", errors="surrogatepass", newline="\n") as direct:
@@ -102,16 +109,35 @@ def published_text(path: Path) -> Iterator[IO[str]]:
     fsync_dir(path.parent, strict=False)
 
 
+_OWN_DESCRIPTOR = re.compile(r"/(?:proc/(?:self|(?P<pid>[0-9]+))|dev)/fd/(?P<fd>[0-9]+)")
+
+
+def _descriptor_named(path: Path) -> int | None:
+    """The descriptor of this process a path names through links (``/dev/stdout`` ->
+    ``/proc/self/fd/1``), else None. Written through that descriptor, a ``>> log`` keeps
+    what it holds and what comes after; opened again by name, the file was truncated (or
+    renamed over), and an earlier line of the log lost."""
+    current = Path(os.path.abspath(path))
+    for _ in range(40):  # the kernel's own limit on a chain of links
+        found = _OWN_DESCRIPTOR.fullmatch(str(current))
+        if found is not None and found["pid"] in (None, str(os.getpid())):
+            return int(found["fd"])
+        if not current.is_symlink():
+            return None
+        current = Path(os.path.abspath(current.parent / os.readlink(current)))
+    return None
+
+
 def _file_to_replace(path: Path) -> Path | None:
-    """Where ``published_text`` puts its new file: ``path``, or the file a link there names
-    (a dangling link: the name it points at); None when ``path`` is no regular file."""
+    """Where ``published_text`` puts its new file: ``path`` when it is a regular file or
+    nothing yet; None (write in place) for anything else. A link is written through, never
+    resolved by name: ``/dev/stdout`` names /proc/self/fd/1, whose target's name may be a
+    file that other writes share (``>> log``), and a rename over it replaced that file."""
     try:
-        info = os.stat(path)  # through links (a /proc magic link too: never resolved by name)
+        info = os.lstat(path)
     except FileNotFoundError:
-        return path.resolve() if path.is_symlink() else path
-    if not stat.S_ISREG(info.st_mode):
-        return None
-    return path.resolve() if path.is_symlink() else path
+        return path
+    return path if stat.S_ISREG(info.st_mode) else None
 
 
 def replace_atomically(path: Path, data: bytes, *, prefix: str = ".tmp-") -> None:

@@ -53,7 +53,7 @@ def test_a_link_to_a_process_descriptor_reaches_it(tmp_path: Path) -> None:
     assert link.is_symlink()
 
 
-def test_a_link_to_a_file_publishes_at_that_file_and_stays(tmp_path: Path) -> None:
+def test_a_link_to_a_file_is_written_through_and_stays(tmp_path: Path) -> None:
     target = tmp_path / "real.jsonl"
     target.write_text("old\n")
     link = tmp_path / "link.jsonl"
@@ -64,3 +64,20 @@ def test_a_link_to_a_file_publishes_at_that_file_and_stays(tmp_path: Path) -> No
     dangling.symlink_to(tmp_path / "made.jsonl")
     _publish(dangling, "made\n")
     assert dangling.is_symlink() and (tmp_path / "made.jsonl").read_text() == "made\n"
+
+
+def test_a_descriptor_open_on_a_shared_file_is_written_through(tmp_path: Path) -> None:
+    """``-o /dev/stdout >> log``: the link names a descriptor open on a regular file, which
+    other writes share. Resolved by name, the export was renamed over the file, and what
+    the log held before (and what came after, into the old file) was lost."""
+    log = tmp_path / "log.txt"
+    log.write_text("an earlier line\n")
+    fd = os.open(log, os.O_WRONLY | os.O_APPEND)
+    link = tmp_path / "stdout"
+    link.symlink_to(f"/proc/self/fd/{fd}")
+    try:
+        _publish(link, "the export\n")
+        os.write(fd, b"a later line\n")
+    finally:
+        os.close(fd)
+    assert log.read_text() == "an earlier line\nthe export\na later line\n"
