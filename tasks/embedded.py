@@ -29,17 +29,22 @@ class _Controller(WorkController):  # type: ignore[misc]
 
 @contextmanager
 def embedded_worker(
-    app: Celery, *, concurrency: int = 2, ready_timeout: float = 30.0
+    app: Celery,
+    *,
+    concurrency: int = 2,
+    ready_timeout: float = 30.0,
+    remote_control: bool = True,
 ) -> Iterator[WorkController]:
-    """Run a thread-pool worker consuming ``app``'s queue until the block exits."""
+    """Run a thread-pool worker consuming ``app``'s queue until the block exits.
+    ``remote_control=False``: no remote-control mailbox (a worker that lives as long as one
+    command: on the filesystem broker each one it bound stayed bound after it, and every
+    later broadcast, ``queue status``, wrote messages for it that nothing read)."""
     app.finalize()
     # Pool threads look tasks up through celery's current app, which falls back to the
     # process default: make it this app.
     app.set_default()
-    # No remote-control mailbox: this worker lives as long as one command, and each one it
-    # bound stayed in the broker's exchange after it, so every later broadcast (``queue
-    # status``) wrote messages for it into the queue directory that nothing ever read.
-    app.conf.worker_enable_remote_control = False
+    remote_before = app.conf.worker_enable_remote_control
+    app.conf.worker_enable_remote_control = remote_control and remote_before
     worker = _Controller(
         app=app,
         pool_cls="threads",
@@ -63,3 +68,4 @@ def embedded_worker(
     finally:
         worker.stop(in_sighandler=False)
         thread.join(30)
+        app.conf.worker_enable_remote_control = remote_before

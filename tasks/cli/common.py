@@ -261,8 +261,8 @@ def queue_app(stack: ExitStack) -> Celery:
 
     celery_app = get_app()
     settings = settings_of(celery_app)
-    if settings.is_embedded_broker:
-        stack.enter_context(embedded_worker(celery_app))
+    if settings.is_embedded_broker:  # this command's own: no mailbox left behind
+        stack.enter_context(embedded_worker(celery_app, remote_control=False))
         return celery_app
     told: list[bool] = []
 

@@ -194,7 +194,9 @@ def run(settings: Settings, tenant: str, *, as_json: bool = False) -> None:
     print a summary (one JSON document with ``as_json``)."""
     started = time.monotonic()
     celery_app = create_app(settings)
-    with SessionStore.from_settings(settings) as store, embedded_worker(celery_app):
+    # a worker for the demo's run alone: no mailbox left on the embedded broker after it
+    worker = embedded_worker(celery_app, remote_control=not settings.is_embedded_broker)
+    with SessionStore.from_settings(settings) as store, worker:
         attach_fork_copier(store, celery_app)
         session = store.create_session(
             tenant_id=tenant, title="Fix the flaky upload test", cwd="/work/upload-service"

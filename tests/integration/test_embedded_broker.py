@@ -173,3 +173,18 @@ def test_a_worker_of_one_command_leaves_no_mailbox_behind(tmp_path: Path) -> Non
     for _ in range(2):
         run_cli("queue", "status", "--timeout", "0.1", env=env, timeout=60)
     assert waiting() == before == 0
+
+
+def test_an_embedded_worker_keeps_remote_control_unless_told_and_restores_it(
+    tmp_path: Path,
+) -> None:
+    """Only a command's own worker on the embedded broker goes without a mailbox: one a
+    library user runs on Redis (the README's producer guide) stays visible to queue status,
+    and the app's setting is what it was once the block ends (it stayed off)."""
+    app = create_app(Settings(data_dir=tmp_path / "data"))
+    upgrade(f"sqlite:///{tmp_path / 'data' / 'journal.db'}")
+    for remote_control in (True, False):
+        with embedded_worker(app, remote_control=remote_control) as worker:
+            answered = app.control.inspect(timeout=2).ping() or {}
+            assert (worker.hostname in answered) is remote_control, answered
+        assert app.conf.worker_enable_remote_control is True
