@@ -123,7 +123,8 @@ class SessionRows:
                 raise InvalidArgument(
                     "session",
                     f"the external id {ref!r} names sessions of several tenants ({shown}): "
-                    "give the tenant (--tenant)",
+                    "give its tenant too (on the command line --tenant; sessions move: "
+                    "--from-tenant)",
                 ) from None
             raise
 

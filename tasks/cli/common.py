@@ -87,8 +87,9 @@ def confirm(question: str, *, yes: bool) -> None:
     # not click's confirm: its input() writes a space to stdout even with err=True
     sys.stderr.write(f"{question} [y/N]: ")
     sys.stderr.flush()
-    line = sys.stdin.readline()
-    if not line and not sys.stdin.isatty():
+    stdin = sys.stdin  # None when descriptor 0 is closed (``<&-``)
+    line = stdin.readline() if stdin is not None else ""
+    if not line and (stdin is None or not stdin.isatty()):
         sys.stderr.write("\n")
         raise typer.BadParameter(
             f"{question} No answer on stdin (not a terminal): pass --yes", param_hint="--yes"

@@ -86,6 +86,16 @@ def test_a_question_is_asked_on_stderr_and_no_answer_is_a_usage_error(
     done = run(data_dir, "db", "downgrade", "base", stdin="")
     assert done.returncode == 2 and "pass --yes" in done.stderr
     assert run(data_dir, "db", "check").returncode == 0  # not downgraded
+    closed = subprocess.run(  # descriptor 0 closed (a shell's <&-): Python's stdin is None
+        [EXE, "dead-letters", "discard", "1"],
+        env=clean_env(data_dir),
+        stdin=None,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        preexec_fn=lambda: os.close(0),
+    )
+    assert closed.returncode == 2 and "pass --yes" in closed.stderr, closed.stderr
 
 
 def test_an_argument_that_is_not_utf8_is_named_before_any_sql(

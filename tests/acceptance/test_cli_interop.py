@@ -68,7 +68,7 @@ def test_an_external_id_of_several_tenants_asks_for_the_tenant(run: Run, tmp_pat
         assert run("import", str(FIXTURES / "v3.jsonl"), "--tenant", tenant).returncode == 0
     ambiguous = run("sessions", "show", "0f3c2a10-v3")
     assert ambiguous.returncode == 3 and "Traceback" not in ambiguous.stderr
-    assert "several tenants (acme, globex): give the tenant (--tenant)" in ambiguous.stderr
+    assert "several tenants (acme, globex): give its tenant too" in ambiguous.stderr
     shown = json.loads(
         run("sessions", "show", "0f3c2a10-v3", "--tenant", "globex", "--json").stdout
     )
