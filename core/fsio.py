@@ -80,15 +80,12 @@ def published_text(path: Path) -> Iterator[IO[str]]:
     or link with a file, and the text never reached its reader."""
     descriptor = _descriptor_named(path)
     if descriptor is not None:  # /dev/stdout, /dev/fd/N: this process's own descriptor
-        shared_fd = os.dup(descriptor)
-        with os.fdopen(
-            shared_fd, "w", encoding="utf-8", errors="surrogatepass", newline="\n"
-        ) as shared:
+        with _text_writer(os.dup(descriptor)) as shared:
             yield shared
         return
     target = _file_to_replace(path)
     if target is None:
-        with open(path, "w", encoding="utf-8", errors="surrogatepass", newline="\n") as direct:
+        with _text_writer(path) as direct:
             yield direct
         return
     path = target
@@ -97,7 +94,7 @@ def published_text(path: Path) -> Iterator[IO[str]]:
         mask = os.umask(0)
         os.umask(mask)
         os.fchmod(fd, 0o666 & ~mask)  # mkstemp's is 0600
-        with os.fdopen(fd, "w", encoding="utf-8", errors="surrogatepass", newline="\n") as out:
+        with _text_writer(fd) as out:
             yield out
             out.flush()
             os.fsync(out.fileno())
@@ -107,6 +104,11 @@ def published_text(path: Path) -> Iterator[IO[str]]:
             os.unlink(name)
         raise
     fsync_dir(path.parent, strict=False)
+
+
+def _text_writer(file: int | Path) -> IO[str]:
+    """The text ``published_text`` writes: UTF-8, a lone surrogate passed through, ``\n``."""
+    return open(file, "w", encoding="utf-8", errors="surrogatepass", newline="\n")
 
 
 _OWN_DESCRIPTOR = re.compile(r"/(?:proc/(?:self|(?P<pid>[0-9]+))|dev)/fd/(?P<fd>[0-9]+)")

@@ -118,9 +118,14 @@ def store_outcome(
 ) -> None:
     """Record ``outcome`` as the answer for (session, key), where producers look it up, in
     place of any before it (Celery's backends ignore a result stored over a SUCCESS)."""
-    task_id = write_task_id(session_id, idempotency_key)
-    app.backend.forget(task_id)
-    app.backend.store_result(task_id, outcome, states.SUCCESS)
+    replace_outcome(app.backend, write_task_id(session_id, idempotency_key), outcome)
+
+
+def replace_outcome(backend: Any, task_id: str, outcome: dict[str, Any]) -> None:
+    """``outcome`` under ``task_id`` in place of what is stored there (Celery's backends
+    ignore a result stored over a SUCCESS): forgotten first, then stored."""
+    backend.forget(task_id)
+    backend.store_result(task_id, outcome, states.SUCCESS)
 
 
 def keeps_outcomes(backend: Any) -> bool:

@@ -32,6 +32,7 @@ from tasks.outcomes import (
     digest_or_none,
     forget_rejection,
     keeps_outcomes,
+    replace_outcome,
     write_digest,
     write_task_id,
 )
@@ -149,8 +150,7 @@ def _unless_committed_since(task: Task, rejected: dict[str, Any]) -> None:
     )
     for task_id in _task_ids(task, session_id, key):
         try:
-            task.backend.forget(task_id)
-            task.backend.store_result(task_id, answer, states.SUCCESS)
+            replace_outcome(task.backend, task_id, answer)
         except Exception as exc:
             logger.warning("could not store a write's commit", extra={"error": repr(exc)})
 
@@ -305,13 +305,9 @@ def _kept_for_the_key(
 
 def _store_under_write_id(task: Task, outcome: dict[str, Any]) -> None:
     """A client that chose its own task id still finds the outcome by (session, key)."""
-    session_id, key = outcome.get("session_id"), outcome.get("idempotency_key")
-    if not isinstance(session_id, str) or not isinstance(key, str):
-        return
-    derived = write_task_id(session_id, key)
-    if derived == task.request.id:
-        return
-    try:
-        task.backend.store_result(derived, outcome, "SUCCESS")
-    except Exception as exc:  # the write's outcome is in the journal; only a lookup is lost
-        logger.warning("could not store an outcome by key", extra={"error": repr(exc)})
+    derived = _task_ids(task, outcome.get("session_id"), outcome.get("idempotency_key"))[1:]
+    for task_id in derived:  # none when the client's task id is the derived one
+        try:
+            task.backend.store_result(task_id, outcome, states.SUCCESS)
+        except Exception as exc:  # the outcome is in the journal; only a lookup is lost
+            logger.warning("could not store an outcome by key", extra={"error": repr(exc)})

@@ -402,6 +402,25 @@ def settings_env(
     }
 
 
+@contextmanager
+def queue_worker(
+    settings: Settings, tmp_path: Path, *, include: str | None = None, **env: str
+) -> Iterator[Path]:
+    """A prefork worker subprocess on ``settings``' journal and broker (``env`` added to its
+    environment, ``include`` its extra module); yields its log, stops it on the way out."""
+    worker_env = settings_env(
+        database_url=str(settings.database_url),
+        broker_url=str(settings.broker_url),
+        data_dir=tmp_path / "w",
+    )
+    log = tmp_path / "worker.log"
+    worker = WorkerProcess({**worker_env, **env}, log, include=include)
+    try:
+        yield log
+    finally:
+        worker.stop()
+
+
 def send_raw(
     app: Celery,
     session_id: Any,

@@ -11,9 +11,7 @@ from collections.abc import Callable, Iterator, Sequence
 from datetime import datetime
 from typing import IO, TYPE_CHECKING, Any
 
-from core.blobs.externalize import parse_pointer
-from core.blobs.rehydrate import Rehydrator
-from core.blobs.store import make_ref
+from core.blobs.rehydrate import Rehydrator, holds_ref
 from core.errors import ExportIncomplete
 from core.interop import pi
 from core.journal.validation import check_at_seq
@@ -116,16 +114,10 @@ def _fork_header(
 ) -> dict[str, Any]:
     """The inherited header as the fork's own: its id, its start, its parent; whatever else
     the header holds is kept, in its place."""
-    own = {
-        "id": session.external_id or session.id,
-        "timestamp": js_iso(session.created_at),
-        "parentSession": parent_file,
-    }
-    header = {k: own.get(k, v) for k, v in inherited.items()}
-    if "parentSession" not in header:
+    header = {k: v for k, v in inherited.items() if k != "parentSession"}
+    header.update(id=session.external_id or session.id, timestamp=js_iso(session.created_at))
+    if parent_file is not None:
         header["parentSession"] = parent_file
-    if header["parentSession"] is None:
-        del header["parentSession"]
     return header
 
 
@@ -154,14 +146,7 @@ def rehydrated_events(
 
 def unresolved(full: StoredEvent, entries: Sequence[ManifestEntry]) -> list[str]:
     """Blob hashes whose ref is still in place after rehydration (missing or corrupt)."""
-    left = []
-    for entry in entries:
-        node: Any = full.payload
-        for token in parse_pointer(entry.pointer):
-            node = node[int(token)] if isinstance(node, list) else node.get(token)
-        if node == make_ref(entry.hash):
-            left.append(entry.hash)
-    return left
+    return [entry.hash for entry in entries if holds_ref(full.payload, entry)]
 
 
 def rehydrated_with_manifest(

@@ -100,25 +100,33 @@ class SessionRows:
 
     def find_external(self, tenant_id: str | None, external_id: str) -> Session | None:
         """The session with this external id (in the tenant; or the only one, if None)."""
+        found = self._with_external_id(tenant_id, external_id, limit=2)
+        return found[0] if len(found) == 1 else None
+
+    @translated
+    def _with_external_id(
+        self, tenant_id: str | None, external_id: str, *, limit: int
+    ) -> list[Session]:
+        """Up to ``limit`` sessions with this external id (in the tenant), by tenant."""
         if _NUL in external_id:  # no session has one (``create_session``); PostgreSQL
-            return None  # would refuse the query itself
+            return []  # would refuse the query itself
         query = select(_sessions).where(_sessions.c.external_id == external_id)
         if tenant_id is not None:
             query = query.where(_sessions.c.tenant_id == tenant_id)
         with read_connection(self.engine) as conn:
-            rows = conn.execute(query.limit(2)).all()
-        return _to_session(rows[0]) if len(rows) == 1 else None
+            rows = conn.execute(query.order_by(_sessions.c.tenant_id).limit(limit)).all()
+        return [_to_session(row) for row in rows]
 
     def resolve_session(self, ref: str, *, tenant_id: str | None = None) -> Session:
         """A session by its id or, failing that, by its external id within the tenant."""
         try:
             return self.get_session(ref, tenant_id=tenant_id)
         except SessionNotFound:
-            found = self.find_external(tenant_id, ref)
-            if found is not None:
-                return found
-            tenants = self._tenants_of_external(ref) if tenant_id is None else []
-            if len(tenants) > 1:  # not "not found": found in more than one tenant
+            found = self._with_external_id(tenant_id, ref, limit=6)
+            if len(found) == 1:
+                return found[0]
+            if found:  # not "not found": found in more than one tenant
+                tenants = [session.tenant_id for session in found]
                 shown = ", ".join(tenants[:5]) + (", ..." if len(tenants) > 5 else "")
                 raise InvalidArgument(
                     "session",
@@ -127,19 +135,6 @@ class SessionRows:
                     "--from-tenant)",
                 ) from None
             raise
-
-    @translated
-    def _tenants_of_external(self, external_id: str) -> list[str]:
-        if _NUL in external_id:
-            return []
-        query = (
-            select(_sessions.c.tenant_id)
-            .where(_sessions.c.external_id == external_id)
-            .order_by(_sessions.c.tenant_id)
-            .limit(6)
-        )
-        with read_connection(self.engine) as conn:
-            return [str(row.tenant_id) for row in conn.execute(query)]
 
     @translated
     def get_session(self, session_id: str, *, tenant_id: str | None = None) -> Session:

@@ -29,6 +29,7 @@ from tasks.retry import backoff_seconds, is_transient
 from tests.support import (
     TcpProxy,
     WorkerProcess,
+    queue_worker,
     redis_server,
     send_raw,
     settings_env,
@@ -263,17 +264,9 @@ def hanging_after_commit(
     faults = tmp_path / "faults"
     faults.mkdir()
     (faults / "armed").touch()
-    env = settings_env(
-        database_url=str(queue_settings.database_url),
-        broker_url=str(queue_settings.broker_url),
-        data_dir=tmp_path / "w",
-    )
-    env.update(SS_FAULT_DIR=str(faults), SS_FAULT_TABLE=table)
-    worker = WorkerProcess(env, tmp_path / "worker.log", include="tests.faults")
-    try:
+    armed = {"SS_FAULT_DIR": str(faults), "SS_FAULT_TABLE": table}
+    with queue_worker(queue_settings, tmp_path, include="tests.faults", **armed):
         yield faults
-    finally:
-        worker.stop()
 
 
 @pytest.mark.slow

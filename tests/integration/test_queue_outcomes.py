@@ -38,6 +38,7 @@ from tests.support import (
     DiskFull,
     TcpProxy,
     WorkerProcess,
+    queue_worker,
     send_raw,
     settings_env,
     thread_worker,
@@ -85,17 +86,8 @@ def app(queue_settings: Settings) -> Celery:
 @pytest.fixture
 def prefork(queue_settings: Settings, tmp_path: Path) -> Iterator[Path]:
     """A prefork worker subprocess; yields its log."""
-    env = settings_env(
-        database_url=str(queue_settings.database_url),
-        broker_url=str(queue_settings.broker_url),
-        data_dir=tmp_path / "w",
-    )
-    log = tmp_path / "worker.log"
-    worker = WorkerProcess(env, log)
-    try:
+    with queue_worker(queue_settings, tmp_path) as log:
         yield log
-    finally:
-        worker.stop()
 
 
 @pytest.mark.slow
