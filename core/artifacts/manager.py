@@ -8,7 +8,9 @@ written atomically next to it.
 
 from __future__ import annotations
 
+import errno
 import logging
+import os
 import re
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, ExitStack, contextmanager, nullcontext
@@ -23,6 +25,7 @@ from core.artifacts.inherited import preserve_for_forks
 from core.artifacts.oversized import OversizedOutputs
 from core.artifacts.paths import (
     agent_output_names,
+    encode_component,
     sanitize_agent_name,
     sanitize_tool_type,
     tool_log_name,
@@ -121,7 +124,7 @@ class ArtifactManager:
         if self._scope.objects is not None:
             # Object storage: the caller streams into a spool file in the local cache;
             # ``finalize_tool_output`` uploads it whole (a crash publishes nothing).
-            spool = self._spool_path(directory / tool_log_name(artifact_id, tool))
+            spool = self._spool_path(tool_log_name(artifact_id, tool))
             spool.parent.mkdir(parents=True, exist_ok=True)
             return AllocatedPath(artifact_id, spool)
         try:
@@ -153,17 +156,25 @@ class ArtifactManager:
             with storage_errors("artifacts"):  # a missing file stays FileNotFoundError
                 size = nofollow.size(self._scope.root, target)
         else:
-            spool = self._spool_path(target)
-            size = spool.stat().st_size
-            objects.put_file(key_of(self._scope.root, target), spool)
-            spool.unlink()
+            spool_dir, spool = self._scope.settings.artifact_spool_dir, self._spool_path(info.name)
+            with storage_errors("artifacts"):  # a missing file stays FileNotFoundError
+                fd = nofollow.open_file(spool_dir, spool)  # a planted link is refused
+                if fd is None:
+                    raise FileNotFoundError(errno.ENOENT, "no such spooled output", str(spool))
+                with os.fdopen(fd, "rb") as source:
+                    size = os.fstat(source.fileno()).st_size
+                    objects.put_file(key_of(self._scope.root, target), source)
+                nofollow.unlink(spool_dir, spool)
         self._set_size(TOOL_OUTPUT, artifact_id, size)
         return size
 
-    def _spool_path(self, target: Path) -> Path:
-        """Where a streamed tool output waits for its upload (object storage only)."""
+    def _spool_path(self, name: str | None) -> Path:
+        """Where a streamed tool output waits for its upload (object storage only). Named
+        by the session, not its tenant: a session moved between the allocation and the
+        upload finds its bytes where they were written (the upload goes to its new
+        directory)."""
         spool = self._scope.settings.artifact_spool_dir
-        return spool / target.relative_to(self._scope.root)
+        return spool / encode_component(self.session_id) / (name or "")
 
     def discard_tool_output(self, artifact_id: str) -> None:
         """Remove a tool output whose content could not be written (its id stays used)."""
@@ -174,7 +185,7 @@ class ArtifactManager:
         if row is not None and row.name:
             target = self._scope.dir_for(info.tenant_id) / row.name
             if self._scope.objects is not None:
-                self._spool_path(target).unlink(missing_ok=True)
+                self._spool_path(row.name).unlink(missing_ok=True)
                 self._scope.objects.delete(key_of(self._scope.root, target))
                 return
             try:

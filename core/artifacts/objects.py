@@ -27,7 +27,7 @@ import obstore
 from obstore.store import S3Store
 
 from core.artifacts.paths import STAGING_DIR
-from core.artifacts.storage import check_key, check_prefix
+from core.artifacts.storage import check_key, check_prefix, opened_source
 from core.blobs.objects import DEFAULT_S3_LIMITS, open_s3_store, storage_call
 from core.errors import StorageUnavailable
 
@@ -71,26 +71,18 @@ class ObjectArtifactStorage:
         )
 
     def put_file(
-        self, key: str, local: Path, *, on_chunk: Callable[[], None] | None = None
+        self, key: str, local: Path | BinaryIO, *, on_chunk: Callable[[], None] | None = None
     ) -> None:
         check_key(key)
-        multipart = os.path.getsize(local) > _SINGLE_PUT_BYTES
         stamp = _written_now()
 
-        def upload() -> None:
-            if on_chunk is None:
-                obstore.put(self.store, key, Path(local), use_multipart=multipart, attributes=stamp)
-                return
-            # Chunks as obstore takes them to send (a part at a time in flight, so memory
-            # stays bounded), each one reported
-            with open(local, "rb") as source:
-                obstore.put(
-                    self.store,
-                    key,
-                    _chunks(source, on_chunk),
-                    use_multipart=multipart,
-                    attributes=stamp,
-                )
+        def upload() -> None:  # each attempt reads the file from its start
+            with opened_source(local) as source:
+                multipart = os.fstat(source.fileno()).st_size > _SINGLE_PUT_BYTES
+                # Chunks as obstore takes them to send (a part at a time in flight, so
+                # memory stays bounded), each one reported
+                body = source if on_chunk is None else _chunks(source, on_chunk)
+                obstore.put(self.store, key, body, use_multipart=multipart, attributes=stamp)
 
         self._call(upload)
 

@@ -78,11 +78,12 @@ class ArtifactStorage(Protocol):
     def put(self, key: str, data: bytes) -> None: ...
 
     def put_file(
-        self, key: str, local: Path, *, on_chunk: Callable[[], None] | None = None
+        self, key: str, local: Path | BinaryIO, *, on_chunk: Callable[[], None] | None = None
     ) -> None:
-        """Publish the local file's bytes at ``key`` (whole or not at all). ``on_chunk``,
-        if given, is called as each chunk of the file is read to be sent (a long upload's
-        sign of progress)."""
+        """Publish the local file's bytes at ``key`` (whole or not at all): a path, or a
+        file already open for reading (read from its start; a caller that opened it without
+        following links keeps that guarantee). ``on_chunk``, if given, is called as each
+        chunk of the file is read to be sent (a long upload's sign of progress)."""
 
     def writer(self, key: str) -> AbstractContextManager[BinaryIO]:
         """A binary stream whose bytes are published at ``key`` when the block ends
@@ -140,9 +141,9 @@ class FileArtifactStorage:
         self._publish(tmp, key)
 
     def put_file(
-        self, key: str, local: Path, *, on_chunk: Callable[[], None] | None = None
+        self, key: str, local: Path | BinaryIO, *, on_chunk: Callable[[], None] | None = None
     ) -> None:
-        with open(local, "rb") as source, self.writer(key) as out:
+        with opened_source(local) as source, self.writer(key) as out:
             while chunk := source.read(_COPY_CHUNK):
                 out.write(chunk)
                 if on_chunk is not None:
@@ -253,6 +254,18 @@ def artifact_url_of(value: str) -> str:
     if parsed.scheme == "" and value:
         return Path(value).resolve().as_uri()
     raise BadConfig(f"artifact_url {value!r}: expected file:///absolute/path or s3://bucket/prefix")
+
+
+@contextmanager
+def opened_source(local: Path | BinaryIO) -> Iterator[BinaryIO]:
+    """``local`` open for reading from its start: a path is opened (and closed after); an
+    open file is rewound and left open (its owner closes it)."""
+    if isinstance(local, Path):
+        with open(local, "rb") as source:
+            yield source
+        return
+    local.seek(0)
+    yield local
 
 
 def open_artifact_storage(

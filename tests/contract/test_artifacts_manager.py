@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import threading
+from pathlib import Path
 
 import pytest
 
 from core import SessionNotFound, SessionStore
 from core.artifacts import agent_counter, counter_values, rows, set_counter_floor
 from core.db import read_connection, write_transaction
-from core.errors import ArtifactError, ArtifactNotFound
+from core.errors import ArtifactError, ArtifactNotFound, SymlinkRefused
 from tests.contract.artifact_backends import (
     FILE_ONLY,
     RawArtifacts,
@@ -74,6 +75,44 @@ def test_allocate_path_then_finalize_records_the_size(store: SessionStore) -> No
     assert manager.list()[0].size_bytes == len("ünïcode".encode())
     with pytest.raises(ArtifactNotFound):
         manager.finalize_tool_output("99")
+
+
+def test_finalize_refuses_a_link_planted_at_the_allocated_path(
+    store: SessionStore, raw: RawArtifacts, tmp_path: Path
+) -> None:
+    """The allocated path is predictable (on S3 a spool file in the data directory's
+    cache): a link planted there must not make a file from outside the store the session's
+    artifact. The S3 backend uploaded the link's target (a review of stop 38)."""
+    secret = tmp_path / "outside.txt"
+    secret.write_text("outside the data root")
+    manager = store.artifacts(store.create_session(tenant_id="acme").id)
+    slot = manager.allocate_path("bash")
+    slot.path.symlink_to(secret)
+    with pytest.raises(SymlinkRefused):
+        manager.finalize_tool_output(slot.id)
+    if not raw.on_files:  # on files the link is the allocated path itself
+        assert not raw.exists(manager.directory() / "0.bash.log")
+    assert [a.size_bytes for a in manager.list()] == [0]  # nothing recorded either
+
+
+def test_an_output_streamed_across_a_move_is_finalized_whole(
+    store: SessionStore, raw: RawArtifacts
+) -> None:
+    """The session moves to another tenant between the allocation and the finalize (the
+    output still streaming): the whole output is kept, in its new directory. The S3
+    backend looked for the spool file under the new tenant's name: FileNotFoundError, and
+    the output sink discarded the output."""
+    sid = store.create_session(tenant_id="acme").id
+    slot = store.artifacts(sid).allocate_path("bash")
+    with slot.path.open("w") as out:
+        out.write("first half\n")
+        store.move(sid, tenant_id="globex")
+        out.write("second half\n")
+    manager = store.artifacts(sid)
+    assert manager.finalize_tool_output(slot.id) == len("first half\nsecond half\n")
+    assert raw.text(manager.directory() / "0.bash.log") == "first half\nsecond half\n"
+    resolved = store.resolve(f"artifact://{slot.id}", session_id=sid)
+    assert resolved.content == "first half\nsecond half\n"
 
 
 def test_concurrent_threads_get_distinct_ids(store: SessionStore) -> None:
