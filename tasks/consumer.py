@@ -13,18 +13,24 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import time
 from collections.abc import Callable
+from datetime import UTC, datetime
 from typing import Any
 
 import orjson
 from celery import Celery, Task
+from celery.utils.time import maybe_iso8601
+from celery.utils.time import timezone as celery_timezone
+from celery.worker import state as worker_state
 from celery.worker.consumer import Consumer as CeleryConsumer
 from celery.worker.strategy import default as default_strategy
+from kombu.asynchronous.timer import to_timestamp
 
 from core.metrics import metrics
 from tasks.app import settings_of
-from tasks.outcomes import DIGEST_HEADER, dead_lettered, digest_in, write_task_id
+from tasks.outcomes import APPEND_TASK, DIGEST_HEADER, dead_lettered, digest_in, write_task_id
 from tasks.retry import backoff_seconds
 from tasks.runtime import store_for
 
@@ -97,6 +103,80 @@ def _hints(body: Any, task_id: str) -> dict[str, str]:
     return hints
 
 
+def header_problem(headers: Any, visibility_timeout: float) -> str | None:
+    """Why a protocol-2 message's headers would make the worker drop, loop on or die on
+    it, or None. Celery builds its request from these before any task runs: a missing
+    ``id`` raised a KeyError the consumer took for a lost connection (the message put back
+    and read again, for ever, the whole queue behind it); a ``task`` that is no string or a
+    ``timelimit`` that is no pair of numbers killed the worker, on every redelivery; an
+    ``eta`` it cannot convert was failed and dropped; a write's ``expires`` dropped it as
+    revoked once passed. Only protocol 2 (a ``task`` header) is checked here; the rest
+    goes Celery's way."""
+    if not isinstance(headers, dict) or "task" not in headers:
+        return None
+    name = headers["task"]
+    if not isinstance(name, str):
+        return f"the task header is not a string: {_shown(name)}"
+    if not isinstance(headers.get("id"), str) or not headers["id"]:
+        return f"the id header is missing or not a string: {_shown(headers.get('id'))}"
+    if not _time_limits(headers.get("timelimit")):
+        return (
+            "the timelimit header is not [soft, hard] in positive seconds (or null): "
+            f"{_shown(headers.get('timelimit'))}"
+        )
+    eta = headers.get("eta")
+    if eta is not None:
+        ahead = _seconds_ahead(eta)
+        if ahead is None:
+            return f"the eta header is not a time the worker can schedule: {_shown(eta)}"
+        if ahead > visibility_timeout:
+            # held unacked past the visibility timeout, the broker delivers it again
+            return (
+                f"the eta header is more than the visibility timeout ({visibility_timeout:g}"
+                f" s) ahead: {_shown(eta)}"
+            )
+    if name == APPEND_TASK:
+        if headers.get("expires") is not None:
+            return f"a write never expires: expires header {_shown(headers['expires'])}"
+        if headers["id"] in worker_state.revoked:
+            return "revoked: the write was revoked before it ran (kept, not dropped)"
+    return None
+
+
+def _shown(value: Any) -> str:
+    return repr(value)[:120]
+
+
+def _time_limits(value: Any) -> bool:
+    if value is None:
+        return True
+    if not isinstance(value, (list, tuple)) or len(value) != 2:
+        return False
+    return all(
+        limit is None
+        or (
+            isinstance(limit, (int, float))
+            and not isinstance(limit, bool)
+            and math.isfinite(limit)
+            and limit > 0
+        )
+        for limit in value
+    )
+
+
+def _seconds_ahead(eta: Any) -> float | None:
+    """How far ahead ``eta`` is, read and converted as Celery's strategy will (ISO 8601,
+    naive taken as UTC); None where that conversion fails."""
+    try:
+        at = maybe_iso8601(eta)
+        if at.tzinfo is None:
+            at = at.replace(tzinfo=UTC)
+        to_timestamp(celery_timezone.to_system(at))  # type: ignore[no-untyped-call]  # as there
+        return float((at - datetime.now(UTC)).total_seconds())
+    except (AttributeError, TypeError, ValueError, OverflowError):
+        return None
+
+
 def undeliverable_reason(task: Task, message: Any, max_depth: int) -> str | None:
     """Why ``message`` must not reach the pool, or None if the task can take it."""
     if message.content_type != JSON:
@@ -113,8 +193,14 @@ def undeliverable_reason(task: Task, message: Any, max_depth: int) -> str | None
         and len(decoded) == 3
         and isinstance(decoded[0], list)
         and isinstance(decoded[1], dict)
+        and (decoded[2] is None or isinstance(decoded[2], dict))
     ):
         return "not a task message: the body must be [args, kwargs, embed]"
+    embed = decoded[2] or {}
+    for field in ("callbacks", "errbacks", "chain", "chord"):
+        # the pool merges these into the request, and the tracer calls them after the write
+        if embed.get(field) is not None and not isinstance(embed[field], (list, dict)):
+            return f"not a task message: embed {field} is {_shown(embed[field])}"
     args, kwargs = decoded[0], decoded[1]
     try:
         task.__header__(*args, **kwargs)
@@ -178,6 +264,18 @@ def checked_strategy(task: Task, app: Celery, consumer: Any, **kwargs: Any) -> C
 
 class Consumer(CeleryConsumer):  # type: ignore[misc]
     """Celery's consumer, except that what it would log and drop is dead-lettered."""
+
+    def create_task_handler(self, *args: Any, **kwargs: Any) -> Callable[[Any], Any]:
+        handler = super().create_task_handler(*args, **kwargs)
+        visibility = settings_of(self.app).task_visibility_timeout
+
+        def on_task_received(message: Any) -> Any:
+            reason = header_problem(message.headers, visibility)
+            if reason is not None:
+                return keep_undeliverable(self.app, message, reason, self.connection_errors)
+            return handler(message)
+
+        return on_task_received
 
     def on_decode_error(self, message: Any, exc: Exception) -> None:
         reason = f"undecodable message ({type(exc).__name__}: {str(exc)[:200]})"

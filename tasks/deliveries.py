@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 
 from celery import Task
+from celery.exceptions import SoftTimeLimitExceeded
 
 from tasks.app import settings_of
 
@@ -39,6 +40,8 @@ def delivery_count(task: Task) -> int:
             pipe.incr(key)
             pipe.expire(key, ttl)
             redeliveries, _ = pipe.execute()
+    except SoftTimeLimitExceeded:
+        raise  # the write's limit, not a count that failed: never taken for a first delivery
     except Exception as exc:  # not counted: the write runs, as it would without a count
         logger.warning("could not count a redelivery", extra={"error": repr(exc)})
         return 1

@@ -27,4 +27,6 @@ def backoff_seconds(retries: int, visibility_timeout: int) -> float:
     timeout would let Redis deliver the message a second time.
     """
     cap = min(BACKOFF_CAP_S, visibility_timeout / 4)
-    return random.uniform(0, min(cap, BACKOFF_BASE_S * 2**retries))
+    # The exponent is bounded: 2.0**1024 overflows a float, and a retry that raised there
+    # (after ~8 h of an outage at the cap) ended its write as a failure, acked.
+    return random.uniform(0, min(cap, BACKOFF_BASE_S * 2.0 ** min(retries, 32)))

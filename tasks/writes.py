@@ -65,7 +65,10 @@ def append(
     settings = settings_of(self.app)
     key = str(self.request.id) if idempotency_key is None else idempotency_key
     self.request.sessionstore_write = (session_id, events, key)  # for on_success
-    deliveries = delivery_count(self)
+    try:
+        deliveries = delivery_count(self)
+    except SoftTimeLimitExceeded as exc:  # escaping, it would end the write acked as failed
+        _retry_later(self, "cut short while counting deliveries, retrying write", exc)
     if deliveries > settings.task_max_deliveries:
         outcome = _given_up(self, key, session_id, events, expected_seq, deliveries)
         return _answer(self, outcome, deliveries)
@@ -236,8 +239,10 @@ def _retry_later(task: Task, what: str, exc: BaseException) -> NoReturn:
         what, extra={"task_id": task.request.id, "retry_in_s": round(delay, 2), "error": repr(exc)}
     )
     try:
-        # No exc: Celery would store it, and a driver's exception may not encode.
-        task.retry(countdown=delay, max_retries=None)
+        # No exc: Celery would store it, and a driver's exception may not encode. No
+        # expires: Celery copies the message's own, and a retry past it was dropped as
+        # revoked (a write that started never expires).
+        task.retry(countdown=delay, max_retries=None, expires=None)
     except Reject:  # Celery could not publish the retry (broker away) and would drop it
         time.sleep(min(delay, 5.0))
         raise Reject("retry could not be published", requeue=True) from None

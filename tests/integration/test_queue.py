@@ -232,6 +232,9 @@ def test_retry_policy_classifies_and_caps() -> None:
     assert not is_transient(ValueError("bad"))
     delays = [backoff_seconds(n, visibility_timeout=40) for n in range(30)]
     assert max(delays) <= 10.0 and min(delays) >= 0.0
+    # a long outage: 2.0**1024 overflowed, and the write's retry ended it as a failure
+    late = [backoff_seconds(n, visibility_timeout=40) for n in (1023, 1024, 10**6)]
+    assert all(0.0 <= d <= 10.0 for d in late)
 
 
 # crash tests: worker subprocesses killed with SIGKILL -------------------------------------

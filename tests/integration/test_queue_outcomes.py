@@ -164,6 +164,74 @@ def test_messages_that_never_reach_the_task_are_dead_lettered_verbatim(
     wait_for(lambda: queue_drained(redis_url), 20, "the queue to drain")
 
 
+# Messages whose body is a valid write but whose headers (or embed) Celery cannot run: each
+# made the worker loop, die or drop it (an adversarial review of the queue, stop 39).
+_APPEND = "sessionstore.append"
+_HOSTILE_HEADERS: dict[str, tuple[dict[str, Any], Any, str]] = {
+    # case: (headers beyond the task name and id, the body's embed, the reason kept)
+    "no id": ({"id": None}, {}, "id header"),
+    "task a list": ({"task": [_APPEND]}, {}, "task header is not a string"),
+    "timelimit a string": ({"timelimit": "ab"}, {}, "timelimit header"),
+    "timelimit negative": ({"timelimit": [-1, -1]}, {}, "timelimit header"),
+    "eta out of range": ({"eta": "0001-01-01T00:00+14:00"}, {}, "eta header is not a time"),
+    "eta past the visibility": ({"eta": "9999-01-01T00:00:00+00:00"}, {}, "visibility timeout"),
+    "expires passed": ({"expires": "2001-01-01T00:00:00+00:00"}, {}, "never expires"),
+    "expires ahead": ({"expires": "2999-01-01T00:00:00+00:00"}, {}, "never expires"),
+    "embed a number": ({}, 5, "must be [args, kwargs, embed]"),
+    "embed callbacks a number": ({}, {"callbacks": 5}, "embed callbacks"),
+}
+
+
+@pytest.mark.slow
+def test_a_write_whose_headers_celery_cannot_run_is_dead_lettered_and_the_worker_goes_on(
+    app: Celery, store: SessionStore, prefork: Path, redis_url: str
+) -> None:
+    """No id (the consumer took Celery's KeyError for a lost connection and read the
+    message again for ever, the queue behind it stuck), a task name or time limit of the
+    wrong type (the worker died, on every redelivery), an ETA that cannot be converted (the
+    write failed and was dropped), one far past the visibility timeout (redelivered while
+    it waits), an ``expires`` (dropped as revoked once passed), an embed that is no dict
+    (dropped by the pool), a revoked write (acked as revoked): each is kept as a dead
+    letter with its reason, none commits, and the worker serves the next write."""
+    sid = store.create_session(tenant_id="acme").id
+    keys = {case: f"hdr-{i:02d}" for i, case in enumerate([*_HOSTILE_HEADERS, "revoked"])}
+    revoked_id = write_task_id(sid, keys["revoked"])
+
+    def worker_knows_it() -> bool:  # a broadcast before the worker listens is lost: again
+        app.control.revoke(revoked_id)
+        known = app.control.inspect(timeout=1).revoked() or {}
+        return any(revoked_id in ids for ids in known.values())
+
+    wait_for(worker_knows_it, 60, "the worker to know the revoked id")
+    cases = {**_HOSTILE_HEADERS, "revoked": ({"id": revoked_id}, {}, "revoked")}
+    with app.connection_for_write() as conn:
+        producer = conn.Producer()
+        for case, (headers, embed, _) in cases.items():
+            key = keys[case]
+            body = [[], {"session_id": sid, "events": [note(key)], "idempotency_key": key}, embed]
+            producer.publish(
+                json.dumps(body),
+                exchange="",
+                routing_key=QUEUE,
+                content_type="application/json",
+                content_encoding="utf-8",
+                headers={"task": _APPEND, "id": write_task_id(sid, key), **headers},
+            )
+    assert enqueue_append(sid, [note("after")], app=app).get(timeout=60).last_seq == 1
+    wait_for(lambda: len(store.dead_letters.list()) >= len(cases), 60, "a letter for each")
+    letters = store.dead_letters.list()
+    assert len(letters) == len(cases)
+    for case, (_, _, reason) in cases.items():
+        key = keys[case]
+        kept = [x for x in letters if x.raw_body is not None and key.encode() in x.raw_body]
+        assert len(kept) == 1 and reason in kept[0].error, (case, [x.error for x in kept])
+        assert store.journal.find_write(sid, key) is None, case
+    log = prefork.read_text(errors="replace")
+    assert "Unrecoverable error" not in log and "Connection to broker lost" not in log
+    assert child_deaths(prefork) == 0
+    wait_for(lambda: queue_drained(redis_url), 20, "the queue to drain")
+
+
 @pytest.mark.parametrize(
     ("case", "session", "events", "extra"),
     [
