@@ -227,7 +227,8 @@ class SessionStore:
 
     @_no_nul
     def copy_fork_artifacts(self, fork_id: str) -> CopyReport:
-        """Copy a fork's inherited artifact files (idempotent; retries a failed copy)."""
+        """Copy a fork's inherited artifact files (idempotent; retries a failed copy).
+        ``StorageUnavailable`` when an outage keeps the copy pending: retry later."""
         return self._fork_copies.copy_artifacts(fork_id)
 
     def pending_forks(self, *, older_than_s: float, limit: int = 1000) -> list[str]:

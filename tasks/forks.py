@@ -3,7 +3,9 @@
 The copy itself is ``SessionStore.copy_fork_artifacts`` (core); it is idempotent, so a
 redelivered or re-enqueued task, or two at once, are harmless. The reconciler re-enqueues
 copies still pending after ``fork_copy_timeout_seconds``: that covers a crash between the
-fork's commit and its enqueue, a lost message, and a worker killed mid-copy.
+fork's commit and its enqueue, a lost message, a worker killed mid-copy, and a copy a
+storage outage kept pending past the task's retries (the copy raises ``StorageUnavailable``
+then, which the task retries like any transient failure).
 """
 
 from __future__ import annotations

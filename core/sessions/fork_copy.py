@@ -4,6 +4,12 @@ The copy never overwrites: each file is staged in the fork's directory and publi
 ``link`` (which fails if the name exists), then the staged name is removed, so every file
 has one name afterwards and the parent's later writes never show through. Running the copy
 twice, or two copies at once, is safe. A Celery task runs it in the queue setup.
+
+A storage outage (a full disk, the object store away: ``core.translate``'s transient
+errors) leaves the copy pending and raises ``StorageUnavailable``: the task retries it, the
+reconciler re-enqueues it, and the parent is neither deleted nor moved before it finishes
+(invariant 12). Only a permanent cause (changed in the parent, a refused path) ends it
+``failed``.
 """
 
 from __future__ import annotations
@@ -44,6 +50,7 @@ from core.nofollow import open_file
 from core.records import COPY_DONE, COPY_FAILED, COPY_PENDING, Session
 from core.sessions.queries import children, session_or_none
 from core.settings import Settings
+from core.translate import is_unavailable
 
 log = logging.getLogger(__name__)
 
@@ -106,6 +113,8 @@ class _CopyOutcome:
     bytes: int = 0
     present: int = 0
     errors: list[str] = field(default_factory=list)
+    # not copied for a storage outage (transient): a retry can copy them
+    unavailable: list[str] = field(default_factory=list)
     skipped: list[str] = field(default_factory=list)
 
 
@@ -128,7 +137,14 @@ class ForkCopies:
         if fork.copy_status != COPY_PENDING:
             return fork
         if copier is None:
-            self.copy_artifacts(fork.id)
+            try:
+                self.copy_artifacts(fork.id)
+            except StorageUnavailable as exc:
+                # The fork is committed and usable; its copy stays pending for a retry.
+                log.warning(
+                    "the fork's artifact copy met a storage outage; it stays pending",
+                    extra={"fork_id": fork.id, "error": str(exc)},
+                )
             return self.journal.get_session(fork.id)
         try:
             copier(fork)
@@ -144,7 +160,9 @@ class ForkCopies:
         """Copy a fork's inherited artifact files into its own directory (idempotent).
 
         Runs for ``pending`` and ``failed`` forks (a re-run retries a failed copy); anything
-        else is reported as it is. Copy errors end as status ``failed`` with the reason.
+        else is reported as it is. Permanent copy errors end as status ``failed`` with the
+        reason; a storage outage leaves it ``pending`` with the reason and raises
+        ``StorageUnavailable`` (retry later).
         """
         with read_connection(self.engine) as conn:
             fork = self.journal.session_in(conn, fork_id)
@@ -156,14 +174,28 @@ class ForkCopies:
         observed = metrics()
         observed.fork_copy_seconds.observe(time.perf_counter() - started)
         observed.fork_copy_bytes.inc(outcome.bytes)
-        return self._finish_copy(plan, outcome)
+        report = self._finish_copy(plan, outcome)
+        if outcome.unavailable and report.status == COPY_PENDING:
+            # A report would end the queue's task as done: the type makes it retry.
+            raise StorageUnavailable(
+                "artifacts",
+                f"fork {fork_id}: its artifact copy stays pending, to be retried: {report.error}",
+            )
+        return report
 
     def _finish_copy(self, plan: _CopyPlan, outcome: _CopyOutcome) -> CopyReport:
         skipped = plan.skipped + outcome.skipped
-        reasons = plan.lost + outcome.errors
-        # A skipped artifact is not copied yet: the copy stays pending, so the reconciler
-        # retries it until the link is removed (then the fork gets the file).
-        status = COPY_FAILED if reasons else COPY_PENDING if skipped else COPY_DONE
+        permanent = plan.lost + outcome.errors
+        # An artifact skipped (a link) or not copied for an outage is not copied yet: the
+        # copy stays pending, so the reconciler retries it until the link is removed or
+        # the storage is back (then the fork gets the file). An outage also outranks a
+        # permanent error: ``failed`` is not retried, and what it kept from the fork can
+        # still be copied.
+        if outcome.unavailable:
+            status = COPY_PENDING
+        else:
+            status = COPY_FAILED if permanent else COPY_PENDING if skipped else COPY_DONE
+        reasons = permanent + outcome.unavailable
         reasons += [f"{where} (a symlink, not followed)" for where in skipped]
         total = len(plan.items) + len(plan.lost) + len(plan.skipped)
         error = _summarize(reasons, total) if reasons else None
@@ -230,7 +262,9 @@ class ForkCopies:
         """Finish the copies that read from this session's directory (and, for a move, its
         own: a copy running during the rename would write into the old directory).
         ``ForkCopyBlocked`` when one cannot finish (a planted symlink keeps it pending):
-        ``action`` (the move, the delete) would wait on it forever."""
+        ``action`` (the move, the delete) would wait on it forever. ``StorageUnavailable``
+        when a storage outage keeps it pending: retry ``action`` once the storage is back
+        (going ahead would take what the fork has not copied yet)."""
         with read_connection(self.engine) as conn:
             fork_ids = children(conn, session_id, statuses=(COPY_PENDING, COPY_FAILED))
             own = self.journal.session_in(conn, session_id).copy_status
@@ -241,6 +275,13 @@ class ForkCopies:
                 report = self.copy_artifacts(fork_id)
             except SessionNotFound:
                 continue
+            except StorageUnavailable as exc:
+                whose = "its own" if fork_id == session_id else f"its fork {fork_id}'s"
+                raise StorageUnavailable(
+                    exc.component,
+                    f"session {session_id}: cannot {action} it before {whose} artifact copy "
+                    f"finishes; retry once the storage is back ({exc})",
+                ) from exc
             if report.skipped_symlinks:  # pending, or failed as well: what it skipped is not copied
                 raise ForkCopyBlocked(session_id, fork_id, report.skipped_symlinks, action)
 
@@ -318,7 +359,8 @@ def _run_copy(plan: _CopyPlan, root: Path, objects: ArtifactStorage | None) -> _
         except FileNotFoundError as exc:
             outcome.errors.append(f"{where}: vanished during the copy ({exc.filename})")
         except (OSError, StorageUnavailable) as exc:
-            outcome.errors.append(f"{where}: {exc}")
+            reasons = outcome.unavailable if is_unavailable(exc) else outcome.errors
+            reasons.append(f"{where}: {exc}")
         else:
             if size is None:
                 outcome.present += 1

@@ -3,6 +3,9 @@
 
 from __future__ import annotations
 
+import errno
+import os
+import shutil
 import threading
 import time
 from datetime import UTC, datetime
@@ -12,7 +15,8 @@ import pytest
 from sqlalchemy import func, select
 
 from core import SessionNotFound, SessionStore, Settings
-from core.errors import ArtifactNotFound, InvalidForkPoint, QuotaExceeded
+from core.artifacts.objects import ObjectArtifactStorage
+from core.errors import ArtifactNotFound, InvalidForkPoint, QuotaExceeded, StorageUnavailable
 from core.models import BlobRefRow, EventRow
 from core.query.snapshots import list_snapshots
 from core.query.state import SessionState
@@ -73,6 +77,39 @@ def defer_copies(store: SessionStore) -> list[Session]:
     handed: list[Session] = []
     store.fork_copier = handed.append
     return handed
+
+
+class CopyFault:
+    """Fault injection at a fork copy's copy step, on either artifact store: the file
+    store's copy fails with ``errno`` (by default a full disk), the object store's
+    server-side copy as an unreachable service (``StorageUnavailable``). The first
+    ``times`` copies fail (None: every one until ``cleared``)."""
+
+    def __init__(
+        self, monkeypatch: pytest.MonkeyPatch, *, code: int = errno.ENOSPC, times: int | None = None
+    ) -> None:
+        self.code, self.left, self.failed = code, times, 0
+        real_copyfileobj, real_copy = shutil.copyfileobj, ObjectArtifactStorage.copy
+
+        def copyfileobj(*args: Any, **kwargs: Any) -> None:
+            self._fail(OSError(self.code, os.strerror(self.code)))
+            real_copyfileobj(*args, **kwargs)
+
+        def copy(storage: ObjectArtifactStorage, source: str, target: str) -> None:
+            self._fail(StorageUnavailable("artifacts", "artifacts is unavailable: injected"))
+            real_copy(storage, source, target)
+
+        monkeypatch.setattr(shutil, "copyfileobj", copyfileobj)
+        monkeypatch.setattr(ObjectArtifactStorage, "copy", copy)
+
+    def cleared(self) -> None:
+        self.left = 0
+
+    def _fail(self, exc: Exception) -> None:
+        if self.left is None or self.left > 0:
+            self.left = None if self.left is None else self.left - 1
+            self.failed += 1
+            raise exc
 
 
 def _count(store: SessionStore, table: Any, session_id: str) -> int:
@@ -380,6 +417,65 @@ def test_a_failed_copy_keeps_serving_unchanged_inherited_artifacts_and_a_retry_c
     retried = store.copy_fork_artifacts(fork.id)
     assert (retried.status, retried.copied, retried.already_present) == ("copied", 1, 1)
     assert (fork_dir / "oversized" / f"{oversized}.txt").read_text() == "z" * 13_000
+
+
+def test_a_copy_meeting_a_storage_outage_stays_pending_and_a_retry_completes_it(
+    store: SessionStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A full disk (on S3: the store unreachable) during the copy is transient: the copy
+    stays pending with the reason, raises ``StorageUnavailable`` (the queue's task retries
+    on that type) and is found by the reconciler. It ended "failed" for good: no exception
+    for the task to retry, and the reconciler looks at pending copies only."""
+    parent = store.create_session(tenant_id="acme")
+    build_session(store, parent.id, turns=2)
+    defer_copies(store)
+    fork = store.fork(parent.id)
+    fault = CopyFault(monkeypatch)
+
+    with pytest.raises(StorageUnavailable, match="stays pending"):
+        store.copy_fork_artifacts(fork.id)
+    pending = store.get_session(fork.id)
+    assert pending.copy_status == "pending"
+    assert pending.copy_error is not None and "tool_output 0" in pending.copy_error
+    assert store.pending_forks(older_than_s=0) == [fork.id]
+    assert store.resolve("artifact://1", session_id=fork.id).content.startswith("full output")
+
+    fault.cleared()
+    report = store.copy_fork_artifacts(fork.id)
+    assert (report.status, report.error, report.copied) == ("copied", None, 2)
+    assert store.get_session(fork.id).copy_error is None
+    store.delete_session(parent.id)
+    assert store.resolve("artifact://0", session_id=fork.id).content.startswith(
+        "full output of turn 0"
+    )
+
+
+def test_a_fork_copied_in_process_during_an_outage_is_left_pending(
+    store: SessionStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Without a queue the store copies right after the fork's commit: an outage then
+    leaves the committed fork usable and its copy pending (the fork call does not fail)."""
+    parent = store.create_session(tenant_id="acme")
+    build_session(store, parent.id, turns=1)
+    CopyFault(monkeypatch)
+    fork = store.fork(parent.id)
+    assert (fork.copy_status, store.pending_forks(older_than_s=0)) == ("pending", [fork.id])
+    assert store.resolve("artifact://0", session_id=fork.id).content.startswith("full output")
+
+
+@FILE_ONLY  # the object store reports every failure but a missing object as unavailable
+def test_a_permanent_error_at_the_copy_still_ends_it_failed(
+    store: SessionStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A permission the deployment lacks is no outage: no retry repairs it."""
+    parent = store.create_session(tenant_id="acme")
+    build_session(store, parent.id, turns=1)
+    defer_copies(store)
+    fork = store.fork(parent.id)
+    CopyFault(monkeypatch, code=errno.EACCES)
+    report = store.copy_fork_artifacts(fork.id)
+    assert report.status == "failed" and "Permission denied" in (report.error or "")
+    assert store.pending_forks(older_than_s=0) == []
 
 
 def test_a_fork_of_a_pending_fork_keeps_every_artifact_through_both_copies(

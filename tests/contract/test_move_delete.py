@@ -36,7 +36,7 @@ from tests.contract.artifact_backends import (
     raw,
     settings,
 )
-from tests.contract.test_fork import build_session, comparable, defer_copies
+from tests.contract.test_fork import CopyFault, build_session, comparable, defer_copies
 from tests.support import store_env
 
 __all__ = ["FILE_ONLY", "RawArtifacts", "artifact_backend", "raw", "settings"]
@@ -187,6 +187,39 @@ def test_moving_a_parent_first_finishes_its_forks_copies(store: SessionStore) ->
     assert store.get_session(fork.id).copy_status == "copied"
     assert store.artifacts(fork.id).files.get("notes/plan.md") == b"# the plan"
     assert store.resolve("agent://0-review", session_id=fork.id).content == "# review"
+
+
+@pytest.mark.parametrize("action", ["delete", "move"])
+def test_a_parent_whose_fork_copy_meets_a_storage_outage_is_neither_deleted_nor_moved(
+    store: SessionStore, monkeypatch: pytest.MonkeyPatch, action: str
+) -> None:
+    """The fork's copy cannot finish while the disk is full (S3 away): the parent's delete
+    or move is refused as ``StorageUnavailable`` (the caller retries), the copy stays
+    pending and the fork keeps what it inherited. The delete went ahead and removed the
+    parent's directory: the fork's artifact://0 was not found."""
+    sid = _with_files(store)
+    defer_copies(store)
+    fork = store.fork(sid)
+    fault = CopyFault(monkeypatch)
+
+    def act() -> None:
+        if action == "delete":
+            store.delete_session(sid)
+        else:
+            store.move(sid, tenant_id="globex")
+
+    with pytest.raises(StorageUnavailable, match=f"cannot {action}"):
+        act()
+    assert store.get_session(sid).tenant_id == "acme"
+    assert store.get_session(fork.id).copy_status == "pending"
+    inherited = store.resolve("artifact://0", session_id=fork.id).content
+    assert inherited.startswith("full output of turn 0")
+
+    fault.cleared()
+    act()
+    assert store.get_session(fork.id).copy_status == "copied"
+    assert store.resolve("artifact://0", session_id=fork.id).content == inherited
+    assert store.artifacts(fork.id).files.get("notes/plan.md") == b"# the plan"
 
 
 # --- delete -----------------------------------------------------------------------------------

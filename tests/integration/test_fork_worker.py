@@ -3,7 +3,9 @@
 - with a worker, inherited artifacts arrive byte-identical, as independent files;
 - with the worker stopped, the pending fork resolves its inherited artifacts from the
   parent, and the parent's later writes never show through;
-- a lost copy task is recovered by the reconciler.
+- a lost copy task is recovered by the reconciler;
+- a copy meeting a storage outage is retried by its task, and past its retries, completed
+  by the reconciler.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from tasks.app import create_app
 from tasks.cli.samples import EntryBuilder
 from tasks.forks import COPY_TASK, RECONCILE_TASK
 from tasks.runtime import attach_fork_copier
-from tests.contract.test_fork import BIG_OUTPUT, defer_copies
+from tests.contract.test_fork import BIG_OUTPUT, CopyFault, defer_copies
 from tests.support import thread_worker, wait_for
 
 pytestmark = [pytest.mark.postgres, pytest.mark.redis]
@@ -237,6 +239,50 @@ def test_a_link_planted_in_the_fork_keeps_its_copy_pending_until_it_is_removed(
         for url, content in urls.items():
             assert store.resolve(url, session_id=fork.id).content == content
     assert (tmp_path / "secret.txt").read_text() == "SECRET"
+
+
+def test_a_copy_meeting_a_full_disk_is_retried_by_its_task(
+    app: Celery, store: SessionStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The disk is full for the first two attempts: the task retries (the copy raised
+    ``StorageUnavailable``) and the third completes it. It ended "failed" at once."""
+    sid, urls = _parent(store)
+    fault = CopyFault(monkeypatch, times=2)
+    with thread_worker(app):
+        fork = store.fork(sid)
+        wait_for(lambda: store.get_session(fork.id).copy_status == "copied", 60, "the copy")
+    assert fault.failed == 2
+    assert store.get_session(fork.id).copy_error is None
+    store.delete_session(sid)
+    for url, content in urls.items():
+        assert store.resolve(url, session_id=fork.id).content == content
+
+
+def test_a_copy_left_pending_by_an_outage_is_completed_by_the_reconciler(
+    queue_settings: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The disk stays full past the task's retries (none here): the copy stays pending with
+    the reason, and the reconciler's run after the disk has room again completes it."""
+    settings = queue_settings.with_overrides(reconcile_schedule="1", task_max_retries=0)
+    app = create_app(settings)
+    with SessionStore.from_settings(settings) as plain:
+        store = attach_fork_copier(plain, app)
+        sid, urls = _parent(store)
+        fault = CopyFault(monkeypatch)
+        with thread_worker(app):
+            fork = store.fork(sid)
+            wait_for(lambda: store.get_session(fork.id).copy_error is not None, 30, "the copy")
+            failed = store.get_session(fork.id)
+            assert failed.copy_status == "pending", failed.copy_error
+            assert "No space left" in (failed.copy_error or "")
+
+            fault.cleared()
+            time.sleep(1.0)  # older than the copy timeout
+            _reconcile_until_sent(app, fork.id)
+            _wait_copied(store, fork.id)
+        assert store.get_session(fork.id).copy_status == "copied"
+        for url, content in urls.items():
+            assert store.resolve(url, session_id=fork.id).content == content
 
 
 def test_the_copy_task_is_idempotent_and_never_overwrites(app: Celery, store: SessionStore) -> None:
