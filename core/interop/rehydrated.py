@@ -23,6 +23,7 @@ expiring artifact: what the ``sessionstore.rehydrate`` task serves to whoever as
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import io
 import logging
@@ -107,11 +108,21 @@ def rehydrate(
         if found is not None:
             return {**found, "reused": True}
         if _claim(store, key, builder):
+            # Read again once claimed: a move since (another cwd forgets the session's
+            # builds, the header names it; another tenant, another directory) is built as
+            # it is now. SessionNotFound if it moved out of the caller's tenant.
+            session = store.get_session(request.session_id, tenant_id=request.tenant_id)
             try:
                 with _Heartbeat(store, key, builder) as beat:
                     result = _build(store, session, request.format, head, beat, progress)
             except _ClaimLost:
                 log.warning("rehydrate build taken over; waiting for the other's result")
+            except Exception:
+                _release(store, key, builder)
+                if not _moved_since(store, request, session):
+                    raise
+                log.info("session moved during its rehydrate build; building it again")
+                continue
             except BaseException:
                 _release(store, key, builder)
                 raise
@@ -120,6 +131,14 @@ def rehydrate(
         if deadline is not None and time.monotonic() >= deadline:
             raise RehydrateInProgress(f"session {session.id}: another build is running")
         time.sleep(0.2)  # someone else is building it: wait for their result
+
+
+def _moved_since(store: SessionStore, request: Request, session: Session) -> bool:
+    """Whether the session is under another tenant than when its build began (its
+    directory renamed under the build: the build failed on it); SessionNotFound if it left
+    the caller's tenant."""
+    now = store.get_session(request.session_id, tenant_id=request.tenant_id)
+    return now.tenant_id != session.tenant_id
 
 
 def _usable(store: SessionStore, key: tuple[str, str, int]) -> dict[str, Any] | None:
@@ -350,7 +369,8 @@ def _build(
             )
     except BaseException:
         if on_files:  # nothing half-written is left for the staging sweep
-            nofollow.unlink(artifact_root, staging / name)
+            with contextlib.suppress(FileNotFoundError):  # moved with its directory
+                nofollow.unlink(artifact_root, staging / name)
         raise
     finally:
         if not on_files:

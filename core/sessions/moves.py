@@ -25,7 +25,7 @@ from core.db import read_connection, write_transaction
 from core.errors import InvalidEvent, MoveFailed, QuotaExceeded
 from core.journal import Journal
 from core.journal.validation import check_seconds
-from core.models import MoveIntentRow, SessionRow, table_of, utcnow
+from core.models import MoveIntentRow, RehydrationRow, SessionRow, table_of, utcnow
 from core.nofollow import artifact_root_of, check_path
 from core.records import COPY_PENDING, Session
 from core.sessions.fork_copy import ForkCopies
@@ -39,6 +39,7 @@ log = logging.getLogger(__name__)
 
 _sessions = table_of(SessionRow)
 _moves = table_of(MoveIntentRow)
+_rehydrations = table_of(RehydrationRow)
 
 
 class Moves:
@@ -205,6 +206,8 @@ class Moves:
                             conn, session_id=intent.session_id, kind=kind, tenant_id=tenant
                         )
             elif row.tenant_id == intent.from_tenant and (renamed or source == target):
+                if intent.cwd is not None and intent.cwd != row.cwd:
+                    forget_rehydrations(conn, intent.session_id)
                 conn.execute(
                     update(_sessions)
                     .where(_sessions.c.id == intent.session_id)
@@ -236,6 +239,8 @@ class Moves:
         rename raises before the commit; a failed commit is undone by the caller)."""
         if tenant_id != session.tenant_id:
             self._check_move_quota(conn, session, tenant_id)
+        if cwd is not None and cwd != session.cwd:
+            forget_rehydrations(conn, session.id)
         conn.execute(
             update(_sessions)
             .where(_sessions.c.id == session.id)
@@ -293,6 +298,13 @@ class MoveRepair:
             "to_tenant": self.to_tenant,
             "outcome": self.outcome,
         }
+
+
+def forget_rehydrations(conn: Connection, session_id: str) -> None:
+    """Forget the session's on-demand builds (``core.interop.rehydrated``): an export's
+    header names the session's cwd, so one built before a cwd move is stale. Their outputs
+    expire with their TTL; a build running now finds its claim gone and builds again."""
+    conn.execute(delete(_rehydrations).where(_rehydrations.c.session_id == session_id))
 
 
 def _forget_intent(conn: Connection, session_id: str) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import json
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -16,7 +17,7 @@ from typing import Any
 import pytest
 from sqlalchemy import event, insert, select, text, update
 
-from core import SessionStore, Settings
+from core import SessionNotFound, SessionStore, Settings
 from core.artifacts.paths import STAGING_DIR, session_dir
 from core.artifacts.records import OVERSIZED
 from core.interop import exporter, rehydrated
@@ -660,3 +661,53 @@ def test_a_claim_waiting_on_the_row_sees_the_output_committed_with_it(
     wait_for(lambda: "result" in claim or "error" in claim, 30, "the claim")
     assert claim == {"result": False}
     assert rehydrate(store, Request(sid, "acme"))["reused"]
+
+
+def _header(store: SessionStore, sid: str, ref: str) -> dict[str, Any]:
+    served = store.resolve(ref, session_id=sid, tenant_id="acme").content
+    assert isinstance(served, str)
+    header = json.loads(served.splitlines()[0])
+    assert isinstance(header, dict)
+    return header
+
+
+def test_a_build_from_before_a_cwd_move_is_not_served_after_it(store: SessionStore) -> None:
+    """The export's header names the session's cwd: a build from before a cwd move (the
+    head unchanged) was served after it, naming the old cwd, where ``export_session``
+    named the new one (a review of the read path, stop 39)."""
+    sid = _session(store)
+    first = rehydrate(store, Request(sid, "acme"))
+    assert _header(store, sid, first["ref"])["cwd"] == "/work"
+    store.move(sid, cwd="/elsewhere")
+    again = rehydrate(store, Request(sid, "acme"))
+    assert not again["reused"] and again["ref"] != first["ref"]
+    assert _header(store, sid, again["ref"])["cwd"] == "/elsewhere"
+    exported = io.StringIO()
+    store.export_session(sid, exported)
+    assert json.loads(exported.getvalue().splitlines()[0])["cwd"] == "/elsewhere"
+    assert rehydrate(store, Request(sid, "acme"))["reused"]  # and that one is reused
+
+
+def test_a_session_moved_to_another_tenant_during_its_build_is_answered_typed(
+    store: SessionStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The session moves to another tenant while its export is written (its directory,
+    the build's staging place, renamed under it): the caller's tenant no longer sees it,
+    SessionNotFound, not the build's FileNotFoundError; the new tenant's request builds."""
+    sid = _session(store)
+    write = rehydrated._write
+
+    def moved_while_writing(*args: Any, **kwargs: Any) -> int:
+        entries = write(*args, **kwargs)
+        with SessionStore.from_settings(store.settings) as other:
+            other.move(sid, tenant_id="globex")
+        return entries
+
+    monkeypatch.setattr(rehydrated, "_write", moved_while_writing)
+    with pytest.raises(SessionNotFound):
+        rehydrate(store, Request(sid, "acme"), wait_s=5)
+    monkeypatch.setattr(rehydrated, "_write", write)
+    built = rehydrate(store, Request(sid, "globex"), wait_s=5)
+    assert not built["reused"]
+    served = store.resolve(built["ref"], session_id=sid, tenant_id="globex").content
+    assert isinstance(served, str) and json.loads(served.splitlines()[0])["id"] == sid
