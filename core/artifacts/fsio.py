@@ -99,6 +99,9 @@ class StagedFile:
         if self._target is not None and self._backup is not None:
             nofollow.replace(root, self._backup, self._target)
             self._backup = None
+        elif self._backup is not None:  # the publish failed after its backup: target as was
+            nofollow.unlink(root, self._backup)
+            self._backup = None
         elif self._target is not None and not self._keep_new:
             nofollow.unlink(root, self._target)
         self._target = None
