@@ -149,7 +149,7 @@ class DeadLetters:
     def _insert(self, **values: Any) -> DeadLetter:
         values["created_at"] = utcnow()
         with write_transaction(self.engine) as conn:
-            if "raw_body" not in values and (same := self._same_letter(conn, values)):
+            if same := self._same_letter(conn, values):
                 return same
             new_id = conn.execute(
                 insert(_letters).values(values).returning(_letters.c.id)
@@ -159,12 +159,17 @@ class DeadLetters:
     def _same_letter(self, conn: Connection, values: dict[str, Any]) -> DeadLetter | None:
         """The letter already kept for this write and this reason: a message dead-lettered
         and then redelivered (its worker lost before the ack) is kept once, not per
-        delivery. Another reason, or other events, is another letter."""
-        match = [
-            getattr(_letters.c, name) == values[name]
-            for name in ("idempotency_key", "session_id", "error_type", "payload")
-        ]
+        delivery. Another reason, or other events, is another letter. A message kept raw
+        (it never reached the task) is the same letter only with the same bytes, content
+        type and encoding, and reason."""
+        names = ["idempotency_key", "session_id", "error_type", "payload"]
+        if "raw_body" in values:
+            names += ["error", "raw_body"]
+        match = [getattr(_letters.c, name) == values[name] for name in names]
         match.append(_letters.c.expected_seq.is_not_distinct_from(values["expected_seq"]))
+        for name in ("content_type", "content_encoding"):
+            if name in values:
+                match.append(getattr(_letters.c, name).is_not_distinct_from(values[name]))
         row = conn.execute(select(_letters).where(*match).order_by(_letters.c.id).limit(1)).first()
         return DeadLetter(**row._mapping) if row is not None else None
 

@@ -239,6 +239,29 @@ def test_a_write_dead_lettered_again_is_kept_once(store: SessionStore) -> None:
     assert record(seq=None) in others and store.dead_letters.count() == 4
 
 
+def test_a_message_kept_raw_and_delivered_again_is_kept_once(store: SessionStore) -> None:
+    """The same for a message that never reached the task (its worker killed between the
+    letter and the ack): it was kept once per delivery. Other bytes, another content type
+    or another reason are other letters."""
+
+    def record(
+        body: bytes = b"[1, 2", content_type: str = "application/json", reason: str = "r"
+    ) -> int:
+        return store.dead_letters.record_raw(
+            body=body,
+            content_type=content_type,
+            content_encoding="utf-8",
+            reason=reason,
+            message_id="k",
+            session_id="s",
+        ).id
+
+    first = record()
+    assert record() == first
+    others = {record(body=b"[1, 3"), record(content_type="text/plain"), record(reason="r2")}
+    assert first not in others and len(others) == 3 and store.dead_letters.count() == 4
+
+
 def test_full_blob_disk_gives_storage_unavailable_and_the_write_lands_once_space_is_back(
     store: SessionStore, monkeypatch: pytest.MonkeyPatch
 ) -> None:
