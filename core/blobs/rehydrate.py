@@ -18,7 +18,7 @@ import logging
 import os
 import threading
 from collections import OrderedDict
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from contextlib import contextmanager
 from typing import Any, Literal
@@ -26,7 +26,7 @@ from typing import Any, Literal
 import pybase64
 
 from core.blobs.externalize import parse_pointer, value_at_pointer
-from core.blobs.store import BLOB_REF_PREFIX, BlobStore
+from core.blobs.store import BLOB_REF_PREFIX, BlobStore, parse_ref
 from core.errors import BlobCorrupted, BlobNotFound, InvalidBlobHash
 from core.journal import Journal
 from core.metrics import metrics
@@ -375,17 +375,41 @@ class Rehydrator:
             return list(events)
         return self.events(events, journal.manifest_of(events), lazy=lazy)
 
-    def loader(
-        self, journal: Journal, mode: RehydrateMode
-    ) -> Callable[[list[StoredEvent]], list[StoredEvent]] | None:
-        """What ``state`` calls on the events it shows, for a ``rehydrate`` mode (None: off)."""
-        if not mode:
-            return None
+    def loader(self, journal: Journal, mode: RehydrateMode) -> StateLoader | None:
+        """What ``state`` rehydrates with, for a ``rehydrate`` mode (None: off)."""
+        return StateLoader(self, journal, lazy=mode == "lazy") if mode else None
 
-        def load(events: list[StoredEvent]) -> list[StoredEvent]:
-            return self.read(journal, events, lazy=mode == "lazy")
+    def strings(
+        self,
+        journal: Journal,
+        session_id: str,
+        refs: Collection[str],
+        *,
+        pointers: Collection[str],
+        upto_seq: int,
+    ) -> dict[str, tuple[str, frozenset[str]]]:
+        """The originals of these ref strings, for those the session's manifest places at
+        one of ``pointers`` by ``upto_seq``: ref -> (the string, the pointers it is at).
 
-        return load
+        For values read out of their events (the fold's): a string that looks like a ref
+        but that no such row places is an ordinary string, and one whose blob cannot be
+        read stays a ref (logged). Each blob is read once.
+        """
+        hashes = {h for ref in refs if (h := parse_ref(ref)) is not None}
+        if not hashes:
+            return {}
+        places: dict[str, set[str]] = {}
+        first: dict[str, tuple[ManifestEntry, _Where]] = {}  # what a failed read logs
+        rows = journal.blob_places(session_id, hashes, pointers=pointers, upto_seq=upto_seq)
+        for seq, entry in rows:
+            places.setdefault(entry.hash, set()).add(entry.pointer)
+            first.setdefault(entry.hash, (entry, _Where(session_id, seq, entry.pointer)))
+        found: dict[str, tuple[str, frozenset[str]]] = {}
+        for blob_hash, at in places.items():
+            value = _fetch(self.get, *first[blob_hash], self.verified)
+            if value is not None:
+                found[BLOB_REF_PREFIX + blob_hash] = (value, frozenset(at))
+        return found
 
     def events(
         self,
@@ -473,6 +497,27 @@ class Rehydrator:
                 cache[key] = value
                 _set_copying(payload, entry.pointer, value, copied)
         return payload
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class StateLoader:
+    """How ``state`` rehydrates for one journal and mode: the events whose content it shows
+    (lazily or exactly), and the strings its fold kept as refs (exactly in either mode: they
+    are plain ``str`` fields, and the ids among them are what tool calls pair by)."""
+
+    rehydrator: Rehydrator
+    journal: Journal
+    lazy: bool
+
+    def events(self, events: list[StoredEvent]) -> list[StoredEvent]:
+        return self.rehydrator.read(self.journal, events, lazy=self.lazy)
+
+    def strings(
+        self, session_id: str, refs: Collection[str], *, pointers: Collection[str], upto_seq: int
+    ) -> dict[str, tuple[str, frozenset[str]]]:
+        return self.rehydrator.strings(
+            self.journal, session_id, refs, pointers=pointers, upto_seq=upto_seq
+        )
 
 
 def _set_copying(root: dict[str, Any], pointer: str, value: Any, copied: set[int]) -> None:

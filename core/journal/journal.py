@@ -560,6 +560,20 @@ class Journal(SessionRows):
         """Manifest rows of these events, keyed by position: one query per session."""
         return manifest.of_events(self.engine, events)
 
+    def blob_places(
+        self,
+        session_id: str,
+        hashes: Collection[str],
+        *,
+        pointers: Collection[str],
+        upto_seq: int,
+    ) -> list[tuple[int, ManifestEntry]]:
+        """(seq, row) of the session's manifest rows up to ``upto_seq`` that place one of
+        these blobs at one of these pointers."""
+        return manifest.places_of_hashes(
+            self.engine, session_id, hashes, pointers=pointers, upto_seq=upto_seq
+        )
+
     def blob_hashes(self, session_id: str) -> set[str]:
         """Every blob the session's events reference, by its manifest."""
         return manifest.hashes_of_session(self.engine, session_id)

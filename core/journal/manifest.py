@@ -2,16 +2,17 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Iterable, Sequence
 from typing import Any
 
 from sqlalchemy import Engine, bindparam, select
 
 from core.db import read_connection
-from core.models import BlobRefRow, table_of
+from core.models import BlobRefRow, EventRow, table_of
 from core.records import ManifestEntry, StoredEvent
 
 _refs = table_of(BlobRefRow)
+_events = table_of(EventRow)
 
 _MANIFEST = select(
     _refs.c.position, _refs.c.pointer, _refs.c.hash, _refs.c.size, _refs.c.encoding
@@ -52,6 +53,35 @@ def of_events(engine: Engine, events: Sequence[StoredEvent]) -> dict[int, list[M
         for session_id, (low, high) in bounds.items():
             rows = conn.execute(_OF_SESSION, {"sid": session_id, "low": low, "high": high})
             _collect(found, (r for r in rows if r.position in wanted))
+    return found
+
+
+def places_of_hashes(
+    engine: Engine,
+    session_id: str,
+    hashes: Collection[str],
+    *,
+    pointers: Collection[str],
+    upto_seq: int,
+) -> list[tuple[int, ManifestEntry]]:
+    """(seq, row) of the session's manifest rows up to ``upto_seq`` that place one of these
+    blobs at one of these pointers."""
+    query = (
+        select(_events.c.seq, _refs.c.pointer, _refs.c.hash, _refs.c.size, _refs.c.encoding)
+        .join(_events, _events.c.position == _refs.c.position)
+        .where(
+            _refs.c.session_id == session_id,
+            _refs.c.pointer.in_(sorted(pointers)),
+            _events.c.seq <= upto_seq,
+        )
+        .order_by(_refs.c.position, _refs.c.id)
+    )
+    ordered = sorted(hashes)
+    found: list[tuple[int, ManifestEntry]] = []
+    with read_connection(engine) as conn:
+        for start in range(0, len(ordered), 900):
+            rows = conn.execute(query.where(_refs.c.hash.in_(ordered[start : start + 900])))
+            found += [(r.seq, ManifestEntry(r.pointer, r.hash, r.size, r.encoding)) for r in rows]
     return found
 
 

@@ -25,6 +25,22 @@ PROJECTION_VERSION = 3
 
 # Entries that contribute to the conversation context.
 CONTEXT_TYPES = frozenset({"message", "custom_message", "branch_summary"})
+# Where in its entry each kind of string the fold keeps is read from. The fold folds events
+# as stored, so a string stored as a blob is kept as its ref; ``core.query.state`` gives back
+# the original of a ref that the session's manifest places at one of its kind's pointers.
+FOLD_STRINGS: dict[str, frozenset[str]] = {
+    "id": frozenset({"/id", "/parentId", "/targetId", "/firstKeptEntryId"}),
+    "label": frozenset({"/label"}),
+    "name": frozenset({"/name"}),
+    "thinking": frozenset({"/thinkingLevel"}),
+    "provider": frozenset({"/provider", "/message/provider"}),
+    "model": frozenset({"/modelId", "/message/model"}),
+    "custom_type": frozenset({"/customType"}),
+    "role": frozenset({"/message/role"}),
+    "cwd": frozenset({"/cwd"}),
+    "parent_session": frozenset({"/parentSession"}),
+}
+FOLD_POINTERS = frozenset().union(*FOLD_STRINGS.values())
 _NUMBERS = (int, float)
 _LO, _HI = INT64_MIN, INT64_MAX
 

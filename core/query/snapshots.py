@@ -19,7 +19,7 @@ them; the result is the same, which the test suite checks.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from sqlalchemy import Connection, Engine, delete, func, select
@@ -27,14 +27,23 @@ from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.exc import SQLAlchemyError
 
+from core.blobs.rehydrate import StateLoader
 from core.db import is_sqlite, read_connection, write_transaction
 from core.errors import SnapshotFormatError
 from core.journal.journal import Journal
 from core.journal.validation import check_seq
 from core.models import ArtifactRow, SnapshotRow, table_of, utcnow
 from core.query.fold_codec import decode_fold, encode_fold
-from core.query.projection import PROJECTION_VERSION, Fold, apply
-from core.query.state import ArtifactEntry, SessionState, build_state, plan_context
+from core.query.projection import FOLD_POINTERS, PROJECTION_VERSION, Fold, apply
+from core.query.state import (
+    NO_STRINGS,
+    ArtifactEntry,
+    FoldStrings,
+    SessionState,
+    build_state,
+    fold_refs,
+    plan_context,
+)
 from core.records import StoredEvent
 
 log = logging.getLogger(__name__)
@@ -47,8 +56,6 @@ _MAX_GAP = 64
 # Events a state read keeps from its fold for the context instead of reading them again.
 KEEP_FOLDED = 5000
 
-Rehydrate = Callable[[list[StoredEvent]], list[StoredEvent]]
-
 
 def session_state(
     journal: Journal,
@@ -57,12 +64,13 @@ def session_state(
     at_seq: int | None = None,
     tenant_id: str | None = None,
     snapshot_every: int = 0,
-    rehydrate: Rehydrate | None = None,
+    rehydrate: StateLoader | None = None,
 ) -> SessionState:
     """The state of a session after ``at_seq`` (default: its head; clamped to the head).
 
-    ``rehydrate`` is applied to the events whose content the state shows, and to nothing
-    else: it is where blob refs become (lazy) values.
+    ``rehydrate`` is applied to the events whose content the state shows, and to the refs
+    the fold kept among the strings the state takes from it (``fold_refs``), and to nothing
+    else: it is where blob refs become (lazy) values, or the strings they stand for.
     """
     if at_seq is not None:
         check_seq(at_seq, "at_seq")
@@ -76,14 +84,20 @@ def session_state(
     wanted = plan.seqs(fold.tree)
     events = read_seqs(journal, session_id, [s for s in wanted if s not in folded])
     events += [folded[s] for s in wanted if s in folded]
+    strings = NO_STRINGS
     if rehydrate is not None:
-        events = rehydrate(events)
+        events = rehydrate.events(events)
+        refs = fold_refs(fold, plan)
+        if refs:
+            found = rehydrate.strings(session_id, refs, pointers=FOLD_POINTERS, upto_seq=target)
+            strings = FoldStrings(found)
     return build_state(
         fold,
         plan,
         {event.seq: event for event in events},
         session=session,
         artifacts=artifact_index(journal.engine, session_id, target),
+        strings=strings,
     )
 
 

@@ -15,20 +15,28 @@ rehydrated the events before step 2: into exact values, or into ``LazyBlob`` val
 for; ``to_dict()`` reads none: it gives a lazy value as its ref, so that it is the JSON of the
 state as stored (what ``rehydrate=False`` and the CLI's ``state --json`` give), and a read of
 a state's metadata never reads the blob store.
+
+The strings the fold keeps (ids, labels, the name, the model, …) are refs where they were
+stored as blobs, in the fold and in its snapshots alike. They are plain ``str`` fields, so a
+rehydrating caller resolves them exactly in either mode (``fold_refs`` says which; there are
+none unless such a string held U+0000 or was over the inline limit) and step 2 puts the
+originals it is handed (``FoldStrings``) in their place.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
+from typing import Any, overload
 
 from core.blobs.rehydrate import as_refs, loaded
+from core.blobs.store import looks_like_ref
 from core.query.entry_tree import EntryTree
 from core.query.projection import (
     CONTEXT_TYPES,
+    FOLD_STRINGS,
     CompactionMark,
     Counters,
     Fold,
@@ -291,6 +299,81 @@ def _find_on_branch(tree: EntryTree, entry_id: str | None, before: int) -> int |
 # step 2: build --------------------------------------------------------------------------
 
 
+@dataclass(frozen=True, slots=True)
+class FoldStrings:
+    """The originals of refs the fold kept: ref -> (the string, the pointers at which the
+    session's manifest places that blob). A ref is given back only where its kind of string
+    is read from (``FOLD_STRINGS``): a label that merely looks like the ref of a stored
+    thinking level stays the label it is."""
+
+    found: Mapping[str, tuple[str, frozenset[str]]] = field(default_factory=dict)
+
+    @overload
+    def get(self, kind: str, value: str) -> str: ...
+    @overload
+    def get(self, kind: str, value: str | None) -> str | None: ...
+    def get(self, kind: str, value: str | None) -> str | None:
+        hit = self.found.get(value) if value is not None and self.found else None
+        if hit is None or hit[1].isdisjoint(FOLD_STRINGS[kind]):
+            return value
+        return hit[0]
+
+    def model(self, change: ModelChange) -> ModelChange:
+        if not self.found:
+            return change
+        return dataclasses.replace(
+            change,
+            entry_id=self.get("id", change.entry_id),
+            provider=self.get("provider", change.provider),
+            model_id=self.get("model", change.model_id),
+        )
+
+    def thinking(self, change: ThinkingLevelChange) -> ThinkingLevelChange:
+        if not self.found:
+            return change
+        return dataclasses.replace(
+            change,
+            entry_id=self.get("id", change.entry_id),
+            level=self.get("thinking", change.level),
+        )
+
+    def counters(self, counters: Counters) -> Counters:
+        if not self.found:
+            return counters
+        by_role = {self.get("role", role): n for role, n in counters.by_role.items()}
+        return dataclasses.replace(counters, by_role=by_role)
+
+
+NO_STRINGS = FoldStrings()
+
+
+def fold_refs(fold: Fold, plan: ContextPlan) -> set[str]:
+    """The ref-like strings among what ``build_state`` takes from the fold (what a caller
+    resolves into ``FoldStrings``); none, almost always."""
+    tree, header = fold.tree, fold.header
+    ordinals = [*plan.context, *plan.custom.values()]
+    candidates: list[str | None] = [
+        fold.name,
+        header.session_id,
+        header.cwd,
+        header.parent_session,
+        tree.leaf_id,
+        *fold.labels.keys(),
+        *fold.labels.values(),
+        *plan.custom.keys(),
+        *fold.counters.by_role.keys(),
+    ]
+    if plan.compaction is not None:
+        ordinals.append(plan.compaction.ordinal)
+        candidates.append(plan.compaction.first_kept_entry_id)
+    candidates += (tree.id_at(o) for o in ordinals)
+    for model in (*fold.model_changes, *([plan.model] if plan.model else [])):
+        candidates += (model.entry_id, model.provider, model.model_id)
+    for thinking in fold.thinking_changes:
+        candidates += (thinking.entry_id, thinking.level)
+    return {c for c in candidates if c is not None and looks_like_ref(c)}
+
+
 def build_state(
     fold: Fold,
     plan: ContextPlan,
@@ -298,48 +381,56 @@ def build_state(
     *,
     session: Session,
     artifacts: list[ArtifactEntry] | None = None,
+    strings: FoldStrings = NO_STRINGS,
 ) -> SessionState:
-    """The state, given the events of ``plan.seqs(fold.tree)`` keyed by seq."""
+    """The state, given the events of ``plan.seqs(fold.tree)`` keyed by seq, and the
+    originals of ``fold_refs(fold, plan)`` (as stored without them)."""
     tree = fold.tree
+    ids = _entry_ids(tree, strings)
     messages: list[Message] = []
     compaction = None
     if plan.compaction is not None:
         mark = plan.compaction
         entry = events[tree.seq_at(mark.ordinal)].payload
         compaction = Compaction(
-            tree.id_at(mark.ordinal),
+            ids(mark.ordinal),
             tree.seq_at(mark.ordinal),
             entry.get("summary"),
-            mark.first_kept_entry_id,
+            strings.get("id", mark.first_kept_entry_id),
             mark.tokens_before,
         )
-        messages.append(_summary(tree, mark.ordinal, entry, "compactionSummary"))
+        messages.append(
+            _summary(ids(mark.ordinal), tree.seq_at(mark.ordinal), entry, "compactionSummary")
+        )
     for ordinal in plan.context:
         payload = events[tree.seq_at(ordinal)].payload
         if tree.kind_at(ordinal) == "branch_summary" and not js_truthy(payload.get("summary")):
             continue  # pi leaves a branch summary without a summary out of the context
-        messages.append(_message(tree, ordinal, payload))
+        messages.append(_message(tree, ordinal, payload, ids(ordinal)))
     custom = {
-        custom_type: CustomEntry(
-            tree.id_at(o), tree.seq_at(o), custom_type, events[tree.seq_at(o)].payload.get("data")
+        strings.get("custom_type", custom_type): CustomEntry(
+            ids(o),
+            tree.seq_at(o),
+            strings.get("custom_type", custom_type),
+            events[tree.seq_at(o)].payload.get("data"),
         )
         for custom_type, o in plan.custom.items()
     }
     header = fold.header
-    model = plan.model
+    name = strings.get("name", fold.name)
     info = SessionProfile(
-        title=fold.name or session.title,
-        name=fold.name,
-        cwd=header.cwd or session.cwd,
+        title=name or session.title,
+        name=name,
+        cwd=strings.get("cwd", header.cwd) or session.cwd,
         parent_id=session.parent_id,
         forked_from_seq=session.forked_from_seq,
-        parent_session=header.parent_session,
-        header_session_id=header.session_id,
+        parent_session=strings.get("parent_session", header.parent_session),
+        header_session_id=strings.get("id", header.session_id),
         header_version=header.version,
-        model=model,
-        thinking_level=plan.thinking.level if plan.thinking else None,
-        model_changes=list(fold.model_changes),
-        thinking_level_changes=list(fold.thinking_changes),
+        model=strings.model(plan.model) if plan.model else None,
+        thinking_level=strings.get("thinking", plan.thinking.level) if plan.thinking else None,
+        model_changes=[strings.model(c) for c in fold.model_changes],
+        thinking_level_changes=[strings.thinking(c) for c in fold.thinking_changes],
     )
     return SessionState(
         session_id=session.id,
@@ -347,37 +438,37 @@ def build_state(
         seq=fold.seq,
         info=info,
         tree=tree,
-        leaf_id=tree.leaf_id,
+        leaf_id=strings.get("id", tree.leaf_id),
         messages=messages,
         tool_calls=pair_tool_calls(messages),
         compaction=compaction,
-        labels=dict(fold.labels),
+        labels={strings.get("id", k): strings.get("label", v) for k, v in fold.labels.items()},
         custom=custom,
-        counters=fold.counters,
+        counters=strings.counters(fold.counters),
         artifacts=list(artifacts or ()),
     )
 
 
-def _message(tree: EntryTree, ordinal: int, entry: dict[str, Any]) -> Message:
+def _entry_ids(tree: EntryTree, strings: FoldStrings) -> Callable[[int], str]:
+    if not strings.found:
+        return tree.id_at
+    return lambda ordinal: strings.get("id", tree.id_at(ordinal))
+
+
+def _message(tree: EntryTree, ordinal: int, entry: dict[str, Any], entry_id: str) -> Message:
     kind = tree.kind_at(ordinal)
+    seq = tree.seq_at(ordinal)
     if kind == "branch_summary":
-        return _summary(tree, ordinal, entry, "branchSummary")
+        return _summary(entry_id, seq, entry, "branchSummary")
     if kind == "custom_message":
-        return Message(
-            tree.id_at(ordinal),
-            tree.seq_at(ordinal),
-            "custom",
-            entry.get("content"),
-            entry.get("timestamp"),
-            entry,
-        )
+        return Message(entry_id, seq, "custom", entry.get("content"), entry.get("timestamp"), entry)
     message = entry.get("message")
     if not isinstance(message, dict):
         message = {}
-    role = message.get("role")
+    role = loaded(message.get("role"))  # the role of a lazy rehydration too
     return Message(
-        tree.id_at(ordinal),
-        tree.seq_at(ordinal),
+        entry_id,
+        seq,
         role if isinstance(role, str) else "unknown",
         message.get("content"),
         entry.get("timestamp"),
@@ -385,15 +476,8 @@ def _message(tree: EntryTree, ordinal: int, entry: dict[str, Any]) -> Message:
     )
 
 
-def _summary(tree: EntryTree, ordinal: int, entry: dict[str, Any], role: str) -> Message:
-    return Message(
-        tree.id_at(ordinal),
-        tree.seq_at(ordinal),
-        role,
-        entry.get("summary"),
-        entry.get("timestamp"),
-        entry,
-    )
+def _summary(entry_id: str, seq: int, entry: dict[str, Any], role: str) -> Message:
+    return Message(entry_id, seq, role, entry.get("summary"), entry.get("timestamp"), entry)
 
 
 def pair_tool_calls(messages: Iterable[Message]) -> list[ToolCall]:
@@ -403,9 +487,10 @@ def pair_tool_calls(messages: Iterable[Message]) -> list[ToolCall]:
         if message.role == "assistant" and isinstance(message.content, list):
             for block in message.content:
                 if isinstance(block, dict) and block.get("type") == "toolCall":
-                    call_id = block.get("id")
+                    # a lazy rehydration's ids are read: they are what calls pair by
+                    call_id = loaded(block.get("id"))
                     call_id = call_id if isinstance(call_id, str) else None
-                    name = block.get("name")
+                    name = loaded(block.get("name"))
                     key = call_id if call_id is not None and call_id not in calls else len(calls)
                     calls[key] = ToolCall(
                         call_id,
@@ -420,7 +505,7 @@ def pair_tool_calls(messages: Iterable[Message]) -> list[ToolCall]:
 
 
 def _attach_result(calls: dict[str | int, ToolCall], message: Message) -> None:
-    call_id = message.data.get("toolCallId")
+    call_id = loaded(message.data.get("toolCallId"))
     call_id = call_id if isinstance(call_id, str) else None
     is_error = message.data.get("isError")
     result = {
@@ -434,7 +519,7 @@ def _attach_result(calls: dict[str | int, ToolCall], message: Message) -> None:
         if call is not None and not call.done:
             calls[call_id] = dataclasses.replace(call, **result)
             return
-    name = message.data.get("toolName")
+    name = loaded(message.data.get("toolName"))
     key: str | int = call_id if call_id is not None and call_id not in calls else len(calls)
     calls[key] = ToolCall(
         call_id, name if isinstance(name, str) else None, None, None, None, **result
