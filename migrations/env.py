@@ -33,8 +33,30 @@ def _run(connection: Connection) -> None:
         # as one, as on PostgreSQL, instead of stopping part way at a failing step
         transactional_ddl=True,
     )
-    with context.begin_transaction():
-        context.run_migrations()
+    sqlite = connection.dialect.name == "sqlite"
+    if sqlite:
+        # A batch migration rebuilds a table (copy, drop, rename): with foreign keys on,
+        # dropping ``sessions`` that events reference failed, and a journal holding data
+        # could never be upgraded past 0007. SQLite ignores this pragma inside a
+        # transaction: it is set on the driver's connection before the migration's BEGIN,
+        # and every key is checked before its commit instead.
+        _foreign_keys(connection, on=False)
+    try:
+        with context.begin_transaction():
+            context.run_migrations()
+            if sqlite:
+                broken = connection.exec_driver_sql("PRAGMA foreign_key_check").fetchall()
+                if broken:
+                    raise RuntimeError(f"the migration broke foreign keys: {broken[:5]}")
+    finally:
+        if sqlite:
+            _foreign_keys(connection, on=True)
+
+
+def _foreign_keys(connection: Connection, *, on: bool) -> None:
+    raw = connection.connection.driver_connection
+    assert raw is not None
+    raw.execute(f"PRAGMA foreign_keys={'ON' if on else 'OFF'}")
 
 
 def run_migrations_offline() -> None:

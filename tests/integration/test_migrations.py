@@ -12,7 +12,7 @@ from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
 from sqlalchemy import inspect, text
 
-from core import migrate
+from core import SessionStore, Settings, migrate
 from core.db import make_engine
 from core.errors import DowngradeRefused, SchemaNotCurrent
 from core.models import metadata
@@ -64,6 +64,43 @@ def test_upgrade_downgrade_upgrade_round_trip(empty_url: str) -> None:
     assert migrate.current_revision(empty_url) is None
     migrate.upgrade(empty_url)
     assert _diff(empty_url) == [] and migrate.is_current(empty_url)
+
+
+def test_a_journal_holding_data_is_upgraded_and_downgraded_through_every_rebuild(
+    empty_url: str, tmp_path: Path
+) -> None:
+    """A journal from an older release, holding a session and its event: upgraded to head
+    it reads back, and it goes down and up again with its rows. On SQLite a batch
+    migration rebuilds ``sessions`` (copy, drop, rename), and with foreign keys on the
+    drop failed: a journal at 0006-0009 holding any event could never be upgraded (nor
+    downgraded past 0007): a review of the operator's side, stop 39."""
+    migrate.upgrade(empty_url, "0006")
+    engine = make_engine(empty_url)
+    try:
+        with engine.begin() as conn:
+            conn.execute(
+                text(
+                    "INSERT INTO sessions (id, tenant_id, head_seq, created_at, updated_at) "
+                    "VALUES ('s1', 'acme', 1, CURRENT_TIMESTAMP, CURRENT_TIMESTAMP)"
+                )
+            )
+            conn.execute(
+                text(
+                    "INSERT INTO events (session_id, seq, type, payload, recorded_at) VALUES "
+                    """('s1', 1, 'message', '{"type": "message", "n": 1}', CURRENT_TIMESTAMP)"""
+                )
+            )
+    finally:
+        engine.dispose()
+    migrate.upgrade(empty_url)
+    settings = Settings(data_dir=tmp_path / "data", database_url=empty_url)
+    with SessionStore.from_settings(settings) as store:
+        assert [e.payload for e in store.read("s1")] == [{"type": "message", "n": 1}]
+    migrate.downgrade(empty_url, "0006")
+    migrate.upgrade(empty_url)
+    assert migrate.is_current(empty_url)
+    with SessionStore.from_settings(settings) as store:
+        assert [e.seq for e in store.read("s1")] == [1]
 
 
 def test_a_downgrade_never_forgets_directories_still_to_remove(empty_url: str) -> None:
