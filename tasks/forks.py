@@ -18,7 +18,7 @@ from celery import Task
 from core.errors import SessionNotFound
 from tasks.app import sessionstore_task, settings_of
 from tasks.enqueue import COPY_TASK, enqueue_copy_artifacts
-from tasks.locks import dedup_window, periodic_run
+from tasks.locks import dedup_window, longest_run_s, periodic_run
 from tasks.retry import backoff_seconds, is_transient
 from tasks.runtime import store_for
 
@@ -55,7 +55,11 @@ def copy_artifacts(self: Task, fork_id: str) -> dict[str, Any]:
 def reconcile_forks(self: Task) -> dict[str, Any]:
     settings = settings_of(self.app)
     window = dedup_window(settings.reconcile_schedule)
-    with periodic_run(self.app, "reconcile_forks", window, max_run_s=max(60.0, window)) as run:
+    # The lock lasts as long as a run can (it lasted the window, at least 60 s: a longer
+    # run had a second one beside it, repairing the same moves)
+    with periodic_run(
+        self.app, "reconcile_forks", window, max_run_s=longest_run_s(self.app)
+    ) as run:
         if not run:
             return {"skipped": True, "requeued": 0}
         timeout = settings.fork_copy_timeout_seconds

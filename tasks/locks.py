@@ -34,6 +34,17 @@ PREFIX = "sessionstore:periodic"
 CRONTAB_WINDOW_S = 60.0  # a crontab fires at most once a minute
 
 
+LOCK_MARGIN_S = 60.0
+_DEFAULT_LIMIT_S = 900.0
+
+
+def longest_run_s(app: Celery) -> float:
+    """How long a periodic job's run lock must last: the task's hard time limit (no run
+    outlives it) and a margin. A shorter lock lapsed under a run still going, and the next
+    period's run started beside it."""
+    return float(app.conf.task_time_limit or _DEFAULT_LIMIT_S) + LOCK_MARGIN_S
+
+
 def dedup_window(schedule: str) -> float:
     """The period a job's runs are counted in: its interval, or a minute for a crontab."""
     return CRONTAB_WINDOW_S if len(schedule.split()) == 5 else float(schedule)

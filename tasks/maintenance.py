@@ -19,7 +19,7 @@ from core.maintenance import GcResume
 from core.models import utcnow
 from core.store import SessionStore
 from tasks.app import sessionstore_task, settings_of
-from tasks.locks import dedup_window, period_slot, periodic_run
+from tasks.locks import LOCK_MARGIN_S, dedup_window, longest_run_s, period_slot, periodic_run
 from tasks.runtime import store_for
 
 logger = logging.getLogger(__name__)
@@ -30,8 +30,6 @@ EXPIRE_JOB = "expire_artifacts"
 # interrupts it between removing a file and committing its row delete.
 GC_BUDGET_SHARE = 0.8
 # The running lock outlives the hard time limit by this much: it must never expire mid-run.
-LOCK_MARGIN_S = 60.0
-_DEFAULT_LIMIT_S = 900.0
 
 Work = Callable[[SessionStore], dict[str, Any]]
 
@@ -67,7 +65,7 @@ def _run_periodic(task: Task, job: str, schedule: str, work: Work) -> dict[str, 
     now = time.time()
     slot = period_slot(window, now)  # the same slot periodic_run claims
     result: dict[str, Any] = {"job": job, "ran": False, "slot": slot, "report": None}
-    max_run_s = _hard_limit_s(task) + LOCK_MARGIN_S
+    max_run_s = longest_run_s(task.app)
     try:
         with periodic_run(task.app, job, window, max_run_s=max_run_s, now=now) as claimed:
             result["ran"] = claimed
@@ -109,9 +107,5 @@ def _record(store: SessionStore, job: str, started: datetime, result: dict[str, 
         logger.error("could not record a maintenance run", extra={"job": job, "error": repr(exc)})
 
 
-def _hard_limit_s(task: Task) -> float:
-    return float(task.app.conf.task_time_limit or _DEFAULT_LIMIT_S)
-
-
 def _soft_limit_s(task: Task) -> float:
-    return float(task.app.conf.task_soft_time_limit or _hard_limit_s(task))
+    return float(task.app.conf.task_soft_time_limit or longest_run_s(task.app) - LOCK_MARGIN_S)
