@@ -60,15 +60,63 @@ def _scripts() -> ScriptDirectory:
 def upgrade(url: str, revision: str = "head") -> None:
     from alembic import command
 
-    with _revision_errors():
+    with _revision_errors(), _one_migration_at_a_time(url):
+        _refuse_unknown(current_revision(url))
         command.upgrade(alembic_config(url), revision)
 
 
 def downgrade(url: str, revision: str = "base") -> None:
     from alembic import command
 
-    with _revision_errors():
+    with _revision_errors(), _one_migration_at_a_time(url):
+        _refuse_unknown(current_revision(url))
         command.downgrade(alembic_config(url), revision)
+
+
+# Any fixed number: the PostgreSQL advisory lock that migrations of one database take.
+_MIGRATION_LOCK = 0x5E55_1075
+
+
+@contextmanager
+def _one_migration_at_a_time(url: str) -> Iterator[None]:
+    """On PostgreSQL, a session-level advisory lock around the migration: two ``db
+    upgrade`` runs at once on an empty database both created the schema, and one failed
+    with a duplicate-key traceback. The second now waits, then finds nothing to do.
+    (Embedded SQLite serializes in ``ensure_schema`` with a file lock.)"""
+    if make_url(url).get_backend_name() != "postgresql":
+        yield
+        return
+    engine = make_engine(url, pool_size=1)
+    try:
+        with engine.connect() as conn:
+            conn.execute(text("SELECT pg_advisory_lock(:key)"), {"key": _MIGRATION_LOCK})
+            conn.commit()
+            try:
+                yield
+            finally:
+                conn.execute(text("SELECT pg_advisory_unlock(:key)"), {"key": _MIGRATION_LOCK})
+                conn.commit()
+    finally:
+        engine.dispose()
+
+
+def _refuse_unknown(current: str | None) -> None:
+    """SchemaNotCurrent for a schema at a revision these scripts do not have: a newer
+    release wrote it (it was upgraded as if behind, or reported as a bad argument)."""
+    if current is None or current == HEAD_REVISION:
+        return
+    from alembic.util.exc import CommandError
+
+    try:
+        known = _scripts().get_revision(current) is not None
+    except CommandError:  # alembic's ResolutionError included
+        known = False
+    if not known:
+        raise SchemaNotCurrent(
+            f"the database schema is at {current}, which this code (at {HEAD_REVISION}) does "
+            "not know: a newer sessionstore wrote it; run that release (or downgrade the "
+            "schema with it)"
+        )
 
 
 @contextmanager
@@ -133,6 +181,7 @@ class Revision:
 
 def history(current: str | None) -> list[Revision]:
     """Every migration, oldest first, each marked applied or pending against ``current``."""
+    _refuse_unknown(current)
     scripts = _scripts()
     applied: set[str] = set()
     if current is not None:
@@ -176,6 +225,7 @@ def ensure_schema(engine: Engine, url: str) -> None:
     current = engine_revision(engine)
     if current == head:
         return
+    _refuse_unknown(current)
     path = sqlite_path(url)
     if path is None:
         what = "missing" if current is None else f"at {current}"

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -101,6 +103,49 @@ def test_a_journal_holding_data_is_upgraded_and_downgraded_through_every_rebuild
     assert migrate.is_current(empty_url)
     with SessionStore.from_settings(settings) as store:
         assert [e.seq for e in store.read("s1")] == [1]
+
+
+def test_a_schema_a_newer_release_wrote_is_refused_typed(empty_url: str, tmp_path: Path) -> None:
+    """A revision these scripts do not have: SQLite "upgraded" it (a bad-argument error on
+    every command), PostgreSQL advised `db upgrade`, history was a traceback. Now each says
+    a newer release wrote it, and nothing is changed."""
+    migrate.upgrade(empty_url)
+    engine = make_engine(empty_url)
+    try:
+        with engine.begin() as conn:
+            conn.execute(text("UPDATE alembic_version SET version_num = '0099'"))
+    finally:
+        engine.dispose()
+    settings = Settings(data_dir=tmp_path / "data", database_url=empty_url)
+    for attempt in (
+        lambda: SessionStore.from_settings(settings),
+        lambda: migrate.upgrade(empty_url),
+        lambda: migrate.downgrade(empty_url, "0019"),
+        lambda: migrate.history("0099"),
+    ):
+        with pytest.raises(SchemaNotCurrent, match=r"0099.*newer sessionstore"):
+            attempt()
+    assert migrate.current_revision(empty_url) == "0099"
+
+
+def test_two_upgrades_at_once_on_an_empty_postgresql_both_succeed(tmp_path: Path) -> None:
+    """Both created the schema: one failed with a duplicate-key traceback. The second waits
+    on the migration lock, then finds nothing to do."""
+    name = f"t_mig_{uuid.uuid4().hex[:10]}"
+    with psycopg.connect(PG_ADMIN_DSN, autocommit=True) as admin:
+        admin.execute(f'CREATE DATABASE "{name}"')
+    url = pg_url_for(name)
+    try:
+        script = f"from core import migrate; migrate.upgrade({url!r})"
+        runs = [
+            subprocess.Popen([sys.executable, "-c", script], stderr=subprocess.PIPE, text=True)
+            for _ in range(2)
+        ]
+        errors = [run.communicate(timeout=120)[1] for run in runs]
+        assert [run.returncode for run in runs] == [0, 0], errors
+        assert migrate.is_current(url) and _diff(url) == []
+    finally:
+        drop_pg_database(name)
 
 
 def test_a_downgrade_never_forgets_directories_still_to_remove(empty_url: str) -> None:
