@@ -23,6 +23,7 @@ import signal
 import socket
 import subprocess
 import sys
+import urllib.request
 import uuid
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager, suppress
@@ -227,10 +228,12 @@ def test_minio_is_healthy_before_the_bucket_is_made_and_the_apps_start(
 
 
 def test_worker_and_beat_run_our_celery_app(services: dict[str, dict[str, Any]]) -> None:
+    """The worker through ``sessionstore worker`` (our app, and the /metrics the dashboard
+    scrapes: ``celery worker`` serves none), beat through celery's own command."""
     worker, beat = argv(services["worker"]["command"]), argv(services["beat"]["command"])
-    for args, sub in ((worker, "worker"), (beat, "beat")):
-        assert args[0] == "celery" and sub in args
-        assert option(args, "--app") == "tasks.app" or option(args, "-A") == "tasks.app"
+    assert worker[:2] == ["sessionstore", "worker"] and option(worker, "--metrics-port")
+    assert beat[0] == "celery" and "beat" in beat
+    assert option(beat, "--app") == "tasks.app" or option(beat, "-A") == "tasks.app"
     assert option(worker, "--pool") == "prefork"
     assert "inspect ping" in " ".join(healthcheck_argv(services["worker"]))
 
@@ -525,6 +528,11 @@ def check_worker(service: LocalService, log: Path, tmp_path: Path) -> None:
             art = urlsplit(settings.artifact_url or "")
             listed = bucket_keys(endpoint, str(art.hostname), art.path.strip("/") + "/")
             assert any(k.endswith(f"/{artifact_id}.bash.log") for k in listed), listed
+            # the worker's /metrics, on the port compose gives it, counts that write
+            port = option(service.args, "--metrics-port")
+            scraped = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10)
+            text = scraped.read().decode()
+            assert re.search(r'sessionstore_writes_total\{[^}]*outcome="committed"[^}]*\} 1', text)
     finally:
         app.close()
 
