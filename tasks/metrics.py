@@ -11,6 +11,8 @@ import os
 import shutil
 from pathlib import Path
 
+from core.settings import Settings
+
 
 def serve_metrics(port: int, directory: Path, *, addr: str = "127.0.0.1") -> int:
     """Start the ``/metrics`` HTTP server on ``addr:port`` (0: any free port); the port."""
@@ -23,3 +25,9 @@ def serve_metrics(port: int, directory: Path, *, addr: str = "127.0.0.1") -> int
     multiprocess.MultiProcessCollector(registry)  # type: ignore[no-untyped-call]
     server, _thread = start_http_server(port, addr=addr, registry=registry)
     return int(server.server_port)
+
+
+def serve_process_metrics(settings: Settings, port: int, addr: str, *, name: str) -> int:
+    """``serve_metrics`` for a command's process (a worker and its children, a watcher),
+    its samples under the data directory: ``metrics/<name>``."""
+    return serve_metrics(port, settings.data_dir.resolve() / "metrics" / name, addr=addr)

@@ -5,6 +5,7 @@ Heavy imports stay inside the commands (the CLI starts lazily)."""
 from __future__ import annotations
 
 import logging
+import os
 import sys
 from collections.abc import Callable
 from contextlib import ExitStack
@@ -17,6 +18,7 @@ from tasks.cli.common import (
     JsonOption,
     console,
     err_console,
+    load_settings,
     new_app,
     open_store,
     plain,
@@ -107,6 +109,14 @@ def import_files(
         help="JSON Lines: one object per file imported (and per pass with --watch), "
         "a failed file's error object too.",
     ),
+    metrics_port: int | None = typer.Option(
+        None,
+        "--metrics-port",
+        min=1,
+        max=65535,
+        help="With --watch: serve Prometheus /metrics (import throughput) on this port.",
+    ),
+    metrics_addr: str = typer.Option("127.0.0.1", "--metrics-addr", help="Address to bind."),
 ) -> None:
     """Import agent session files; again appends only what is new (idempotent)."""
     from core.errors import SessionStoreError, UnreadableFile
@@ -114,6 +124,17 @@ def import_files(
     from core.interop.watch import DEFAULT_SESSIONS_DIR, session_files
     from tasks.cli.failures import ExitCode
 
+    if metrics_port is not None:
+        # Imports run in this process, not in a worker: the import panels of the dashboard
+        # read a watcher's own /metrics (a one-shot import ends before any scrape).
+        if watch is None:
+            raise typer.BadParameter(
+                "serves metrics while --watch follows", param_hint="--metrics-port"
+            )
+        from tasks.metrics import serve_process_metrics
+
+        name = f"import-{os.getpid()}"
+        serve_process_metrics(load_settings(), metrics_port, metrics_addr, name=name)
     known = sorted(converters())
     if format != "auto" and format not in known:  # before any file: it fails every one
         raise typer.BadParameter(

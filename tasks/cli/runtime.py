@@ -36,10 +36,9 @@ def worker(
 
     settings = load_settings()  # fail early, in one line, on bad configuration
     if metrics_port is not None:
-        from tasks.metrics import serve_metrics
+        from tasks.metrics import serve_process_metrics
 
-        directory = settings.data_dir.resolve() / "metrics" / str(os.getpid())
-        serve_metrics(metrics_port, directory, addr=metrics_addr)
+        serve_process_metrics(settings, metrics_port, metrics_addr, name=str(os.getpid()))
     get_app().worker_main(["worker", "--loglevel=INFO", *ctx.args])
 
 

@@ -5,11 +5,14 @@ lost, nothing doubled; appended lines arrive within about a second."""
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -92,3 +95,56 @@ def test_watch_survives_sigkill_and_doubles_nothing(store: SessionStore, tmp_pat
         if agent.stdout is not None:  # a failure before communicate() left the pipe open
             agent.stdout.close()
     assert "Traceback" not in log.read_text(errors="replace")
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def _imported_entries(port: int) -> float:
+    try:
+        text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read()
+    except OSError:
+        return -1.0  # not serving yet
+    found = re.search(rb"^sessionstore_import_entries_total ([0-9.e+]+)$", text, re.MULTILINE)
+    return float(found.group(1)) if found else 0.0
+
+
+def test_a_watcher_serves_the_import_metrics(store: SessionStore, tmp_path: Path) -> None:
+    """Imports run in the importing process, not in a worker: the dashboard's import
+    panels read the worker's counters, which stayed 0 for good (a review of the operator's
+    side, stop 39). ``import --watch --metrics-port`` serves them."""
+    directory = tmp_path / "sessions"
+    directory.mkdir()
+    shutil.copyfile(ROOT / "tests" / "fixtures" / "pi" / "v3.jsonl", directory / "a_v3.jsonl")
+    env = clean_env(
+        store.settings.data_dir, SESSIONSTORE_DATABASE_URL=store.settings.resolved_database_url
+    )
+    port = _free_port()
+    metrics = ["--metrics-port", str(port)]
+    log = tmp_path / "watch.log"
+    with log.open("ab") as out:
+        watcher = subprocess.Popen(
+            [EXE, "import", "--watch", str(directory), "--tenant", TENANT, "--json", *metrics],
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+    try:
+        lines = len((directory / "a_v3.jsonl").read_text().splitlines())
+        wait_for(lambda: _imported_entries(port) >= lines, 60, "the import counted on /metrics")
+    finally:
+        watcher.kill()
+        watcher.wait(timeout=10)
+    # a one-shot import ends before any scrape: the port is refused without --watch
+    once = subprocess.run(
+        [EXE, "import", str(directory), "--metrics-port", str(port)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert once.returncode == 2 and "--watch" in once.stderr
