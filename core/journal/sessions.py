@@ -46,7 +46,7 @@ def _decode_cursor(cursor: str) -> tuple[datetime, str]:
             raise ValueError("U+0000 in the session id")
         return created_at, session_id
     except (ValueError, UnicodeDecodeError) as exc:
-        raise InvalidEvent("cursor", f"not a cursor this store issued: {cursor!r}") from exc
+        raise InvalidArgument("cursor", f"not a cursor this store issued: {cursor!r}") from exc
 
 
 class SessionRows:

@@ -117,6 +117,7 @@ class JournalContract:
             with pytest.raises(InvalidEvent, match="not a cursor this store issued") as caught:
                 store.list_sessions(cursor=cursor)
             assert caught.value.field == "cursor"
+            assert str(caught.value).startswith("invalid argument cursor")  # not "event"
         for position in (2**63, -1, True):
             with pytest.raises(InvalidEvent, match="after_position"):
                 store.list_events(after_position=position)
