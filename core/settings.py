@@ -2,13 +2,24 @@
 
 from __future__ import annotations
 
+import difflib
+import functools
+import logging
+import os
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import AliasChoices, Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from core.errors import BadConfig
+
+if TYPE_CHECKING:
+    from celery.schedules import crontab
+
+
+log = logging.getLogger(__name__)
 
 
 def default_data_dir() -> Path:
@@ -29,6 +40,12 @@ def shared_optional(description: str) -> Any:
     return Field(default=None, json_schema_extra=SHARED, description=description)
 
 
+# The upper bound of a duration setting: long enough for any use, short enough that no
+# datetime arithmetic with it overflows.
+A_YEAR = 366 * 86400.0
+# The shortest schedule period: beat sends each job once a period.
+MIN_SCHEDULE_SECONDS = 1.0
+
 # Settings renamed, by their older name: still taken as arguments, and their older
 # variables still read (each renamed field lists its variables, new first, in _ENV_ALIASES).
 _OLDER_NAMES = {"rehydrate_max_build_seconds": "rehydrate_stall_seconds"}
@@ -44,8 +61,10 @@ _ENV_ALIASES = {
 class Settings(BaseSettings):
     """sessionstore configuration, read from ``SESSIONSTORE_*`` environment variables."""
 
+    # No float setting is NaN or infinite (each also has an upper bound): "inf" hung
+    # producers in their retry loop, "nan" failed later in Celery or kombu.
     model_config = SettingsConfigDict(
-        env_prefix="SESSIONSTORE_", extra="ignore", populate_by_name=True
+        env_prefix="SESSIONSTORE_", extra="ignore", populate_by_name=True, allow_inf_nan=False
     )
 
     data_dir: Path = Field(
@@ -53,7 +72,7 @@ class Settings(BaseSettings):
         default_factory=lambda: default_data_dir(),
         description="Where the embedded defaults live (journal, blobs, artifacts, the "
         "filesystem broker's folders, the beat schedule). Default: the platform's user data "
-        "directory (`~/.local/share/sessionstore` on Linux).",
+        "directory (`~/.local/share/sessionstore` on Linux), also when set blank.",
     )
     database_url: str | None = shared_optional(
         "The journal, as a SQLAlchemy URL (sqlite:///… or postgresql+psycopg://…). "
@@ -106,6 +125,7 @@ class Settings(BaseSettings):
         json_schema_extra=SHARED,
         default=3600.0,
         ge=0,
+        le=A_YEAR,
         description="GC deletes unreferenced blobs only when older than this.",
     )
 
@@ -114,6 +134,7 @@ class Settings(BaseSettings):
         json_schema_extra=SHARED,
         default=30.0,
         gt=0,
+        le=A_YEAR,
         description="One S3 request's time limit (its connect phase at most 5 s of it; a "
         "response that stops sending bytes fails after 10 s).",
     )
@@ -121,6 +142,7 @@ class Settings(BaseSettings):
         json_schema_extra=SHARED,
         default=20.0,
         ge=0,
+        le=A_YEAR,
         description="How long a failed or timed-out S3 request is retried before the "
         "operation fails as StorageUnavailable (obstore's own default is 3 minutes).",
     )
@@ -142,6 +164,7 @@ class Settings(BaseSettings):
     rehydrate_stall_seconds: float = Field(
         default=900.0,
         gt=0,
+        le=A_YEAR,
         validation_alias=AliasChoices(*_ENV_ALIASES["rehydrate_stall_seconds"]),
         description="Longest a rehydrated export's build may go without progress (an event "
         "read, a blob read, a line written, a chunk uploaded) and still hold its claim. Past "
@@ -155,6 +178,7 @@ class Settings(BaseSettings):
     staging_max_age_seconds: float = Field(
         default=6 * 3600.0,
         ge=3600,
+        le=A_YEAR,
         description="Artifact expiry also removes temporary files a killed process left "
         "this long ago.",
     )
@@ -184,8 +208,9 @@ class Settings(BaseSettings):
     publish_retry_seconds: float = Field(
         default=120.0,
         ge=0,
+        le=3600,
         description="How long a producer keeps retrying to publish while the broker is "
-        "unreachable (reconnecting every 0.5-2 s); then the enqueue raises.",
+        "unreachable (reconnecting every 0.5-2 s); then the enqueue raises. At most 3600.",
     )
     task_max_retries: int = Field(
         default=20, ge=0, description="Retries of a transient failure before dead-lettering."
@@ -200,7 +225,8 @@ class Settings(BaseSettings):
     gc_schedule: str = Field(
         json_schema_extra=SHARED,
         default="3600",
-        description="Beat schedule of blob GC: seconds, or a crontab like '0 3 * * *'.",
+        description="Beat schedule of blob GC: seconds (1 to a year), or a crontab like "
+        "'0 3 * * *'.",
     )
     expire_schedule: str = Field(
         json_schema_extra=SHARED,
@@ -216,12 +242,13 @@ class Settings(BaseSettings):
         json_schema_extra=SHARED,
         default=300.0,
         gt=0,
+        le=A_YEAR,
         description="A fork copy still pending after this long is re-enqueued.",
     )
 
-    @field_validator("database_url", "blob_url", "broker_url", "result_backend")
+    @field_validator("database_url", "blob_url", "broker_url", "result_backend", mode="before")
     @classmethod
-    def _blank_is_unset(cls, value: str | None) -> str | None:
+    def _blank_is_unset(cls, value: Any) -> Any:
         return value or None
 
     @field_validator("artifact_url")
@@ -240,20 +267,24 @@ class Settings(BaseSettings):
         except BadConfig as exc:
             raise ValueError(str(exc)) from None
 
+    @field_validator("data_dir", mode="before")
+    @classmethod
+    def _blank_data_dir_is_unset(cls, value: Any) -> Any:
+        # Path("") is the current directory: a blank variable (an unset ${VAR} in compose)
+        # would put the journal wherever the process started.
+        return default_data_dir() if value == "" else value
+
+    @field_validator("database_url")
+    @classmethod
+    def _database_url(cls, value: str | None) -> str | None:
+        if value:
+            check_database_url(value)
+        return value
+
     @field_validator("gc_schedule", "expire_schedule", "reconcile_schedule")
     @classmethod
     def _check_schedule(cls, value: str) -> str:
-        fields = value.split()
-        if len(fields) == 5:
-            return value
-        try:
-            seconds = float(value)
-        except ValueError:
-            raise ValueError(
-                f"schedule must be seconds or a five-field crontab, got {value!r}"
-            ) from None
-        if seconds <= 0:
-            raise ValueError("schedule seconds must be positive")
+        parse_schedule(value)  # as beat will, so a value it cannot use is refused here
         return value
 
     @model_validator(mode="before")
@@ -275,11 +306,6 @@ class Settings(BaseSettings):
 
     @model_validator(mode="after")
     def _check_urls(self) -> Settings:
-        url = self.resolved_database_url
-        if not (url.startswith("sqlite") or url.startswith("postgresql")):
-            raise ValueError(
-                f"database_url must be sqlite:///… or postgresql+psycopg://…, got {url!r}"
-            )
         if not self.resolved_blob_url.startswith(("file://", "s3://")):
             raise ValueError(
                 f"blob_url must be file:///… or s3://bucket/prefix, got {self.resolved_blob_url!r}"
@@ -347,6 +373,91 @@ class Settings(BaseSettings):
             if older in changes and name not in changes:
                 changes[name] = changes.pop(older)
         return type(self).model_validate({**self.model_dump(), **changes})
+
+
+# SESSIONSTORE_* variables that are no setting but are read elsewhere: the CLI's, and the
+# test suite's and the benchmarks' (theirs also by prefix).
+_OTHER_VARIABLES = {
+    "SESSIONSTORE_DEBUG",
+    "SESSIONSTORE_REQUIRE_SERVICES",
+    "SESSIONSTORE_CRASH_LOOP_RUNS",
+    "SESSIONSTORE_GC_RACE_SECONDS",
+    "SESSIONSTORE_BEAT_TEST_SECONDS",
+}
+_OTHER_PREFIXES = ("SESSIONSTORE_TEST_", "SESSIONSTORE_BENCH_")
+
+
+def unknown_variables(environ: Mapping[str, str]) -> list[str]:
+    """A line for each ``SESSIONSTORE_*`` variable in ``environ`` that nothing reads, naming
+    the closest setting: a mistyped one (SESSIONSTORE_DATABSE_URL) was silently ignored."""
+    names = {f"SESSIONSTORE_{name.upper()}" for name in Settings.model_fields}
+    names.update(*_ENV_ALIASES.values())
+    known = {name.removeprefix("SESSIONSTORE_") for name in names}
+    lines = []
+    for variable in sorted(environ, key=str.upper):
+        upper = variable.upper()  # pydantic-settings reads them case-insensitively
+        if not upper.startswith("SESSIONSTORE_") or upper.startswith(_OTHER_PREFIXES):
+            continue
+        if upper in names or upper in _OTHER_VARIABLES:
+            continue
+        close = difflib.get_close_matches(upper.removeprefix("SESSIONSTORE_"), known, n=1)
+        hint = f" (did you mean SESSIONSTORE_{close[0]}?)" if close else ""
+        lines.append(f"warning: {variable} is no setting and is ignored{hint}")
+    return lines
+
+
+@functools.cache
+def warn_unknown_variables() -> None:
+    """Log each line of ``unknown_variables`` of this process's environment, once (on
+    stderr where logging is not configured, as in the CLI)."""
+    for line in unknown_variables(os.environ):
+        log.warning(line)
+
+
+# The journal's backends, with the drivers installed for them (None: the backend's default).
+_DATABASES = {"sqlite": (None, "pysqlite"), "postgresql": ("psycopg",)}
+
+
+def check_database_url(url: str) -> None:
+    """ValueError unless ``url`` names a backend and driver the journal runs on (any other
+    passed a prefix check, then failed every command with an import error)."""
+    from sqlalchemy.engine import make_url  # only when a URL is set
+    from sqlalchemy.exc import ArgumentError
+
+    accepted = "sqlite:///… or postgresql+psycopg://…"
+    try:
+        parsed = make_url(url)
+    except ArgumentError:
+        raise ValueError(f"must be a URL like {accepted}, got {url!r}") from None
+    backend, driver = parsed.get_backend_name(), parsed.drivername.partition("+")[2] or None
+    if driver not in _DATABASES.get(backend, ()):
+        raise ValueError(
+            f"must be {accepted}: SQLite, or PostgreSQL through psycopg (3), got {url!r}"
+        )
+
+
+def parse_schedule(value: str) -> float | crontab:
+    """Seconds (``"300"``, from MIN_SCHEDULE_SECONDS to A_YEAR) or a five-field crontab
+    (``"0 3 * * *"``); ValueError with the reason otherwise."""
+    from celery.schedules import crontab  # only where a schedule is read
+
+    fields = value.split()
+    if len(fields) == 5:
+        minute, hour, day_of_month, month_of_year, day_of_week = fields
+        try:
+            return crontab(minute, hour, day_of_week, day_of_month, month_of_year)
+        except ValueError as exc:  # celery's reason: "Invalid end range: 99 > 23."
+            raise ValueError(f"bad crontab {value!r}: {exc}") from None
+    try:
+        seconds = float(value)
+    except ValueError:
+        raise ValueError(f"must be seconds or a five-field crontab, got {value!r}") from None
+    if not MIN_SCHEDULE_SECONDS <= seconds <= A_YEAR:  # NaN too
+        raise ValueError(
+            f"schedule seconds must be from {MIN_SCHEDULE_SECONDS:g} to {A_YEAR:.0f} (a year), "
+            f"got {value!r}"
+        )
+    return seconds
 
 
 def settings_markdown() -> str:

@@ -8,6 +8,7 @@ Celery first reads it. Tests and the embedded mode call ``create_app(settings)``
 from __future__ import annotations
 
 import importlib
+import math
 from collections.abc import Callable
 from functools import cached_property
 from pathlib import Path
@@ -17,7 +18,7 @@ from celery import Celery, shared_task
 from celery.schedules import crontab, schedule
 
 from core.broker import TRANSPORT as EMBEDDED_TRANSPORT
-from core.settings import Settings
+from core.settings import Settings, parse_schedule, warn_unknown_variables
 from tasks.results import polling_redis_url
 
 TASK_MODULES = ["tasks.writes", "tasks.maintenance", "tasks.forks", "tasks.rehydrate"]
@@ -45,6 +46,7 @@ class _SettingsHolder:
 
     def get(self) -> Settings:
         if self._settings is None:
+            warn_unknown_variables()
             self._settings = Settings()
         return self._settings
 
@@ -120,34 +122,25 @@ def beat_schedule(settings: Settings) -> dict[str, dict[str, Any]]:
         return {"task": task, "schedule": run_every, "options": options}
 
     return {
-        "gc-blobs": job("sessionstore.gc_blobs", _parse_schedule(settings.gc_schedule)),
+        "gc-blobs": job("sessionstore.gc_blobs", parse_schedule(settings.gc_schedule)),
         "expire-artifacts": job(
-            "sessionstore.expire_artifacts", _parse_schedule(settings.expire_schedule)
+            "sessionstore.expire_artifacts", parse_schedule(settings.expire_schedule)
         ),
         "reconcile-forks": job(
-            "sessionstore.reconcile_forks", _parse_schedule(settings.reconcile_schedule)
+            "sessionstore.reconcile_forks", parse_schedule(settings.reconcile_schedule)
         ),
     }
 
 
-def _parse_schedule(value: str) -> float | crontab:
-    """Seconds (``"300"``) or a five-field crontab (``"0 3 * * *"``)."""
-    fields = value.split()
-    if len(fields) == 5:
-        minute, hour, day_of_month, month_of_year, day_of_week = fields
-        return crontab(minute, hour, day_of_week, day_of_month, month_of_year)
-    return float(value)
-
-
 def _publish_attempts(seconds: float) -> int:
     """Retries whose backoff (0, 0.5, 1, 1.5, then 2 s each) adds up to ``seconds``."""
+    start, step, most = (_RECONNECT[k] for k in ("interval_start", "interval_step", "interval_max"))
     waited, attempts = 0.0, 0
-    while waited < seconds:
-        waited += min(
-            _RECONNECT["interval_start"] + attempts * _RECONNECT["interval_step"],
-            _RECONNECT["interval_max"],
-        )
+    while waited < seconds and start + attempts * step < most:  # the growing waits
+        waited += start + attempts * step
         attempts += 1
+    if waited < seconds:  # then the longest wait each time
+        attempts += math.ceil((seconds - waited) / most)
     return attempts
 
 

@@ -103,8 +103,9 @@ def load_settings() -> Settings:
     import pydantic
 
     from core.errors import BadConfig
-    from core.settings import Settings
+    from core.settings import Settings, warn_unknown_variables
 
+    warn_unknown_variables()
     try:
         return Settings()
     except pydantic.ValidationError as exc:

@@ -220,6 +220,40 @@ def test_bad_url_bad_id_bad_input(cli: Cli) -> None:
     one_line_error(cli("append", "s1", stdin="{not json\n"), ExitCode.BAD_INPUT, "line 1")
 
 
+def test_a_setting_celery_or_sqlalchemy_cannot_use_is_a_bad_setting(cli: Cli) -> None:
+    """Refused at load, naming the setting: each used to pass validation, then fail every
+    command later (a traceback, a hang, or Celery's reason without the variable's name)."""
+    cli.env["SESSIONSTORE_DATA_DIR"] = str(cli.home / "data")
+    for variable, value in [
+        ("SESSIONSTORE_GC_SCHEDULE", "nan"),
+        ("SESSIONSTORE_EXPIRE_SCHEDULE", "99 99 * * *"),
+        ("SESSIONSTORE_PUBLISH_RETRY_SECONDS", "inf"),
+        ("SESSIONSTORE_DATABASE_URL", "postgresql+asyncpg://x@127.0.0.1/db"),
+    ]:
+        cli.env[variable] = value
+        name = variable.removeprefix("SESSIONSTORE_").lower()
+        one_line_error(cli("worker", timeout=60), ExitCode.BAD_CONFIG, f"bad setting {name}")
+        del cli.env[variable]
+
+
+def test_a_mistyped_variable_is_named_on_stderr(cli: Cli) -> None:
+    cli.env["SESSIONSTORE_DATABSE_URL"] = "postgresql+psycopg://x@127.0.0.1/db"
+    result = cli("settings", "--json")
+    assert result.returncode == 0
+    assert json.loads(result.stdout)["database_url"] is None  # stdout stays the document
+    assert result.stderr == (
+        "warning: SESSIONSTORE_DATABSE_URL is no setting and is ignored "
+        "(did you mean SESSIONSTORE_DATABASE_URL?)\n"
+    )
+
+
+def test_a_blank_data_dir_is_the_default_not_cwd(cli: Cli) -> None:
+    cli.env["SESSIONSTORE_DATA_DIR"] = ""
+    assert cli("db", "upgrade").returncode == 0
+    assert (cli.home / ".local/share/sessionstore/journal.db").exists()
+    assert list(cli.cwd.iterdir()) == []
+
+
 # --- embedded mode ----------------------------------------------------------------------
 
 

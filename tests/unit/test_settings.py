@@ -1,0 +1,107 @@
+"""Values ``Settings`` must refuse (or take as unset) at load, naming the setting, rather
+than let a command fail later in Celery, kombu or SQLAlchemy."""
+
+from __future__ import annotations
+
+import pydantic
+import pytest
+
+from core.settings import Settings, default_data_dir
+from tasks.app import _publish_attempts, beat_schedule
+
+
+def _refused(name: str, value: object) -> str:
+    with pytest.raises(pydantic.ValidationError) as caught:
+        Settings(**{name: value})
+    first = caught.value.errors()[0]
+    assert first["loc"] == (name,), first
+    return str(first["msg"])
+
+
+@pytest.mark.parametrize("name", ["gc_schedule", "expire_schedule", "reconcile_schedule"])
+@pytest.mark.parametrize(
+    "value", ["nan", "inf", "-inf", "0", "-5", "0.001", "1e400", "99 99 * * *", "a b c d e"]
+)
+def test_a_schedule_celery_cannot_use_is_refused(name: str, value: str) -> None:
+    _refused(name, value)
+
+
+def test_a_bad_crontab_is_refused_with_celerys_reason() -> None:
+    assert "99 > 23" in _refused("gc_schedule", "0 99 * * *")
+
+
+def test_good_schedules_still_load() -> None:
+    settings = Settings(gc_schedule="0 3 * * *", expire_schedule="1", reconcile_schedule="2.5")
+    assert set(beat_schedule(settings)) == {"gc-blobs", "expire-artifacts", "reconcile-forks"}
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "publish_retry_seconds",
+        "fork_copy_timeout_seconds",
+        "s3_request_timeout_seconds",
+        "s3_retry_seconds",
+        "gc_grace_seconds",
+        "rehydrate_stall_seconds",
+        "staging_max_age_seconds",
+    ],
+)
+@pytest.mark.parametrize("value", ["inf", "-inf", "nan", "1e12"])
+def test_a_float_setting_is_finite_and_bounded(name: str, value: str) -> None:
+    _refused(name, value)
+
+
+def test_publish_attempts_add_up_to_the_setting() -> None:
+    # 0 + 0.5 + 1 + 1.5 = 3 s, then 2 s each: 3 + 2 * 1799 = 3601 >= 3600 (counted, not looped)
+    assert _publish_attempts(3600) == 4 + 1799
+    waits = (0, 0.5, 1, 3, 3.5, 5, 5.01, 120)
+    assert [_publish_attempts(s) for s in waits] == [0, 2, 3, 4, 5, 5, 6, 63]
+
+
+def test_a_blank_data_dir_is_the_default(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SESSIONSTORE_DATA_DIR", "")
+    assert Settings().data_dir == default_data_dir()
+    assert Settings(data_dir="").data_dir == default_data_dir()
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "postgresql+asyncpg://x@127.0.0.1/db",
+        "postgresql+psycopg2://x@127.0.0.1/db",
+        "postgresql://x@127.0.0.1/db",  # SQLAlchemy's default driver for it is psycopg2
+        "sqlitefoo:///x.db",
+        "sqlite+aiosqlite:///x.db",
+        "mysql://x@127.0.0.1/db",
+        "not a url",
+    ],
+)
+def test_a_database_url_without_its_driver_is_refused(url: str) -> None:
+    assert "postgresql+psycopg://" in _refused("database_url", url)
+
+
+@pytest.mark.parametrize(
+    "url", ["sqlite:///x.db", "sqlite+pysqlite:///x.db", "postgresql+psycopg://x@127.0.0.1/db"]
+)
+def test_a_supported_database_url_loads(url: str) -> None:
+    assert Settings(database_url=url).resolved_database_url == url
+
+
+def test_an_unknown_variable_is_named_with_the_closest_setting() -> None:
+    from core.settings import unknown_variables
+
+    environ = {
+        "SESSIONSTORE_DATABSE_URL": "postgresql+psycopg://x@h/db",
+        "SESSIONSTORE_NOTHING_LIKE_IT": "1",
+        "SESSIONSTORE_DATABASE_URL": "sqlite:///x.db",  # known: a field
+        "SESSIONSTORE_REHYDRATE_MAX_BUILD_SECONDS": "9",  # known: an older name
+        "SESSIONSTORE_DEBUG": "1",  # known: the CLI's
+        "SESSIONSTORE_TEST_REDIS_URL": "redis://h",  # known: the test suite's
+        "SESSIONSTORE_REQUIRE_SERVICES": "1",
+        "OTHER_DATABSE_URL": "x",
+    }
+    found = unknown_variables(environ)
+    assert len(found) == 2, found
+    assert "SESSIONSTORE_DATABSE_URL" in found[0] and "SESSIONSTORE_DATABASE_URL?" in found[0]
+    assert "SESSIONSTORE_NOTHING_LIKE_IT" in found[1] and "?" not in found[1]
