@@ -278,6 +278,11 @@ class Settings(BaseSettings):
     @classmethod
     def _database_url(cls, value: str | None) -> str | None:
         if value:
+            # The URL most deployments write (libpq's, Heroku's): psycopg is the driver
+            # installed (SQLAlchemy's default for it, psycopg2, is not).
+            for plain in ("postgresql://", "postgres://"):
+                if value.startswith(plain):
+                    value = "postgresql+psycopg://" + value[len(plain) :]
             check_database_url(value)
         return value
 

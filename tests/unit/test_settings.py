@@ -70,7 +70,6 @@ def test_a_blank_data_dir_is_the_default(monkeypatch: pytest.MonkeyPatch) -> Non
     [
         "postgresql+asyncpg://x@127.0.0.1/db",
         "postgresql+psycopg2://x@127.0.0.1/db",
-        "postgresql://x@127.0.0.1/db",  # SQLAlchemy's default driver for it is psycopg2
         "sqlitefoo:///x.db",
         "sqlite+aiosqlite:///x.db",
         "mysql://x@127.0.0.1/db",
@@ -86,6 +85,14 @@ def test_a_database_url_without_its_driver_is_refused(url: str) -> None:
 )
 def test_a_supported_database_url_loads(url: str) -> None:
     assert Settings(database_url=url).resolved_database_url == url
+
+
+@pytest.mark.parametrize("scheme", ["postgresql", "postgres"])
+def test_a_plain_postgresql_url_is_read_through_psycopg(scheme: str) -> None:
+    """The URL most deployments write: SQLAlchemy's default driver for it (psycopg2) is not
+    installed, so every command failed on an import; psycopg is the one installed."""
+    settings = Settings(database_url=f"{scheme}://x@127.0.0.1:5432/db")
+    assert settings.resolved_database_url == "postgresql+psycopg://x@127.0.0.1:5432/db"
 
 
 def test_an_unknown_variable_is_named_with_the_closest_setting() -> None:
