@@ -384,6 +384,7 @@ class Settings(BaseSettings):
 # test suite's and the benchmarks' (theirs also by prefix).
 _OTHER_VARIABLES = {
     "SESSIONSTORE_DEBUG",
+    "SESSIONSTORE_VENV",  # ./bootstrap's
     "SESSIONSTORE_REQUIRE_SERVICES",
     "SESSIONSTORE_CRASH_LOOP_RUNS",
     "SESSIONSTORE_GC_RACE_SECONDS",
@@ -444,10 +445,12 @@ def check_database_url(url: str) -> None:
 def parse_schedule(value: str) -> float | crontab:
     """Seconds (``"300"``, from MIN_SCHEDULE_SECONDS to A_YEAR) or a five-field crontab
     (``"0 3 * * *"``); ValueError with the reason otherwise."""
-    from celery.schedules import crontab  # only where a schedule is read
-
     fields = value.split()
     if len(fields) == 5:
+        # only for a crontab: seconds (every default) need no Celery, and a store or a CLI
+        # command that never schedules loads none (~0.1 s of a command's start)
+        from celery.schedules import crontab
+
         minute, hour, day_of_month, month_of_year, day_of_week = fields
         try:
             return crontab(minute, hour, day_of_week, day_of_month, month_of_year)

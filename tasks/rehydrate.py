@@ -12,6 +12,7 @@ import uuid
 from typing import Any
 
 from celery import Celery, Task, states
+from celery.exceptions import SoftTimeLimitExceeded
 
 from core.errors import (
     DeliveriesExhausted,
@@ -37,7 +38,10 @@ def rehydrate_task(
     def progress(done: int, total: int) -> None:
         self.update_state(state="PROGRESS", meta={"done": done, "total": total})
 
-    deliveries = delivery_count(self)
+    try:
+        deliveries = delivery_count(self)
+    except SoftTimeLimitExceeded:  # escaping, it would end the task acked as failed
+        raise self.retry(countdown=1.0) from None
     if deliveries > settings_of(self.app).task_max_deliveries:  # stuck each time: give up
         return {"status": "refused", **DeliveriesExhausted(deliveries).to_dict()}
     request = Request(session_id=session_id, tenant_id=tenant_id, format=format, at_seq=at_seq)

@@ -217,10 +217,15 @@ class SessionState:
     counters: Counters
     artifacts: list[ArtifactEntry] = field(default_factory=list)
 
+    # the originals of the refs the fold kept (ids stored as blobs), as ``leaf_id`` and the
+    # messages give them: the branch names its entries the same way
+    strings: FoldStrings = field(default_factory=lambda: FoldStrings(), repr=False, compare=False)
+
     @property
     def branch(self) -> list[str]:
         """Entry ids of the active branch, root first, ending at the leaf."""
-        return self.tree.branch_ids()
+        ids = self.tree.branch_ids()
+        return [self.strings.get("id", i) for i in ids] if self.strings.found else ids
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -446,6 +451,7 @@ def build_state(
         custom=custom,
         counters=strings.counters(fold.counters),
         artifacts=list(artifacts or ()),
+        strings=strings,
     )
 
 

@@ -114,6 +114,9 @@ def check_head(state: SessionState) -> None:
     assert (state.compaction.entry_id, state.compaction.first_kept_entry_id) == ("k\x00", ASSISTANT)
     assert [m.entry_id for m in state.messages] == ["k\x00", ASSISTANT, RESULT]
     assert state.leaf_id == "k\x00"
+    # the branch names its entries as the leaf and the messages do (it gave the refs)
+    assert state.branch[-1] == state.leaf_id and state.to_dict()["branch"] == state.branch
+    assert USER in state.branch and ASSISTANT in state.branch
     check_tool_call(state)
 
 

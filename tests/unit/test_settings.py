@@ -3,6 +3,9 @@ than let a command fail later in Celery, kombu or SQLAlchemy."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import pydantic
 import pytest
 
@@ -112,3 +115,20 @@ def test_an_unknown_variable_is_named_with_the_closest_setting() -> None:
     assert len(found) == 2, found
     assert "SESSIONSTORE_DATABSE_URL" in found[0] and "SESSIONSTORE_DATABASE_URL?" in found[0]
     assert "SESSIONSTORE_NOTHING_LIKE_IT" in found[1] and "?" not in found[1]
+
+
+def test_settings_of_seconds_load_no_celery() -> None:
+    """A schedule in seconds (every default) is read without Celery: the crontab check
+    imported it for every store and CLI command (~0.1 s of each start)."""
+    script = (
+        "import sys; from core import Settings; Settings(); "
+        "assert 'celery.schedules' not in sys.modules, 'celery loaded'"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+
+
+def test_the_bootstraps_own_variable_is_no_typo() -> None:
+    from core.settings import unknown_variables
+
+    assert unknown_variables({"SESSIONSTORE_VENV": "/opt/venv"}) == []
