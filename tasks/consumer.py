@@ -116,8 +116,9 @@ def header_problem(headers: Any, visibility_timeout: float) -> str | None:
     name = headers["task"]
     if not isinstance(name, str):
         return f"the task header is not a string: {_shown(name)}"
-    if not isinstance(headers.get("id"), str) or not headers["id"]:
-        return f"the id header is missing or not a string: {_shown(headers.get('id'))}"
+    if not _utf8_text(headers.get("id")):
+        # the result backend keys the outcome by it: a lone surrogate cannot be stored
+        return f"the id header is missing or not UTF-8 text: {_shown(headers.get('id'))}"
     if not _time_limits(headers.get("timelimit")):
         return (
             "the timelimit header is not [soft, hard] in positive seconds (or null): "
@@ -146,6 +147,16 @@ def _shown(value: Any) -> str:
     return repr(value)[:120]
 
 
+def _utf8_text(value: Any) -> bool:
+    if not isinstance(value, str) or not value:
+        return False
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 def _time_limits(value: Any) -> bool:
     if value is None:
         return True
@@ -153,14 +164,17 @@ def _time_limits(value: Any) -> bool:
         return False
     return all(
         limit is None
-        or (
-            isinstance(limit, (int, float))
-            and not isinstance(limit, bool)
-            and math.isfinite(limit)
-            and limit > 0
-        )
+        or (isinstance(limit, (int, float)) and not isinstance(limit, bool) and _seconds(limit))
         for limit in value
     )
+
+
+def _seconds(limit: float) -> bool:
+    """A positive, finite number of seconds (an integer too large for a float raised)."""
+    try:
+        return math.isfinite(limit) and limit > 0
+    except OverflowError:
+        return False
 
 
 def _seconds_ahead(eta: Any) -> float | None:

@@ -173,6 +173,8 @@ _HOSTILE_HEADERS: dict[str, tuple[dict[str, Any], Any, str]] = {
     "task a list": ({"task": [_APPEND]}, {}, "task header is not a string"),
     "timelimit a string": ({"timelimit": "ab"}, {}, "timelimit header"),
     "timelimit negative": ({"timelimit": [-1, -1]}, {}, "timelimit header"),
+    "timelimit past a float": ({"timelimit": [10**400, None]}, {}, "timelimit header"),
+    "id not UTF-8": ({"id": "w\ud800"}, {}, "id header"),
     "eta out of range": ({"eta": "0001-01-01T00:00+14:00"}, {}, "eta header is not a time"),
     "eta past the visibility": ({"eta": "9999-01-01T00:00:00+00:00"}, {}, "visibility timeout"),
     "expires passed": ({"expires": "2001-01-01T00:00:00+00:00"}, {}, "never expires"),
