@@ -38,11 +38,16 @@ LOCK_MARGIN_S = 60.0
 _DEFAULT_LIMIT_S = 900.0
 
 
+def hard_limit_s(app: Celery) -> float:
+    """The tasks' hard time limit: no run outlives it."""
+    return float(app.conf.task_time_limit or _DEFAULT_LIMIT_S)
+
+
 def longest_run_s(app: Celery) -> float:
-    """How long a periodic job's run lock must last: the task's hard time limit (no run
-    outlives it) and a margin. A shorter lock lapsed under a run still going, and the next
-    period's run started beside it."""
-    return float(app.conf.task_time_limit or _DEFAULT_LIMIT_S) + LOCK_MARGIN_S
+    """How long a periodic job's run lock must last: the hard time limit and a margin. A
+    shorter lock lapsed under a run still going, and the next period's run started beside
+    it."""
+    return hard_limit_s(app) + LOCK_MARGIN_S
 
 
 def dedup_window(schedule: str) -> float:

@@ -19,7 +19,7 @@ from core.maintenance import GcResume
 from core.models import utcnow
 from core.store import SessionStore
 from tasks.app import sessionstore_task, settings_of
-from tasks.locks import LOCK_MARGIN_S, dedup_window, longest_run_s, period_slot, periodic_run
+from tasks.locks import dedup_window, hard_limit_s, longest_run_s, period_slot, periodic_run
 from tasks.runtime import store_for
 
 logger = logging.getLogger(__name__)
@@ -108,4 +108,4 @@ def _record(store: SessionStore, job: str, started: datetime, result: dict[str, 
 
 
 def _soft_limit_s(task: Task) -> float:
-    return float(task.app.conf.task_soft_time_limit or longest_run_s(task.app) - LOCK_MARGIN_S)
+    return float(task.app.conf.task_soft_time_limit or hard_limit_s(task.app))

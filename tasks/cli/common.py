@@ -70,6 +70,15 @@ else:
     err_console = _LazyConsole(True)
 
 JsonOption = typer.Option(False, "--json", help="Machine-readable JSON output.")
+
+
+def metrics_port_option(what: str) -> Any:
+    """``--metrics-port``: a worker's and a watcher's Prometheus endpoint."""
+    return typer.Option(None, "--metrics-port", min=1, max=65535, help=what)
+
+
+MetricsAddrOption = typer.Option("127.0.0.1", "--metrics-addr", help="Address to bind.")
+
 TenantOption = typer.Option(
     None,
     "--tenant",

@@ -16,9 +16,11 @@ import typer
 
 from tasks.cli.common import (
     JsonOption,
+    MetricsAddrOption,
     console,
     err_console,
     load_settings,
+    metrics_port_option,
     new_app,
     open_store,
     plain,
@@ -109,14 +111,10 @@ def import_files(
         help="JSON Lines: one object per file imported (and per pass with --watch), "
         "a failed file's error object too.",
     ),
-    metrics_port: int | None = typer.Option(
-        None,
-        "--metrics-port",
-        min=1,
-        max=65535,
-        help="With --watch: serve Prometheus /metrics (import throughput) on this port.",
+    metrics_port: int | None = metrics_port_option(
+        "With --watch: serve Prometheus /metrics (import throughput) on this port."
     ),
-    metrics_addr: str = typer.Option("127.0.0.1", "--metrics-addr", help="Address to bind."),
+    metrics_addr: str = MetricsAddrOption,
 ) -> None:
     """Import agent session files; again appends only what is new (idempotent)."""
     from core.errors import SessionStoreError, UnreadableFile

@@ -9,7 +9,7 @@ import os
 
 import typer
 
-from tasks.cli.common import load_settings, new_app
+from tasks.cli.common import MetricsAddrOption, load_settings, metrics_port_option, new_app
 
 cli = new_app()
 
@@ -19,14 +19,10 @@ _PASS_THROUGH = {"allow_extra_args": True, "ignore_unknown_options": True}
 @cli.command("worker", context_settings=_PASS_THROUGH)
 def worker(
     ctx: typer.Context,
-    metrics_port: int | None = typer.Option(
-        None,
-        "--metrics-port",
-        min=1,
-        max=65535,
-        help="Serve Prometheus /metrics on this port (all processes).",
+    metrics_port: int | None = metrics_port_option(
+        "Serve Prometheus /metrics on this port (all processes)."
     ),
-    metrics_addr: str = typer.Option("127.0.0.1", "--metrics-addr", help="Address to bind."),
+    metrics_addr: str = MetricsAddrOption,
 ) -> None:
     """Run a Celery worker for the sessionstore queue.
 

@@ -52,6 +52,17 @@ def _tables(url: str) -> set[str]:
         engine.dispose()
 
 
+def _execute(url: str, *statements: str) -> None:
+    """``statements`` in one transaction, as an older release (or a newer one) wrote."""
+    engine = make_engine(url)
+    try:
+        with engine.begin() as conn:
+            for statement in statements:
+                conn.execute(text(statement))
+    finally:
+        engine.dispose()
+
+
 def test_upgrade_head_on_an_empty_database_equals_the_models(empty_url: str) -> None:
     migrate.upgrade(empty_url)
     assert _diff(empty_url) == []
@@ -77,23 +88,13 @@ def test_a_journal_holding_data_is_upgraded_and_downgraded_through_every_rebuild
     drop failed: a journal at 0006-0009 holding any event could never be upgraded (nor
     downgraded past 0007): a review of the operator's side, stop 39."""
     migrate.upgrade(empty_url, "0006")
-    engine = make_engine(empty_url)
-    try:
-        with engine.begin() as conn:
-            conn.execute(
-                text(
-                    "INSERT INTO sessions (id, tenant_id, head_seq, created_at, updated_at) "
-                    "VALUES ('s1', 'acme', 1, CURRENT_TIMESTAMP, CURRENT_TIMESTAMP)"
-                )
-            )
-            conn.execute(
-                text(
-                    "INSERT INTO events (session_id, seq, type, payload, recorded_at) VALUES "
-                    """('s1', 1, 'message', '{"type": "message", "n": 1}', CURRENT_TIMESTAMP)"""
-                )
-            )
-    finally:
-        engine.dispose()
+    _execute(
+        empty_url,
+        "INSERT INTO sessions (id, tenant_id, head_seq, created_at, updated_at) "
+        "VALUES ('s1', 'acme', 1, CURRENT_TIMESTAMP, CURRENT_TIMESTAMP)",
+        "INSERT INTO events (session_id, seq, type, payload, recorded_at) VALUES "
+        """('s1', 1, 'message', '{"type": "message", "n": 1}', CURRENT_TIMESTAMP)""",
+    )
     migrate.upgrade(empty_url)
     settings = Settings(data_dir=tmp_path / "data", database_url=empty_url)
     with SessionStore.from_settings(settings) as store:
@@ -110,12 +111,7 @@ def test_a_schema_a_newer_release_wrote_is_refused_typed(empty_url: str, tmp_pat
     every command), PostgreSQL advised `db upgrade`, history was a traceback. Now each says
     a newer release wrote it, and nothing is changed."""
     migrate.upgrade(empty_url)
-    engine = make_engine(empty_url)
-    try:
-        with engine.begin() as conn:
-            conn.execute(text("UPDATE alembic_version SET version_num = '0099'"))
-    finally:
-        engine.dispose()
+    _execute(empty_url, "UPDATE alembic_version SET version_num = '0099'")
     settings = Settings(data_dir=tmp_path / "data", database_url=empty_url)
     for attempt in (
         lambda: SessionStore.from_settings(settings),
