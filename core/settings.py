@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import datetime
 import difflib
 import functools
+import itertools
 import logging
 import os
 from collections.abc import Mapping
@@ -453,6 +455,8 @@ def parse_schedule(value: str) -> float | crontab:
 
         minute, hour, day_of_month, month_of_year, day_of_week = fields
         try:
+            # celery refuses one that never runs too ("0 0 30 2 *"): every (day, month) pair
+            # it allows falls on each weekday within 28 years
             return crontab(minute, hour, day_of_week, day_of_month, month_of_year)
         except ValueError as exc:  # celery's reason: "Invalid end range: 99 > 23."
             raise ValueError(f"bad crontab {value!r}: {exc}") from None
@@ -466,6 +470,31 @@ def parse_schedule(value: str) -> float | crontab:
             f"got {value!r}"
         )
     return seconds
+
+
+def crontab_period(cron: crontab) -> float | None:
+    """The shortest time between two runs of ``cron``, in seconds (None if it never runs):
+    a crontab job's message expires after it, as a seconds job's expires after its interval.
+
+    Counted over 2000-2027, a whole cycle of weekdays and leap years (Celery matches a date
+    when its day of month, month and day of week all match)."""
+    times = sorted(h * 3600 + m * 60 for h in cron.hour for m in cron.minute)
+    shortest = min((b - a for a, b in itertools.pairwise(times)), default=None)
+    months, days, weekdays = set(cron.month_of_year), set(cron.day_of_month), cron.day_of_week
+    first = datetime.date(2000, 1, 1).toordinal()
+    runs = [
+        n
+        for n in range(first, datetime.date(2028, 1, 1).toordinal())
+        if (d := datetime.date.fromordinal(n)).month in months
+        and d.day in days
+        and n % 7 in weekdays  # Celery: Sunday is 0, and date(1, 1, 1), ordinal 1, a Monday
+    ]
+    if not runs:
+        return None
+    for a, b in itertools.pairwise(runs):
+        gap = (b - a) * 86400 + times[0] - times[-1]
+        shortest = gap if shortest is None else min(shortest, gap)
+    return float(shortest) if shortest is not None else 28 * A_YEAR  # one run in 28 years
 
 
 def settings_markdown() -> str:

@@ -18,7 +18,7 @@ from celery import Celery, shared_task
 from celery.schedules import crontab, schedule
 
 from core.broker import TRANSPORT as EMBEDDED_TRANSPORT
-from core.settings import Settings, parse_schedule, warn_unknown_variables
+from core.settings import Settings, crontab_period, parse_schedule, warn_unknown_variables
 from tasks.results import polling_redis_url
 
 TASK_MODULES = ["tasks.writes", "tasks.maintenance", "tasks.forks", "tasks.rehydrate"]
@@ -114,10 +114,12 @@ def beat_schedule(settings: Settings) -> dict[str, dict[str, Any]]:
     """Periodic jobs; each expires after one period, so a backlog never piles up."""
 
     def job(task: str, every: float | crontab) -> dict[str, Any]:
-        run_every = every if isinstance(every, crontab) else _every(every)
-        expires = every if isinstance(every, (int, float)) else None
+        if isinstance(every, crontab):
+            run_every, expires = every, crontab_period(every)
+        else:
+            run_every, expires = _every(every), every
         options: dict[str, Any] = {"queue": QUEUE}
-        if expires:
+        if expires is not None:  # None: a crontab that never runs (celery refuses those)
             options["expires"] = expires
         return {"task": task, "schedule": run_every, "options": options}
 

@@ -16,15 +16,17 @@ from typing import Any
 from celery import Task
 
 from core.errors import SessionNotFound
+from core.maintenance.runs import RECONCILE_JOB
+from core.store import SessionStore
 from tasks.app import sessionstore_task, settings_of
 from tasks.enqueue import COPY_TASK, enqueue_copy_artifacts
-from tasks.locks import dedup_window, longest_run_s, periodic_run
+from tasks.maintenance import run_periodic
 from tasks.retry import backoff_seconds, is_transient
 from tasks.runtime import store_for
 
 logger = logging.getLogger(__name__)
 
-RECONCILE_TASK = "sessionstore.reconcile_forks"
+RECONCILE_TASK = f"sessionstore.{RECONCILE_JOB}"
 RECONCILE_BATCH = 1000
 
 __all__ = ["COPY_TASK", "copy_artifacts", "enqueue_copy_artifacts", "reconcile_forks"]
@@ -53,17 +55,12 @@ def copy_artifacts(self: Task, fork_id: str) -> dict[str, Any]:
 
 @sessionstore_task(name=RECONCILE_TASK, bind=True)
 def reconcile_forks(self: Task) -> dict[str, Any]:
+    """Repair half-done moves and re-enqueue fork copies still pending: run once per
+    period and recorded in ``maintenance_runs`` like GC and expiry (``run_periodic``)."""
     settings = settings_of(self.app)
-    window = dedup_window(settings.reconcile_schedule)
-    # The lock lasts as long as a run can (it lasted the window, at least 60 s: a longer
-    # run had a second one beside it, repairing the same moves)
-    with periodic_run(
-        self.app, "reconcile_forks", window, max_run_s=longest_run_s(self.app)
-    ) as run:
-        if not run:
-            return {"skipped": True, "requeued": 0}
-        timeout = settings.fork_copy_timeout_seconds
-        store = store_for(self.app)
+    timeout = settings.fork_copy_timeout_seconds
+
+    def work(store: SessionStore) -> dict[str, Any]:
         # Moves a crash left half done (invariant 12); the age spares live moves.
         repaired = [r.to_dict() for r in store.repair_moves(older_than_s=timeout)]
         fork_ids = store.pending_forks(older_than_s=timeout, limit=RECONCILE_BATCH)
@@ -71,14 +68,11 @@ def reconcile_forks(self: Task) -> dict[str, Any]:
             # Expiring after one timeout keeps a backlog from piling up while no worker
             # runs: the next reconcile sends a fresh one.
             enqueue_copy_artifacts(fork_id, self.app, expires=timeout)
-    if fork_ids:
-        logger.warning(
-            "re-enqueued fork artifact copies still pending",
-            extra={"count": len(fork_ids), "older_than_s": timeout, "fork_ids": fork_ids[:20]},
-        )
-    return {
-        "skipped": False,
-        "requeued": len(fork_ids),
-        "fork_ids": fork_ids,
-        "moves_repaired": repaired,
-    }
+        if fork_ids:
+            logger.warning(
+                "re-enqueued fork artifact copies still pending",
+                extra={"count": len(fork_ids), "older_than_s": timeout, "fork_ids": fork_ids[:20]},
+            )
+        return {"requeued": len(fork_ids), "fork_ids": fork_ids, "moves_repaired": repaired}
+
+    return run_periodic(self, RECONCILE_JOB, settings.reconcile_schedule, work)

@@ -1,6 +1,7 @@
 """``sessionstore.gc_blobs`` and ``sessionstore.expire_artifacts``: the maintenance beat jobs.
 
-Each run is guarded by ``periodic_run``: one run per schedule period, however many beat
+Each run of these, and of ``sessionstore.reconcile_forks`` (``tasks.forks``), is guarded by
+``periodic_run``: one run per schedule period, however many beat
 processes send the job, and never two at once. Every execution, run or skipped, is recorded
 in ``maintenance_runs``. The work itself is ``core.maintenance.gc``.
 """
@@ -16,6 +17,7 @@ from typing import Any
 from celery import Task
 
 from core.maintenance import GcResume
+from core.maintenance.runs import EXPIRE_JOB, GC_JOB
 from core.models import utcnow
 from core.store import SessionStore
 from tasks.app import sessionstore_task, settings_of
@@ -24,12 +26,9 @@ from tasks.runtime import store_for
 
 logger = logging.getLogger(__name__)
 
-GC_JOB = "gc_blobs"
-EXPIRE_JOB = "expire_artifacts"
 # GC stops between chunks after this share of the soft time limit, so the limit never
 # interrupts it between removing a file and committing its row delete.
 GC_BUDGET_SHARE = 0.8
-# The running lock outlives the hard time limit by this much: it must never expire mid-run.
 
 Work = Callable[[SessionStore], dict[str, Any]]
 
@@ -45,7 +44,7 @@ def gc_blobs(self: Task, apply: bool = True, grace: float | None = None) -> dict
         report = store.gc_blobs(apply=apply, grace=grace, time_budget_s=budget, resume=resume)
         return report.to_dict()
 
-    return _run_periodic(self, GC_JOB, settings_of(self.app).gc_schedule, work)
+    return run_periodic(self, GC_JOB, settings_of(self.app).gc_schedule, work)
 
 
 @sessionstore_task(name="sessionstore.expire_artifacts", bind=True)
@@ -55,10 +54,12 @@ def expire_artifacts(self: Task, apply: bool = True) -> dict[str, Any]:
     def work(store: SessionStore) -> dict[str, Any]:
         return store.expire_artifacts(apply=apply).to_dict()
 
-    return _run_periodic(self, EXPIRE_JOB, settings_of(self.app).expire_schedule, work)
+    return run_periodic(self, EXPIRE_JOB, settings_of(self.app).expire_schedule, work)
 
 
-def _run_periodic(task: Task, job: str, schedule: str, work: Work) -> dict[str, Any]:
+def run_periodic(task: Task, job: str, schedule: str, work: Work) -> dict[str, Any]:
+    """Run ``work`` if this period's slot is free, and record the execution, run or skipped:
+    ``{"job", "ran", "slot", "report"}``, the report being what ``work`` returned."""
     store = store_for(task.app)
     window = dedup_window(schedule)
     started = utcnow()

@@ -15,6 +15,12 @@ from core.models import MaintenanceRunRow, table_of
 
 _runs = table_of(MaintenanceRunRow)
 
+# The periodic jobs whose executions are logged (their tasks: sessionstore.<job>)
+GC_JOB = "gc_blobs"
+EXPIRE_JOB = "expire_artifacts"
+RECONCILE_JOB = "reconcile_forks"
+JOBS = (GC_JOB, EXPIRE_JOB, RECONCILE_JOB)
+
 # (phase, done so far, total or None when unknown); phases: blobs, files, artifacts
 Progress = Callable[[str, int, int | None], None]
 

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
+from enum import StrEnum
 from typing import TYPE_CHECKING, Any
 
 import typer
 
+from core.maintenance.runs import JOBS
 from tasks.cli.common import (
     JsonOption,
     add_row,
@@ -131,15 +133,18 @@ def expire(
         raise typer.Exit(code=1)
 
 
+Job = StrEnum("Job", {job: job for job in JOBS})  # type: ignore[misc]  # (a bad --job: exit 2)
+
+
 @cli.command("maintenance-runs")
 def maintenance_runs(
-    job: str | None = typer.Option(None, help="Only this job (gc_blobs, expire_artifacts)."),
+    job: Job | None = typer.Option(None, help="Only this job's runs."),
     limit: int = typer.Option(20, min=1, max=10_000),
     as_json: bool = JsonOption,
 ) -> None:
     """The latest periodic maintenance runs: ran or skipped, and what they did."""
     with open_store() as store:
-        runs = store.maintenance_runs.recent(job=job, limit=limit)
+        runs = store.maintenance_runs.recent(job=job and job.value, limit=limit)
     if as_json:
         print_json([r.to_dict() for r in runs])
         return

@@ -184,11 +184,17 @@ def test_a_lost_copy_task_is_recovered_by_the_reconciler(app: Celery, store: Ses
         assert store.pending_forks(older_than_s=0.5) == [fork.id]
         outcome = app.send_task(RECONCILE_TASK)
         wait_for(outcome.ready, 30, "the reconciler")
-        assert outcome.result["requeued"] == 1 and outcome.result["fork_ids"] == [fork.id]
+        assert outcome.result["ran"] and outcome.result["job"] == "reconcile_forks"
+        report = outcome.result["report"]
+        assert report["requeued"] == 1 and report["fork_ids"] == [fork.id]
         _wait_copied(store, fork.id)
         again = app.send_task(RECONCILE_TASK)  # same period: skipped, one run per period
         wait_for(again.ready, 30, "the second reconciler run")
-        assert again.result == {"skipped": True, "requeued": 0}
+        assert not again.result["ran"] and again.result["report"] is None
+    # both executions are in the run log `sessionstore maintenance-runs` reads
+    runs = store.maintenance_runs.recent(job="reconcile_forks")
+    assert [r.ran for r in reversed(runs)] == [True, False]
+    assert runs[-1].report["report"]["fork_ids"] == [fork.id]
     assert store.get_session(fork.id).copy_status == "copied"
     for url, content in urls.items():
         assert store.resolve(url, session_id=fork.id).content == content

@@ -30,8 +30,7 @@ def test_a_periodic_runs_lock_outlasts_its_hard_time_limit(
         locks.append(max_run_s)
         yield False  # another run holds it: nothing else runs
 
-    monkeypatch.setattr(forks, "periodic_run", recorded)
-    monkeypatch.setattr(maintenance, "periodic_run", recorded)
+    monkeypatch.setattr(maintenance, "periodic_run", recorded)  # the reconciler's too
     task = {"reconcile": forks.reconcile_forks, "gc": maintenance.gc_blobs}.get(job)
     task = task or maintenance.expire_artifacts
     with app.connection_for_write():  # the app current, as in a worker

@@ -3,13 +3,15 @@ than let a command fail later in Celery, kombu or SQLAlchemy."""
 
 from __future__ import annotations
 
+import datetime
+import itertools
 import subprocess
 import sys
 
 import pydantic
 import pytest
 
-from core.settings import Settings, default_data_dir
+from core.settings import Settings, crontab_period, default_data_dir, parse_schedule
 from tasks.app import _publish_attempts, beat_schedule
 
 
@@ -36,6 +38,59 @@ def test_a_bad_crontab_is_refused_with_celerys_reason() -> None:
 def test_good_schedules_still_load() -> None:
     settings = Settings(gc_schedule="0 3 * * *", expire_schedule="1", reconcile_schedule="2.5")
     assert set(beat_schedule(settings)) == {"gc-blobs", "expire-artifacts", "reconcile-forks"}
+
+
+def test_every_job_expires_after_its_period_crontab_too() -> None:
+    """The README: each job expires after one period, so a backlog never piles up while
+    the workers are away; a crontab's period is its shortest time between two runs."""
+    settings = Settings(
+        gc_schedule="0 3 * * *", expire_schedule="*/5 * * * 1-5", reconcile_schedule="90"
+    )
+    jobs = beat_schedule(settings)
+    assert jobs["gc-blobs"]["options"]["expires"] == 86400
+    assert jobs["expire-artifacts"]["options"]["expires"] == 300
+    assert jobs["reconcile-forks"]["options"]["expires"] == 90
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        "* * * * *",
+        "0 3 * * *",
+        "30 1,23 * * *",
+        "0 3 * * 1,2",
+        "0 0 1 * *",
+        "15 12 * * 0",
+        "0 0 29 2 *",
+        "0 0 31 * *",
+        "0 */7 * * *",
+        "5,55 * 13 * 5",
+    ],
+)
+def test_a_crontabs_period_is_its_shortest_gap_as_celery_steps_it(value: str) -> None:
+    """Celery's own schedule is the oracle: step it run by run over four years from a fixed
+    day (its ``nowfun`` moved to each run) and take the shortest gap."""
+    from celery.schedules import crontab
+
+    cron = parse_schedule(value)
+    assert isinstance(cron, crontab)
+    now = [datetime.datetime(2024, 1, 1, tzinfo=datetime.UTC)]
+    stepped = crontab(
+        cron._orig_minute,
+        cron._orig_hour,
+        cron._orig_day_of_week,
+        cron._orig_day_of_month,
+        cron._orig_month_of_year,
+        nowfun=lambda: now[0],
+    )
+    runs: list[datetime.datetime] = []
+    end = datetime.datetime(2028, 1, 1, tzinfo=datetime.UTC)
+    while now[0] < end and len(runs) < 3000:
+        now[0] = now[0] + stepped.remaining_estimate(now[0])
+        runs.append(now[0])
+        now[0] += datetime.timedelta(seconds=1)
+    gaps = [(b - a).total_seconds() for a, b in itertools.pairwise(runs)]
+    assert crontab_period(cron) == min(gaps)
 
 
 @pytest.mark.parametrize(
