@@ -276,6 +276,23 @@ class Settings(BaseSettings):
         # would put the journal wherever the process started.
         return default_data_dir() if value == "" else value
 
+    @field_validator("data_dir")
+    @classmethod
+    def _data_dir_can_be_a_directory(cls, value: Path) -> Path:
+        """A regular file in its place (or in a parent's) is refused here, rather than by
+        whichever command first makes a folder in it, each with an errno of its own."""
+        for place in (value, *value.parents):  # the first of them that exists
+            try:
+                if not place.exists():
+                    continue
+                if not place.is_dir():
+                    where = "" if place == value else f"{value}: "
+                    raise ValueError(f"{where}{place} exists and is not a directory")
+            except OSError:  # unreadable: whatever uses it reports why
+                pass
+            break
+        return value
+
     @field_validator("database_url")
     @classmethod
     def _database_url(cls, value: str | None) -> str | None:

@@ -60,6 +60,14 @@ def embedded_broker_dir(settings: Settings) -> Path:
     return (settings.data_dir / "queue").resolve()
 
 
+EMBEDDED_BROKER_URL = "filesystem://localhost//"
+
+
+def celery_broker_url(settings: Settings) -> str:
+    """The broker URL Celery is given (the embedded broker's when none is set)."""
+    return settings.broker_url or EMBEDDED_BROKER_URL
+
+
 def _broker(settings: Settings) -> tuple[str, dict[str, Any]]:
     if settings.broker_url:
         options: dict[str, Any] = {}
@@ -85,7 +93,7 @@ def _broker(settings: Settings) -> tuple[str, dict[str, Any]]:
     folder = embedded_broker_dir(settings)
     for sub in ("in", "processed", "control"):
         (folder / sub).mkdir(parents=True, exist_ok=True)
-    return "filesystem://localhost//", {
+    return EMBEDDED_BROKER_URL, {
         "data_folder_in": str(folder / "in"),
         "data_folder_out": str(folder / "in"),
         "processed_folder": str(folder / "processed"),

@@ -16,7 +16,7 @@ def settings(
 ) -> None:
     """Show the effective settings (from SESSIONSTORE_* variables) and derived URLs."""
     from core.settings import settings_markdown
-    from tasks.app import celery_config
+    from tasks.app import celery_broker_url  # not celery_config: it makes the queue's folders
 
     if markdown:
         typer.echo(settings_markdown())
@@ -27,7 +27,7 @@ def settings(
         "resolved_database_url": current.resolved_database_url,
         "resolved_blob_url": current.resolved_blob_url,
         "resolved_artifact_root": str(current.resolved_artifact_root),
-        "celery_broker_url": celery_config(current)["broker_url"],
+        "celery_broker_url": celery_broker_url(current),
     }
     if as_json:
         print_json(values)

@@ -290,6 +290,29 @@ def test_default_data_dir_is_the_user_data_dir_not_cwd(cli: Cli) -> None:
     assert list(cli.cwd.iterdir()) == []
 
 
+def test_settings_creates_nothing(cli: Cli, tmp_path: Path) -> None:
+    """Showing the settings makes no folder: not the data dir, nor the embedded queue's."""
+    data = tmp_path / "not-yet"
+    cli.env["SESSIONSTORE_DATA_DIR"] = str(data)
+    shown = cli("settings", "--json")
+    assert shown.returncode == 0, shown.stderr
+    assert json.loads(shown.stdout)["celery_broker_url"] == "filesystem://localhost//"
+    assert not data.exists()
+
+
+@pytest.mark.parametrize("below", ["", "sub"])
+def test_a_data_dir_that_is_a_file_is_a_bad_setting(cli: Cli, tmp_path: Path, below: str) -> None:
+    """Every command says the one thing wrong, as a bad setting, and nothing is made: before,
+    each said an errno of its own ("File exists", "Not a directory: .../queue/in")."""
+    plain_file = tmp_path / "data"
+    plain_file.write_text("not a folder")
+    cli.env["SESSIONSTORE_DATA_DIR"] = str(plain_file / below if below else plain_file)
+    for args in (("settings",), ("db", "upgrade"), ("sessions", "list"), ("gc",)):
+        error = one_line_error(cli(*args), ExitCode.BAD_CONFIG, "data_dir")
+        assert f"{plain_file} exists and is not a directory" in error
+    assert plain_file.read_text() == "not a folder"
+
+
 def test_read_only_commands_never_create_a_database(cli: Cli, tmp_path: Path) -> None:
     typo = tmp_path / "typo" / "jounral.db"
     cli.env["SESSIONSTORE_DATABASE_URL"] = f"sqlite:///{typo}"
