@@ -31,7 +31,7 @@ from core.blobs.rehydrate import StateLoader
 from core.db import is_sqlite, read_connection, write_transaction
 from core.errors import SnapshotFormatError
 from core.journal.journal import Journal
-from core.journal.validation import check_seq
+from core.journal.validation import check_at_seq, check_seq
 from core.models import ArtifactRow, SnapshotRow, table_of, utcnow
 from core.query.fold_codec import decode_fold, encode_fold
 from core.query.projection import FOLD_POINTERS, PROJECTION_VERSION, Fold, apply
@@ -66,16 +66,17 @@ def session_state(
     snapshot_every: int = 0,
     rehydrate: StateLoader | None = None,
 ) -> SessionState:
-    """The state of a session after ``at_seq`` (default: its head; clamped to the head).
+    """The state of a session after ``at_seq``: from 0 to its head (the default), as an
+    export or a fork takes it (``InvalidArgument`` past the head).
 
     ``rehydrate`` is applied to the events whose content the state shows, and to the refs
     the fold kept among the strings the state takes from it (``fold_refs``), and to nothing
     else: it is where blob refs become (lazy) values, or the strings they stand for.
     """
     if at_seq is not None:
-        check_seq(at_seq, "at_seq")
+        check_seq(at_seq, "at_seq")  # a bad type or a negative: before any read
     session = journal.get_session(session_id, tenant_id=tenant_id)
-    target = session.head_seq if at_seq is None else min(at_seq, session.head_seq)
+    target = check_at_seq(at_seq, session.head_seq)
     folded: dict[int, StoredEvent] = {}
     fold = fold_at(journal, session_id, target, snapshot_every=snapshot_every, keep=folded)
     plan = plan_context(fold)

@@ -238,6 +238,7 @@ def test_out_of_range_values_exit_3_with_one_line(
         ["sessions", "list", "--cursor", naive_cursor, "--json"],
         ["export", acme_id, "--at-seq", "9", "-o", str(tmp_path / "x.jsonl")],
         ["sessions", "fork", acme_id, "--at-seq", "9", "--inline"],
+        ["state", acme_id, "--at-seq", "9", "--json"],  # shown at the head before
     ):
         with pytest.raises(SystemExit) as raised:
             main(argv)

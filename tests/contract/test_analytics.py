@@ -358,13 +358,15 @@ def test_bi_views_migration_downgrades_and_upgrades(fresh_pg_url: str, tmp_path:
         engine.dispose()
 
 
-def test_state_refuses_a_negative_seq_and_export_one_past_the_head_as_rehydrate_does(
+def test_state_and_export_refuse_a_negative_seq_and_one_past_the_head_as_rehydrate_does(
     store: SessionStore, tmp_path: Path
 ) -> None:
     session = store.create_session(tenant_id="acme")
     store.append(session.id, [{"type": "custom", "n": 1}, {"type": "custom", "n": 2}])
-    assert store.state(session.id, at_seq=3).seq == 2  # state clamps to the head (by design)
-    for at_seq in (-1, True, "1"):
+    assert store.state(session.id, at_seq=2).seq == 2
+    # past the head: refused like export and fork (it was clamped to the head, so a seq
+    # mistyped or of another session showed the head as if it were that point)
+    for at_seq in (-1, True, "1", 3):
         with pytest.raises(InvalidEvent, match="at_seq"):
             store.state(session.id, at_seq=at_seq)
     with (tmp_path / "out.jsonl").open("w") as out, pytest.raises(InvalidEvent, match="at_seq"):

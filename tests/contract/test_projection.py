@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from core import SessionStore
+from core.errors import InvalidArgument
 from core.query.entry_tree import EntryTree
 from core.query.fold_codec import decode_fold, encode_fold
 from core.query.projection import Fold, apply, fold_events
@@ -534,4 +535,7 @@ def test_store_state_of_a_realistic_session(store: SessionStore) -> None:
         "fix the bug",
         "running edit",
     ]
-    assert store.state(session.id, at_seq=10_000).seq == len(b.events)
+    assert store.state(session.id, at_seq=len(b.events)).seq == len(b.events)
+    # past the head is refused, as export and fork refuse it (it was clamped to the head)
+    with pytest.raises(InvalidArgument, match=f"the head \\({len(b.events)}\\), not 10000"):
+        store.state(session.id, at_seq=10_000)
