@@ -245,6 +245,37 @@ def _grouped(
         .group_by(_refs.c.position)
         .subquery()
     )
+    keys, (count, payload_bytes, *rest), grouping = _row_columns(engine, aggregate, tokens)
+    sums = [count, payload_bytes, func.coalesce(func.sum(blob_bytes.c.bytes), 0), *rest]
+    names = [*KEY_COLUMNS, *SUM_COLUMNS]
+    return (
+        select(*(c.label(n) for c, n in zip([*keys, *sums], names, strict=True)))
+        .select_from(_events.outerjoin(blob_bytes, blob_bytes.c.position == _events.c.position))
+        .where(_in_ranges(_events.c.position, ranges), *scope)
+        .group_by(*grouping)
+    )
+
+
+# (dialect, aggregate, tokens) -> the live part's key and sum columns but blob bytes, and
+# its grouping: the same expressions every time, built once (a stats() call builds
+# several parts; building their JSON expressions took most of a small journal's call)
+_COLUMNS: dict[tuple[str, str, bool], tuple[list[Any], list[Any], list[Any]]] = {}
+
+
+def _row_columns(
+    engine: Engine, aggregate: Any, tokens: bool
+) -> tuple[list[Any], list[Any], list[Any]]:
+    key = (engine.dialect.name, aggregate(literal(0)).name, tokens)
+    if key not in _COLUMNS:
+        _COLUMNS[key] = _build_row_columns(engine, aggregate, tokens)
+    return _COLUMNS[key]
+
+
+def _build_row_columns(
+    engine: Engine, aggregate: Any, tokens: bool
+) -> tuple[list[Any], list[Any], list[Any]]:
+    """See ``_grouped``: its keys; its sums, with no blob bytes between the payload bytes
+    and the responses; its grouping."""
     is_message = _events.c.type == "message"
     assistant = and_(is_message, _json_text(engine, "message", "role") == "assistant")
     raw_model = _json_text(engine, "message", "model")
@@ -275,7 +306,6 @@ def _grouped(
     sums: list[ColumnElement[Any]] = [
         func.count(),
         func.coalesce(func.sum(_payload_bytes(engine)), 0),
-        func.coalesce(func.sum(blob_bytes.c.bytes), 0),
         responses,
         *sums_of_tokens,
     ]
@@ -283,14 +313,8 @@ def _grouped(
     if not tokens:  # the usage keys too: figures by type, day and session read no JSON
         keys = [*keys[:3], literal("", Text), literal("", Text), false(), false(), keys[7]]
         grouping = [keys[0], keys[1], keys[2], keys[7]]
-        sums[3] = literal(0, BigInteger)
-    names = [*KEY_COLUMNS, *SUM_COLUMNS]
-    return (
-        select(*(c.label(n) for c, n in zip([*keys, *sums], names, strict=True)))
-        .select_from(_events.outerjoin(blob_bytes, blob_bytes.c.position == _events.c.position))
-        .where(_in_ranges(_events.c.position, ranges), *scope)
-        .group_by(*grouping)
-    )
+        sums[2] = literal(0, BigInteger)  # responses
+    return keys, sums, grouping
 
 
 # reading -----------------------------------------------------------------------------------
