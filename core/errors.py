@@ -221,6 +221,20 @@ class SymlinkRefused(ArtifactError):
         super().__init__(f"refusing a symlink under the data root: {path}" if path else None)
 
 
+class BlobLinked(BlobCorrupted, SymlinkRefused):
+    """A symlink stands where a blob's file should be: a damaged copy, never followed.
+    Readers take it as ``BlobCorrupted`` (reported, the ref kept; a put of the content
+    renames a new file over the link), ``blobs verify`` as ``SymlinkRefused`` (reported
+    for the operator, left in place)."""
+
+    def __init__(self, blob_hash: str, path: str) -> None:
+        self.blob_hash = blob_hash
+        self.path = path
+        SessionStoreError.__init__(
+            self, f"blob {blob_hash} is corrupted: a symlink stands at {path} (not followed)"
+        )
+
+
 class QuotaExceeded(ArtifactError):
     """An artifact write would exceed a quota."""
 

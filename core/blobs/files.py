@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import os
+import stat
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -31,6 +32,7 @@ from core.blobs.store import (
     encode_blob,
     parse_blob_name,
 )
+from core.errors import BlobLinked, SymlinkRefused
 from core.fsio import fsync_dir, path_text, replace_many_atomically
 from core.translate import storage_errors
 
@@ -71,7 +73,7 @@ class FileBlobStore(BlobStore):
         """Stored size by codec of the hash's files in its fan-out directory ``fd``."""
         sizes: dict[Codec, int] = {}
         for codec, suffix in SUFFIXES.items():
-            info = nofollow.lstat_at(fd, blob_hash + suffix, self.path_for(blob_hash, codec))
+            info = _entry_at(fd, blob_hash + suffix)
             if info is not None:
                 sizes[codec] = info.st_size
         return sizes
@@ -109,22 +111,40 @@ class FileBlobStore(BlobStore):
         return found
 
     def _read_stored(self, blob_hash: str) -> tuple[Codec, bytes] | None:
+        linked: BlobLinked | None = None
         with self._fanout(blob_hash) as fd:
             if fd is None:
                 return None
             for codec in self._ordered(blob_hash, list(self._present(fd, blob_hash)), None):
-                data = self._read_at(fd, blob_hash, codec)
+                try:
+                    data = self._read_at(fd, blob_hash, codec)
+                except BlobLinked as exc:  # a link in its place: another copy may serve
+                    linked = exc
+                    continue
                 if data is not None:
                     return codec, data
+        if linked is not None:
+            raise linked
         return None
 
     def _read_at(self, fd: int, blob_hash: str, codec: Codec) -> bytes | None:
-        path = self.path_for(blob_hash, codec)
-        file_fd = nofollow.open_at(fd, path.name, path)
+        file_fd = self._open_at(fd, blob_hash, codec)
         if file_fd is None:
             return None
         with os.fdopen(file_fd, "rb") as handle:
             return handle.read()
+
+    def _open_at(self, fd: int, blob_hash: str, codec: Codec) -> int | None:
+        """A descriptor of the blob's file under ``codec``, or None. A link in its place
+        (planted, or left by a restore that kept links) is a damaged copy: ``BlobLinked``, a
+        ``BlobCorrupted`` readers report and keep the ref for, and which a put of the content
+        repairs (the new file is renamed over the link itself), as it repairs any damaged
+        file (invariant 13); ``blobs verify`` reports it as a link. Never followed."""
+        path = self.path_for(blob_hash, codec)
+        try:
+            return nofollow.open_at(fd, path.name, path)
+        except SymlinkRefused:
+            raise BlobLinked(blob_hash, str(path)) from None
 
     @contextmanager
     def _open(self, blob_hash: str) -> Iterator[tuple[Codec, Iterator[bytes]] | None]:
@@ -141,14 +161,20 @@ class FileBlobStore(BlobStore):
 
     def _open_stored(self, blob_hash: str) -> tuple[Codec, BinaryIO] | None:
         """The first stored file ``_read_stored`` would read, opened (through no link)."""
+        linked: BlobLinked | None = None
         with self._fanout(blob_hash) as fd:
             if fd is None:
                 return None
             for codec in self._ordered(blob_hash, list(self._present(fd, blob_hash)), None):
-                path = self.path_for(blob_hash, codec)
-                file_fd = nofollow.open_at(fd, path.name, path)
+                try:
+                    file_fd = self._open_at(fd, blob_hash, codec)
+                except BlobLinked as exc:  # as ``_read_stored``
+                    linked = exc
+                    continue
                 if file_fd is not None:
                     return codec, os.fdopen(file_fd, "rb")
+        if linked is not None:
+            raise linked
         return None
 
     @storage_errors("blobs")
@@ -164,7 +190,7 @@ class FileBlobStore(BlobStore):
                 return moved
             for codec in SUFFIXES:
                 path = self.path_for(blob_hash, codec)
-                if nofollow.lstat_at(fd, path.name, path) is None:
+                if _entry_at(fd, path.name) is None:  # a link moves aside too, unfollowed
                     continue
                 aside = self._aside(blob_hash, codec)
                 try:
@@ -201,7 +227,7 @@ class FileBlobStore(BlobStore):
             moved = [
                 aside
                 for aside in (self._aside(blob_hash, c) for c in SUFFIXES)
-                if nofollow.lstat_at(fd, aside.name, aside) is not None
+                if _entry_at(fd, aside.name) is not None
             ]
         self.restore_quarantined(moved)
         return bool(moved)
@@ -308,6 +334,15 @@ class FileBlobStore(BlobStore):
             return None
         nofollow.sync_dir(self.root, path.parent)
         return os.fspath(aside)
+
+
+def _entry_at(dir_fd: int, name: str) -> os.stat_result | None:
+    """The regular file or symlink ``name`` in ``dir_fd`` (its own lstat), else None."""
+    try:
+        info = os.lstat(name, dir_fd=dir_fd)
+    except FileNotFoundError:
+        return None
+    return info if stat.S_ISREG(info.st_mode) or stat.S_ISLNK(info.st_mode) else None
 
 
 def _chunks(handle: BinaryIO) -> Iterator[bytes]:

@@ -33,7 +33,7 @@ from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 
 from core.blobs.digests import StoredDigests
 from core.db import is_sqlite, read_connection, retry_deadlocks, write_transaction
-from core.errors import BlobCorrupted, BlobNotFound, InvalidBlobHash
+from core.errors import BlobCorrupted, BlobLinked, BlobNotFound, InvalidBlobHash
 from core.metrics import metrics
 from core.models import BlobRefRow, BlobRow, SessionRow, table_of, utcnow
 from core.records import PlainRecord
@@ -618,7 +618,10 @@ class BlobStore(ABC):
         found = self._find(blob_hash, first)
         if found is None:
             return None
-        problem = self.check_stored(blob_hash, len(data))
+        try:
+            problem = self.check_stored(blob_hash, len(data))
+        except BlobLinked as exc:  # a link in its place: the new file is renamed over it
+            problem = str(exc)
         if problem is None:
             return _Stored(found[0], found[1], None, written=False)
         # Invariant 13: a re-put of the content repairs a damaged file, never trusts it.

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import gzip
 import logging
 import os
@@ -189,6 +190,47 @@ def test_rehydrating_read_keeps_the_ref_of_a_corrupt_blob(
         [event] = store.read(session.id, rehydrate=True)
     assert event.payload["data"] == ref
     assert any(r.__dict__.get("blob_hash") == blob_hash for r in caplog.records)
+
+
+@pytest.mark.parametrize(
+    "text", [TEXT.decode(), base64.b64encode(MEDIA).decode()], ids=["text", "base64-text"]
+)
+def test_a_link_at_a_blob_file_is_a_damaged_copy_reported_kept_and_repaired_by_a_put(
+    store: SessionStore, tmp_path: Path, caplog: pytest.LogCaptureFixture, text: str
+) -> None:
+    """A symlink where a blob's file should be (planted; a restore that kept links) is read
+    as a damaged copy, never followed: reads report it and keep the ref, as for a corrupt
+    file, and a put of the content renames a new file over the link itself (its target
+    untouched). Before, every read of every session referencing the blob failed with
+    SymlinkRefused, and so did the put that would have repaired it."""
+    session = store.create_session(tenant_id="t")
+    store.append(session.id, [{"type": "custom", "data": text}])
+    [raw] = store.read(session.id)
+    ref = raw.payload["data"]
+    blob_hash = ref.rsplit(":", 1)[1]
+    content = text.encode()
+    path = _blob_file(store, blob_hash)
+    target = tmp_path / "elsewhere"
+    target.write_bytes(path.read_bytes())  # even the right bytes: a link is never trusted
+    path.unlink()
+    os.symlink(target, path)
+
+    with pytest.raises(BlobCorrupted, match="symlink"):
+        store.blobs.get(blob_hash)
+    with pytest.raises(BlobCorrupted, match="symlink"):
+        store.blobs.peek(blob_hash, 10)
+    with caplog.at_level(logging.WARNING):
+        [event] = store.read(session.id, rehydrate=True)
+    assert event.payload["data"] == ref  # the ref, kept
+    assert any(r.__dict__.get("blob_hash") == blob_hash for r in caplog.records)
+    assert store.state(session.id, rehydrate=True).seq == 1
+
+    again = store.blobs.put(content)
+    assert again.written
+    assert not path.is_symlink() and store.blobs.get(blob_hash) == content
+    assert target.read_bytes() != b"" and target.is_file()  # the link's target untouched
+    [event] = store.read(session.id, rehydrate=True)
+    assert event.payload["data"] == text
 
 
 # --- re-puts verify the stored bytes by the digest this process recorded (issue 19.2) -------
