@@ -122,15 +122,37 @@ def split_lines(data: bytes) -> tuple[list[tuple[int, bytes]], int, bool]:
     newline. Nothing half written passes for one (no proper prefix of an object's text is a
     JSON object), and a writer that sends the newline on its own leaves a blank line after it.
     """
+    body = trimmed_end(data)  # what pi's ``trim()`` keeps ends there: the last line too
     end = data.rfind(b"\n") + 1
+    if body < end:  # the last line ended, and only JavaScript whitespace came after it
+        last = data.rfind(b"\n", 0, body) + 1
+        lines = [(n, raw) for n, raw in enumerate(data[:last].split(b"\n")[:-1], start=1)]
+        return [*lines, (len(lines) + 1, data[last:body])], end, False
     lines = [(n, raw) for n, raw in enumerate(data[:end].split(b"\n")[:-1], start=1)]
-    tail = data[end:]
+    tail = data[end:body]
     if not tail.strip():
         return lines, end, False
     if _whole_object(tail):
         lines.append((len(lines) + 1, tail))
         return lines, len(data), False
     return lines, end, True
+
+
+def trimmed_end(data: bytes) -> int:
+    """Where ``data`` ends once the JavaScript whitespace at its end is dropped, as pi's
+    ``content.trim()`` drops it (a no-break space, U+2028, a byte order mark, a vertical
+    tab...): the file's last line ends there, so such a character after it does not make
+    it malformed nor leave it waiting for a newline. (A complete UTF-8 encoding at the end
+    is that character: no lead byte is ever a continuation byte.)"""
+    end = len(data)
+    while end:
+        for space in _JS_SPACE_BYTES:
+            if data.endswith(space, 0, end):
+                end -= len(space)
+                break
+        else:
+            return end
+    return end
 
 
 def _whole_object(tail: bytes) -> bool:
@@ -158,10 +180,10 @@ def first_lines(data: bytes, count: int) -> Iterator[tuple[int, bytes]]:
 def first_line(data: bytes) -> bytes:
     """The first line that is not blank (pi skips blank lines, a leading one too), complete
     or not (a header is recognised while still being written)."""
-    start = 0
+    start, body = 0, trimmed_end(data)
     while True:
         end = data.find(b"\n", start)
-        line = data[start:] if end < 0 else data[start:end]
+        line = data[start : body if end < 0 or end > body else end]  # the file's end trimmed
         line = _LEADING_JS_SPACE.sub(b"", line)  # as ``iter_objects`` reads the file's first line
         if end < 0 or line.strip():
             return line
@@ -358,6 +380,7 @@ _JS_SPACE = (
 _LEADING_JS_SPACE = re.compile(
     rb"\A(?:" + b"|".join(re.escape(c.encode()) for c in _JS_SPACE) + rb")+"
 )
+_JS_SPACE_BYTES = tuple(c.encode() for c in _JS_SPACE)
 _JS_DECIMAL = re.compile(r"[+-]?(?:Infinity|(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?)")
 _JS_RADIX = {"x": 16, "X": 16, "o": 8, "O": 8, "b": 2, "B": 2}
 _JS_INTEGER = re.compile(r"0([xX][0-9a-fA-F]+|[oO][0-7]+|[bB][01]+)")

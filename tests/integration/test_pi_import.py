@@ -714,6 +714,37 @@ def test_a_byte_order_mark_is_read_where_pi_reads_one(
     assert ours == [e["id"] for e in pi_opened([path])[0]["entries"]] == [v3_lines()[3]["id"]]
 
 
+@pytest.mark.parametrize(
+    "end",
+    ["\u00a0\n", "\u2028", "\ufeff\n", "\x0b\n", "\u00a0", "\n\u00a0\n \n", "\u3000"],
+    ids=[
+        "nbsp",
+        "line-separator",
+        "bom",
+        "vertical-tab",
+        "nbsp-no-newline",
+        "lines",
+        "ideographic",
+    ],
+)
+@pytest.mark.parametrize("header_only", [False, True], ids=["entries", "header-only"])
+def test_javascript_whitespace_at_the_end_is_dropped_as_pi_trims_it(
+    store: SessionStore, tmp_path: Path, end: str, header_only: bool
+) -> None:
+    """pi's ``content.trim()`` drops JavaScript's whitespace at the end of the file too:
+    the last line followed by a no-break space (or U+2028, a BOM...) is read. The import
+    ignored it as not JSON, or waited for ever for its newline; a header alone followed by
+    one was refused as no pi file. pi itself is the oracle."""
+    lines = [json.dumps(line) for line in v3_lines()[: 1 if header_only else 4]]
+    path = tmp_path / "trailing.jsonl"
+    path.write_bytes(("\n".join(lines) + end).encode())
+    done = store.import_session(path, tenant_id=TENANT)
+    assert (done.ignored_lines, done.incomplete_tail) == ([], False)
+    ours = [e.payload["id"] for e in store.read(done.session_id)[1:]]
+    theirs = [e["id"] for e in pi_opened([path])[0]["entries"]]
+    assert ours == theirs == [line["id"] for line in v3_lines()[1 : 1 if header_only else 4]]
+
+
 def test_export_of_a_session_made_here(store: SessionStore, tmp_path: Path) -> None:
     session = store.create_session(tenant_id=TENANT, cwd="/w", external_id="made-here")
     entries = v3_lines()[1:8]
