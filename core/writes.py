@@ -105,6 +105,11 @@ class Writer:
         expected_seq: int | None,
         idempotency_key: str | None,
     ) -> AppendResult:
+        # typed, naming the field, before anything reads or stores them (as the queue's path
+        # checks them): an int failed untyped, and a NUL key was kept by SQLite only
+        check_id(session_id, "session_id", MAX_ID_LENGTH)
+        if idempotency_key is not None:
+            check_id(idempotency_key, "idempotency_key", MAX_KEY_LENGTH)
         if expected_seq is not None:
             check_seq(expected_seq, "expected_seq", error=InvalidEvent)
         if isinstance(events, CheckedEvents):  # each event checked already: the batch's size

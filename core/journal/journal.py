@@ -49,7 +49,7 @@ from core.journal.postgres import (
     session_events,
 )
 from core.journal.sessions import MAX_READ_PAGE, SessionRows
-from core.journal.validation import check_limit, check_name, check_seq
+from core.journal.validation import check_limit, check_names, check_seq
 from core.models import (
     ROLLUP_LOCK,
     BlobRefRow,
@@ -534,8 +534,7 @@ class Journal(SessionRows):
     ) -> list[StoredEvent]:
         check_seq(after_position, "after_position")
         limit = min(check_limit(limit), MAX_READ_PAGE)
-        for kind in types or ():
-            check_name(kind, "types")
+        check_names(types, "types")
         query = (
             select(*_EVENT_COLUMNS)
             .where(_events.c.position > after_position)

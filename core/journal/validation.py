@@ -306,6 +306,15 @@ def check_limit(value: Any, field: str = "limit") -> int:
     return value
 
 
+def check_names(values: Any, field: str) -> None:
+    """A list of names (types, roles) to match: each as ``check_name`` checks it. A string
+    alone is refused: iterated, it was its characters, and the query matched nothing."""
+    if isinstance(values, (str, bytes)):
+        raise InvalidArgument(field, f"must be a list of names, not one string: [{values!r}]")
+    for value in values or ():
+        check_name(value, field)
+
+
 def check_name(value: Any, field: str) -> None:
     """An id, tenant, type or path argument a query compares: no U+0000 (PostgreSQL's text
     cannot hold one, so the driver failed where SQLite matched nothing), and no lone

@@ -35,7 +35,7 @@ from sqlalchemy.sql.elements import ColumnElement
 
 from core.db import is_sqlite, keyset_pages, read_connection
 from core.errors import InvalidArgument
-from core.journal.validation import check_limit, check_name, check_seq
+from core.journal.validation import check_limit, check_name, check_names, check_seq
 from core.models import BlobRefRow, BlobRow, EventRow, SessionRow, table_of
 from core.query import timeblocks
 from core.query.entry_time import bound_us, entry_us
@@ -76,8 +76,7 @@ class EventFilter:
         check_name(self.tenant_id, "tenant_id")
         check_name(self.session_id, "session_id")
         for field in ("types", "roles"):
-            for value in getattr(self, field):
-                check_name(value, field)
+            check_names(getattr(self, field), field)
 
 
 @dataclass(frozen=True, slots=True)

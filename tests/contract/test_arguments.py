@@ -124,3 +124,46 @@ def test_a_nul_in_a_name_is_refused_by_name_on_every_backend(
         fn(store, sid, "a\x00b")
     assert (caught.value.field, caught.value.reason) == (field, "cannot contain U+0000")
     assert store.get_session(sid).tenant_id == "acme"  # nothing moved or deleted
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "reason"),
+    [
+        ("session_id", 5, "must be a string"),
+        ("session_id", "s\x00", "U+0000"),
+        ("session_id", "s\ud800", "surrogate"),
+        ("idempotency_key", 5, "must be a string"),
+        ("idempotency_key", "k\x00", "U+0000"),
+        ("idempotency_key", "k\ud800", "surrogate"),
+        ("idempotency_key", "", "1.."),
+    ],
+)
+def test_append_refuses_a_bad_session_id_or_key_by_name_on_every_backend(
+    store: SessionStore, field: str, value: Any, reason: str
+) -> None:
+    """As the queue's path checks them: before, an int raised a bare TypeError (or psycopg's
+    own error), a lone surrogate was refused naming "/", and a NUL key was kept by SQLite
+    where PostgreSQL refused it."""
+    sid = store.create_session(tenant_id="acme").id
+    args: dict[str, Any] = {"session_id": sid, "idempotency_key": "k"} | {field: value}
+    with pytest.raises(InvalidEvent) as caught:
+        store.append(
+            args["session_id"], [{"type": "custom"}], idempotency_key=args["idempotency_key"]
+        )
+    assert caught.value.field == field and reason in str(caught.value), caught.value
+    assert store.get_session(sid).head_seq == 0
+
+
+@pytest.mark.parametrize("call", ["read_all", "list_events"])
+def test_types_as_one_string_is_refused_not_read_as_its_characters(
+    store: SessionStore, call: str
+) -> None:
+    sid = store.create_session(tenant_id="acme").id
+    store.append(sid, [{"type": "msg"}])
+    with pytest.raises(InvalidArgument) as caught:
+        if call == "read_all":
+            store.read_all(types="msg")  # type: ignore[arg-type]
+        else:
+            store.list_events(EventFilter(types="msg"))  # type: ignore[arg-type]
+    assert caught.value.field == "types"
+    assert [e.type for e in store.read_all(types=["msg"])] == ["msg"]
