@@ -519,7 +519,9 @@ def link(root: Path, source: Path, target: Path) -> None:
 
 
 def write_new(root: Path, path: Path, data: bytes) -> None:
-    """A new file at ``path`` holding ``data``, fsynced with its directory."""
+    """A new file at ``path`` holding ``data``, fsynced with its directory. A write or
+    fsync that fails (a full disk) removes the file: a caller retrying would otherwise
+    leave one partial file per attempt, until the staging sweep hours later."""
     with parent_dir(root, path, create=True) as (dir_fd, name):
         flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | _NOFOLLOW | _CLOEXEC
         fd = os.open(name, flags, 0o644, dir_fd=dir_fd)
@@ -528,6 +530,11 @@ def write_new(root: Path, path: Path, data: bytes) -> None:
             while view:
                 view = view[os.write(fd, view) :]
             os.fsync(fd)
+        except BaseException:
+            # O_EXCL made it ours: no other writer's file is under this name.
+            with suppress(OSError):
+                os.unlink(name, dir_fd=dir_fd)
+            raise
         finally:
             os.close(fd)
         _fsync_fd(dir_fd)

@@ -14,7 +14,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from core import nofollow
-from core.artifacts.paths import STAGING_DIR
+from core.artifacts.paths import OVERSIZED_DIR, STAGING_DIR, oversized_id_of
 from core.errors import SymlinkRefused
 from core.fsio import fsync_dir as sync_directory
 from core.nofollow import artifact_root_of, check_path
@@ -219,6 +219,36 @@ def sweep_staging(
                 files += 1
                 size += info.st_size
     return files, size
+
+
+def old_oversized_files(
+    root: Path, *, older_than_s: float, now: float
+) -> list[tuple[str, str, Path, int]]:
+    """Oversized-output files (``<tenant>/<session>/oversized/art_*.txt``) under ``root``
+    older than ``older_than_s`` by inode change time (set by their publish, a rename):
+    (session directory name, artifact id, path, size) of each."""
+    cutoff = now - older_than_s
+    found = []
+    for tenant in _subdirs(root):
+        for session in _subdirs(tenant):
+            directory = os.path.join(session, OVERSIZED_DIR)
+            try:
+                check_path(root, Path(directory))  # a planted link is never followed
+                entries = list(os.scandir(directory))
+            except (FileNotFoundError, NotADirectoryError, SymlinkRefused):
+                continue
+            for entry in entries:
+                artifact_id = oversized_id_of(entry.name)
+                if artifact_id is None:
+                    continue
+                try:
+                    info = entry.stat(follow_symlinks=False)
+                except FileNotFoundError:
+                    continue
+                if info.st_ctime <= cutoff and entry.is_file(follow_symlinks=False):
+                    name = os.path.basename(session)
+                    found.append((name, artifact_id, Path(entry.path), info.st_size))
+    return found
 
 
 def _subdirs(directory: Path | str) -> list[str]:

@@ -26,7 +26,7 @@ from typing import Any, BinaryIO, TypeVar, cast
 import obstore
 from obstore.store import S3Store
 
-from core.artifacts.paths import STAGING_DIR
+from core.artifacts.paths import OVERSIZED_DIR, STAGING_DIR, oversized_id_of
 from core.artifacts.storage import check_key, check_prefix, opened_source
 from core.blobs.objects import DEFAULT_S3_LIMITS, open_s3_store, storage_call
 from core.errors import StorageUnavailable
@@ -166,6 +166,23 @@ class ObjectArtifactStorage:
             for key, _size in found:
                 self._call(lambda key=key: obstore.delete(self.store, key))  # type: ignore[misc]
         return len(found), sum(size for _key, size in found)
+
+    def old_oversized_objects(
+        self, *, older_than_s: float, now: float
+    ) -> list[tuple[str, str, str, int]]:
+        """Oversized-output objects (``<tenant>/<session>/oversized/art_*.txt``) older than
+        ``older_than_s`` by object time (set by their publish, a server-side copy): (session
+        directory name, artifact id, key, size) of each. A maintenance job: it lists the
+        whole artifact prefix."""
+        found = []
+        for meta in self._list(None):
+            parts = str(meta["path"]).split("/")
+            if len(parts) != 4 or parts[2] != OVERSIZED_DIR:
+                continue
+            artifact_id = oversized_id_of(parts[3])
+            if artifact_id is not None and meta["last_modified"].timestamp() <= now - older_than_s:
+                found.append((parts[1], artifact_id, str(meta["path"]), int(meta["size"])))
+        return found
 
     def probe(self) -> str:
         key = f".health/{uuid.uuid4().hex}"

@@ -20,8 +20,14 @@ from sqlalchemy.exc import IntegrityError
 
 from core import nofollow
 from core.artifacts import rows
+from core.artifacts.fsio import old_oversized_files
 from core.artifacts.inherited import preserve_for_forks, read_artifact_file
-from core.artifacts.paths import oversized_name, sanitize_tool_type, session_dir
+from core.artifacts.paths import (
+    encode_component,
+    oversized_name,
+    sanitize_tool_type,
+    session_dir,
+)
 from core.artifacts.records import (
     OVERSIZED,
     ArtifactRef,
@@ -33,7 +39,13 @@ from core.artifacts.records import (
 from core.artifacts.staging import Staged, staged_in
 from core.artifacts.storage import FileArtifactStorage, artifact_storage_for, key_of
 from core.db import read_connection, write_transaction
-from core.errors import ArtifactBusy, ArtifactError, SessionNotFound, SymlinkRefused
+from core.errors import (
+    ArtifactBusy,
+    ArtifactError,
+    SessionNotFound,
+    SessionStoreError,
+    SymlinkRefused,
+)
 from core.models import utcnow
 from core.settings import Settings
 from core.translate import storage_errors
@@ -46,6 +58,7 @@ MAX_TTL_S = 10**10  # ~317 years (as check_seconds): any TTL a caller means, and
 DISCARD_ATTEMPTS = 5
 OVERSIZED_ID = re.compile(r"^art_[0-9a-f]{16}$")
 _NEWLINES = re.compile(r"[\r\n]")
+_OWNERS_BATCH = 500  # ids per query when sweeping files no row names (bound parameters)
 
 
 def new_oversized_id() -> str:
@@ -137,7 +150,12 @@ class OversizedOutputs:
         media_type: str = "text/plain",
     ) -> ArtifactRef:
         """The row, and the staged file published, under the session's tenant lock (which a
-        move takes too: the file lands in the directory the session has at commit)."""
+        move takes too: the file lands in the directory the session has at commit).
+
+        A commit that fails after the publish removes the published file: ``art_`` ids are
+        random and never reused, so no one else owns it, and no row will ever name it (were
+        the commit done and only its reply lost, the row reads as expired without its file,
+        and expiry removes it). A crash there leaves it to ``sweep_unnamed``."""
         for _ in range(3):
             now = utcnow()
             ref = ArtifactRef(
@@ -150,17 +168,37 @@ class OversizedOutputs:
                 ttl_s=ttl,
                 expires_at=now + timedelta(seconds=ttl),
             )
+            published: Path | None = None
             try:
                 with write_transaction(self.engine) as conn:
                     info = rows.lock_quota(conn, session_id)
                     rows.insert_artifact(conn, self._values(ref, info.head_seq, media_type))
                     directory = session_dir(self.root, info.tenant_id, session_id)
-                    staged.publish(directory, directory / oversized_name(ref.artifact_id))
+                    published = directory / oversized_name(ref.artifact_id)
+                    staged.publish(directory, published)
                 return ref
             except IntegrityError:
+                if published is not None:  # the staged file is gone: no other id for it
+                    self._unpublish(published)
+                    raise
                 # A 64-bit random id collided within the session: draw another.
                 continue
+            except BaseException:
+                if published is not None:
+                    self._unpublish(published)
+                raise
         raise ArtifactError("could not allocate an oversized-output id")
+
+    def _unpublish(self, path: Path) -> None:
+        """Remove a file published for a row that did not commit; on failure it is left to
+        ``sweep_unnamed`` (the caller's error is the one that matters)."""
+        try:
+            self._remove(path)
+        except (OSError, SessionStoreError) as exc:
+            logger.warning(
+                "could not remove an oversized output whose row did not commit",
+                extra={"path": str(path), "error": repr(exc)},
+            )
 
     @staticmethod
     def _values(ref: ArtifactRef, head_seq: int, media_type: str) -> dict[str, object]:
@@ -310,6 +348,51 @@ class OversizedOutputs:
             if place != seen or place.moving:
                 return None
             return rows.delete_artifact(conn, session_id, OVERSIZED, artifact_id)
+
+    def sweep_unnamed(self, *, older_than_s: float, apply: bool, now: float) -> tuple[int, int]:
+        """Oversized-output files no row names, older than ``older_than_s``: (files, bytes),
+        removed when ``apply``. They are what a process killed between a publish and its
+        commit leaves (nothing runs after it to remove the file), or a failed commit whose
+        removal failed too.
+
+        The age keeps a file whose row is about to commit: the file is published (renamed,
+        which sets its change time; copied, on S3) in the transaction that inserts its row,
+        just before the commit, so a file that old with no row has no commit to come. Rows
+        are read after the files are listed: a row committed meanwhile is seen. A file is
+        named by a row of its session (the directory's name) whatever the tenant directory
+        (a move's repair settles that), and a fork's copy has rows of the fork's own."""
+        if isinstance(self.storage, FileArtifactStorage):
+            found: list[tuple[str, str, Path | str, int]] = list(
+                old_oversized_files(self.root, older_than_s=older_than_s, now=now)
+            )
+        else:
+            from core.artifacts.objects import ObjectArtifactStorage  # obstore loads lazily
+
+            assert isinstance(self.storage, ObjectArtifactStorage)
+            found = list(self.storage.old_oversized_objects(older_than_s=older_than_s, now=now))
+        unnamed = []
+        for start in range(0, len(found), _OWNERS_BATCH):
+            batch = found[start : start + _OWNERS_BATCH]
+            with read_connection(self.engine) as conn:
+                owners = rows.oversized_owners(conn, {a for _s, a, _p, _n in batch})
+            named = {(encode_component(s), a) for s, a in owners}
+            unnamed += [(p, n) for s, a, p, n in batch if (s, a) not in named]
+        if apply:
+            for where, _size in unnamed:
+                self._remove_found(where)
+        if unnamed:
+            logger.info(
+                "oversized outputs no row names swept",
+                extra={"files": len(unnamed), "applied": apply},
+            )
+        return len(unnamed), sum(size for _where, size in unnamed)
+
+    @storage_errors("artifacts")
+    def _remove_found(self, where: Path | str) -> None:
+        if isinstance(where, Path):
+            nofollow.unlink(self.root, where)
+        else:
+            self.storage.delete(where)
 
     def stats(self, *, tenant_id: str | None = None) -> ArtifactStats:
         """How many oversized outputs are stored, and their bytes (all tenants by default)."""

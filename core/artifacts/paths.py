@@ -120,6 +120,15 @@ def oversized_name(artifact_id: str) -> str:
     return f"{OVERSIZED_DIR}/{artifact_id}.txt"
 
 
+_OVERSIZED_FILE = re.compile(r"^(art_[0-9a-f]{16})\.txt$")
+
+
+def oversized_id_of(file_name: str) -> str | None:
+    """The artifact id in an oversized output's file name; None for any other name."""
+    match = _OVERSIZED_FILE.match(file_name)
+    return match.group(1) if match else None
+
+
 def file_name(sanitized_path: str) -> str:
     return f"{FILES_DIR}/{sanitized_path}"
 

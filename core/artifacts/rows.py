@@ -5,6 +5,7 @@ Callers pass a connection inside a transaction from ``core.db``; nothing here co
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -280,6 +281,16 @@ def oversized_exists(session_id: Any, local_id: Any, *, expires_after: Any = Non
     if expires_after is not None:
         where.append(_artifacts.c.expires_at > expires_after)
     return select(_artifacts.c.id).where(*where).exists()
+
+
+def oversized_owners(conn: Connection, local_ids: Collection[str]) -> set[tuple[str, str]]:
+    """(session id, artifact id) of the oversized-output rows with these ids."""
+    rows = conn.execute(
+        select(_artifacts.c.session_id, _artifacts.c.local_id).where(
+            _artifacts.c.kind == OVERSIZED, _artifacts.c.local_id.in_(list(local_ids))
+        )
+    )
+    return {(r.session_id, r.local_id) for r in rows}
 
 
 def expired_oversized(conn: Connection, now: datetime, limit: int) -> list[tuple[str, str, str]]:

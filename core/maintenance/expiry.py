@@ -66,6 +66,10 @@ class ExpireRunReport:
     # temporary files killed processes left in staging directories (removed when applied)
     stale_temp_files: int = 0
     stale_temp_bytes: int = 0
+    # oversized-output files no row names (a process killed between a publish and its
+    # commit), older than the staging age (removed when applied)
+    unnamed_files: int = 0
+    unnamed_bytes: int = 0
     # directories of deleted sessions that their delete left behind (removed when applied),
     # and those left for the next run (a move of their session or its parent under way)
     session_directories: int = 0
@@ -83,6 +87,8 @@ class ExpireRunReport:
             "rehydrations_pruned": self.rehydrations_pruned,
             "stale_temp_files": self.stale_temp_files,
             "stale_temp_bytes": self.stale_temp_bytes,
+            "unnamed_files": self.unnamed_files,
+            "unnamed_bytes": self.unnamed_bytes,
             "session_directories_removed"
             if self.applied
             else "session_directories_to_remove": self.session_directories,
@@ -104,9 +110,9 @@ def expire_artifacts(
     lifecycle: SessionLifecycle | None = None,
 ) -> ExpireRunReport:
     """Oversized outputs past ``expires_at``; with ``apply``, remove them, a batch at a time,
-    the temporary files killed processes left in staging directories
-    (``staging_max_age_seconds``), and (``lifecycle``) the directories of deleted sessions
-    that their delete left behind.
+    the temporary files killed processes left in staging directories and the oversized
+    outputs no row names (both older than ``staging_max_age_seconds``), and (``lifecycle``)
+    the directories of deleted sessions that their delete left behind.
 
     The moment is fixed at the start, so the set only shrinks while it runs (new outputs
     expire later) and a dry run's count is what an apply run then deletes.
@@ -149,6 +155,11 @@ def expire_artifacts(
         report.stale_temp_files, report.stale_temp_bytes = swept
     except (OSError, StorageUnavailable) as exc:
         report.errors.append(f"cannot sweep staging directories: {exc}")
+    try:
+        unnamed = oversized.sweep_unnamed(older_than_s=max_age, apply=apply, now=moment.timestamp())
+        report.unnamed_files, report.unnamed_bytes = unnamed
+    except (OSError, StorageUnavailable, SQLAlchemyError) as exc:
+        report.errors.append(f"cannot sweep oversized outputs no row names: {exc}")
     if lifecycle is not None:
         removals = lifecycle.finish_removals(apply=apply)
         report.session_directories = removals.removed if apply else removals.pending

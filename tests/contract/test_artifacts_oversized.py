@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import timedelta
 from pathlib import Path
 
 import pytest
-from sqlalchemy import text
+from sqlalchemy import Connection, Engine, text
 
 from core import SessionNotFound, SessionStore
+from core.artifacts import oversized as oversized_module
 from core.artifacts.oversized import OVERSIZED_ID, OversizedOutputs
 from core.artifacts.paths import oversized_name
+from core.artifacts.staging import stage
 from core.errors import ArtifactError, StorageUnavailable
 from core.models import utcnow
 from tests.contract.artifact_backends import RawArtifacts, artifact_backend, raw, settings
@@ -170,3 +174,46 @@ def test_manager_shortcuts(store: SessionStore, sid: str) -> None:
     stored = manager.store_oversized("q" * 12_001, "bash")
     assert stored is not None
     assert manager.retrieve(stored.ref.artifact_id) == "q" * 12_001
+
+
+def _fail_commit(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every write transaction of the oversized outputs raises once its block ran: the
+    commit fails after the file was published."""
+    real = oversized_module.write_transaction
+
+    @contextmanager
+    def failing(engine: Engine) -> Iterator[Connection]:
+        with real(engine) as conn:
+            yield conn
+            raise StorageUnavailable("database", "injected: the commit failed")
+
+    monkeypatch.setattr(oversized_module, "write_transaction", failing)
+
+
+def test_a_store_whose_commit_fails_leaves_no_file(
+    store: SessionStore, sid: str, raw: RawArtifacts, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The published file stayed (``keep_new``) with no row naming it, and no expiry ever
+    found it (review 4, t1)."""
+    _fail_commit(monkeypatch)
+    with pytest.raises(StorageUnavailable):
+        store.store_oversized(sid, "x" * 20_000, "bash")
+    monkeypatch.undo()
+    assert raw.keys_under(store.artifacts(sid).directory()) == []
+    assert store.oversized.stats().count == 0
+
+
+def test_a_staged_publish_whose_commit_fails_leaves_no_file(
+    store: SessionStore, sid: str, raw: RawArtifacts, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``publish_staged`` (a rehydrated export's output) with a file staged as the build
+    stages it (new files kept on discard): the failed commit removes what it published."""
+    directory = store.artifacts(sid).directory()
+    staged = stage(store.oversized.storage, store.oversized.root, directory, b"{}\n" * 5000)
+    _fail_commit(monkeypatch)
+    with pytest.raises(StorageUnavailable):
+        store.oversized.publish_staged(
+            sid, staged, tool_name="rehydrate-pi", summary="s", size=15_000, ttl_s=60
+        )
+    monkeypatch.undo()
+    assert raw.keys_under(directory) == []

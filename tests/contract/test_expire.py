@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+import sys
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -14,6 +15,7 @@ from sqlalchemy import func, select, update
 from core import SessionStore, Settings
 from core.artifacts import rows as artifact_rows
 from core.artifacts.paths import oversized_name
+from core.artifacts.storage import key_of
 from core.maintenance.expiry import expire_artifacts
 from core.models import ArtifactRow, utcnow
 from tests.cli_process import run_cli
@@ -263,3 +265,57 @@ def test_a_failure_counting_what_was_freed_keeps_the_report(
     monkeypatch.setattr(expiry, "_expired_totals", second_fails)
     report = store.expire_artifacts(apply=True)
     assert report.deleted == 2 and report.bytes_freed > 0 and _rows(store) == 0
+
+
+def test_expiry_sweeps_oversized_files_no_row_names(store: SessionStore, raw: RawArtifacts) -> None:
+    """A process killed between an output's publish and its commit left a file no row
+    names: no expiry removed it, no stat counted it (review 4, t9). Swept once older than
+    the staging age, never a young one (its row may be about to commit), never a named one."""
+    sid = store.create_session(tenant_id="acme").id
+    live = store.store_oversized(sid, "live " * 4000, "bash", ttl_s=10**6)
+    assert live is not None
+    orphan = _path(store, sid, "art_" + "0" * 16)
+    raw.storage.put(key_of(raw.root, orphan), b"12345")
+    later = utcnow() + timedelta(seconds=store.settings.staging_max_age_seconds + 5)
+
+    fresh = _run(store, apply=True)
+    assert fresh.unnamed_files == 0 and raw.exists(orphan)
+    dry = _run(store, apply=False, now=later)
+    assert (dry.unnamed_files, dry.unnamed_bytes) == (1, 5) and raw.exists(orphan)
+    applied = _run(store, apply=True, now=later)
+    assert applied.to_dict()["unnamed_files"] == 1 and applied.errors == []
+    assert not raw.exists(orphan)
+    assert store.retrieve(live.ref.artifact_id, session_id=sid) == "live " * 4000
+
+
+_KILLED_AFTER_PUBLISH = """
+import os, sys
+from core import SessionStore, Settings
+from core.artifacts import fsio
+real = fsio.StagedFile.publish
+def publish_then_die(self, *args):
+    real(self, *args)
+    os._exit(9)
+fsio.StagedFile.publish = publish_then_die
+with SessionStore.from_settings(Settings()) as store:
+    store.store_oversized(sys.argv[1], "q" * 20000, "bash", ttl_s=1)
+os._exit(0)
+"""
+
+
+@FILE_ONLY  # the child publishes through the filesystem's staged file
+def test_an_output_killed_after_its_publish_is_swept(store: SessionStore) -> None:
+    sid = store.create_session(tenant_id="acme").id
+    child = subprocess.run(
+        [sys.executable, "-c", _KILLED_AFTER_PUBLISH, sid],
+        env=store_env(store.settings),
+        capture_output=True,
+        timeout=120,
+    )
+    assert child.returncode == 9, child.stderr
+    oversized = store.artifacts(sid).directory() / "oversized"
+    assert len(list(oversized.iterdir())) == 1 and store.oversized.stats().count == 0
+    week = utcnow() + timedelta(days=7)
+    report = _run(store, apply=True, now=week)
+    assert (report.unnamed_files, report.unnamed_bytes) == (1, 20_000)
+    assert list(oversized.iterdir()) == []
