@@ -22,7 +22,7 @@ from core.artifacts import rows
 from core.artifacts.paths import session_dir
 from core.artifacts.storage import FileArtifactStorage, artifact_storage_for
 from core.db import read_connection, write_transaction
-from core.errors import InvalidEvent, MoveFailed, QuotaExceeded
+from core.errors import ExternalIdTaken, InvalidEvent, MoveFailed, QuotaExceeded
 from core.journal import Journal
 from core.journal.validation import check_seconds
 from core.models import MoveIntentRow, RehydrationRow, SessionRow, table_of, utcnow
@@ -241,15 +241,22 @@ class Moves:
             self._check_move_quota(conn, session, tenant_id)
         if cwd is not None and cwd != session.cwd:
             forget_rehydrations(conn, session.id)
-        conn.execute(
-            update(_sessions)
-            .where(_sessions.c.id == session.id)
-            .values(
-                tenant_id=tenant_id,
-                cwd=session.cwd if cwd is None else cwd,
-                updated_at=utcnow(),
+        try:
+            conn.execute(
+                update(_sessions)
+                .where(_sessions.c.id == session.id)
+                .values(
+                    tenant_id=tenant_id,
+                    cwd=session.cwd if cwd is None else cwd,
+                    updated_at=utcnow(),
+                )
             )
-        )
+        except IntegrityError:
+            # (tenant, external id) is unique: the tenant has a session of that id already
+            # (nothing moved yet; the caller rolls the transaction back)
+            if session.external_id is None:
+                raise
+            raise ExternalIdTaken(tenant_id, session.external_id) from None
         mover.run()
 
     def _lock_tenants(self, conn: Connection, session_id: str, new_tenant: str | None) -> Session:

@@ -15,7 +15,7 @@ from core.artifacts import fsio, session_dir
 from core.artifacts.objects import ObjectArtifactStorage
 from core.artifacts.paths import encode_component
 from core.artifacts.storage import FileArtifactStorage
-from core.errors import MoveFailed, QuotaExceeded, StorageUnavailable
+from core.errors import ExternalIdTaken, MoveFailed, QuotaExceeded, StorageUnavailable
 from core.models import (
     ArtifactRow,
     BlobRefRow,
@@ -104,6 +104,29 @@ def test_move_to_another_tenant_takes_the_directory_along(store: SessionStore) -
         store.get_session(sid, tenant_id="acme")
     assert store.read_all(tenant_id="acme") == []
     assert len(store.read_all(tenant_id="globex")) == moved.head_seq
+
+
+def test_a_move_into_a_tenant_holding_its_external_id_is_refused_typed(
+    store: SessionStore, settings: Settings
+) -> None:
+    """(tenant, external id) is unique: the move failed with SQLAlchemy's IntegrityError, a
+    traceback from the CLI (found by a CLI review). Now ExternalIdTaken, as creating such a
+    session says it, and nothing moved; the CLI prints one line."""
+    sid = store.create_session(tenant_id="acme", external_id="agent-1").id
+    store.append(sid, [{"type": "custom"}])
+    store.artifacts(sid).save("out", "bash")
+    other = store.create_session(tenant_id="globex", external_id="agent-1").id
+    with pytest.raises(ExternalIdTaken, match=r"tenant globex already has .* agent-1"):
+        store.move(sid, tenant_id="globex")
+    assert store.get_session(sid).tenant_id == "acme"
+    assert store.resolve("artifact://0", session_id=sid).content == "out"
+    assert store.get_session(other).head_seq == 0
+    assert store.repair_moves() == []  # no intent left behind
+    done = run_cli(
+        "sessions", "move", sid, "--tenant", "globex", env=store_env(settings), timeout=60
+    )
+    assert done.returncode == 1 and done.stderr.count("\n") == 1, done.stderr
+    assert "already has a session with external id agent-1" in done.stderr
 
 
 @FILE_ONLY  # filesystem mechanics; S3: test_artifacts_s3_moves.py
