@@ -206,7 +206,7 @@ def _reconcile_until_sent(app: Celery, fork_id: str) -> None:
     def sent() -> bool:
         outcome = app.send_task(RECONCILE_TASK)
         wait_for(outcome.ready, 30, "the reconciler")
-        return bool(outcome.result.get("fork_ids") == [fork_id])
+        return bool((outcome.result.get("report") or {}).get("fork_ids") == [fork_id])
 
     wait_for(sent, 30, "a reconciler run", step=0.2)
 

@@ -187,3 +187,10 @@ def test_the_bootstraps_own_variable_is_no_typo() -> None:
     from core.settings import unknown_variables
 
     assert unknown_variables({"SESSIONSTORE_VENV": "/opt/venv"}) == []
+
+
+def test_the_clis_job_names_are_the_run_logs() -> None:
+    from core.maintenance.runs import JOBS
+    from tasks.cli import maintenance
+
+    assert maintenance.JOBS == JOBS
