@@ -87,8 +87,16 @@ class Moves:
                 _forget_intent(conn, session_id)
                 moved = self.journal.session_in(conn, session_id)
         except BaseException:
-            mover.undo()
-            self._drop_intent(session_id)
+            if mover.undo():
+                self._drop_intent(session_id)
+            else:
+                # The directory is neither back nor committed: only the intent still says
+                # where it is, so it stays for ``repair`` (dropped, the files were stranded
+                # under the other tenant with nothing naming them).
+                log.error(
+                    "a failed move could not be undone; its intent stays for the repair",
+                    extra={"session_id": session_id, "to_tenant": target},
+                )
             raise
         log.info(
             "session moved",
@@ -344,14 +352,17 @@ class _DirectoryMove:
         nofollow.rename(root, self.source, self.target)  # fsyncs both parents
         self._moved = True
 
-    def undo(self) -> None:
+    def undo(self) -> bool:
+        """Whether the directory is where the session's row says (back, or never moved)."""
         if not self._moved:
-            return
+            return True
         try:
             nofollow.rename(artifact_root_of(self.source), self.target, self.source)
             self._moved = False
-        except OSError as exc:
+        except Exception as exc:
             log.error(
                 "could not move a session's artifact directory back after a failed move",
                 extra={"source": str(self.source), "target": str(self.target), "error": str(exc)},
             )
+            return False
+        return True

@@ -109,10 +109,11 @@ class ObjectMove:
         for key in self.storage.keys(self.target):
             self.storage.delete(key)
 
-    def undo(self) -> None:
-        """After a failed commit: copy the objects back, then remove the target's."""
+    def undo(self) -> bool:
+        """After a failed commit: copy the objects back, then remove the target's; whether
+        the objects are where the session's row says (back, or never moved)."""
         if not self._moved:
-            return
+            return True
         try:
             for key in self.storage.keys(self.target):
                 if key != self.marker:
@@ -124,6 +125,8 @@ class ObjectMove:
                 "could not move a session's artifact objects back after a failed move",
                 extra={"source": self.source, "target": self.target, "error": str(exc)},
             )
+            return False
+        return True
 
     def settle(self) -> bool:
         """For ``repair``: finish or roll back what a crash left; True if the move is to be

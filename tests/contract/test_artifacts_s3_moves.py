@@ -113,6 +113,39 @@ def test_a_failed_commit_puts_the_objects_back(
     assert store._moves.pending() == []
 
 
+@S3_ONLY
+@POSTGRES
+def test_a_failed_commit_whose_undo_fails_is_completed_by_the_repair(
+    store: SessionStore, raw: RawArtifacts, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The intent was dropped after a failed undo: the objects stayed under the other
+    tenant, with nothing left to name them."""
+    sid, ids = _session_with_outputs(store)
+    before = _texts(store, sid, ids)
+    run, storage = ObjectMove.run, store._moves.storage
+
+    def move_then_fail(self: ObjectMove) -> None:
+        run(self)
+
+        def refuse(source: str, target: str) -> None:
+            raise OSError("S3 refuses the copy back")
+
+        monkeypatch.setattr(storage, "copy", refuse)
+        raise OSError("commit never happens")
+
+    monkeypatch.setattr(ObjectMove, "run", move_then_fail)
+    with pytest.raises(OSError, match="commit never happens"):
+        store.move(sid, tenant_id="globex")
+    monkeypatch.undo()
+    assert store.get_session(sid).tenant_id == "acme"
+    assert len(store._moves.pending()) == 1
+
+    (repair,) = store.repair_moves()
+    assert repair.outcome == "completed"
+    assert store.get_session(sid).tenant_id == "globex"
+    assert _texts(store, sid, ids) == before
+
+
 def test_expired_outputs_named_by_path(store: SessionStore, raw: RawArtifacts) -> None:
     sid, ids = _session_with_outputs(store, 1)
     path = session_dir(raw.root, "acme", sid) / oversized_name(ids[0])

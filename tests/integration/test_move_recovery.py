@@ -3,18 +3,22 @@ the artifacts are reachable and a second move succeeds. Both backends."""
 
 from __future__ import annotations
 
+import errno
 import signal
 import subprocess
 import sys
 import textwrap
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 import pytest
 from sqlalchemy import func, select
 
-from core import SessionStore, Settings
+from core import SessionStore, Settings, nofollow
+from core.artifacts import session_dir
 from core.models import MoveIntentRow
+from core.sessions import lifecycle
 from core.sessions.moves import Moves, _DirectoryMove
 from tests.support import clean_env
 
@@ -169,3 +173,51 @@ def test_a_move_repairs_its_own_interrupted_move_first(
     monkeypatch.undo()
     assert _intents(store) == 1
     _then_second_move(store, sid)  # no separate repair: the move finishes the old one
+
+
+def _commit_and_undo_fail(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The move's commit fails after the rename, and so does the rename back (EACCES)."""
+    real_run = _DirectoryMove.run
+
+    def refuse(*args: Any) -> None:
+        raise PermissionError(errno.EACCES, "injected: the rename back is refused")
+
+    def run_then_fail(self: _DirectoryMove) -> None:
+        real_run(self)
+        monkeypatch.setattr(nofollow, "rename", refuse)
+        raise Injected("the commit failed")
+
+    monkeypatch.setattr(_DirectoryMove, "run", run_then_fail)
+
+
+@pytest.mark.parametrize("then", ["repair", "delete"])
+def test_a_move_whose_undo_fails_keeps_its_intent_for_the_repair(
+    store: SessionStore, monkeypatch: pytest.MonkeyPatch, then: str
+) -> None:
+    """Dropping the intent after a failed undo stranded the directory under the other
+    tenant for good: no repair found it, reads failed, and a delete left it behind while
+    it reported the directory removed."""
+    sid = _with_files(store)
+    root = store.settings.resolved_artifact_root
+    source, target = session_dir(root, "acme", sid), session_dir(root, "globex", sid)
+    with pytest.MonkeyPatch.context() as faults:
+        _commit_and_undo_fail(faults)
+        with pytest.raises(Injected):
+            store.move(sid, tenant_id="globex", cwd="/b")
+    assert store.get_session(sid).tenant_id == "acme" and target.is_dir()
+    assert _intents(store) == 1
+
+    if then == "repair":
+        [repaired] = store.repair_moves()
+        assert repaired.outcome == "completed"
+        moved = store.get_session(sid)
+        assert (moved.tenant_id, moved.cwd) == ("globex", "/b")
+        _reachable(store, sid)
+        _then_second_move(store, sid)
+        return
+    assert store.delete_session(sid).directory_removed is False  # its files are elsewhere
+    [repaired] = store.repair_moves()
+    assert repaired.outcome == "gone"
+    monkeypatch.setattr(lifecycle, "REMOVAL_SETTLED", timedelta(0))
+    store.expire_artifacts(apply=True)
+    assert not target.exists() and not source.exists()
