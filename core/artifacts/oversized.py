@@ -137,7 +137,8 @@ class OversizedOutputs:
         media_type: str = "text/plain",
     ) -> ArtifactRef:
         """The row, and the staged file published, under the session's tenant lock (which a
-        move takes too: the file lands in the directory the session has at commit)."""
+        move takes too: the file lands in the directory the session has at commit); never
+        while a move of the session is pending (``SessionMoving``)."""
         for _ in range(3):
             now = utcnow()
             ref = ArtifactRef(
@@ -152,7 +153,7 @@ class OversizedOutputs:
             )
             try:
                 with write_transaction(self.engine) as conn:
-                    info = rows.lock_quota(conn, session_id)
+                    info = rows.lock_for_write(conn, session_id)  # SessionMoving
                     rows.insert_artifact(conn, self._values(ref, info.head_seq, media_type))
                     directory = session_dir(self.root, info.tenant_id, session_id)
                     staged.publish(directory, directory / oversized_name(ref.artifact_id))

@@ -175,10 +175,14 @@ class Moves:
     ) -> list[MoveRepair]:
         """Complete or roll back every move a crash left half done (or that of one session).
 
-        The directory decides: renamed (only the target exists) means the move completes;
-        otherwise it rolls back. Runs under the tenants' quota locks, as a move does, so a
-        live move's rename and commit are never split by it; the reconciler passes an age
-        so that it does not roll back a live move between its intent and its rename.
+        The directory decides: renamed (the target exists) means the move completes;
+        otherwise it rolls back. Both existing (the old one re-created after the rename: a
+        tool that wrote to the path it was given, a staged write) is a rename too: what the
+        old one holds is newer, and is merged into the target, never left behind (writes
+        wait for the repair, ``rows.lock_for_write``; a file written to a path handed out
+        before the crash does not). Runs under the tenants' quota locks, as a move does, so
+        a live move's rename and commit are never split by it; the reconciler passes an
+        age so that it does not roll back a live move between its intent and its rename.
         """
         check_seconds(older_than_s, "older_than_s")
         intents = self.pending(older_than_s=older_than_s, session_id=session_id)
@@ -196,7 +200,7 @@ class Moves:
                 )
             ).first()
             if isinstance(self.storage, FileArtifactStorage):
-                renamed = _is_dir(target) and not _is_dir(source) and source != target
+                renamed = source != target and _settle_directories(source, target)
             else:
                 renamed = (
                     source != target
@@ -321,6 +325,21 @@ def _forget_intent(conn: Connection, session_id: str) -> None:
 
 def _is_dir(path: Path) -> bool:
     return stat.S_ISDIR(os.lstat(path).st_mode) if os.path.lexists(path) else False
+
+
+@storage_errors("artifacts")
+def _settle_directories(source: Path, target: Path) -> bool:
+    """For ``repair`` on disk: whether the directory was renamed (the move completes), with
+    what the source holds beside the target merged into it first."""
+    if not _is_dir(target):
+        return False
+    if _is_dir(source):
+        moved = nofollow.merge_into(artifact_root_of(source), source, target)
+        log.warning(
+            "merged a re-created directory into a moved session's directory",
+            extra={"source": str(source), "target": str(target), "entries": moved},
+        )
+    return True
 
 
 class _DirectoryMove:

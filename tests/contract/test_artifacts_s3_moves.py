@@ -8,6 +8,7 @@ import pytest
 from core import SessionStore
 from core.artifacts.paths import oversized_name, session_dir
 from core.artifacts.storage import key_of, key_prefix_of
+from core.errors import SessionMoving
 from core.sessions.object_moves import MARKER, ObjectMove
 from tests.contract.artifact_backends import RawArtifacts, artifact_backend, raw, settings
 
@@ -88,6 +89,40 @@ def test_crash_mid_delete_completes(store: SessionStore, raw: RawArtifacts) -> N
     assert store.get_session(sid).tenant_id == "globex"
     assert raw.keys_under(session_dir(raw.root, "acme", sid)) == []
     assert len(raw.keys_under(session_dir(raw.root, "globex", sid))) == 3  # no marker left
+    assert _texts(store, sid, ids) == before
+
+
+@S3_ONLY
+@POSTGRES
+@pytest.mark.parametrize("crashed", ["marker_written", "sources_deleted"])
+def test_objects_written_at_the_source_after_a_crash_survive_the_repair(
+    store: SessionStore, raw: RawArtifacts, crashed: str
+) -> None:
+    """Writes wait for the repair (``SessionMoving``); what landed at the old prefix
+    anyway (a staged upload, a tool's own write) is kept: the marker's completion deleted
+    it with the source objects, and a copy whose sources and marker were all deleted was
+    taken for a partial one and the whole target deleted."""
+    sid, ids = _session_with_outputs(store)
+    before = _texts(store, sid, ids)
+    _half_move(store, raw, sid, finish_copy=True)
+    source, target = session_dir(raw.root, "acme", sid), session_dir(raw.root, "globex", sid)
+    if crashed == "sources_deleted":  # killed after the last delete, the marker's
+        for key in raw.storage.keys(key_prefix_of(raw.root, source)):
+            raw.storage.delete(key)
+        raw.storage.delete(key_of(raw.root, target / ".tmp" / MARKER))
+    with pytest.raises(SessionMoving):
+        store.store_oversized(sid, "late " * 3000, "bash")
+    raw.storage.put(key_of(raw.root, source / "late.log"), b"landed after the crash")
+
+    (repair,) = store.repair_moves()
+    expected = "completed" if crashed == "marker_written" else "rolled_back"
+    assert repair.outcome == expected
+    here, there = (target, source) if expected == "completed" else (source, target)
+    assert store.get_session(sid).tenant_id == ("globex" if expected == "completed" else "acme")
+    assert raw.read(here / "late.log") == b"landed after the crash"
+    assert raw.keys_under(there) == []
+    assert _texts(store, sid, ids) == before
+    store.move(sid, tenant_id="initech")  # and a new move goes through
     assert _texts(store, sid, ids) == before
 
 
