@@ -294,6 +294,23 @@ class StorageUnavailable(SessionStoreError):
         return {**super().to_dict(), "component": self.component}
 
 
+class SessionMoving(StorageUnavailable):
+    """A move of the session is under way, or was interrupted and not yet repaired: its
+    artifact files have no settled place, so nothing is written to them until the move
+    commits or is repaired (by the reconciler, or `sessionstore sessions repair`); retry."""
+
+    def __init__(self, session_id: str = "") -> None:
+        self.session_id = session_id
+        super().__init__(
+            "artifacts",
+            f"session {session_id}: a move is under way or awaits its repair "
+            "(`sessionstore sessions repair`); retry",
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**super().to_dict(), "session_id": self.session_id}
+
+
 class SchemaNotCurrent(SessionStoreError):
     """The database schema is missing or behind the code: run `sessionstore db upgrade`."""
 

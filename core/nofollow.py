@@ -426,6 +426,71 @@ def _is_dir(entry: os.DirEntry[str]) -> bool:
         return False
 
 
+def merge_into(root: Path, source: Path, target: Path) -> int:
+    """Move every entry of the directory ``source`` into the directory ``target`` (made if
+    missing), then remove ``source``; how many entries other than directories moved. What
+    both hold, ``source``'s replaces: a file the file, a directory merged into the
+    directory, either kind the other kind. Links are moved as links, never followed, and
+    none is walked through. An entry that vanishes meanwhile is skipped; ``source`` stays
+    if something was made in it meanwhile."""
+    src = open_dir(root, source)
+    if src is None:
+        return 0
+    try:
+        dst = _walk(root, _parts(root, target), target, create=True)
+        try:
+            moved = _merge_dir(src, dst, source, target)
+        finally:
+            os.close(dst)
+    finally:
+        os.close(src)
+    with suppress(OSError):  # not empty: a writer staged a file meanwhile
+        rmdir(root, source)
+    return moved
+
+
+def _merge_dir(src: int, dst: int, source: Path, target: Path) -> int:
+    moved = 0
+    with os.scandir(src) as listing:
+        entries = [(e.name, _is_dir(e)) for e in listing]
+    for name, is_dir in entries:
+        try:
+            there = os.lstat(name, dir_fd=dst)
+        except FileNotFoundError:
+            there = None
+        if is_dir and there is not None and stat.S_ISDIR(there.st_mode):
+            moved += _merge_child(src, dst, name, source, target)
+            continue
+        if there is not None and (is_dir or stat.S_ISDIR(there.st_mode)):
+            if stat.S_ISDIR(there.st_mode):  # no rename replaces a directory with a file
+                _remove_dir(dst, name, target / name)
+            else:
+                os.unlink(name, dir_fd=dst)
+        try:
+            os.replace(name, name, src_dir_fd=src, dst_dir_fd=dst)
+        except FileNotFoundError:
+            continue
+        moved += 1
+    _fsync_fd(dst)
+    _fsync_fd(src)
+    return moved
+
+
+def _merge_child(src: int, dst: int, name: str, source: Path, target: Path) -> int:
+    child_src = _open_dir(src, name, source / name)
+    try:
+        child_dst = _open_dir(dst, name, target / name)
+        try:
+            moved = _merge_dir(child_src, child_dst, source / name, target / name)
+        finally:
+            os.close(child_dst)
+    finally:
+        os.close(child_src)
+    with suppress(OSError):
+        os.rmdir(name, dir_fd=src)
+    return moved
+
+
 def replace(root: Path, source: Path, target: Path, *, sync: bool = True) -> None:
     """Rename ``source`` onto ``target`` (replacing a file there; a link there is replaced,
     never followed), making ``target``'s directories as needed; fsyncs its directory."""

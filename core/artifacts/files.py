@@ -86,7 +86,7 @@ class SessionFiles:
         staged: Staged,
         target: Path,
     ) -> FileWriteResult:
-        info = rows.lock_quota(conn, self._session_id)
+        info = rows.lock_for_write(conn, self._session_id)
         if self._scope.dir_for(info.tenant_id) != directory:
             raise ArtifactError(f"session {self._session_id} moved during the write; retry")
         clash = rows.file_conflict(conn, self._session_id, rel)
@@ -180,7 +180,7 @@ class SessionFiles:
     def _delete_locked(
         self, conn: Connection, rel: str, aside: builtins.list[Deleted]
     ) -> FileWriteResult:
-        info = rows.lock_quota(conn, self._session_id)
+        info = rows.lock_for_write(conn, self._session_id)
         old = rows.get_artifact(conn, self._session_id, FILE, rel)
         if old is None:
             raise ArtifactNotFound(f"no file at {rel!r}")

@@ -386,7 +386,7 @@ class ArtifactManager:
     ) -> tuple[str, Path]:
         """Allocate an id and insert its row in one write transaction."""
         with write_transaction(self._scope.engine) as conn:
-            info = rows.session_info(conn, self.session_id)
+            info = rows.lock_for_write(conn, self.session_id)
             local_id = self._allocate_in(
                 conn, info, counter, make_id, make_values, parent_id=parent_id
             )
@@ -431,9 +431,10 @@ class ArtifactManager:
     @contextmanager
     def _locked(self) -> Iterator[tuple[Connection, rows.SessionQuotaRow, Path]]:
         """A write transaction holding the session's tenant lock, which a move also takes,
-        with the session's directory as of now: files published inside cannot miss a move."""
+        with the session's directory as of now: files published inside cannot miss a move
+        (``SessionMoving`` while one is pending)."""
         with write_transaction(self._scope.engine) as conn:
-            info = rows.lock_quota(conn, self.session_id)
+            info = rows.lock_for_write(conn, self.session_id)
             yield conn, info, self._scope.dir_for(info.tenant_id)
 
     def _require(self, kind: str, local_id: str) -> ArtifactInfo:

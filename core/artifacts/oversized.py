@@ -150,7 +150,8 @@ class OversizedOutputs:
         media_type: str = "text/plain",
     ) -> ArtifactRef:
         """The row, and the staged file published, under the session's tenant lock (which a
-        move takes too: the file lands in the directory the session has at commit).
+        move takes too: the file lands in the directory the session has at commit); never
+        while a move of the session is pending (``SessionMoving``).
 
         A commit that fails after the publish removes the published file: ``art_`` ids are
         random and never reused, so no one else owns it, and no row will ever name it (were
@@ -171,7 +172,7 @@ class OversizedOutputs:
             published: Path | None = None
             try:
                 with write_transaction(self.engine) as conn:
-                    info = rows.lock_quota(conn, session_id)
+                    info = rows.lock_for_write(conn, session_id)  # SessionMoving
                     rows.insert_artifact(conn, self._values(ref, info.head_seq, media_type))
                     directory = session_dir(self.root, info.tenant_id, session_id)
                     published = directory / oversized_name(ref.artifact_id)

@@ -15,7 +15,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 
 from core.artifacts.records import FILE, OVERSIZED, ArtifactInfo, ArtifactStats
 from core.db import advisory_lock
-from core.errors import SessionNotFound
+from core.errors import SessionMoving, SessionNotFound
 from core.models import ArtifactRow, BlobRefRow, CounterRow, MoveIntentRow, SessionRow, table_of
 from core.records import from_row
 
@@ -120,6 +120,21 @@ def session_place(conn: Connection, session_id: str) -> SessionPlace:
         select(_moves.c.session_id).where(_moves.c.session_id == session_id)
     ).first()
     return SessionPlace(info.tenant_id, int(epoch or 0), moving is not None)
+
+
+def lock_for_write(conn: Connection, session_id: str) -> SessionQuotaRow:
+    """``lock_quota`` for a write of the session's files: ``SessionMoving`` while a move of
+    it is pending. Its directory may then be renamed already (a crash between the rename
+    and the commit leaves the row naming the old one): a file written where the row says
+    would re-create the old directory beside the moved one, for the move's repair to find
+    two directories. The move's undo runs outside the lock, so this holds until it ends."""
+    info = lock_quota(conn, session_id)
+    moving = conn.execute(
+        select(_moves.c.session_id).where(_moves.c.session_id == session_id)
+    ).first()
+    if moving is not None:
+        raise SessionMoving(session_id)
+    return info
 
 
 # --- counters ---------------------------------------------------------------------------------

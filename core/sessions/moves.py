@@ -87,8 +87,16 @@ class Moves:
                 _forget_intent(conn, session_id)
                 moved = self.journal.session_in(conn, session_id)
         except BaseException:
-            mover.undo()
-            self._drop_intent(session_id)
+            if mover.undo():
+                self._drop_intent(session_id)
+            else:
+                # The directory is neither back nor committed: only the intent still says
+                # where it is, so it stays for ``repair`` (dropped, the files were stranded
+                # under the other tenant with nothing naming them).
+                log.error(
+                    "a failed move could not be undone; its intent stays for the repair",
+                    extra={"session_id": session_id, "to_tenant": target},
+                )
             raise
         log.info(
             "session moved",
@@ -167,10 +175,14 @@ class Moves:
     ) -> list[MoveRepair]:
         """Complete or roll back every move a crash left half done (or that of one session).
 
-        The directory decides: renamed (only the target exists) means the move completes;
-        otherwise it rolls back. Runs under the tenants' quota locks, as a move does, so a
-        live move's rename and commit are never split by it; the reconciler passes an age
-        so that it does not roll back a live move between its intent and its rename.
+        The directory decides: renamed (the target exists) means the move completes;
+        otherwise it rolls back. Both existing (the old one re-created after the rename: a
+        tool that wrote to the path it was given, a staged write) is a rename too: what the
+        old one holds is newer, and is merged into the target, never left behind (writes
+        wait for the repair, ``rows.lock_for_write``; a file written to a path handed out
+        before the crash does not). Runs under the tenants' quota locks, as a move does, so
+        a live move's rename and commit are never split by it; the reconciler passes an
+        age so that it does not roll back a live move between its intent and its rename.
         """
         check_seconds(older_than_s, "older_than_s")
         intents = self.pending(older_than_s=older_than_s, session_id=session_id)
@@ -188,7 +200,7 @@ class Moves:
                 )
             ).first()
             if isinstance(self.storage, FileArtifactStorage):
-                renamed = _is_dir(target) and not _is_dir(source) and source != target
+                renamed = source != target and _settle_directories(source, target)
             else:
                 renamed = (
                     source != target
@@ -322,6 +334,21 @@ def _is_dir(path: Path) -> bool:
     return stat.S_ISDIR(os.lstat(path).st_mode) if os.path.lexists(path) else False
 
 
+@storage_errors("artifacts")
+def _settle_directories(source: Path, target: Path) -> bool:
+    """For ``repair`` on disk: whether the directory was renamed (the move completes), with
+    what the source holds beside the target merged into it first."""
+    if not _is_dir(target):
+        return False
+    if _is_dir(source):
+        moved = nofollow.merge_into(artifact_root_of(source), source, target)
+        log.warning(
+            "merged a re-created directory into a moved session's directory",
+            extra={"source": str(source), "target": str(target), "entries": moved},
+        )
+    return True
+
+
 class _DirectoryMove:
     """Rename a session's artifact directory; ``undo`` puts it back after a failed commit."""
 
@@ -351,14 +378,17 @@ class _DirectoryMove:
         nofollow.rename(root, self.source, self.target)  # fsyncs both parents
         self._moved = True
 
-    def undo(self) -> None:
+    def undo(self) -> bool:
+        """Whether the directory is where the session's row says (back, or never moved)."""
         if not self._moved:
-            return
+            return True
         try:
             nofollow.rename(artifact_root_of(self.source), self.target, self.source)
             self._moved = False
-        except OSError as exc:
+        except Exception as exc:
             log.error(
                 "could not move a session's artifact directory back after a failed move",
                 extra={"source": str(self.source), "target": str(self.target), "error": str(exc)},
             )
+            return False
+        return True

@@ -7,9 +7,10 @@ The intent row (invariant 12) is committed before any object is touched, as on d
 3. the source objects are deleted.
 
 ``repair`` reads the marker: present means the copy finished, so the move completes (the
-remaining source objects are deleted, then the marker); absent means it rolls back (the
-partial target objects are deleted). Either way the source or the target is whole at
-every step, and nothing is lost.
+remaining source objects are copied over and deleted, then the marker); absent means it
+rolls back (the target's objects are deleted, those missing at the source copied back
+first). Either way the source or the target is whole at every step, and nothing is lost,
+not even what was written at the source after a crash.
 """
 
 from __future__ import annotations
@@ -109,10 +110,11 @@ class ObjectMove:
         for key in self.storage.keys(self.target):
             self.storage.delete(key)
 
-    def undo(self) -> None:
-        """After a failed commit: copy the objects back, then remove the target's."""
+    def undo(self) -> bool:
+        """After a failed commit: copy the objects back, then remove the target's; whether
+        the objects are where the session's row says (back, or never moved)."""
         if not self._moved:
-            return
+            return True
         try:
             for key in self.storage.keys(self.target):
                 if key != self.marker:
@@ -124,19 +126,38 @@ class ObjectMove:
                 "could not move a session's artifact objects back after a failed move",
                 extra={"source": self.source, "target": self.target, "error": str(exc)},
             )
+            return False
+        return True
 
     def settle(self) -> bool:
         """For ``repair``: finish or roll back what a crash left; True if the move is to be
-        completed (the target is whole)."""
+        completed (the target is whole). Objects at the source beside a whole target were
+        written after the copy (or are not deleted yet): copied over the target's, never
+        dropped; objects at the target only, when the move rolls back, are their only copy
+        (an undo that failed part way, or sources written after they were all deleted):
+        copied back before the target is emptied."""
         if self.source == self.target:
             return True
         if self.storage.size(self.marker) is not None:
             for key in self.storage.keys(self.source):
+                self._copy(key, self.target + key[len(self.source) :])
                 self.storage.delete(key)
             self.storage.delete(self.marker)
             return True
-        if not self.storage.keys(self.source) and self.storage.keys(self.target):
+        at_source = self.storage.keys(self.source)
+        at_target = self.storage.keys(self.target)
+        if not at_source and at_target:
             return True  # the marker went last: every source object had been deleted
-        for key in self.storage.keys(self.target):  # a partial copy
+        present = set(at_source)
+        for key in at_target:
+            back = self.source + key[len(self.target) :]
+            if back not in present:
+                self._copy(key, back)
             self.storage.delete(key)
         return False
+
+    def _copy(self, key: str, to: str) -> None:
+        try:
+            self.storage.copy(key, to)
+        except FileNotFoundError:  # removed since the listing (an oversized output's discard)
+            log.info("an object vanished while its session's move was repaired", extra={"key": key})

@@ -8,6 +8,7 @@ import pytest
 from core import SessionStore
 from core.artifacts.paths import oversized_name, session_dir
 from core.artifacts.storage import key_of, key_prefix_of
+from core.errors import SessionMoving
 from core.sessions.object_moves import MARKER, ObjectMove
 from tests.contract.artifact_backends import RawArtifacts, artifact_backend, raw, settings
 
@@ -93,6 +94,40 @@ def test_crash_mid_delete_completes(store: SessionStore, raw: RawArtifacts) -> N
 
 @S3_ONLY
 @POSTGRES
+@pytest.mark.parametrize("crashed", ["marker_written", "sources_deleted"])
+def test_objects_written_at_the_source_after_a_crash_survive_the_repair(
+    store: SessionStore, raw: RawArtifacts, crashed: str
+) -> None:
+    """Writes wait for the repair (``SessionMoving``); what landed at the old prefix
+    anyway (a staged upload, a tool's own write) is kept: the marker's completion deleted
+    it with the source objects, and a copy whose sources and marker were all deleted was
+    taken for a partial one and the whole target deleted."""
+    sid, ids = _session_with_outputs(store)
+    before = _texts(store, sid, ids)
+    _half_move(store, raw, sid, finish_copy=True)
+    source, target = session_dir(raw.root, "acme", sid), session_dir(raw.root, "globex", sid)
+    if crashed == "sources_deleted":  # killed after the last delete, the marker's
+        for key in raw.storage.keys(key_prefix_of(raw.root, source)):
+            raw.storage.delete(key)
+        raw.storage.delete(key_of(raw.root, target / ".tmp" / MARKER))
+    with pytest.raises(SessionMoving):
+        store.store_oversized(sid, "late " * 3000, "bash")
+    raw.storage.put(key_of(raw.root, source / "late.log"), b"landed after the crash")
+
+    (repair,) = store.repair_moves()
+    expected = "completed" if crashed == "marker_written" else "rolled_back"
+    assert repair.outcome == expected
+    here, there = (target, source) if expected == "completed" else (source, target)
+    assert store.get_session(sid).tenant_id == ("globex" if expected == "completed" else "acme")
+    assert raw.read(here / "late.log") == b"landed after the crash"
+    assert raw.keys_under(there) == []
+    assert _texts(store, sid, ids) == before
+    store.move(sid, tenant_id="initech")  # and a new move goes through
+    assert _texts(store, sid, ids) == before
+
+
+@S3_ONLY
+@POSTGRES
 def test_a_failed_commit_puts_the_objects_back(
     store: SessionStore, raw: RawArtifacts, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -111,6 +146,39 @@ def test_a_failed_commit_puts_the_objects_back(
     assert raw.keys_under(session_dir(raw.root, "globex", sid)) == []
     assert _texts(store, sid, ids) == before
     assert store._moves.pending() == []
+
+
+@S3_ONLY
+@POSTGRES
+def test_a_failed_commit_whose_undo_fails_is_completed_by_the_repair(
+    store: SessionStore, raw: RawArtifacts, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The intent was dropped after a failed undo: the objects stayed under the other
+    tenant, with nothing left to name them."""
+    sid, ids = _session_with_outputs(store)
+    before = _texts(store, sid, ids)
+    run, storage = ObjectMove.run, store._moves.storage
+
+    def move_then_fail(self: ObjectMove) -> None:
+        run(self)
+
+        def refuse(source: str, target: str) -> None:
+            raise OSError("S3 refuses the copy back")
+
+        monkeypatch.setattr(storage, "copy", refuse)
+        raise OSError("commit never happens")
+
+    monkeypatch.setattr(ObjectMove, "run", move_then_fail)
+    with pytest.raises(OSError, match="commit never happens"):
+        store.move(sid, tenant_id="globex")
+    monkeypatch.undo()
+    assert store.get_session(sid).tenant_id == "acme"
+    assert len(store._moves.pending()) == 1
+
+    (repair,) = store.repair_moves()
+    assert repair.outcome == "completed"
+    assert store.get_session(sid).tenant_id == "globex"
+    assert _texts(store, sid, ids) == before
 
 
 def test_expired_outputs_named_by_path(store: SessionStore, raw: RawArtifacts) -> None:

@@ -3,18 +3,23 @@ the artifacts are reachable and a second move succeeds. Both backends."""
 
 from __future__ import annotations
 
+import errno
 import signal
 import subprocess
 import sys
 import textwrap
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 import pytest
 from sqlalchemy import func, select
 
-from core import SessionStore, Settings
+from core import SessionStore, Settings, nofollow
+from core.artifacts import session_dir
+from core.errors import SessionMoving
 from core.models import MoveIntentRow
+from core.sessions import lifecycle
 from core.sessions.moves import Moves, _DirectoryMove
 from tests.support import clean_env
 
@@ -169,3 +174,123 @@ def test_a_move_repairs_its_own_interrupted_move_first(
     monkeypatch.undo()
     assert _intents(store) == 1
     _then_second_move(store, sid)  # no separate repair: the move finishes the old one
+
+
+def _commit_and_undo_fail(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The move's commit fails after the rename, and so does the rename back (EACCES)."""
+    real_run = _DirectoryMove.run
+
+    def refuse(*args: Any) -> None:
+        raise PermissionError(errno.EACCES, "injected: the rename back is refused")
+
+    def run_then_fail(self: _DirectoryMove) -> None:
+        real_run(self)
+        monkeypatch.setattr(nofollow, "rename", refuse)
+        raise Injected("the commit failed")
+
+    monkeypatch.setattr(_DirectoryMove, "run", run_then_fail)
+
+
+@pytest.mark.parametrize("then", ["repair", "delete"])
+def test_a_move_whose_undo_fails_keeps_its_intent_for_the_repair(
+    store: SessionStore, monkeypatch: pytest.MonkeyPatch, then: str
+) -> None:
+    """Dropping the intent after a failed undo stranded the directory under the other
+    tenant for good: no repair found it, reads failed, and a delete left it behind while
+    it reported the directory removed."""
+    sid = _with_files(store)
+    root = store.settings.resolved_artifact_root
+    source, target = session_dir(root, "acme", sid), session_dir(root, "globex", sid)
+    with pytest.MonkeyPatch.context() as faults:
+        _commit_and_undo_fail(faults)
+        with pytest.raises(Injected):
+            store.move(sid, tenant_id="globex", cwd="/b")
+    assert store.get_session(sid).tenant_id == "acme" and target.is_dir()
+    assert _intents(store) == 1
+
+    if then == "repair":
+        [repaired] = store.repair_moves()
+        assert repaired.outcome == "completed"
+        moved = store.get_session(sid)
+        assert (moved.tenant_id, moved.cwd) == ("globex", "/b")
+        _reachable(store, sid)
+        _then_second_move(store, sid)
+        return
+    assert store.delete_session(sid).directory_removed is False  # its files are elsewhere
+    [repaired] = store.repair_moves()
+    assert repaired.outcome == "gone"
+    monkeypatch.setattr(lifecycle, "REMOVAL_SETTLED", timedelta(0))
+    store.expire_artifacts(apply=True)
+    assert not target.exists() and not source.exists()
+
+
+def _crash_after_rename(store: SessionStore, sid: str) -> None:
+    """What a process killed between the rename and the commit leaves."""
+    with pytest.MonkeyPatch.context() as crash:
+        real_run = _DirectoryMove.run
+
+        def run_then_crash(self: _DirectoryMove) -> None:
+            real_run(self)
+            raise Injected("crash")
+
+        crash.setattr(_DirectoryMove, "run", run_then_crash)
+        crash.setattr(_DirectoryMove, "undo", lambda self: True)  # a crash undoes nothing
+        crash.setattr(Moves, "_drop_intent", lambda self, sid: None)
+        with pytest.raises(Injected):
+            store.move(sid, tenant_id="globex", cwd="/b")
+    assert _intents(store) == 1
+
+
+def test_writes_during_an_interrupted_move_are_refused_until_its_repair(
+    store: SessionStore,
+) -> None:
+    """Written where the row still said (the old tenant), they re-created the old directory
+    beside the moved one; the repair then rolled back and left every earlier file behind."""
+    sid = _with_files(store)
+    artifacts = store.artifacts(sid)
+    _crash_after_rename(store, sid)
+    with pytest.raises(SessionMoving):
+        artifacts.save("written after the crash", "bash")
+    with pytest.raises(SessionMoving):
+        store.store_oversized(sid, "y" * 13_000, "grep")
+    with pytest.raises(SessionMoving):
+        artifacts.files.put("late.md", "late")
+    with pytest.raises(SessionMoving):
+        artifacts.allocate_path("bash")
+
+    [repaired] = store.repair_moves()
+    assert repaired.outcome == "completed"
+    assert store.get_session(sid).tenant_id == "globex"
+    root = store.settings.resolved_artifact_root
+    assert not session_dir(root, "acme", sid).exists()  # what staging re-created is merged
+    _reachable(store, sid)
+    late = artifacts.save("written after the repair", "bash")
+    assert store.resolve(f"artifact://{late}", session_id=sid).content == (
+        "written after the repair"
+    )
+    _then_second_move(store, sid)
+
+
+def test_a_repair_merges_files_written_to_the_old_directory_after_the_crash(
+    store: SessionStore,
+) -> None:
+    """A tool given its path before the crash writes there after it, re-creating the old
+    directory: the repair completes the move with both directories' files, none left."""
+    sid = _with_files(store)
+    slot = store.artifacts(sid).allocate_path("bash")
+    _crash_after_rename(store, sid)
+    slot.path.parent.mkdir(parents=True)  # as a tool's own ``mkdir -p`` would
+    slot.path.write_text("written to the path it was given")
+    root = store.settings.resolved_artifact_root
+    source, target = session_dir(root, "acme", sid), session_dir(root, "globex", sid)
+    assert source.is_dir() and target.is_dir()
+
+    [repaired] = store.repair_moves()
+    assert repaired.outcome == "completed"
+    assert not source.exists()
+    artifacts = store.artifacts(sid)
+    assert artifacts.finalize_tool_output(slot.id) == len("written to the path it was given")
+    resolved = store.resolve(f"artifact://{slot.id}", session_id=sid)
+    assert resolved.content == "written to the path it was given"
+    _reachable(store, sid)
+    _then_second_move(store, sid)
