@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import os
+import stat
 import sys
 from collections.abc import Callable
 from contextlib import ExitStack
@@ -34,6 +35,7 @@ log = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
     from core.interop.importer import ImportResult
+    from core.store import SessionStore
 
 DEFAULT_TENANT = "default"
 
@@ -148,11 +150,29 @@ def import_files(
         shown = " ".join(paths) if paths else str(DEFAULT_SESSIONS_DIR)
         err_console.print(plain(f"no session files (*.jsonl) in {shown}"))
     failed, unreadable = 0, 0
-    with open_store(create=True) as store:
+    with ExitStack() as stack:
+        # The journal is created for a file there is to import, not for a path that names
+        # none (a mistyped data dir then held an empty journal).
+        opened: list[SessionStore] = []
+
+        def store() -> SessionStore:
+            if not opened:
+                opened.append(stack.enter_context(open_store(create=True)))
+            return opened[0]
+
         with _progress(len(files), sum(_size(f) for f in files), quiet=as_json) as advance:
             for path in files:
                 try:
-                    result = store.import_session(
+                    _check_readable(path)
+                except UnreadableFile as exc:
+                    failed += 1
+                    unreadable += 1
+                    _report_error(path, exc, as_json)
+                    advance(_size(path))
+                    continue
+                journal = store()  # outside the file's try: no database fails the command
+                try:
+                    result = journal.import_session(
                         path, tenant_id=tenant, format=format, blobs_dir=blobs_dir
                     )
                 except SessionStoreError as exc:
@@ -169,11 +189,24 @@ def import_files(
                     _report(result, as_json)
                 advance(_size(path))
         if watch is not None:
-            _follow(store, watch, tenant, format, as_json)
+            _follow(store(), watch, tenant, format, as_json)
     if unreadable:  # a path that is not a readable file: bad input
         raise typer.Exit(int(ExitCode.BAD_INPUT))
     if failed:
         raise typer.Exit(int(ExitCode.FAILED))
+
+
+def _check_readable(path: Path) -> None:
+    """``UnreadableFile`` for a path that is no readable regular file, before any journal
+    is opened (the import's own check says why; a file readable after all is imported)."""
+    try:
+        readable = stat.S_ISREG(os.stat(path).st_mode) and os.access(path, os.R_OK)
+    except OSError:
+        readable = False
+    if not readable:
+        from core.interop.importer import read_file
+
+        read_file(path)
 
 
 def _size(path: Path) -> int:
@@ -304,7 +337,9 @@ def export(
         help="omp: where the blobs go [default: <agent dir>/blobs when the output is "
         "<agent dir>/sessions/<project>, else <output>/blobs].",
     ),
-    at_seq: int | None = typer.Option(None, "--at-seq", min=1, help="Only events up to this seq."),
+    at_seq: int | None = typer.Option(
+        None, "--at-seq", min=0, help="Only events up to this seq (0: the header alone)."
+    ),
     tenant: str | None = typer.Option(None, help="Fail unless the session is this tenant's."),
     via_queue: bool = typer.Option(
         False, "--via-queue", help="Have a worker build it (sessionstore.rehydrate) and wait."

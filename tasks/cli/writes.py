@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import ExitStack
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -20,6 +20,7 @@ from tasks.cli.common import (
     console,
     err_console,
     id_table,
+    load_settings,
     new_app,
     open_store,
     plain,
@@ -30,7 +31,9 @@ from tasks.cli.common import (
 )
 
 if TYPE_CHECKING:
+    from core.journal.validation import CheckedEvents
     from core.records import AppendResult
+    from core.settings import Settings
 
 cli = new_app()
 
@@ -49,60 +52,200 @@ def _read_jsonl(stream: Iterable[str], source: str) -> Iterator[tuple[int, Any]]
             raise InvalidEvent("", f"{source} line {number}: not valid JSON ({exc.msg})") from None
 
 
-def _batches(lines: Iterator[tuple[int, Any]], size: int) -> Iterator[tuple[list[int], list[Any]]]:
-    numbers: list[int] = []
+def _decoded(lines: Iterable[bytes], source: str) -> Iterator[str]:
+    """Each line as UTF-8, strictly, whatever the locale: a byte that is not UTF-8 names
+    its line (the codec's error named a position in a read buffer, and no file)."""
+    for number, raw in enumerate(lines, start=1):
+        try:
+            yield raw.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise InvalidEvent(
+                "",
+                f"{source} line {number}: not UTF-8 (byte 0x{raw[exc.start]:02x} at byte "
+                f"{exc.start + 1} of the line)",
+            ) from None
+
+
+def _read_input(stream: Iterable[bytes], source: str) -> tuple[list[int], list[Any]]:
+    """The whole input parsed, before anything of it is written: (the input line of each
+    event, the events). Only the events are kept, not the text."""
+    lines: list[int] = []
     events: list[Any] = []
-    for number, event in lines:
-        numbers.append(number)
+    for number, event in _read_jsonl(_decoded(stream, source), source):
+        lines.append(number)
         events.append(event)
-        if len(events) == size:
-            yield numbers, events
-            numbers, events = [], []
-    if events:
-        yield numbers, events
+    return lines, events
 
 
-def _with_line(exc: InvalidEvent, numbers: list[int], source: str) -> InvalidEvent:
-    if exc.index is None or exc.index >= len(numbers):
+def _on_line(exc: InvalidEvent, lines: list[int], first: int, source: str) -> InvalidEvent:
+    """``exc`` about event ``first + exc.index`` of the input, naming that event's line."""
+    if exc.index is None or not 0 <= first + exc.index < len(lines):
         return exc
-    return InvalidEvent(exc.field, f"{source} line {numbers[exc.index]}: {exc.reason}")
+    return InvalidEvent(exc.field, f"{source} line {lines[first + exc.index]}: {exc.reason}")
+
+
+# Batch N is written under KEY:N: the journal's key limit (MAX_KEY_LENGTH, 200) less room
+# for ":" and up to 9 digits. A literal: the validation module is not imported for --help.
+MAX_APPEND_KEY_LENGTH = 190
+_INT64_MAX = 2**63 - 1
+
+
+def _check_key(key: str | None) -> None:
+    if key is None:
+        return
+    if not key:  # it turned idempotency off without a word
+        raise typer.BadParameter("must not be empty", param_hint="--key")
+    if len(key) > MAX_APPEND_KEY_LENGTH:
+        raise typer.BadParameter(
+            f"at most {MAX_APPEND_KEY_LENGTH} characters (batch N is written under KEY:N), "
+            f"not {len(key)}",
+            param_hint="--key",
+        )
+    from core.journal.validation import MAX_KEY_LENGTH, check_id
+
+    try:
+        check_id(f"{key}:0", "idempotency_key", MAX_KEY_LENGTH)
+    except InvalidEvent as exc:
+        raise typer.BadParameter(exc.reason, param_hint="--key") from None
 
 
 @cli.command("append")
 def append(
     session_id: str = typer.Argument(..., help="The session to append to."),
-    source: str = typer.Argument("-", help="A JSONL file of events, or - for stdin."),
+    source: str = typer.Argument("-", help="A JSONL file of events (UTF-8), or - for stdin."),
     enqueue: bool = typer.Option(False, "--enqueue", help="Go through the queue (a worker)."),
-    key: str | None = typer.Option(None, help="Idempotency key (per batch: KEY:N)."),
-    expected_seq: int | None = typer.Option(None, help="Fail unless the head is this seq."),
-    batch_size: int = typer.Option(100, min=1, help="Events per write."),
+    key: str | None = typer.Option(
+        None,
+        help=f"Idempotency key of 1..{MAX_APPEND_KEY_LENGTH} characters: batch N is written "
+        "under KEY:N, so the same command run again writes only what had not committed.",
+    ),
+    expected_seq: int | None = typer.Option(
+        None, min=0, max=_INT64_MAX, help="Fail unless the head is this seq."
+    ),
+    batch_size: int = typer.Option(
+        100, min=1, help="Events per write, at most SESSIONSTORE_MAX_BATCH_EVENTS (1000)."
+    ),
     tenant: str | None = TenantOption,
     as_json: bool = JsonOption,
 ) -> None:
-    """Append events from a JSONL file or stdin, one write per batch."""
+    """Append events from a JSONL file or stdin, one write per batch.
+
+    The whole input is read and checked first: a line that is not UTF-8 or not JSON, or
+    an event the journal would refuse, is named and nothing is written. A write that fails
+    after others committed reports which did (on stdout too with --json).
+    """
+    _check_key(key)
+    max_batch = load_settings().max_batch_events
+    if batch_size > max_batch:
+        raise typer.BadParameter(
+            f"at most {max_batch} (SESSIONSTORE_MAX_BATCH_EVENTS), not {batch_size}",
+            param_hint="--batch-size",
+        )
+    name = "stdin" if source == "-" else source
     with ExitStack() as stack:
-        stream = sys.stdin if source == "-" else stack.enter_context(Path(source).open())
-        store = stack.enter_context(open_store(create=True))
+        stream = sys.stdin.buffer if source == "-" else stack.enter_context(Path(source).open("rb"))
+        # an existing database only: a mistyped data dir is no new empty journal
+        store = stack.enter_context(open_store())
         # before anything is read or sent: an unknown session is not found here (exit 4), as
         # on the direct path, not a dead letter the queue makes of every batch
         session_id = store.resolve_session(session_id, tenant_id=tenant).id
-        name = "stdin" if source == "-" else source
-        writer = _queue_writer(stack) if enqueue else store.append
-        results: list[AppendResult] = []
-        expected = expected_seq
-        for n, (numbers, events) in enumerate(_batches(_read_jsonl(stream, name), batch_size)):
+        lines, events = _read_input(stream, name)
+        batches = range(0, len(events), batch_size)
+        if enqueue:
+            _check_queued(store.settings, session_id, events, batches, batch_size, lines, name)
+            writer = _queue_writer(stack)
+            payload: Sequence[Any] | CheckedEvents = events
+        else:
+            from core.journal.validation import checked
+
+            writer = store.append
+            try:
+                payload = checked(events, max_depth=store.settings.max_event_depth)
+            except InvalidEvent as exc:
+                raise _on_line(exc, lines, 0, name) from None
+        writes = ((first, payload[first : first + batch_size]) for first in batches)
+        results = _write(writer, session_id, writes, expected_seq, key, lines, name, as_json)
+    _report(results, as_json)
+
+
+def _check_queued(
+    settings: Settings,
+    session_id: str,
+    events: list[Any],
+    batches: range,
+    size: int,
+    lines: list[int],
+    source: str,
+) -> None:
+    """Every batch checked as the producer and the worker check it, before any is sent."""
+    from tasks.producer import validate_write
+
+    for first in batches:
+        try:
+            validate_write(settings, session_id, events[first : first + size], None, None)
+        except InvalidEvent as exc:
+            raise _on_line(exc, lines, first, source) from None
+
+
+def _write(
+    writer: Callable[..., AppendResult],
+    session_id: str,
+    writes: Iterable[tuple[int, Sequence[Any] | CheckedEvents]],
+    expected_seq: int | None,
+    key: str | None,
+    lines: list[int],
+    source: str,
+    as_json: bool,
+) -> list[AppendResult]:
+    results: list[AppendResult] = []
+    expected = expected_seq
+    try:
+        for n, (first, events) in enumerate(writes):
             try:
                 result = writer(
                     session_id,
                     events,
                     expected_seq=expected,
-                    idempotency_key=f"{key}:{n}" if key else None,
+                    idempotency_key=None if key is None else f"{key}:{n}",
                 )
             except InvalidEvent as exc:
-                raise _with_line(exc, numbers, name) from None
+                raise _on_line(exc, lines, first, source) from None
             results.append(result)
             expected = result.last_seq if expected is not None else None
-    _report(results, as_json)
+    except BaseException:  # Ctrl-C too: what committed stays, and the user must know it
+        if results:
+            _report_partial(results, lines, key, as_json)
+        raise
+    return results
+
+
+def _report_partial(
+    results: list[AppendResult], lines: list[int], key: str | None, as_json: bool
+) -> None:
+    """Which writes committed before a failure, and where the rest of the input starts."""
+    count = sum(r.last_seq - r.first_seq + 1 for r in results)
+    resume = lines[count] if count < len(lines) else None
+    if as_json:
+        print_json(
+            {
+                "complete": False,
+                "committed": [r.to_dict() for r in results],
+                "resume_from_line": resume,
+            }
+        )
+    again = (
+        "running the same command again (same --key) writes only the rest"
+        if key is not None
+        else f"the rest starts at input line {resume}"
+    )
+    err_console.print(
+        plain(
+            f"committed {count} events in {len(results)} write(s) before the failure: seq "
+            f"{results[0].first_seq}..{results[-1].last_seq}, input lines {lines[0]}.."
+            f"{lines[count - 1]}; {again}"
+        ),
+        soft_wrap=True,
+    )
 
 
 def _queue_writer(stack: ExitStack) -> Any:
@@ -176,26 +319,38 @@ def dead_export(
     out: Path = typer.Argument(..., help="The JSONL file to write (- for stdout)."),
     as_json: bool = JsonOption,
 ) -> None:
-    """Write every dead letter, with its events (and raw body), as one JSON line each."""
-    from rich.console import Console
+    """Write every dead letter, with its events (and raw body), as one JSON line each.
+
+    To stdout (-), the lines are all stdout holds: the count goes to stderr, or nowhere
+    with --json."""
     from rich.progress import Progress
 
+    to_stdout = str(out) == "-"
     count = 0
     with ExitStack() as stack:
-        stream = sys.stdout if str(out) == "-" else stack.enter_context(out.open("w"))
+        stream = sys.stdout if to_stdout else stack.enter_context(out.open("w"))
         store = stack.enter_context(open_store())
+        # a bar only for a person watching: not in a log, nor with --json (a program reads)
         progress = stack.enter_context(
-            Progress(*Progress.get_default_columns(), console=Console(stderr=True))
+            Progress(
+                *Progress.get_default_columns(),
+                console=err_console,
+                transient=True,
+                disable=as_json or not err_console.is_terminal,
+            )
         )
         bar = progress.add_task("exporting dead letters", total=None)
         for letter in store.dead_letters.iter_all():
             stream.write(json.dumps(letter.to_dict(with_payload=True), ensure_ascii=True) + "\n")
             count += 1
             progress.advance(bar)
-    if as_json:
+    if to_stdout:
+        if not as_json:
+            err_console.print(f"exported {count} dead letter(s)")
+    elif as_json:
         print_json({"exported": count, "file": str(out)})
-    elif str(out) != "-":
-        console.print(f"exported {count} dead letter(s) to {out}")
+    else:
+        console.print(plain(f"exported {count} dead letter(s) to {out}"))
 
 
 @dead_app.command("replay")

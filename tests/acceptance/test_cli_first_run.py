@@ -275,10 +275,10 @@ def test_postgres_schema_missing_needs_db_upgrade(cli: Cli, pg_template: str) ->
 
 
 def test_embedded_schema_is_created_on_first_write(cli: Cli) -> None:
+    # an append needs a session, so an existing database: none is made for it
     events = json.dumps(_message("hi", "e1")) + "\n"
-    appended = cli("append", "s1", "--json", stdin=events)
-    # The session does not exist, but the database and its schema now do.
-    one_line_error(appended, ExitCode.NOT_FOUND, "s1")
+    one_line_error(cli("append", "s1", stdin=events), ExitCode.DATABASE_MISSING, "no database")
+    assert cli("sessions", "create", "--id", "s1").returncode == 0
     assert cli("db", "check").returncode == 0
 
 

@@ -1,0 +1,168 @@
+"""``sessionstore append`` (and its neighbours) through the real CLI: a whole input checked
+before any write, what committed said when a later write fails, option values refused as
+usage errors, and no journal made for a mistyped data dir."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from core import SessionStore, Settings
+from core.errors import InvalidEvent
+from tasks.cli.failures import ExitCode
+from tests.acceptance.test_cli_first_run import one_line_error
+from tests.cli_process import run_cli
+from tests.support import clean_env
+
+
+def run(data_dir: Path, *args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
+    return run_cli(*args, env=clean_env(data_dir), input=stdin)
+
+
+@pytest.fixture
+def data_dir(tmp_path: Path) -> Path:
+    folder = tmp_path / "data"
+    assert run(folder, "db", "upgrade").returncode == 0
+    return folder
+
+
+@pytest.fixture
+def session_id(data_dir: Path) -> str:
+    with SessionStore.from_settings(Settings(data_dir=data_dir)) as store:
+        return store.create_session(tenant_id="acme").id
+
+
+def _line(n: int) -> bytes:
+    return json.dumps({"type": "custom", "n": n}).encode() + b"\n"
+
+
+def _head(data_dir: Path, session_id: str) -> int:
+    shown = json.loads(run(data_dir, "sessions", "show", session_id, "--json").stdout)
+    return int(shown["head_seq"])
+
+
+def test_a_bad_line_anywhere_in_the_input_writes_nothing(
+    data_dir: Path, session_id: str, tmp_path: Path
+) -> None:
+    """Line 150 of 250 refused by the journal, or a byte that is not UTF-8 on line 250 of
+    300: one error naming the file and line, and nothing written (the batches before it
+    committed, unsaid, and a re-run after the fix duplicated them)."""
+    refused = tmp_path / "refused.jsonl"
+    refused.write_bytes(
+        b"".join(_line(n) if n != 150 else b'{"type": 123}\n' for n in range(1, 251))
+    )
+    done = run(data_dir, "append", session_id, str(refused))
+    one_line_error(done, ExitCode.BAD_INPUT, f"{refused} line 150", "/type")
+    not_utf8 = tmp_path / "bytes.jsonl"
+    not_utf8.write_bytes(
+        b"".join(_line(n) if n != 250 else b'{"type":"x","s":"\xff"}\n' for n in range(1, 301))
+    )
+    done = run(data_dir, "append", session_id, str(not_utf8))
+    one_line_error(done, ExitCode.BAD_INPUT, f"{not_utf8} line 250", "not UTF-8", "0xff")
+    assert _head(data_dir, session_id) == 0
+
+
+def test_a_write_failing_after_others_committed_says_which_did(
+    data_dir: Path, session_id: str, tmp_path: Path
+) -> None:
+    """The database refuses the third batch: stderr and the --json document say batches
+    1..100 and 101..200 committed and where the rest starts; the same command with the same
+    --key, the database fine again, writes only the rest."""
+    source = tmp_path / "events.jsonl"
+    source.write_bytes(b"\n".join(_line(n) for n in range(1, 251)))  # a blank line each
+    db = sqlite3.connect(
+        Settings(data_dir=data_dir).resolved_database_url.removeprefix("sqlite:///")
+    )
+    with db:
+        db.execute(
+            "CREATE TRIGGER refuse BEFORE INSERT ON events WHEN NEW.payload LIKE '%\"n\":201%' "
+            "BEGIN SELECT RAISE(ABORT, 'refused by the test'); END"
+        )
+    argv = ("append", session_id, str(source), "--key", "k", "--json")
+    done = run(data_dir, *argv)
+    assert done.returncode != 0 and "Traceback" not in done.stderr, done.stderr
+    report = json.loads(done.stdout)
+    assert report["complete"] is False
+    assert [(w["first_seq"], w["last_seq"]) for w in report["committed"]] == [(1, 100), (101, 200)]
+    assert report["resume_from_line"] == 401  # event 201, with a blank line after each
+    assert "committed 200 events in 2 write(s)" in done.stderr, done.stderr
+    assert "seq 1..200" in done.stderr and "same --key" in done.stderr
+    with db:
+        db.execute("DROP TRIGGER refuse")
+    db.close()
+    again = run(data_dir, *argv)
+    assert again.returncode == 0, again.stderr
+    assert [w["replayed"] for w in json.loads(again.stdout)] == [True, True, False]
+    assert _head(data_dir, session_id) == 250
+
+
+def test_idempotency_key_values(data_dir: Path, session_id: str) -> None:
+    """An empty --key turned idempotency off (each run wrote again); a key too long for
+    KEY:N was refused as an invalid event. Both are usage errors naming --key, up front."""
+    events = "".join(_line(n).decode() for n in range(1, 6))
+    for key, needle in (("", "must not be empty"), ("k" * 191, "at most 190 characters")):
+        done = run(data_dir, "append", session_id, "-", "--key", key, stdin=events)
+        assert done.returncode == int(ExitCode.USAGE), done.stderr
+        assert "--key" in done.stderr and needle in done.stderr, done.stderr
+    for _ in range(2):
+        done = run(data_dir, "append", session_id, "-", "--key", "k" * 190, stdin=events)
+        assert done.returncode == 0, done.stderr
+    assert _head(data_dir, session_id) == 5
+    assert "KEY:N" in run(data_dir, "append", "--help").stdout
+
+
+def test_option_values_out_of_range_are_usage_errors(data_dir: Path, session_id: str) -> None:
+    """--expected-seq -1 and --batch-size above the batch limit were refused as invalid
+    events (exit 3) by the journal; export --at-seq 0 was refused where state and fork
+    take it."""
+    one = '{"type": "x"}\n'
+    for option, value in (
+        ("--expected-seq", "-1"),
+        ("--expected-seq", str(2**63)),
+        ("--batch-size", "1001"),
+    ):
+        done = run(data_dir, "append", session_id, "-", option, value, stdin=one)
+        assert done.returncode == int(ExitCode.USAGE), (option, value, done.stderr)
+        assert option in done.stderr, done.stderr
+    assert (
+        run(data_dir, "append", session_id, "-", "--batch-size", "1000", stdin=one).returncode == 0
+    )
+    exported = run(data_dir, "export", session_id, "--at-seq", "0")
+    assert exported.returncode == 0, exported.stderr
+    assert [json.loads(line)["type"] for line in exported.stdout.splitlines()] == ["session"]
+
+
+def test_dead_letters_export_to_stdout_is_only_the_lines(data_dir: Path, session_id: str) -> None:
+    """`dead-letters export - --json` wrote a JSON summary after the lines on stdout (no
+    longer JSON Lines), and a progress bar on a stderr that is no terminal."""
+    with SessionStore.from_settings(Settings(data_dir=data_dir)) as store:
+        store.dead_letters.record(
+            idempotency_key="poison",
+            session_id=session_id,
+            events=[{"type": ["no"]}],
+            expected_seq=None,
+            error=InvalidEvent("/type", "must be a string, got list", index=0),
+        )
+    done = run(data_dir, "dead-letters", "export", "-", "--json")
+    assert done.returncode == 0, done.stderr
+    assert [json.loads(line)["idempotency_key"] for line in done.stdout.splitlines()] == ["poison"]
+    assert done.stderr == ""
+    plain = run(data_dir, "dead-letters", "export", "-")
+    assert len(plain.stdout.splitlines()) == 1
+    assert plain.stderr.strip() == "exported 1 dead letter(s)"
+
+
+def test_a_mistyped_data_dir_gets_no_journal(tmp_path: Path) -> None:
+    """`append` and `import` of a missing file made an empty journal in a data dir that did
+    not exist, then said "session not found" or the file's error."""
+    typo = tmp_path / "typo-dir"
+    done = run(typo, "append", "18d93def-0287-4690-b506-80061eaa5fb7", "-", stdin='{"type":"x"}\n')
+    one_line_error(done, ExitCode.DATABASE_MISSING, "no database at")
+    done = run(typo, "import", str(tmp_path / "nonexist.jsonl"))
+    assert done.returncode == int(ExitCode.BAD_INPUT), done.stderr
+    assert "cannot read" in done.stderr
+    assert not typo.exists()
