@@ -21,12 +21,12 @@ from __future__ import annotations
 import argparse
 import statistics
 import tempfile
-import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
 from bench import pgdb
+from bench.query import median_time
 from core import SessionStore, Settings
 from core.migrate import upgrade
 from core.query.stats import stats
@@ -80,16 +80,6 @@ def _floor_call(store: SessionStore) -> Callable[[], None]:
     return floor
 
 
-def _timed(call: Callable[[], object], calls: int) -> float:
-    """Median seconds of ``calls`` calls."""
-    times = []
-    for _ in range(calls):
-        start = time.perf_counter()
-        call()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
-
-
 def _fmt(values: list[float]) -> str:
     return (
         f"{statistics.median(values) * 1e3:.1f} ({min(values) * 1e3:.1f}-{max(values) * 1e3:.1f})"
@@ -111,8 +101,8 @@ def main() -> None:
             floors, ours = [], []
             floor = _floor_call(store)
             for _ in range(args.rounds):  # interleaved
-                floors.append(_timed(floor, args.calls))
-                ours.append(_timed(lambda: stats(store.engine), args.calls))
+                floors.append(median_time(floor, args.calls))
+                ours.append(median_time(lambda: stats(store.engine), args.calls))
             ratio = statistics.median(o / f for o, f in zip(ours, floors, strict=True))
             print(f"| {backend} | {_fmt(floors)} | {_fmt(ours)} | {ratio:.1f}x |")
 

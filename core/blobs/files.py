@@ -111,21 +111,12 @@ class FileBlobStore(BlobStore):
         return found
 
     def _read_stored(self, blob_hash: str) -> tuple[Codec, bytes] | None:
-        linked: BlobLinked | None = None
-        with self._fanout(blob_hash) as fd:
-            if fd is None:
-                return None
-            for codec in self._ordered(blob_hash, list(self._present(fd, blob_hash)), None):
-                try:
-                    data = self._read_at(fd, blob_hash, codec)
-                except BlobLinked as exc:  # a link in its place: another copy may serve
-                    linked = exc
-                    continue
-                if data is not None:
-                    return codec, data
-        if linked is not None:
-            raise linked
-        return None
+        opened = self._open_stored(blob_hash)
+        if opened is None:
+            return None
+        codec, handle = opened
+        with handle:
+            return codec, handle.read()
 
     def _read_at(self, fd: int, blob_hash: str, codec: Codec) -> bytes | None:
         file_fd = self._open_at(fd, blob_hash, codec)
@@ -160,7 +151,8 @@ class FileBlobStore(BlobStore):
             yield codec, _chunks(handle)
 
     def _open_stored(self, blob_hash: str) -> tuple[Codec, BinaryIO] | None:
-        """The first stored file ``_read_stored`` would read, opened (through no link)."""
+        """The first stored file that opens, the registered codec's first (through no link;
+        a link in a file's place is skipped for another copy, else ``BlobLinked``)."""
         linked: BlobLinked | None = None
         with self._fanout(blob_hash) as fd:
             if fd is None:
@@ -168,7 +160,7 @@ class FileBlobStore(BlobStore):
             for codec in self._ordered(blob_hash, list(self._present(fd, blob_hash)), None):
                 try:
                     file_fd = self._open_at(fd, blob_hash, codec)
-                except BlobLinked as exc:  # as ``_read_stored``
+                except BlobLinked as exc:  # a link in its place: another copy may serve
                     linked = exc
                     continue
                 if file_fd is not None:

@@ -6,34 +6,15 @@ from __future__ import annotations
 
 import json
 import sqlite3
-import subprocess
 from pathlib import Path
-
-import pytest
 
 from core import SessionStore, Settings
 from core.errors import InvalidEvent
 from tasks.cli.failures import ExitCode
+from tests.acceptance.test_cli import data_dir, run, session_id
 from tests.acceptance.test_cli_first_run import one_line_error
-from tests.cli_process import run_cli
-from tests.support import clean_env
 
-
-def run(data_dir: Path, *args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
-    return run_cli(*args, env=clean_env(data_dir), input=stdin)
-
-
-@pytest.fixture
-def data_dir(tmp_path: Path) -> Path:
-    folder = tmp_path / "data"
-    assert run(folder, "db", "upgrade").returncode == 0
-    return folder
-
-
-@pytest.fixture
-def session_id(data_dir: Path) -> str:
-    with SessionStore.from_settings(Settings(data_dir=data_dir)) as store:
-        return store.create_session(tenant_id="acme").id
+__all__ = ["data_dir", "session_id"]  # the fixtures, used by name
 
 
 def _line(n: int) -> bytes:

@@ -156,23 +156,9 @@ def test_sigkill_mid_move_then_repair(
     _then_second_move(store, sid)
 
 
-def test_a_move_repairs_its_own_interrupted_move_first(
-    store: SessionStore, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_a_move_repairs_its_own_interrupted_move_first(store: SessionStore) -> None:
     sid = _with_files(store)
-    real_run = _DirectoryMove.run
-
-    def run_then_crash(self: _DirectoryMove) -> None:
-        real_run(self)
-        raise Injected("crash")
-
-    monkeypatch.setattr(_DirectoryMove, "run", run_then_crash)
-    monkeypatch.setattr(_DirectoryMove, "undo", lambda self: None)  # a crash undoes nothing
-    monkeypatch.setattr(Moves, "_drop_intent", lambda self, sid: None)
-    with pytest.raises(Injected):
-        store.move(sid, tenant_id="globex")
-    monkeypatch.undo()
-    assert _intents(store) == 1
+    _crash_after_rename(store, sid)
     _then_second_move(store, sid)  # no separate repair: the move finishes the old one
 
 
