@@ -495,9 +495,19 @@ def crontab_period(cron: crontab) -> float | None:
 
     Counted over 2000-2027, a whole cycle of weekdays and leap years (Celery matches a date
     when its day of month, month and day of week all match)."""
-    times = sorted(h * 3600 + m * 60 for h in cron.hour for m in cron.minute)
+    times = tuple(sorted(h * 3600 + m * 60 for h in cron.hour for m in cron.minute))
+    fields = cron.month_of_year, cron.day_of_month, cron.day_of_week
+    return _period(times, *map(frozenset, fields))
+
+
+@functools.lru_cache(maxsize=64)  # ~5 ms a crontab; each app's beat schedule asks again
+def _period(
+    times: tuple[int, ...],
+    months: frozenset[int],
+    days: frozenset[int],
+    weekdays: frozenset[int],
+) -> float | None:
     shortest = min((b - a for a, b in itertools.pairwise(times)), default=None)
-    months, days, weekdays = set(cron.month_of_year), set(cron.day_of_month), cron.day_of_week
     first = datetime.date(2000, 1, 1).toordinal()
     runs = [
         n

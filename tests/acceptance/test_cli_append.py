@@ -96,6 +96,15 @@ def test_idempotency_key_values(data_dir: Path, session_id: str) -> None:
     assert "KEY:N" in run(data_dir, "append", "--help").stdout
 
 
+def test_the_cli_key_limit_leaves_room_for_the_batch_suffix() -> None:
+    """The CLI's --key limit is a literal (``--help`` loads no validation module): it is the
+    journal's key limit less ":" and the nine digits of the largest batch number."""
+    from core.journal.validation import MAX_KEY_LENGTH
+    from tasks.cli.writes import MAX_APPEND_KEY_LENGTH
+
+    assert MAX_APPEND_KEY_LENGTH == MAX_KEY_LENGTH - len(":") - len(str(10**9 - 1))
+
+
 def test_option_values_out_of_range_are_usage_errors(data_dir: Path, session_id: str) -> None:
     """--expected-seq -1 and --batch-size above the batch limit were refused as invalid
     events (exit 3) by the journal; export --at-seq 0 was refused where state and fork
