@@ -483,5 +483,21 @@ class RehydrateInProgress(SessionStoreError):
     """Another worker is building this rehydrated export; ask again shortly."""
 
 
+class RehydrateTooLong(SessionStoreError):
+    """A rehydrate build on a worker reached the task's soft time limit while still making
+    progress: building it again would end the same way, so it is refused, not retried."""
+
+    def __init__(self, limit_s: float) -> None:
+        self.limit_s = limit_s
+        super().__init__(
+            f"the build did not finish within the task's soft time limit ({limit_s:g} s): "
+            "raise SESSIONSTORE_TASK_VISIBILITY_TIMEOUT (the limits are 0.4x and 0.5x of it, "
+            "up to 720 s and 900 s), or export without --via-queue"
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**super().to_dict(), "limit_s": self.limit_s}
+
+
 class BadConfig(SessionStoreError):
     """The configuration (SESSIONSTORE_* variables) is invalid."""

@@ -7,26 +7,32 @@ returns a small JSON document, never the content: the content is the artifact it
 
 from __future__ import annotations
 
+import logging
 import time
 import uuid
 from typing import Any
 
 from celery import Celery, Task, states
-from celery.exceptions import SoftTimeLimitExceeded
+from celery.exceptions import SoftTimeLimitExceeded, TimeLimitExceeded
 
 from core.errors import (
     DeliveriesExhausted,
+    InvalidArgument,
     InvalidEvent,
     RehydrateInProgress,
+    RehydrateTooLong,
     SessionNotFound,
     SessionStoreError,
 )
-from core.interop.rehydrated import FORMATS, Request, rehydrate
+from core.interop.rehydrated import Request, rehydrate
+from core.translate import storage_errors
 from tasks.app import QUEUE, get_app, sessionstore_task, settings_of
 from tasks.deliveries import delivery_count
 from tasks.results import QueueTimeout
-from tasks.retry import backoff_seconds, is_transient
+from tasks.retry import backoff_seconds, is_transient, retry_or_requeue
 from tasks.runtime import store_for
+
+log = logging.getLogger(__name__)
 
 REHYDRATE_TASK = "sessionstore.rehydrate"
 
@@ -36,30 +42,37 @@ def rehydrate_task(
     self: Task, session_id: str, tenant_id: str, at_seq: int | None = None, format: str = "pi"
 ) -> dict[str, Any]:
     def progress(done: int, total: int) -> None:
-        self.update_state(state="PROGRESS", meta={"done": done, "total": total})
+        try:
+            self.update_state(state="PROGRESS", meta={"done": done, "total": total})
+        except Exception as exc:  # only a report: the result backend away ends no build
+            log.warning("could not report rehydrate progress", extra={"error": repr(exc)})
 
     try:
         deliveries = delivery_count(self)
     except SoftTimeLimitExceeded:  # escaping, it would end the task acked as failed
-        raise self.retry(countdown=1.0) from None
+        retry_or_requeue(self, 1.0)
     if deliveries > settings_of(self.app).task_max_deliveries:  # stuck each time: give up
         return {"status": "refused", **DeliveriesExhausted(deliveries).to_dict()}
     request = Request(session_id=session_id, tenant_id=tenant_id, format=format, at_seq=at_seq)
     # Wait for another worker's identical build within this task's time limit, not beyond.
-    wait_s = max(1.0, float(self.app.conf.task_soft_time_limit or 60) / 2)
+    soft_limit = float(self.app.conf.task_soft_time_limit or 60)
     store = store_for(self.app)
     try:
-        return {"status": "ok", **rehydrate(store, request, progress=progress, wait_s=wait_s)}
+        result = rehydrate(store, request, progress=progress, wait_s=max(1.0, soft_limit / 2))
     except (SessionNotFound, InvalidEvent) as exc:
         return {"status": "refused", **exc.to_dict()}
+    except SoftTimeLimitExceeded:  # built again, it would be cut short again
+        return {"status": "refused", **RehydrateTooLong(soft_limit).to_dict()}
     except RehydrateInProgress:
-        raise self.retry(countdown=1.0) from None
+        retry_or_requeue(self, 1.0)
     except Exception as exc:
         settings = settings_of(self.app)
         if is_transient(exc) and self.request.retries < settings.task_max_retries:
-            delay = backoff_seconds(self.request.retries, settings.task_visibility_timeout)
-            raise self.retry(countdown=delay) from None
+            retry_or_requeue(
+                self, backoff_seconds(self.request.retries, settings.task_visibility_timeout)
+            )
         raise
+    return {"status": "ok", **result}
 
 
 class RehydrateHandle:
@@ -69,8 +82,13 @@ class RehydrateHandle:
         self.app = app
         self.id = task_id
 
+    def _meta(self) -> dict[str, Any]:
+        with storage_errors("broker"):
+            meta: dict[str, Any] = self.app.backend.get_task_meta(self.id)
+        return meta
+
     def progress(self) -> tuple[int, int] | None:
-        meta = self.app.backend.get_task_meta(self.id)
+        meta = self._meta()
         if meta["status"] == "PROGRESS" and isinstance(meta.get("result"), dict):
             return int(meta["result"]["done"]), int(meta["result"]["total"])
         return None
@@ -82,11 +100,15 @@ class RehydrateHandle:
         deadline = None if timeout is None else time.monotonic() + timeout
         delay = 0.01
         while True:
-            meta = self.app.backend.get_task_meta(self.id)
+            meta = self._meta()
             if meta["status"] == states.SUCCESS:
                 return _outcome(meta["result"])
             if meta["status"] in states.PROPAGATE_STATES:
-                raise SessionStoreError(f"rehydrate {self.id} failed: {meta['result']!r}")
+                exc = self.app.backend.exception_to_python(meta["result"])
+                # A run killed at the hard time limit is recorded as a FAILURE, and its
+                # message goes back to the queue (task_acks_on_timeout off): not an outcome.
+                if not isinstance(exc, TimeLimitExceeded):
+                    raise SessionStoreError(f"rehydrate {self.id} failed: {exc!r}")
             if deadline is not None and time.monotonic() >= deadline:
                 raise QueueTimeout(f"rehydrate {self.id} not finished after {timeout}s")
             time.sleep(delay)
@@ -99,6 +121,8 @@ def _outcome(result: dict[str, Any]) -> dict[str, Any]:
             raise SessionNotFound(str(result.get("session_id", "")), str(result.get("message")))
         if result.get("error") == "DeliveriesExhausted":
             raise DeliveriesExhausted(int(result.get("deliveries", 0)))
+        if result.get("error") == "RehydrateTooLong":
+            raise RehydrateTooLong(float(result.get("limit_s", 0)))
         raise InvalidEvent(str(result.get("field", "")), str(result.get("reason")))
     return result
 
@@ -111,13 +135,15 @@ def enqueue_rehydrate(
     format: str = "pi",
     app: Celery | None = None,
 ) -> RehydrateHandle:
-    """Ask the workers for a session's rehydrated content (``pi`` or ``events`` JSONL)."""
-    if format not in FORMATS:
-        raise InvalidEvent("format", f"must be one of {', '.join(FORMATS)}")
-    if at_seq is not None and (isinstance(at_seq, bool) or not 0 <= at_seq < 2**63):
-        raise InvalidEvent("at_seq", "must be a seq from 0")
+    """Ask the workers for a session's rehydrated content (``pi`` or ``events`` JSONL).
+    Bad arguments are refused here (InvalidEvent naming the field), before anything is
+    published; a broker that cannot be reached is ``StorageUnavailable``."""
+    Request(session_id=session_id, tenant_id=tenant_id, format=format, at_seq=at_seq).check()
+    if at_seq is not None and at_seq >= 2**63:
+        raise InvalidArgument("at_seq", f"must be a seq from 0, not {at_seq!r}")
     app = app or get_app()
     task_id = str(uuid.uuid4())
     kwargs = {"session_id": session_id, "tenant_id": tenant_id, "at_seq": at_seq, "format": format}
-    app.send_task(REHYDRATE_TASK, kwargs=kwargs, task_id=task_id, queue=QUEUE)
+    with storage_errors("broker"):
+        app.send_task(REHYDRATE_TASK, kwargs=kwargs, task_id=task_id, queue=QUEUE)
     return RehydrateHandle(app, task_id)

@@ -3,6 +3,11 @@
 from __future__ import annotations
 
 import random
+import time
+from typing import NoReturn
+
+from celery import Task
+from celery.exceptions import Reject
 
 from core.errors import StorageUnavailable
 from core.translate import translate
@@ -30,3 +35,14 @@ def backoff_seconds(retries: int, visibility_timeout: int) -> float:
     # The exponent is bounded: 2.0**1024 overflows a float, and a retry that raised there
     # (after ~8 h of an outage at the cap) ended its write as a failure, acked.
     return random.uniform(0, min(cap, BACKOFF_BASE_S * 2.0 ** min(retries, 32)))
+
+
+def retry_or_requeue(task: Task, countdown: float, **options: object) -> NoReturn:
+    """``task.retry(countdown=...)``. If the retry cannot be published (the broker away),
+    Celery rejects the message without requeueing it, and the task is lost: requeue it."""
+    try:
+        task.retry(countdown=countdown, **options)
+    except Reject:
+        time.sleep(min(countdown, 5.0))
+        raise Reject("retry could not be published", requeue=True) from None
+    raise AssertionError("unreachable: Task.retry always raises")

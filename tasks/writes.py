@@ -15,7 +15,7 @@ import time
 from typing import Any, NoReturn
 
 from celery import Task, states
-from celery.exceptions import Reject, SoftTimeLimitExceeded
+from celery.exceptions import SoftTimeLimitExceeded
 
 from core.errors import DeliveriesExhausted, IdempotencyKeyReused, InvalidEvent
 from core.metrics import metrics
@@ -37,7 +37,7 @@ from tasks.outcomes import (
     write_task_id,
 )
 from tasks.producer import validate_write
-from tasks.retry import backoff_seconds, is_transient
+from tasks.retry import backoff_seconds, is_transient, retry_or_requeue
 from tasks.runtime import store_for
 
 logger = logging.getLogger(__name__)
@@ -238,15 +238,10 @@ def _retry_later(task: Task, what: str, exc: BaseException) -> NoReturn:
     logger.warning(
         what, extra={"task_id": task.request.id, "retry_in_s": round(delay, 2), "error": repr(exc)}
     )
-    try:
-        # No exc: Celery would store it, and a driver's exception may not encode. No
-        # expires: Celery copies the message's own, and a retry past it was dropped as
-        # revoked (a write that started never expires).
-        task.retry(countdown=delay, max_retries=None, expires=None)
-    except Reject:  # Celery could not publish the retry (broker away) and would drop it
-        time.sleep(min(delay, 5.0))
-        raise Reject("retry could not be published", requeue=True) from None
-    raise AssertionError("unreachable: Task.retry always raises")
+    # No exc: Celery would store it, and a driver's exception may not encode. No expires:
+    # Celery copies the message's own, and a retry past it was dropped as revoked (a write
+    # that started never expires).
+    retry_or_requeue(task, delay, max_retries=None, expires=None)
 
 
 def _dead_letter(

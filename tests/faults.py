@@ -78,3 +78,62 @@ if SLOW_REHYDRATE_S:
         return _real_events(self, *args, **kwargs)
 
     Rehydrator.events = _slow_events  # type: ignore[method-assign]
+
+
+# With SS_REHYDRATE_FAULTS (a directory), each file in it arms one fault, used once (the
+# file is renamed away first, so one process takes it):
+# - ``transient``: the next rehydrate fails as the database away for a moment;
+# - ``refuse_publish``: the next message the worker publishes (a retry) is refused, as a
+#   broker restarting refuses it;
+# - ``stuck``: the next build hangs where the soft time limit cannot end it (swallowed, as
+#   in C code), until the hard limit kills the pool process.
+REHYDRATE_FAULTS = os.environ.get("SS_REHYDRATE_FAULTS")
+
+
+def _take(name: str) -> bool:
+    assert REHYDRATE_FAULTS is not None
+    try:
+        os.rename(
+            os.path.join(REHYDRATE_FAULTS, name), os.path.join(REHYDRATE_FAULTS, f"{name}.used")
+        )
+    except FileNotFoundError:
+        return False
+    return True
+
+
+if REHYDRATE_FAULTS:
+    import celery.canvas
+    from billiard.exceptions import SoftTimeLimitExceeded
+    from kombu.exceptions import OperationalError
+
+    import core.interop.rehydrated as _rehydrated
+    import tasks.rehydrate as _rehydrate_task
+    from core.errors import StorageUnavailable
+
+    _real_rehydrate = _rehydrate_task.rehydrate
+    _real_build = _rehydrated._build
+    _real_apply_async = celery.canvas.Signature.apply_async
+
+    def _faulty_rehydrate(*args: Any, **kwargs: Any) -> Any:
+        if _take("transient"):
+            raise StorageUnavailable("database", "injected: away for a moment")
+        return _real_rehydrate(*args, **kwargs)
+
+    def _faulty_build(*args: Any, **kwargs: Any) -> Any:
+        if _take("stuck"):
+            deadline = time.monotonic() + 120
+            while time.monotonic() < deadline:  # the hard limit kills the process first
+                try:
+                    time.sleep(0.2)
+                except SoftTimeLimitExceeded:
+                    pass
+        return _real_build(*args, **kwargs)
+
+    def _faulty_apply_async(self: Any, *args: Any, **kwargs: Any) -> Any:
+        if _take("refuse_publish"):
+            raise OperationalError("injected: the broker is restarting")
+        return _real_apply_async(self, *args, **kwargs)
+
+    _rehydrate_task.rehydrate = _faulty_rehydrate  # type: ignore[assignment]
+    _rehydrated._build = _faulty_build  # type: ignore[assignment]
+    celery.canvas.Signature.apply_async = _faulty_apply_async  # type: ignore[method-assign]

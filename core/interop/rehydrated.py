@@ -49,10 +49,10 @@ from core.artifacts.staging import ObjectStagedFile, Staged
 from core.artifacts.storage import FileArtifactStorage
 from core.blobs.store import make_ref, sha256_hex
 from core.db import read_connection, write_transaction
-from core.errors import InvalidEvent, RehydrateInProgress
+from core.errors import InvalidArgument, InvalidEvent, RehydrateInProgress
 from core.fsio import fsync_dir
 from core.interop import exporter, omp, pi
-from core.journal.validation import check_at_seq
+from core.journal.validation import MAX_ID_LENGTH, MAX_TENANT_LENGTH, check_at_seq, check_id
 from core.models import REHYDRATION_BUILDING as BUILDING
 from core.models import REHYDRATION_DONE as DONE
 from core.models import BlobRefRow, RehydrationRow, database_clock, table_of, utcnow
@@ -84,6 +84,16 @@ class Request:
     format: str = "pi"
     at_seq: int | None = None
 
+    def check(self) -> None:
+        """InvalidEvent naming the field unless each is of its kind. The tenant is required:
+        ``get_session(tenant_id=None)`` would find the session in any tenant."""
+        check_id(self.session_id, "session_id", MAX_ID_LENGTH)
+        check_id(self.tenant_id, "tenant_id", MAX_TENANT_LENGTH)
+        if self.format not in FORMATS:
+            raise InvalidEvent("format", f"must be one of {', '.join(FORMATS)}")
+        if self.at_seq is not None and (type(self.at_seq) is not int or not 0 <= self.at_seq):
+            raise InvalidArgument("at_seq", f"must be a seq from 0, not {self.at_seq!r}")
+
 
 def rehydrate(
     store: SessionStore,
@@ -96,8 +106,7 @@ def rehydrate(
 
     While another builder holds the build, wait for its result, at most ``wait_s`` seconds
     (then ``RehydrateInProgress``: the caller retries later)."""
-    if request.format not in FORMATS:
-        raise InvalidEvent("format", f"must be one of {', '.join(FORMATS)}")
+    request.check()
     session = store.get_session(request.session_id, tenant_id=request.tenant_id)
     head = check_at_seq(request.at_seq, session.head_seq)
     key = (session.id, request.format, head)

@@ -256,6 +256,7 @@ _INT64_MAX = 2**63 - 1
 # library's JSON and every reader in Python meet
 MAX_INT_BITS = 13_288
 MAX_ID_LENGTH = 36
+MAX_TENANT_LENGTH = 128
 MAX_KEY_LENGTH = 200
 
 

@@ -15,6 +15,7 @@ import os
 import shutil
 import signal
 from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -25,15 +26,22 @@ from sqlalchemy import select, update
 
 from core import SessionStore, Settings
 from core.blobs.files import FileBlobStore
-from core.errors import ResolveNotFound, SessionNotFound
+from core.errors import (
+    InvalidEvent,
+    RehydrateTooLong,
+    ResolveNotFound,
+    SessionNotFound,
+    StorageUnavailable,
+)
 from core.interop import exporter
 from core.interop.omp import export_omp
 from core.interop.rehydrated import Request, rehydrate
 from core.migrate import upgrade
 from core.models import ArtifactRow, RehydrationRow, table_of, utcnow
 from tasks import enqueue_rehydrate
-from tasks.app import create_app
+from tasks.app import QUEUE, create_app
 from tasks.embedded import embedded_worker
+from tasks.rehydrate import REHYDRATE_TASK, RehydrateHandle
 from tests.cli_process import run_cli
 from tests.support import (
     WorkerProcess,
@@ -506,3 +514,127 @@ def test_a_500_mb_session_builds_in_bounded_worker_memory(
     assert result["size"] > 500 * 10**6 and result["missing_blobs"] == []
     print(f"\n500 MB build: {result['size'] / 1e6:.0f} MB, worker peak RSS {peak_kb / 1024:.0f} MB")
     assert peak_kb < 250 * 1024
+
+
+@contextmanager
+def _faulty_worker(
+    settings: Settings, tmp_path: Path, *faults: str, **env: str
+) -> Iterator[tuple[Celery, Path]]:
+    """A prefork worker (one process, visibility timeout 10 s: soft/hard limits 4/5 s) with
+    ``tests.faults``' rehydrate faults armed; yields an app on the same settings and the
+    fault directory (a fault that fired is renamed ``NAME.used``)."""
+    armed = tmp_path / "faults"
+    armed.mkdir()
+    for fault in faults:
+        (armed / fault).touch()
+    worker_env = settings_env(
+        database_url=settings.resolved_database_url,
+        broker_url=str(settings.broker_url),
+        data_dir=settings.data_dir,
+        visibility_timeout=10,
+    )
+    worker = WorkerProcess(
+        {**worker_env, "SS_REHYDRATE_FAULTS": str(armed), **env},
+        tmp_path / "w.log",
+        concurrency=1,
+        include="tests.faults",
+    )
+    try:
+        yield create_app(settings.with_overrides(task_visibility_timeout=10)), armed
+    finally:
+        worker.stop()
+
+
+@pytest.mark.postgres
+@pytest.mark.redis
+@pytest.mark.parametrize(
+    "faults",
+    [
+        # A transient failure retries; when the broker refused that retry's publish, Celery
+        # rejected the message without requeueing it: the request ended FAILED, gone.
+        ("transient", "refuse_publish"),
+        # A build killed at the hard time limit is stored as a FAILURE while its message
+        # goes back to the queue and runs again: ``get`` raised that failure, and the
+        # export the requeued run then built was never seen.
+        pytest.param(("stuck",), marks=pytest.mark.slow),
+    ],
+    ids=["retry-not-published", "killed-at-hard-limit"],
+)
+def test_a_request_survives_its_worker_failures_and_get_returns_its_export(
+    store: SessionStore, queue_settings: Settings, tmp_path: Path, faults: tuple[str, ...]
+) -> None:
+    sid = _session(store, turns=2)
+    with _faulty_worker(queue_settings, tmp_path, *faults) as (app, armed):
+        result = enqueue_rehydrate(sid, tenant_id="acme", app=app).get(timeout=90)
+    assert all((armed / f"{fault}.used").exists() for fault in faults)  # each fired
+    assert _artifact_bytes(store, result, sid) == _exported(store, sid, None, "pi")
+
+
+@pytest.mark.postgres
+@pytest.mark.redis
+@pytest.mark.slow
+def test_a_build_cut_at_the_soft_limit_is_refused_typed_and_releases_its_claim(
+    store: SessionStore, queue_settings: Settings, tmp_path: Path
+) -> None:
+    """120 events at 0.1 s each outlast the 4 s soft limit: the task failed with a bare
+    ``SoftTimeLimitExceeded``; it is refused as ``RehydrateTooLong`` (built again, it would
+    be cut again), and no claim is left to block the next request."""
+    sid = _session(store, turns=60)
+    with _faulty_worker(queue_settings, tmp_path, SS_SLOW_REHYDRATE_S="0.1") as (app, _):
+        with pytest.raises(RehydrateTooLong, match="soft time limit"):
+            enqueue_rehydrate(sid, tenant_id="acme", app=app).get(timeout=60)
+    # the claim given up: built here at once, not RehydrateInProgress after a wait
+    result = rehydrate(store, Request(sid, "acme"), wait_s=0)
+    assert _artifact_bytes(store, result, sid) == _exported(store, sid, None, "pi")
+
+
+@pytest.mark.postgres
+@pytest.mark.redis
+def test_a_request_without_a_tenant_or_with_a_bad_id_is_refused_typed(
+    store: SessionStore, app: Celery
+) -> None:
+    """``tenant_id=None`` reached ``get_session(tenant_id=None)``, which finds a session in
+    any tenant: another tenant's content was exported. A bad id was published and failed in
+    the worker with a bare TypeError. Both are refused at the door, and by the task too
+    (a client that sends the message itself)."""
+    sid = _session(store, turns=1)
+    for kwargs, field in (
+        ({"session_id": sid, "tenant_id": None}, "tenant_id"),
+        ({"session_id": sid, "tenant_id": ""}, "tenant_id"),
+        ({"session_id": 123, "tenant_id": "acme"}, "session_id"),
+        ({"session_id": "a\x00b", "tenant_id": "acme"}, "session_id"),
+    ):
+        with pytest.raises(InvalidEvent) as refused:
+            enqueue_rehydrate(kwargs.pop("session_id"), app=app, **kwargs)  # type: ignore[arg-type]
+        assert refused.value.field == field
+    with thread_worker(app, concurrency=1):
+        for kwargs, field in (
+            ({"session_id": sid, "tenant_id": None}, "tenant_id"),
+            ({"session_id": 123, "tenant_id": "acme"}, "session_id"),
+        ):
+            sent = app.send_task(REHYDRATE_TASK, kwargs=kwargs, queue=QUEUE)
+            with pytest.raises(InvalidEvent) as refused:
+                RehydrateHandle(app, sent.id).get(timeout=30)
+            assert refused.value.field == field
+
+
+def test_an_unreachable_broker_is_storage_unavailable_on_every_producer_call(
+    tmp_path: Path,
+) -> None:
+    """The publish raised kombu's OperationalError, and ``get``/``progress`` redis'
+    ConnectionError, where ``enqueue_append`` says ``StorageUnavailable``."""
+    away = "redis://127.0.0.1:1/0"
+    app = create_app(
+        Settings(
+            data_dir=tmp_path / "d", broker_url=away, result_backend=away, publish_retry_seconds=0
+        )
+    )
+    calls = (
+        lambda: enqueue_rehydrate("s", tenant_id="t", app=app),
+        lambda: RehydrateHandle(app, "some-id").get(timeout=1),
+        lambda: RehydrateHandle(app, "some-id").progress(),
+    )
+    for call in calls:
+        with pytest.raises(StorageUnavailable) as away_error:
+            call()
+        assert away_error.value.component == "broker"
