@@ -19,14 +19,23 @@ goes on. And each broker folder has its own binding state: kombu shares one per 
 so a process that used two data dirs (a test suite, an app with two stores) published the
 second one's messages to no queue.
 
+A claimed message stays in ``claimed/`` until it is acked (or rejected, or restored at
+shutdown), named by its consumer: kombu's transport dropped it at the claim, so a worker
+killed mid-task (SIGKILL, OOM, power) lost the write it was running, where Redis gives it
+back. A consumer returns to the queue the claims of a consumer that is gone (on this
+machine: same boot, same PID namespace, and that process no longer running), when it
+starts and every ``RECLAIM_EVERY_S`` after.
+
 Selected by ``tasks.app`` as ``broker_transport = "core.broker:Transport"`` with the
 ``filesystem://`` URL; nothing else changes (same folders, same file names).
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
+import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
@@ -67,10 +76,13 @@ class Channel(filesystem.Channel):
         wanted = f"{queue}.msg"
         inbox = Path(self.data_folder_in)
         claimed = inbox.parent / "claimed"
+        if monotonic() >= getattr(self, "_reclaim_at", 0.0):
+            self._reclaim_at = monotonic() + RECLAIM_EVERY_S
+            reclaim(claimed, inbox, older_than_s=self._visibility_timeout())
         for name in sorted(os.listdir(inbox)):
             if name.partition(".")[2] != wanted:
                 continue
-            mine = claimed / f"{os.getpid()}-{uuid.uuid4().hex}-{name}"
+            mine = claimed / f"{_owner(os.getpid())}{_SEP}{uuid.uuid4().hex}{_SEP}{name}"
             try:
                 claimed.mkdir(exist_ok=True)
                 os.rename(inbox / name, mine)  # atomic: one consumer wins it
@@ -87,9 +99,131 @@ class Channel(filesystem.Channel):
             except ValueError:
                 _set_aside(mine, inbox.parent / "bad", name)
                 continue
-            mine.unlink(missing_ok=True)
+            message[_CLAIM] = str(mine)  # not in what a restore writes back (serializable)
             return message
         raise Empty()
+
+    def basic_consume(
+        self, queue: Any, no_ack: bool, callback: Any, consumer_tag: Any, **kwargs: Any
+    ) -> None:
+        super().basic_consume(queue, no_ack, callback, consumer_tag, **kwargs)  # type: ignore[no-untyped-call]
+        if no_ack:  # never acked (a remote-control mailbox): nothing to hold it for
+            deliver = self.connection._callbacks[queue]
+
+            def dropping_claim(raw: Any) -> Any:
+                _drop(raw.get(_CLAIM))
+                return deliver(raw)
+
+            self.connection._callbacks[queue] = dropping_claim
+
+    def basic_get(self, queue: Any, no_ack: bool = False, **kwargs: Any) -> Any:
+        message = super().basic_get(queue, no_ack, **kwargs)  # type: ignore[no-untyped-call]
+        if no_ack and message is not None:
+            _drop(message._raw.get(_CLAIM))
+        return message
+
+    def basic_ack(self, delivery_tag: Any, multiple: bool = False) -> None:
+        claim = self._claim_of(delivery_tag)
+        super().basic_ack(delivery_tag, multiple)  # type: ignore[no-untyped-call]
+        _drop(claim)
+
+    def basic_reject(self, delivery_tag: Any, requeue: bool = False) -> None:
+        claim = self._claim_of(delivery_tag)
+        super().basic_reject(delivery_tag, requeue)  # type: ignore[no-untyped-call]
+        _drop(claim)  # requeued: published again as a new file first
+
+    def _restore(self, message: Any) -> None:
+        super()._restore(message)  # type: ignore[no-untyped-call]
+        _drop(getattr(message, "_raw", {}).get(_CLAIM))
+
+    def _visibility_timeout(self) -> float:
+        options = self.connection.client.transport_options or {}
+        return float(options.get("visibility_timeout", 3600))
+
+    def _claim_of(self, delivery_tag: Any) -> str | None:
+        try:
+            message = self.qos.get(delivery_tag)
+        except KeyError:
+            return None
+        claim = getattr(message, "_raw", {}).get(_CLAIM)
+        return claim if isinstance(claim, str) else None
+
+
+RECLAIM_EVERY_S = 30.0
+_CLAIM = "x-sessionstore-claim"
+_SEP = "~"
+
+
+def _process_start(pid: int | str) -> str | None:
+    """The start time of process ``pid`` (clock ticks since boot), None if there is none:
+    a pid reused by a later process has another."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except (OSError, ValueError):
+        return None
+    return stat.rsplit(")", 1)[1].split()[19]
+
+
+def _machine() -> str:
+    """This boot and PID namespace, where a process id names one process."""
+    try:
+        boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip().replace("-", "")
+        namespace = os.stat("/proc/self/ns/pid").st_ino
+    except OSError:  # no /proc: no claim is judged by its owner, only by its age
+        return f"noproc{uuid.uuid4().hex}"
+    return f"{boot}{namespace}"
+
+
+_MACHINE = _machine()
+
+
+@functools.cache
+def _owner(pid: int) -> str:
+    """How this process names its claims (per pid: a forked child is another consumer)."""
+    return f"{_MACHINE}.{pid}.{_process_start(pid)}"
+
+
+def reclaim(claimed: Path, inbox: Path, *, older_than_s: float) -> int:
+    """Return to ``inbox`` the messages claimed by consumers that are gone: on this machine
+    (same boot and PID namespace) a process no longer running; elsewhere (another boot, a
+    volume shared between namespaces) a claim older than ``older_than_s``, the visibility
+    timeout after which Redis gives a message back. Returns how many."""
+    try:
+        names = os.listdir(claimed)
+    except FileNotFoundError:
+        return 0
+    now, back = time.time(), 0
+    for claim in names:
+        owner, _, rest = claim.partition(_SEP)
+        name = rest.partition(_SEP)[2]
+        if not name or owner == _owner(os.getpid()):
+            continue  # an older version's claim (it was read then), or this process's own
+        machine, _, process = owner.partition(".")
+        if machine == _MACHINE:
+            pid, _, start = process.partition(".")
+            if _process_start(pid) == start:
+                continue  # its consumer still runs
+        else:
+            try:
+                if now - os.stat(claimed / claim).st_ctime < older_than_s:  # ctime: the claim
+                    continue
+            except FileNotFoundError:
+                continue
+        try:
+            os.rename(claimed / claim, inbox / name)  # as it was published: whole, once
+        except FileNotFoundError:
+            continue  # acked meanwhile, or another consumer took it back first
+        back += 1
+        log.warning("the embedded broker returned a message its lost consumer held: %s", name)
+    return back
+
+
+def _drop(claim: Any) -> None:
+    if isinstance(claim, str):
+        try:
+            os.unlink(claim)
+        except FileNotFoundError:
+            pass
 
 
 def _set_aside(path: Path, bad: Path, name: str) -> None:

@@ -6,17 +6,20 @@ the last)."""
 from __future__ import annotations
 
 import multiprocessing
+import subprocess
 import time
 from pathlib import Path
 from typing import Any
 
+import pytest
 from kombu import Connection
 
-from core import SessionStore, Settings
+from core import SessionStore, Settings, broker
 from core.migrate import upgrade
 from tasks import enqueue_append
 from tasks.app import celery_config, create_app
 from tasks.embedded import embedded_worker
+from tests.support import WorkerProcess, clean_env, wait_for
 
 _MP = multiprocessing.get_context("spawn")
 
@@ -186,3 +189,99 @@ def test_an_embedded_worker_keeps_remote_control_unless_told_and_restores_it(
             answered = app.control.inspect(timeout=2).ping() or {}
             assert (worker.hostname in answered) is remote_control, answered
         assert app.conf.worker_enable_remote_control is True
+
+
+def test_acked_requeued_restored_and_no_ack_messages_leave_no_claim(tmp_path: Path) -> None:
+    """A claimed message is held in ``claimed/`` until its consumer is done with it: acked
+    (gone), rejected to the queue or restored at shutdown (back in the queue, once)."""
+    settings = Settings(data_dir=tmp_path)
+    claimed = tmp_path / "queue" / "claimed"
+    with _connection(settings) as conn:
+        queue = conn.SimpleQueue("claims")
+        for i in range(3):
+            queue.put({"i": i})
+        acked = queue.get(timeout=5)  # one published in the same millisecond may be first
+        acked.ack()
+        assert list(claimed.iterdir()) == []
+        queue.get(timeout=5).requeue()
+        held = queue.get(timeout=5)
+        assert held.payload != acked.payload and len(list(claimed.iterdir())) == 1
+    # closed with 2 unacked: restored, as kombu restores a consumer's unacked messages
+    assert list(claimed.iterdir()) == []
+    with _connection(settings) as conn:
+        queue = conn.SimpleQueue("claims", no_ack=True)
+        back = sorted(queue.get(timeout=5).payload["i"] for _ in range(2))
+        assert back == sorted({0, 1, 2} - {acked.payload["i"]})
+        assert list(claimed.iterdir()) == []  # no ack will come: not held
+        with pytest.raises(queue.Empty):
+            queue.get(timeout=0.5)
+
+
+def test_a_claim_goes_back_only_when_its_consumer_is_gone(tmp_path: Path) -> None:
+    """On this machine a claim is returned once its process no longer runs (a pid reused by
+    a later process does not keep it); one made elsewhere (another boot, a volume shared
+    with another namespace) after the visibility timeout, as Redis returns a message."""
+    claimed, inbox = tmp_path / "claimed", tmp_path / "in"
+    claimed.mkdir()
+    inbox.mkdir()
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    alive = subprocess.Popen(["sleep", "60"])
+    try:
+        wait_for(lambda: broker._process_start(alive.pid) is not None, 10, "sleep to start")
+        owners = {
+            "dead": f"{broker._MACHINE}.{gone.pid}.123",
+            "reused": f"{broker._MACHINE}.{alive.pid}.1",  # its pid, another start time
+            "alive": broker._owner(alive.pid),
+            "elsewhere": f"0ther{broker._MACHINE}.{alive.pid}.1",
+        }
+        for label, owner in owners.items():
+            (claimed / f"{owner}~{label}~1_{label}.celery.msg").write_text(label)
+        assert broker.reclaim(claimed, inbox, older_than_s=3600) == 2
+        assert sorted(p.name for p in inbox.iterdir()) == [
+            "1_dead.celery.msg",
+            "1_reused.celery.msg",
+        ]
+        assert (inbox / "1_dead.celery.msg").read_text() == "dead"
+        assert broker.reclaim(claimed, inbox, older_than_s=0) == 1  # elsewhere: by age only
+        assert sorted(p.name.rpartition("~")[2] for p in claimed.iterdir()) == [
+            "1_alive.celery.msg"
+        ]
+    finally:
+        alive.kill()
+        alive.wait()
+
+
+@pytest.mark.slow
+def test_a_worker_killed_mid_task_gets_its_message_back_on_the_embedded_broker(
+    tmp_path: Path,
+) -> None:
+    """A real prefork worker on the embedded defaults, SIGKILLed (main process and pool)
+    after its write committed and before the ack: the claimed message was deleted at the
+    claim, so the write never got an outcome (the handle waited for ever). Now the next
+    worker returns it, and the write is answered from its committed record."""
+    data_dir = tmp_path / "data"
+    settings = Settings(data_dir=data_dir)
+    upgrade(settings.resolved_database_url)
+    faults = tmp_path / "faults"
+    faults.mkdir()
+    (faults / "armed").touch()
+    env = clean_env(data_dir, SS_FAULT_DIR=str(faults))
+    app = create_app(settings)
+    with SessionStore.from_settings(settings) as store:
+        sid = store.create_session(tenant_id="acme").id
+        handle = enqueue_append(sid, [{"type": "note", "n": 1}], idempotency_key="k", app=app)
+        first = WorkerProcess(env, tmp_path / "w1.log", concurrency=1, include="tests.faults")
+        try:
+            wait_for((faults / "committed").exists, 60, "the write to commit and hang")
+        finally:
+            first.kill()
+        assert store.get_session(sid).head_seq == 1
+        assert len(list((data_dir / "queue" / "claimed").iterdir())) == 1  # held, not lost
+        second = WorkerProcess(env, tmp_path / "w2.log", concurrency=1)
+        try:
+            result = handle.get(timeout=60)
+        finally:
+            second.stop()
+        assert result.replayed and (result.first_seq, result.last_seq) == (1, 1)
+        assert store.get_session(sid).head_seq == 1
