@@ -72,6 +72,7 @@ def append(
     if deliveries > settings.task_max_deliveries:
         outcome = _given_up(self, key, session_id, events, expected_seq, deliveries)
         return _answer(self, outcome, deliveries)
+    refused: Exception | None = None
     try:
         # The producer ran this already; other clients may not have (send_task by name).
         validate_write(settings, session_id, events, expected_seq, key)
@@ -86,12 +87,19 @@ def append(
         retries = SOFT_LIMIT_RETRIES if cut_short else settings.task_max_retries
         if (cut_short or is_transient(exc)) and self.request.retries < retries:
             _retry_later(self, "transient failure, retrying write", exc)
-        outcome = _dead_letter(self, key, session_id, events, expected_seq, exc)
-    else:
-        outcome = committed(key, result, _digest_of(self, events))
-        _observe_commit(self, result.replayed)
-        _clear_rejections(self, session_id, key)
-    return _answer(self, outcome, deliveries)
+        refused = exc
+    try:
+        if refused is not None:
+            outcome = _dead_letter(self, key, session_id, events, expected_seq, refused)
+        else:
+            outcome = committed(key, result, _digest_of(self, events))
+            _observe_commit(self, result.replayed)
+            _clear_rejections(self, session_id, key)
+        return _answer(self, outcome, deliveries)
+    except SoftTimeLimitExceeded as late:
+        # Escaping, the limit would be the write's outcome (a FAILURE, acked) though it
+        # committed or was kept: run again, and the key answers it (the letter found again).
+        _retry_later(self, "cut short after its outcome was decided, answering it again", late)
 
 
 def _answer(task: Task, outcome: dict[str, Any], deliveries: int) -> dict[str, Any]:

@@ -80,28 +80,28 @@ if SLOW_REHYDRATE_S:
     Rehydrator.events = _slow_events  # type: ignore[method-assign]
 
 
-# With SS_REHYDRATE_FAULTS (a directory), each file in it arms one fault, used once (the
+# With SS_TASK_FAULTS (a directory), each file in it arms one fault, used once (the
 # file is renamed away first, so one process takes it):
 # - ``transient``: the next rehydrate fails as the database away for a moment;
 # - ``refuse_publish``: the next message the worker publishes (a retry) is refused, as a
 #   broker restarting refuses it;
 # - ``stuck``: the next build hangs where the soft time limit cannot end it (swallowed, as
-#   in C code), until the hard limit kills the pool process.
-REHYDRATE_FAULTS = os.environ.get("SS_REHYDRATE_FAULTS")
+#   in C code), until the hard limit kills the pool process;
+# - ``slow_after_commit``: the next write that commits is held after its commit, before
+#   its outcome is stored, for 30 s (past the soft time limit, which ends the wait).
+TASK_FAULTS = os.environ.get("SS_TASK_FAULTS")
 
 
 def _take(name: str) -> bool:
-    assert REHYDRATE_FAULTS is not None
+    assert TASK_FAULTS is not None
     try:
-        os.rename(
-            os.path.join(REHYDRATE_FAULTS, name), os.path.join(REHYDRATE_FAULTS, f"{name}.used")
-        )
+        os.rename(os.path.join(TASK_FAULTS, name), os.path.join(TASK_FAULTS, f"{name}.used"))
     except FileNotFoundError:
         return False
     return True
 
 
-if REHYDRATE_FAULTS:
+if TASK_FAULTS:
     import celery.canvas
     from billiard.exceptions import SoftTimeLimitExceeded
     from kombu.exceptions import OperationalError
@@ -134,6 +134,16 @@ if REHYDRATE_FAULTS:
             raise OperationalError("injected: the broker is restarting")
         return _real_apply_async(self, *args, **kwargs)
 
+    import tasks.writes as _writes
+
+    _real_observe_commit = _writes._observe_commit
+
+    def _slow_observe_commit(*args: Any, **kwargs: Any) -> Any:
+        if _take("slow_after_commit"):
+            time.sleep(30)
+        return _real_observe_commit(*args, **kwargs)
+
+    _writes._observe_commit = _slow_observe_commit  # type: ignore[assignment]
     _rehydrate_task.rehydrate = _faulty_rehydrate  # type: ignore[assignment]
     _rehydrated._build = _faulty_build  # type: ignore[assignment]
     celery.canvas.Signature.apply_async = _faulty_apply_async  # type: ignore[method-assign]

@@ -62,7 +62,8 @@ def _worker(settings: Settings, database_url: str, tmp_path: Path, **env: str) -
         data_dir=tmp_path / "w",
         visibility_timeout=VISIBILITY,
     )
-    return WorkerProcess({**base, **env}, tmp_path / "worker.log", concurrency=1)
+    faults = "tests.faults" if "SS_TASK_FAULTS" in env else None
+    return WorkerProcess({**base, **env}, tmp_path / "worker.log", concurrency=1, include=faults)
 
 
 def _logged(tmp_path: Path, text: str) -> None:
@@ -174,6 +175,28 @@ def test_a_write_cut_short_by_the_soft_limit_is_retried_not_rejected(
 
 
 @pytest.mark.postgres
+def test_a_write_cut_short_after_its_commit_is_answered_as_committed(
+    limited: tuple[Settings, Path],
+) -> None:
+    """The soft limit after the commit, before the outcome was stored (metrics, clearing an
+    earlier rejection, storing the result): it escaped as the write's FAILURE, acked, and
+    the producer was told ``SoftTimeLimitExceeded`` for a write that landed. Now it runs
+    again, and the key answers it."""
+    settings, tmp_path = limited
+    url = f"sqlite:///{tmp_path / 'journal.db'}"
+    upgrade(url)
+    armed = tmp_path / "faults"
+    armed.mkdir()
+    with _warm_worker(settings, url, tmp_path, SS_TASK_FAULTS=str(armed)) as (app, store, sid):
+        (armed / "slow_after_commit").touch()
+        handle = enqueue_append(sid, [_event("late")], idempotency_key="k-late", app=app)
+        result = handle.get(timeout=60)
+        assert (armed / "slow_after_commit.used").exists()
+        assert (result.first_seq, result.last_seq) == (2, 2) and result.replayed
+        assert _markers(store, sid) == ["warm", "late"]
+        assert store.dead_letters.count() == 0
+
+
 def test_a_send_is_answered_with_its_own_outcome(queue_settings: Settings) -> None:
     app = create_app(queue_settings)
     with SessionStore.from_settings(queue_settings) as store, thread_worker(app, concurrency=1):

@@ -534,7 +534,7 @@ def _faulty_worker(
         visibility_timeout=10,
     )
     worker = WorkerProcess(
-        {**worker_env, "SS_REHYDRATE_FAULTS": str(armed), **env},
+        {**worker_env, "SS_TASK_FAULTS": str(armed), **env},
         tmp_path / "w.log",
         concurrency=1,
         include="tests.faults",
