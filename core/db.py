@@ -139,11 +139,6 @@ def advisory_lock(conn: Connection, key: int | str, *, shared: bool = False) -> 
     conn.execute(text(f"SELECT pg_advisory_xact_lock{kind}({argument})"), {"key": key})
 
 
-def display_url(url: str) -> str:
-    """A database URL fit to print: the password hidden."""
-    return make_url(url).render_as_string(hide_password=True)
-
-
 _DEADLOCK_RETRIES = 3
 
 

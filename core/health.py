@@ -26,6 +26,7 @@ from core.db import make_engine
 from core.errors import DatabaseMissing, SchemaNotCurrent
 from core.records import PlainRecord
 from core.settings import Settings
+from core.urls import hide_password
 
 Check = Callable[[], str]
 
@@ -102,7 +103,7 @@ def check_blobs(settings: Settings) -> str:
         store = blob_store_for(settings, engine)
         if isinstance(store, ObjectBlobStore):
             store.probe()
-            return f"object store {settings.resolved_blob_url} answers"
+            return f"object store {hide_password(settings.resolved_blob_url)} answers"
         assert isinstance(store, FileBlobStore)
         return check_artifacts(store.root, what="blob directory")
     finally:

@@ -16,6 +16,14 @@ from pydantic import AliasChoices, Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from core.errors import BadConfig
+from core.urls import (
+    EMBEDDED_BROKER_URL,
+    check_broker_url,
+    check_database_url,
+    check_result_backend,
+    database_url_of,
+    hide_password,
+)
 
 if TYPE_CHECKING:
     from celery.schedules import crontab
@@ -65,8 +73,14 @@ class Settings(BaseSettings):
 
     # No float setting is NaN or infinite (each also has an upper bound): "inf" hung
     # producers in their retry loop, "nan" failed later in Celery or kombu.
+    # hide_input_in_errors: a ValidationError's text (a traceback, a log) quoted each bad
+    # value, a URL's password with it; the messages of our own checks show it hidden.
     model_config = SettingsConfigDict(
-        env_prefix="SESSIONSTORE_", extra="ignore", populate_by_name=True, allow_inf_nan=False
+        env_prefix="SESSIONSTORE_",
+        extra="ignore",
+        populate_by_name=True,
+        allow_inf_nan=False,
+        hide_input_in_errors=True,
     )
 
     data_dir: Path = Field(
@@ -93,12 +107,17 @@ class Settings(BaseSettings):
         "configure S3). Default: artifact_root, else file:// in the data dir.",
     )
     broker_url: str | None = shared_optional(
-        "The Celery broker (redis://…). Unset: the embedded broker, kombu's "
-        "filesystem transport without its races (core.broker), in the data dir's "
-        "`queue/` folder.",
+        "The Celery broker: redis://host:6379/0 (rediss://… needs ssl_cert_reqs=required, "
+        "optional or none when it keeps the results too), or amqp://, amqps://, pyamqp:// "
+        "(RabbitMQ). Unset (or `filesystem://localhost//`, as `sessionstore settings` shows "
+        "it): the embedded broker, kombu's filesystem transport without its races "
+        "(core.broker), in the data dir's `queue/` folder.",
     )
     result_backend: str | None = shared_optional(
-        "The Celery result backend. Unset: the broker's Redis, or an embedded SQLite result store.",
+        "The Celery result backend: redis://host:6379/1 (rediss://… with ssl_cert_reqs), "
+        "rpc://, or db+ and a URL the journal runs on (db+sqlite:///…, "
+        "db+postgresql+psycopg://…). Unset: the broker's Redis, or an embedded SQLite result "
+        "store.",
     )
 
     # journal limits
@@ -297,12 +316,26 @@ class Settings(BaseSettings):
     @classmethod
     def _database_url(cls, value: str | None) -> str | None:
         if value:
-            # The URL most deployments write (libpq's, Heroku's): psycopg is the driver
-            # installed (SQLAlchemy's default for it, psycopg2, is not).
-            for plain in ("postgresql://", "postgres://"):
-                if value.startswith(plain):
-                    value = "postgresql+psycopg://" + value[len(plain) :]
+            value = database_url_of(value)
             check_database_url(value)
+        return value
+
+    @field_validator("broker_url")
+    @classmethod
+    def _broker_url(cls, value: str | None) -> str | None:
+        if value == EMBEDDED_BROKER_URL:  # as `sessionstore settings` shows the embedded one
+            return None
+        if value:
+            check_broker_url(value)  # as kombu will read it, so a bad one is refused here
+        return value
+
+    @field_validator("result_backend")
+    @classmethod
+    def _result_backend(cls, value: str | None) -> str | None:
+        if value:
+            if value.startswith("db+"):  # Celery's database backend: the journal's drivers
+                value = "db+" + database_url_of(value.removeprefix("db+"))
+            check_result_backend(value)
         return value
 
     @field_validator("gc_schedule", "expire_schedule", "reconcile_schedule")
@@ -330,10 +363,14 @@ class Settings(BaseSettings):
 
     @model_validator(mode="after")
     def _check_urls(self) -> Settings:
+        if self.result_backend is None and self.broker_url and self.broker_url.startswith("redis"):
+            try:  # the broker's Redis keeps the results too (tasks.app)
+                check_result_backend(self.broker_url)
+            except ValueError as exc:
+                raise ValueError(f"broker_url (also the result backend): {exc}") from None
         if not self.resolved_blob_url.startswith(("file://", "s3://")):
-            raise ValueError(
-                f"blob_url must be file:///… or s3://bucket/prefix, got {self.resolved_blob_url!r}"
-            )
+            shown = hide_password(self.resolved_blob_url)
+            raise ValueError(f"blob_url must be file:///… or s3://bucket/prefix, got {shown!r}")
         return self
 
     @property
@@ -437,28 +474,6 @@ def warn_unknown_variables() -> None:
     stderr where logging is not configured, as in the CLI)."""
     for line in unknown_variables(os.environ):
         log.warning(line)
-
-
-# The journal's backends, with the drivers installed for them (None: the backend's default).
-_DATABASES = {"sqlite": (None, "pysqlite"), "postgresql": ("psycopg",)}
-
-
-def check_database_url(url: str) -> None:
-    """ValueError unless ``url`` names a backend and driver the journal runs on (any other
-    passed a prefix check, then failed every command with an import error)."""
-    from sqlalchemy.engine import make_url  # only when a URL is set
-    from sqlalchemy.exc import ArgumentError
-
-    accepted = "sqlite:///… or postgresql+psycopg://…"
-    try:
-        parsed = make_url(url)
-    except ArgumentError:
-        raise ValueError(f"must be a URL like {accepted}, got {url!r}") from None
-    backend, driver = parsed.get_backend_name(), parsed.drivername.partition("+")[2] or None
-    if driver not in _DATABASES.get(backend, ()):
-        raise ValueError(
-            f"must be {accepted}: SQLite, or PostgreSQL through psycopg (3), got {url!r}"
-        )
 
 
 def parse_schedule(value: str) -> float | crontab:

@@ -19,6 +19,7 @@ from celery.schedules import crontab, schedule
 
 from core.broker import TRANSPORT as EMBEDDED_TRANSPORT
 from core.settings import Settings, crontab_period, parse_schedule, warn_unknown_variables
+from core.urls import EMBEDDED_BROKER_URL
 from tasks.results import polling_redis_url
 
 TASK_MODULES = ["tasks.writes", "tasks.maintenance", "tasks.forks", "tasks.rehydrate"]
@@ -58,9 +59,6 @@ def settings_of(app: Celery) -> Settings:
 
 def embedded_broker_dir(settings: Settings) -> Path:
     return (settings.data_dir / "queue").resolve()
-
-
-EMBEDDED_BROKER_URL = "filesystem://localhost//"
 
 
 def celery_broker_url(settings: Settings) -> str:

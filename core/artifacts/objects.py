@@ -30,6 +30,7 @@ from core.artifacts.paths import OVERSIZED_DIR, STAGING_DIR, oversized_id_of
 from core.artifacts.storage import check_key, check_prefix, opened_source
 from core.blobs.objects import DEFAULT_S3_LIMITS, open_s3_store, storage_call
 from core.errors import StorageUnavailable
+from core.urls import hide_password
 
 _T = TypeVar("_T")
 # Below this, one PUT; above, obstore's multipart upload (atomic on completion too).
@@ -191,7 +192,7 @@ class ObjectArtifactStorage:
         if got != b"ok":
             raise StorageUnavailable("artifacts", "the object store returned other bytes")
         self._call(lambda: obstore.delete(self.store, key))
-        return f"object store {self.url} answers"
+        return f"object store {hide_password(self.url)} answers"
 
     def _list(self, prefix: str | None) -> Iterator[Any]:
         stream = self._call(lambda: obstore.list(self.store, prefix=prefix, chunk_size=1000))

@@ -32,6 +32,7 @@ from core.artifacts.paths import STAGING_DIR
 from core.errors import BadConfig, InvalidArtifactPath, StorageUnavailable
 from core.settings import Settings
 from core.translate import storage_errors
+from core.urls import hide_password
 
 _COPY_CHUNK = 1024 * 1024
 
@@ -245,15 +246,20 @@ def artifact_url_of(value: str) -> str:
     parsed = urlparse(value)
     if parsed.scheme == "s3":
         if not parsed.netloc:
-            raise BadConfig(f"artifact_url {value!r}: s3:// needs a bucket (s3://bucket/prefix)")
+            raise BadConfig(
+                f"artifact_url {hide_password(value)!r}: s3:// needs a bucket (s3://bucket/prefix)"
+            )
         return value.rstrip("/")
     if parsed.scheme == "file":
         if parsed.netloc not in ("", "localhost") or not parsed.path.startswith("/"):
-            raise BadConfig(f"artifact_url {value!r}: expected file:///absolute/path")
+            raise BadConfig(
+                f"artifact_url {hide_password(value)!r}: expected file:///absolute/path"
+            )
         return value
     if parsed.scheme == "" and value:
         return Path(value).resolve().as_uri()
-    raise BadConfig(f"artifact_url {value!r}: expected file:///absolute/path or s3://bucket/prefix")
+    shown = hide_password(value)
+    raise BadConfig(f"artifact_url {shown!r}: expected file:///absolute/path or s3://bucket/prefix")
 
 
 @contextmanager

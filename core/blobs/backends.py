@@ -12,6 +12,7 @@ from core.blobs.files import FileBlobStore
 from core.blobs.store import BlobIndex, BlobStore
 from core.errors import BlobError
 from core.settings import Settings
+from core.urls import hide_password
 
 
 def open_blob_store(
@@ -31,7 +32,7 @@ def open_blob_store(
         return ObjectBlobStore(store, BlobIndex(engine))
     if parsed.scheme != "file" or parsed.netloc not in ("", "localhost"):
         raise BlobError(
-            f"unsupported blob URL {url!r}: expected file:///absolute/path or s3://bucket/prefix"
+            f"unsupported blob URL {hide_password(url)!r}: expected file:///absolute/path or s3://bucket/prefix"
         )
     return FileBlobStore(Path(url2pathname(parsed.path)), BlobIndex(engine))
 

@@ -58,6 +58,7 @@ from core.db import is_sqlite, retry_deadlocks, write_transaction
 from core.errors import StorageUnavailable
 from core.models import BlobRow, table_of, utcnow
 from core.translate import reason_of
+from core.urls import hide_password
 
 log = logging.getLogger(__name__)
 
@@ -101,7 +102,8 @@ def open_s3_store(
             },
         )
     except Exception as exc:  # obstore raises its own configuration errors
-        raise StorageUnavailable(component, f"cannot open {url}: {reason_of(exc)}") from exc
+        reason = f"cannot open {hide_password(url)}: {reason_of(exc)}"
+        raise StorageUnavailable(component, reason) from exc
 
 
 _CLIENT_FLAGS = ("allow_http", "allow_invalid_certificates", "http1_only", "http2_only")

@@ -14,8 +14,10 @@ def settings(
     markdown: bool = typer.Option(False, "--markdown", help="The README's table of variables."),
     as_json: bool = JsonOption,
 ) -> None:
-    """Show the effective settings (from SESSIONSTORE_* variables) and derived URLs."""
+    """Show the effective settings (from SESSIONSTORE_* variables) and derived URLs
+    (passwords hidden)."""
     from core.settings import settings_markdown
+    from core.urls import hide_password
     from tasks.app import celery_broker_url  # not celery_config: it makes the queue's folders
 
     if markdown:
@@ -29,6 +31,8 @@ def settings(
         "resolved_artifact_root": str(current.resolved_artifact_root),
         "celery_broker_url": celery_broker_url(current),
     }
+    # every text value: a URL's password is shown nowhere (a dump gets pasted into issues)
+    values = {k: hide_password(v) if isinstance(v, str) else v for k, v in values.items()}
     if as_json:
         print_json(values)
         return

@@ -34,14 +34,14 @@ def demo(
     By default everything lives in a fresh temporary data directory with the embedded
     defaults (SQLite, file blobs, filesystem broker), removed afterwards unless --keep.
     """
-    from core.db import display_url
     from core.settings import Settings
+    from core.urls import hide_password
     from tasks.cli import demo_script
 
     if use_settings:
         settings = load_settings()
-        where = display_url(settings.resolved_database_url)
-        broker = settings.broker_url or "the embedded broker"
+        where = hide_password(settings.resolved_database_url)
+        broker = hide_password(settings.broker_url or "the embedded broker")
         confirm(
             f"run the demo against {where} and {broker}? It writes sessions and runs blob "
             "GC and artifact expiry there.",

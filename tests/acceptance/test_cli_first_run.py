@@ -236,6 +236,77 @@ def test_a_setting_celery_or_sqlalchemy_cannot_use_is_a_bad_setting(cli: Cli) ->
         del cli.env[variable]
 
 
+SECRET = "s3cr3t-Pw"
+
+
+@pytest.mark.parametrize(
+    ("variable", "value"),
+    [
+        ("SESSIONSTORE_DATABASE_URL", f"mysql://u:{SECRET}@127.0.0.1/db"),
+        ("SESSIONSTORE_DATABASE_URL", f"postgresql://u:{SECRET}@127.0.0.1:99999/db"),
+        ("SESSIONSTORE_BROKER_URL", f"redis://:{SECRET}@127.0.0.1:99999/0"),
+        ("SESSIONSTORE_BROKER_URL", f"redis://:{SECRET}@127.0.0.1:6379/queue"),
+        ("SESSIONSTORE_BROKER_URL", f"memory://:{SECRET}@localhost"),
+        ("SESSIONSTORE_RESULT_BACKEND", f"db+mysql://u:{SECRET}@127.0.0.1/db"),
+        ("SESSIONSTORE_RESULT_BACKEND", f"redis://:{SECRET}@127.0.0.1:6379/x"),
+    ],
+)
+def test_a_bad_url_is_a_bad_setting_without_its_password(
+    cli: Cli, variable: str, value: str
+) -> None:
+    """One line naming the setting, with the URL's password hidden: the database's printed
+    the whole URL, and a bad broker or backend passed, then failed in kombu (a traceback
+    with the URL) or hung reconnecting to a port that cannot exist."""
+    cli.env["SESSIONSTORE_DATA_DIR"] = str(cli.home / "data")
+    cli.env[variable] = value
+    name = variable.removeprefix("SESSIONSTORE_").lower()
+    for args in (("settings", "--json"), ("worker",), ("health",)):
+        result = cli(*args, timeout=60)
+        one_line_error(result, ExitCode.BAD_CONFIG, f"bad setting {name}", ":***@")
+        assert SECRET not in result.stdout + result.stderr
+
+
+def test_no_output_shows_a_url_password(cli: Cli) -> None:
+    """Good URLs with passwords: the settings dump, health and the demo's question show
+    each password as ***."""
+    cli.env.update(
+        {
+            "SESSIONSTORE_DATA_DIR": str(cli.home / "data"),
+            "SESSIONSTORE_DATABASE_URL": f"postgresql://u:{SECRET}@127.0.0.1:{free_port()}/db",
+            "SESSIONSTORE_BROKER_URL": f"redis://:{SECRET}@127.0.0.1:{free_port()}/0",
+            "SESSIONSTORE_RESULT_BACKEND": f"db+postgresql://u:{SECRET}@127.0.0.1:1/results",
+            "SESSIONSTORE_BLOB_URL": "s3://bucket/blobs",
+        }
+    )
+    shown = cli("settings", "--json")
+    assert shown.returncode == 0, shown.stderr
+    assert SECRET not in shown.stdout + shown.stderr
+    values = json.loads(shown.stdout)
+    assert values["broker_url"] == values["celery_broker_url"]
+    assert values["broker_url"].startswith("redis://:***@127.0.0.1:")
+    assert values["resolved_database_url"].startswith("postgresql+psycopg://u:***@127.0.0.1:")
+    assert values["result_backend"] == "db+postgresql+psycopg://u:***@127.0.0.1:1/results"
+    for args, stdin in [(("settings",), None), (("demo", "--use-settings"), "n\n")]:
+        result = cli(*args, stdin=stdin, timeout=60)
+        assert SECRET not in result.stdout + result.stderr
+        assert ":***@" in result.stdout + result.stderr
+    health = cli("health", "--timeout", "5", timeout=90)
+    assert health.returncode == 1, health.stderr
+    assert SECRET not in health.stdout + health.stderr
+
+
+def test_the_embedded_brokers_url_as_shown_is_the_embedded_broker(cli: Cli) -> None:
+    """`settings` shows the embedded broker as filesystem://localhost//; that URL set as
+    SESSIONSTORE_BROKER_URL stays the embedded broker (a bad URL is refused now)."""
+    cli.env["SESSIONSTORE_DATA_DIR"] = str(cli.home / "data")
+    cli.env["SESSIONSTORE_BROKER_URL"] = "filesystem://localhost//"
+    shown = cli("settings", "--json")
+    assert shown.returncode == 0, shown.stderr
+    values = json.loads(shown.stdout)
+    assert values["broker_url"] is None
+    assert values["celery_broker_url"] == "filesystem://localhost//"
+
+
 def test_a_mistyped_variable_is_named_on_stderr(cli: Cli) -> None:
     cli.env["SESSIONSTORE_DATABSE_URL"] = "postgresql+psycopg://x@127.0.0.1/db"
     result = cli("settings", "--json")
