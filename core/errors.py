@@ -201,6 +201,27 @@ class ArtifactBusy(ArtifactError):
     row stays, so a later run (the next expiry) removes it."""
 
 
+class ArtifactIncomplete(ArtifactError):
+    """An artifact's bytes are not the whole output: its writer has not finished it, or
+    died (``state``: ``writing`` or ``truncated``). ``size_bytes`` is what is saved."""
+
+    def __init__(self, url: str, state: str, size_bytes: int) -> None:
+        self.url = url
+        self.state = state
+        self.size_bytes = size_bytes
+        if state == "writing":
+            why = "its writer has not finished it (or died; expiry marks it truncated later)"
+        else:
+            why = f"its writer died after {size_bytes:,} bytes"
+        super().__init__(
+            f"{url} is incomplete: {why}; read it with --partial (partial=True) to see "
+            "what was saved"
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**super().to_dict(), "state": self.state, "size_bytes": self.size_bytes}
+
+
 class InvalidArtifactPath(ArtifactError):
     """An artifact path was rejected by the sanitizer."""
 

@@ -239,6 +239,7 @@ class ArtifactRow(SQLModel, table=True):
         UniqueConstraint("session_id", "kind", "local_id", name="uq_artifacts_session_kind_id"),
         Index("ix_artifacts_kind_expires", "kind", "expires_at"),
         Index("ix_artifacts_local_id", "local_id"),
+        Index("ix_artifacts_state_created", "state", "created_at"),
     )
 
     id: int | None = Field(
@@ -258,6 +259,12 @@ class ArtifactRow(SQLModel, table=True):
     created_seq: int = Field(default=0, sa_column=Column(BigInteger, nullable=False, default=0))
     expires_at: datetime | None = Field(default=None, sa_column=Column(TZDateTime, nullable=True))
     summary: str | None = Field(default=None, sa_column=Column(Text, nullable=True))
+    # complete | writing (a streamed tool output not finalized yet) | truncated (its writer
+    # died: expiry recorded the bytes it left, which are not the whole output)
+    state: str = Field(
+        default="complete",
+        sa_column=Column(String(16), nullable=False, default="complete", server_default="complete"),
+    )
 
 
 class CounterRow(SQLModel, table=True):

@@ -398,8 +398,12 @@ class SessionStore:
         tenant_id: str | None = None,
         offset: int | None = None,
         limit: int | None = None,
+        partial: bool = False,
     ) -> ResolvedResource:
-        """artifact://<id>, agent://<id>[/path|?q=], art_<16 hex> or blob:sha256:<hex>."""
+        """artifact://<id>, agent://<id>[/path|?q=], art_<16 hex> or blob:sha256:<hex>.
+
+        A tool output not whole (its writer unfinished or dead) is ``ArtifactIncomplete``,
+        or with ``partial`` its bytes so far, ``complete`` False."""
         return resolve_url(
             self.engine,
             self.settings.resolved_artifact_root,
@@ -410,6 +414,7 @@ class SessionStore:
             limit=limit,
             blob_reader=self.blobs.get,
             storage=self.artifact_storage,
+            partial=partial,
         )
 
     def store_oversized(

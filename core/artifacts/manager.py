@@ -32,9 +32,11 @@ from core.artifacts.paths import (
 )
 from core.artifacts.records import (
     AGENT_OUTPUT,
+    COMPLETE,
     FILE,
     OVERSIZED,
     TOOL_OUTPUT,
+    WRITING,
     AgentOutputSlot,
     AllocatedPath,
     ArtifactInfo,
@@ -102,7 +104,7 @@ class ArtifactManager:
 
     def allocate_path(self, tool_type: str) -> AllocatedPath:
         """Reserve the next tool-output id; the caller writes ``path``, then ``finalize``s."""
-        return self._allocate_tool(tool_type, size=0)
+        return self._allocate_tool(tool_type)
 
     def save(self, content: str | bytes, tool_type: str) -> str:
         """Store a whole tool output; returns its id (``artifact://<id>``)."""
@@ -113,14 +115,17 @@ class ArtifactManager:
             self._locked() as (conn, info, directory),
         ):
             artifact_id = self._allocate_in(
-                conn, info, TOOL_COUNTER, str, self._tool_values(tool, len(data))
+                conn, info, TOOL_COUNTER, str, self._tool_values(tool, len(data), COMPLETE)
             )
             staged.publish(directory, directory / tool_log_name(artifact_id, tool))
         return artifact_id
 
-    def _allocate_tool(self, tool_type: str, *, size: int) -> AllocatedPath:
+    def _allocate_tool(self, tool_type: str) -> AllocatedPath:
         tool = sanitize_tool_type(tool_type)
-        artifact_id, directory = self._allocate(TOOL_COUNTER, str, self._tool_values(tool, size))
+        # ``writing`` until finalized: a writer killed mid-write leaves a row that says so
+        # (readers refuse its bytes as the whole output; expiry settles it, core.artifacts.stale)
+        values = self._tool_values(tool, 0, WRITING)
+        artifact_id, directory = self._allocate(TOOL_COUNTER, str, values)
         if self._scope.objects is not None:
             # Object storage: the caller streams into a spool file in the local cache;
             # ``finalize_tool_output`` uploads it whole (a crash publishes nothing).
@@ -138,17 +143,19 @@ class ArtifactManager:
         return AllocatedPath(artifact_id, directory / tool_log_name(artifact_id, tool))
 
     @staticmethod
-    def _tool_values(tool: str, size: int) -> Callable[[str], dict[str, object]]:
+    def _tool_values(tool: str, size: int, state: str) -> Callable[[str], dict[str, object]]:
         return lambda local_id: {
             "kind": TOOL_OUTPUT,
             "name": tool_log_name(local_id, tool),
             "tool_type": tool,
             "media_type": "text/plain",
             "size_bytes": size,
+            "state": state,
         }
 
     def finalize_tool_output(self, artifact_id: str) -> int:
-        """Record the size of a tool-output file the caller wrote; returns it."""
+        """The tool-output file the caller wrote is whole: its size and ``complete``, in one
+        transaction (on object storage after its upload); returns the size."""
         info = self._require(TOOL_OUTPUT, artifact_id)
         target = self.directory() / (info.name or "")
         objects = self._scope.objects
@@ -165,7 +172,8 @@ class ArtifactManager:
                     size = os.fstat(source.fileno()).st_size
                     objects.put_file(key_of(self._scope.root, target), source)
                 nofollow.unlink(spool_dir, spool)
-        self._set_size(TOOL_OUTPUT, artifact_id, size)
+        with write_transaction(self._scope.engine) as conn:
+            rows.finish_tool_output(conn, self.session_id, artifact_id, size)
         return size
 
     def _spool_path(self, name: str | None) -> Path:
@@ -275,7 +283,10 @@ class ArtifactManager:
             raise ArtifactError(f"a tool-output id is a decimal number, got {artifact_id[:60]!r}")
         tool = sanitize_tool_type(tool_type)
         data = _encode(content)
-        values = {**self._tool_values(tool, len(data))(artifact_id), "local_id": artifact_id}
+        values = {
+            **self._tool_values(tool, len(data), COMPLETE)(artifact_id),
+            "local_id": artifact_id,
+        }
         self._put(values, {tool_log_name(artifact_id, tool): data})
         self._raise_counter(TOOL_COUNTER, int(artifact_id) + 1)
 
@@ -443,7 +454,3 @@ class ArtifactManager:
         if info is None:
             raise ArtifactNotFound(f"{kind} not found: {local_id}")
         return info
-
-    def _set_size(self, kind: str, local_id: str, size: int) -> None:
-        with write_transaction(self._scope.engine) as conn:
-            rows.set_size(conn, self.session_id, kind, local_id, size)

@@ -15,6 +15,13 @@ AGENT_OUTPUT: ArtifactKind = "agent_output"
 FILE: ArtifactKind = "file"
 OVERSIZED: ArtifactKind = "oversized"
 
+ArtifactState = Literal["complete", "writing", "truncated"]
+COMPLETE: ArtifactState = "complete"
+# A streamed tool output whose writer has not finalized it: its bytes may be partial.
+WRITING: ArtifactState = "writing"
+# What a writer that never finalized left, recorded by expiry: not the whole output.
+TRUNCATED: ArtifactState = "truncated"
+
 
 @dataclass(frozen=True, slots=True)
 class ArtifactInfo(PlainRecord):
@@ -31,6 +38,11 @@ class ArtifactInfo(PlainRecord):
     created_seq: int
     expires_at: datetime | None = None
     summary: str | None = None
+    state: str = COMPLETE
+
+    @property
+    def complete(self) -> bool:
+        return self.state == COMPLETE
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,6 +135,8 @@ class ResolvedResource:
     content_type: str
     size: int
     notes: list[str] = field(default_factory=list)
+    # False only for a tool output read with ``partial``: not the whole output (the notes say why)
+    complete: bool = True
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -131,4 +145,5 @@ class ResolvedResource:
             "content_type": self.content_type,
             "size": self.size,
             "notes": list(self.notes),
+            "complete": self.complete,
         }

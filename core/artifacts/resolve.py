@@ -28,12 +28,19 @@ from core.artifacts.records import (
     AGENT_OUTPUT,
     OVERSIZED,
     TOOL_OUTPUT,
+    WRITING,
     ArtifactInfo,
     ResolvedResource,
 )
 from core.artifacts.storage import ArtifactStorage, FileArtifactStorage, key_prefix_of
 from core.db import read_connection
-from core.errors import BlobNotFound, ResolveError, ResolveNotFound, SessionNotFound
+from core.errors import (
+    ArtifactIncomplete,
+    BlobNotFound,
+    ResolveError,
+    ResolveNotFound,
+    SessionNotFound,
+)
 from core.models import utcnow
 
 BlobReader = Callable[[str], bytes]
@@ -52,14 +59,19 @@ def resolve(
     limit: int | None = None,
     blob_reader: BlobReader | None = None,
     storage: ArtifactStorage | None = None,
+    partial: bool = False,
 ) -> ResolvedResource:
-    """Resolve ``url`` in the session; ``offset`` (1-based line) and ``limit`` page by lines."""
+    """Resolve ``url`` in the session; ``offset`` (1-based line) and ``limit`` page by lines.
+
+    A tool output whose writer has not finished it (or died) is ``ArtifactIncomplete``;
+    with ``partial`` its bytes so far are served instead, with ``complete`` False and a
+    note saying so."""
     _check_paging(offset, limit)
     resolver = _Resolver(engine, root, session_id, tenant_id, blob_reader)
     resolver.storage = storage
     paged = offset is not None or limit is not None
     if url.startswith("artifact://"):
-        found = resolver.artifact(url)
+        found = resolver.artifact(url, partial=partial)
     elif url.startswith("agent://"):
         found = resolver.agent(url, paged=paged)
     elif url.startswith("art_"):
@@ -154,7 +166,7 @@ class _Resolver:
 
     # artifact://<id> -------------------------------------------------------------------------
 
-    def artifact(self, url: str) -> ResolvedResource:
+    def artifact(self, url: str, *, partial: bool) -> ResolvedResource:
         parts = urlsplit(url)
         artifact_id = parts.netloc
         if not artifact_id:
@@ -163,13 +175,29 @@ class _Resolver:
             raise ResolveError(f"artifact:// ID must be numeric, got: {artifact_id}")
         if parts.path not in ("", "/") or parts.query or parts.fragment:
             raise ResolveError(f"artifact:// URLs take no path or query: {url}")
-        self._require_directory()
         row, ids = self._rows(TOOL_OUTPUT, artifact_id)
+        if row is not None and not row.complete:
+            return self._incomplete(url, row, partial=partial)
+        self._require_directory()
         content = self._read(row) if row is not None else None
         if content is None:
             available = ", ".join(sorted(ids, key=int)) or "none"
             raise ResolveNotFound(f"Artifact {artifact_id} not found. Available: {available}")
         return _text(url, content, "text/plain")
+
+    def _incomplete(self, url: str, row: ArtifactInfo, *, partial: bool) -> ResolvedResource:
+        """A tool output that is not whole: refused, or (``partial``) served as what it is."""
+        if not partial:
+            raise ArtifactIncomplete(url, row.state, row.size_bytes)
+        content = self._read(row) or ""
+        found = _text(url, content, "text/plain")
+        if row.state == WRITING:
+            note = (
+                f"incomplete: still being written (or its writer died); {found.size:,} bytes so far"
+            )
+        else:
+            note = f"incomplete: truncated, its writer died; {found.size:,} bytes were saved"
+        return replace(found, complete=False, notes=[note])
 
     # agent://<id>[/<path>|?q=<query>] -------------------------------------------------------------
 

@@ -10,10 +10,19 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Connection, and_, case, delete, func, select, update
+from sqlalchemy import Connection, and_, case, delete, func, select, tuple_, update
 from sqlalchemy.dialects import postgresql, sqlite
 
-from core.artifacts.records import FILE, OVERSIZED, ArtifactInfo, ArtifactStats
+from core.artifacts.records import (
+    COMPLETE,
+    FILE,
+    OVERSIZED,
+    TOOL_OUTPUT,
+    TRUNCATED,
+    WRITING,
+    ArtifactInfo,
+    ArtifactStats,
+)
 from core.db import advisory_lock
 from core.errors import SessionMoving, SessionNotFound
 from core.models import ArtifactRow, BlobRefRow, CounterRow, MoveIntentRow, SessionRow, table_of
@@ -197,6 +206,50 @@ def upsert_artifact(conn: Connection, values: dict[str, Any]) -> None:
 
 def set_size(conn: Connection, session_id: str, kind: str, local_id: str, size: int) -> None:
     conn.execute(update(_artifacts).where(_key(session_id, kind, local_id)).values(size_bytes=size))
+
+
+def finish_tool_output(conn: Connection, session_id: str, local_id: str, size: int) -> bool:
+    """A streamed tool output is whole: its size and ``complete`` in one statement (also
+    over ``truncated``: a writer expiry took for dead that finished after all). Whether the
+    row is there."""
+    result = conn.execute(
+        update(_artifacts)
+        .where(_key(session_id, TOOL_OUTPUT, local_id))
+        .values(size_bytes=size, state=COMPLETE)
+    )
+    return bool(result.rowcount)
+
+
+def truncate_stale(conn: Connection, session_id: str, local_id: str, size: int) -> bool:
+    """Mark a tool output whose writer died ``truncated`` with the bytes it left; only while
+    it is still ``writing`` (a finalize that committed meanwhile wins). Whether it was."""
+    result = conn.execute(
+        update(_artifacts)
+        .where(_key(session_id, TOOL_OUTPUT, local_id), _artifacts.c.state == WRITING)
+        .values(size_bytes=size, state=TRUNCATED)
+    )
+    return bool(result.rowcount)
+
+
+def stale_writes(
+    conn: Connection, cutoff: datetime, limit: int, *, after: tuple[str, str] = ("", "")
+) -> list[tuple[str, str, str, str | None]]:
+    """(session id, tenant id, artifact id, file name) of tool outputs still ``writing``
+    that were allocated before ``cutoff``, by (session id, artifact id) after ``after``."""
+    key = (_artifacts.c.session_id, _artifacts.c.local_id)
+    rows = conn.execute(
+        select(_artifacts.c.session_id, _sessions.c.tenant_id, *key[1:], _artifacts.c.name)
+        .select_from(_artifacts.join(_sessions, _sessions.c.id == _artifacts.c.session_id))
+        .where(
+            _artifacts.c.state == WRITING,
+            _artifacts.c.created_at < cutoff,
+            _artifacts.c.kind == TOOL_OUTPUT,
+            tuple_(*key) > tuple_(*after),
+        )
+        .order_by(*key)
+        .limit(limit)
+    )
+    return [(r.session_id, r.tenant_id, r.local_id, r.name) for r in rows]
 
 
 def _key(session_id: str, kind: str, local_id: str) -> Any:

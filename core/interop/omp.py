@@ -273,9 +273,12 @@ class OmpExport:
     lines: int
     blobs_written: int
     artifacts: int
+    # tool outputs left out as not whole (a writer unfinished or dead): (id, state)
+    incomplete_artifacts: list[tuple[str, str]] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         return {
+            "incomplete_artifacts": [list(a) for a in self.incomplete_artifacts],
             "session_file": str(self.session_file),
             "artifacts_dir": str(self.artifacts_dir),
             "blobs_dir": str(self.blobs_dir),
@@ -322,8 +325,9 @@ def export_omp(
     # must not leave it a truncated file (written in place, it did)
     with published_text(target) as out:
         lines = write_session_file(out, header, entries, blobs.put)
-    count = _export_artifacts(store, session.id, directory)
-    done = OmpExport(target, directory, blobs_dir, lines, blobs.written, count)
+    incomplete: list[tuple[str, str]] = []
+    count = _export_artifacts(store, session.id, directory, incomplete)
+    done = OmpExport(target, directory, blobs_dir, lines, blobs.written, count, incomplete)
     if missing:
         raise ExportIncomplete(missing, done)
     return done
@@ -390,13 +394,20 @@ def _is_data_url(value: str) -> bool:
     return value.startswith("data:image/") and ";base64," in value
 
 
-def _export_artifacts(store: SessionStore, session_id: str, directory: Path) -> int:
+def _export_artifacts(
+    store: SessionStore, session_id: str, directory: Path, incomplete: list[tuple[str, str]]
+) -> int:
+    """Write the session's tool and agent outputs; a tool output that is not whole goes to
+    ``incomplete`` instead (oh-my-pi's layout cannot say so: it would read as the whole)."""
     manager = store.artifacts(session_id)
     own = manager.directory()
     count = 0
     root = store.settings.resolved_artifact_root
     storage = store.artifact_storage
     for row in _exportable(manager.list()):
+        if not row.complete:
+            incomplete.append((row.local_id, row.state))
+            continue
         data = read_artifact_file(store.engine, root, own / (row.name or ""), row, storage)
         if data is None:
             continue

@@ -19,6 +19,7 @@ from core.artifacts import OversizedOutputs
 from core.artifacts import rows as artifact_rows
 from core.artifacts.fsio import sweep_staging
 from core.artifacts.records import OVERSIZED
+from core.artifacts.stale import finish_stale_writes
 from core.artifacts.storage import FileArtifactStorage
 from core.db import read_connection, write_transaction
 from core.errors import StorageUnavailable
@@ -70,6 +71,12 @@ class ExpireRunReport:
     # commit), older than the staging age (removed when applied)
     unnamed_files: int = 0
     unnamed_bytes: int = 0
+    # streamed tool outputs a killed writer left ``writing``, older than the staging age:
+    # marked truncated (the bytes it left kept), or complete (on S3, a finalize that
+    # uploaded and died before its commit), with the bytes they hold
+    stale_writes_truncated: int = 0
+    stale_writes_completed: int = 0
+    stale_write_bytes: int = 0
     # directories of deleted sessions that their delete left behind (removed when applied),
     # and those left for the next run (a move of their session or its parent under way)
     session_directories: int = 0
@@ -89,6 +96,9 @@ class ExpireRunReport:
             "stale_temp_bytes": self.stale_temp_bytes,
             "unnamed_files": self.unnamed_files,
             "unnamed_bytes": self.unnamed_bytes,
+            "stale_writes_truncated": self.stale_writes_truncated,
+            "stale_writes_completed": self.stale_writes_completed,
+            "stale_write_bytes": self.stale_write_bytes,
             "session_directories_removed"
             if self.applied
             else "session_directories_to_remove": self.session_directories,
@@ -111,7 +121,9 @@ def expire_artifacts(
 ) -> ExpireRunReport:
     """Oversized outputs past ``expires_at``; with ``apply``, remove them, a batch at a time,
     the temporary files killed processes left in staging directories and the oversized
-    outputs no row names (both older than ``staging_max_age_seconds``), and (``lifecycle``)
+    outputs no row names (both older than ``staging_max_age_seconds``), settle the streamed
+    tool outputs killed writers left ``writing`` as long ago (``core.artifacts.stale``;
+    counted on a dry run), and (``lifecycle``)
     the directories of deleted sessions that their delete left behind.
 
     The moment is fixed at the start, so the set only shrinks while it runs (new outputs
@@ -160,6 +172,7 @@ def expire_artifacts(
         report.unnamed_files, report.unnamed_bytes = unnamed
     except (OSError, StorageUnavailable, SQLAlchemyError) as exc:
         report.errors.append(f"cannot sweep oversized outputs no row names: {exc}")
+    _settle_stale_writes(engine, oversized, report, batch_size)
     if lifecycle is not None:
         removals = lifecycle.finish_removals(apply=apply)
         report.session_directories = removals.removed if apply else removals.pending
@@ -172,6 +185,27 @@ def expire_artifacts(
         observed.maintenance_removed.labels("expire_artifacts").inc(report.deleted)
     log.info("artifact expiry finished", extra={"expire": report.to_dict()})
     return report
+
+
+def _settle_stale_writes(
+    engine: Engine, oversized: OversizedOutputs, report: ExpireRunReport, batch_size: int
+) -> None:
+    try:
+        stale = finish_stale_writes(
+            engine,
+            oversized.settings,
+            oversized.storage,
+            now=report.now,
+            apply=report.applied,
+            batch_size=batch_size,
+        )
+    except (StorageUnavailable, SQLAlchemyError) as exc:
+        report.errors.append(f"cannot settle tool outputs left writing: {exc}")
+        return
+    report.stale_writes_truncated = stale.truncated
+    report.stale_writes_completed = stale.completed
+    report.stale_write_bytes = stale.bytes
+    report.errors.extend(stale.errors[:MAX_ERRORS_KEPT])
 
 
 def _expire_batches(

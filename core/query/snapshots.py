@@ -298,6 +298,7 @@ def artifact_index(engine: Engine, session_id: str, at_seq: int) -> list[Artifac
             _artifacts.c.media_type,
             _artifacts.c.created_seq,
             _artifacts.c.expires_at,
+            _artifacts.c.state,
         )
         .where(_artifacts.c.session_id == session_id, _artifacts.c.created_seq <= at_seq)
         .order_by(_artifacts.c.created_seq, _artifacts.c.id)

@@ -170,6 +170,8 @@ class ArtifactEntry:
     media_type: str | None
     created_seq: int
     expires_at: datetime | None
+    # complete, or writing / truncated: a tool output whose bytes are not the whole output
+    state: str = "complete"
 
     def to_dict(self) -> dict[str, Any]:
         return {

@@ -475,7 +475,7 @@ def _export_omp(
         resolved = directory.resolve()
         in_agent = resolved.parent.name == "sessions"
         blobs_dir = resolved.parent.parent / "blobs" if in_agent else directory / "blobs"
-    from core.errors import ExportIncomplete
+    from core.errors import ArtifactError, ExportIncomplete
 
     incomplete: ExportIncomplete | None = None
     with open_store() as store:
@@ -496,3 +496,12 @@ def _export_omp(
         )
     if incomplete is not None:
         raise incomplete  # exit 1: the session file holds refs whose blobs are not there
+    if done.incomplete_artifacts:  # exit 1: outputs left out, so none passes for whole
+        left_out = done.incomplete_artifacts
+        shown = ", ".join(f"artifact://{i} ({state})" for i, state in left_out[:5])
+        shown += ", …" if len(left_out) > 5 else ""
+        raise ArtifactError(
+            f"{len(left_out)} tool output(s) not exported, not whole (their "
+            f"writer unfinished or dead): {shown}; `sessionstore read URL --partial` shows "
+            "what was saved"
+        )

@@ -120,7 +120,8 @@ def expire(
     apply: bool = ApplyOption, batch_size: int = BatchOption, as_json: bool = JsonOption
 ) -> None:
     """Remove oversized-output artifacts past their TTL (files and rows), stale staging
-    files, and the directories of deleted sessions their delete could not remove."""
+    files, and the directories of deleted sessions their delete could not remove; mark
+    tool outputs a killed writer left unfinished as truncated."""
     with open_store() as store, _bars(not as_json) as bars:
         report = store.expire_artifacts(apply=apply, batch_size=batch_size, progress=bars)
     result = report.to_dict()

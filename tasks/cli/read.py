@@ -22,13 +22,24 @@ def read(
     tenant: str | None = typer.Option(None, help="Read as this tenant (isolation check)."),
     offset: int | None = typer.Option(None, min=1, help="First line (1-based), plain reads."),
     limit: int | None = typer.Option(None, min=1, help="Number of lines, plain reads."),
+    partial: bool = typer.Option(
+        False,
+        "--partial",
+        help="Print a tool output that is not whole (its writer unfinished or dead) as far "
+        "as it was saved, with a note, instead of failing.",
+    ),
     as_json: bool = JsonOption,
 ) -> None:
     """Print what a URL resolves to."""
     with open_store() as store:
         session_id = store.resolve_session(session_id, tenant_id=tenant).id
         found = store.resolve(
-            url, session_id=session_id, tenant_id=tenant, offset=offset, limit=limit
+            url,
+            session_id=session_id,
+            tenant_id=tenant,
+            offset=offset,
+            limit=limit,
+            partial=partial,
         )
     if as_json:
         content = found.content
@@ -38,6 +49,7 @@ def read(
                 "content_type": found.content_type,
                 "size": found.size,
                 "notes": list(found.notes),
+                "complete": found.complete,
                 "content": content if isinstance(content, str) else None,
             }
         )

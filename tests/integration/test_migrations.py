@@ -278,3 +278,51 @@ def test_an_installed_copy_manages_its_schema_without_the_checkout(tmp_path: Pat
         timeout=60,
     )
     assert imported.stdout.strip().startswith(str(site))  # the copy, not the checkout
+
+
+def test_artifacts_written_before_their_state_was_kept_are_complete(empty_url: str) -> None:
+    """0021: every artifact row an older release wrote reads as complete (whole writes, or
+    a streamed output no one can tell apart any more); the downgrade drops the column and
+    keeps the rows (an older release cannot tell a partial one: it comes back complete)."""
+    migrate.upgrade(empty_url, "0020")
+    _execute(
+        empty_url,
+        "INSERT INTO sessions (id, tenant_id, head_seq, created_at, updated_at) "
+        "VALUES ('s1', 'acme', 0, CURRENT_TIMESTAMP, CURRENT_TIMESTAMP)",
+        "INSERT INTO artifacts (session_id, kind, local_id, name, size_bytes, created_at, "
+        "created_seq) VALUES ('s1', 'tool_output', '0', '0.bash.log', 5, CURRENT_TIMESTAMP, 0)",
+    )
+    migrate.upgrade(empty_url)
+    assert _diff(empty_url) == []
+    engine = make_engine(empty_url)
+    try:
+        with engine.begin() as conn:
+            assert conn.execute(text("SELECT state FROM artifacts")).scalars().all() == ["complete"]
+            conn.execute(
+                text(
+                    "INSERT INTO artifacts (session_id, kind, local_id, name, size_bytes, "
+                    "created_at, created_seq, state) VALUES ('s1', 'tool_output', '1', "
+                    "'1.bash.log', 0, CURRENT_TIMESTAMP, 0, 'writing')"
+                )
+            )
+    finally:
+        engine.dispose()
+    migrate.downgrade(empty_url, "0020")
+    columns = {c["name"] for c in _inspect_columns(empty_url, "artifacts")}
+    assert "state" not in columns
+    migrate.upgrade(empty_url)
+    engine = make_engine(empty_url)
+    try:
+        with engine.connect() as conn:
+            found = conn.execute(text("SELECT local_id, state FROM artifacts ORDER BY local_id"))
+            assert [tuple(r) for r in found] == [("0", "complete"), ("1", "complete")]
+    finally:
+        engine.dispose()
+
+
+def _inspect_columns(url: str, table: str) -> list[dict[str, object]]:
+    engine = make_engine(url, pool_size=1)
+    try:
+        return list(inspect(engine).get_columns(table))  # type: ignore[arg-type]
+    finally:
+        engine.dispose()
