@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import uuid
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -138,13 +139,29 @@ _LOCK_ROWS = (
 )
 
 
+# S3's error body for a request to a bucket that does not exist (a HEAD has no body)
+_NO_SUCH_BUCKET = re.compile(
+    r"<Code>NoSuchBucket</Code>(?:.*?<BucketName>([^<]*)</BucketName>)?", re.S
+)
+
+
 def storage_call(component: str, call: Callable[[], _T]) -> _T:
     """Run an object-store call; a missing object raises ``FileNotFoundError`` and a
     conditional-put collision ``AlreadyExistsError`` as obstore raises them, anything else
     (connection refused, timeouts, 5xx after obstore's retries) is ``StorageUnavailable``."""
     try:
         return call()
-    except (FileNotFoundError, AlreadyExistsError, StopIteration):
+    except FileNotFoundError as exc:
+        # A 404 is a missing object, unless the bucket is missing (deleted, or mistyped):
+        # then every object would read as lost and every write fail as bad input.
+        bucket = _NO_SUCH_BUCKET.search(str(exc))
+        if bucket is None:
+            raise
+        raise StorageUnavailable(
+            component,
+            f"{component} is unavailable: the bucket {bucket.group(1) or '?'} does not exist",
+        ) from exc
+    except (AlreadyExistsError, StopIteration):
         raise
     except Exception as exc:
         raise StorageUnavailable(

@@ -230,3 +230,34 @@ def test_an_s3_endpoint_that_never_answers_fails_a_put_within_the_configured_lim
             assert time.monotonic() - started < 6
     finally:
         engine.dispose()
+
+
+def test_a_missing_bucket_is_storage_unavailable_not_lost_blobs(
+    s3_bucket: str, tmp_path: Path
+) -> None:
+    """A bucket deleted, or mistyped in SESSIONSTORE_BLOB_URL: S3 answers 404 as for a
+    missing object, and it was taken for one. Every stored blob read as lost
+    (``BlobNotFound``; a rehydrating read quietly kept its refs), and every write failed
+    with a bare ``FileNotFoundError``: bad input to the CLI, a dead letter to the queue.
+    Now it is ``StorageUnavailable`` naming the bucket, which the queue retries."""
+    from core.errors import StorageUnavailable
+    from tasks.retry import is_transient
+
+    journal = f"sqlite:///{tmp_path / 'journal.db'}"
+    settings = Settings(data_dir=tmp_path / "d", database_url=journal, blob_url=f"{s3_bucket}/b")
+    with SessionStore.from_settings(settings) as store:
+        sid = store.create_session(tenant_id="acme").id
+        store.append(sid, [{"type": "custom", "data": TEXT.decode()}])
+        stored = store.blobs.put(TEXT).hash
+    typo = settings.with_overrides(blob_url=f"{s3_bucket}-typo/b")
+    with SessionStore.from_settings(typo) as store:
+        calls: list[Callable[[], object]] = [
+            lambda: store.blobs.get(stored),
+            lambda: store.read(sid, rehydrate=True),
+            lambda: store.blobs.put(b"new content " * 100),
+            lambda: store.append(sid, [{"type": "custom", "data": MEDIA.hex()}]),
+        ]
+        for call in calls:
+            with pytest.raises(StorageUnavailable, match="typo does not exist") as away:
+                call()
+            assert away.value.component == "blobs" and is_transient(away.value)
