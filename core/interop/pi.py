@@ -346,6 +346,19 @@ def escaped_line(value: dict[str, Any]) -> dict[str, Any]:
     return event
 
 
+def line_value(entry: Mapping[str, Any]) -> Any:
+    """The value of an entry's line in a pi file (what ``line_text`` writes)."""
+    kind = entry.get("type")
+    if kind == UNTYPED_LINE and isinstance(entry.get("line"), dict):
+        return entry["line"]
+    if kind == ESCAPED_LINE and isinstance(entry.get("json"), str):
+        try:
+            return loads_exact(entry["json"])
+        except ValueError:  # not written by the import: the event as it is
+            return entry
+    return entry
+
+
 def line_text(entry: Mapping[str, Any]) -> str:
     """An entry's line in a pi file: the line an event of ``UNTYPED_LINE`` or
     ``ESCAPED_LINE`` keeps, as it was read."""

@@ -369,3 +369,29 @@ def test_a_lone_surrogate_is_kept_and_exported_exactly(store: SessionStore, tmp_
     original, again = pi_opened([path, exported])
     assert again == original
     assert store.import_session(path, tenant_id=TENANT).status == "unchanged"
+
+
+def test_a_line_kept_wrapped_in_an_older_file_continued_in_pi(
+    store: SessionStore, tmp_path: Path
+) -> None:
+    """pi gives a version-1 file's line without a type an id and a parent too, and writes
+    it again with new random ids when it opens the file: a later pass accepts that rewrite
+    and appends only what pi added."""
+    path = tmp_path / "v1.jsonl"
+    lines = [
+        {"type": "session", "id": "v1odd", "timestamp": "2026-11-20T10:00:00.000Z", "cwd": "/"},
+        {"type": "message", "timestamp": "t", "message": {"role": "user", "content": "one"}},
+        {"no": "type"},
+        {
+            "type": "message",
+            "timestamp": "t",
+            "message": {"role": "assistant", "content": [], "provider": "p", "model": "m"},
+        },
+    ]
+    path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    first = store.import_session(path, tenant_id=TENANT)
+    pi_append(path, {"role": "user", "content": "continued in pi", "timestamp": 1795000099000})
+    again = store.import_session(path, tenant_id=TENANT)
+    assert (again.session_id, again.status, again.appended) == (first.session_id, "appended", 1)
+    state = store.state(first.session_id, rehydrate=True)
+    assert as_json(our_context(state)) == pi_context(path)["leaf"]
