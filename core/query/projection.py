@@ -225,17 +225,16 @@ def _add_entry(fold: Fold, payload: dict[str, Any], seq: int, kind: str) -> int:
     if not isinstance(entry_id, str):
         entry_id = f"seq:{seq}"
     parent_id = payload.get("parentId", ...)
-    waits_for = None
-    if parent_id is ... and not fold.header.links:
-        parent = tree.leaf  # no parentId at all: a linear (version-1) entry
-    elif isinstance(parent_id, str) and parent_id:  # pi: ``parentId ? byId.get(...) : root``
+    fold.counters.entries += 1
+    if isinstance(parent_id, str) and parent_id:  # pi: ``parentId ? byId.get(...) : root``
         parent = tree.resolve(parent_id)
-        if parent == ROOT:
-            waits_for = parent_id
+        if parent == ROOT:  # not yet: the entry waits for it
+            return tree.add(entry_id, parent, seq, kind, waits_for=parent_id)
+    elif parent_id is ... and not fold.header.links:
+        parent = tree.leaf  # no parentId at all: a linear (version-1) entry
     else:
         parent = ROOT
-    fold.counters.entries += 1
-    return tree.add(entry_id, parent, seq, kind, waits_for=waits_for)
+    return tree.add(entry_id, parent, seq, kind)
 
 
 def _on_message(fold: Fold, payload: dict[str, Any], seq: int) -> None:
@@ -298,12 +297,16 @@ def _note_model(fold: Fold, mark: ModelChange) -> None:
     entry is the leaf, so the active branch is its path. Once a parent came after its child
     every one is recorded: a waiting root linked later takes a path it did not have (what
     was left out before stays redundant: linking only puts entries above a root)."""
-    if fold.tree.late:
-        fold.models.append(mark)
-        return
-    current = latest_on_branch(fold.tree, fold.models)
-    if current is None or (current.provider, current.model_id) != (mark.provider, mark.model_id):
-        fold.models.append(mark)
+    tree = fold.tree
+    if not tree.late:  # the branch ascends: the last mark on it is the one in effect
+        on_branch = tree.on_branch
+        current = next((m for m in reversed(fold.models) if on_branch(m.ordinal)), None)
+        if current is not None and (current.provider, current.model_id) == (
+            mark.provider,
+            mark.model_id,
+        ):
+            return
+    fold.models.append(mark)
 
 
 def _on_compaction(fold: Fold, payload: dict[str, Any], seq: int) -> None:
