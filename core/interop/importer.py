@@ -692,8 +692,9 @@ def _rewritten_by_pi(
     for stored in _stored_events(store, session.id):
         if found == count:
             break
-        theirs = _js_value(_without_transient(events[found]))
-        ours = _js_value(stored.payload)
+        # a line kept wrapped is compared as the line: pi wrote it again, with its new ids
+        theirs = _js_value(_without_transient(pi.line_value(events[found])))
+        ours = _js_value(pi.line_value(stored.payload))
         if found == 0:
             found += same_value(theirs, ours)
             continue

@@ -33,6 +33,7 @@ import orjson
 
 from core.errors import ImportFormatError
 from core.interop.model import IgnoredLine, ParsedEntry, ParsedSession, SessionHeader
+from core.journal.validation import MAX_TYPE_LENGTH
 
 log = logging.getLogger(__name__)
 
@@ -41,7 +42,17 @@ HEADER_TYPE = "session"
 # why a line holds no entry (``ParsedSession.ignored_lines``)
 NOT_JSON = "not JSON"
 NOT_AN_OBJECT = "not a JSON object"
-NO_TYPE = "no string type"
+# Lines pi keeps that the journal cannot hold as they are, kept in an event of these types
+# and written back as they were (``line_text``):
+# - an object without a string ``type`` the journal holds (1..256 characters, no U+0000):
+#   ``{"type": UNTYPED_LINE, "line": the object}``, in pi's tree by the object's id and
+#   parentId;
+# - a line holding a lone surrogate (``"\ud800"``, which JSON.stringify writes for a string
+#   cut inside an emoji; no database text holds one): ``{"type": ESCAPED_LINE, "id",
+#   "parentId", "json": the line as ``dumps_exact`` writes it}``, the surrogate kept as its
+#   escape; its id and parentId (those without a lone surrogate) place it in pi's tree.
+UNTYPED_LINE = "sessionstore.untyped_line"
+ESCAPED_LINE = "sessionstore.escaped_line"
 
 
 # reading ---------------------------------------------------------------------------------
@@ -269,13 +280,19 @@ def parse(path: Path, data: bytes) -> ParsedSession:
     header = values[0]
     version = source_version(header, path=path)
     migrate(values)
+    # a lone surrogate can only come from an escape: invalid UTF-8 is read as U+FFFD
+    escapes = {n for n, raw in lines if b"\\u" in raw and _SURROGATE_ESCAPE.search(raw)}
     entries = []
     for number, value in objects[1:]:
         why = entry_problem(value)
-        if why is None:
-            entries.append(ParsedEntry(number, value))
-        else:
+        if why is not None:
             ignored.append(IgnoredLine(number, why))
+        elif number in escapes and holds_lone_surrogate(value):
+            entries.append(ParsedEntry(number, escaped_line(value)))
+        elif not is_event_type(value.get("type")):
+            entries.append(ParsedEntry(number, {"type": UNTYPED_LINE, "line": value}))
+        else:
+            entries.append(ParsedEntry(number, value))
     return ParsedSession(
         format="pi",
         header=header_of(header, version=version),
@@ -288,13 +305,69 @@ def parse(path: Path, data: bytes) -> ParsedSession:
 
 
 def entry_problem(value: Any) -> str | None:
-    """Why a parsed line is no entry (the journal holds objects with a string ``type``;
-    pi's session tree has no place for the others), or None."""
+    """Why a parsed line is no entry (pi's session tree has no place for a value that is not
+    an object), or None."""
     if not isinstance(value, dict):
         return NOT_AN_OBJECT
-    if not isinstance(value.get("type"), str):
-        return NO_TYPE
     return None
+
+
+def is_event_type(value: Any) -> bool:
+    """Whether the journal holds ``value`` as an event's type (pi keeps any ``type``)."""
+    return isinstance(value, str) and 0 < len(value) <= MAX_TYPE_LENGTH and "\x00" not in value
+
+
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
+
+
+def holds_lone_surrogate(value: Any) -> bool:
+    """Whether a decoded value holds a lone surrogate, in a string or a key."""
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str):
+            if _SURROGATE.search(item):
+                return True
+        elif isinstance(item, dict):
+            stack.extend(item.keys())
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+    return False
+
+
+def escaped_line(value: dict[str, Any]) -> dict[str, Any]:
+    """The event that keeps a line holding a lone surrogate (``ESCAPED_LINE``)."""
+    event: dict[str, Any] = {"type": ESCAPED_LINE}
+    for key in ("id", "parentId"):
+        if key in value and not holds_lone_surrogate(value[key]):
+            event[key] = value[key]
+    event["json"] = dumps_exact(value)
+    return event
+
+
+def line_value(entry: Mapping[str, Any]) -> Any:
+    """The value of an entry's line in a pi file (what ``line_text`` writes)."""
+    kind = entry.get("type")
+    if kind == UNTYPED_LINE and isinstance(entry.get("line"), dict):
+        return entry["line"]
+    if kind == ESCAPED_LINE and isinstance(entry.get("json"), str):
+        try:
+            return loads_exact(entry["json"])
+        except ValueError:  # not written by the import: the event as it is
+            return entry
+    return entry
+
+
+def line_text(entry: Mapping[str, Any]) -> str:
+    """An entry's line in a pi file: the line an event of ``UNTYPED_LINE`` or
+    ``ESCAPED_LINE`` keeps, as it was read."""
+    kind = entry.get("type")
+    if kind == UNTYPED_LINE and isinstance(entry.get("line"), dict):
+        return dumps_exact(entry["line"])
+    if kind == ESCAPED_LINE and isinstance(entry.get("json"), str):
+        return str(entry["json"])
+    return dumps_exact(dict(entry))
 
 
 def ignored_lines(path: Path, ignored: list[IgnoredLine]) -> list[IgnoredLine]:
@@ -340,7 +413,7 @@ def header_of(raw: Mapping[str, Any], *, version: int) -> SessionHeader:
 def migrate(values: list[Any]) -> bool:
     """Bring a parsed file (header first) to version 3 in place; True if anything changed."""
     header = next((v for v in values if isinstance(v, dict) and v.get("type") == "session"), None)
-    version = _js_version(header)
+    version = js_version(header)
     # pi's ``(version ?? 1) >= 3``, ``< 2`` and ``< 3``: NaN (``"abc"``, ``{}``) is none of them
     if version >= CURRENT_VERSION or math.isnan(version):
         return False
@@ -354,7 +427,7 @@ def migrate(values: list[Any]) -> bool:
 def source_version(header: Mapping[str, Any], *, path: Path) -> int:
     """The version pi migrates the file from: 1, 2 or 3 (3: pi migrates nothing)."""
     try:
-        version = _js_version(header)
+        version = js_version(header)
     except TypeError:
         raise ImportFormatError(
             str(path), "pi cannot open this file: its header's version is not comparable"
@@ -362,7 +435,7 @@ def source_version(header: Mapping[str, Any], *, path: Path) -> int:
     return 1 if version < 2 else 2 if version < 3 else 3
 
 
-def _js_version(header: Mapping[str, Any] | None) -> float:
+def js_version(header: Mapping[str, Any] | None) -> float:
     """``header?.version ?? 1`` as the number JavaScript compares with 3 (``"3"``, ``3.0``
     and ``[3]`` are 3; ``true`` is 1; ``{}`` is NaN). TypeError where JavaScript throws."""
     value = header.get("version") if header is not None else None
@@ -541,7 +614,7 @@ def write(out: IO[str], header: Mapping[str, Any], entries: Iterable[Mapping[str
     out.write(dumps_exact(dict(header)) + "\n")
     count = 1
     for entry in entries:
-        out.write(dumps_exact(dict(entry)) + "\n")
+        out.write(line_text(entry) + "\n")
         count += 1
     return count
 

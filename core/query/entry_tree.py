@@ -1,7 +1,12 @@
 """The ``id``/``parentId`` entry tree of one session, and its active branch.
 
-Entries are numbered by *ordinal* (0, 1, … in the order they were appended). A parent always
-has a smaller ordinal than its child, so a root-to-leaf path is strictly increasing.
+Entries are numbered by *ordinal* (0, 1, … in the order they were appended). A parent
+almost always has a smaller ordinal than its child, so a root-to-leaf path is strictly
+increasing. pi links by id, though, whatever the order of the lines: an entry whose parent
+id no entry has yet is a root *waiting* for it (``pending``), and is linked under the entry
+that brings that id later (a *late* parent, unless that would close a cycle: pi would
+never finish walking one). Once a tree holds a late parent, its active branch is kept as a
+plain list (``_path``) instead of the runs below: such files are rare, and only they pay.
 
 The tree goes into every snapshot, and the time to load a snapshot must not grow with the
 session (the target is a 100,000-event session within 3x of a 1,000-event one). So nothing
@@ -130,6 +135,9 @@ class EntryTree:
         "_kinds",
         "_leaf_id",
         "_parents",
+        "_path",
+        "_pending",
+        "_pos",
         "_runs",
         "_seq_offsets",
     )
@@ -147,6 +155,12 @@ class EntryTree:
         self._index: dict[str, int] | None = None
         # the active branch as flat [start0, end0, start1, end1, …] inclusive ordinal runs
         self._runs: list[int] = []
+        # parent id -> the roots waiting for an entry with that id, in append order
+        self._pending: dict[str, list[int]] = {}
+        # once a parent comes after its child: the active branch, root first (then _runs is
+        # not kept), and each of its ordinals' position on it
+        self._path: list[int] | None = None
+        self._pos: dict[int, int] | None = None
 
     # reading ------------------------------------------------------------------------
 
@@ -161,7 +175,8 @@ class EntryTree:
             and self._parents == other._parents
             and self._seq_offsets == other._seq_offsets
             and self.kinds() == other.kinds()
-            and self._runs == other._runs
+            and self.branch_runs() == other.branch_runs()
+            and self._pending == other._pending
             and self.ids() == other.ids()
         )
 
@@ -235,33 +250,80 @@ class EntryTree:
     # the active branch ----------------------------------------------------------------
 
     def on_branch(self, ordinal: int) -> bool:
+        if self._pos is not None:
+            return ordinal in self._pos
         runs = self._runs
         i = bisect_right(runs, ordinal) - 1
         # inside a run: ``i`` lands on a start (even index) or on an end equal to ordinal
         return i >= 0 and (i % 2 == 0 or runs[i] == ordinal)
 
+    @property
+    def late(self) -> bool:
+        """Whether some entry's parent came after it (the branch is then a plain list)."""
+        return self._path is not None
+
+    def position(self, ordinal: int) -> int | None:
+        """Where an entry is on the active branch (0: the root), None if it is not on it."""
+        if self._pos is not None:
+            return self._pos.get(ordinal)
+        runs, before = self._runs, 0
+        for i in range(0, len(runs), 2):
+            if runs[i] <= ordinal <= runs[i + 1]:
+                return before + ordinal - runs[i]
+            before += runs[i + 1] - runs[i] + 1
+        return None
+
     def branch(self, start: int = 0) -> Iterator[int]:
-        """Ordinals on the active branch, root to leaf, from ordinal ``start`` on."""
+        """Ordinals on the active branch, root to leaf, from position ``start`` on."""
+        if self._path is not None:
+            yield from self._path[start:]
+            return
         runs = self._runs
         for i in range(0, len(runs), 2):
-            if runs[i + 1] >= start:
-                yield from range(max(runs[i], start), runs[i + 1] + 1)
+            length = runs[i + 1] - runs[i] + 1
+            if start < length:
+                yield from range(runs[i] + max(start, 0), runs[i + 1] + 1)
+            start -= length
 
     def branch_reversed(self, before: int) -> Iterator[int]:
-        """Ordinals on the active branch below ``before``, leaf-most first."""
-        runs = self._runs
+        """Ordinals on the active branch before position ``before``, leaf-most first."""
+        if self._path is not None:
+            yield from reversed(self._path[: max(before, 0)])
+            return
+        runs, first = self._runs, 0
+        starts: list[int] = []
+        for i in range(0, len(runs), 2):
+            starts.append(first)
+            first += runs[i + 1] - runs[i] + 1
         for i in range(len(runs) - 2, -1, -2):
-            if runs[i] < before:
-                yield from range(min(runs[i + 1], before - 1), runs[i] - 1, -1)
+            begin = starts[i // 2]
+            if begin < before:
+                last = min(runs[i + 1], runs[i] + before - 1 - begin)
+                yield from range(last, runs[i] - 1, -1)
+
+    def latest_on_branch(self, ordinals: list[int]) -> int | None:
+        """Of ``ordinals`` (ascending), the index of the one latest on the active branch
+        (the nearest the leaf), None if none is on it."""
+        if self._pos is None:  # the branch ascends: the last one on it
+            on_branch = self.on_branch
+            return next((i for i in reversed(range(len(ordinals))) if on_branch(ordinals[i])), None)
+        pos, found, best = self._pos, None, -1
+        for i, ordinal in enumerate(ordinals):
+            where = pos.get(ordinal, -1)
+            if where > best:
+                found, best = i, where
+        return found
 
     def select(self, kinds: frozenset[str], start: int = 0, stop: int | None = None) -> list[int]:
-        """Ordinals of entries of these kinds on the active branch, in ``[start, stop)``."""
+        """Ordinals of entries of these kinds on the active branch, at positions
+        ``[start, stop)``."""
         codes = {code for name, code in self._kind_codes.items() if name in kinds}
-        limit = self._count if stop is None else stop
+        count = self._count if stop is None else stop - start
         kind_at = self._kinds.at
         selected: list[int] = []
         for ordinal in self.branch(start):
-            if ordinal >= limit:
+            count -= 1
+            if count < 0:
                 break
             if kind_at(ordinal) in codes:
                 selected.append(ordinal)
@@ -271,7 +333,20 @@ class EntryTree:
         return [self.id_at(o) for o in self.branch()]
 
     def branch_runs(self) -> list[int]:
-        return list(self._runs)
+        """The active branch as runs of consecutive ordinals, root first."""
+        if self._path is None:
+            return list(self._runs)
+        runs: list[int] = []
+        for ordinal in self._path:
+            if runs and runs[-1] == ordinal - 1 and self.parent_at(ordinal) == ordinal - 1:
+                runs[-1] = ordinal
+            else:
+                runs.extend((ordinal, ordinal))
+        return runs
+
+    def pending(self) -> dict[str, list[int]]:
+        """Parent id -> the roots waiting for an entry with that id."""
+        return {k: list(v) for k, v in self._pending.items()}
 
     # appending ------------------------------------------------------------------------
 
@@ -291,8 +366,12 @@ class EntryTree:
         found = self.find(parent_id)
         return ROOT if found is None else found
 
-    def add(self, entry_id: str, parent: int, seq: int, kind: str) -> int:
-        """Append an entry under ``parent`` (an ordinal or ``ROOT``); it becomes the leaf."""
+    def add(
+        self, entry_id: str, parent: int, seq: int, kind: str, *, waits_for: str | None = None
+    ) -> int:
+        """Append an entry under ``parent`` (an ordinal or ``ROOT``); it becomes the leaf.
+        ``waits_for``: the parent id of a root whose parent no entry has yet; the entry is
+        linked under the first entry that brings that id."""
         ordinal = self._count
         code = self._kind_codes.get(kind)
         if code is None:
@@ -308,9 +387,35 @@ class EntryTree:
         if self._index is not None:
             self._index[entry_id] = ordinal
         self._extend_branch(ordinal, parent)
+        if self._pending:
+            self._link_waiting(ordinal, entry_id)
+        if waits_for is not None and parent == ROOT:  # after: an entry never waits for itself
+            self._pending.setdefault(waits_for, []).append(ordinal)
         return ordinal
 
+    def _link_waiting(self, ordinal: int, entry_id: str) -> None:
+        """Hang the roots waiting for ``entry_id`` under the new entry, as pi links them;
+        not one that is an ancestor of it (pi's walk up that path would never end). The new
+        entry is the leaf and none of them is on its path: the branch stays as it is."""
+        waiting = self._pending.pop(entry_id, None)
+        if not waiting:
+            return
+        ancestors: set[int] = set()
+        node = self.parent_at(ordinal)
+        while node != ROOT:
+            ancestors.add(node)
+            node = self.parent_at(node)
+        for child in waiting:
+            if child not in ancestors:
+                if self._path is None:
+                    self._path = list(self.branch())
+                    self._pos = {o: i for i, o in enumerate(self._path)}
+                self._parents[child] = ordinal
+
     def _extend_branch(self, ordinal: int, parent: int) -> None:
+        if self._path is not None:
+            self._extend_path(ordinal, parent)
+            return
         if parent != ROOT and parent == ordinal - 1:
             # the usual append: the parent is the leaf, which always ends the branch
             self._runs[-1] = ordinal
@@ -325,6 +430,23 @@ class EntryTree:
         for step in reversed(segment):
             self._append_run(step)
         self._append_run(ordinal)
+
+    def _extend_path(self, ordinal: int, parent: int) -> None:
+        """``_extend_branch`` on the plain list of a tree with a late parent."""
+        path, pos = self._path, self._pos
+        assert path is not None and pos is not None
+        segment: list[int] = []
+        node = parent
+        while node != ROOT and node not in pos:
+            segment.append(node)
+            node = self.parent_at(node)
+        keep = 0 if node == ROOT else pos[node] + 1
+        for dropped in path[keep:]:
+            del pos[dropped]
+        del path[keep:]
+        for step in [*reversed(segment), ordinal]:
+            pos[step] = len(path)
+            path.append(step)
 
     def _truncate_branch(self, keep_upto: int) -> None:
         """Cut the branch after ordinal ``keep_upto`` (``ROOT``: cut everything)."""
@@ -355,7 +477,8 @@ class EntryTree:
             "seq_offsets": [self._seq_offsets.starts, self._seq_offsets.values],
             "kinds": [self._kinds.starts, self._kinds.values],
             "kind_names": self._kind_names,
-            "runs": self._runs,
+            "runs": self.branch_runs(),
+            "pending": [[k, v] for k, v in self._pending.items()],
         }
         return meta, self._ids.encode()
 
@@ -371,7 +494,9 @@ class EntryTree:
         pairs = _ints(meta["parents"])
         tree._parents = dict(zip(pairs[::2], pairs[1::2], strict=True))
         for child, parent in tree._parents.items():
-            _check(0 < child < count and ROOT <= parent < child - 1, "a parent")
+            _check(0 <= child < count and ROOT <= parent < count, "a parent")
+            _check(parent not in (child - 1, child), "a parent")
+        tree._check_acyclic()
         tree._seq_offsets = _runs_of(meta["seq_offsets"], count)
         offsets = tree._seq_offsets.values
         # seqs start at 1 and grow with the ordinal: seq - ordinal never decreases
@@ -385,10 +510,37 @@ class EntryTree:
         codes = tree._kinds.values
         _check(not codes or (min(codes) >= 0 and max(codes) < len(names)), "a kind")
         tree._runs = _ints(meta["runs"])
+        if any(parent > child for child, parent in tree._parents.items()):
+            tree._path = list(tree._runs_ordinals())
+            tree._pos = {o: i for i, o in enumerate(tree._path)}
+            _check(len(tree._pos) == len(tree._path), "the branch")
+        tree._pending = _pending_of(meta.get("pending", []), tree)
         tree._check_branch()
         tree._ids = _Ids.decode(chunks, count, verify=verify_ids)
         tree._leaf_id = tree._ids[count - 1] if count else None
         return tree
+
+    def _runs_ordinals(self) -> Iterator[int]:
+        runs = self._runs
+        _check(len(runs) % 2 == 0, "the branch")
+        for i in range(0, len(runs), 2):
+            _check(0 <= runs[i] <= runs[i + 1] < self._count, "the branch")
+            yield from range(runs[i], runs[i + 1] + 1)
+
+    def _check_acyclic(self) -> None:
+        """Every path up from a late-linked entry reaches a root (a cycle would hang a walk):
+        each entry is walked once (a path that meets a checked one stops there)."""
+        checked: set[int] = set()
+        for child, parent in self._parents.items():
+            if parent < child:
+                continue  # a path that only descends in ordinals ends
+            walk: set[int] = set()
+            node = child
+            while node != ROOT and node not in checked:
+                _check(node not in walk, "the tree (a cycle)")
+                walk.add(node)
+                node = self.parent_at(node)
+            checked |= walk
 
     def _check_branch(self) -> None:
         """The active branch is a path from a root to the leaf, in runs of consecutive
@@ -402,12 +554,29 @@ class EntryTree:
         previous_end = ROOT
         for i in range(0, len(runs), 2):
             start, end = runs[i], runs[i + 1]
-            _check(previous_end < start <= end, "the branch")
+            _check(start <= end and (self.late or previous_end < start), "the branch")
             _check(self.parent_at(start) == previous_end, "the branch's path")
             previous_end = end
         # inside a run, each entry's parent is the entry before it
         starts = set(runs[::2])
         _check(all(o in starts or not self.on_branch(o) for o in self._parents), "the branch")
+
+
+def _pending_of(value: Any, tree: EntryTree) -> dict[str, list[int]]:
+    """Parent id -> waiting roots, as ``encode`` writes them: each a root of the tree, once."""
+    _check(type(value) is list, "the waiting entries")
+    pending: dict[str, list[int]] = {}
+    seen: set[int] = set()
+    for item in value:
+        _check(type(item) is list and len(item) == 2 and type(item[0]) is str, "a waiting entry")
+        ordinals = _ints(item[1])
+        _check(bool(ordinals) and item[0] not in pending, "a waiting entry")
+        for ordinal in ordinals:
+            _check(0 <= ordinal < len(tree) and ordinal not in seen, "a waiting entry")
+            _check(tree.parent_at(ordinal) == ROOT, "a waiting entry")
+            seen.add(ordinal)
+        pending[item[0]] = ordinals
+    return pending
 
 
 def _check(condition: bool, what: str) -> None:

@@ -229,6 +229,8 @@ def _header(value: Any, seq: int) -> Header:
     # only the event at seq 1 is the header
     _check(header_seq is None or (type(header_seq) is int and header_seq == 1 <= seq), "header")
     _check(version is None or type(version) is int, "header")
+    links = value["links"]
+    _check(type(links) is bool and (header_seq is not None or not links), "header")
     return Header(
         seq=header_seq,
         session_id=_optional_text(value["session_id"], "header"),
@@ -236,6 +238,7 @@ def _header(value: Any, seq: int) -> Header:
         cwd=_optional_text(value["cwd"], "header"),
         parent_session=_optional_text(value["parent_session"], "header"),
         timestamp=_optional_text(value["timestamp"], "header"),
+        links=links,
     )
 
 

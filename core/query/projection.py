@@ -15,21 +15,24 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol, TypeVar
 
+from core.interop.pi import UNTYPED_LINE, js_version
 from core.journal.usage import INT64_MAX, INT64_MIN, saturate
 from core.query.entry_tree import ROOT, EntryTree
 from core.records import StoredEvent
 
-PROJECTION_VERSION = 3
+PROJECTION_VERSION = 4
 
+# where the ids of a kept line without a string type are (``core.interop.pi.UNTYPED_LINE``)
+_UNTYPED_IDS = ("/line/id", "/line/parentId")
 # Entries that contribute to the conversation context.
 CONTEXT_TYPES = frozenset({"message", "custom_message", "branch_summary"})
 # Where in its entry each kind of string the fold keeps is read from. The fold folds events
 # as stored, so a string stored as a blob is kept as its ref; ``core.query.state`` gives back
 # the original of a ref that the session's manifest places at one of its kind's pointers.
 FOLD_STRINGS: dict[str, frozenset[str]] = {
-    "id": frozenset({"/id", "/parentId", "/targetId", "/firstKeptEntryId"}),
+    "id": frozenset({"/id", "/parentId", "/targetId", "/firstKeptEntryId", *_UNTYPED_IDS}),
     "label": frozenset({"/label"}),
     "name": frozenset({"/name"}),
     "thinking": frozenset({"/thinkingLevel"}),
@@ -129,6 +132,10 @@ class Header:
     cwd: str | None = None
     parent_session: str | None = None
     timestamp: str | None = None
+    # pi links every entry by ``parentId`` (the header's version is 2 or more, or no number:
+    # pi migrates nothing): a missing, null or empty one is a root, and every event but a
+    # ``session`` one is an entry, whatever its type
+    links: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -195,7 +202,7 @@ def apply(fold: Fold, event: StoredEvent) -> Fold:
     handler = _HANDLERS.get(kind)
     if handler is not None:
         handler(fold, payload, event.seq)
-    elif isinstance(payload.get("id"), str) and "parentId" in payload:
+    elif fold.header.links or (isinstance(payload.get("id"), str) and "parentId" in payload):
         # an entry type this projection does not know yet: keep its place in the tree
         _add_entry(fold, payload, event.seq, kind)
     return fold
@@ -209,20 +216,24 @@ def fold_events(events: Iterable[StoredEvent], fold: Fold | None = None) -> Fold
 
 
 def _add_entry(fold: Fold, payload: dict[str, Any], seq: int, kind: str) -> int:
-    """Place an entry in the tree. Entries of the known types join it even without an id or
-    parentId: version-1 sessions were linear and had neither."""
+    """Place an entry in the tree, as pi links it: under the entry with its ``parentId``,
+    even one that comes later; a root if that is null or empty. Without a pi header of
+    version 2 or more, entries of the known types join it even without an id or parentId:
+    version-1 sessions were linear and had neither."""
     tree = fold.tree
     entry_id = payload.get("id")
     if not isinstance(entry_id, str):
         entry_id = f"seq:{seq}"
     parent_id = payload.get("parentId", ...)
-    if parent_id is ...:
-        parent = tree.leaf  # no parentId at all: a linear (version-1) entry
-    elif isinstance(parent_id, str):
+    fold.counters.entries += 1
+    if isinstance(parent_id, str) and parent_id:  # pi: ``parentId ? byId.get(...) : root``
         parent = tree.resolve(parent_id)
+        if parent == ROOT:  # not yet: the entry waits for it
+            return tree.add(entry_id, parent, seq, kind, waits_for=parent_id)
+    elif parent_id is ... and not fold.header.links:
+        parent = tree.leaf  # no parentId at all: a linear (version-1) entry
     else:
         parent = ROOT
-    fold.counters.entries += 1
     return tree.add(entry_id, parent, seq, kind)
 
 
@@ -265,16 +276,37 @@ def _text(value: Any) -> str | None:
     return value if isinstance(value, str) else None
 
 
-def latest_on_branch(tree: EntryTree, marks: list[ModelChange]) -> ModelChange | None:
-    return next((m for m in reversed(marks) if tree.on_branch(m.ordinal)), None)
+class _Marked(Protocol):
+    @property
+    def ordinal(self) -> int: ...
+
+
+_M = TypeVar("_M", bound=_Marked)
+
+
+def latest_on_branch(tree: EntryTree, marks: list[_M]) -> _M | None:
+    """Of ``marks`` (in append order), the one nearest the leaf on the active branch."""
+    if not tree.late:  # the branch ascends: the last one on it
+        return next((m for m in reversed(marks) if tree.on_branch(m.ordinal)), None)
+    found = tree.latest_on_branch([m.ordinal for m in marks])
+    return None if found is None else marks[found]
 
 
 def _note_model(fold: Fold, mark: ModelChange) -> None:
     """Record an assistant message's model if it changes the model of its path. The new
-    entry is the leaf, so the active branch is its path."""
-    current = latest_on_branch(fold.tree, fold.models)
-    if current is None or (current.provider, current.model_id) != (mark.provider, mark.model_id):
-        fold.models.append(mark)
+    entry is the leaf, so the active branch is its path. Once a parent came after its child
+    every one is recorded: a waiting root linked later takes a path it did not have (what
+    was left out before stays redundant: linking only puts entries above a root)."""
+    tree = fold.tree
+    if not tree.late:  # the branch ascends: the last mark on it is the one in effect
+        on_branch = tree.on_branch
+        current = next((m for m in reversed(fold.models) if on_branch(m.ordinal)), None)
+        if current is not None and (current.provider, current.model_id) == (
+            mark.provider,
+            mark.model_id,
+        ):
+            return
+    fold.models.append(mark)
 
 
 def _on_compaction(fold: Fold, payload: dict[str, Any], seq: int) -> None:
@@ -350,7 +382,26 @@ def _on_header(fold: Fold, payload: dict[str, Any], seq: int) -> None:
         cwd=_text(payload.get("cwd")),
         parent_session=_text(payload.get("parentSession")),
         timestamp=_text(payload.get("timestamp")),
+        links=_links_by_parent_id(payload),
     )
+
+
+def _links_by_parent_id(header: dict[str, Any]) -> bool:
+    """Whether pi reads this header's entries as they are, linked by ``parentId``: pi's
+    ``(version ?? 1) < 2`` is false (a version-1 file is made a chain first)."""
+    try:
+        return not js_version(header) < 2  # NaN too
+    except TypeError:  # a version pi cannot compare: pi cannot open the file
+        return True
+
+
+def _on_untyped_line(fold: Fold, payload: dict[str, Any], seq: int) -> None:
+    """A line of a pi file without a string type: an entry as the line it keeps is one."""
+    line = payload.get("line")
+    if not isinstance(line, dict):
+        line = {}
+    if fold.header.links or (isinstance(line.get("id"), str) and "parentId" in line):
+        _add_entry(fold, line, seq, UNTYPED_LINE)
 
 
 def _plain_entry(kind: str) -> Callable[[Fold, dict[str, Any], int], None]:
@@ -371,4 +422,5 @@ _HANDLERS: dict[str, Callable[[Fold, dict[str, Any], int], None]] = {
     "custom_message": _plain_entry("custom_message"),
     "branch_summary": _plain_entry("branch_summary"),
     "session": _on_header,
+    UNTYPED_LINE: _on_untyped_line,
 }

@@ -269,37 +269,39 @@ class ContextPlan:
 
 def plan_context(fold: Fold) -> ContextPlan:
     tree = fold.tree
-    on_branch = tree.on_branch
-    compaction = next((c for c in reversed(fold.compactions) if on_branch(c.ordinal)), None)
+    compaction = latest_on_branch(tree, fold.compactions)
     if compaction is None:
         context = tree.select(CONTEXT_TYPES)
-    else:
-        kept_from = _find_on_branch(tree, compaction.first_kept_entry_id, compaction.ordinal)
-        kept = (
-            [] if kept_from is None else tree.select(CONTEXT_TYPES, kept_from, compaction.ordinal)
-        )
-        context = kept + tree.select(CONTEXT_TYPES, compaction.ordinal + 1)
+    else:  # positions on the branch: a parent may come after its child (``EntryTree``)
+        at = tree.position(compaction.ordinal)
+        assert at is not None  # the compaction is on the branch
+        kept_from = _find_on_branch(tree, compaction.first_kept_entry_id, at)
+        kept = [] if kept_from is None else tree.select(CONTEXT_TYPES, kept_from, at)
+        context = kept + tree.select(CONTEXT_TYPES, at + 1)
     custom: dict[str, int] = {}
     for custom_type, ordinals in fold.custom.items():
-        latest = next((o for o in reversed(ordinals) if on_branch(o)), None)
+        latest = tree.latest_on_branch(ordinals)
         if latest is not None:
-            custom[custom_type] = latest
+            custom[custom_type] = ordinals[latest]
     return ContextPlan(
         compaction=compaction,
         context=context,
         custom=custom,
         model=latest_on_branch(tree, fold.models),
-        thinking=next((c for c in reversed(fold.thinking_changes) if on_branch(c.ordinal)), None),
+        thinking=latest_on_branch(tree, fold.thinking_changes),
     )
 
 
 def _find_on_branch(tree: EntryTree, entry_id: str | None, before: int) -> int | None:
-    """The branch ordinal below ``before`` with this id; the kept part is usually short."""
+    """The position on the branch below position ``before`` of the entry with this id; the
+    kept part is usually short."""
     if entry_id is None:
         return None
-    for ordinal in tree.branch_reversed(before):
+    for position, ordinal in zip(
+        range(before - 1, -1, -1), tree.branch_reversed(before), strict=False
+    ):
         if tree.id_at(ordinal) == entry_id:
-            return ordinal
+            return position
     return None
 
 

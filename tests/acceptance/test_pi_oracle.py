@@ -236,3 +236,162 @@ def test_a_file_starting_with_a_blank_line_is_detected_and_read_as_pi(tmp_path: 
     assert as_json(parsed.header.raw) == oracle["header"]
     ids = [(e.entry["id"], e.entry["parentId"]) for e in parsed.entries]
     assert ids == [(e["id"], e["parentId"]) for e in oracle["entries"]]
+
+
+# Lines pi links by id, whatever their order; lines the journal holds only wrapped ----------
+
+
+def _line(entry: dict[str, Any]) -> str:
+    return pi.dumps_exact(entry)  # as JSON.stringify writes it: export gives it back as is
+
+
+def _message(entry_id: str, parent: Any, text: str, role: str = "user") -> dict[str, Any]:
+    entry: dict[str, Any] = {"type": "message", "id": entry_id}
+    if parent is not ...:
+        entry["parentId"] = parent
+    entry["timestamp"] = "2026-11-20T10:00:01.000Z"
+    entry["message"] = {"role": role, "content": text, "timestamp": 1795000000000}
+    if role == "assistant":
+        entry["message"].update(provider="anthropic", model=f"model-{text}")
+    return entry
+
+
+_LINKED_HEADER = {
+    "type": "session",
+    "version": 3,
+    "id": "s-links",
+    "timestamp": "2026-11-20T10:00:00.000Z",
+    "cwd": "/w",
+}
+# every way pi links a line: a parent later in the file (over several lines), no parentId,
+# null, empty, a parent that never comes, lines without a string type (or an empty one) and
+# of unknown types (with and without a parent), a compaction keeping a late-linked entry
+_LINKED = [
+    _message("a", None, "root"),
+    _message("d", "c", "four", "assistant"),
+    {"id": "u1", "parentId": "d", "note": "no type"},
+    _message("c", "b", "three"),
+    _message("lone", ..., "no parentId"),
+    _message("b", "a", "two", "assistant"),
+    {"type": "model_change", "id": "mc", "parentId": "u1", "provider": "x", "modelId": "y"},
+    _message("e", "", "empty parent"),
+    _message("f", "zzz", "never comes"),
+    {"type": 7, "id": "u2", "parentId": "mc"},
+    {"type": "future_kind", "id": "k", "data": 1},
+    _message("g", "u2", "after odd lines", "assistant"),
+    {
+        "type": "compaction",
+        "id": "cp",
+        "parentId": "g",
+        "timestamp": "2026-11-20T10:00:02.000Z",
+        "summary": "S",
+        "firstKeptEntryId": "c",
+        "tokensBefore": 5,
+    },
+    _message("h", "cp", "after the compaction"),
+    {"type": "", "id": "u3", "parentId": "h"},  # a type the journal does not take
+    {"no": "type", "at": "the end", "parentId": "u3"},
+]
+
+
+def _write(path: Path, entries: list[dict[str, Any]]) -> Path:
+    path.write_text("".join(_line(e) + "\n" for e in [_LINKED_HEADER, *entries]))
+    return path
+
+
+def test_entries_link_as_pi_links_them_at_every_prefix(store: SessionStore, tmp_path: Path) -> None:
+    """The state at each seq is what pi builds from the file as it was then (pi opening
+    the file cut after that line): every line an entry, each with pi's parent, pi's branch
+    and pi's context."""
+    result = store.import_session(_write(tmp_path / "s.jsonl", _LINKED), tenant_id=TENANT)
+    assert (result.appended, result.ignored_lines) == (len(_LINKED) + 1, [])
+    for end in range(1, len(_LINKED) + 1):
+        oracle = pi_context(_write(tmp_path / f"{end}.jsonl", _LINKED[:end]))
+        state = store.state(result.session_id, at_seq=end + 1, rehydrate=True)
+        assert len(oracle["entries"]) == len(state.tree) == end
+        by_id = {e.get("id"): e for e in oracle["entries"]}
+        for entry in oracle["entries"]:
+            if "id" in entry:
+                parent = entry.get("parentId")
+                expected = parent if parent and parent in by_id else None
+                assert state.tree.parent_id(entry["id"]) == expected, (end, entry["id"])
+        if "id" in oracle["entries"][-1]:
+            assert state.branch == oracle["branch"], end
+        else:  # pi's leaf id is then undefined: getBranch() is empty, but its context is
+            # built from the last entry (``buildSessionContext``'s fallback), as ours is
+            assert oracle["branch"] == [] and state.branch[-1] == f"seq:{end + 1}"
+        assert as_json(our_context(state)) == oracle["leaf"], end
+
+
+def test_lines_kept_wrapped_are_exported_as_they_were(store: SessionStore, tmp_path: Path) -> None:
+    """A line without a string type is kept (pi keeps it) and exported as it was; pi reads
+    the export as it read the file; a second pass finds the file unchanged."""
+    path = _write(tmp_path / "s.jsonl", _LINKED)
+    result = store.import_session(path, tenant_id=TENANT)
+    kept = [e.payload for e in store.read(result.session_id)]
+    assert kept[3] == {"type": pi.UNTYPED_LINE, "line": _LINKED[2]}
+    exported = tmp_path / "exported.jsonl"
+    with exported.open("w", encoding="utf-8") as out:
+        store.export_session(result.session_id, out)
+    assert exported.read_bytes() == path.read_bytes()
+    assert store.import_session(path, tenant_id=TENANT).status == "unchanged"
+
+
+def test_a_lone_surrogate_is_kept_and_exported_exactly(store: SessionStore, tmp_path: Path) -> None:
+    """pi reads a line holding a lone surrogate (JSON.stringify writes one for a string cut
+    inside an emoji); no database text holds one. The line is kept as its exact JSON text
+    (``ESCAPED_LINE``), in pi's tree by its id and parentId; the rest of the file is
+    imported; the export gives the line back byte for byte, and pi reads the export as it
+    read the file."""
+    entries = [
+        _message("a", None, "before"),
+        _message("b", "a", "cut \ud83d"),
+        {"type": "custom", "id": "c", "parentId": "b", "data": {"\udc00key": ["\udfff", 1]}},
+        _message("d", "c", "after"),
+    ]
+    path = _write(tmp_path / "s.jsonl", entries)
+    assert b"\\ud83d" in path.read_bytes()
+    result = store.import_session(path, tenant_id=TENANT)
+    assert result.appended == len(entries) + 1
+    stored = [e.payload for e in store.read(result.session_id)]
+    assert stored[2] == {
+        "type": pi.ESCAPED_LINE,
+        "id": "b",
+        "parentId": "a",
+        "json": _line(entries[1]),
+    }
+    state = store.state(result.session_id, rehydrate=True)
+    assert state.branch == pi_context(path)["branch"] == ["a", "b", "c", "d"]
+    exported = tmp_path / "exported.jsonl"
+    with exported.open("w", encoding="utf-8") as out:
+        store.export_session(result.session_id, out)
+    assert exported.read_bytes() == path.read_bytes()
+    original, again = pi_opened([path, exported])
+    assert again == original
+    assert store.import_session(path, tenant_id=TENANT).status == "unchanged"
+
+
+def test_a_line_kept_wrapped_in_an_older_file_continued_in_pi(
+    store: SessionStore, tmp_path: Path
+) -> None:
+    """pi gives a version-1 file's line without a type an id and a parent too, and writes
+    it again with new random ids when it opens the file: a later pass accepts that rewrite
+    and appends only what pi added."""
+    path = tmp_path / "v1.jsonl"
+    lines = [
+        {"type": "session", "id": "v1odd", "timestamp": "2026-11-20T10:00:00.000Z", "cwd": "/"},
+        {"type": "message", "timestamp": "t", "message": {"role": "user", "content": "one"}},
+        {"no": "type"},
+        {
+            "type": "message",
+            "timestamp": "t",
+            "message": {"role": "assistant", "content": [], "provider": "p", "model": "m"},
+        },
+    ]
+    path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    first = store.import_session(path, tenant_id=TENANT)
+    pi_append(path, {"role": "user", "content": "continued in pi", "timestamp": 1795000099000})
+    again = store.import_session(path, tenant_id=TENANT)
+    assert (again.session_id, again.status, again.appended) == (first.session_id, "appended", 1)
+    state = store.state(first.session_id, rehydrate=True)
+    assert as_json(our_context(state)) == pi_context(path)["leaf"]

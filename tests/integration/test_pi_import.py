@@ -262,12 +262,14 @@ def test_a_bad_entry_fails_the_pass_before_anything_is_written(
     leaves no session (nor, on a re-import, any new event) behind."""
     path = tmp_path / "s.jsonl"
     lines = v3_lines()
-    bad = {"type": "t" * 300, "id": "bad1", "parentId": lines[-1]["id"]}
+    # a key with U+0000: no database text holds one (a type the journal does not take is
+    # kept, wrapped: pi keeps the line)
+    bad = {"type": "custom", "id": "bad1", "parentId": lines[-1]["id"], "k\x00": 1}
     write(path, [*lines, bad])
     with SessionStore.from_settings(settings.model_copy(update={"max_batch_events": 5})) as store:
         with pytest.raises(InvalidEvent) as caught:
             store.import_session(path, tenant_id=TENANT)
-        assert caught.value.field == "/type"
+        assert caught.value.field == "/k\x00"
         assert f"{path} line {len(lines) + 1}:" in caught.value.message
         assert store.journal.find_external(TENANT, lines[0]["id"]) is None
         write(path, lines)
@@ -324,9 +326,9 @@ def test_not_a_session_file(store: SessionStore, tmp_path: Path) -> None:
 
 
 def test_refused_entry_is_named_by_its_file_line(settings: Settings, tmp_path: Path) -> None:
-    """A lone surrogate (pi's JSON.stringify writes one for a string cut inside an emoji) is
-    refused by the journal, by design; the error names the file's line and field, not the
-    event's index in its batch, also after a resumed pass and across batches."""
+    """A key holding U+0000 is refused by the journal (no database text holds one, and a key
+    cannot become a blob); the error names the file's line and field, not the event's index
+    in its batch, also after a resumed pass and across batches."""
     path = tmp_path / "s.jsonl"
     lines = v3_lines()[:5]
     write(path, lines)
@@ -334,11 +336,11 @@ def test_refused_entry_is_named_by_its_file_line(settings: Settings, tmp_path: P
         first = store.import_session(path, tenant_id=TENANT)
         _grow(path, lines, 2)  # file lines 6, 7
         with path.open("a", encoding="utf-8") as out:  # lines 8, 9
-            out.write('{"type":"custom","id":"x","parentId":null,"data":"cut \\ud83d"}\n')
+            out.write('{"type":"custom","id":"x","parentId":null,"data":{"a\\u0000":1}}\n')
             out.write('{"type":"custom","id":"y","parentId":"x","data":"fine"}\n')
-        with pytest.raises(InvalidEvent, match=rf"{path} line 8: .*surr") as refused:
+        with pytest.raises(InvalidEvent, match=rf"{path} line 8: .*U\+0000") as refused:
             store.import_session(path, tenant_id=TENANT)
-        assert refused.value.field == "/data"
+        assert refused.value.field == "/data/a\x00"
         # the pass is checked whole before it writes: lines 6 and 7 are not in either
         assert store.get_session(first.session_id).head_seq == 5
 

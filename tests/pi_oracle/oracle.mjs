@@ -1,7 +1,8 @@
 // pi itself as the test oracle (see tests/support_pi.py).
 //   node oracle.mjs context FILE [INDEX...]
 //     opens a COPY of FILE with pi's SessionManager (pi rewrites files it migrates) and prints
-//     {header, entries, leaf: buildSessionContext(), at: {INDEX: context at entries[INDEX]}}
+//     {header, entries, leaf: buildSessionContext(), branch: getBranch()'s ids,
+//      at: {INDEX: context at entries[INDEX]}}
 //     (indexes, not ids: pi draws the ids of a migrated version-1 file at random)
 //   node oracle.mjs opened FILE...
 //     [{header, entries}] of each FILE as pi's SessionManager opens it (one node for many files)
@@ -22,7 +23,9 @@ if (command === "context") {
 		const entries = manager.getEntries();
 		const at = {};
 		for (const index of rest) at[index] = buildSessionContext(entries, entries[Number(index)].id);
-		const out = { header: manager.getHeader(), entries, leaf: manager.buildSessionContext(), at };
+		const leaf = manager.buildSessionContext();
+		const branch = manager.getBranch().map((e) => e.id ?? null);
+		const out = { header: manager.getHeader(), entries, leaf, branch, at };
 		process.stdout.write(JSON.stringify(out));
 	} finally {
 		rmSync(dir, { recursive: true, force: true });
