@@ -324,8 +324,8 @@ class SessionMoving(StorageUnavailable):
         self.session_id = session_id
         super().__init__(
             "artifacts",
-            f"session {session_id}: a move is under way or awaits its repair "
-            "(`sessionstore sessions repair`); retry",
+            f"session {session_id} is being moved: the move completes by the reconciler or "
+            f"`sessionstore sessions repair {session_id}`; retry then",
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -363,6 +363,18 @@ class UnreadableFile(SessionStoreError):
         self.path = path
         self.reason = reason
         super().__init__(f"cannot read {path}: {reason}")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**super().to_dict(), "path": self.path, "reason": self.reason}
+
+
+class UnwritableFile(SessionStoreError):
+    """A file could not be written (its directory missing, not writable, or full)."""
+
+    def __init__(self, path: str, reason: str) -> None:
+        self.path = path
+        self.reason = reason
+        super().__init__(f"cannot write {path}: {reason}")
 
     def to_dict(self) -> dict[str, Any]:
         return {**super().to_dict(), "path": self.path, "reason": self.reason}

@@ -77,33 +77,56 @@ def published_text(path: Path) -> Iterator[IO[str]]:
 
     A path that is no regular file (a FIFO, a device, a link such as ``/dev/stdout``) is
     written in place, as a shell's ``>`` would: renaming over it replaced the device, pipe
-    or link with a file, and the text never reached its reader."""
+    or link with a file, and the text never reached its reader. A step of its own that
+    fails (no such directory, no permission, a full disk at the fsync) is ``UnwritableFile``
+    naming ``path``, not the new file beside it."""
+    given = path  # a failure names it, never the temporary file beside it
     descriptor = _descriptor_named(path)
     if descriptor is not None:  # /dev/stdout, /dev/fd/N: this process's own descriptor
-        with _text_writer(os.dup(descriptor)) as shared:
+        with _unwritable(given):
+            shared = _text_writer(os.dup(descriptor))
+        with shared:
             yield shared
         return
     target = _file_to_replace(path)
     if target is None:
-        with _text_writer(path) as direct:
+        with _unwritable(given):
+            direct = _text_writer(path)
+        with direct:
             yield direct
         return
     path = target
-    fd, name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".partial")
+    with _unwritable(given):
+        fd, name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".partial")
     try:
-        mask = os.umask(0)
-        os.umask(mask)
-        os.fchmod(fd, 0o666 & ~mask)  # mkstemp's is 0600
+        with _unwritable(given):
+            mask = os.umask(0)
+            os.umask(mask)
+            os.fchmod(fd, 0o666 & ~mask)  # mkstemp's is 0600
         with _text_writer(fd) as out:
             yield out
-            out.flush()
-            os.fsync(out.fileno())
-        os.replace(name, path)
+            with _unwritable(given):
+                out.flush()
+                os.fsync(out.fileno())
+        with _unwritable(given):
+            os.replace(name, path)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(name)
         raise
     fsync_dir(path.parent, strict=False)
+
+
+@contextlib.contextmanager
+def _unwritable(path: Path) -> Iterator[None]:
+    """An ``OSError`` of ``published_text``'s own steps (not of what its caller writes) as
+    ``UnwritableFile`` naming ``path`` as the caller gave it."""
+    try:
+        yield
+    except OSError as exc:
+        from core.errors import UnwritableFile
+
+        raise UnwritableFile(str(path), exc.strerror or str(exc)) from exc
 
 
 def _text_writer(file: int | Path) -> IO[str]:

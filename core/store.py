@@ -243,9 +243,12 @@ class SessionStore:
         nothing (a failed directory move rolls the metadata back and re-raises)."""
         return self._moves.move(session_id, tenant_id=tenant_id, cwd=cwd)
 
-    def repair_moves(self, *, older_than_s: float = 0.0) -> list[MoveRepair]:
-        """Complete or roll back moves a crash left half done (invariant 12)."""
-        return self._moves.repair(older_than_s=older_than_s)
+    def repair_moves(
+        self, *, session_id: str | None = None, older_than_s: float = 0.0
+    ) -> list[MoveRepair]:
+        """Complete or roll back moves a crash left half done (invariant 12): every one, or
+        that of ``session_id``."""
+        return self._moves.repair(session_id=session_id, older_than_s=older_than_s)
 
     @_no_nul
     def delete_session(self, session_id: str, *, tenant_id: str | None = None) -> DeleteReport:

@@ -13,7 +13,11 @@ sqlalchemy, ``core.store``, ``tasks.app``, rich tables... inside the command bod
 from __future__ import annotations
 
 import importlib
+import os
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
 
 import typer
 from typer import _click
@@ -44,8 +48,36 @@ COMMANDS: dict[str, tuple[str, str]] = {
 }
 
 
+class OutputClosed(Exception):
+    """A write to stdout or stderr met a pipe whose reader is gone (``| head``). Carried past
+    typer as this, not as the ``BrokenPipeError``: typer ends a run with exit 1 on any EPIPE
+    (a socket's too), where ``main`` tells a closed output (exit 141) from another error."""
+
+
+@contextmanager
+def _output_guard() -> Iterator[None]:
+    try:
+        yield
+    except BrokenPipeError as exc:
+        raise OutputClosed() from exc
+
+
 class LazyGroup(TyperGroup):
     """The top-level group: commands come from ``COMMANDS``, imported on demand."""
+
+    def make_context(
+        self,
+        info_name: str | None,
+        args: list[str],
+        parent: _click.Context | None = None,
+        **extra: Any,
+    ) -> _click.Context:
+        with _output_guard():  # an eager option's output: --help
+            return super().make_context(info_name, args, parent, **extra)
+
+    def invoke(self, ctx: _click.Context) -> Any:
+        with _output_guard():  # every command runs in here
+            return super().invoke(ctx)
 
     def list_commands(self, ctx: _click.Context) -> list[str]:
         return sorted(COMMANDS)
@@ -124,20 +156,78 @@ def _options(
 def main(argv: list[str] | None = None) -> None:
     """Entry point: expected failures become one line on stderr and a documented exit code
     (``tasks.cli.failures.ExitCode``); ``--debug`` or SESSIONSTORE_DEBUG=1 adds the traceback.
+    A usage error is one line too, and a reader gone from the pipe a silent exit 141.
     """
     args = list(sys.argv[1:] if argv is None else argv)
-    if args == ["--version"]:  # the fastest path: no typer at all would not be faster
-        print(_version())
-        return
-    from tasks.cli.failures import debug_enabled, fail
+    try:
+        if args == ["--version"]:  # the fastest path: no typer at all would not be faster
+            print(_version())
+        else:
+            _run(args)
+        # now, not at the interpreter's exit: a closed pipe is then this run's to report
+        sys.stdout.flush()
+    except (BrokenPipeError, OutputClosed) as exc:
+        _closed_pipe(exc.__cause__ or exc, args)
+
+
+def _run(args: list[str]) -> None:
+    from tasks.cli.failures import debug_enabled, fail, usage_failed
 
     debug = debug_enabled(args)
     try:
-        app(args=args, prog_name="sessionstore")
+        # not standalone: a usage error reaches usage_failed (one line), where click
+        # printed its usage block
+        code = app(args=args, prog_name="sessionstore", standalone_mode=False)
+    except OutputClosed:
+        raise
+    except _click.exceptions.ClickException as exc:
+        usage_failed(exc)
+    except typer.Abort:  # a question answered no
+        sys.stderr.write("Aborted!\n")
+        sys.exit(1)
     except SystemExit as exc:
-        if exc.code not in (0, None):  # click ends every successful run with exit(0)
+        if exc.code not in (0, None):
             raise
     except KeyboardInterrupt:
         sys.exit(130)
     except Exception as exc:
         fail(exc, debug=debug)
+    else:
+        # typer.Exit(code) comes back as its code; a command's own return value is None
+        if isinstance(code, int) and code:
+            sys.exit(code)
+
+
+# 128 + SIGPIPE: how a shell reports a tool the signal ended (``yes | head -1``)
+EXIT_PIPE_CLOSED = 141
+
+
+def _closed_pipe(exc: BaseException, args: list[str]) -> None:
+    """Exit 141 in silence when stdout or stderr is a pipe its reader closed; any other
+    broken pipe (a socket) is a failure like any other. The closed descriptors are pointed
+    at /dev/null, so that flushing them at exit does not fail again (Python docs: "Note on
+    SIGPIPE")."""
+    closed = [fd for fd in (1, 2) if _reader_gone(fd)]
+    if not closed:
+        from tasks.cli.failures import debug_enabled, fail
+
+        fail(exc, debug=debug_enabled(args))
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    for fd in closed:
+        os.dup2(devnull, fd)
+    os.close(devnull)
+    sys.exit(EXIT_PIPE_CLOSED)
+
+
+def _reader_gone(fd: int) -> bool:
+    """Whether ``fd`` is a pipe (or socket) with nobody left to read it: poll says POLLERR
+    for a pipe whose read end is closed (POLLHUP for a socket shut down)."""
+    import select
+
+    try:
+        poller = select.poll()
+        poller.register(fd, select.POLLOUT)
+        ready = poller.poll(0)
+    except (OSError, ValueError, AttributeError):  # no such descriptor, or no poll()
+        return False
+    return any(events & (select.POLLERR | select.POLLHUP) for _, events in ready)

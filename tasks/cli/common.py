@@ -6,6 +6,8 @@ imports only typer at module level: rich, pydantic and ``core.store`` load on fi
 
 from __future__ import annotations
 
+import errno
+import os
 import re
 import sys
 from collections.abc import Iterable, Iterator, Mapping
@@ -37,11 +39,35 @@ def new_app(help: str | None = None) -> typer.Typer:
     )
 
 
+# Off a terminal: lines as long as what they hold. Rich wraps at 80 columns there, which
+# split ids and paths across lines for the script reading them.
+UNWRAPPED_WIDTH = 100_000
+
+
 @cache
 def _console(stderr: bool) -> Console:
+    console = new_console(stderr=stderr)
+    if not console.is_terminal and not os.environ.get("COLUMNS", "").isdigit():
+        console = new_console(stderr=stderr, width=UNWRAPPED_WIDTH, soft_wrap=True)
+    return console
+
+
+def new_console(**options: Any) -> Console:
+    """A rich Console that leaves a closed pipe to ``tasks.cli.main`` (a silent exit 141):
+    rich's own answer is exit 1."""
+    return _console_class()(**options)
+
+
+@cache
+def _console_class() -> type[Console]:
     from rich.console import Console
 
-    return Console(stderr=stderr)
+    class PipedConsole(Console):
+        def on_broken_pipe(self) -> None:
+            self.quiet = True
+            raise BrokenPipeError(errno.EPIPE, os.strerror(errno.EPIPE))
+
+    return PipedConsole
 
 
 class _LazyConsole:
@@ -71,6 +97,19 @@ else:
 
 JsonOption = typer.Option(False, "--json", help="Machine-readable JSON output.")
 
+# The largest seq or position the journal holds (BIGINT): the bound of options taking one.
+INT64_MAX = 2**63 - 1
+# A tenant id's length, as the journal checks it (``create_session``, ``move``).
+MAX_TENANT_LENGTH = 128
+
+
+def check_tenant(value: str | None) -> str | None:
+    """A ``--tenant`` value: 1..128 characters, a usage error (exit 2) naming the option
+    otherwise, as the options' other bounds are (an empty one was exit 3, "invalid event")."""
+    if value is not None and not 0 < len(value) <= MAX_TENANT_LENGTH:
+        raise typer.BadParameter(f"a tenant is 1..{MAX_TENANT_LENGTH} characters, not {len(value)}")
+    return value
+
 
 def metrics_port_option(what: str) -> Any:
     """``--metrics-port``: a worker's and a watcher's Prometheus endpoint."""
@@ -82,6 +121,7 @@ MetricsAddrOption = typer.Option("127.0.0.1", "--metrics-addr", help="Address to
 TenantOption = typer.Option(
     None,
     "--tenant",
+    callback=check_tenant,
     help="The session's tenant: required where its external id names sessions of several.",
 )
 
@@ -249,16 +289,16 @@ def id_table(*ids: str, **options: Any) -> Table:
 
 def print_table(table: Table) -> None:
     """Print ``table`` on a console widened to the table's minimum width, so that no-wrap id
-    columns are never truncated on a narrow terminal (COLUMNS=80)."""
-    from rich.console import Console
+    columns are never truncated on a narrow terminal (COLUMNS=80); off a terminal the
+    console is wide enough for the table's every cell on one line (``UNWRAPPED_WIDTH``)."""
     from rich.measure import Measurement
 
-    wide = Console(width=10_000)
+    wide = new_console(width=10_000)
     needed = Measurement.get(wide, wide.options, table).minimum
     if needed <= console.width:
         console.print(table)
     else:
-        Console(width=needed).print(table)
+        new_console(width=needed).print(table)
 
 
 def queue_app(stack: ExitStack) -> Celery:

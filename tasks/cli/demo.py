@@ -12,14 +12,14 @@ from pathlib import Path
 
 import typer
 
-from tasks.cli.common import JsonOption, confirm, load_settings, new_app
+from tasks.cli.common import JsonOption, check_tenant, confirm, load_settings, new_app
 
 cli = new_app()
 
 
 @cli.command("demo")
 def demo(
-    tenant: str = typer.Option("demo", help="Tenant of the demo sessions."),
+    tenant: str = typer.Option("demo", callback=check_tenant, help="Tenant of the demo sessions."),
     keep: bool = typer.Option(False, "--keep", help="Keep the temporary data directory."),
     use_settings: bool = typer.Option(
         False,

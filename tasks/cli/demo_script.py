@@ -285,7 +285,9 @@ def _print_summary(
     table.add_row("gc", _report_line(gc_report) + " (1 h grace: young blobs stay)")
     table.add_row("ttl expiry", _report_line(expired) + " (the grep output had a 1 s TTL)")
     table.add_row("journal total", f"{_count_events(store)} events in all sessions")
-    console.print(Panel(table, title="sessionstore demo", subtitle=f"{elapsed:.1f} s"))
+    # as wide as the table: piped, the console is as wide as a line of any length
+    panel = Panel(table, title="sessionstore demo", subtitle=f"{elapsed:.1f} s", expand=False)
+    console.print(panel)
     console.print("[bold]rebuilt transcript (active branch, last messages):[/]")
     for message in state.messages[-6:]:
         line = escape(_excerpt(message.content))

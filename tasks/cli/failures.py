@@ -19,10 +19,10 @@ class ExitCode(IntEnum):
     OK = 0
     FAILED = 1  # the operation ran and reported a failure (e.g. GC errors, a rejected write)
     USAGE = 2  # a bad option or argument (click's own code)
-    BAD_INPUT = 3  # invalid events, an unreadable file, a bad value
+    BAD_INPUT = 3  # invalid events, a file that cannot be read or written, a bad value
     NOT_FOUND = 4  # a bad id: no such session, dead letter, artifact or blob
     BAD_CONFIG = 5  # a bad URL or setting in SESSIONSTORE_* variables
-    STORAGE_UNAVAILABLE = 6  # the database, blob store or artifact store is unreachable or full
+    STORAGE_UNAVAILABLE = 6  # a store unreachable or full, or a session's move pending
     DATABASE_UNAVAILABLE = 6  # the name of code 6 before blobs and artifacts shared it
     BROKER_UNAVAILABLE = 7  # the Celery broker cannot be reached
     SCHEMA_NOT_CURRENT = 8  # the schema is missing or behind: `sessionstore db upgrade`
@@ -74,6 +74,14 @@ def _driver_component(exc: BaseException) -> str | None:
 
 def classify(exc: BaseException) -> tuple[ExitCode, str] | None:
     """(exit code, one-line message) for an expected failure; None for a bug."""
+    if isinstance(exc, errors.ImportInterrupted):  # exits as what interrupted it, says it so
+        cause = classify(exc.cause)
+        if cause is None:
+            return ExitCode.FAILED, exc.message
+        said = exc.cause.message if isinstance(exc.cause, errors.SessionStoreError) else ""
+        return cause[0], exc.message.replace(said, cause[1], 1) if said else exc.message
+    if isinstance(exc, errors.SessionMoving):  # transient, but no store to check: its message
+        return ExitCode.STORAGE_UNAVAILABLE, exc.message
     if isinstance(exc, errors.StorageUnavailable):
         detail = exc.message.removeprefix(f"{exc.component} is unavailable: ")
         return _unavailable(exc.component, detail)
@@ -98,13 +106,26 @@ def classify(exc: BaseException) -> tuple[ExitCode, str] | None:
     if isinstance(exc, errors.BadConfig):
         return ExitCode.BAD_CONFIG, exc.message
     bad_input = (errors.InvalidEvent, errors.InvalidBlobHash, errors.InvalidForkPoint)
-    if isinstance(exc, (*bad_input, errors.ResolveError, errors.UnreadableFile)):
+    unusable_file = (errors.UnreadableFile, errors.UnwritableFile)
+    if isinstance(exc, (*bad_input, errors.ResolveError, *unusable_file)):
         return ExitCode.BAD_INPUT, exc.message
     if isinstance(exc, errors.SessionStoreError):
         return ExitCode.FAILED, exc.message
     if isinstance(exc, (OSError, ValueError)):
         return ExitCode.BAD_INPUT, str(exc)
     return None
+
+
+# What no file of a run can get past: an import stops at the first (README: Exit codes).
+ENVIRONMENT = frozenset(
+    {
+        ExitCode.BAD_CONFIG,
+        ExitCode.STORAGE_UNAVAILABLE,
+        ExitCode.BROKER_UNAVAILABLE,
+        ExitCode.SCHEMA_NOT_CURRENT,
+        ExitCode.DATABASE_MISSING,
+    }
+)
 
 
 def _unavailable(component: str, detail: str) -> tuple[ExitCode, str]:
@@ -136,3 +157,24 @@ def fail(exc: BaseException, *, debug: bool) -> None:
     sys.stderr.write(f"error: {line}\n")
     sys.stderr.flush()
     sys.exit(int(code))
+
+
+def usage_failed(exc: BaseException) -> None:
+    """Report a click error and exit with its code (2 for usage): one line, as every other
+    failure, with where the command's help is (click printed a usage block of four lines).
+    ``sessionstore`` or a group alone still shows its help."""
+    from typer import _click
+
+    if isinstance(exc, _click.exceptions.NoArgsIsHelpError):
+        exc.show()
+        sys.exit(exc.exit_code)
+    assert isinstance(exc, _click.exceptions.ClickException)
+    from tasks.cli.common import literal
+
+    line = literal(" ".join(exc.format_message().split()))
+    ctx = getattr(exc, "ctx", None)
+    if ctx is not None and ctx.command.get_help_option(ctx) is not None:
+        line = f"{line} (see `{ctx.command_path} {ctx.help_option_names[0]}`)"
+    sys.stderr.write(f"error: {line}\n")
+    sys.stderr.flush()
+    sys.exit(exc.exit_code)

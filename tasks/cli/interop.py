@@ -16,8 +16,10 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from tasks.cli.common import (
+    INT64_MAX,
     JsonOption,
     MetricsAddrOption,
+    check_tenant,
     console,
     err_console,
     load_settings,
@@ -96,7 +98,9 @@ def import_files(
             help="Session files, directories (recursive) or globs [default: ~/.pi/agent/sessions]."
         ),
     ] = None,
-    tenant: str = typer.Option(DEFAULT_TENANT, help="Tenant of the imported sessions."),
+    tenant: str = typer.Option(
+        DEFAULT_TENANT, callback=check_tenant, help="Tenant of the imported sessions."
+    ),
     format: str = typer.Option("auto", "--format", help="auto | pi | omp | claude-code."),
     blobs_dir: Path | None = typer.Option(
         None,
@@ -118,11 +122,14 @@ def import_files(
     ),
     metrics_addr: str = MetricsAddrOption,
 ) -> None:
-    """Import agent session files; again appends only what is new (idempotent)."""
-    from core.errors import SessionStoreError, UnreadableFile
+    """Import agent session files; again appends only what is new (idempotent).
+
+    A file that fails is reported and the next one imported; the exit code is the highest
+    of the failed files' (README: Exit codes). A failure no other file can get past (a bad
+    setting, the database or a store unavailable) ends the run there, with its code."""
+    from core.errors import UnreadableFile
     from core.interop.importer import converters
     from core.interop.watch import DEFAULT_SESSIONS_DIR, session_files
-    from tasks.cli.failures import ExitCode
 
     if metrics_port is not None:
         # Imports run in this process, not in a worker: the import panels of the dashboard
@@ -149,7 +156,7 @@ def import_files(
     if not files and watch is None:
         shown = " ".join(paths) if paths else str(DEFAULT_SESSIONS_DIR)
         err_console.print(plain(f"no session files (*.jsonl) in {shown}"))
-    failed, unreadable = 0, 0
+    exit_code = 0
     with ExitStack() as stack:
         # The journal is created for a file there is to import, not for a path that names
         # none (a mistyped data dir then held an empty journal).
@@ -165,9 +172,7 @@ def import_files(
                 try:
                     _check_readable(path)
                 except UnreadableFile as exc:
-                    failed += 1
-                    unreadable += 1
-                    _report_error(path, exc, as_json)
+                    exit_code = max(exit_code, _failed(path, exc, as_json))
                     advance(_size(path))
                     continue
                 journal = store()  # outside the file's try: no database fails the command
@@ -175,25 +180,34 @@ def import_files(
                     result = journal.import_session(
                         path, tenant_id=tenant, format=format, blobs_dir=blobs_dir
                     )
-                except SessionStoreError as exc:
-                    failed += 1
-                    unreadable += isinstance(exc, UnreadableFile)
-                    _report_error(path, exc, as_json)
                 except Exception as exc:
-                    # a defect, not bad input: logged with its traceback, reported as this
-                    # file's failure, and the run goes on with the next file
-                    log.exception("importing a file failed", extra={"path": str(path)})
-                    failed += 1
-                    _report_error(path, exc, as_json)
+                    if watch is None and _stops_the_run(exc):
+                        if as_json:  # the file's object, then the one line of every failure
+                            print_json_line(_error_dict(path, exc))
+                        raise
+                    exit_code = max(exit_code, _failed(path, exc, as_json))
                 else:
                     _report(result, as_json)
                 advance(_size(path))
         if watch is not None:
             _follow(store(), watch, tenant, format, as_json)
-    if unreadable:  # a path that is not a readable file: bad input
-        raise typer.Exit(int(ExitCode.BAD_INPUT))
-    if failed:
-        raise typer.Exit(int(ExitCode.FAILED))
+    if exit_code:
+        raise typer.Exit(exit_code)
+
+
+def _stops_the_run(exc: Exception) -> bool:
+    """A failure every other file would meet: the setting, the database or a store, not
+    this file or its session (a move of it pending fails it alone)."""
+    from core.errors import ImportInterrupted, SessionMoving
+    from tasks.cli.failures import ENVIRONMENT, classify
+
+    cause = exc.cause if isinstance(exc, ImportInterrupted) else exc
+    classified = classify(cause)
+    return (
+        not isinstance(cause, SessionMoving)
+        and classified is not None
+        and classified[0] in ENVIRONMENT
+    )
 
 
 def _check_readable(path: Path) -> None:
@@ -248,13 +262,32 @@ def _report(result: ImportResult, as_json: bool) -> None:
 
 
 def _message(path: Path, exc: Exception) -> str:
-    """A typed error's own message (it names the file); anything else is a defect, named
-    by its type and the file it failed on."""
-    from core.errors import SessionStoreError
-
-    if isinstance(exc, SessionStoreError):
-        return exc.message
+    """A typed error's message as the CLI gives it (``classify``: it names the file);
+    anything else is a defect, named by its type and the file it failed on."""
+    classified = _classified(exc)
+    if classified is not None:
+        return classified[1]
     return f"importing {path} failed: {type(exc).__name__}: {exc}"
+
+
+def _classified(exc: Exception) -> tuple[int, str] | None:
+    """``classify`` for a typed error; None for anything else, a defect of the import."""
+    from core.errors import SessionStoreError
+    from tasks.cli.failures import classify
+
+    return classify(exc) if isinstance(exc, SessionStoreError) else None
+
+
+def _failed(path: Path, exc: Exception, as_json: bool) -> int:
+    """Report a file's failure; its exit code (``classify``; 1 for a defect, whose
+    traceback is logged: the run goes on with the next file)."""
+    from tasks.cli.failures import ExitCode
+
+    classified = _classified(exc)
+    if classified is None:
+        log.exception("importing a file failed", extra={"path": str(path)})
+    _report_error(path, exc, as_json)
+    return int(classified[0]) if classified else int(ExitCode.FAILED)
 
 
 def _report_error(path: Path, exc: Exception, as_json: bool) -> None:
@@ -297,7 +330,7 @@ class _progress:
             DownloadColumn(),
             TextColumn("{task.fields[files]}"),
             console=err_console,
-            disable=quiet,
+            disable=quiet or not err_console.is_terminal,
             transient=True,
         )
         self.files = files
@@ -323,7 +356,8 @@ def export(
         None,
         "-o",
         "--output",
-        help="File [default: stdout]; omp: a directory [default: .] (with --via-queue: a file).",
+        help="File, - for stdout [default: stdout]; omp: a directory [default: .] (with "
+        "--via-queue: a file).",
     ),
     format: str = typer.Option(
         "pi",
@@ -338,9 +372,15 @@ def export(
         "<agent dir>/sessions/<project>, else <output>/blobs].",
     ),
     at_seq: int | None = typer.Option(
-        None, "--at-seq", min=0, help="Only events up to this seq (0: the header alone)."
+        None,
+        "--at-seq",
+        min=0,
+        max=INT64_MAX,
+        help="Only events up to this seq (0: the header alone).",
     ),
-    tenant: str | None = typer.Option(None, help="Fail unless the session is this tenant's."),
+    tenant: str | None = typer.Option(
+        None, callback=check_tenant, help="Fail unless the session is this tenant's."
+    ),
     via_queue: bool = typer.Option(
         False, "--via-queue", help="Have a worker build it (sessionstore.rehydrate) and wait."
     ),
@@ -363,6 +403,10 @@ def export(
             f"unknown export format {format!r} (known: {', '.join(known)}{also})",
             param_hint="--format",
         )
+    if output == Path("-"):  # stdout, as dead-letters export's "-" (it was a file named -)
+        if format == "omp" and not via_queue:
+            raise typer.BadParameter("omp writes a directory, not stdout", param_hint="--output")
+        output = None
     if via_queue:
         _export_via_queue(session, output, format, at_seq, tenant, as_json, timeout)
         return
@@ -430,7 +474,9 @@ def _export_via_queue(
         handle = enqueue_rehydrate(
             found.id, tenant_id=found.tenant_id, at_seq=at_seq, format=fmt, app=queue_app(stack)
         )
-        with Progress(console=err_console, transient=True, disable=as_json) as bar:
+        with Progress(
+            console=err_console, transient=True, disable=as_json or not err_console.is_terminal
+        ) as bar:
             task = bar.add_task("rehydrating", total=None)
             while True:
                 try:

@@ -13,8 +13,10 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from tasks.cli.common import (
+    INT64_MAX,
     JsonOption,
     add_row,
+    check_tenant,
     console,
     id_table,
     new_app,
@@ -168,7 +170,9 @@ class _Printer:
 
 @cli.command("events")
 def events(
-    tenant: str | None = typer.Option(None, help="Only this tenant's events."),
+    tenant: str | None = typer.Option(
+        None, callback=check_tenant, help="Only this tenant's events."
+    ),
     session: str | None = typer.Option(None, help="Only this session's events."),
     types: Annotated[
         list[str] | None, typer.Option("--type", help="Event type (repeatable).")
@@ -193,7 +197,11 @@ def events(
         False, "--refs", help="Show payloads as stored (blob refs), not text previews."
     ),
     after_position: int | None = typer.Option(
-        None, "--after-position", min=0, help="Start after this global position (the cursor)."
+        None,
+        "--after-position",
+        min=0,
+        max=INT64_MAX,
+        help="Start after this global position (the cursor).",
     ),
     limit: int | None = typer.Option(
         None, min=1, help=f"Most events to print [default: {DEFAULT_LIMIT}; none with --follow]."
@@ -358,7 +366,7 @@ def _pairs_table(title: str, rows: Iterable[tuple[str, str]], *headers: str) -> 
 
 @cli.command("stats")
 def stats(
-    tenant: str | None = typer.Option(None, help="Only this tenant."),
+    tenant: str | None = typer.Option(None, callback=check_tenant, help="Only this tenant."),
     since: str | None = typer.Option(None, help="Events recorded at or after (ISO 8601)."),
     until: str | None = typer.Option(None, help="Events recorded before (ISO 8601)."),
     top: int = typer.Option(10, min=1, max=1000, help="How many top sessions to list."),
@@ -477,8 +485,12 @@ def stats(
 @cli.command("state")
 def state(
     session_id: str,
-    at_seq: int | None = typer.Option(None, "--at-seq", min=0, help="State after this seq."),
-    tenant: str | None = typer.Option(None, help="Fail unless the session is this tenant's."),
+    at_seq: int | None = typer.Option(
+        None, "--at-seq", min=0, max=INT64_MAX, help="State after this seq."
+    ),
+    tenant: str | None = typer.Option(
+        None, callback=check_tenant, help="Fail unless the session is this tenant's."
+    ),
     messages: int = typer.Option(10, min=0, help="How many of the last messages to show."),
     refs: bool = typer.Option(
         False, "--refs", help="Show messages as stored (blob refs), not text previews."

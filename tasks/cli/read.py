@@ -6,7 +6,7 @@ import sys
 
 import typer
 
-from tasks.cli.common import JsonOption, new_app, open_store, print_json
+from tasks.cli.common import JsonOption, check_tenant, new_app, open_store, print_json
 
 cli = new_app()
 
@@ -19,7 +19,9 @@ def read(
     session_id: str = typer.Option(
         ..., "--session", "-s", help="The session the URL is in (its id, or the agent's own)."
     ),
-    tenant: str | None = typer.Option(None, help="Read as this tenant (isolation check)."),
+    tenant: str | None = typer.Option(
+        None, callback=check_tenant, help="Read as this tenant (isolation check)."
+    ),
     offset: int | None = typer.Option(None, min=1, help="First line (1-based), plain reads."),
     limit: int | None = typer.Option(None, min=1, help="Number of lines, plain reads."),
     partial: bool = typer.Option(

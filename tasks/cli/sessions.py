@@ -7,9 +7,11 @@ from typing import TYPE_CHECKING
 import typer
 
 from tasks.cli.common import (
+    INT64_MAX,
     JsonOption,
     TenantOption,
     add_row,
+    check_tenant,
     confirm,
     console,
     id_table,
@@ -32,7 +34,9 @@ cli.add_typer(sessions_app, name="sessions")
 
 @sessions_app.command("list")
 def list_sessions(
-    tenant: str | None = typer.Option(None, help="Only this tenant's sessions."),
+    tenant: str | None = typer.Option(
+        None, callback=check_tenant, help="Only this tenant's sessions."
+    ),
     limit: int = typer.Option(50, min=1, max=10_000),
     cursor: str | None = typer.Option(None, help="Cursor from a previous page."),
     as_json: bool = JsonOption,
@@ -87,7 +91,9 @@ def _print_session(session: Session, as_json: bool, headline: str) -> None:
 @sessions_app.command("fork")
 def fork(
     session_id: str,
-    at_seq: int | None = typer.Option(None, min=0, help="Fork point (default: the head)."),
+    at_seq: int | None = typer.Option(
+        None, min=0, max=INT64_MAX, help="Fork point (default: the head)."
+    ),
     inline: bool = typer.Option(
         False, "--inline", help="Copy the artifacts in this process instead of the queue."
     ),
@@ -110,11 +116,14 @@ def fork(
 @sessions_app.command("move")
 def move(
     session_id: str,
-    tenant: str | None = typer.Option(None, help="The tenant to move the session to."),
+    tenant: str | None = typer.Option(
+        None, callback=check_tenant, help="The tenant to move the session to."
+    ),
     cwd: str | None = typer.Option(None, help="The new working directory."),
     from_tenant: str | None = typer.Option(
         None,
         "--from-tenant",
+        callback=check_tenant,
         help="The session's tenant now: required where its external id names sessions of several.",
     ),
     as_json: bool = JsonOption,
@@ -182,7 +191,7 @@ def create(
     external_id: str | None = typer.Option(
         None, "--id", help="The agent's own id for it (unique per tenant; accepted as an id)."
     ),
-    tenant: str = typer.Option("default", help="Tenant of the new session."),
+    tenant: str = typer.Option("default", callback=check_tenant, help="Tenant of the new session."),
     title: str | None = typer.Option(None, help="Title."),
     cwd: str | None = typer.Option(None, help="Working directory the session belongs to."),
     as_json: bool = JsonOption,
@@ -199,10 +208,19 @@ def create(
 
 
 @sessions_app.command("repair")
-def repair(as_json: bool = JsonOption) -> None:
-    """Complete (the directory was renamed) or roll back (it was not) every interrupted move."""
+def repair(
+    session_id: str | None = typer.Argument(
+        None, help="Only this session's move (its id, or the agent's own) [default: every one]."
+    ),
+    tenant: str | None = TenantOption,
+    as_json: bool = JsonOption,
+) -> None:
+    """Complete (the directory was renamed) or roll back (it was not) every interrupted move,
+    or the session's."""
     with open_store() as store:
-        repaired = store.repair_moves()
+        if session_id is not None:
+            session_id = store.resolve_session(session_id, tenant_id=tenant).id
+        repaired = store.repair_moves(session_id=session_id)
     if as_json:
         print_json({"repaired": [r.to_dict() for r in repaired]})
         return

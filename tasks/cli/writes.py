@@ -13,6 +13,7 @@ import typer
 
 from core.errors import InvalidEvent
 from tasks.cli.common import (
+    INT64_MAX,
     JsonOption,
     TenantOption,
     add_row,
@@ -87,7 +88,6 @@ def _on_line(exc: InvalidEvent, lines: list[int], first: int, source: str) -> In
 # Batch N is written under KEY:N: the journal's key limit (MAX_KEY_LENGTH, 200) less room
 # for ":" and up to 9 digits. A literal: the validation module is not imported for --help.
 MAX_APPEND_KEY_LENGTH = 190
-_INT64_MAX = 2**63 - 1
 
 
 def _check_key(key: str | None) -> None:
@@ -120,7 +120,7 @@ def append(
         "under KEY:N, so the same command run again writes only what had not committed.",
     ),
     expected_seq: int | None = typer.Option(
-        None, min=0, max=_INT64_MAX, help="Fail unless the head is this seq."
+        None, min=0, max=INT64_MAX, help="Fail unless the head is this seq."
     ),
     batch_size: int = typer.Option(
         100, min=1, help="Events per write, at most SESSIONSTORE_MAX_BATCH_EVENTS (1000)."
@@ -360,7 +360,11 @@ def dead_replay(
         None, "--file", help="Replay these events instead (a JSON array or JSONL file)."
     ),
     expected_seq: int | None = typer.Option(
-        None, "--expected-seq", min=0, help="Replay expecting this head instead of the letter's."
+        None,
+        "--expected-seq",
+        min=0,
+        max=INT64_MAX,
+        help="Replay expecting this head instead of the letter's.",
     ),
     no_expected_seq: bool = typer.Option(
         False, "--no-expected-seq", help="Replay without any expected head (append at the end)."

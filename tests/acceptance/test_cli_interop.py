@@ -167,7 +167,7 @@ def test_import_of_a_bad_line_names_it_and_writes_nothing(run: Run, tmp_path: Pa
     entries[8]["k\x00"] = 1  # in the pass's third batch of 5: no database text holds it
     write(path, [*lines, *entries])
     done = run("import", str(path), "--json", SESSIONSTORE_MAX_BATCH_EVENTS="5")
-    assert done.returncode == 1, done.stderr
+    assert done.returncode == 3, done.stderr
     [report] = json_lines(done.stdout)
     assert (report["status"], report["session_id"], report["appended"]) == ("error", None, 0)
     assert f"{path} line {len(lines) + 9}:" in str(report["error"])
@@ -293,7 +293,7 @@ def test_an_odd_file_fails_alone_and_the_run_goes_on(run: Run, tmp_path: Path) -
     (d / "z_good.jsonl").write_bytes((FIXTURES / "v3.jsonl").read_bytes())
     done = run("import", str(d), "--json", "--format", "auto")
     reports = {Path(str(r["path"])).name: r for r in json_lines(done.stdout)}
-    assert done.returncode == 1, done.stderr  # d_cc_list is not a session file
+    assert done.returncode == 3, done.stderr  # d_cc_list is not a session file: bad input
     assert "Traceback" not in done.stderr
     assert [reports[n]["status"] for n in sorted(reports)] == [
         "created",
@@ -304,6 +304,6 @@ def test_an_odd_file_fails_alone_and_the_run_goes_on(run: Run, tmp_path: Path) -
     ]
     assert "not a session file" in str(reports["d_cc_list.jsonl"]["error"])
     listed = run("import", str(d / "d_cc_list.jsonl"), "--format", "claude-code", "--json")
-    assert listed.returncode == 1 and "Traceback" not in listed.stderr
+    assert listed.returncode == 3 and "Traceback" not in listed.stderr
     error = json.loads(listed.stdout)["error"]
     assert "no line of this file is a Claude Code transcript line" in str(error)

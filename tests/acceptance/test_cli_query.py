@@ -233,8 +233,16 @@ def test_out_of_range_values_exit_3_with_one_line(
     acme_id, _ = _seed(store)  # a head of 8
     naive_cursor = base64.urlsafe_b64encode(b"2024-01-01T00:00:00|x").decode()
     for argv in (
+        # past the option's own bound (a position is a BIGINT): a usage error, as -1 is
         ["events", "--after-position", str(2**63), "--json"],
         ["events", "--follow", "--after-position", str(2**63), "--timeout", "1"],
+    ):
+        with pytest.raises(SystemExit) as raised:
+            main(argv)
+        err = capsys.readouterr().err
+        assert raised.value.code == 2, (argv, err)
+        assert err.startswith("error: ") and "--after-position" in err and err.count("\n") == 1
+    for argv in (
         ["sessions", "list", "--cursor", naive_cursor, "--json"],
         ["export", acme_id, "--at-seq", "9", "-o", str(tmp_path / "x.jsonl")],
         ["sessions", "fork", acme_id, "--at-seq", "9", "--inline"],

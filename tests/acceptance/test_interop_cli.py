@@ -99,7 +99,7 @@ def test_import_format_errors_are_one_line(data_dir: Path, tmp_path: Path) -> No
     junk = tmp_path / "junk.jsonl"
     junk.write_text('{"hello": 1}\n')
     done = run(data_dir, "import", str(junk), "--format", "claude-code")
-    assert done.returncode == 1 and "Traceback" not in done.stderr
+    assert done.returncode == 3 and "Traceback" not in done.stderr
     assert "Claude Code transcript" in " ".join(done.stderr.split())
     auto = run(data_dir, "import", str(junk), "--json")
     assert json_lines(auto.stdout)[0]["status"] == "error"
@@ -168,7 +168,7 @@ def test_import_names_a_file_whose_name_is_not_utf8_or_holds_controls(
         )
 
     as_json = cli(os.fsencode(root), b"--json")
-    assert as_json.returncode == 1  # the junk file failed
+    assert as_json.returncode == 3  # the junk file failed: bad input
     results = [json.loads(line) for line in as_json.stdout.decode("utf-8").splitlines()]
     assert {os.fsencode(r["path"]) for r in results} == {good, junk}
     assert sorted(r["status"] for r in results) == ["created", "error"]

@@ -4,7 +4,13 @@ from __future__ import annotations
 
 import pytest
 
-from core.errors import StorageUnavailable
+from core.errors import (
+    ImportInterrupted,
+    InvalidEvent,
+    SessionMoving,
+    StorageUnavailable,
+    UnwritableFile,
+)
 from tasks.cli.failures import ExitCode, classify
 
 
@@ -27,3 +33,61 @@ def test_unavailable_storage_names_itself_and_its_setting(
     assert classified[1].startswith(f"{name} unavailable: [Errno 28] No space (check {setting}")
     others = {"SESSIONSTORE_DATABASE_URL", "SESSIONSTORE_BLOB_URL", "SESSIONSTORE_BROKER_URL"}
     assert not any(other in classified[1] for other in others - {setting})
+
+
+def test_a_pending_move_is_not_an_unavailable_artifact_store() -> None:
+    """``SessionMoving`` is a ``StorageUnavailable`` of the artifacts: it was shown as
+    "artifact store unavailable (check SESSIONSTORE_ARTIFACT_URL ...)". Still exit 6
+    (transient), its own message: the session, and what completes the move."""
+    classified = classify(SessionMoving("ses-1"))
+    assert classified is not None
+    code, line = classified
+    assert code == ExitCode.STORAGE_UNAVAILABLE
+    assert line.startswith("session ses-1 is being moved: ")
+    assert "the reconciler" in line and "`sessionstore sessions repair ses-1`" in line
+    assert "artifact store" not in line and "SESSIONSTORE_ARTIFACT_URL" not in line
+
+
+@pytest.mark.parametrize(
+    ("cause", "code", "said"),
+    [
+        (
+            StorageUnavailable("database", "database is unavailable: refused"),
+            6,
+            "database unavailable: refused (check SESSIONSTORE_DATABASE_URL",
+        ),
+        (SessionMoving("ses-1"), 6, "session ses-1 is being moved"),
+        (InvalidEvent("type", "missing"), 3, "invalid event at type: missing"),
+        (RuntimeError("a defect"), 1, "a defect"),
+    ],
+)
+def test_an_interrupted_import_exits_as_what_interrupted_it(
+    cause: Exception, code: int, said: str
+) -> None:
+    error = ImportInterrupted(
+        "f.jsonl", session_id="s", external_id="e", appended=2, skipped=0, cause=cause
+    )
+    classified = classify(error)
+    assert classified is not None and classified[0] == code
+    assert classified[1].startswith(f"f.jsonl: {said}") and "kept the 2 event(s)" in classified[1]
+
+
+def test_an_unwritable_file_is_bad_input() -> None:
+    assert classify(UnwritableFile("out/x.jsonl", "No such file or directory")) == (
+        ExitCode.BAD_INPUT,
+        "cannot write out/x.jsonl: No such file or directory",
+    )
+
+
+def test_a_broken_pipe_that_is_not_the_output_is_a_failure(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Only a stdout or stderr whose reader is gone is the silent exit 141: a broken pipe
+    elsewhere (a socket a driver did not translate) is reported, never silenced (typer ended
+    the run with a silent exit 1 on any EPIPE)."""
+    from tasks.cli import _closed_pipe
+
+    with pytest.raises(SystemExit) as raised:
+        _closed_pipe(BrokenPipeError(32, "Broken pipe"), [])
+    assert raised.value.code == ExitCode.BAD_INPUT
+    assert capsys.readouterr().err == "error: [Errno 32] Broken pipe\n"

@@ -10,6 +10,9 @@ import stat
 import threading
 from pathlib import Path
 
+import pytest
+
+from core.errors import UnwritableFile
 from core.fsio import published_text
 
 
@@ -81,3 +84,19 @@ def test_a_descriptor_open_on_a_shared_file_is_written_through(tmp_path: Path) -
     finally:
         os.close(fd)
     assert log.read_text() == "an earlier line\nthe export\na later line\n"
+
+
+def test_a_path_that_cannot_be_written_is_named_as_given(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``UnwritableFile`` naming the path the caller gave: the OSError named the temporary
+    file beside it (``.out.jsonl.4fs182_0.partial``), which the user never asked for. What
+    the caller's own code raises inside the block is left as it is."""
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(UnwritableFile) as raised:
+        _publish(Path("missing_dir/out.jsonl"), "x\n")
+    assert raised.value.message == "cannot write missing_dir/out.jsonl: No such file or directory"
+    (tmp_path / "dir").mkdir()
+    with pytest.raises(OSError, match="the caller's"), published_text(Path("dir/out")):
+        raise OSError("the caller's")
+    assert list((tmp_path / "dir").iterdir()) == []

@@ -1,0 +1,294 @@
+"""Exit codes and stderr lines of the real ``sessionstore`` executable (README: Exit codes),
+from a CLI review: ``import`` failing each way, a reader gone from the pipe (``| head``),
+an export to a directory that does not exist, bad option values, a session whose move is
+pending, and lines piped to a script kept whole."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from core import SessionStore, Settings
+from tests.cli_process import EXE, run_cli
+from tests.pi_support import FIXTURES
+from tests.support import clean_env, json_lines
+
+Run = Callable[..., subprocess.CompletedProcess[str]]
+OMP_SESSIONS = Path(__file__).parents[1] / "fixtures" / "omp" / "agent" / "sessions"
+DATABASE_DOWN = "postgresql+psycopg://127.0.0.1:1/nothing_listens_here"
+
+
+@pytest.fixture
+def env(tmp_path: Path) -> dict[str, str]:
+    return clean_env(tmp_path / "data", HOME=str(tmp_path / "home"))
+
+
+@pytest.fixture
+def run(env: dict[str, str]) -> Run:
+    def run(*args: str, **more_env: str) -> subprocess.CompletedProcess[str]:
+        return run_cli(*args, env={**env, **more_env})
+
+    return run
+
+
+@pytest.fixture
+def session_id(run: Run) -> str:
+    """A session of the pi fixture (25 entries)."""
+    done = run("import", str(FIXTURES / "v3.jsonl"), "--json")
+    assert done.returncode == 0, done.stderr
+    return str(json_lines(done.stdout)[0]["session_id"])
+
+
+def _errors(done: subprocess.CompletedProcess[str]) -> list[str]:
+    return [line for line in done.stderr.splitlines() if line.startswith("error: ")]
+
+
+def _one_line(done: subprocess.CompletedProcess[str]) -> str:
+    """The one line on stderr, an ``error: ...`` line, no traceback and no usage block."""
+    lines = done.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), done.stderr
+    return lines[0]
+
+
+# --- import: each failure exits as classify() says ------------------------------------------
+
+
+def test_import_of_a_bad_file_is_bad_input(run: Run, tmp_path: Path) -> None:
+    """Exit 3 (it was 1: import chose its own code for everything but an unreadable path);
+    a good file beside it is imported all the same."""
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"type": "nothing we know"}\n')
+    done = run("import", str(bad), str(FIXTURES / "v3.jsonl"))
+    assert done.returncode == 3, done.stderr
+    assert _errors(done) == [
+        f"error: invalid event at {bad}: not a session file of a known format"
+    ], done.stderr
+    assert "created:" in done.stdout
+
+
+def test_import_of_a_missing_file_is_bad_input(run: Run, tmp_path: Path) -> None:
+    done = run("import", str(tmp_path / "missing.jsonl"))
+    assert done.returncode == 3, done.stderr
+    assert (
+        _one_line(done)
+        == f"error: cannot read {tmp_path / 'missing.jsonl'}: No such file or directory"
+    )
+
+
+def test_import_with_the_database_down_is_storage_unavailable(run: Run, tmp_path: Path) -> None:
+    """Exit 6 with the database named and what to check, once: the run stops there (it
+    was exit 1 and the same error for every file, without the hint)."""
+    files = [str(FIXTURES / "v2.jsonl"), str(FIXTURES / "v3.jsonl")]
+    done = run("import", *files, SESSIONSTORE_DATABASE_URL=DATABASE_DOWN)
+    assert done.returncode == 6, done.stderr
+    [line] = _errors(done)
+    assert line.startswith("error: database unavailable: "), line
+    assert "(check SESSIONSTORE_DATABASE_URL and that the database runs)" in line
+    # --json: the file it stopped at has its error object; the code and the line are the same
+    done = run("import", *files, "--json", SESSIONSTORE_DATABASE_URL=DATABASE_DOWN)
+    assert done.returncode == 6, done.stderr
+    [found] = json_lines(done.stdout)
+    assert (found["path"], found["status"]) == (files[0], "error")
+    assert found["error"].startswith("database unavailable: ")
+    assert [x.startswith("error: database unavailable: ") for x in _errors(done)] == [True]
+
+
+def test_import_with_a_bad_setting_is_bad_config(run: Run) -> None:
+    done = run("import", str(FIXTURES / "v3.jsonl"), SESSIONSTORE_DATABASE_URL="nosuch://")
+    assert done.returncode == 5, done.stderr
+    assert _one_line(done).startswith("error: bad setting database_url: ")
+
+
+def test_import_of_a_changed_file_is_a_failure(run: Run, tmp_path: Path) -> None:
+    """An ImportConflict (the imported part of the file changed): exit 1, as classify says."""
+    copy = tmp_path / "v3.jsonl"
+    shutil.copy(FIXTURES / "v3.jsonl", copy)
+    assert run("import", str(copy)).returncode == 0
+    lines = copy.read_text().splitlines()
+    entry = json.loads(lines[3])
+    entry["id"] = "changed"
+    copy.write_text("\n".join([*lines[:3], json.dumps(entry), *lines[4:]]) + "\n")
+    done = run("import", str(copy))
+    assert done.returncode == 1, done.stderr
+    assert len(_errors(done)) == 1, done.stderr
+
+
+# --- a session whose move is pending --------------------------------------------------------
+
+
+def test_a_pending_move_says_so_and_how_it_completes(
+    run: Run, env: dict[str, str], tmp_path: Path
+) -> None:
+    """SessionMoving is not "artifact store unavailable (check SESSIONSTORE_ARTIFACT_URL
+    ...)": it names the session, that it is being moved, and what completes the move; the
+    code stays 6 (transient: retry), and ``sessions repair SESSION`` repairs that one."""
+    sessions = tmp_path / "agent" / "sessions"
+    shutil.copytree(OMP_SESSIONS, sessions)
+    [session_file] = sessions.glob("*/*.jsonl")
+    artifacts = session_file.with_suffix("")
+    aside = tmp_path / "aside"
+    artifacts.rename(aside)  # imported first without its artifacts: the session exists
+    first = run("import", str(session_file), "--json")
+    assert first.returncode == 0, first.stderr
+    sid = json_lines(first.stdout)[0]["session_id"]
+    with SessionStore.from_settings(Settings(data_dir=Path(env["SESSIONSTORE_DATA_DIR"]))) as s:
+        s._moves._record_intent(sid, "globex", None)  # a move a crash left at its intent
+    aside.rename(artifacts)  # its artifacts now: written to the session under the move
+
+    done = run("import", str(session_file))
+    assert done.returncode == 6, done.stderr
+    [line] = _errors(done)
+    assert f"session {sid} is being moved" in line, line
+    assert f"`sessionstore sessions repair {sid}`" in line, line
+    assert "SESSIONSTORE_ARTIFACT_URL" not in line and "artifact store" not in line, line
+
+    repaired = run("sessions", "repair", sid, "--json")
+    assert repaired.returncode == 0, repaired.stderr
+    assert [r["session_id"] for r in json.loads(repaired.stdout)["repaired"]] == [sid]
+    assert run("import", str(session_file)).returncode == 0
+
+
+# --- a reader gone from the pipe: silent exit 141 -------------------------------------------
+
+
+def _into_closed_pipe(env: dict[str, str], cwd: Path, *args: str) -> tuple[int, str]:
+    """Run the executable with stdout a pipe whose reader is gone (``| head`` after it
+    read): its exit status and stderr."""
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    try:
+        done = subprocess.run(
+            [EXE, *args],
+            stdout=write_end,
+            stderr=subprocess.PIPE,
+            env=env,
+            cwd=cwd,
+            timeout=120,
+            text=True,
+        )
+    finally:
+        os.close(write_end)
+    return done.returncode, done.stderr
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ("events", "--limit", "1000"),
+        ("events", "--limit", "1000", "-o", "jsonl"),
+        ("events", "--json"),
+        ("export", "{sid}"),
+        ("export", "{sid}", "-o", "-"),
+        ("sessions", "list"),
+        ("sessions", "list", "--json"),
+        ("state", "{sid}"),
+        ("--help",),
+    ],
+)
+def test_a_closed_pipe_is_a_silent_exit_141(
+    env: dict[str, str], session_id: str, argv: tuple[str, ...], tmp_path: Path
+) -> None:
+    """128 + SIGPIPE and nothing on stderr, as other Unix tools (it was exit 1, or 120 and
+    "Exception ignored ... BrokenPipeError" when the output was small)."""
+    args = [a.replace("{sid}", session_id) for a in argv]
+    assert _into_closed_pipe(env, tmp_path, *args) == (141, "")
+
+
+# --- export to a path that cannot be written ------------------------------------------------
+
+
+def test_export_to_a_missing_directory_names_the_path_given(
+    env: dict[str, str], session_id: str, tmp_path: Path
+) -> None:
+    """Not ``.out.jsonl.4fs182_0.partial`` (the temporary file beside it): the path the user
+    gave, exit 3 (a bad value); the same line with --json."""
+    for extra in ((), ("--json",)):
+        done = run_cli(
+            "export", session_id, "-o", "missing_dir/out.jsonl", *extra, env=env, cwd=tmp_path
+        )
+        assert done.returncode == 3, done.stderr
+        line = _one_line(done)
+        assert line == "error: cannot write missing_dir/out.jsonl: No such file or directory"
+        assert done.stdout == ""
+
+
+def test_export_to_dash_is_stdout(env: dict[str, str], session_id: str, tmp_path: Path) -> None:
+    """``-o -`` wrote a file named ``-`` in the working directory."""
+    done = run_cli("export", session_id, "-o", "-", env=env, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    fixture = (FIXTURES / "v3.jsonl").read_text().splitlines()
+    assert len(done.stdout.splitlines()) == len(fixture) and not (tmp_path / "-").exists()
+
+
+# --- bad option values: usage errors, exit 2, one line --------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("argv", "option"),
+    [
+        (("events", "--after-position", "-1"), "--after-position"),
+        (("events", "--after-position", str(2**63)), "--after-position"),
+        (("sessions", "fork", "{sid}", "--at-seq", "-1"), "--at-seq"),
+        (("sessions", "fork", "{sid}", "--at-seq", str(2**63)), "--at-seq"),
+        (("state", "{sid}", "--at-seq", str(2**63)), "--at-seq"),
+        (("export", "{sid}", "--at-seq", str(2**63)), "--at-seq"),
+        (("sessions", "create", "--tenant", ""), "--tenant"),
+        (("sessions", "create", "--tenant", "x" * 129, "--json"), "--tenant"),
+        (("import", str(FIXTURES / "v3.jsonl"), "--tenant", ""), "--tenant"),
+        (("sessions", "move", "{sid}", "--tenant", ""), "--tenant"),
+        (("sessions", "list", "--tenant", "x" * 129), "--tenant"),
+        (("events", "--limit", "0"), "--limit"),
+        (("no-such-command",), "no-such-command"),
+    ],
+)
+def test_a_bad_option_value_is_one_usage_line(
+    run: Run, session_id: str, argv: tuple[str, ...], option: str
+) -> None:
+    """Each bound the option declares (click's ranges, as --limit's): exit 2 and one line
+    naming the option and where help is (-1 was exit 2 with a five-line usage block, 2^63
+    exit 3, and an empty tenant exit 3 as an "invalid event")."""
+    done = run(*(a.replace("{sid}", session_id) for a in argv))
+    assert done.returncode == 2, done.stderr
+    line = _one_line(done)
+    assert option in line and "--help" in line, line
+    assert done.stdout == ""
+
+
+def test_a_fork_point_past_the_head_is_still_a_bad_value(run: Run, session_id: str) -> None:
+    """A bound the option cannot know (the session's head): bad input, exit 3, as before."""
+    done = run("sessions", "fork", session_id, "--at-seq", "26")
+    assert done.returncode == 3
+    assert "cannot fork at seq 26; the head is 25" in _one_line(done)
+
+
+# --- piped output is not wrapped ------------------------------------------------------------
+
+
+def test_piped_lines_are_not_wrapped(env: dict[str, str], session_id: str, tmp_path: Path) -> None:
+    """Off a terminal, without COLUMNS: a line as long as what it holds (rich wrapped it at
+    80 columns, splitting ids and paths)."""
+    env = {k: v for k, v in env.items() if k != "COLUMNS"}  # pytest may set it: a script does not
+
+    def run(*args: str) -> subprocess.CompletedProcess[str]:
+        return run_cli(*args, env=env)
+
+    long_dir = tmp_path / ("d" * 90)
+    long_dir.mkdir()
+    shutil.copy(FIXTURES / "v2.jsonl", long_dir / "v2.jsonl")
+    done = run("import", str(long_dir / "v2.jsonl"))
+    assert done.returncode == 0, done.stderr
+    [line] = done.stdout.splitlines()
+    assert line.startswith(f"created: {long_dir / 'v2.jsonl'} -> ") and line.endswith("skipped")
+    title = "t" * 120
+    made = run("sessions", "create", "--tenant", "tenant-" + "n" * 100, "--title", title)
+    assert made.returncode == 0, made.stderr
+    listed = run("sessions", "list").stdout.splitlines()
+    assert any(title in row and "tenant-" + "n" * 100 in row for row in listed), listed
+    shown = run("sessions", "show", session_id).stdout
+    assert all(len(x) <= 200 for x in shown.splitlines())
