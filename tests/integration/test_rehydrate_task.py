@@ -638,3 +638,24 @@ def test_an_unreachable_broker_is_storage_unavailable_on_every_producer_call(
         with pytest.raises(StorageUnavailable) as away_error:
             call()
         assert away_error.value.component == "broker"
+
+
+@pytest.mark.postgres
+@pytest.mark.redis
+def test_a_progress_report_that_cannot_be_stored_ends_no_build(
+    store: SessionStore, app: Celery, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Progress is a report: the result backend refusing it (a blip) raised out of the
+    build, which started over on each retry and, refused every time, never finished."""
+    sid = _session(store, turns=30)  # 60 events: a report mid-build (every 50), not only at the end
+    reports: list[object] = []
+
+    def refused(*args: object, **kwargs: object) -> None:
+        reports.append(kwargs.get("meta"))
+        raise ConnectionError("injected: the result backend is away")
+
+    monkeypatch.setattr(app.tasks[REHYDRATE_TASK], "update_state", refused)
+    with thread_worker(app, concurrency=1):
+        result = enqueue_rehydrate(sid, tenant_id="acme", app=app).get(timeout=60)
+    assert reports, "the build reported no progress: the test tests nothing"
+    assert _artifact_bytes(store, result, sid) == _exported(store, sid, None, "pi")
