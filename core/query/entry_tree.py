@@ -128,6 +128,7 @@ class EntryTree:
 
     __slots__ = (
         "_count",
+        "_hints",
         "_ids",
         "_index",
         "_kind_codes",
@@ -161,6 +162,9 @@ class EntryTree:
         # not kept), and each of its ordinals' position on it
         self._path: list[int] | None = None
         self._pos: dict[int, int] | None = None
+        # ordinal -> an ancestor of it nearer its root (``_root_of``'s path compression); not
+        # encoded: an entry's ancestors only ever grow, so a hint, once true, stays true
+        self._hints: dict[int, int] = {}
 
     # reading ------------------------------------------------------------------------
 
@@ -400,17 +404,31 @@ class EntryTree:
         waiting = self._pending.pop(entry_id, None)
         if not waiting:
             return
-        ancestors: set[int] = set()
-        node = self.parent_at(ordinal)
-        while node != ROOT:
-            ancestors.add(node)
-            node = self.parent_at(node)
+        # Each waiting entry is a root: the one ancestor of the new entry it can be is the
+        # root of the new entry's tree (found in near-constant time, not by walking the
+        # path: a file of n entries each waiting for a chain's next link was quadratic).
+        root = self._root_of(ordinal)
         for child in waiting:
-            if child not in ancestors:
+            if child != root:
                 if self._path is None:
                     self._path = list(self.branch())
                     self._pos = {o: i for i, o in enumerate(self._path)}
                 self._parents[child] = ordinal
+
+    def _root_of(self, ordinal: int) -> int:
+        """The root above ``ordinal`` (itself if it is one), remembering the way up."""
+        hints, walked, node = self._hints, [], ordinal
+        while True:
+            above = hints.get(node)
+            if above is None:
+                above = self.parent_at(node)
+                if above == ROOT:
+                    break
+            walked.append(node)
+            node = above
+        for step in walked:
+            hints[step] = node
+        return node
 
     def _extend_branch(self, ordinal: int, parent: int) -> None:
         if self._path is not None:

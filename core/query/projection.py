@@ -216,10 +216,12 @@ def fold_events(events: Iterable[StoredEvent], fold: Fold | None = None) -> Fold
 
 
 def _add_entry(fold: Fold, payload: dict[str, Any], seq: int, kind: str) -> int:
-    """Place an entry in the tree, as pi links it: under the entry with its ``parentId``,
-    even one that comes later; a root if that is null or empty. Without a pi header of
-    version 2 or more, entries of the known types join it even without an id or parentId:
-    version-1 sessions were linear and had neither."""
+    """Place an entry in the tree, as pi links it: under the entry with its ``parentId``; a
+    root if that is null, empty or unknown. In a pi file (a header of version 2 or more) an
+    unknown parent may come later, and the entry waits for it; in any other session an
+    entry's place is fixed when it is appended. Without such a header, entries of the known
+    types join it even without an id or parentId: version-1 sessions were linear and had
+    neither."""
     tree = fold.tree
     entry_id = payload.get("id")
     if not isinstance(entry_id, str):
@@ -228,7 +230,7 @@ def _add_entry(fold: Fold, payload: dict[str, Any], seq: int, kind: str) -> int:
     fold.counters.entries += 1
     if isinstance(parent_id, str) and parent_id:  # pi: ``parentId ? byId.get(...) : root``
         parent = tree.resolve(parent_id)
-        if parent == ROOT:  # not yet: the entry waits for it
+        if parent == ROOT and fold.header.links:  # not yet: in a pi file, it waits for it
             return tree.add(entry_id, parent, seq, kind, waits_for=parent_id)
     elif parent_id is ... and not fold.header.links:
         parent = tree.leaf  # no parentId at all: a linear (version-1) entry

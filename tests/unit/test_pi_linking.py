@@ -197,3 +197,48 @@ def test_the_lines_kept_as_events_are_in_the_tree() -> None:
     fold = fold_file([HEADER, a, loose], 0)
     assert fold.tree.branch_ids() == ["seq:3"]
     assert plan_context(fold).context == []
+
+
+def test_without_a_pi_header_a_parent_appended_later_does_not_adopt_an_entry() -> None:
+    """Waiting for a later parent is pi's rule for its files. A session written through the
+    store (no pi header) kept an entry with an unknown parent a root for good; the linking
+    change made it wait there too, and the appended parent then moved it onto the branch
+    (the branch of this session became a, b, c, zzz instead of c, zzz)."""
+
+    def message(entry_id: str, parent: str | None) -> dict[str, Any]:
+        return {"type": "message", "id": entry_id, "parentId": parent, "message": {}}
+
+    events = [
+        message("a", None),
+        message("c", "b"),  # b is appended next: c stays a root
+        message("b", "a"),
+        message("d", "zzz"),
+        message("zzz", "c"),
+    ]
+    fold = fold_events(stored(events))
+    assert fold.tree.branch_ids() == ["c", "zzz"]
+    assert not fold.header.links
+
+
+def test_linking_late_parents_walks_each_path_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """n roots each waiting for the next link of a chain that comes after them: every link
+    walked all of its ancestors to rule out a cycle, n²/2 steps (a 16,000-entry file folded
+    in 10.7 s, a 100,000-entry one in minutes). Counted in steps, not timed."""
+    n = 2000
+    waiting = [{"type": "message", "id": f"w{i}", "parentId": f"x{i}"} for i in range(n)]
+    chain = [
+        {"type": "message", "id": f"x{i}", "parentId": f"x{i - 1}" if i else None} for i in range(n)
+    ]
+    steps = 0
+    real_parent_at = EntryTree.parent_at
+
+    def counted(self: EntryTree, ordinal: int) -> int:
+        nonlocal steps
+        steps += 1
+        return real_parent_at(self, ordinal)
+
+    monkeypatch.setattr(EntryTree, "parent_at", counted)
+    fold = fold_events(stored([{**HEADER}, *waiting, *chain]))
+    assert fold.header.links and fold.tree.branch_ids() == [f"x{i}" for i in range(n)]
+    assert fold.tree.path(f"w{n - 1}")[:2] == ["x0", "x1"]  # each linked under its parent
+    assert steps < 20 * n, steps
