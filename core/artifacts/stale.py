@@ -32,17 +32,19 @@ from sqlalchemy import Engine, select
 
 from core import nofollow
 from core.artifacts import rows
-from core.artifacts.paths import encode_component, session_dir
+from core.artifacts.paths import decode_component, encode_component, session_dir
+from core.artifacts.records import TOOL_OUTPUT, WRITING
 from core.artifacts.storage import ArtifactStorage, FileArtifactStorage, key_of
 from core.db import read_connection, write_transaction
 from core.errors import SessionStoreError
-from core.models import MoveIntentRow, table_of
+from core.models import ArtifactRow, MoveIntentRow, table_of
 from core.settings import Settings
 from core.translate import storage_errors
 
 log = logging.getLogger(__name__)
 
 _moves = table_of(MoveIntentRow)
+_artifacts = table_of(ArtifactRow)
 MAX_ERRORS_KEPT = 50
 
 
@@ -195,7 +197,10 @@ def _object(
 
 
 def _upload_spool(settings: Settings, storage: ArtifactStorage, spool: Path, key: str) -> None:
-    """The bytes a dead writer spooled, where a reader finds them; then the spool goes."""
+    """The bytes a silent writer spooled, where a reader finds them. The spool stays: a
+    writer that was only slow still holds it open, and its finalize uploads it whole (it
+    was unlinked here, and that finalize failed, the rest of the output lost);
+    ``sweep_spools`` removes it once it has not changed for the staging age again."""
     spool_dir = settings.artifact_spool_dir
     with storage_errors("artifacts"):
         fd = nofollow.open_file(spool_dir, spool)
@@ -203,4 +208,42 @@ def _upload_spool(settings: Settings, storage: ArtifactStorage, spool: Path, key
             return
         with os.fdopen(fd, "rb") as source:
             storage.put_file(key, source)
-        nofollow.unlink(spool_dir, spool)
+
+
+def sweep_spools(engine: Engine, settings: Settings, *, now: datetime, apply: bool) -> int:
+    """Remove spool files of this machine that no writer finalizes: unchanged for twice the
+    staging age (``finish_stale_writes`` took the writer for dead after one, and uploaded
+    what it had: the writer has had as long again to come back) and their row no longer
+    ``writing`` (settled, or finalized by a process killed before it removed its spool), or
+    gone. Returns how many (would be) removed."""
+    spool_dir = settings.artifact_spool_dir
+    cutoff = (now - timedelta(seconds=2 * settings.staging_max_age_seconds)).timestamp()
+    removed = 0
+    try:
+        folders = list(os.scandir(spool_dir))
+    except FileNotFoundError:
+        return 0
+    for folder in folders:
+        session_id = decode_component(folder.name)
+        if session_id is None or not folder.is_dir(follow_symlinks=False):
+            continue
+        for entry in os.scandir(folder.path):
+            if not entry.is_file(follow_symlinks=False):
+                continue
+            if entry.stat(follow_symlinks=False).st_mtime > cutoff:
+                continue  # written to lately: a writer at work
+            with read_connection(engine) as conn:
+                state = conn.execute(
+                    select(_artifacts.c.state).where(
+                        _artifacts.c.session_id == session_id,
+                        _artifacts.c.kind == TOOL_OUTPUT,
+                        _artifacts.c.name == entry.name,
+                    )
+                ).scalar()
+            if state == WRITING:
+                continue  # finish_stale_writes settles it first (and uploads it)
+            removed += 1
+            if apply:
+                with storage_errors("artifacts"):
+                    nofollow.unlink(spool_dir, Path(entry.path))
+    return removed

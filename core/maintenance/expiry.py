@@ -19,7 +19,7 @@ from core.artifacts import OversizedOutputs
 from core.artifacts import rows as artifact_rows
 from core.artifacts.fsio import sweep_staging
 from core.artifacts.records import OVERSIZED
-from core.artifacts.stale import finish_stale_writes
+from core.artifacts.stale import finish_stale_writes, sweep_spools
 from core.artifacts.storage import FileArtifactStorage
 from core.db import read_connection, write_transaction
 from core.errors import StorageUnavailable
@@ -77,6 +77,9 @@ class ExpireRunReport:
     stale_writes_truncated: int = 0
     stale_writes_completed: int = 0
     stale_write_bytes: int = 0
+    # spool files (object storage) no writer will finalize: settled, or finalized by a
+    # process killed before it removed its spool, unchanged for the staging age (removed)
+    stale_spools: int = 0
     # directories of deleted sessions that their delete left behind (removed when applied),
     # and those left for the next run (a move of their session or its parent under way)
     session_directories: int = 0
@@ -99,6 +102,7 @@ class ExpireRunReport:
             "stale_writes_truncated": self.stale_writes_truncated,
             "stale_writes_completed": self.stale_writes_completed,
             "stale_write_bytes": self.stale_write_bytes,
+            "stale_spools": self.stale_spools,
             "session_directories_removed"
             if self.applied
             else "session_directories_to_remove": self.session_directories,
@@ -206,6 +210,14 @@ def _settle_stale_writes(
     report.stale_writes_completed = stale.completed
     report.stale_write_bytes = stale.bytes
     report.errors.extend(stale.errors[:MAX_ERRORS_KEPT])
+    if isinstance(oversized.storage, FileArtifactStorage):
+        return  # streamed outputs are written in place: no spool
+    try:
+        report.stale_spools = sweep_spools(
+            engine, oversized.settings, now=report.now, apply=report.applied
+        )
+    except (OSError, StorageUnavailable, SQLAlchemyError) as exc:
+        report.errors.append(f"cannot sweep the artifact spool: {exc}")
 
 
 def _expire_batches(

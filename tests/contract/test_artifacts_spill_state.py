@@ -161,10 +161,10 @@ def test_expiry_marks_a_dead_writers_output_truncated_keeping_its_bytes(
     kept = store.resolve(f"artifact://{artifact_id}", session_id=sid, partial=True)
     assert kept.content == PARTIAL.decode() and not kept.complete
     assert "truncated" in kept.notes[0]
-    # on S3 the spool this machine held was uploaded, and is gone
+    # on S3 the spool this machine held was uploaded (and kept for a writer that was only
+    # slow: test_on_s3_a_spool_no_writer_finalizes_is_swept_after_the_staging_age)
     target = manager.directory() / f"{artifact_id}.bash.log"
     assert raw.read(target) == PARTIAL
-    assert not path.exists() or raw.on_files
     assert _expire(store, apply=True)["stale_writes_truncated"] == 0  # settled once
 
 
@@ -193,16 +193,48 @@ def test_expiry_settles_a_writer_that_died_before_its_first_byte(store: SessionS
 def test_a_finalize_after_expiry_took_the_writer_for_dead_wins(
     store: SessionStore, raw: RawArtifacts
 ) -> None:
+    """A writer silent past the staging age, then back: it streams on into the file it
+    holds open and finalizes. On S3 expiry had uploaded and unlinked its spool, so the
+    finalize failed (no such spooled output) and the rest of the output was lost."""
     sid = store.create_session(tenant_id="acme").id
     manager = store.artifacts(sid)
-    artifact_id, path = _abandoned(manager)
-    _age(store, path, _stale_age(store.settings))
-    _expire(store, apply=True)
-    with open(path, "wb") as out:
-        out.write(PARTIAL + b"and the rest\n")
-    manager.finalize_tool_output(artifact_id)
-    assert _state(manager, artifact_id) == ("complete", len(PARTIAL) + 13)
-    assert store.resolve(f"artifact://{artifact_id}", session_id=sid).complete
+    slot = manager.allocate_path("bash")
+    with open(slot.path, "wb") as out:  # as a streaming writer holds it: open throughout
+        out.write(PARTIAL)
+        out.flush()
+        _age(store, slot.path, _stale_age(store.settings))
+        assert _expire(store, apply=True)["stale_writes_truncated"] == 1
+        out.write(b"and the rest\n")
+    manager.finalize_tool_output(slot.id)
+    assert _state(manager, slot.id) == ("complete", len(PARTIAL) + 13)
+    resolved = store.resolve(f"artifact://{slot.id}", session_id=sid)
+    assert resolved.complete and resolved.content == PARTIAL.decode() + "and the rest\n"
+
+
+@pytest.mark.parametrize("artifact_backend", ["s3"])
+def test_on_s3_a_spool_no_writer_finalizes_is_swept_after_the_staging_age(
+    store: SessionStore, raw: RawArtifacts
+) -> None:
+    """Expiry uploads a dead writer's spool and keeps it (the writer may be slow only); one
+    unchanged for the staging age again, its row settled, is removed (a young one is not,
+    nor a still-writing row's)."""
+    sid = store.create_session(tenant_id="acme").id
+    manager = store.artifacts(sid)
+    artifact_id, spool = _abandoned(manager)
+    _age(store, spool, _stale_age(store.settings))
+    first = _expire(store, apply=True)
+    assert first["stale_writes_truncated"] == 1 and spool.exists()
+    assert store.resolve(f"artifact://{artifact_id}", session_id=sid, partial=True).content == (
+        PARTIAL.decode()
+    )
+    assert _expire(store, apply=True)["stale_spools"] == 0  # the writer may yet come back
+    young_id, young = _abandoned(store.artifacts(sid))  # a writer at work: row and file young
+    then = time.time() - 2 * _stale_age(store.settings)
+    os.utime(spool, (then, then))  # unchanged for the staging age again: no one came back
+    assert _expire(store, apply=False)["stale_spools"] == 1
+    assert _expire(store, apply=True)["stale_spools"] == 1
+    assert not spool.exists() and young.exists()
+    assert _state(manager, young_id) == ("writing", 0)
 
 
 @pytest.mark.parametrize("artifact_backend", ["s3"])
