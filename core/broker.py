@@ -96,7 +96,12 @@ class Channel(filesystem.Channel):
                 raise ChannelError(f"cannot read the message {mine}") from exc
             try:
                 message = _loads(body.decode())
-            except ValueError:
+                # what kombu builds from it on delivery, built here: a file that is JSON
+                # but no message (a list, no properties, a body its encoding cannot
+                # decode) raised there, out of the consumer, and stopped the worker; its
+                # claim then stopped each next worker in turn
+                self.Message(message, channel=self)  # type: ignore[no-untyped-call]
+            except Exception:
                 _set_aside(mine, inbox.parent / "bad", name)
                 continue
             message[_CLAIM] = str(mine)  # not in what a restore writes back (serializable)
@@ -155,13 +160,15 @@ _SEP = "~"
 
 
 def _process_start(pid: int | str) -> str | None:
-    """The start time of process ``pid`` (clock ticks since boot), None if there is none:
-    a pid reused by a later process has another."""
+    """The start time of process ``pid`` (clock ticks since boot), None if there is none
+    (or it is dead, a zombie its parent has not reaped yet): a pid reused by a later
+    process has another."""
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
     except (OSError, ValueError):
         return None
-    return stat.rsplit(")", 1)[1].split()[19]
+    fields = stat.rsplit(")", 1)[1].split()
+    return None if fields[0] in ("Z", "X", "x") else fields[19]
 
 
 def _machine() -> str:
@@ -192,16 +199,20 @@ def reclaim(claimed: Path, inbox: Path, *, older_than_s: float) -> int:
         names = os.listdir(claimed)
     except FileNotFoundError:
         return 0
-    now, back = time.time(), 0
+    now, back, me = time.time(), 0, _owner(os.getpid())
+    running: dict[str, bool] = {}  # owner -> alive, read from /proc once per scan
     for claim in names:
         owner, _, rest = claim.partition(_SEP)
         name = rest.partition(_SEP)[2]
-        if not name or owner == _owner(os.getpid()):
+        if not name or owner == me:
             continue  # an older version's claim (it was read then), or this process's own
         machine, _, process = owner.partition(".")
         if machine == _MACHINE:
-            pid, _, start = process.partition(".")
-            if _process_start(pid) == start:
+            alive = running.get(owner)
+            if alive is None:
+                pid, _, start = process.partition(".")
+                alive = running[owner] = _process_start(pid) == start
+            if alive:
                 continue  # its consumer still runs
         else:
             try:
