@@ -23,9 +23,10 @@ from core.errors import (
     RehydrateTooLong,
     SessionNotFound,
     SessionStoreError,
+    StorageUnavailable,
 )
 from core.interop.rehydrated import Request, rehydrate
-from core.translate import storage_errors
+from core.translate import storage_errors, translate
 from tasks.app import QUEUE, get_app, sessionstore_task, settings_of
 from tasks.deliveries import delivery_count
 from tasks.results import QueueTimeout
@@ -67,11 +68,17 @@ def rehydrate_task(
         retry_or_requeue(self, 1.0)
     except Exception as exc:
         settings = settings_of(self.app)
-        if is_transient(exc) and self.request.retries < settings.task_max_retries:
+        if not is_transient(exc):
+            raise
+        if self.request.retries < settings.task_max_retries:
             retry_or_requeue(
                 self, backoff_seconds(self.request.retries, settings.task_visibility_timeout)
             )
-        raise
+        # out of retries: the caller gets the type to act on (a result, not a FAILURE,
+        # whose exception Celery rebuilds from its message alone)
+        away = translate(exc)
+        assert isinstance(away, StorageUnavailable)
+        return {"status": "unavailable", **away.to_dict()}
     return {"status": "ok", **result}
 
 
@@ -124,6 +131,8 @@ def _outcome(result: dict[str, Any]) -> dict[str, Any]:
         if result.get("error") == "RehydrateTooLong":
             raise RehydrateTooLong(float(result.get("limit_s", 0)))
         raise InvalidEvent(str(result.get("field", "")), str(result.get("reason")))
+    if result.get("status") == "unavailable":
+        raise StorageUnavailable(str(result.get("component")), str(result.get("message")))
     return result
 
 

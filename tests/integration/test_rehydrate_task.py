@@ -659,3 +659,18 @@ def test_a_progress_report_that_cannot_be_stored_ends_no_build(
         result = enqueue_rehydrate(sid, tenant_id="acme", app=app).get(timeout=60)
     assert reports, "the build reported no progress: the test tests nothing"
     assert _artifact_bytes(store, result, sid) == _exported(store, sid, None, "pi")
+
+
+@pytest.mark.postgres
+@pytest.mark.redis
+def test_a_request_that_fails_for_good_raises_its_typed_error(
+    store: SessionStore, queue_settings: Settings, tmp_path: Path
+) -> None:
+    """Storage away past the retries: ``get`` raised a bare SessionStoreError wrapping its
+    repr, the type a caller acts on (retry later: StorageUnavailable) lost."""
+    sid = _session(store, turns=1)
+    retries = {"SESSIONSTORE_TASK_MAX_RETRIES": "0"}
+    with _faulty_worker(queue_settings, tmp_path, "transient", **retries) as (app, armed):
+        with pytest.raises(StorageUnavailable, match="injected") as away:
+            enqueue_rehydrate(sid, tenant_id="acme", app=app).get(timeout=60)
+    assert (armed / "transient.used").exists() and away.value.component == "database"
