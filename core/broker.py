@@ -138,6 +138,8 @@ class Channel(filesystem.Channel):
         _drop(claim)  # requeued: published again as a new file first
 
     def _restore(self, message: Any) -> None:
+        if isinstance(message.headers, dict):  # delivered again: counted in the message
+            message.headers[DELIVERIES] = _delivery(message.headers) + 1
         super()._restore(message)  # type: ignore[no-untyped-call]
         _drop(getattr(message, "_raw", {}).get(_CLAIM))
 
@@ -155,6 +157,9 @@ class Channel(filesystem.Channel):
 
 
 RECLAIM_EVERY_S = 30.0
+# In a message's headers: which delivery this is, when it is not the first (a restore or a
+# return from a lost consumer counts one); tasks.deliveries reads it on this broker.
+DELIVERIES = "x-sessionstore-deliveries"
 _CLAIM = "x-sessionstore-claim"
 _SEP = "~"
 
@@ -221,12 +226,43 @@ def reclaim(claimed: Path, inbox: Path, *, older_than_s: float) -> int:
             except FileNotFoundError:
                 continue
         try:
-            os.rename(claimed / claim, inbox / name)  # as it was published: whole, once
+            _return(claimed / claim, inbox, name)
         except FileNotFoundError:
             continue  # acked meanwhile, or another consumer took it back first
         back += 1
         log.warning("the embedded broker returned a message its lost consumer held: %s", name)
     return back
+
+
+def _delivery(headers: dict[str, Any]) -> int:
+    """Which delivery of its message ``headers`` come with (1: the first)."""
+    count = headers.get(DELIVERIES)
+    return count if type(count) is int and count >= 1 else 1
+
+
+def _return(claim: Path, inbox: Path, name: str) -> None:
+    """Put a lost consumer's message back in the queue, its delivery counted (a message
+    that kills each consumer that takes it is then given up, typed, as on Redis): written
+    whole under a hidden name, then renamed in, then the claim goes. FileNotFoundError if
+    the claim is gone (acked, or taken back by another consumer first)."""
+    # claimed again first, as this process's (one consumer returns it; killed here, the
+    # next scan returns it from this one)
+    mine = claim.with_name(f"{_owner(os.getpid())}{_SEP}{uuid.uuid4().hex}{_SEP}{name}")
+    os.rename(claim, mine)
+    try:
+        message = _loads(mine.read_bytes().decode())
+        headers = message.get("headers") if isinstance(message, dict) else None
+    except ValueError:
+        headers = None  # set aside when it is claimed again
+    if isinstance(headers, dict):
+        headers[DELIVERIES] = _delivery(headers) + 1
+        staging = inbox / f".{name}.part"
+        with open(staging, "xb") as out:
+            out.write(_dumps(message).encode())
+        os.replace(staging, inbox / name)
+        mine.unlink()
+    else:
+        os.rename(mine, inbox / name)
 
 
 def _drop(claim: Any) -> None:

@@ -240,8 +240,9 @@ class Settings(BaseSettings):
         default=5,
         ge=1,
         le=1000,
-        description="Deliveries of a Redis message that never finishes (killed at the hard "
-        "time limit, or its worker lost, each time) before its write is dead-lettered.",
+        description="Deliveries of a message that never finishes (killed at the hard "
+        "time limit, or its worker lost, each time) before its write is dead-lettered "
+        "(counted on Redis and on the embedded broker; not on AMQP).",
     )
     gc_schedule: str = Field(
         json_schema_extra=SHARED,

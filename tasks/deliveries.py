@@ -15,6 +15,7 @@ import logging
 from celery import Task
 from celery.exceptions import SoftTimeLimitExceeded
 
+from core.broker import DELIVERIES
 from tasks.app import settings_of
 
 logger = logging.getLogger(__name__)
@@ -23,11 +24,15 @@ PREFIX = "sessionstore:deliveries"
 
 
 def delivery_count(task: Task) -> int:
-    """This delivery's number: 1 for a first delivery (or where nothing counts them: the
-    embedded broker's restores are not marked so), else how many times it was delivered."""
+    """This delivery's number: 1 for a first delivery (or where nothing counts them: an
+    AMQP broker), else how many times it was delivered (Redis: counted in Redis; the
+    embedded broker: in the message)."""
     info = task.request.delivery_info or {}
     settings = settings_of(task.app)
     broker = settings.broker_url or ""
+    if not broker:  # the embedded broker counts them in the message (core.broker)
+        count = getattr(task.request, DELIVERIES, None)
+        return count if type(count) is int and count >= 1 else 1
     if not info.get("redelivered") or not broker.startswith(("redis://", "rediss://")):
         return 1
     key = _key(task)
@@ -51,6 +56,8 @@ def delivery_count(task: Task) -> int:
 def forget_deliveries(task: Task) -> None:
     """Drop the count once the message has an outcome: a later send under the same (session,
     key), after the cause is fixed, starts from one (called only after a count was made)."""
+    if not settings_of(task.app).broker_url:
+        return  # the embedded broker's count is in the message, which is done with
     try:
         with task.app.connection_for_write() as connection:
             connection.default_channel.client.delete(_key(task))

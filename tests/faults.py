@@ -147,3 +147,23 @@ if TASK_FAULTS:
     _rehydrate_task.rehydrate = _faulty_rehydrate  # type: ignore[assignment]
     _rehydrated._build = _faulty_build  # type: ignore[assignment]
     celery.canvas.Signature.apply_async = _faulty_apply_async  # type: ignore[method-assign]
+
+
+if os.environ.get("SS_KILL_ON_POISON"):
+    import signal
+
+    import tasks.writes as _poisoned_writes
+
+    _real_validate_write = _poisoned_writes.validate_write
+
+    def _killed_by_poison(settings: Any, session_id: Any, events: Any, *args: Any) -> Any:
+        """A write whose first event has ``"poison"`` kills the pool process running it,
+        every time, as the OOM killer would (its count of runs in ``SS_KILL_ON_POISON``)."""
+        if isinstance(events, list) and events and isinstance(events[0], dict):
+            if events[0].get("poison"):
+                with open(os.environ["SS_KILL_ON_POISON"], "a") as runs:
+                    runs.write(f"{os.getpid()}\n")
+                os.kill(os.getpid(), signal.SIGKILL)
+        return _real_validate_write(settings, session_id, events, *args)
+
+    _poisoned_writes.validate_write = _killed_by_poison  # type: ignore[assignment]

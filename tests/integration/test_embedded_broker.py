@@ -5,6 +5,7 @@ the last)."""
 
 from __future__ import annotations
 
+import json
 import multiprocessing
 import subprocess
 import time
@@ -304,3 +305,54 @@ def test_a_worker_killed_mid_task_gets_its_message_back_on_the_embedded_broker(
             second.stop()
         assert result.replayed and (result.first_seq, result.last_seq) == (1, 1)
         assert store.get_session(sid).head_seq == 1
+
+
+@pytest.mark.slow
+def test_a_write_that_kills_its_worker_each_time_is_given_up_on_the_embedded_broker(
+    tmp_path: Path,
+) -> None:
+    """The pool process running it killed every time (as by the OOM killer): the message
+    came back after each kill and ran again, for ever (the embedded broker counted no
+    delivery), where Redis gives it up. Counted in the message now: the second delivery is
+    the last, the write is dead-lettered as DeliveriesExhausted, and the queue goes on."""
+    from core.errors import WriteRejected
+
+    data_dir = tmp_path / "data"
+    settings = Settings(data_dir=data_dir)
+    upgrade(settings.resolved_database_url)
+    runs = tmp_path / "runs"
+    env = clean_env(data_dir, SS_KILL_ON_POISON=str(runs), SESSIONSTORE_TASK_MAX_DELIVERIES="2")
+    app = create_app(settings)
+    with SessionStore.from_settings(settings) as store:
+        sid = store.create_session(tenant_id="acme").id
+        worker = WorkerProcess(env, tmp_path / "w.log", concurrency=1, include="tests.faults")
+        try:
+            poison = enqueue_append(sid, [{"type": "note", "poison": True}], app=app)
+            with pytest.raises(WriteRejected) as given_up:
+                poison.get(timeout=120)
+            after = enqueue_append(sid, [{"type": "note", "n": 1}], app=app).get(timeout=60)
+        finally:
+            worker.stop()
+    assert given_up.value.error_type == "DeliveriesExhausted"
+    assert len(runs.read_text().split()) == 2  # killed twice, then not run again
+    assert (after.first_seq, after.last_seq) == (1, 1)
+
+
+def test_a_message_returned_from_a_lost_consumer_counts_its_delivery(tmp_path: Path) -> None:
+    claimed, inbox = tmp_path / "claimed", tmp_path / "in"
+    claimed.mkdir()
+    inbox.mkdir()
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    owner = f"{broker._MACHINE}.{gone.pid}.1"
+    message = {"body": "e30=", "headers": {"task": "t"}, "properties": {"delivery_tag": "x"}}
+    (claimed / f"{owner}~a~1_m.celery.msg").write_text(json.dumps(message))
+    (claimed / f"{owner}~b~2_m.celery.msg").write_text(
+        json.dumps({**message, "headers": {broker.DELIVERIES: 4}})
+    )
+    assert broker.reclaim(claimed, inbox, older_than_s=3600) == 2
+    counts = [
+        json.loads((inbox / name).read_text())["headers"][broker.DELIVERIES]
+        for name in ("1_m.celery.msg", "2_m.celery.msg")
+    ]
+    assert counts == [2, 5] and list(claimed.iterdir()) == []
