@@ -139,7 +139,7 @@ class Channel(filesystem.Channel):
 
     def _restore(self, message: Any) -> None:
         if isinstance(message.headers, dict):  # delivered again: counted in the message
-            message.headers[DELIVERIES] = _delivery(message.headers) + 1
+            message.headers[DELIVERIES] = delivery_number(message.headers.get(DELIVERIES)) + 1
         super()._restore(message)  # type: ignore[no-untyped-call]
         _drop(getattr(message, "_raw", {}).get(_CLAIM))
 
@@ -234,9 +234,9 @@ def reclaim(claimed: Path, inbox: Path, *, older_than_s: float) -> int:
     return back
 
 
-def _delivery(headers: dict[str, Any]) -> int:
-    """Which delivery of its message ``headers`` come with (1: the first)."""
-    count = headers.get(DELIVERIES)
+def delivery_number(count: object) -> int:
+    """Which delivery a message's ``DELIVERIES`` header says this is (1: the first, or a
+    value no restore wrote)."""
     return count if type(count) is int and count >= 1 else 1
 
 
@@ -255,7 +255,7 @@ def _return(claim: Path, inbox: Path, name: str) -> None:
     except ValueError:
         headers = None  # set aside when it is claimed again
     if isinstance(headers, dict):
-        headers[DELIVERIES] = _delivery(headers) + 1
+        headers[DELIVERIES] = delivery_number(headers.get(DELIVERIES)) + 1
         staging = inbox / f".{name}.part"
         with open(staging, "xb") as out:
             out.write(_dumps(message).encode())

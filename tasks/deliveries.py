@@ -15,7 +15,7 @@ import logging
 from celery import Task
 from celery.exceptions import SoftTimeLimitExceeded
 
-from core.broker import DELIVERIES
+from core.broker import DELIVERIES, delivery_number
 from tasks.app import settings_of
 
 logger = logging.getLogger(__name__)
@@ -31,8 +31,7 @@ def delivery_count(task: Task) -> int:
     settings = settings_of(task.app)
     broker = settings.broker_url or ""
     if not broker:  # the embedded broker counts them in the message (core.broker)
-        count = getattr(task.request, DELIVERIES, None)
-        return count if type(count) is int and count >= 1 else 1
+        return delivery_number(getattr(task.request, DELIVERIES, None))
     if not info.get("redelivered") or not broker.startswith(("redis://", "rediss://")):
         return 1
     key = _key(task)

@@ -17,7 +17,6 @@ from celery.exceptions import SoftTimeLimitExceeded, TimeLimitExceeded
 
 from core.errors import (
     DeliveriesExhausted,
-    InvalidArgument,
     InvalidEvent,
     RehydrateInProgress,
     RehydrateTooLong,
@@ -30,7 +29,7 @@ from core.translate import storage_errors, translate
 from tasks.app import QUEUE, get_app, sessionstore_task, settings_of
 from tasks.deliveries import delivery_count
 from tasks.results import QueueTimeout
-from tasks.retry import backoff_seconds, is_transient, retry_or_requeue
+from tasks.retry import backoff_seconds, retry_or_requeue
 from tasks.runtime import store_for
 
 log = logging.getLogger(__name__)
@@ -67,17 +66,16 @@ def rehydrate_task(
     except RehydrateInProgress:
         retry_or_requeue(self, 1.0)
     except Exception as exc:
-        settings = settings_of(self.app)
-        if not is_transient(exc):
+        away = translate(exc)
+        if not isinstance(away, StorageUnavailable):
             raise
+        settings = settings_of(self.app)
         if self.request.retries < settings.task_max_retries:
             retry_or_requeue(
                 self, backoff_seconds(self.request.retries, settings.task_visibility_timeout)
             )
         # out of retries: the caller gets the type to act on (a result, not a FAILURE,
         # whose exception Celery rebuilds from its message alone)
-        away = translate(exc)
-        assert isinstance(away, StorageUnavailable)
         return {"status": "unavailable", **away.to_dict()}
     return {"status": "ok", **result}
 
@@ -148,8 +146,6 @@ def enqueue_rehydrate(
     Bad arguments are refused here (InvalidEvent naming the field), before anything is
     published; a broker that cannot be reached is ``StorageUnavailable``."""
     Request(session_id=session_id, tenant_id=tenant_id, format=format, at_seq=at_seq).check()
-    if at_seq is not None and at_seq >= 2**63:
-        raise InvalidArgument("at_seq", f"must be a seq from 0, not {at_seq!r}")
     app = app or get_app()
     task_id = str(uuid.uuid4())
     kwargs = {"session_id": session_id, "tenant_id": tenant_id, "at_seq": at_seq, "format": format}

@@ -91,7 +91,9 @@ class Request:
         check_id(self.tenant_id, "tenant_id", MAX_TENANT_LENGTH)
         if self.format not in FORMATS:
             raise InvalidEvent("format", f"must be one of {', '.join(FORMATS)}")
-        if self.at_seq is not None and (type(self.at_seq) is not int or not 0 <= self.at_seq):
+        if self.at_seq is not None and (
+            type(self.at_seq) is not int or not 0 <= self.at_seq < 2**63
+        ):
             raise InvalidArgument("at_seq", f"must be a seq from 0, not {self.at_seq!r}")
 
 
