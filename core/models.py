@@ -26,9 +26,10 @@ from sqlalchemy import (
     false,
     func,
     literal,
+    select,
 )
 from sqlalchemy.dialects.postgresql import JSONB
-from sqlalchemy.engine import Dialect, Engine
+from sqlalchemy.engine import Connection, Dialect, Engine
 from sqlalchemy.sql.elements import ColumnElement
 from sqlmodel import Field, SQLModel
 
@@ -94,6 +95,17 @@ def database_clock(engine: Engine, ago: timedelta = timedelta(0)) -> ColumnEleme
         return literal(utcnow() - ago, TZDateTime)
     now = func.clock_timestamp(type_=DateTime(timezone=True))
     return now - literal(ago, Interval()) if ago else now
+
+
+def database_now(conn: Connection) -> datetime:
+    """Now by the database's clock (see ``database_clock``), for a time written by one host
+    and judged by another when it must be known in Python: an oversized output's
+    ``expires_at``, and the moment it is judged against. One query on PostgreSQL."""
+    if is_sqlite(conn.engine):
+        return utcnow()
+    now = conn.execute(select(func.clock_timestamp())).scalar_one()
+    assert isinstance(now, datetime)
+    return now.astimezone(UTC)
 
 
 class SessionRow(SQLModel, table=True):

@@ -485,3 +485,12 @@ def outcome_within(
         thread.join(deadline_s)
         pytest.fail(f"a reader blocked on the FIFO at {fifo}")
     return result[0]
+
+
+def skew_host_clock(monkeypatch: pytest.MonkeyPatch, skew: timedelta) -> None:
+    """This process's clock ``skew`` off the database's, for the rest of the test: every
+    ``core`` module's ``utcnow`` (the host's clock, imported by name) is replaced."""
+    real = utcnow
+    for name, module in list(sys.modules.items()):
+        if (name == "core" or name.startswith("core.")) and getattr(module, "utcnow", None) is real:
+            monkeypatch.setattr(module, "utcnow", lambda: real() + skew)

@@ -46,7 +46,7 @@ from core.errors import (
     SessionStoreError,
     SymlinkRefused,
 )
-from core.models import utcnow
+from core.models import database_now, utcnow
 from core.settings import Settings
 from core.translate import storage_errors
 
@@ -158,21 +158,22 @@ class OversizedOutputs:
         the commit done and only its reply lost, the row reads as expired without its file,
         and expiry removes it). A crash there leaves it to ``sweep_unnamed``."""
         for _ in range(3):
-            now = utcnow()
-            ref = ArtifactRef(
-                artifact_id=new_oversized_id(),
-                session_id=session_id,
-                tool_name=tool,
-                size_bytes=size,
-                summary=summary,
-                created_at=now,
-                ttl_s=ttl,
-                expires_at=now + timedelta(seconds=ttl),
-            )
             published: Path | None = None
             try:
                 with write_transaction(self.engine) as conn:
                     info = rows.lock_for_write(conn, session_id)  # SessionMoving
+                    # expires by the database's clock, as every host judges it: a host
+                    # whose clock is behind would otherwise write an output already expired
+                    ref = ArtifactRef(
+                        artifact_id=new_oversized_id(),
+                        session_id=session_id,
+                        tool_name=tool,
+                        size_bytes=size,
+                        summary=summary,
+                        created_at=utcnow(),
+                        ttl_s=ttl,
+                        expires_at=database_now(conn) + timedelta(seconds=ttl),
+                    )
                     rows.insert_artifact(conn, self._values(ref, info.head_seq, media_type))
                     directory = session_dir(self.root, info.tenant_id, session_id)
                     published = directory / oversized_name(ref.artifact_id)
@@ -226,8 +227,8 @@ class OversizedOutputs:
         with read_connection(self.engine) as conn:
             info = rows.session_info(conn, session_id, tenant_id=tenant_id)
             row = rows.get_artifact(conn, session_id, OVERSIZED, artifact_id)
-        if row is None or (row.expires_at is not None and row.expires_at <= utcnow()):
-            return None
+            if row is None or rows.has_expired(conn, row):
+                return None
 
         own = session_dir(self.root, info.tenant_id, session_id) / oversized_name(artifact_id)
         data = read_artifact_file(self.engine, self.root, own, row, self.storage)
@@ -412,8 +413,8 @@ class OversizedOutputs:
         id); with ``apply``, remove them (files, then rows). One whose file cannot be removed
         is reported in ``failed`` and the others still go; ``StorageUnavailable`` (the
         storage itself failing) ends the call."""
-        moment = now or utcnow()
         with read_connection(self.engine) as conn:
+            moment = now or database_now(conn)
             listed = rows.expired_oversized(conn, moment, limit + len(skip))
         expired = [(s, t, a) for s, t, a in listed if (s, a) not in skip][:limit]
         if not apply:

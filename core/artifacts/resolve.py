@@ -41,7 +41,6 @@ from core.errors import (
     ResolveNotFound,
     SessionNotFound,
 )
-from core.models import utcnow
 
 BlobReader = Callable[[str], bytes]
 _NUMERIC = re.compile(r"^[0-9]+$")
@@ -140,11 +139,13 @@ class _Resolver:
         self.directory = session_dir(root, info.tenant_id, session_id)
         self.storage: ArtifactStorage | None = None  # None: the filesystem at ``root``
 
-    def _rows(self, kind: str, local_id: str) -> tuple[Any, list[str]]:
+    def _rows(self, kind: str, local_id: str) -> tuple[Any, list[str], bool]:
+        """The row (None: there is none, and the ids there are), and whether it expired."""
         with read_connection(self.engine) as conn:
             row = rows.get_artifact(conn, self.session_id, kind, local_id)
             ids = [] if row is not None else rows.local_ids(conn, self.session_id, kind)
-        return row, ids
+            expired = row is not None and rows.has_expired(conn, row)
+        return row, ids, expired
 
     def _read(self, row: ArtifactInfo) -> str | None:
 
@@ -175,7 +176,7 @@ class _Resolver:
             raise ResolveError(f"artifact:// ID must be numeric, got: {artifact_id}")
         if parts.path not in ("", "/") or parts.query or parts.fragment:
             raise ResolveError(f"artifact:// URLs take no path or query: {url}")
-        row, ids = self._rows(TOOL_OUTPUT, artifact_id)
+        row, ids, _ = self._rows(TOOL_OUTPUT, artifact_id)
         if row is not None and not row.complete:
             return self._incomplete(url, row, partial=partial)
         self._require_directory()
@@ -214,7 +215,7 @@ class _Resolver:
         if extracting and paged:
             raise ResolveError("agent:// JSON extraction does not take offset/limit")
         self._require_directory()
-        row, ids = self._rows(AGENT_OUTPUT, output_id)
+        row, ids, _ = self._rows(AGENT_OUTPUT, output_id)
         content = self._read(row) if row is not None else None
         if content is None:
             raise ResolveNotFound(f"Not found: {output_id}\nAvailable: {', '.join(ids) or 'none'}")
@@ -247,8 +248,7 @@ class _Resolver:
     def oversized(self, url: str) -> ResolvedResource:
         if not OVERSIZED_ID.match(url):
             raise ResolveError(f"invalid oversized-output id {url[:80]!r}: expected art_<16 hex>")
-        row, _ = self._rows(OVERSIZED, url)
-        expired = row is not None and row.expires_at is not None and row.expires_at <= utcnow()
+        row, _, expired = self._rows(OVERSIZED, url)
         content = self._read(row) if row is not None and not expired else None
         if content is None:
             raise ResolveNotFound(f"Oversized output {url} not found (or expired)")

@@ -25,7 +25,15 @@ from core.artifacts.records import (
 )
 from core.db import advisory_lock
 from core.errors import SessionMoving, SessionNotFound
-from core.models import ArtifactRow, BlobRefRow, CounterRow, MoveIntentRow, SessionRow, table_of
+from core.models import (
+    ArtifactRow,
+    BlobRefRow,
+    CounterRow,
+    MoveIntentRow,
+    SessionRow,
+    database_now,
+    table_of,
+)
 from core.records import from_row
 
 _artifacts = table_of(ArtifactRow)
@@ -265,6 +273,11 @@ def get_artifact(
 ) -> ArtifactInfo | None:
     row = conn.execute(select(_artifacts).where(_key(session_id, kind, local_id))).first()
     return _to_info(row) if row is not None else None
+
+
+def has_expired(conn: Connection, row: ArtifactInfo) -> bool:
+    """The row has a TTL and it is past, by the database's clock (the one that wrote it)."""
+    return row.expires_at is not None and row.expires_at <= database_now(conn)
 
 
 def list_artifacts(

@@ -55,7 +55,13 @@ from core.interop import exporter, omp, pi
 from core.journal.validation import MAX_ID_LENGTH, MAX_TENANT_LENGTH, check_at_seq, check_id
 from core.models import REHYDRATION_BUILDING as BUILDING
 from core.models import REHYDRATION_DONE as DONE
-from core.models import BlobRefRow, RehydrationRow, database_clock, table_of, utcnow
+from core.models import (
+    BlobRefRow,
+    RehydrationRow,
+    database_clock,
+    database_now,
+    table_of,
+)
 from core.records import Session, StoredEvent
 
 if TYPE_CHECKING:
@@ -176,7 +182,7 @@ def _has_life_left(
     taken over, never neither (which would leave its waiters waiting)."""
     if artifact_id is None:
         return False
-    alive_until = utcnow() + _reuse_margin(store)
+    alive_until = database_now(conn) + _reuse_margin(store)
     alive = artifact_rows.oversized_exists(session_id, artifact_id, expires_after=alive_until)
     return bool(conn.execute(select(alive)).scalar())
 

@@ -32,8 +32,8 @@ from core.models import (
     RehydrationRow,
     SessionRow,
     database_clock,
+    database_now,
     table_of,
-    utcnow,
 )
 from core.sessions.lifecycle import SessionLifecycle
 
@@ -135,7 +135,10 @@ def expire_artifacts(
     """
     check_limit(batch_size, "batch_size")
     started = time.monotonic()
-    moment = now or utcnow()
+    if now is None:
+        with read_connection(engine) as conn:
+            now = database_now(conn)
+    moment = now
     count, size = _expired_totals(engine, moment)
     report = ExpireRunReport(applied=apply, now=moment, expired=count, bytes_freed=size)
     report.sample = oversized.expire(now=moment, limit=SAMPLE_SIZE).expired

@@ -319,7 +319,7 @@ def _plan_copy(
             plan.items.append(_CopyItem(row, found.path, target, found.not_after))
         elif found.inherited:
             plan.missing += 1  # the ancestor has no file either (none was ever written)
-        elif _was_inherited(row, fork):
+        elif _was_inherited(conn, row, fork):
             plan.lost.append(f"{row.kind} {row.local_id}: changed or removed in the parent")
     return plan
 
@@ -337,11 +337,11 @@ def _skip(fork: Session, row: ArtifactInfo, exc: SymlinkRefused) -> str:
     return f"{row.kind} {row.local_id}: {exc.path}"
 
 
-def _was_inherited(row: ArtifactInfo, fork: Session) -> bool:
+def _was_inherited(conn: Connection, row: ArtifactInfo, fork: Session) -> bool:
     """A row the fork got at its creation (not one it allocated since), still unexpired."""
     point = fork.forked_from_seq or 0
-    expired = row.expires_at is not None and row.expires_at <= utcnow()
-    return row.created_seq <= point and row.created_at <= fork.created_at and not expired
+    inherited = row.created_seq <= point and row.created_at <= fork.created_at
+    return inherited and not rows.has_expired(conn, row)
 
 
 def _run_copy(plan: _CopyPlan, root: Path, objects: ArtifactStorage | None) -> _CopyOutcome:

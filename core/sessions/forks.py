@@ -26,7 +26,7 @@ from core.artifacts.records import AGENT_OUTPUT, FILE, TOOL_OUTPUT, ArtifactInfo
 from core.db import write_transaction
 from core.errors import InvalidArgument, InvalidForkPoint, QuotaExceeded
 from core.journal import Journal
-from core.models import ArtifactRow, SessionRow, SnapshotRow, table_of, utcnow
+from core.models import ArtifactRow, SessionRow, SnapshotRow, database_now, table_of, utcnow
 from core.records import COPY_DONE, COPY_PENDING, Session
 from core.settings import Settings
 
@@ -58,7 +58,7 @@ class Forks:
             # inherited unchanged (see ``_ancestor_file``).
             now = utcnow()
             point = _fork_point(parent, at_seq)
-            inherited = _inherited_rows(conn, parent.id, point, now)
+            inherited = _inherited_rows(conn, parent.id, point, database_now(conn))
             self._check_fork_quota(conn, parent, inherited)
             _insert_fork_row(
                 conn, parent, fork_id, point, COPY_PENDING if inherited else COPY_DONE, now

@@ -10,7 +10,7 @@ import json
 import threading
 import time
 from collections.abc import Callable, Iterator
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +23,7 @@ from core.artifacts.records import OVERSIZED
 from core.interop import exporter, rehydrated
 from core.interop.rehydrated import Request, rehydrate
 from core.models import ArtifactRow, RehydrationRow, table_of, utcnow
-from tests.support import TcpProxy, set_output_expiry, wait_for, watch_log
+from tests.support import TcpProxy, set_output_expiry, skew_host_clock, wait_for, watch_log
 
 _rows = table_of(RehydrationRow)
 _artifacts = table_of(ArtifactRow)
@@ -210,8 +210,7 @@ def test_a_host_whose_clock_runs_ahead_does_not_take_a_live_build_over(
     a = in_thread(lambda: rehydrate(store, Request(sid, "acme")))
     assert gate.reached.wait(60)
     ahead = timedelta(seconds=3 * rehydrated.STALE_AFTER_S)
-    skewed = lambda: datetime.now(UTC) + ahead  # noqa: E731
-    monkeypatch.setattr(rehydrated, "utcnow", skewed)
+    skew_host_clock(monkeypatch, ahead)
     b = in_thread(lambda: rehydrate(store, Request(sid, "acme"), wait_s=60))
     time.sleep(1.0)
     assert "result" not in b and "error" not in b, b  # B waits for A
