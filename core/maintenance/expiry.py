@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from sqlalchemy import Engine, delete, func, select, tuple_
@@ -135,6 +135,10 @@ def expire_artifacts(
     """
     check_limit(batch_size, "batch_size")
     started = time.monotonic()
+    # Rows by the database's clock (the one TTLs are written by); files by this host's, the
+    # one their modification times come from (a database clock ahead would take a temp file
+    # a writer has open for a stale one). A given ``now`` is both.
+    files_now = time.time() if now is None else now.timestamp()
     if now is None:
         with read_connection(engine) as conn:
             now = database_now(conn)
@@ -165,21 +169,19 @@ def expire_artifacts(
 
             assert isinstance(oversized.storage, ObjectArtifactStorage)
             swept = oversized.storage.sweep_staging(
-                older_than_s=max_age, apply=apply, now=moment.timestamp()
+                older_than_s=max_age, apply=apply, now=files_now
             )
         else:
-            swept = sweep_staging(
-                oversized.root, older_than_s=max_age, apply=apply, now=moment.timestamp()
-            )
+            swept = sweep_staging(oversized.root, older_than_s=max_age, apply=apply, now=files_now)
         report.stale_temp_files, report.stale_temp_bytes = swept
     except (OSError, StorageUnavailable) as exc:
         report.errors.append(f"cannot sweep staging directories: {exc}")
     try:
-        unnamed = oversized.sweep_unnamed(older_than_s=max_age, apply=apply, now=moment.timestamp())
+        unnamed = oversized.sweep_unnamed(older_than_s=max_age, apply=apply, now=files_now)
         report.unnamed_files, report.unnamed_bytes = unnamed
     except (OSError, StorageUnavailable, SQLAlchemyError) as exc:
         report.errors.append(f"cannot sweep oversized outputs no row names: {exc}")
-    _settle_stale_writes(engine, oversized, report, batch_size)
+    _settle_stale_writes(engine, oversized, report, batch_size, files_now)
     if lifecycle is not None:
         removals = lifecycle.finish_removals(apply=apply)
         report.session_directories = removals.removed if apply else removals.pending
@@ -195,14 +197,20 @@ def expire_artifacts(
 
 
 def _settle_stale_writes(
-    engine: Engine, oversized: OversizedOutputs, report: ExpireRunReport, batch_size: int
+    engine: Engine,
+    oversized: OversizedOutputs,
+    report: ExpireRunReport,
+    batch_size: int,
+    files_now: float,
 ) -> None:
+    # rows and files a writer stamps with its host's clock: judged by this host's, as before
+    host_now = datetime.fromtimestamp(files_now, UTC)
     try:
         stale = finish_stale_writes(
             engine,
             oversized.settings,
             oversized.storage,
-            now=report.now,
+            now=host_now,
             apply=report.applied,
             batch_size=batch_size,
         )
@@ -217,7 +225,7 @@ def _settle_stale_writes(
         return  # streamed outputs are written in place: no spool
     try:
         report.stale_spools = sweep_spools(
-            engine, oversized.settings, now=report.now, apply=report.applied
+            engine, oversized.settings, now=host_now, apply=report.applied
         )
     except (OSError, StorageUnavailable, SQLAlchemyError) as exc:
         report.errors.append(f"cannot sweep the artifact spool: {exc}")

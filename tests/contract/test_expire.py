@@ -16,6 +16,7 @@ from core import SessionStore, Settings
 from core.artifacts import rows as artifact_rows
 from core.artifacts.paths import oversized_name
 from core.artifacts.storage import key_of
+from core.maintenance import expiry
 from core.maintenance.expiry import expire_artifacts
 from core.models import ArtifactRow, utcnow
 from tests.cli_process import run_cli
@@ -87,6 +88,24 @@ def test_expired_gone_unexpired_kept(store: SessionStore, raw: RawArtifacts) -> 
     assert all(store.retrieve(a, session_id=sid) is None for a in expired)
     assert store.retrieve(kept, session_id=sid) == "fresh " * 4000
     assert _run(store, apply=True).deleted == 0
+
+
+@FILE_ONLY
+def test_a_database_clock_ahead_of_the_host_does_not_age_temporary_files(
+    store: SessionStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """TTLs are judged by the database's clock, file ages by this host's (the one that
+    stamped them): a database clock hours ahead took a temp file a writer had just opened
+    for one a killed process left, and removed it."""
+    sid = store.create_session(tenant_id="acme").id
+    staging = store.artifacts(sid).directory() / ".tmp"
+    staging.mkdir(parents=True, exist_ok=True)
+    (staging / "open.tmp").write_bytes(b"a write in progress")
+    ahead = timedelta(seconds=store.settings.staging_max_age_seconds * 3)
+    real = expiry.database_now
+    monkeypatch.setattr(expiry, "database_now", lambda conn: real(conn) + ahead)
+    report = _run(store, apply=True)
+    assert report.stale_temp_files == 0 and (staging / "open.tmp").exists()
 
 
 @SQLITE_ONLY
