@@ -20,6 +20,7 @@ import contextlib
 import os
 import shutil
 import socket
+import subprocess
 import threading
 import uuid
 from collections.abc import Iterator
@@ -277,6 +278,29 @@ def redis_url() -> Iterator[str]:
     yield url
     client.flushdb()
     client.close()
+
+
+RABBITMQ = os.environ.get("SESSIONSTORE_TEST_AMQP_BASE", "amqp://guest:guest@127.0.0.1:5672")
+
+
+def _rabbitmqctl(*args: str) -> None:
+    subprocess.run(["rabbitmqctl", "-q", *args], check=True, capture_output=True, timeout=60)
+
+
+@pytest.fixture(scope="module")
+def amqp_url() -> Iterator[str]:
+    """A RabbitMQ virtual host of the module's own (a test empties its queue first)."""
+    vhost = f"sstest_{uuid.uuid4().hex[:12]}"
+    try:
+        with socket.create_connection(("127.0.0.1", 5672), timeout=3):
+            pass
+        _rabbitmqctl("add_vhost", vhost)
+        _rabbitmqctl("set_permissions", "-p", vhost, "guest", ".*", ".*", ".*")
+    except (OSError, subprocess.SubprocessError) as exc:
+        _unavailable("RabbitMQ", exc)
+    yield f"{RABBITMQ}/{vhost}"
+    with contextlib.suppress(OSError, subprocess.SubprocessError):
+        _rabbitmqctl("delete_vhost", vhost)
 
 
 @pytest.fixture(autouse=True)
