@@ -348,6 +348,10 @@ class EntryTree:
                 runs.extend((ordinal, ordinal))
         return runs
 
+    def has_pending(self) -> bool:
+        """Whether an entry waits for a parent that has not come yet."""
+        return bool(self._pending)
+
     def pending(self) -> dict[str, list[int]]:
         """Parent id -> the roots waiting for an entry with that id."""
         return {k: list(v) for k, v in self._pending.items()}

@@ -148,11 +148,14 @@ def _fold(meta: dict[str, Any], chunks: list[bytes], *, verify_ids: bool) -> Fol
     thinking = _marks(meta["thinking_changes"], count, (_ID, _INT, _TEXT))
     compactions = _marks(meta["compactions"], count, (_TEXT, _NUMBER))
     _check(all(math.isfinite(c[2]) for c in compactions if type(c[2]) is float), "tokensBefore")
+    header = _header(meta["header"], seq)
+    # only a pi file (its header links by parentId) keeps entries waiting for a later parent
+    _check(header.links or not tree.has_pending(), "the entries waiting for a parent")
     return Fold(
         seq=seq,
         tree=tree,
         counters=_counters(meta["counters"], seq, count),
-        header=_header(meta["header"], seq),
+        header=header,
         name=_optional_text(meta["name"], "name"),
         model_changes=[ModelChange(*m) for m in model_changes],
         models=[ModelChange(*m) for m in models],

@@ -19,6 +19,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from core.errors import SnapshotFormatError
 from core.interop import pi
 from core.query import entry_tree
 from core.query.entry_tree import EntryTree
@@ -242,3 +243,17 @@ def test_linking_late_parents_walks_each_path_once(monkeypatch: pytest.MonkeyPat
     assert fold.header.links and fold.tree.branch_ids() == [f"x{i}" for i in range(n)]
     assert fold.tree.path(f"w{n - 1}")[:2] == ["x0", "x1"]  # each linked under its parent
     assert steps < 20 * n, steps
+
+
+def test_a_snapshot_with_waiting_entries_in_a_session_that_does_not_wait_is_refused() -> None:
+    """Only a pi file's entries wait for a later parent. A snapshot of another session that
+    holds waiting entries was folded by a rule that no longer holds (an older fold of the
+    same version): decoded, it would adopt them again; it is refused as unreadable, so the
+    state is folded from the events instead."""
+    waiting = {"type": "message", "id": "c", "parentId": "later", "message": {"role": "user"}}
+    fold = fold_events(stored([{**HEADER}, waiting]))
+    assert fold.header.links and fold.tree.pending() == {"later": [0]}
+    assert decode_fold(encode_fold(fold)).tree.pending() == {"later": [0]}
+    fold.header.links = False  # the headerless session an older fold made wait
+    with pytest.raises(SnapshotFormatError, match="waiting for a parent"):
+        decode_fold(encode_fold(fold))
