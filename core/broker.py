@@ -307,6 +307,20 @@ def _remove_stale_parts(folder: Path, before: float) -> None:
         log.warning("the embedded broker removed a stale staging file: %s", folder / name)
 
 
+def held(inbox: Path) -> tuple[int, int]:
+    """For ``queue status``: messages claimed and not acked yet (running, or held by a lost
+    consumer until a scan returns them), and files set aside in ``bad/`` as unreadable, of
+    the broker whose queue folder is ``inbox``."""
+
+    def count(folder: Path) -> int:
+        try:
+            return sum(1 for name in os.listdir(folder) if not name.startswith("."))
+        except FileNotFoundError:
+            return 0
+
+    return count(inbox.parent / "claimed"), count(inbox.parent / "bad")
+
+
 def delivery_number(count: object) -> int:
     """Which delivery a message's ``DELIVERIES`` header says this is (1: the first, or a
     value no restore wrote)."""
