@@ -26,8 +26,18 @@ back. A consumer returns to the queue the claims of a consumer that is gone (on 
 machine: same boot, same PID namespace, and that process no longer running), when it
 starts and every ``RECLAIM_EVERY_S`` after.
 
+A process that replaces its image (``execv``: Celery's worker restarts so on SIGHUP) keeps
+its pid and start time but not the messages the earlier image held, so a claim also names
+the image that made it (a token drawn at import, in the claim name's middle field, which
+earlier versions read as an opaque uuid). A claim of this very process made by another
+image, or without a token (only an exec from a version before tokens leaves one), is
+returned; a live process's claims are never taken, whatever their token. A return is
+crash-safe at each step (see ``_return``), and hidden staging files older than
+``STALE_PART_S``, which killed producers and returners leave, are removed by the scan.
+
 Selected by ``tasks.app`` as ``broker_transport = "core.broker:Transport"`` with the
-``filesystem://`` URL; nothing else changes (same folders, same file names).
+``filesystem://`` URL; nothing else changes (same folders, same file names, but for the
+suffix a returned message's name gains: ``<stamp>_<uuid>+<return>.<queue>.msg``).
 """
 
 from __future__ import annotations
@@ -35,6 +45,7 @@ from __future__ import annotations
 import functools
 import logging
 import os
+import re
 import time
 import uuid
 from collections.abc import Callable
@@ -82,7 +93,7 @@ class Channel(filesystem.Channel):
         for name in sorted(os.listdir(inbox)):
             if name.partition(".")[2] != wanted:
                 continue
-            mine = claimed / f"{_owner(os.getpid())}{_SEP}{uuid.uuid4().hex}{_SEP}{name}"
+            mine = claimed / _claim_name(name)
             try:
                 claimed.mkdir(exist_ok=True)
                 os.rename(inbox / name, mine)  # atomic: one consumer wins it
@@ -107,6 +118,17 @@ class Channel(filesystem.Channel):
             message[_CLAIM] = str(mine)  # not in what a restore writes back (serializable)
             return message
         raise Empty()
+
+    def decode_body(self, body: Any, encoding: Any = None) -> Any:
+        # kombu builds the message again on delivery, from the raw message _get returned:
+        # the body _get decoded for its check is not decoded twice (that very object, as
+        # decoding it is a pure function of it; the one before forgotten)
+        last, self._last_decoded = getattr(self, "_last_decoded", None), None
+        if last is not None and last[0] is body and last[1] == encoding:
+            return last[2]
+        decoded = super().decode_body(body, encoding)  # type: ignore[no-untyped-call]
+        self._last_decoded = (body, encoding, decoded)
+        return decoded
 
     def basic_consume(
         self, queue: Any, no_ack: bool, callback: Any, consumer_tag: Any, **kwargs: Any
@@ -157,11 +179,22 @@ class Channel(filesystem.Channel):
 
 
 RECLAIM_EVERY_S = 30.0
+# A hidden staging file (``.<...>.part``) this old was left by a process killed while it
+# wrote one: no write of a message takes that long. A scan removes it.
+STALE_PART_S = 3600.0
 # In a message's headers: which delivery this is, when it is not the first (a restore or a
 # return from a lost consumer counts one); tasks.deliveries reads it on this broker.
 DELIVERIES = "x-sessionstore-deliveries"
+# In a returned message's headers: the file name its return counted a delivery for (a
+# returner killed after counting and before the message was back: the next one does not
+# count it again)
+_COUNTED = "x-sessionstore-counted"
+_RETURNED = "+"  # in a message's file name: "<stamp>_<uuid>+<return>.<queue>.msg"
 _CLAIM = "x-sessionstore-claim"
 _SEP = "~"
+# This image of the process: an exec (Celery's worker re-execs itself on SIGHUP) keeps the
+# pid and start time but not what the earlier image held, so its claims are told apart.
+_IMAGE = uuid.uuid4().hex[:16]
 
 
 def _process_start(pid: int | str) -> str | None:
@@ -195,11 +228,20 @@ def _owner(pid: int) -> str:
     return f"{_MACHINE}.{pid}.{_process_start(pid)}"
 
 
+def _claim_name(name: str) -> str:
+    """``<owner>~<image>-<uuid>~<message file>``. The image token sits in the middle field,
+    which versions before it read as an opaque uuid: they judge these claims by the owner
+    alone, as before, and never take a live process's."""
+    return f"{_owner(os.getpid())}{_SEP}{_IMAGE}-{uuid.uuid4().hex}{_SEP}{name}"
+
+
 def reclaim(claimed: Path, inbox: Path, *, older_than_s: float) -> int:
     """Return to ``inbox`` the messages claimed by consumers that are gone: on this machine
-    (same boot and PID namespace) a process no longer running; elsewhere (another boot, a
-    volume shared between namespaces) a claim older than ``older_than_s``, the visibility
-    timeout after which Redis gives a message back. Returns how many."""
+    (same boot and PID namespace) a process no longer running, or an earlier image of this
+    very process (it exec'd since); elsewhere (another boot, a volume shared between
+    namespaces) a claim older than ``older_than_s``, the visibility timeout after which
+    Redis gives a message back. Removes staging files older than ``STALE_PART_S``. Returns
+    how many messages went back."""
     try:
         names = os.listdir(claimed)
     except FileNotFoundError:
@@ -208,30 +250,75 @@ def reclaim(claimed: Path, inbox: Path, *, older_than_s: float) -> int:
     running: dict[str, bool] = {}  # owner -> alive, read from /proc once per scan
     for claim in names:
         owner, _, rest = claim.partition(_SEP)
-        name = rest.partition(_SEP)[2]
-        if not name or owner == me:
-            continue  # an older version's claim (it was read then), or this process's own
-        machine, _, process = owner.partition(".")
-        if machine == _MACHINE:
-            alive = running.get(owner)
-            if alive is None:
-                pid, _, start = process.partition(".")
-                alive = running[owner] = _process_start(pid) == start
-            if alive:
-                continue  # its consumer still runs
-        else:
-            try:
-                if now - os.stat(claimed / claim).st_ctime < older_than_s:  # ctime: the claim
-                    continue
-            except FileNotFoundError:
+        token, _, name = rest.partition(_SEP)
+        if claim.startswith(".") or not name:
+            continue  # a staging file, or an older version's claim (it was read then)
+        if owner == me:
+            # this process: this image's own, or an earlier image's (a claim without an
+            # image token too: only an exec from a version before tokens leaves one)
+            if token.partition("-")[0] == _IMAGE:
                 continue
+        elif not _lost(owner, claimed / claim, running, now - older_than_s):
+            continue
         try:
-            _return(claimed / claim, inbox, name)
-        except FileNotFoundError:
-            continue  # acked meanwhile, or another consumer took it back first
+            if not _return(claimed / claim, inbox, name):
+                continue  # acked meanwhile, or another consumer took it back first
+        except OSError as exc:  # tried again at the next scan; consuming goes on
+            log.warning(
+                "the embedded broker could not return a message its lost consumer held",
+                extra={"file": name, "error": repr(exc)},
+            )
+            continue
         back += 1
         log.warning("the embedded broker returned a message its lost consumer held: %s", name)
+    for folder in (claimed, inbox):
+        _remove_stale_parts(folder, now - STALE_PART_S)
     return back
+
+
+def _lost(owner: str, claim: Path, running: dict[str, bool], claimed_before: float) -> bool:
+    """Whether another process's claim is lost: on this machine its process no longer
+    runs; elsewhere it was claimed before ``claimed_before``."""
+    machine, _, process = owner.partition(".")
+    if machine == _MACHINE:
+        alive = running.get(owner)
+        if alive is None:
+            pid, _, start = process.partition(".")
+            alive = running[owner] = _process_start(pid) == start
+        return not alive
+    try:
+        return os.stat(claim).st_ctime < claimed_before  # ctime: the claim
+    except FileNotFoundError:
+        return False
+
+
+def _remove_stale_parts(folder: Path, before: float) -> None:
+    try:
+        names = [n for n in os.listdir(folder) if n.startswith(".") and n.endswith(".part")]
+    except OSError:
+        return
+    for name in names:
+        try:
+            if os.stat(folder / name).st_mtime >= before:
+                continue
+            os.unlink(folder / name)
+        except OSError:
+            continue  # renamed in meanwhile, or not ours to remove: the next scan
+        log.warning("the embedded broker removed a stale staging file: %s", folder / name)
+
+
+def held(inbox: Path) -> tuple[int, int]:
+    """For ``queue status``: messages claimed and not acked yet (running, or held by a lost
+    consumer until a scan returns them), and files set aside in ``bad/`` as unreadable, of
+    the broker whose queue folder is ``inbox``."""
+
+    def count(folder: Path) -> int:
+        try:
+            return sum(1 for name in os.listdir(folder) if not name.startswith("."))
+        except FileNotFoundError:
+            return 0
+
+    return count(inbox.parent / "claimed"), count(inbox.parent / "bad")
 
 
 def delivery_number(count: object) -> int:
@@ -240,29 +327,74 @@ def delivery_number(count: object) -> int:
     return count if type(count) is int and count >= 1 else 1
 
 
-def _return(claim: Path, inbox: Path, name: str) -> None:
+def _return(claim: Path, inbox: Path, name: str) -> bool:
     """Put a lost consumer's message back in the queue, its delivery counted (a message
-    that kills each consumer that takes it is then given up, typed, as on Redis): written
-    whole under a hidden name, then renamed in, then the claim goes. FileNotFoundError if
-    the claim is gone (acked, or taken back by another consumer first)."""
-    # claimed again first, as this process's (one consumer returns it; killed here, the
-    # next scan returns it from this one)
-    mine = claim.with_name(f"{_owner(os.getpid())}{_SEP}{uuid.uuid4().hex}{_SEP}{name}")
-    os.rename(claim, mine)
+    that kills each consumer that takes it is then given up, typed, as on Redis). False if
+    the claim is gone (acked, or taken back by another consumer first); an OSError (a full
+    disk) leaves the claim as it was lost, for the next scan.
+
+    Each step leaves a state the next scan completes, if this process is killed there:
+    claimed again as this process's first (one returner wins it); then the counted message
+    written whole under a hidden name and renamed over that claim, naming in ``_COUNTED``
+    the file it goes back as (its place in the queue kept); then the claim renamed into the
+    queue, in one step: the message is never both queued and claimed. A returner that finds
+    the message counted for another name than its claim's was killed before it was back:
+    it is not counted again."""
+    mine = claim.with_name(_claim_name(name))
+    try:
+        os.rename(claim, mine)
+    except FileNotFoundError:
+        return False
+    try:
+        os.rename(mine, inbox / _counted(mine, name))
+    except OSError:
+        os.rename(mine, claim)
+        raise
+    return True
+
+
+def _counted(mine: Path, name: str) -> str:
+    """Count the delivery in the claim ``mine`` of message file ``name``, unless a return
+    killed before it was back counted it; the name it goes back as."""
     try:
         message = _loads(mine.read_bytes().decode())
         headers = message.get("headers") if isinstance(message, dict) else None
     except ValueError:
         headers = None  # set aside when it is claimed again
-    if isinstance(headers, dict):
-        headers[DELIVERIES] = delivery_number(headers.get(DELIVERIES)) + 1
-        staging = inbox / f".{name}.part"
+    if not isinstance(headers, dict):
+        return name
+    counted = headers.get(_COUNTED)
+    if counted != name and _returned_as(name, counted):
+        return cast(str, counted)
+    back = _return_name(name)
+    headers[DELIVERIES] = delivery_number(headers.get(DELIVERIES)) + 1
+    headers[_COUNTED] = back
+    staging = mine.with_name(f".{uuid.uuid4().hex}.part")
+    try:
         with open(staging, "xb") as out:
             out.write(_dumps(message).encode())
-        os.replace(staging, inbox / name)
-        mine.unlink()
-    else:
-        os.rename(mine, inbox / name)
+        os.replace(staging, mine)
+    except OSError:
+        staging.unlink(missing_ok=True)
+        raise
+    return back
+
+
+def _return_name(name: str) -> str:
+    """``name`` (``<stamp>_<uuid>.<queue>.msg``) with a suffix of this return: sorted where
+    it was, told apart from the name it had when its consumer was lost."""
+    head, dot, tail = name.partition(".")
+    return f"{head.partition(_RETURNED)[0]}{_RETURNED}{uuid.uuid4().hex[:12]}{dot}{tail}"
+
+
+def _returned_as(name: str, counted: object) -> bool:
+    """Whether ``counted`` is a name a return of the message ``name`` gives it (only such a
+    name is ever used as one: a header is not a path)."""
+    if not isinstance(counted, str):
+        return False
+    head, _, tail = name.partition(".")
+    base = re.escape(f"{head.partition(_RETURNED)[0]}{_RETURNED}")
+    return re.fullmatch(rf"{base}[0-9a-f]{{12}}\.{re.escape(tail)}", counted) is not None
 
 
 def _drop(claim: Any) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import typer
@@ -15,7 +16,11 @@ cli.add_typer(queue_app, name="queue")
 
 
 def _broker_counts(celery_app: Any, queue: str) -> dict[str, Any]:
-    """Messages waiting in ``queue`` and (Redis) delivered but not yet acked."""
+    """Messages waiting in ``queue``, delivered but not yet acked (Redis: the unacked
+    index, every queue; the embedded broker: its claims; None on AMQP, which does not say),
+    and (embedded broker) message files set aside as unreadable."""
+    from core import broker
+
     with celery_app.connection_for_read() as conn:
         # One attempt: an unreachable broker is reported at once, not retried for minutes.
         conn.ensure_connection(max_retries=1, interval_start=0, interval_step=0, timeout=5)
@@ -26,15 +31,19 @@ def _broker_counts(celery_app: Any, queue: str) -> dict[str, Any]:
             if type(exc).__name__ != "ChannelError":  # NOT_FOUND: never used, so empty
                 raise
             depth = 0
-        unacked = None
+        unacked = set_aside = None
         client = getattr(channel, "client", None)  # the Redis transport's client
         unacked_key = getattr(channel, "unacked_key", None)
+        inbox = celery_app.conf.broker_transport_options.get("data_folder_in")
         if client is not None and unacked_key is not None:
             unacked = int(client.hlen(unacked_key))
+        elif celery_app.conf.broker_transport == broker.TRANSPORT and inbox:
+            unacked, set_aside = broker.held(Path(inbox))
         return {
             "broker": conn.as_uri(),
             "queues": {queue: depth},
             "unacked": unacked,
+            "set_aside": set_aside,
         }
 
 
@@ -59,8 +68,9 @@ def status(
     ),
     as_json: bool = JsonOption,
 ) -> None:
-    """Depth per queue, unacked messages, dead letters, and the workers alive with their
-    active tasks (workers that do not answer within --timeout are not listed)."""
+    """Depth per queue, unacked messages (the embedded broker: its claims), message files
+    the embedded broker set aside as unreadable, dead letters, and the workers alive with
+    their active tasks (workers that do not answer within --timeout are not listed)."""
     from tasks.app import QUEUE, create_app
     from tasks.cli.common import load_settings
 
@@ -78,8 +88,10 @@ def status(
     table.add_row("broker", counts["broker"])
     for name, depth in counts["queues"].items():
         table.add_row(f"waiting in {name}", f"{depth:,}")
-    unacked = counts["unacked"]
+    unacked, set_aside = counts["unacked"], counts["set_aside"]
     table.add_row("unacked (delivered, running)", "n/a" if unacked is None else f"{unacked:,}")
+    if set_aside is not None:
+        table.add_row("set aside as unreadable (queue/bad/)", f"{set_aside:,}")
     table.add_row("dead letters", f"{dead:,}")
     table.add_row("workers alive", f"{len(workers)}")
     console.print(table)

@@ -8,6 +8,7 @@ from the caller, so nothing here can touch a developer's data.
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 import time
@@ -105,6 +106,34 @@ def test_queue_status_embedded(cli: Cli) -> None:
     assert status["dead_letters"] == 0 and status["workers"] == {}
 
 
+def test_queue_status_embedded_counts_claimed_and_set_aside_messages(cli: Cli) -> None:
+    """The embedded broker's in-flight messages (its claims) and the files it set aside as
+    unreadable: ``unacked`` was n/a and ``bad/`` not shown at all."""
+    from core import broker
+    from core.settings import Settings
+    from tasks.app import create_app
+    from tasks.producer import enqueue_append
+
+    data = cli.home / "data"
+    cli.env["SESSIONSTORE_DATA_DIR"] = str(data)
+    assert cli("db", "upgrade").returncode == 0
+    app = create_app(Settings(data_dir=data))
+    for n in range(3):  # no worker: they wait in the queue
+        enqueue_append("s", [_message("hi", f"e{n}")], app=app)
+    queue = data / "queue"
+    first = min((queue / "in").iterdir())
+    (queue / "claimed").mkdir(exist_ok=True)
+    first.rename(queue / "claimed" / broker._claim_name(first.name))  # held by a live consumer
+    (queue / "bad").mkdir()
+    (queue / "bad" / "1_x.sessionstore.msg").write_text("{")
+    status = json.loads(cli("queue", "status", "--json", "--timeout", "0.5").stdout)
+    assert status["queues"] == {"sessionstore": 2}
+    assert (status["unacked"], status["set_aside"]) == (1, 1)
+    table = cli("queue", "status", "--timeout", "0.5").stdout
+    assert re.search(r"unacked \(delivered, running\)[\s│]+1\b", table), table
+    assert re.search(r"set aside as unreadable \(queue/bad/\)[\s│]+1\b", table), table
+
+
 @pytest.mark.redis
 def test_queue_status_redis_counts_waiting_messages(cli: Cli, redis_url: str) -> None:
     from core.settings import Settings
@@ -119,6 +148,7 @@ def test_queue_status_redis_counts_waiting_messages(cli: Cli, redis_url: str) ->
         enqueue_append("s", [_message("hi", f"e{n}")], app=app)
     status = json.loads(cli("queue", "status", "--json", "--timeout", "0.5").stdout)
     assert status["queues"] == {"sessionstore": 3} and status["unacked"] == 0
+    assert status["set_aside"] is None  # the embedded broker's alone
 
 
 # --- first-failure messages -----------------------------------------------------------------

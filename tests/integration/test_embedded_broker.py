@@ -7,8 +7,10 @@ from __future__ import annotations
 
 import json
 import multiprocessing
+import os
 import subprocess
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -79,7 +81,7 @@ def _compete(data_dir: str, ready: Any, go: Any, out: Any) -> None:
     with _connection(Settings(data_dir=Path(data_dir))) as conn:
         queue = conn.SimpleQueue("race")
         ready.put(True)
-        go.wait(60)  # all start together, or the first one up takes everything
+        go.wait(60)
         idle_since = time.monotonic()
         while time.monotonic() - idle_since < 3:
             try:
@@ -92,6 +94,25 @@ def _compete(data_dir: str, ready: Any, go: Any, out: Any) -> None:
     out.put(got)
 
 
+def run_together(target: Callable[..., None], args: tuple[Any, ...], count: int) -> list[Any]:
+    """``count`` spawned processes each run ``target(*args, ready, go, out)``: it puts to
+    ``ready`` once set up, waits for ``go`` (all start together: the first one up does
+    not take everything) and puts its result to ``out``. Their results."""
+    out, ready, go = _MP.Queue(), _MP.Queue(), _MP.Event()
+    processes = [_MP.Process(target=target, args=(*args, ready, go, out)) for _ in range(count)]
+    for process in processes:
+        process.start()
+    try:
+        for _ in processes:
+            ready.get(timeout=60)
+        go.set()
+        return [out.get(timeout=90) for _ in processes]
+    finally:
+        for process in processes:
+            process.join(10)
+            process.kill()
+
+
 def test_competing_consumers_each_take_a_message_exactly_once(tmp_path: Path) -> None:
     settings = Settings(data_dir=tmp_path)
     n = 600
@@ -99,21 +120,7 @@ def test_competing_consumers_each_take_a_message_exactly_once(tmp_path: Path) ->
         queue = conn.SimpleQueue("race")
         for i in range(n):
             queue.put({"i": i, "pad": "y" * 2000})
-    out, ready, go = _MP.Queue(), _MP.Queue(), _MP.Event()
-    consumers = [
-        _MP.Process(target=_compete, args=(str(tmp_path), ready, go, out)) for _ in range(3)
-    ]
-    for c in consumers:
-        c.start()
-    try:
-        for _ in consumers:
-            ready.get(timeout=60)
-        go.set()
-        taken = [out.get(timeout=90) for _ in consumers]
-    finally:
-        for c in consumers:
-            c.join(10)
-            c.kill()
+    taken = run_together(_compete, (str(tmp_path),), 3)
     every = sorted(i for got in taken for i in got)
     assert every == list(range(n))  # none lost, none twice
     assert sum(1 for got in taken if got) >= 2  # they did compete
@@ -351,8 +358,36 @@ def test_a_message_returned_from_a_lost_consumer_counts_its_delivery(tmp_path: P
         json.dumps({**message, "headers": {broker.DELIVERIES: 4}})
     )
     assert broker.reclaim(claimed, inbox, older_than_s=3600) == 2
-    counts = [
-        json.loads((inbox / name).read_text())["headers"][broker.DELIVERIES]
-        for name in ("1_m.celery.msg", "2_m.celery.msg")
-    ]
+    # back where they were in the queue, under a name of the return
+    names = sorted(os.listdir(inbox))
+    assert [(n[:4], n[-11:]) for n in names] == [("1_m+", ".celery.msg"), ("2_m+", ".celery.msg")]
+    counts = [json.loads((inbox / n).read_text())["headers"][broker.DELIVERIES] for n in names]
     assert counts == [2, 5] and list(claimed.iterdir()) == []
+
+
+def test_a_delivered_message_body_is_decoded_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A claimed message is built at the claim to check it, then again by kombu on
+    delivery: its body was decoded (base64) twice. The same bodies come out."""
+    from kombu.transport import virtual
+
+    decoded: list[object] = []
+    real = virtual.Channel.decode_body
+
+    def counting(self: Any, body: Any, encoding: Any = None) -> Any:
+        decoded.append(body)
+        return real(self, body, encoding)
+
+    monkeypatch.setattr(virtual.Channel, "decode_body", counting)
+    with _connection(Settings(data_dir=tmp_path)) as conn:
+        queue = conn.SimpleQueue("once")
+        for i in range(3):
+            queue.put({"i": i, "pad": "z" * 1000})
+        got = []
+        for _ in range(3):
+            message = queue.get(timeout=5)
+            got.append(message.payload["i"])
+            message.ack()
+    assert sorted(got) == [0, 1, 2]
+    assert len(decoded) == len(set(decoded)) == 3
