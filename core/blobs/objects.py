@@ -12,8 +12,9 @@ The guarantees of the file backend, by object-storage means:
   is overwritten.
 - An object is whole or absent (S3 puts are atomic), so no temporary objects exist.
 - GC's "move aside under the row lock" is a server-side copy to ``.gc/`` plus a delete;
-  ``purge``/``restore`` finish or undo it, as on disk; a restore verifies the aside and
-  never replaces an intact object. Its grace window reads the object's ``last_modified``.
+  ``purge``/``restore`` finish or undo it, as on disk (on SQLite, before the row lock:
+  ``core.maintenance.gc``). A restore verifies the aside and never replaces an intact
+  object. Its grace window reads the object's ``last_modified``.
 - Keys are built in one place from a validated hash (invariant 9).
 """
 
@@ -172,6 +173,7 @@ def storage_call(component: str, call: Callable[[], _T]) -> _T:
 
 class ObjectBlobStore(BlobStore):
     read_ahead = 8  # a GET is a round trip: overlapping them is the whole gain
+    remote = True
 
     def __init__(self, store: S3Store, index: BlobIndex, *, gzip_level: int = 6) -> None:
         super().__init__(index, gzip_level=gzip_level)

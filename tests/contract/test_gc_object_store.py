@@ -1,9 +1,10 @@
-"""Blob GC on S3 (moto server) when the object store fails midway, on both journals: a
-move aside cut short, and a restore over an object a writer re-created (invariants 6, 12,
-13)."""
+"""Blob GC on S3 (moto server) when the object store fails or is slow midway, on both
+journals: a move aside cut short, a restore over an object a writer re-created, and the
+SQLite write lock never held through an S3 call (invariants 6, 12, 13)."""
 
 from __future__ import annotations
 
+import sqlite3
 from collections.abc import Callable
 from typing import Any
 
@@ -12,6 +13,7 @@ import pytest
 
 from core import SessionStore
 from core.blobs.objects import QUARANTINE_PREFIX, ObjectBlobStore
+from core.db import is_sqlite
 from core.errors import StorageUnavailable
 from core.models import BlobRow
 from tests.contract.test_gc import _age
@@ -133,4 +135,71 @@ def test_an_intact_aside_is_put_back(s3_store: SessionStore) -> None:
     put = blobs.put(TEXT)
     blobs.restore_quarantined(blobs.quarantine_file(put.hash))
     assert blobs.has_stored(put.hash) and blobs.get(put.hash) == TEXT
+    assert _keys(s3_store, QUARANTINE_PREFIX) == set()
+
+
+# 3. SQLite's write lock and S3 calls ----------------------------------------------------
+
+
+@pytest.mark.parametrize("backend", ["sqlite"])
+def test_gc_makes_no_s3_call_while_it_holds_the_sqlite_write_lock(
+    s3_store: SessionStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each S3 call may take the store's timeout and retry window (~50 s): made while GC
+    holds SQLite's database-wide write lock, every writer waits that long, or fails as
+    "database is locked". A probe at each of GC's S3 calls tries to take the lock at once."""
+    assert is_sqlite(s3_store.engine)
+    blobs = _objects(s3_store)
+    garbage = [blobs.put(TEXT + b"%d" % i).hash for i in range(3)]
+    for blob_hash in garbage:
+        _age(s3_store, blob_hash)
+    orphan = blobs.put(TEXT + b"orphan").hash
+    with s3_store.engine.begin() as conn:
+        conn.execute(_blobs.delete().where(_blobs.c.hash == orphan))
+    path = s3_store.engine.url.database
+    assert path is not None
+    locked_during: list[str] = []
+    real = ObjectBlobStore._call
+
+    def probing(self: ObjectBlobStore, call: Callable[[], Any]) -> Any:
+        probe = sqlite3.connect(path, timeout=0, isolation_level=None)
+        try:
+            probe.execute("BEGIN IMMEDIATE")
+            probe.execute("ROLLBACK")
+        except sqlite3.OperationalError as exc:
+            locked_during.append(str(exc))
+        finally:
+            probe.close()
+        return real(self, call)
+
+    monkeypatch.setattr(ObjectBlobStore, "_call", probing)
+    report = s3_store.gc_blobs(apply=True, grace=0)
+    monkeypatch.undo()
+    assert locked_during == []
+    assert (report.deleted, report.orphans, report.error_count) == (3, 1, 0)
+    assert not any(blobs.has_stored(h) for h in [*garbage, orphan])
+    assert _keys(s3_store, QUARANTINE_PREFIX) == set()
+
+
+def test_a_put_between_the_row_delete_and_the_purge_keeps_its_object(
+    s3_store: SessionStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Invariant 6 at the end of a sweep: the row delete has committed, the aside is not
+    purged yet, and a writer puts the content again: it registers anew and re-creates the
+    object, which the purge of the aside leaves alone."""
+    blobs = _objects(s3_store)
+    put = blobs.put(TEXT)
+    _age(s3_store, put.hash)
+    real = ObjectBlobStore.purge_quarantined
+
+    def put_first(self: ObjectBlobStore, moved: Any) -> None:
+        if moved:
+            assert not _registered(s3_store, put.hash)
+            self.put(TEXT)
+        real(self, moved)
+
+    monkeypatch.setattr(ObjectBlobStore, "purge_quarantined", put_first)
+    assert s3_store.gc_blobs(apply=True, grace=60).deleted == 1
+    monkeypatch.undo()
+    assert _registered(s3_store, put.hash) and blobs.get(put.hash) == TEXT
     assert _keys(s3_store, QUARANTINE_PREFIX) == set()
