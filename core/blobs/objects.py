@@ -12,8 +12,9 @@ The guarantees of the file backend, by object-storage means:
   is overwritten.
 - An object is whole or absent (S3 puts are atomic), so no temporary objects exist.
 - GC's "move aside under the row lock" is a server-side copy to ``.gc/`` plus a delete;
-  ``purge``/``restore`` finish or undo it, as on disk. Its grace window reads the
-  object's ``last_modified``.
+  ``purge``/``restore`` finish or undo it, as on disk (on SQLite, before the row lock:
+  ``core.maintenance.gc``). A restore verifies the aside and never replaces an intact
+  object. Its grace window reads the object's ``last_modified``.
 - Keys are built in one place from a validated hash (invariant 9).
 """
 
@@ -40,6 +41,7 @@ if TYPE_CHECKING:
 
 from core.blobs.store import (
     CORRUPT_DIR,
+    CORRUPT_STAMP,
     STREAM_CHUNK,
     SUFFIXES,
     BlobFile,
@@ -171,6 +173,7 @@ def storage_call(component: str, call: Callable[[], _T]) -> _T:
 
 class ObjectBlobStore(BlobStore):
     read_ahead = 8  # a GET is a round trip: overlapping them is the whole gain
+    remote = True
 
     def __init__(self, store: S3Store, index: BlobIndex, *, gzip_level: int = 6) -> None:
         super().__init__(index, gzip_level=gzip_level)
@@ -417,14 +420,42 @@ class ObjectBlobStore(BlobStore):
             self._call(lambda: obstore.delete(self.store, keys))
 
     def restore_quarantined(self, moved: Sequence[Path]) -> None:
+        """Put each aside back, verified first (invariant 13). No restore runs under the
+        row's lock, so a writer may have stored the blob again meanwhile: an aside whose
+        blob has an intact object again is only dropped, and a damaged aside goes to
+        ``corrupt/``, never over or in place of good content. (On disk a read or put takes
+        an aside back itself before it would re-create the file: ``FileBlobStore._find``.)"""
         for path in moved:
-            aside = path.as_posix()
-            original = aside[len(QUARANTINE_PREFIX) + 1 :]
+            self._restore_one(path.as_posix())
+
+    def _restore_one(self, aside: str) -> None:
+        original = aside[len(QUARANTINE_PREFIX) + 1 :]
+        parsed = parse_blob_name(original.rsplit("/", 1)[-1])
+        if parsed is None:
+            return  # never an aside of ours: ``quarantine_file`` names them
+        blob_hash, codec = parsed
+        if not self._has_intact(blob_hash):
+            stored = self._get(aside)
+            if stored is None:
+                return  # restored or purged meanwhile
+            if self._problem(blob_hash, codec, stored, None) is not None:
+                stamp = utcnow().strftime(CORRUPT_STAMP)
+                log.error("a blob object GC moved aside is corrupt", extra={"blob_hash": blob_hash})
+                self._move_one(aside, f"{CORRUPT_DIR}/{original}.{stamp}")
+                return
             try:
-                self._call(lambda a=aside, o=original: obstore.copy(self.store, a, o))  # type: ignore[misc]
+                self._call(lambda: obstore.copy(self.store, aside, original))
             except FileNotFoundError:
-                continue
-            self._call(lambda a=aside: obstore.delete(self.store, a))  # type: ignore[misc]
+                return
+        self._call(lambda: obstore.delete(self.store, aside))
+
+    def _has_intact(self, blob_hash: str) -> bool:
+        """Whether an object of the hash, under any codec, holds its content."""
+        for codec in SUFFIXES:
+            stored = self._read_codec(blob_hash, codec)
+            if stored is not None and self._problem(blob_hash, codec, stored, None) is None:
+                return True
+        return False
 
     def _unquarantine(self, blob_hash: str) -> bool:
         asides = [

@@ -391,6 +391,10 @@ class BlobStore(ABC):
     ``core.blobs.rehydrate``). One here: a read from local files is mostly the GIL's work,
     and threads made a session's rehydration slower, not faster (bench/RESULTS.md)."""
 
+    remote = False
+    """Whether each storage call is a network round trip (seconds, minutes with retries):
+    GC then never makes one while it holds SQLite's database-wide write lock."""
+
     def __init__(self, index: BlobIndex, *, gzip_level: int = DEFAULT_GZIP_LEVEL) -> None:
         self.index = index
         self.gzip_level = gzip_level
@@ -427,7 +431,8 @@ class BlobStore(ABC):
 
     @abstractmethod
     def quarantine_file(self, blob_hash: str) -> list[Path]:
-        """Move the stored object aside, for GC under the blob row's lock.
+        """Move the stored object aside, for GC under the blob row's lock (on SQLite with a
+        ``remote`` store, before a short transaction re-checks the row: ``core.maintenance.gc``).
 
         GC deletes the row and commits, then ``purge_quarantined``; if the commit fails it
         calls ``restore_quarantined``. A crash in between leaves a quarantined file whose

@@ -19,6 +19,13 @@ An append share-locks its blobs' rows and fails with ``BlobsMissing`` once a row
 and a put upserts the row and re-creates a missing file under the same lock: a writer
 racing GC re-creates the blob instead of referencing a missing file.
 
+On SQLite with blobs on S3 the order differs (``_sweep_moved_first``): SQLite's lock is the
+whole database's and an S3 call can take a minute with retries, so the objects move aside
+first, with no lock held, and then a short write transaction re-checks and deletes the rows;
+the objects of the blobs it keeps go back. A put's registration commits either before that
+transaction (then it sees the blob refreshed or referenced) or after it, and then finds the
+object moved and re-creates it: the same guarantee, by order instead of by lock.
+
 Files never registered (a crash between the durable write and the registration) are swept
 when older than the grace window, each under a placeholder row that stands in for the row
 lock; temporary ``.tmp-*.part`` files only when much older (a slow write may still own one).
@@ -251,6 +258,8 @@ class BlobGc:
         self._resume = resume
         self._at: GcResume | None = None
         self._files_first = resume is not None and resume.phase == "files"
+        # SQLite's write lock is the whole database's: never held through a network call
+        self._moves_first = blobs.remote and is_sqlite(engine)
 
     def run(self) -> GcReport:
         try:
@@ -373,27 +382,71 @@ class BlobGc:
 
         Files are moved aside under the lock and deleted only after the row delete commits;
         a failed commit puts them back, and a crash leaves them for ``recover_quarantined``.
+        On SQLite with a ``remote`` blob store the moves come first (``_sweep_moved_first``).
         """
-        hashes = sorted(c.hash for c in chunk)
-        moved: list[Path] = []
+        if self._moves_first:
+            self._sweep_moved_first(chunk)
+            return
+        moved: dict[str, list[Path]] = {}
         eligible: list[tuple[str, int]] = []
-        removed: list[tuple[str, int]] = []
         try:
             with write_transaction(self.engine) as conn:
-                locked = self._lock(conn, hashes)
-                eligible = self._recheck(conn, locked)
-                removed, moved, away = self._quarantine(eligible)
-                if removed:
-                    conn.execute(delete(_blobs).where(_blobs.c.hash.in_([h for h, _ in removed])))
+                eligible = self._recheck(conn, self._lock(conn, sorted(c.hash for c in chunk)))
+                away = self._quarantine(eligible, moved)
+                self._delete_rows(conn, list(moved))
         except BaseException:
-            self.blobs.restore_quarantined(moved)
+            self.blobs.restore_quarantined(_flat(moved.values()))
             raise
-        self.report.skipped += len(chunk) - len(eligible)
-        self.report.deleted += len(removed)
-        self.report.blob_bytes += sum(size for _, size in removed)
-        self.blobs.purge_quarantined(moved)
+        self._collected(len(chunk) - len(eligible), eligible, moved, set(moved))
         if away is not None:
             raise away  # the moves made are committed; the rest waits for the next run
+
+    def _sweep_moved_first(self, chunk: Sequence[Candidate]) -> None:
+        """``sweep`` on SQLite with a ``remote`` blob store: no S3 call under the write lock.
+
+        SQLite's write lock is the whole database's, and an S3 call can take the store's
+        timeout and retry window (``SESSIONSTORE_S3_*``): made under it, every writer would
+        wait that long, or fail as "database is locked". So the objects move aside first,
+        with no lock; then one short write transaction re-checks and deletes the rows still
+        garbage; the others' objects go back. Invariant 6 holds by order: a put that
+        registers a blob commits either before that transaction (which then sees it
+        refreshed or referenced, and keeps it), or after it, and then re-checks the object
+        under its own lock (``BlobStore._ensure``) after the move, and re-creates it."""
+        # Re-checked first without a lock: fewer blobs a writer took since the scan move.
+        with read_connection(self.engine) as conn:
+            eligible = self._recheck(conn, sorted(c.hash for c in chunk))
+        moved: dict[str, list[Path]] = {}
+        try:
+            away = self._quarantine(eligible, moved)
+            with write_transaction(self.engine) as conn:
+                gone = {h for h, _ in self._recheck(conn, sorted(moved))}
+                self._delete_rows(conn, sorted(gone))
+        except BaseException:
+            self.blobs.restore_quarantined(_flat(moved.values()))
+            raise
+        kept = len(chunk) - len(eligible) + len(moved) - len(gone)  # as the locks would
+        self._collected(kept, eligible, moved, gone)
+        if away is not None:
+            raise away
+
+    def _delete_rows(self, conn: Connection, hashes: list[str]) -> None:
+        if hashes:
+            conn.execute(delete(_blobs).where(_blobs.c.hash.in_(hashes)))
+
+    def _collected(
+        self,
+        skipped: int,
+        eligible: list[tuple[str, int]],
+        moved: dict[str, list[Path]],
+        gone: set[str],
+    ) -> None:
+        """Count the rows deleted (``gone``), purge their files, put the others' back."""
+        sizes = dict(eligible)
+        self.report.skipped += skipped
+        self.report.deleted += len(gone)
+        self.report.blob_bytes += sum(sizes[h] for h in gone if moved[h])
+        self.blobs.restore_quarantined(_flat(a for h, a in moved.items() if h not in gone))
+        self.blobs.purge_quarantined(_flat(a for h, a in moved.items() if h in gone))
 
     def recover_quarantined(self) -> None:
         """Files a GC moved aside and never purged: back if still registered, else gone."""
@@ -432,31 +485,29 @@ class BlobGc:
         return [(r.hash, int(r.stored_size)) for r in conn.execute(query)]
 
     def _quarantine(
-        self, eligible: list[tuple[str, int]]
-    ) -> tuple[list[tuple[str, int]], list[Path], StorageUnavailable | None]:
-        """Move the files aside; what was moved, and the store's failure that stopped it.
+        self, eligible: list[tuple[str, int]], moved: dict[str, list[Path]]
+    ) -> StorageUnavailable | None:
+        """Move the files aside, into ``moved`` by hash (as they go, so that a failure
+        that escapes still knows them); the store's failure that stopped it, if any.
 
         A file that cannot go (a planted link, a permission) is skipped; a store that is
         unavailable stops the chunk at once, since each further try would wait out its
         retries (S3: ``SESSIONSTORE_S3_RETRY_SECONDS``) while this transaction holds the
-        candidates' row locks, and on SQLite every writer's lock."""
-        removed: list[tuple[str, int]] = []
-        moved: list[Path] = []
-        for blob_hash, size in eligible:
+        candidates' row locks."""
+        for blob_hash, _ in eligible:
             try:
                 aside = self.blobs.quarantine_file(blob_hash)
             except StorageUnavailable as exc:
                 # The file may still be there: keep its row, so it stays a valid blob.
                 self.report.error(f"blob {blob_hash}: cannot remove: {exc}")
-                return removed, moved, exc
+                return exc
             except (OSError, SymlinkRefused) as exc:
                 self.report.error(f"blob {blob_hash}: cannot remove: {exc}")
                 continue
             if not aside:
                 log.warning("registered blob had no file", extra={"blob_hash": blob_hash})
-            moved += aside
-            removed.append((blob_hash, size if aside else 0))
-        return removed, moved, None
+            moved[blob_hash] = aside
+        return None
 
     # files on disk: never registered, or temporary --------------------------------------
 
@@ -516,6 +567,8 @@ class BlobGc:
         for it (then re-creates the file), and if a put registered it first, the insert
         finds its row and the file is left alone. The placeholder never commits.
         """
+        if self._moves_first:
+            return self._remove_orphan_moved_first(blob_hash)
         with write_transaction(self.engine) as conn:
             if conn.execute(self._placeholder(blob_hash)).first() is None:
                 return False  # registered since the scan: not an orphan
@@ -526,6 +579,27 @@ class BlobGc:
                 removed = False
             conn.execute(delete(_blobs).where(_blobs.c.hash == blob_hash))
         return removed
+
+    def _remove_orphan_moved_first(self, blob_hash: str) -> bool:
+        """``_remove_orphan`` as ``_sweep_moved_first`` sweeps: the objects move aside with
+        no lock, then a write transaction (it waits for a put registering the hash to
+        commit) says whether a put registered it; if so they go back, else they go."""
+        try:
+            moved = self.blobs.quarantine_file(blob_hash)
+        except (OSError, SymlinkRefused, StorageUnavailable) as exc:
+            self.report.error(f"orphan {blob_hash}: cannot remove: {exc}")
+            return False
+        try:
+            with write_transaction(self.engine) as conn:
+                registered = self.blobs.index.lock(conn, blob_hash)
+        except BaseException:
+            self.blobs.restore_quarantined(moved)
+            raise
+        if registered:
+            self.blobs.restore_quarantined(moved)
+            return False
+        self.blobs.purge_quarantined(moved)
+        return bool(moved)
 
     def _placeholder(self, blob_hash: str) -> Any:
         insert_ = sqlite_insert if is_sqlite(self.engine) else pg_insert
@@ -621,6 +695,10 @@ def _chunks(items: Iterable[_T], size: int) -> Iterator[list[_T]]:
     iterator = iter(items)
     while chunk := list(islice(iterator, size)):
         yield chunk
+
+
+def _flat(groups: Iterable[list[Path]]) -> list[Path]:
+    return [path for group in groups for path in group]
 
 
 def _by_hash(files: Iterable[FoundFile]) -> list[tuple[str, list[FoundFile]]]:

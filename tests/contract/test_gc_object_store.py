@@ -1,0 +1,205 @@
+"""Blob GC on S3 (moto server) when the object store fails or is slow midway, on both
+journals: a move aside cut short, a restore over an object a writer re-created, and the
+SQLite write lock never held through an S3 call (invariants 6, 12, 13)."""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Callable
+from typing import Any
+
+import obstore
+import pytest
+
+from core import SessionStore
+from core.blobs.objects import QUARANTINE_PREFIX, ObjectBlobStore
+from core.db import is_sqlite
+from core.errors import StorageUnavailable
+from core.models import BlobRow
+from tests.contract.test_gc import _age
+
+_blobs = BlobRow.__table__  # type: ignore[attr-defined]
+TEXT = b"".join(b"line %d of a collectable blob\n" % i for i in range(1000))  # gzip; > 16 KiB
+
+
+def _objects(store: SessionStore) -> ObjectBlobStore:
+    assert isinstance(store.blobs, ObjectBlobStore)
+    return store.blobs
+
+
+def _registered(store: SessionStore, blob_hash: str) -> bool:
+    return store.blobs.index.registered(blob_hash)
+
+
+def _keys(store: SessionStore, prefix: str | None = None) -> set[str]:
+    listed = obstore.list(_objects(store).store, prefix=prefix).collect()
+    return {str(meta["path"]) for meta in listed}
+
+
+def _failing_on(real: Callable[..., Any], nth: int) -> Callable[..., Any]:
+    """``real``, except that its ``nth`` call fails as a network error would."""
+    calls = [0]
+
+    def call(*args: Any, **kwargs: Any) -> Any:
+        calls[0] += 1
+        if calls[0] == nth:
+            raise ConnectionError("connection reset by peer")
+        return real(*args, **kwargs)
+
+    return call
+
+
+# 1. a move aside cut short ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("step", ["second copy", "first delete"])
+def test_a_move_aside_cut_short_keeps_the_blob_and_the_next_writer_and_gc_heal_it(
+    s3_store: SessionStore, monkeypatch: pytest.MonkeyPatch, step: str
+) -> None:
+    """S3 fails inside one blob's move aside (the copy of its second codec, or the delete
+    after its first copy): the run stops, the row stays (the blob stays registered), and the
+    object, wherever the move left it, is put back by a read, a writer and the next GC;
+    nothing referenced, or referenced since, ever loses its object."""
+    blobs = _objects(s3_store)
+    put = blobs.put(TEXT)
+    _age(s3_store, put.hash)
+    if step == "second copy":  # obstore.copy: gzip's copy succeeds, identity's fails
+        monkeypatch.setattr(obstore, "copy", _failing_on(obstore.copy, 2))
+    else:
+        monkeypatch.setattr(obstore, "delete", _failing_on(obstore.delete, 1))
+    with pytest.raises(StorageUnavailable):
+        s3_store.gc_blobs(apply=True, grace=60)
+    monkeypatch.undo()
+    assert _registered(s3_store, put.hash)
+
+    # A writer references it again (its bytes: the put path re-creates a missing object).
+    sid = s3_store.create_session(tenant_id="acme").id
+    s3_store.append(sid, [{"type": "custom", "customType": "gc", "data": TEXT.decode()}])
+    report = s3_store.gc_blobs(apply=True, grace=0)  # recovery first, then the sweep
+    assert report.deleted == 0 and _registered(s3_store, put.hash)
+    assert _keys(s3_store, QUARANTINE_PREFIX) == set()
+    assert blobs.get(put.hash) == TEXT
+    assert s3_store.read(sid, rehydrate=True)[0].payload["data"] == TEXT.decode()
+
+
+# 2. restoring over a re-created object --------------------------------------------------
+
+
+def _corrupt_live_object(store: SessionStore, blob_hash: str) -> None:
+    blobs = _objects(store)
+    key = blobs.key_for(blob_hash, "gzip")
+    data = obstore.get(blobs.store, key).bytes().to_bytes()
+    obstore.put(blobs.store, key, data[: len(data) // 2])  # truncated: a damaged object
+
+
+def test_recovery_never_overwrites_a_re_created_object_with_a_corrupt_aside(
+    s3_store: SessionStore,
+) -> None:
+    """A damaged object is moved aside by a GC that then dies (the row stays). A writer
+    puts the content again (a good object at the live key) and references it. The next
+    GC's recovery must not copy the damaged aside over the good object (invariant 13: the
+    blob was verified when put; a restore that destroys it loses a referenced blob)."""
+    blobs = _objects(s3_store)
+    put = blobs.put(TEXT)
+    _corrupt_live_object(s3_store, put.hash)
+    assert blobs.quarantine_file(put.hash)  # as GC does; then the "crash"
+
+    sid = s3_store.create_session(tenant_id="acme").id
+    s3_store.append(sid, [{"type": "custom", "customType": "gc", "data": TEXT.decode()}])
+    assert blobs.get(put.hash) == TEXT
+
+    s3_store.gc_blobs(apply=True, grace=3600)
+    assert blobs.get(put.hash) == TEXT
+    assert s3_store.read(sid, rehydrate=True)[0].payload["data"] == TEXT.decode()
+    assert _keys(s3_store, QUARANTINE_PREFIX) == set()
+
+
+def test_a_corrupt_aside_is_never_put_back_in_service(s3_store: SessionStore) -> None:
+    """With no object at the live key, a damaged aside goes to ``corrupt/`` for inspection
+    instead of back in service; a put of the content then stores it again."""
+    blobs = _objects(s3_store)
+    put = blobs.put(TEXT)
+    _corrupt_live_object(s3_store, put.hash)
+    aside = blobs.quarantine_file(put.hash)
+    blobs.restore_quarantined(aside)
+    assert not blobs.has_stored(put.hash)
+    assert _keys(s3_store, QUARANTINE_PREFIX) == set()
+    (kept,) = _keys(s3_store, "corrupt")  # for inspection, as ``blobs verify`` keeps them
+    assert kept.startswith(f"corrupt/{blobs.key_for(put.hash, 'gzip')}.")
+    blobs.put(TEXT)
+    assert blobs.get(put.hash) == TEXT
+
+
+def test_an_intact_aside_is_put_back(s3_store: SessionStore) -> None:
+    blobs = _objects(s3_store)
+    put = blobs.put(TEXT)
+    blobs.restore_quarantined(blobs.quarantine_file(put.hash))
+    assert blobs.has_stored(put.hash) and blobs.get(put.hash) == TEXT
+    assert _keys(s3_store, QUARANTINE_PREFIX) == set()
+
+
+# 3. SQLite's write lock and S3 calls ----------------------------------------------------
+
+
+@pytest.mark.parametrize("backend", ["sqlite"])
+def test_gc_makes_no_s3_call_while_it_holds_the_sqlite_write_lock(
+    s3_store: SessionStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each S3 call may take the store's timeout and retry window (~50 s): made while GC
+    holds SQLite's database-wide write lock, every writer waits that long, or fails as
+    "database is locked". A probe at each of GC's S3 calls tries to take the lock at once."""
+    assert is_sqlite(s3_store.engine)
+    blobs = _objects(s3_store)
+    garbage = [blobs.put(TEXT + b"%d" % i).hash for i in range(3)]
+    for blob_hash in garbage:
+        _age(s3_store, blob_hash)
+    orphan = blobs.put(TEXT + b"orphan").hash
+    with s3_store.engine.begin() as conn:
+        conn.execute(_blobs.delete().where(_blobs.c.hash == orphan))
+    path = s3_store.engine.url.database
+    assert path is not None
+    locked_during: list[str] = []
+    real = ObjectBlobStore._call
+
+    def probing(self: ObjectBlobStore, call: Callable[[], Any]) -> Any:
+        probe = sqlite3.connect(path, timeout=0, isolation_level=None)
+        try:
+            probe.execute("BEGIN IMMEDIATE")
+            probe.execute("ROLLBACK")
+        except sqlite3.OperationalError as exc:
+            locked_during.append(str(exc))
+        finally:
+            probe.close()
+        return real(self, call)
+
+    monkeypatch.setattr(ObjectBlobStore, "_call", probing)
+    report = s3_store.gc_blobs(apply=True, grace=0)
+    monkeypatch.undo()
+    assert locked_during == []
+    assert (report.deleted, report.orphans, report.error_count) == (3, 1, 0)
+    assert not any(blobs.has_stored(h) for h in [*garbage, orphan])
+    assert _keys(s3_store, QUARANTINE_PREFIX) == set()
+
+
+def test_a_put_between_the_row_delete_and_the_purge_keeps_its_object(
+    s3_store: SessionStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Invariant 6 at the end of a sweep: the row delete has committed, the aside is not
+    purged yet, and a writer puts the content again: it registers anew and re-creates the
+    object, which the purge of the aside leaves alone."""
+    blobs = _objects(s3_store)
+    put = blobs.put(TEXT)
+    _age(s3_store, put.hash)
+    real = ObjectBlobStore.purge_quarantined
+
+    def put_first(self: ObjectBlobStore, moved: Any) -> None:
+        if moved:
+            assert not _registered(s3_store, put.hash)
+            self.put(TEXT)
+        real(self, moved)
+
+    monkeypatch.setattr(ObjectBlobStore, "purge_quarantined", put_first)
+    assert s3_store.gc_blobs(apply=True, grace=60).deleted == 1
+    monkeypatch.undo()
+    assert _registered(s3_store, put.hash) and blobs.get(put.hash) == TEXT
+    assert _keys(s3_store, QUARANTINE_PREFIX) == set()
