@@ -222,6 +222,22 @@ class ArtifactIncomplete(ArtifactError):
         return {**super().to_dict(), "state": self.state, "size_bytes": self.size_bytes}
 
 
+class ArtifactCorrupt(ArtifactError):
+    """An artifact's stored bytes are not what its row recorded (their size, or their
+    SHA-256): overwritten or cut short in place. Refused, never served (invariant 13)."""
+
+    def __init__(self, what: str, reason: str) -> None:
+        self.what = what
+        self.reason = reason
+        super().__init__(
+            f"{what} is corrupt: {reason}; its stored bytes are not what was written, and "
+            "are not served"
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**super().to_dict(), "artifact": self.what, "reason": self.reason}
+
+
 class InvalidArtifactPath(ArtifactError):
     """An artifact path was rejected by the sanitizer."""
 

@@ -13,9 +13,9 @@ import re
 import secrets
 import stat
 import tempfile
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import IO
+from typing import IO, AnyStr
 
 from core import nofollow
 
@@ -80,18 +80,31 @@ def published_text(path: Path) -> Iterator[IO[str]]:
     or link with a file, and the text never reached its reader. A step of its own that
     fails (no such directory, no permission, a full disk at the fsync) is ``UnwritableFile``
     naming ``path``, not the new file beside it."""
+    with _published(path, _text_writer) as out:
+        yield out
+
+
+@contextlib.contextmanager
+def published_bytes(path: Path) -> Iterator[IO[bytes]]:
+    """``published_text`` for bytes (an export streamed as it was stored)."""
+    with _published(path, _bytes_writer) as out:
+        yield out
+
+
+@contextlib.contextmanager
+def _published(path: Path, writer: Callable[[int | Path], IO[AnyStr]]) -> Iterator[IO[AnyStr]]:
     given = path  # a failure names it, never the temporary file beside it
     descriptor = _descriptor_named(path)
     if descriptor is not None:  # /dev/stdout, /dev/fd/N: this process's own descriptor
         with _unwritable(given):
-            shared = _text_writer(os.dup(descriptor))
+            shared = writer(os.dup(descriptor))
         with shared:
             yield shared
         return
     target = _file_to_replace(path)
     if target is None:
         with _unwritable(given):
-            direct = _text_writer(path)
+            direct = writer(path)
         with direct:
             yield direct
         return
@@ -103,7 +116,7 @@ def published_text(path: Path) -> Iterator[IO[str]]:
             mask = os.umask(0)
             os.umask(mask)
             os.fchmod(fd, 0o666 & ~mask)  # mkstemp's is 0600
-        with _text_writer(fd) as out:
+        with writer(fd) as out:
             yield out
             with _unwritable(given):
                 out.flush()
@@ -132,6 +145,10 @@ def _unwritable(path: Path) -> Iterator[None]:
 def _text_writer(file: int | Path) -> IO[str]:
     """The text ``published_text`` writes: UTF-8, a lone surrogate passed through, ``\n``."""
     return open(file, "w", encoding="utf-8", errors="surrogatepass", newline="\n")
+
+
+def _bytes_writer(file: int | Path) -> IO[bytes]:
+    return open(file, "wb")
 
 
 _OWN_DESCRIPTOR = re.compile(r"/(?:proc/(?:self|(?P<pid>[0-9]+))|dev)/fd/(?P<fd>[0-9]+)")

@@ -277,6 +277,10 @@ class ArtifactRow(SQLModel, table=True):
         default="complete",
         sa_column=Column(String(16), nullable=False, default="complete", server_default="complete"),
     )
+    # SHA-256 (hex) of the bytes a reader is served (an agent output's markdown), recorded
+    # where the bytes were written; None where none was (a row from before, a streamed
+    # output expiry settled, an agent output its caller wrote in place)
+    sha256: str | None = Field(default=None, sa_column=Column(String(64), nullable=True))
 
 
 class CounterRow(SQLModel, table=True):

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import functools
 import inspect
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from datetime import datetime
 from functools import cached_property
 from pathlib import Path
@@ -432,6 +432,17 @@ class SessionStore:
     ) -> str | None:
         """An oversized output's text; None once expired or if its file is gone."""
         return self.oversized.retrieve(artifact_id, session_id=session_id, tenant_id=tenant_id)
+
+    @_no_nul
+    def retrieve_chunks(
+        self, artifact_id: str, *, session_id: str, tenant_id: str | None = None
+    ) -> Iterator[bytes] | None:
+        """An oversized output's bytes a chunk at a time (memory bounded whatever its size);
+        None once expired or if its file is gone. Checked against what was stored as they
+        pass: ``ArtifactCorrupt`` after the last chunk if they are not it."""
+        return self.oversized.retrieve_chunks(
+            artifact_id, session_id=session_id, tenant_id=tenant_id
+        )
 
     @_no_nul
     def artifact_stats(self, *, tenant_id: str | None = None) -> dict[str, ArtifactStats]:

@@ -20,7 +20,7 @@ from pathlib import Path
 from sqlalchemy import Connection
 
 from core import nofollow
-from core.artifacts import rows
+from core.artifacts import integrity, rows
 from core.artifacts.fsio import prune_empty_dirs
 from core.artifacts.inherited import preserve_for_forks, read_artifact_file
 from core.artifacts.paths import FILES_DIR, contained_path, file_name, sanitize_path
@@ -70,7 +70,9 @@ class SessionFiles:
             ) as staged,
             write_transaction(self._scope.engine) as conn,
         ):
-            result = self._put_locked(conn, directory, rel, len(body), media, staged, target)
+            result = self._put_locked(
+                conn, directory, rel, (len(body), integrity.digest(body)), media, staged, target
+            )
         logger.debug(
             "artifact file written", extra={"session_id": self._session_id, **result.to_dict()}
         )
@@ -81,11 +83,12 @@ class SessionFiles:
         conn: Connection,
         directory: Path,
         rel: str,
-        size: int,
+        content: tuple[int, str],
         media_type: str,
         staged: Staged,
         target: Path,
     ) -> FileWriteResult:
+        size, sha256 = content  # of the bytes staged
         info = rows.lock_for_write(conn, self._session_id)
         if self._scope.dir_for(info.tenant_id) != directory:
             raise ArtifactError(f"session {self._session_id} moved during the write; retry")
@@ -109,6 +112,7 @@ class SessionFiles:
                 "local_id": rel,
                 "name": file_name(rel),
                 "size_bytes": size,
+                "sha256": sha256,
                 "media_type": media_type,
                 "created_at": utcnow(),
                 # The row describes this content: an overwrite is a creation at today's head.

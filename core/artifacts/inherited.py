@@ -10,15 +10,16 @@ from __future__ import annotations
 import logging
 import os
 import uuid
+from collections.abc import Callable
 from contextlib import suppress
 from dataclasses import replace
-from pathlib import Path
-from typing import NamedTuple
+from pathlib import Path, PurePosixPath
+from typing import BinaryIO, NamedTuple, TypeVar
 
 from sqlalchemy import Connection, Engine, select
 
 from core import nofollow
-from core.artifacts import rows
+from core.artifacts import integrity, rows
 from core.artifacts.paths import STAGING_DIR, encode_component, session_dir
 from core.artifacts.records import ArtifactInfo
 from core.artifacts.storage import ArtifactStorage, FileArtifactStorage, key_of
@@ -37,6 +38,7 @@ _MAX_ANCESTORS = 64  # forks of forks walked to find an inherited file
 HELD_DIR = "forks"
 _UNFINISHED = (COPY_PENDING, COPY_FAILED)
 _sessions = table_of(SessionRow)
+_T = TypeVar("_T")
 
 
 def copy_unfinished(engine: Engine, session_id: str) -> bool:
@@ -67,6 +69,18 @@ def read_own_file(root: Path, path: Path, storage: ArtifactStorage | None) -> by
     return storage.read(key_of(root, path))
 
 
+def open_own_file(root: Path, path: Path, storage: ArtifactStorage | None) -> BinaryIO | None:
+    """``read_own_file``, open for a streamed read instead of read whole."""
+    if storage is None or isinstance(storage, FileArtifactStorage):
+        with storage_errors("artifacts"):
+            fd = nofollow.open_file(root, path)
+        return None if fd is None else os.fdopen(fd, "rb")
+    try:
+        return storage.open_read(key_of(root, path))
+    except FileNotFoundError:
+        return None
+
+
 def read_artifact_file(
     engine: Engine,
     root: Path,
@@ -77,22 +91,63 @@ def read_artifact_file(
     """The bytes of ``row``'s file at ``own`` (the session's own copy); for a fork whose
     artifact copy is unfinished, what it inherited instead. None: neither is there.
 
-    The own file wins, and is read again when the fallback comes up empty: the copy may
-    have completed in between (files are copied before the status changes).
-    With an object ``storage``, the paths below ``root`` name its keys.
-    """
+    The bytes are checked against the row (``integrity``): bytes that are not what it
+    recorded are read once more with the row as it is now (a rewrite may have renamed its
+    file into place before its row committed), and are ``ArtifactCorrupt`` if they still
+    are not."""
     objects = None if isinstance(storage, FileArtifactStorage) else storage
 
     def read(path: Path) -> bytes | None:
         return read_own_file(root, path, objects)
 
-    data = read(own)
-    if data is not None:
+    data = own_or_inherited(engine, root, own, row, objects, read)
+    if data is None or (reason := integrity.check(row, data)) is None:
         return data
+    fresh = integrity.fresh_row(engine, row)
+    if fresh is None:  # removed meanwhile
+        return None
+    if fresh.name and row.name and fresh.name != row.name:  # a tool output put anew
+        own = own.parents[len(PurePosixPath(row.name).parts) - 1] / fresh.name
+    data = own_or_inherited(engine, root, own, fresh, objects, read)
+    if data is not None and (reason := integrity.check(fresh, data)) is not None:
+        raise integrity.corrupt(fresh, reason)
+    return data
+
+
+def open_artifact_file(
+    engine: Engine,
+    root: Path,
+    own: Path,
+    row: ArtifactInfo,
+    storage: ArtifactStorage | None = None,
+) -> BinaryIO | None:
+    """``read_artifact_file``'s file, open for a streamed read (unchecked: pass it through
+    ``integrity.verified_chunks``)."""
+    objects = None if isinstance(storage, FileArtifactStorage) else storage
+    return own_or_inherited(
+        engine, root, own, row, objects, lambda path: open_own_file(root, path, objects)
+    )
+
+
+def own_or_inherited(
+    engine: Engine,
+    root: Path,
+    own: Path,
+    row: ArtifactInfo,
+    storage: ArtifactStorage | None,
+    fetch: Callable[[Path], _T | None],
+) -> _T | None:
+    """``fetch`` of the own file at ``own``; for a fork whose artifact copy is unfinished,
+    of what it inherited instead. The own file wins, and is fetched again when the fallback
+    comes up empty: the copy may have completed in between (files are copied before the
+    status changes). With an object ``storage``, the paths below ``root`` name its keys."""
+    found = fetch(own)
+    if found is not None:
+        return found
     with read_connection(engine) as conn:
-        source = inherited_source(conn, root, row.session_id, row, objects)
-    data = read(source) if source is not None else None
-    return data if data is not None else read(own)
+        source = inherited_source(conn, root, row.session_id, row, storage)
+    found = fetch(source) if source is not None else None
+    return found if found is not None else fetch(own)
 
 
 def inherited_source(

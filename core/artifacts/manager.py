@@ -19,7 +19,7 @@ from pathlib import Path
 from sqlalchemy import Connection, Engine
 
 from core import nofollow
-from core.artifacts import rows
+from core.artifacts import integrity, rows
 from core.artifacts.files import SessionFiles
 from core.artifacts.inherited import preserve_for_forks
 from core.artifacts.oversized import OversizedOutputs
@@ -114,9 +114,8 @@ class ArtifactManager:
             self._staged(self.directory(), data) as staged,
             self._locked() as (conn, info, directory),
         ):
-            artifact_id = self._allocate_in(
-                conn, info, TOOL_COUNTER, str, self._tool_values(tool, len(data), COMPLETE)
-            )
+            values = self._tool_values(tool, len(data), COMPLETE, integrity.digest(data))
+            artifact_id = self._allocate_in(conn, info, TOOL_COUNTER, str, values)
             staged.publish(directory, directory / tool_log_name(artifact_id, tool))
         return artifact_id
 
@@ -143,13 +142,16 @@ class ArtifactManager:
         return AllocatedPath(artifact_id, directory / tool_log_name(artifact_id, tool))
 
     @staticmethod
-    def _tool_values(tool: str, size: int, state: str) -> Callable[[str], dict[str, object]]:
+    def _tool_values(
+        tool: str, size: int, state: str, sha256: str | None = None
+    ) -> Callable[[str], dict[str, object]]:
         return lambda local_id: {
             "kind": TOOL_OUTPUT,
             "name": tool_log_name(local_id, tool),
             "tool_type": tool,
             "media_type": "text/plain",
             "size_bytes": size,
+            "sha256": sha256,
             "state": state,
         }
 
@@ -159,21 +161,24 @@ class ArtifactManager:
         info = self._require(TOOL_OUTPUT, artifact_id)
         target = self.directory() / (info.name or "")
         objects = self._scope.objects
+        # Its size and SHA-256 from one pass over the bytes as they are now, and on object
+        # storage the upload of those very bytes (the spool is this process's own)
         if objects is None:
-            with storage_errors("artifacts"):  # a missing file stays FileNotFoundError
-                size = nofollow.size(self._scope.root, target)
+            root, path = self._scope.root, target
         else:
-            spool_dir, spool = self._scope.settings.artifact_spool_dir, self._spool_path(info.name)
-            with storage_errors("artifacts"):  # a missing file stays FileNotFoundError
-                fd = nofollow.open_file(spool_dir, spool)  # a planted link is refused
-                if fd is None:
-                    raise FileNotFoundError(errno.ENOENT, "no such spooled output", str(spool))
-                with os.fdopen(fd, "rb") as source:
-                    size = os.fstat(source.fileno()).st_size
+            root, path = self._scope.settings.artifact_spool_dir, self._spool_path(info.name)
+        with storage_errors("artifacts"):  # a missing file stays FileNotFoundError
+            fd = nofollow.open_file(root, path)  # a planted link is refused
+            if fd is None:
+                raise FileNotFoundError(errno.ENOENT, "no such tool output", str(path))
+            with os.fdopen(fd, "rb") as source:
+                size, sha256 = integrity.measure(source)
+                if objects is not None:
                     objects.put_file(key_of(self._scope.root, target), source)
-                nofollow.unlink(spool_dir, spool)
+            if objects is not None:
+                nofollow.unlink(root, path)
         with write_transaction(self._scope.engine) as conn:
-            rows.finish_tool_output(conn, self.session_id, artifact_id, size)
+            rows.finish_tool_output(conn, self.session_id, artifact_id, size, sha256)
         return size
 
     def _spool_path(self, name: str | None) -> Path:
@@ -258,7 +263,8 @@ class ArtifactManager:
                 staged_jsonl.publish(directory, directory / jsonl_name)
             staged_md.publish(directory, directory / md_name)
             size = len(body) + (len(sidecar) if sidecar is not None else 0)
-            rows.set_size(conn, self.session_id, AGENT_OUTPUT, output_id, size)
+            sha256 = integrity.digest(body)  # of the markdown: what a reader is served
+            rows.set_size(conn, self.session_id, AGENT_OUTPUT, output_id, size, sha256=sha256)
         return size
 
     def save_agent_output(
@@ -284,7 +290,7 @@ class ArtifactManager:
         tool = sanitize_tool_type(tool_type)
         data = _encode(content)
         values = {
-            **self._tool_values(tool, len(data), COMPLETE)(artifact_id),
+            **self._tool_values(tool, len(data), COMPLETE, integrity.digest(data))(artifact_id),
             "local_id": artifact_id,
         }
         self._put(values, {tool_log_name(artifact_id, tool): data})
@@ -307,6 +313,7 @@ class ArtifactManager:
             "tool_type": sanitize_agent_name(output_id.rsplit(".", 1)[-1]),
             "media_type": "text/markdown",
             "size_bytes": sum(len(d) for d in files.values()),
+            "sha256": integrity.digest(files[md_name]),
         }
         self._put(values, files)
         parent, _, own = output_id.rpartition(".")

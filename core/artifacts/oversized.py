@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import re
 import secrets
-from collections.abc import Collection
+from collections.abc import Collection, Iterator
 from contextlib import suppress
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -19,9 +19,13 @@ from sqlalchemy import Engine
 from sqlalchemy.exc import IntegrityError
 
 from core import nofollow
-from core.artifacts import rows
+from core.artifacts import integrity, rows
 from core.artifacts.fsio import old_oversized_files
-from core.artifacts.inherited import preserve_for_forks, read_artifact_file
+from core.artifacts.inherited import (
+    open_artifact_file,
+    preserve_for_forks,
+    read_artifact_file,
+)
 from core.artifacts.paths import (
     encode_component,
     oversized_name,
@@ -30,6 +34,7 @@ from core.artifacts.paths import (
 )
 from core.artifacts.records import (
     OVERSIZED,
+    ArtifactInfo,
     ArtifactRef,
     ArtifactStats,
     ExpireReport,
@@ -108,7 +113,7 @@ class OversizedOutputs:
                 staged,
                 summarize(content),
                 ttl,
-                len(data),
+                (len(data), integrity.digest(data)),
             )
         logger.info(
             "oversized output stored",
@@ -124,14 +129,22 @@ class OversizedOutputs:
         tool_name: str,
         summary: str,
         size: int,
+        sha256: str,
         ttl_s: int,
         media_type: str = "text/plain",
     ) -> ArtifactRef:
-        """A TTL artifact from a file already staged (streamed) in the session's directory;
-        expired and resolved like any oversized output."""
+        """A TTL artifact from a file already staged (streamed) in the session's directory,
+        of ``size`` bytes with SHA-256 ``sha256`` (as they were written); expired and
+        resolved like any oversized output."""
         try:
             ref = self._insert(
-                session_id, sanitize_tool_type(tool_name), staged, summary, ttl_s, size, media_type
+                session_id,
+                sanitize_tool_type(tool_name),
+                staged,
+                summary,
+                ttl_s,
+                (size, sha256),
+                media_type,
             )
         except BaseException:
             staged.discard()
@@ -146,7 +159,7 @@ class OversizedOutputs:
         staged: Staged,
         summary: str,
         ttl: int,
-        size: int,
+        content: tuple[int, str],
         media_type: str = "text/plain",
     ) -> ArtifactRef:
         """The row, and the staged file published, under the session's tenant lock (which a
@@ -156,7 +169,9 @@ class OversizedOutputs:
         A commit that fails after the publish removes the published file: ``art_`` ids are
         random and never reused, so no one else owns it, and no row will ever name it (were
         the commit done and only its reply lost, the row reads as expired without its file,
-        and expiry removes it). A crash there leaves it to ``sweep_unnamed``."""
+        and expiry removes it). A crash there leaves it to ``sweep_unnamed``. ``content``:
+        the staged bytes' size and SHA-256."""
+        size, sha256 = content
         for _ in range(3):
             published: Path | None = None
             try:
@@ -174,7 +189,8 @@ class OversizedOutputs:
                         ttl_s=ttl,
                         expires_at=database_now(conn) + timedelta(seconds=ttl),
                     )
-                    rows.insert_artifact(conn, self._values(ref, info.head_seq, media_type))
+                    values = self._values(ref, info.head_seq, media_type)
+                    rows.insert_artifact(conn, {**values, "sha256": sha256})
                     directory = session_dir(self.root, info.tenant_id, session_id)
                     published = directory / oversized_name(ref.artifact_id)
                     staged.publish(directory, published)
@@ -221,7 +237,41 @@ class OversizedOutputs:
     def retrieve(
         self, artifact_id: str, *, session_id: str, tenant_id: str | None = None
     ) -> str | None:
-        """The stored text; None if unknown here, expired, or its file is missing."""
+        """The stored text; None if unknown here, expired, or its file is missing;
+        ``ArtifactCorrupt`` if it is not what was stored."""
+        found = self._alive(artifact_id, session_id, tenant_id)
+        if found is None:
+            return None
+        own, row = found
+        data = read_artifact_file(self.engine, self.root, own, row, self.storage)
+        return data.decode("utf-8", "surrogatepass") if data is not None else None
+
+    def retrieve_chunks(
+        self,
+        artifact_id: str,
+        *,
+        session_id: str,
+        tenant_id: str | None = None,
+        chunk_bytes: int = integrity.CHUNK_BYTES,
+    ) -> Iterator[bytes] | None:
+        """``retrieve`` as its stored bytes, ``chunk_bytes`` at a time, for an output too
+        large to hold (a rehydrated export): None (decided before any byte) if unknown
+        here, expired or missing. The bytes are checked as they pass, so a corrupt output
+        is ``ArtifactCorrupt`` only after its last chunk: keep nothing as whole before the
+        iterator is exhausted. Ids are never reused, so no rewrite races the read."""
+        found = self._alive(artifact_id, session_id, tenant_id)
+        if found is None:
+            return None
+        own, row = found
+        source = open_artifact_file(self.engine, self.root, own, row, self.storage)
+        if source is None:
+            return None
+        return integrity.verified_chunks(row, source, chunk_bytes=chunk_bytes)
+
+    def _alive(
+        self, artifact_id: str, session_id: str, tenant_id: str | None
+    ) -> tuple[Path, ArtifactInfo] | None:
+        """(its own path, its row) of an oversized output that has not expired."""
         if not OVERSIZED_ID.match(artifact_id):
             return None
         with read_connection(self.engine) as conn:
@@ -229,10 +279,8 @@ class OversizedOutputs:
             row = rows.get_artifact(conn, session_id, OVERSIZED, artifact_id)
             if row is None or rows.has_expired(conn, row):
                 return None
-
         own = session_dir(self.root, info.tenant_id, session_id) / oversized_name(artifact_id)
-        data = read_artifact_file(self.engine, self.root, own, row, self.storage)
-        return data.decode("utf-8", "surrogatepass") if data is not None else None
+        return own, row
 
     def cleanup_session(self, session_id: str) -> int:
         """Remove every oversized output of a session, each as ``discard`` does (file, then

@@ -39,6 +39,7 @@ class ArtifactInfo(PlainRecord):
     expires_at: datetime | None = None
     summary: str | None = None
     state: str = COMPLETE
+    sha256: str | None = None
 
     @property
     def complete(self) -> bool:

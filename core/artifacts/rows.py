@@ -212,18 +212,27 @@ def upsert_artifact(conn: Connection, values: dict[str, Any]) -> None:
     )
 
 
-def set_size(conn: Connection, session_id: str, kind: str, local_id: str, size: int) -> None:
-    conn.execute(update(_artifacts).where(_key(session_id, kind, local_id)).values(size_bytes=size))
+def set_size(
+    conn: Connection, session_id: str, kind: str, local_id: str, size: int, *, sha256: str
+) -> None:
+    """The size and SHA-256 of an artifact's rewritten bytes."""
+    conn.execute(
+        update(_artifacts)
+        .where(_key(session_id, kind, local_id))
+        .values(size_bytes=size, sha256=sha256)
+    )
 
 
-def finish_tool_output(conn: Connection, session_id: str, local_id: str, size: int) -> bool:
-    """A streamed tool output is whole: its size and ``complete`` in one statement (also
-    over ``truncated``: a writer expiry took for dead that finished after all). Whether the
-    row is there."""
+def finish_tool_output(
+    conn: Connection, session_id: str, local_id: str, size: int, sha256: str | None = None
+) -> bool:
+    """A streamed tool output is whole: its size, SHA-256 (None: not known) and
+    ``complete`` in one statement (also over ``truncated``: a writer expiry took for dead
+    that finished after all). Whether the row is there."""
     result = conn.execute(
         update(_artifacts)
         .where(_key(session_id, TOOL_OUTPUT, local_id))
-        .values(size_bytes=size, state=COMPLETE)
+        .values(size_bytes=size, sha256=sha256, state=COMPLETE)
     )
     return bool(result.rowcount)
 

@@ -405,6 +405,7 @@ def _build(
         tool_name=f"rehydrate-{fmt}",
         summary=summary,
         size=out.size,
+        sha256=out.sha256.hexdigest(),
         ttl_s=ttl,
         media_type="application/x-ndjson",
     )

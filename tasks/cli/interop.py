@@ -8,10 +8,10 @@ import logging
 import os
 import stat
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from contextlib import ExitStack
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import IO, TYPE_CHECKING, Annotated
 
 import typer
 
@@ -464,7 +464,6 @@ def _export_via_queue(
     from rich.progress import Progress
 
     from core.errors import NotFinishedInTime
-    from core.fsio import published_text
     from tasks import enqueue_rehydrate
 
     with open_store() as store, ExitStack() as stack:
@@ -493,18 +492,41 @@ def _export_via_queue(
                     if done is not None:
                         bar.update(task, completed=done[0], total=done[1])
                     time.sleep(0.1)
-        text = store.retrieve(result["ref"], session_id=found.id) or ""
-    if output is None:
-        sys.stdout.write(text)
-    else:
-        with published_text(output) as out:
-            out.write(text)
+        _write_export(store, result["ref"], found.id, output)
     if as_json and output is not None:  # else stdout is the export's (as without the queue)
         print_json({**result, "path": str(output)})
     if result.get("missing_blobs"):
         from core.errors import ExportIncomplete
 
         raise ExportIncomplete(result["missing_blobs"], result)
+
+
+def _write_export(store: SessionStore, ref: str, session_id: str, output: Path | None) -> None:
+    """The output a worker built, streamed a chunk at a time (memory bounded whatever its
+    size) to stdout, or to ``output``, published only once whole and checked: a stored
+    output that is not what the worker wrote (``ArtifactCorrupt``, known after its last
+    chunk) leaves no file, and exits 1 (on stdout, after what was written)."""
+    from core.errors import ArtifactNotFound
+    from core.fsio import published_bytes
+
+    chunks = store.retrieve_chunks(ref, session_id=session_id)
+    if chunks is None:
+        raise ArtifactNotFound(
+            f"the export {ref} of {session_id} is gone (expired or removed) before it was "
+            "read; ask again"
+        )
+    if output is None:
+        sys.stdout.flush()
+        _copy(chunks, sys.stdout.buffer)
+        return
+    with published_bytes(output) as out:
+        _copy(chunks, out)
+
+
+def _copy(chunks: Iterator[bytes], out: IO[bytes]) -> None:
+    for chunk in chunks:
+        out.write(chunk)
+    out.flush()
 
 
 def _export_omp(

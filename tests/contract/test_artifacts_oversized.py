@@ -218,7 +218,13 @@ def test_a_staged_publish_whose_commit_fails_leaves_no_file(
     _fail_commit(monkeypatch)
     with pytest.raises(StorageUnavailable):
         store.oversized.publish_staged(
-            sid, staged, tool_name="rehydrate-pi", summary="s", size=15_000, ttl_s=60
+            sid,
+            staged,
+            tool_name="rehydrate-pi",
+            summary="s",
+            size=15_000,
+            sha256="0" * 64,
+            ttl_s=60,
         )
     monkeypatch.undo()
     assert raw.keys_under(directory) == []

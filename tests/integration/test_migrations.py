@@ -280,18 +280,23 @@ def test_an_installed_copy_manages_its_schema_without_the_checkout(tmp_path: Pat
     assert imported.stdout.strip().startswith(str(site))  # the copy, not the checkout
 
 
-def test_artifacts_written_before_their_state_was_kept_are_complete(empty_url: str) -> None:
-    """0021: every artifact row an older release wrote reads as complete (whole writes, or
-    a streamed output no one can tell apart any more); the downgrade drops the column and
-    keeps the rows (an older release cannot tell a partial one: it comes back complete)."""
-    migrate.upgrade(empty_url, "0020")
+def _old_artifact_row(url: str) -> None:
+    """A session with one tool output, as an older release wrote them."""
     _execute(
-        empty_url,
+        url,
         "INSERT INTO sessions (id, tenant_id, head_seq, created_at, updated_at) "
         "VALUES ('s1', 'acme', 0, CURRENT_TIMESTAMP, CURRENT_TIMESTAMP)",
         "INSERT INTO artifacts (session_id, kind, local_id, name, size_bytes, created_at, "
         "created_seq) VALUES ('s1', 'tool_output', '0', '0.bash.log', 5, CURRENT_TIMESTAMP, 0)",
     )
+
+
+def test_artifacts_written_before_their_state_was_kept_are_complete(empty_url: str) -> None:
+    """0021: every artifact row an older release wrote reads as complete (whole writes, or
+    a streamed output no one can tell apart any more); the downgrade drops the column and
+    keeps the rows (an older release cannot tell a partial one: it comes back complete)."""
+    migrate.upgrade(empty_url, "0020")
+    _old_artifact_row(empty_url)
     migrate.upgrade(empty_url)
     assert _diff(empty_url) == []
     engine = make_engine(empty_url)
@@ -316,6 +321,32 @@ def test_artifacts_written_before_their_state_was_kept_are_complete(empty_url: s
         with engine.connect() as conn:
             found = conn.execute(text("SELECT local_id, state FROM artifacts ORDER BY local_id"))
             assert [tuple(r) for r in found] == [("0", "complete"), ("1", "complete")]
+    finally:
+        engine.dispose()
+
+
+def test_artifact_digests_start_empty_and_the_downgrade_keeps_the_rows(empty_url: str) -> None:
+    """0022: rows written before digests were recorded have none (their size is still
+    checked on read); the downgrade drops the column and keeps the rows."""
+    migrate.upgrade(empty_url, "0021")
+    _old_artifact_row(empty_url)
+    migrate.upgrade(empty_url)
+    assert _diff(empty_url) == []
+    assert _artifact_column(empty_url, "sha256") == [None]
+    _execute(empty_url, f"UPDATE artifacts SET sha256 = '{'a' * 64}'")
+    assert _artifact_column(empty_url, "sha256") == ["a" * 64]
+    migrate.downgrade(empty_url, "0021")
+    assert "sha256" not in {c["name"] for c in _inspect_columns(empty_url, "artifacts")}
+    assert _artifact_column(empty_url, "local_id") == ["0"]
+    migrate.upgrade(empty_url)
+    assert _artifact_column(empty_url, "sha256") == [None]
+
+
+def _artifact_column(url: str, column: str) -> list[object]:
+    engine = make_engine(url, pool_size=1)
+    try:
+        with engine.connect() as conn:
+            return list(conn.execute(text(f"SELECT {column} FROM artifacts")).scalars())
     finally:
         engine.dispose()
 

@@ -14,6 +14,7 @@ import json
 import os
 import shutil
 import signal
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import timedelta
@@ -25,6 +26,7 @@ from celery import Celery
 from sqlalchemy import select, update
 
 from core import SessionStore, Settings
+from core.artifacts.integrity import CHUNK_BYTES
 from core.blobs.files import FileBlobStore
 from core.errors import (
     InvalidEvent,
@@ -311,10 +313,9 @@ def test_bad_requests_are_refused_at_the_door(tmp_path: Path) -> None:
 def test_cli_export_via_queue_equals_export(
     store: SessionStore, queue_settings: Settings, redis_url: str, tmp_path: Path
 ) -> None:
-    import subprocess
-    import sys
-
-    sid = _session(store, turns=3)
+    """Through a real ``celery worker``: an export of several streamed read chunks, to a
+    file and to stdout, is byte for byte what the direct export writes."""
+    sid = _large_session(store, chunks=3)
     env = {
         **os.environ,
         **settings_env(
@@ -323,28 +324,38 @@ def test_cli_export_via_queue_equals_export(
             data_dir=queue_settings.data_dir,
         ),
     }
-    cli = str(Path(sys.executable).with_name("sessionstore"))
     worker = WorkerProcess(env, tmp_path / "w.log", concurrency=1)
     try:
-        via = subprocess.run(
-            [cli, "export", sid, "--via-queue", "-o", str(tmp_path / "q.jsonl")],
-            env=env,
-            capture_output=True,
-            timeout=120,
-            check=False,
-        )
-        assert via.returncode == 0, via.stderr
+        to_file = run_cli("export", sid, "--via-queue", "-o", str(tmp_path / "q.jsonl"), env=env)
+        assert to_file.returncode == 0, to_file.stderr
+        to_stdout = run_cli("export", sid, "--via-queue", env=env)
+        assert to_stdout.returncode == 0, to_stdout.stderr
     finally:
         worker.stop()
-    direct = subprocess.run(
-        [cli, "export", sid, "-o", str(tmp_path / "d.jsonl")],
-        env=env,
-        capture_output=True,
-        timeout=120,
-        check=False,
-    )
+    direct = run_cli("export", sid, "-o", str(tmp_path / "d.jsonl"), env=env)
     assert direct.returncode == 0, direct.stderr
-    assert (tmp_path / "q.jsonl").read_bytes() == (tmp_path / "d.jsonl").read_bytes()
+    expected = (tmp_path / "d.jsonl").read_bytes()
+    assert len(expected) > 3 * CHUNK_BYTES
+    assert (tmp_path / "q.jsonl").read_bytes() == expected
+    assert to_stdout.stdout.encode() == expected
+
+
+def _large_session(store: SessionStore, chunks: int) -> str:
+    """A session whose pi export is over ``chunks`` chunks of the CLI's streamed read."""
+    sid = store.create_session(tenant_id="acme", cwd="/work").id
+    text = "".join(f"line {i} of a long tool output\n" for i in range(CHUNK_BYTES // 30))
+    entries = [
+        {
+            "type": "message",
+            "id": f"m{i}",
+            "parentId": f"m{i - 1}" if i else None,
+            "timestamp": "2026-11-23T10:00:00.000Z",
+            "message": {"role": "user", "content": [{"type": "text", "text": f"{i}{text}"}]},
+        }
+        for i in range(chunks)
+    ]
+    store.append(sid, entries)
+    return sid
 
 
 def _embedded_cli(tmp_path: Path, *, turns: int) -> tuple[str, dict[str, str]]:
@@ -674,3 +685,77 @@ def test_a_request_that_fails_for_good_raises_its_typed_error(
         with pytest.raises(StorageUnavailable, match="injected") as away:
             enqueue_rehydrate(sid, tenant_id="acme", app=app).get(timeout=60)
     assert (armed / "transient.used").exists() and away.value.component == "database"
+
+
+@pytest.mark.postgres
+@pytest.mark.redis
+@pytest.mark.parametrize("to_file", [False, True], ids=["stdout", "file"])
+def test_cli_export_writes_each_chunk_as_it_reads_it_and_never_reads_it_whole(
+    store: SessionStore, monkeypatch: pytest.MonkeyPatch, tmp_path: Path, to_file: bool
+) -> None:
+    """Memory bounded by a chunk: the output a worker built is read by ``retrieve_chunks``
+    and each chunk is written out before the next one is read; the all-bytes ``retrieve``
+    is never called. (The build runs here: it is the CLI's read that is under test.)"""
+    from tasks.cli import interop
+
+    sid = _large_session(store, chunks=1)
+    result = rehydrate(store, Request(sid, "acme", "pi"))
+
+    def whole(*args: object, **kwargs: object) -> None:
+        raise AssertionError("the export was read whole")
+
+    monkeypatch.setattr(store, "retrieve", whole)
+    monkeypatch.setattr(store.oversized, "retrieve", whole)
+    output = tmp_path / "out.jsonl" if to_file else None
+    chunk_bytes = 64 * 1024  # more than a file's write buffer: each write reaches the disk
+    sent: list[int] = []
+
+    class Stdout(io.BytesIO):
+        def write(self, data: Any) -> int:
+            sent.append(len(data))
+            return super().write(data)
+
+    def out_so_far() -> int:
+        if output is None:
+            return sum(sent)
+        assert not output.exists()  # published only once whole
+        (partial,) = tmp_path.glob(".out.jsonl.*.partial")
+        return partial.stat().st_size
+
+    real = store.oversized.retrieve_chunks
+    pulled = [0]
+
+    def spy(ref: str, *, session_id: str, tenant_id: str | None = None) -> Iterator[bytes]:
+        found = real(ref, session_id=session_id, tenant_id=tenant_id, chunk_bytes=chunk_bytes)
+        assert found is not None
+        for chunk in found:
+            if pulled[0]:  # every chunk read so far is out before the next is read
+                assert out_so_far() == pulled[0] * chunk_bytes
+            pulled[0] += 1
+            yield chunk
+
+    monkeypatch.setattr(store, "retrieve_chunks", spy)
+    stdout = Stdout()
+    monkeypatch.setattr(sys, "stdout", io.TextIOWrapper(stdout))
+    interop._write_export(store, result["ref"], sid, output)
+    data = output.read_bytes() if output is not None else stdout.getvalue()
+    assert data == _exported(store, sid, None, "pi")
+    assert pulled[0] == -(-len(data) // chunk_bytes) > 10
+
+
+def test_a_corrupt_export_via_queue_leaves_no_file_and_exits_1(tmp_path: Path) -> None:
+    """The stored output overwritten in place after its build: the export reusing it fails
+    (exit 1) once its last chunk is checked, and leaves no file at ``-o`` (on stdout, what
+    was written is followed by the failure). It wrote the bytes as the export, exit 0."""
+    sid, env = _embedded_cli(tmp_path, turns=2)
+    argv = ["export", sid, "--via-queue", "--timeout", "60"]
+    built = run_cli(*argv, "-o", str(tmp_path / "q.jsonl"), env=env)
+    assert built.returncode == 0, built.stderr
+    root = Settings(data_dir=tmp_path / "embedded").resolved_artifact_root
+    (stored,) = root.rglob("oversized/art_*.txt")
+    with open(stored, "r+b") as out:
+        out.write(b"EVIL")  # the same size: only the digest tells
+    refused = run_cli(*argv, "-o", str(tmp_path / "r.jsonl"), env=env)
+    assert refused.returncode == 1, refused.stderr
+    assert "is corrupt" in refused.stderr.splitlines()[-1]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["embedded", "q.jsonl"]

@@ -1,0 +1,115 @@
+"""What an artifact read serves is what was written: its size and SHA-256 against its row.
+
+A row records ``size_bytes`` and (where the bytes were in hand when written) ``sha256`` of
+the bytes a reader is served. A file or object overwritten in place, cut short or extended
+no longer matches them, and is ``ArtifactCorrupt`` instead of data (the spirit of
+invariant 13, which blobs keep by their hash). A row that is not ``complete`` (a tool
+output still being written, or what a dead writer left) is served only as partial, and is
+not checked: its bytes are not meant to be whole. An agent output's ``size_bytes`` counts
+its JSONL sidecar too, so only its digest is checked.
+
+A whole read that mismatches is read once more from a fresh row before it is called
+corrupt: a path-addressed file (or an agent output, or a tool output put under a kept id)
+is rewritten by renaming new content over the old inside the transaction that updates its
+row, so a read can see the new file with the old row. ``fresh_row`` takes the tenant's
+quota lock, which every such write holds until it commits, so what it reads is settled.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from collections.abc import Iterator
+from typing import BinaryIO
+
+from sqlalchemy import Engine
+
+from core.artifacts import rows
+from core.artifacts.records import AGENT_OUTPUT, ArtifactInfo
+from core.db import write_transaction
+from core.errors import ArtifactCorrupt
+
+log = logging.getLogger(__name__)
+
+CHUNK_BYTES = 1024 * 1024  # what a streamed read yields at a time
+
+
+def mismatch(row: ArtifactInfo, size: int, digest: str) -> str | None:
+    """Why bytes of ``size`` and SHA-256 ``digest`` are not ``row``'s; None if they are (or
+    the row is not complete: nothing whole to compare with)."""
+    if not row.complete:
+        return None
+    if row.kind != AGENT_OUTPUT and size != row.size_bytes:
+        return f"{size:,} bytes stored, {row.size_bytes:,} recorded"
+    if row.sha256 is not None and digest != row.sha256:
+        return f"SHA-256 {digest[:16]}… stored, {row.sha256[:16]}… recorded"
+    return None
+
+
+def corrupt(row: ArtifactInfo, reason: str) -> ArtifactCorrupt:
+    what = f"{row.kind} {row.local_id!r} of session {row.session_id}"
+    log.warning(
+        "artifact corrupt: refused",
+        extra={
+            "session_id": row.session_id,
+            "kind": row.kind,
+            "local_id": row.local_id,
+            "reason": reason,
+        },
+    )
+    return ArtifactCorrupt(what, reason)
+
+
+def digest(data: bytes) -> str:
+    """What a row records of its bytes as ``sha256``."""
+    return hashlib.sha256(data).hexdigest()
+
+
+def check(row: ArtifactInfo, data: bytes) -> str | None:
+    """``mismatch`` for bytes in hand."""
+    return mismatch(row, len(data), digest(data))
+
+
+def fresh_row(engine: Engine, row: ArtifactInfo) -> ArtifactInfo | None:
+    """``row`` as it is now, read under its tenant's quota lock: a rewrite that published
+    its file has committed its row (None: the artifact is gone)."""
+    with write_transaction(engine) as conn:
+        rows.lock_quota(conn, row.session_id)
+        return rows.get_artifact(conn, row.session_id, row.kind, row.local_id)
+
+
+def measure(source: BinaryIO) -> tuple[int, str]:
+    """(size, SHA-256) of what ``source`` holds from where it is (read in chunks)."""
+    tally = _Tally()
+    for _chunk in tally.chunks(source, CHUNK_BYTES):
+        pass
+    return tally.size, tally.hashed.hexdigest()
+
+
+def verified_chunks(
+    row: ArtifactInfo, source: BinaryIO, *, chunk_bytes: int = CHUNK_BYTES
+) -> Iterator[bytes]:
+    """The bytes of ``source`` (closed at the end), ``chunk_bytes`` at a time, hashed as
+    they pass; ``ArtifactCorrupt`` after the last one when they are not ``row``'s. The
+    check can only come at the end: a consumer keeps nothing as whole until the iterator
+    is exhausted without raising."""
+    tally = _Tally()
+    with source:
+        yield from tally.chunks(source, chunk_bytes)
+    reason = mismatch(row, tally.size, tally.hashed.hexdigest())
+    if reason is not None:
+        raise corrupt(row, reason)
+
+
+class _Tally:
+    """Size and SHA-256 of the chunks passed through ``chunks``."""
+
+    def __init__(self) -> None:
+        self.size = 0
+        self.hashed = hashlib.sha256()
+
+    def chunks(self, source: BinaryIO, chunk_bytes: int) -> Iterator[bytes]:
+        while chunk := source.read(chunk_bytes):
+            self.hashed.update(chunk)
+            self.size += len(chunk)
+            yield chunk

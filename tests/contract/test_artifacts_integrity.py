@@ -1,0 +1,215 @@
+"""An artifact's stored bytes are served only when they are what was written: a file or
+object overwritten in place, cut short or extended is ``ArtifactCorrupt``, on every read
+path (resolve, ``files.get``, ``retrieve``, ``retrieve_chunks``, the CLI), on file:// and
+s3://. A rewrite racing a read is served, not reported; partial reads keep working."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from sqlalchemy import update
+
+from core import SessionStore, Settings
+from core.artifacts import inherited
+from core.artifacts.paths import FILES_DIR, oversized_name
+from core.artifacts.storage import key_of
+from core.errors import ArtifactCorrupt
+from core.models import ArtifactRow, table_of
+from tests.cli_process import run_cli
+from tests.contract.artifact_backends import (  # the file:// and s3:// backends
+    RawArtifacts,
+    artifact_backend,
+    raw,
+    settings,
+)
+from tests.support import store_env
+
+__all__ = ["artifact_backend", "raw", "settings"]
+
+_artifacts = table_of(ArtifactRow)
+TEXT = "the whole output, as it was written\n" * 20
+
+
+def _tamper(raw: RawArtifacts, path: Path, data: bytes) -> None:
+    """``data`` in place of what ``path`` holds: the same inode on disk, a new object on S3."""
+    if raw.on_files:
+        with open(path, "r+b") as out:
+            out.write(data)
+            out.truncate()
+    else:
+        raw.storage.put(key_of(raw.root, path), data)
+
+
+Reader = Callable[[SessionStore, str], object]
+
+
+def _tool_output(store: SessionStore, sid: str) -> tuple[Path, Reader]:
+    manager = store.artifacts(sid)
+    artifact_id = manager.save(TEXT, "bash")
+    path = manager.directory() / f"{artifact_id}.bash.log"
+    return path, lambda s, i: s.resolve(f"artifact://{artifact_id}", session_id=i).content
+
+
+def _agent_output(store: SessionStore, sid: str) -> tuple[Path, Reader]:
+    manager = store.artifacts(sid)
+    output_id = manager.save_agent_output("worker", TEXT, jsonl='{"v":1}\n')
+    path = manager.directory() / f"{output_id}.md"
+    return path, lambda s, i: s.resolve(f"agent://{output_id}", session_id=i).content
+
+
+def _file(store: SessionStore, sid: str) -> tuple[Path, Reader]:
+    manager = store.artifacts(sid)
+    manager.files.put("notes/a.txt", TEXT)
+    path = manager.directory() / FILES_DIR / "notes" / "a.txt"
+    return path, lambda s, i: s.artifacts(i).files.get("notes/a.txt").decode()
+
+
+def _oversized(store: SessionStore, sid: str) -> tuple[Path, Reader]:
+    stored = store.store_oversized(sid, TEXT * 20, "bash")
+    assert stored is not None
+    ref = stored.ref.artifact_id
+    path = store.artifacts(sid).directory() / oversized_name(ref)
+    return path, lambda s, i: s.retrieve(ref, session_id=i)
+
+
+KINDS = {"tool": _tool_output, "agent": _agent_output, "file": _file, "oversized": _oversized}
+
+
+DAMAGES: dict[str, Callable[[bytes], bytes]] = {
+    "overwritten": lambda data: b"EVIL",
+    "truncated": lambda data: data[: len(data) // 2],
+    "extended": lambda data: data + b"more",
+    "same size": lambda data: data.upper(),
+}
+# The database does not matter here (the race below runs on both).
+SQLITE_ONLY = pytest.mark.parametrize("backend", ["sqlite"])
+
+
+@SQLITE_ONLY
+@pytest.mark.parametrize("kind", KINDS)
+def test_bytes_overwritten_in_place_are_refused_not_served(
+    store: SessionStore, raw: RawArtifacts, kind: str
+) -> None:
+    sid = store.create_session(tenant_id="acme").id
+    path, read = KINDS[kind](store, sid)
+    served = read(store, sid)
+    assert served is not None and TEXT in str(served)
+    original = raw.read(path)
+    assert original is not None
+    for name, damage in DAMAGES.items():
+        _tamper(raw, path, damage(original))
+        with pytest.raises(ArtifactCorrupt, match="is corrupt"):
+            read(store, sid)
+            pytest.fail(f"{name}: served")
+    _tamper(raw, path, original)
+    assert read(store, sid) == served
+
+
+@SQLITE_ONLY
+def test_a_row_without_a_digest_still_has_its_size_checked(
+    store: SessionStore, raw: RawArtifacts
+) -> None:
+    """Rows written before digests were recorded (NULL): a size that changed is caught."""
+    sid = store.create_session(tenant_id="acme").id
+    path, read = _tool_output(store, sid)
+    with store.engine.begin() as conn:
+        conn.execute(update(_artifacts).values(sha256=None))
+    _tamper(raw, path, TEXT.encode()[:-1])
+    with pytest.raises(ArtifactCorrupt, match="bytes stored"):
+        read(store, sid)
+
+
+@pytest.mark.parametrize("kind", ["file", "tool", "agent"])
+def test_a_rewrite_racing_a_read_is_served_not_called_corrupt(
+    store: SessionStore, monkeypatch: pytest.MonkeyPatch, kind: str
+) -> None:
+    """The reader has the old row when the rewrite lands (its file renamed in place, its
+    row committed): the mismatch is read again with the row as it is now, and the new
+    content served."""
+    sid = store.create_session(tenant_id="acme").id
+    manager = store.artifacts(sid)
+    _path, read = KINDS[kind](store, sid)
+    new = "rewritten, longer than before " * 40
+    rewrite = {
+        "file": lambda: manager.files.put("notes/a.txt", new),
+        "tool": lambda: manager.put_tool_output("0", "bash", new),
+        "agent": lambda: manager.put_agent_output("0-worker", new),
+    }[kind]
+    real = inherited.read_own_file
+    calls: list[Path] = []
+
+    def racing(root: Path, path: Path, storage: object) -> bytes | None:
+        if not calls:
+            rewrite()  # after the row was read, before its file is
+        calls.append(path)
+        return real(root, path, storage)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(inherited, "read_own_file", racing)
+    assert str(read(store, sid)).startswith(new)
+    assert len(calls) == 2  # read again once
+
+
+def test_a_partial_read_is_not_checked_and_a_finalized_output_is(
+    store: SessionStore, raw: RawArtifacts
+) -> None:
+    """A tool output still being written is served with ``partial`` (its row's size is not
+    its bytes' yet); once finalized, its size and digest are recorded and checked."""
+    sid = store.create_session(tenant_id="acme").id
+    manager = store.artifacts(sid)
+    slot = manager.allocate_path("bash")
+    with open(slot.path, "wb") as out:
+        out.write(b"so far\n")
+    url = f"artifact://{slot.id}"
+    if raw.on_files:  # on S3 the bytes wait in the local spool until finalized
+        assert store.resolve(url, session_id=sid, partial=True).content == "so far\n"
+    with open(slot.path, "ab") as out:
+        out.write(b"the rest\n")
+    assert manager.finalize_tool_output(slot.id) == len(b"so far\nthe rest\n")
+    assert store.resolve(url, session_id=sid).content == "so far\nthe rest\n"
+    (row,) = manager.list()
+    assert row.sha256 is not None and row.complete
+    _tamper(raw, manager.directory() / f"{slot.id}.bash.log", b"so far\nthe REST\n")
+    with pytest.raises(ArtifactCorrupt):
+        store.resolve(url, session_id=sid)
+
+
+@SQLITE_ONLY
+def test_streamed_chunks_are_checked_at_their_end(store: SessionStore, raw: RawArtifacts) -> None:
+    """``retrieve_chunks`` yields a chunk at a time, lazily, and raises once the last one
+    passed if the bytes are not what was stored."""
+    sid = store.create_session(tenant_id="acme").id
+    path, _ = _oversized(store, sid)
+    ref = path.name.removesuffix(".txt")
+    whole = (TEXT * 20).encode()
+    chunks = store.oversized.retrieve_chunks(ref, session_id=sid, chunk_bytes=1000)
+    assert chunks is not None
+    got = list(chunks)
+    assert b"".join(got) == whole and len(got) == -(-len(whole) // 1000)
+    assert all(len(c) <= 1000 for c in got)
+    _tamper(raw, path, whole[:-10] + b"0123456789")
+    chunks = store.oversized.retrieve_chunks(ref, session_id=sid, chunk_bytes=1000)
+    assert chunks is not None
+    passed: list[bytes] = []
+    with pytest.raises(ArtifactCorrupt):
+        for chunk in chunks:
+            passed.append(chunk)
+    assert len(b"".join(passed)) == len(whole)  # every chunk passed before the verdict
+
+
+@SQLITE_ONLY
+def test_the_cli_read_of_a_corrupt_artifact_prints_nothing_and_exits_1(
+    store: SessionStore, settings: Settings, raw: RawArtifacts
+) -> None:
+    sid = store.create_session(tenant_id="acme").id
+    path, _ = _tool_output(store, sid)
+    env = store_env(settings, SESSIONSTORE_ARTIFACT_URL=settings.resolved_artifact_url)
+    fine = run_cli("read", "artifact://0", "--session", sid, env=env)
+    assert fine.returncode == 0 and fine.stdout == TEXT, fine.stderr
+    _tamper(raw, path, b"EVIL")
+    refused = run_cli("read", "artifact://0", "--session", sid, env=env)
+    assert refused.returncode == 1, refused.stderr
+    assert refused.stdout == "" and "EVIL" not in refused.stderr
+    line = refused.stderr.splitlines()[-1]  # after the warning logged for the operator
+    assert line.startswith("error: tool_output '0' of session") and "is corrupt" in line
