@@ -20,23 +20,35 @@ from typing import Any
 
 import orjson
 
+from core.fsio import LONE_SURROGATE
+
 _MARK = b" "
 _MARK_STR = " "
 
 
+def escape_lone_surrogates(text: str) -> str:
+    """JSON text (as ``json.dumps(..., ensure_ascii=False)`` writes it) with each lone
+    surrogate written as its ``\\uXXXX`` escape, as ``JSON.stringify`` writes it: the text is
+    then valid UTF-8, and ``json.loads`` reads the surrogate back. Outside its strings JSON
+    text is ASCII, so every surrogate is inside one."""
+    return LONE_SURROGATE.sub(lambda m: f"\\u{ord(m[0]):04x}", text)
+
+
 def dumps(value: Any) -> bytes:
-    """Compact JSON of a validated value; wide integers go the standard library's way."""
+    """Compact JSON of a validated value; wide integers and lone surrogates go the standard
+    library's way."""
     try:
         return orjson.dumps(value)
     except orjson.JSONEncodeError:
-        # The validator let the value through, so what orjson refuses here is an integer
-        # outside 64 bits; the stdlib writes those (and floats as their repr, which both
-        # decoders read back as the same float).
+        # What orjson refuses here is an integer outside 64 bits (the validator let the
+        # value through) or a lone surrogate (no payload holds one; a fold read it from a
+        # kept line, and its snapshot keeps it); the stdlib writes those (and floats as their
+        # repr, which both decoders read back as the same float).
         text = json.dumps(value, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
-        encoded = text.encode("utf-8")
+        encoded = escape_lone_surrogates(text).encode("utf-8")
         if encoded[:1] in (b"{", b"["):
             return encoded[:1] + _MARK + encoded[1:]
-        return _MARK + _MARK + encoded  # a bare number: leading whitespace is JSON too
+        return _MARK + _MARK + encoded  # a bare value: leading whitespace is JSON too
 
 
 def dumps_str(value: Any) -> str:

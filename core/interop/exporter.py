@@ -84,9 +84,10 @@ def pi_lines(
     session: Session, events: Iterator[StoredEvent], *, parent_file: str | None = None
 ) -> tuple[dict[str, Any], Iterator[dict[str, Any]]]:
     """The header and entries of a version-3 file from the session's events: an imported
-    session's stored header (seq 1), or one built from the session row. Only that is the
-    header: a later ``session`` line is an entry, written back where it was, as pi keeps it
-    in its file (its ``getHeader`` is the first).
+    session's stored header (seq 1; the value of one kept as its text for a lone surrogate,
+    which ``pi.write`` writes back as that text), or one built from the session row. Only
+    that is the header: a later ``session`` line is an entry, written back where it was, as
+    pi keeps it in its file (its ``getHeader`` is the first).
 
     A fork (``forked_from_seq``) names itself, as pi's own forks do: the header it inherited
     is its ancestor's, whose id would take the file for that session (an import of it
@@ -94,8 +95,9 @@ def pi_lines(
     its parent was imported from (``parent_file``), when there is one."""
     first = next(events, None)
     fork = session.forked_from_seq is not None
-    if first is not None and first.type == pi.HEADER_TYPE:
-        header = _fork_header(first.payload, session, parent_file) if fork else first.payload
+    stored = pi.stored_header(first.type, first.payload) if first is not None else None
+    if stored is not None:
+        header = _fork_header(stored, session, parent_file) if fork else stored
         entries: Iterator[dict[str, Any]] = (e.payload for e in events)
     else:
         header = pi.new_header(

@@ -58,7 +58,7 @@ from core.errors import (
 from core.exact_json import same_value
 from core.fsio import path_text
 from core.interop import pi
-from core.interop.model import IgnoredLine, ParsedSession
+from core.interop.model import IgnoredLine, ParsedSession, SessionHeader
 from core.journal.validation import CheckedEvents, checked
 from core.metrics import metrics
 from core.models import ImportOffsetRow, SessionRow, table_of, utcnow
@@ -383,7 +383,7 @@ def parse_file_data(
     # a run over several formats passes each one's options (oh-my-pi's blobs_dir) to all
     mine = {k: v for k, v in (options or {}).items() if k in converter.options}
     try:
-        return converter.parse(path, data, **mine)
+        parsed = converter.parse(path, data, **mine)
     except SessionStoreError:
         raise
     except Exception as exc:
@@ -393,6 +393,26 @@ def parse_file_data(
         raise ImportFormatError(
             str(path), f"the {format} reader failed on this file: {type(exc).__name__}: {exc}"
         ) from exc
+    return dataclasses.replace(parsed, header=_row_text(parsed.header))
+
+
+def _row_text(header: SessionHeader) -> SessionHeader:
+    """The header's fields as the session row and ``import_offsets`` hold them: a lone
+    surrogate (a JSON escape pi reads; no database text holds one) written as its escape, as
+    ``path_text`` writes a file name's; other text as it is. The header itself (``raw``,
+    the event at seq 1) keeps it exactly."""
+
+    def text(value: str | None) -> str | None:
+        return None if value is None else path_text(value)
+
+    return dataclasses.replace(
+        header,
+        external_id=path_text(header.external_id),
+        cwd=text(header.cwd),
+        title=text(header.title),
+        parent_id=text(header.parent_id),
+        former_ids=tuple(map(path_text, header.former_ids)),
+    )
 
 
 # what a session row holds (PostgreSQL ``text`` cannot hold U+0000)
@@ -687,7 +707,7 @@ def _rewritten_by_pi(
         return None
     forward: dict[str, str] = {}
     backward: dict[str, str] = {}
-    derived = _DerivedIds(str(events[0].get("id")), limit)
+    derived = _DerivedIds(str(pi.line_value(events[0]).get("id")), limit)
     found = 0
     for stored in _stored_events(store, session.id):
         if found == count:
@@ -765,7 +785,7 @@ class _DerivedIds:
             return False
         while self._index < self._limit:
             self._index += 1
-            digest = hashlib.sha256(f"{self._session_id}\0{self._index}".encode()).hexdigest()
+            digest = pi.v1_digest(self._session_id, self._index)
             if entry_id == digest or (len(entry_id) == 8 and entry_id in digest):
                 return True
         return False

@@ -32,6 +32,7 @@ from typing import IO, Any
 import orjson
 
 from core.errors import ImportFormatError
+from core.exact_json import escape_lone_surrogates
 from core.interop.model import IgnoredLine, ParsedEntry, ParsedSession, SessionHeader
 from core.journal.validation import MAX_TYPE_LENGTH
 
@@ -121,7 +122,7 @@ def dumps_exact(value: Any) -> str:
         return orjson.dumps(value).decode()
     except TypeError:  # integers beyond 64 bits, lone surrogates
         text = json.dumps(value, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
-        return _SURROGATE.sub(lambda m: f"\\u{ord(m.group()):04x}", text)
+        return escape_lone_surrogates(text)
 
 
 def split_lines(data: bytes) -> tuple[list[tuple[int, bytes]], int, bool]:
@@ -281,7 +282,7 @@ def parse(path: Path, data: bytes) -> ParsedSession:
     version = source_version(header, path=path)
     migrate(values)
     # a lone surrogate can only come from an escape: invalid UTF-8 is read as U+FFFD
-    escapes = {n for n, raw in lines if b"\\u" in raw and _SURROGATE_ESCAPE.search(raw)}
+    escapes = {n for n, raw in lines if holds_surrogate_escape(raw)}
     entries = []
     for number, value in objects[1:]:
         why = entry_problem(value)
@@ -320,6 +321,12 @@ def is_event_type(value: Any) -> bool:
 _SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
 
 
+def holds_surrogate_escape(raw: bytes) -> bool:
+    """Whether a line's bytes may hold a lone surrogate: only an escape can (invalid UTF-8
+    is read as U+FFFD), and an escape of one half of a pair is one."""
+    return b"\\u" in raw and _SURROGATE_ESCAPE.search(raw) is not None
+
+
 def holds_lone_surrogate(value: Any) -> bool:
     """Whether a decoded value holds a lone surrogate, in a string or a key."""
     stack = [value]
@@ -346,6 +353,18 @@ def escaped_line(value: dict[str, Any]) -> dict[str, Any]:
     return event
 
 
+def escaped_value(text: Any) -> dict[str, Any] | None:
+    """The line an ``ESCAPED_LINE`` event keeps, from its ``json``: None unless that is the
+    JSON text of an object (a blob's ref, or an event not written by the import)."""
+    if not isinstance(text, str):
+        return None
+    try:
+        value = loads_exact(text)
+    except ValueError:
+        return None
+    return value if isinstance(value, dict) else None
+
+
 def line_value(entry: Mapping[str, Any]) -> Any:
     """The value of an entry's line in a pi file (what ``line_text`` writes)."""
     kind = entry.get("type")
@@ -357,6 +376,19 @@ def line_value(entry: Mapping[str, Any]) -> Any:
         except ValueError:  # not written by the import: the event as it is
             return entry
     return entry
+
+
+def stored_header(kind: str, payload: Any) -> dict[str, Any] | None:
+    """The header a session's first event holds (export writes it first, and pi's
+    ``getHeader`` takes it): a ``session`` event, or the ``ESCAPED_LINE`` that keeps a
+    header holding a lone surrogate; None for anything else."""
+    if kind == HEADER_TYPE and isinstance(payload, dict):
+        return payload
+    if kind == ESCAPED_LINE and isinstance(payload, dict):
+        value = escaped_value(payload.get("json"))
+        if value is not None and value.get("type") == HEADER_TYPE:
+            return value
+    return None
 
 
 def line_text(entry: Mapping[str, Any]) -> str:
@@ -525,12 +557,17 @@ def _js_scalar_string(value: Any) -> str:
 
 def v1_entry_id(session_id: str, index: int, taken: set[str]) -> str:
     """A deterministic 8-hex id for the ``index``-th parsed line of a v1 file."""
-    digest = hashlib.sha256(f"{session_id}\0{index}".encode()).hexdigest()
+    digest = v1_digest(session_id, index)
     for start in range(0, len(digest) - 8):
         candidate = digest[start : start + 8]
         if candidate not in taken:
             return candidate
     return digest  # 56 collisions in a row cannot happen among a file's ids
+
+
+def v1_digest(session_id: str, index: int) -> str:
+    """What a v1 entry's id is drawn from (a header id may hold a lone surrogate)."""
+    return hashlib.sha256(f"{session_id}\0{index}".encode("utf-8", "surrogatepass")).hexdigest()
 
 
 def _v1_to_v2(values: list[Any], session_id: str) -> None:
@@ -583,10 +620,13 @@ def _v2_to_v3(values: list[Any]) -> None:
 
 def header_event(header: SessionHeader) -> dict[str, Any]:
     """The header as it is kept in the journal (the event at seq 1 of an imported session):
-    the migrated original when there is one, else a version-3 header built from the fields."""
+    the migrated original when there is one, else a version-3 header built from the fields;
+    one holding a lone surrogate (pi reads it) as the ``ESCAPED_LINE`` that keeps its text."""
     if header.raw.get("type") == HEADER_TYPE and isinstance(header.raw.get("id"), str):
-        return dict(header.raw)
-    return new_header(header.external_id, timestamp=header.timestamp, cwd=header.cwd)
+        event = dict(header.raw)
+    else:
+        event = new_header(header.external_id, timestamp=header.timestamp, cwd=header.cwd)
+    return escaped_line(event) if holds_lone_surrogate(event) else event
 
 
 def new_header(

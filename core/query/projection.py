@@ -17,17 +17,24 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
 
-from core.interop.pi import UNTYPED_LINE, js_version
+from core.interop.pi import ESCAPED_LINE, HEADER_TYPE, UNTYPED_LINE, escaped_value, js_version
 from core.journal.usage import INT64_MAX, INT64_MIN, saturate
 from core.query.entry_tree import ROOT, EntryTree
 from core.records import StoredEvent
 
-PROJECTION_VERSION = 4
+# 5: a line kept as its text for a lone surrogate (``ESCAPED_LINE``) is folded as the line
+# it keeps (a message in it is in the context, as in pi's)
+PROJECTION_VERSION = 5
 
 # where the ids of a kept line without a string type are (``core.interop.pi.UNTYPED_LINE``)
 _UNTYPED_IDS = ("/line/id", "/line/parentId")
 # Entries that contribute to the conversation context.
 CONTEXT_TYPES = frozenset({"message", "custom_message", "branch_summary"})
+# The kind of a line kept as its text whose text the fold could not read (stored as a blob,
+# being over the inline limit): ``core.query.state`` reads it, and shows it if its line is
+# of a context type.
+UNREAD_LINE = "sessionstore.escaped_line:unread"
+CONTEXT_KINDS = CONTEXT_TYPES | {UNREAD_LINE}
 # Where in its entry each kind of string the fold keeps is read from. The fold folds events
 # as stored, so a string stored as a blob is kept as its ref; ``core.query.state`` gives back
 # the original of a ref that the session's manifest places at one of its kind's pointers.
@@ -202,10 +209,16 @@ def apply(fold: Fold, event: StoredEvent) -> Fold:
     handler = _HANDLERS.get(kind)
     if handler is not None:
         handler(fold, payload, event.seq)
-    elif fold.header.links or (isinstance(payload.get("id"), str) and "parentId" in payload):
+    elif _is_entry(fold, payload):
         # an entry type this projection does not know yet: keep its place in the tree
         _add_entry(fold, payload, event.seq, kind)
     return fold
+
+
+def _is_entry(fold: Fold, payload: dict[str, Any]) -> bool:
+    """Whether an event of a type without a handler is an entry of the tree: every one of a
+    pi file's lines is; elsewhere, one with an id and a parentId."""
+    return fold.header.links or (isinstance(payload.get("id"), str) and "parentId" in payload)
 
 
 def fold_events(events: Iterable[StoredEvent], fold: Fold | None = None) -> Fold:
@@ -402,8 +415,34 @@ def _on_untyped_line(fold: Fold, payload: dict[str, Any], seq: int) -> None:
     line = payload.get("line")
     if not isinstance(line, dict):
         line = {}
-    if fold.header.links or (isinstance(line.get("id"), str) and "parentId" in line):
+    if _is_entry(fold, line):
         _add_entry(fold, line, seq, UNTYPED_LINE)
+
+
+def _on_escaped_line(fold: Fold, payload: dict[str, Any], seq: int) -> None:
+    """A line of a pi file holding a lone surrogate, kept as its text: folded as the line
+    itself (pi reads it), lone surrogates and all (a snapshot keeps them escaped). It has its
+    place in the tree by the ``id`` and ``parentId`` the event holds: those of the line
+    without a lone surrogate (no snapshot's id chunk holds one)."""
+    line = escaped_value(payload.get("json"))
+    placed = {key: payload[key] for key in _LINKS if key in payload}
+    if line is None:  # its text is a blob's ref: read by the state, not here
+        if _is_entry(fold, placed):
+            _add_entry(fold, placed, seq, UNREAD_LINE)
+        return
+    kind = line.get("type")
+    if kind == HEADER_TYPE:  # the header at seq 1; anywhere else, as any ``session`` line
+        _on_header(fold, line, seq)
+        return
+    handler = _HANDLERS.get(kind) if isinstance(kind, str) and kind not in _KEPT_LINES else None
+    if handler is not None:
+        handler(fold, {**{k: v for k, v in line.items() if k not in _LINKS}, **placed}, seq)
+    elif _is_entry(fold, placed):
+        _add_entry(fold, placed, seq, ESCAPED_LINE)
+
+
+_LINKS = ("id", "parentId")
+_KEPT_LINES = frozenset({UNTYPED_LINE, ESCAPED_LINE})
 
 
 def _plain_entry(kind: str) -> Callable[[Fold, dict[str, Any], int], None]:
@@ -425,4 +464,5 @@ _HANDLERS: dict[str, Callable[[Fold, dict[str, Any], int], None]] = {
     "branch_summary": _plain_entry("branch_summary"),
     "session": _on_header,
     UNTYPED_LINE: _on_untyped_line,
+    ESCAPED_LINE: _on_escaped_line,
 }

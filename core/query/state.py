@@ -33,10 +33,13 @@ from typing import Any, overload
 
 from core.blobs.rehydrate import as_refs, loaded
 from core.blobs.store import looks_like_ref
+from core.interop.pi import ESCAPED_LINE, escaped_value
 from core.query.entry_tree import EntryTree
 from core.query.projection import (
+    CONTEXT_KINDS,
     CONTEXT_TYPES,
     FOLD_STRINGS,
+    UNREAD_LINE,
     CompactionMark,
     Counters,
     Fold,
@@ -271,13 +274,13 @@ def plan_context(fold: Fold) -> ContextPlan:
     tree = fold.tree
     compaction = latest_on_branch(tree, fold.compactions)
     if compaction is None:
-        context = tree.select(CONTEXT_TYPES)
+        context = tree.select(CONTEXT_KINDS)
     else:  # positions on the branch: a parent may come after its child (``EntryTree``)
         at = tree.position(compaction.ordinal)
         assert at is not None  # the compaction is on the branch
         kept_from = _find_on_branch(tree, compaction.first_kept_entry_id, at)
-        kept = [] if kept_from is None else tree.select(CONTEXT_TYPES, kept_from, at)
-        context = kept + tree.select(CONTEXT_TYPES, at + 1)
+        kept = [] if kept_from is None else tree.select(CONTEXT_KINDS, kept_from, at)
+        context = kept + tree.select(CONTEXT_KINDS, at + 1)
     custom: dict[str, int] = {}
     for custom_type, ordinals in fold.custom.items():
         latest = tree.latest_on_branch(ordinals)
@@ -396,11 +399,15 @@ def build_state(
     originals of ``fold_refs(fold, plan)`` (as stored without them)."""
     tree = fold.tree
     ids = _entry_ids(tree, strings)
+
+    def entry_at(ordinal: int) -> dict[str, Any]:
+        return entry_of(events[tree.seq_at(ordinal)])
+
     messages: list[Message] = []
     compaction = None
     if plan.compaction is not None:
         mark = plan.compaction
-        entry = events[tree.seq_at(mark.ordinal)].payload
+        entry = entry_at(mark.ordinal)
         compaction = Compaction(
             ids(mark.ordinal),
             tree.seq_at(mark.ordinal),
@@ -412,16 +419,21 @@ def build_state(
             _summary(ids(mark.ordinal), tree.seq_at(mark.ordinal), entry, "compactionSummary")
         )
     for ordinal in plan.context:
-        payload = events[tree.seq_at(ordinal)].payload
-        if tree.kind_at(ordinal) == "branch_summary" and not js_truthy(payload.get("summary")):
+        payload = entry_at(ordinal)
+        kind: Any = tree.kind_at(ordinal)
+        if kind == UNREAD_LINE:  # a kept line the fold could not read: shown by its type
+            kind = payload.get("type")
+            if kind not in CONTEXT_TYPES:
+                continue
+        if kind == "branch_summary" and not js_truthy(payload.get("summary")):
             continue  # pi leaves a branch summary without a summary out of the context
-        messages.append(_message(tree, ordinal, payload, ids(ordinal)))
+        messages.append(_message(kind, tree.seq_at(ordinal), payload, ids(ordinal)))
     custom = {
         strings.get("custom_type", custom_type): CustomEntry(
             ids(o),
             tree.seq_at(o),
             strings.get("custom_type", custom_type),
-            events[tree.seq_at(o)].payload.get("data"),
+            entry_at(o).get("data"),
         )
         for custom_type, o in plan.custom.items()
     }
@@ -465,9 +477,19 @@ def _entry_ids(tree: EntryTree, strings: FoldStrings) -> Callable[[int], str]:
     return lambda ordinal: strings.get("id", tree.id_at(ordinal))
 
 
-def _message(tree: EntryTree, ordinal: int, entry: dict[str, Any], entry_id: str) -> Message:
-    kind = tree.kind_at(ordinal)
-    seq = tree.seq_at(ordinal)
+def entry_of(event: StoredEvent) -> dict[str, Any]:
+    """The entry an event holds: for a line kept as its text (``ESCAPED_LINE``), the line
+    itself, lone surrogates and all (its text loaded if it is a lazy blob); the payload if
+    that text is no object's (a blob that could not be read)."""
+    payload = event.payload
+    if event.type == ESCAPED_LINE:
+        line = escaped_value(loaded(payload.get("json")))
+        if line is not None:
+            return line
+    return payload
+
+
+def _message(kind: Any, seq: int, entry: dict[str, Any], entry_id: str) -> Message:
     if kind == "branch_summary":
         return _summary(entry_id, seq, entry, "branchSummary")
     if kind == "custom_message":

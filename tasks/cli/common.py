@@ -207,11 +207,10 @@ def _exact_json(value: Any, *, indent: bool) -> str:
         )
         # orjson refuses lone surrogates too (a file name that is not UTF-8, as os.fsdecode
         # reads it): each is written as its JSON escape, so the output stays UTF-8 and
-        # json.loads gives the name back (os.fsencode then its bytes). Outside its strings
-        # JSON text is ASCII, so every surrogate here is inside one.
-        from core.fsio import LONE_SURROGATE
+        # json.loads gives the name back (os.fsencode then its bytes).
+        from core.exact_json import escape_lone_surrogates
 
-        return LONE_SURROGATE.sub(lambda m: f"\\u{ord(m[0]):04x}", text)
+        return escape_lone_surrogates(text)
 
 
 def _json_default(value: Any) -> Any:

@@ -13,6 +13,7 @@ import pytest
 from core.errors import ImportConflict, ImportFormatError
 from core.interop import pi
 from core.interop.importer import parse_file
+from core.settings import Settings
 from core.store import SessionStore
 from tests.fixtures.pi.generate import FIXTURES as GENERATORS
 from tests.fixtures.pi.generate import big_tool_output
@@ -369,6 +370,111 @@ def test_a_lone_surrogate_is_kept_and_exported_exactly(store: SessionStore, tmp_
     original, again = pi_opened([path, exported])
     assert again == original
     assert store.import_session(path, tenant_id=TENANT).status == "unchanged"
+
+
+_CUT = "\ud83d"  # half an emoji: JSON.stringify writes a string cut inside one so
+_T = "2026-11-20T10:00:02.000Z"
+
+
+def _surrogate_lines(big: int) -> list[dict[str, Any]]:
+    """A line of every kind pi's context reads, each holding a lone surrogate; one of them
+    (a tool result) over the inline string limit, so that its text is stored as a blob."""
+    call = {"type": "toolCall", "id": f"call{_CUT}", "name": "bash", "arguments": {"c": _CUT}}
+    result = {"type": "text", "text": "x" * big + _CUT}
+    return [
+        _message("a", None, "before"),
+        _message("b", "a", f"cut {_CUT}", "assistant"),  # its model holds one too
+        {"type": "session_info", "id": "n", "parentId": "b", "name": f"name {_CUT}"},
+        {"type": "label", "id": "l", "parentId": "n", "targetId": "a", "label": f"l {_CUT}"},
+        {"type": "thinking_level_change", "id": "t", "parentId": "l", "thinkingLevel": _CUT},
+        {"type": "custom_message", "id": "cm", "parentId": "t", "customType": f"x{_CUT}",
+         "content": f"cm {_CUT}", "display": True, "timestamp": _T},
+        {"type": "branch_summary", "id": "bs", "parentId": "cm", "fromId": "a",
+         "summary": f"bs {_CUT}", "timestamp": _T},
+        {"type": "message", "id": "c", "parentId": "bs", "timestamp": _T,
+         "message": {"role": "assistant", "content": [call], "provider": "p", "model": "m"}},
+        {"type": "message", "id": "r", "parentId": "c", "timestamp": _T,
+         "message": {"role": "toolResult", "toolCallId": call["id"], "toolName": "bash",
+                     "content": [result], "isError": False}},
+        {"type": "compaction", "id": "cp", "parentId": "r", "timestamp": _T,
+         "summary": f"S {_CUT}", "firstKeptEntryId": "b", "tokensBefore": 5},
+        _message("d", "cp", "after"),
+    ]  # fmt: skip
+
+
+@pytest.mark.parametrize("every", [0, 3])
+def test_lines_holding_a_lone_surrogate_are_in_pi_s_context(
+    settings: Settings, tmp_path: Path, every: int
+) -> None:
+    """pi reads a line holding a lone surrogate like any other: the state reads the line
+    kept as its text (``ESCAPED_LINE``) as the line itself, lone surrogates and all, and
+    equals pi's context at every entry (messages, model, thinking level), with snapshots or
+    without; a line stored as a blob (over the inline limit) is in the context too. The
+    export gives the file back byte for byte."""
+    entries = _surrogate_lines(big=settings.inline_string_limit)
+    path = _write(tmp_path / "s.jsonl", entries)
+    with SessionStore.from_settings(settings.with_overrides(snapshot_every=every)) as store:
+        result = store.import_session(path, tenant_id=TENANT)
+        stored = store.read(result.session_id)
+        assert {e.type for e in stored[1:]} == {"message", pi.ESCAPED_LINE}
+        assert len(store.journal.blob_hashes(result.session_id)) == 1  # the tool result
+        oracle = pi_context(path, list(range(len(entries))))
+        for read in range(2):  # the second reads the snapshots the first wrote
+            for index in range(len(entries)):
+                state = store.state(result.session_id, at_seq=index + 2, rehydrate=True)
+                expected = oracle["at"][str(index)]
+                assert as_json(our_context(state)) == expected, (read, index)
+        state = store.state(result.session_id, rehydrate=True)
+        assert as_json(our_context(state)) == oracle["leaf"]
+        assert state.branch == oracle["branch"]
+        assert (state.info.name, state.labels) == (f"name {_CUT}", {"a": f"l {_CUT}"})
+        [call] = state.tool_calls
+        assert (call.id, call.result_entry_id) == (f"call{_CUT}", "r")
+        lazy = store.state(result.session_id)  # the blob read when asked for
+        assert [m.text for m in lazy.messages] == [m.text for m in state.messages]
+        exported = tmp_path / f"exported-{every}.jsonl"
+        with exported.open("w", encoding="utf-8") as out:
+            store.export_session(result.session_id, out)
+        assert exported.read_bytes() == path.read_bytes()
+        assert store.import_session(path, tenant_id=TENANT).status == "unchanged"
+
+
+def test_a_header_holding_a_lone_surrogate_is_imported_and_exported_exactly(
+    store: SessionStore, tmp_path: Path
+) -> None:
+    """pi opens a file whose header holds a lone surrogate (its cwd, its id): the import
+    keeps the header as its text (``ESCAPED_LINE`` at seq 1), the state has pi's header
+    fields and context, the session row holds the text with the surrogate escaped (no
+    database text holds one), and the export gives the file back byte for byte."""
+    header = {**_LINKED_HEADER, "id": f"s-{_CUT}", "cwd": f"/w/{_CUT}", "parentSession": _CUT}
+    entries = [_message("a", None, "one"), _message("b", "a", "two", "assistant")]
+    path = tmp_path / "s.jsonl"
+    path.write_text("".join(_line(e) + "\n" for e in [header, *entries]))
+    result = store.import_session(path, tenant_id=TENANT)
+    assert (result.status, result.appended, result.external_id) == ("created", 3, "s-\\ud83d")
+    first = store.read(result.session_id)[0]
+    assert first.type == pi.ESCAPED_LINE and first.payload["json"] == _line(header)
+    session = store.get_session(result.session_id)
+    assert (session.external_id, session.cwd) == ("s-\\ud83d", "/w/\\ud83d")
+    assert store.resolve_session("s-\\ud83d", tenant_id=TENANT).id == result.session_id
+    oracle = pi_context(path)
+    assert oracle["header"] == header
+    state = store.state(result.session_id, rehydrate=True)
+    assert as_json(our_context(state)) == oracle["leaf"]
+    info = state.info
+    assert (info.cwd, info.header_session_id, info.parent_session) == (
+        header["cwd"],
+        header["id"],
+        header["parentSession"],
+    )
+    exported = tmp_path / "exported.jsonl"
+    with exported.open("w", encoding="utf-8") as out:
+        store.export_session(result.session_id, out)
+    assert exported.read_bytes() == path.read_bytes()
+    assert store.import_session(path, tenant_id=TENANT).status == "unchanged"
+    with path.open("a", encoding="utf-8") as out:
+        out.write(_line(_message("c", "b", "three")) + "\n")
+    assert store.import_session(path, tenant_id=TENANT).appended == 1
 
 
 def test_a_line_kept_wrapped_in_an_older_file_continued_in_pi(

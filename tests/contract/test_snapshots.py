@@ -17,6 +17,7 @@ from sqlalchemy import insert, select, update
 
 from core import SessionStore, Settings, exact_json
 from core.db import write_transaction
+from core.interop import pi
 from core.models import SnapshotRow, utcnow
 from core.query import entry_tree
 from core.query.fold_codec import decode_fold, encode_fold
@@ -42,7 +43,9 @@ OPS = (
     "unknown",
     "unknown_entry",
     "header",
+    "escaped",
 )
+_CUT = "\ud83d"  # a lone surrogate: a pi line holding one is kept as its text
 histories = st.lists(
     st.tuples(st.sampled_from(OPS), st.integers(min_value=0, max_value=10**6)),
     min_size=1,
@@ -90,7 +93,28 @@ def random_history(ops: list[tuple[str, int]]) -> list[dict[str, Any]]:
             b._entry("future_kind", payload=n)
         elif op == "header":
             b.header(cwd=f"/w{n}")
+        elif op == "escaped":
+            _escaped(b, n, some_id)
     return b.events
+
+
+def _escaped(b: SessionBuilder, n: int, some_id: str) -> None:
+    """A line holding a lone surrogate, kept as its text (``pi.ESCAPED_LINE``): the fold
+    reads it as the line, lone surrogates and all, and a snapshot keeps them."""
+    kinds: list[tuple[Callable[..., Any], tuple[Any, ...], dict[str, Any]]] = [
+        (b.user, (f"u{_CUT}{n}",), {}),
+        (b.assistant, (f"a{n}",), {"model": f"model{_CUT}{n % 3}", "usage": (n % 9, 1)}),
+        (b.label, (some_id, f"l{_CUT}{n}"), {}),
+        (b.name, (f"name{_CUT}{n}",), {}),
+        (b.model_change, (f"prov{_CUT}", f"model{n % 5}"), {}),
+        (b.thinking, (f"high{_CUT}",), {}),
+        (b.compaction, (some_id,), {"summary": f"sum{_CUT}{n}", "tokens": n}),
+        (b.custom, (f"ext{_CUT}", {"n": n}), {}),
+        (b.header, (), {"cwd": f"/w{_CUT}{n}"}),
+    ]
+    add, args, kwargs = kinds[n % len(kinds)]
+    add(*args, **kwargs)
+    b.events[-1] = pi.escaped_line(b.events[-1])
 
 
 # the pure fold: any cut, encoded and decoded, continues to the same fold ------------------

@@ -492,18 +492,29 @@ def test_a_file_name_that_is_not_utf8_is_imported(store: SessionStore, tmp_path:
     assert store.get_session(imported.session_id).parent_id == parent.session_id
 
 
-def test_a_parent_session_holding_a_lone_surrogate_is_refused(
+def test_a_parent_session_holding_a_lone_surrogate_is_imported(
     store: SessionStore, tmp_path: Path
 ) -> None:
-    """A hostile ``parentSession`` with a lone surrogate (a JSON escape) is an InvalidEvent
-    naming its line, like any value no backend stores; nothing is written."""
+    """A ``parentSession`` with a lone surrogate (a JSON escape, which pi reads) is imported
+    (it was an InvalidEvent that failed the file): the header is kept as its text and
+    exported byte for byte, and the parent is linked by the id its file name ends with."""
+    parent_lines = v3_lines()
+    parent_lines[0] = {**parent_lines[0], "id": "x"}
+    parent_path = tmp_path / "parent.jsonl"
+    write(parent_path, parent_lines)
     lines = v3_lines()
-    lines[0] = {**lines[0], "parentSession": "/p/s\udcff_x.jsonl"}
+    lines[0] = {**lines[0], "id": "child-1", "parentSession": "/p/s\udcff_x.jsonl"}
     path = tmp_path / "s.jsonl"
     path.write_text("".join(dumps_exact(line) + "\n" for line in lines), encoding="utf-8")
-    with pytest.raises(InvalidEvent, match="line 1"):
-        store.import_session(path, tenant_id=TENANT)
-    assert store.list_sessions(tenant_id=TENANT).items == []
+    imported = store.import_session(path, tenant_id=TENANT)
+    assert (imported.status, imported.appended) == ("created", len(lines))
+    assert store.read(imported.session_id)[0].type == pi.ESCAPED_LINE
+    parent = store.import_session(parent_path, tenant_id=TENANT)
+    assert store.get_session(imported.session_id).parent_id == parent.session_id
+    out = io.StringIO()
+    store.export_session(imported.session_id, out)
+    assert out.getvalue().encode() == path.read_bytes()
+    assert store.import_session(path, tenant_id=TENANT).status == "unchanged"
 
 
 # export -------------------------------------------------------------------------------------
