@@ -32,6 +32,23 @@ def path_text(path: str | os.PathLike[str]) -> str:
     return LONE_SURROGATE.sub(_surrogate_escape, os.fspath(path))
 
 
+# Marks a key that ``key_text`` escaped (U+FEFF: no pi or Claude Code id begins with one).
+ESCAPED_KEY = "\ufeff"
+
+
+def key_text(value: str) -> str:
+    """An id as the text the database matches it by, one text per id: unchanged when it is
+    storable text, else (a lone surrogate in it) ``ESCAPED_KEY`` then the id with every
+    backslash doubled and every lone surrogate as ``\\udxxx``. ``path_text`` alone made
+    ``"p\\ud800"`` (a backslash, then "ud800") and ``"p"`` + U+D800 one text, so two
+    sessions shared one key; an id that begins with ``ESCAPED_KEY`` is escaped too, so no
+    other id can spell an escaped one."""
+    if not LONE_SURROGATE.search(value) and not value.startswith(ESCAPED_KEY):
+        return value
+    escaped = LONE_SURROGATE.sub(lambda m: f"\\u{ord(m[0]):04x}", value.replace("\\", "\\\\"))
+    return ESCAPED_KEY + escaped
+
+
 def _surrogate_escape(match: re.Match[str]) -> str:
     code = ord(match[0])
     return f"\\x{code - 0xDC00:02x}" if 0xDC80 <= code <= 0xDCFF else f"\\u{code:04x}"

@@ -56,7 +56,7 @@ from core.errors import (
     UnreadableFile,
 )
 from core.exact_json import same_value
-from core.fsio import path_text
+from core.fsio import key_text, path_text
 from core.interop import pi
 from core.interop.model import IgnoredLine, ParsedSession, SessionHeader
 from core.journal.validation import CheckedEvents, checked
@@ -407,11 +407,12 @@ def _row_text(header: SessionHeader) -> SessionHeader:
 
     return dataclasses.replace(
         header,
-        external_id=path_text(header.external_id),
+        # ids are keys: each as one text of its own (``key_text``), never another id's
+        external_id=key_text(header.external_id),
         cwd=text(header.cwd),
         title=text(header.title),
-        parent_id=text(header.parent_id),
-        former_ids=tuple(map(path_text, header.former_ids)),
+        parent_id=None if header.parent_id is None else key_text(header.parent_id),
+        former_ids=tuple(map(key_text, header.former_ids)),
     )
 
 
@@ -923,7 +924,7 @@ def _parent_refs(parsed: ParsedSession) -> dict[str, str | None]:
         resolved = None
     return {
         "parent_path": resolved,
-        "parent_external": path_text(Path(ref).stem.rsplit("_", 1)[-1]),
+        "parent_external": key_text(Path(ref).stem.rsplit("_", 1)[-1]),
     }
 
 

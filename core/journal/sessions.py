@@ -16,6 +16,7 @@ from sqlalchemy.exc import IntegrityError
 
 from core.db import read_connection, write_transaction
 from core.errors import ExternalIdTaken, InvalidArgument, InvalidEvent, SessionNotFound
+from core.fsio import ESCAPED_KEY, key_text
 from core.journal.validation import check_limit, check_name
 from core.models import EXTERNAL_ID_LEN, SessionRow, table_of, utcnow
 from core.records import Page, Session, from_row
@@ -122,7 +123,10 @@ class SessionRows:
         try:
             return self.get_session(ref, tenant_id=tenant_id)
         except SessionNotFound:
-            found = self._with_external_id(tenant_id, ref, limit=6)
+            # the id as imported keys it (``key_text``); else as shown, without its mark
+            found = self._with_external_id(tenant_id, key_text(ref), limit=6)
+            if not found and key_text(ref) == ref:
+                found = self._with_external_id(tenant_id, ESCAPED_KEY + ref, limit=6)
             if len(found) == 1:
                 return found[0]
             if found:  # not "not found": found in more than one tenant

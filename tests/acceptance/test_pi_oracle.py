@@ -451,11 +451,12 @@ def test_a_header_holding_a_lone_surrogate_is_imported_and_exported_exactly(
     path = tmp_path / "s.jsonl"
     path.write_text("".join(_line(e) + "\n" for e in [header, *entries]))
     result = store.import_session(path, tenant_id=TENANT)
-    assert (result.status, result.appended, result.external_id) == ("created", 3, "s-\\ud83d")
+    # keyed by the id's own text: escaped, after a mark no unescaped id begins with
+    assert (result.status, result.appended, result.external_id) == ("created", 3, "\ufeffs-\\ud83d")
     first = store.read(result.session_id)[0]
     assert first.type == pi.ESCAPED_LINE and first.payload["json"] == _line(header)
     session = store.get_session(result.session_id)
-    assert (session.external_id, session.cwd) == ("s-\\ud83d", "/w/\\ud83d")
+    assert (session.external_id, session.cwd) == ("\ufeffs-\\ud83d", "/w/\\ud83d")
     assert store.resolve_session("s-\\ud83d", tenant_id=TENANT).id == result.session_id
     oracle = pi_context(path)
     assert oracle["header"] == header

@@ -784,3 +784,30 @@ def test_deleted_session_is_imported_again(store: SessionStore) -> None:
     again = store.import_session(FIXTURES / "v2.jsonl", tenant_id=TENANT)
     assert again.session_id != first.session_id and again.status == "created"
     assert _offset(store, first.session_id) is None
+
+
+def test_an_id_with_a_lone_surrogate_is_never_another_ids_key(
+    store: SessionStore, tmp_path: Path
+) -> None:
+    """pi ids ``"p" + U+D800`` (a JSON escape) and ``"p\\ud800"`` (a backslash, then "ud800")
+    are two sessions, and a child whose parent is the first is not linked to the second:
+    the escape that stores the first (no database holds a lone surrogate) spelled the
+    second, so the second file imported was refused as the first one changed, and the child
+    was linked to an unrelated session."""
+    literal, surrogate = v3_lines(), v3_lines()
+    literal[0] = {**literal[0], "id": "p\\ud800"}
+    surrogate[0] = {**surrogate[0], "id": "p\ud800"}
+    child = v3_lines()
+    child[0] = {**child[0], "id": "child", "parentSession": "/gone/2026_p\ud800.jsonl"}
+    for name, lines in (("literal", literal), ("surrogate", surrogate), ("child", child)):
+        (tmp_path / f"{name}.jsonl").write_text(
+            "".join(dumps_exact(line) + "\n" for line in lines), encoding="utf-8"
+        )
+    first = store.import_session(tmp_path / "literal.jsonl", tenant_id=TENANT)
+    kid = store.import_session(tmp_path / "child.jsonl", tenant_id=TENANT)
+    second = store.import_session(tmp_path / "surrogate.jsonl", tenant_id=TENANT)
+    assert (first.status, second.status) == ("created", "created")
+    assert first.session_id != second.session_id and first.external_id == "p\\ud800"
+    assert store.get_session(kid.session_id).parent_id != first.session_id
+    again = store.import_session(tmp_path / "surrogate.jsonl", tenant_id=TENANT)
+    assert (again.status, again.session_id) == ("unchanged", second.session_id)
