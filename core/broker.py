@@ -359,7 +359,7 @@ def _counted(mine: Path, name: str) -> str:
     try:
         message = _loads(mine.read_bytes().decode())
         headers = message.get("headers") if isinstance(message, dict) else None
-    except ValueError:
+    except Exception:  # not JSON, or kombu's decoders refused it (TypeError, decimal, depth)
         headers = None  # set aside when it is claimed again
     if not isinstance(headers, dict):
         return name

@@ -242,7 +242,7 @@ class Settings(BaseSettings):
         le=1000,
         description="Deliveries of a message that never finishes (killed at the hard "
         "time limit, or its worker lost, each time) before its write is dead-lettered "
-        "(counted on Redis and on the embedded broker; not on AMQP).",
+        "(counted on Redis and on the embedded broker; on AMQP only with a Redis result backend).",
     )
     gc_schedule: str = Field(
         json_schema_extra=SHARED,

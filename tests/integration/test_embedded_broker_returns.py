@@ -280,3 +280,28 @@ def test_this_process_returns_only_claims_its_earlier_images_made(
         "1_alive.celery.msg",
         *(["1_mine.celery.msg"] if earlier == "this-image" else []),
     ]
+
+
+@pytest.mark.parametrize(
+    "hostile",
+    [
+        {"__type__": "decimal", "__value__": "x"},  # decimal.InvalidOperation
+        {"__type__": "datetime", "__value__": [1]},  # TypeError
+    ],
+)
+def test_a_lost_claim_kombu_cannot_decode_goes_back_as_it_was(
+    tmp_path: Path, hostile: dict[str, Any]
+) -> None:
+    """A claim whose JSON kombu's decoders refuse with another error than ValueError made
+    ``reclaim`` raise out of the consumer, the claim by then renamed as the scanning
+    process's own: each next worker inherited it and died the same way. It goes back
+    as it was (uncounted), and the consumer that claims it next sets it aside."""
+    claimed, inbox = tmp_path / "claimed", tmp_path / "in"
+    claimed.mkdir()
+    inbox.mkdir()
+    message = {**MESSAGE, "headers": {"task": "t", "odd": hostile}}
+    (claimed / f"{_gone_owner()}~a~1_m.celery.msg").write_text(json.dumps(message))
+    assert broker.reclaim(claimed, inbox, older_than_s=3600) == 1
+    assert [p.name for p in inbox.iterdir()] == ["1_m.celery.msg"]
+    assert json.loads((inbox / "1_m.celery.msg").read_text()) == message
+    assert list(claimed.iterdir()) == []
