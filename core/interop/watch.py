@@ -9,12 +9,21 @@ from __future__ import annotations
 
 import glob
 import logging
+import os
 import threading
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from core.errors import ImportInterrupted, SessionStoreError, StorageUnavailable, UnreadableFile
+from core import nofollow
+from core.errors import (
+    ImportInterrupted,
+    InvalidArtifactPath,
+    SessionStoreError,
+    StorageUnavailable,
+    SymlinkRefused,
+    UnreadableFile,
+)
 from core.interop.importer import ImportResult, import_session
 
 if TYPE_CHECKING:
@@ -65,6 +74,19 @@ def _in_artifacts_dir(path: Path) -> bool:
         return path.parent.with_name(path.parent.name + SUFFIX).is_file()
     except OSError:  # not to be looked at: the file is reported as it is
         return False
+
+
+def _in_linked_dir(directory: Path, path: Path) -> bool:
+    """Whether a directory between ``directory`` and ``path`` is a link. A scan does not
+    follow one (``Path.rglob``); the watcher (inotify) does, and its changes there are
+    dropped, so that what is followed is what a scan imports."""
+    try:
+        nofollow.check_path(directory, path, leaf=False)
+    except SymlinkRefused:
+        return True
+    except (InvalidArtifactPath, OSError):  # not below it, or not to be looked at
+        pass
+    return False
 
 
 def _is_file(path: Path) -> bool:
@@ -119,6 +141,8 @@ class Follower:
         import watchfiles  # only the follower needs it
 
         self.scan()
+        # the watcher reports absolute paths
+        watched = Path(os.path.abspath(self.directory))
         for changes in watchfiles.watch(
             self.directory,
             stop_event=stop,
@@ -131,7 +155,11 @@ class Follower:
         ):
             changed = {Path(p) for kind, p in changes if kind != watchfiles.Change.deleted}
             for path in sorted(changed):
-                if path.suffix == SUFFIX and _is_session_file(path):
+                if (
+                    path.suffix == SUFFIX
+                    and not _in_linked_dir(watched, path)
+                    and _is_session_file(path)
+                ):
                     self.import_one(path)
             self.scan()
 
