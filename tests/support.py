@@ -372,6 +372,27 @@ def store_env(settings: Settings, **more: str) -> dict[str, str]:
     }
 
 
+def as_a_user(command: list[str]) -> list[str]:
+    """``command`` run without root's power to read and search any directory (CAP_DAC_*),
+    so that file modes apply to it: under ``setpriv`` when the tests run as root."""
+    if os.geteuid() != 0:
+        return command
+    setpriv = shutil.which("setpriv")
+    if setpriv is None:
+        pytest.skip("running as root without setpriv: file modes do not apply")
+    return [setpriv, "--bounding-set", "-dac_override,-dac_read_search", *command]
+
+
+@contextmanager
+def unsearchable(directory: Path, mode: int) -> Iterator[Path]:
+    """``directory`` with ``mode`` (``0o644``: listed, not searchable) while in the block."""
+    directory.chmod(mode)
+    try:
+        yield directory
+    finally:
+        directory.chmod(0o755)  # so that the test's directory can be removed
+
+
 def clean_env(data_dir: Path | None = None, **more: str) -> dict[str, str]:
     """This process's environment without any ``SESSIONSTORE_`` variable of the caller's
     (the suite's own never leak into the command under test), with ``data_dir`` as

@@ -14,8 +14,10 @@ What makes a pass safe to repeat, and to interrupt:
   ``ImportConflict`` before writing anything;
 - each batch is appended under an idempotency key naming its first file event, so a pass
   that died between a batch and its offset update resumes after that batch (the key's
-  record says how many events it held), and two importers of one file never double it;
-  appends carry ``expected_seq`` too, so they never interleave;
+  record says how many events it held), and two importers of one file never double it:
+  appends carry ``expected_seq``, the head as it was when the pass found where to resume,
+  so a batch a concurrent pass committed since fails the append, and the pass resumes
+  after it; the offset only moves forward;
 - every event a pass would append is checked first, as an append checks it: a bad one fails
   the pass with ``InvalidEvent`` naming its line, and nothing is written (no session either);
 - a failure while writing (the database, the blob store, an artifact) raises
@@ -46,6 +48,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 
 from core.db import read_connection, write_transaction
 from core.errors import (
+    ConcurrencyConflict,
     ExternalIdTaken,
     IdempotencyKeyReused,
     ImportConflict,
@@ -62,7 +65,7 @@ from core.interop.model import IgnoredLine, ParsedSession, SessionHeader
 from core.journal.validation import CheckedEvents, checked
 from core.metrics import metrics
 from core.models import ImportOffsetRow, SessionRow, table_of, utcnow
-from core.records import AppendResult, PlainRecord, Session, StoredEvent
+from core.records import PlainRecord, Session, StoredEvent
 
 if TYPE_CHECKING:
     from core.store import SessionStore
@@ -273,6 +276,8 @@ def _import_pass(
     events = [pi.header_event(parsed.header), *(e.entry for e in parsed.entries)]
     lines = [1, *(e.line for e in parsed.entries)]
     external_id = parsed.header.external_id
+    # the head before the offset and the batches are read: see ``_append``
+    head = session.head_seq if session else 0
     offset = _offset_of(store, session.id) if session else None
     held = _Imported(0, parsed.header.version, {})
     if session is not None:
@@ -293,7 +298,7 @@ def _import_pass(
     missing, found_late = _missing_blobs(offset, parsed, data, events[held.count - taken_up :])
     appended = 0
     try:
-        for count, mine in _append(store, session, pending, sizes, held.count):
+        for count, mine in _append(store, session, pending, sizes, held.count, head):
             appended += count if mine else 0
             skipped += 0 if mine else count
             taken_up += 0 if mine else count
@@ -530,7 +535,8 @@ def _imported(
         )
     done = _resumed(store, session.id, offset.entries)
     source = None if offset.source_version is None else min(offset.source_version, version)
-    held = _Imported(done, source, offset.id_map)
+    # a file shorter than what is imported (an older copy) holds no more than its events
+    held = _Imported(min(done, len(events)), source, offset.id_map)
     prefix = data[: offset.consumed_bytes]
     if (
         len(data) >= offset.consumed_bytes
@@ -627,11 +633,41 @@ def _batch_key(index: int) -> str:
 
 
 def _resumed(store: SessionStore, session_id: str, entries: int) -> int:
-    """``entries`` plus the events of batches a pass committed after its last offset update
-    (it died in between): each batch's key names its first file event."""
-    while (prior := store.journal.find_write(session_id, _batch_key(entries))) is not None:
-        entries += prior.last_seq - prior.first_seq + 1
-    return entries
+    """``entries`` plus the events of batches committed after the last offset update (by a
+    pass that died in between, or one running now): each batch's key names its first file
+    event. An offset inside a batch (recorded by a pass whose file was shorter than a
+    concurrent pass's batch) resumes after that batch."""
+    while True:
+        prior = store.journal.find_write(session_id, _batch_key(entries))
+        if prior is not None:
+            entries += prior.last_seq - prior.first_seq + 1
+            continue
+        end = _covering_batch_end(store, session_id, entries)
+        if end is None:
+            return entries
+        entries = end
+
+
+def _covering_batch_end(store: SessionStore, session_id: str, index: int) -> int | None:
+    """The end of the import batch holding file event ``index`` after its first, if one
+    does. Batches commit in file order, so that is the latest batch begun before ``index``:
+    nearly always the latest batch of all, which is read first."""
+    writes = store.journal.latest_writes(session_id, _KEY_PREFIX, limit=1)
+    latest = _batch_start(writes[0][0]) if writes else None
+    if writes and (latest is None or latest >= index):
+        writes = store.journal.latest_writes(session_id, _KEY_PREFIX)
+    for key, write in writes:
+        start = _batch_start(key)
+        if start is not None and start < index:
+            end = start + write.last_seq - write.first_seq + 1
+            return end if end > index else None
+    return None
+
+
+def _batch_start(key: str) -> int | None:
+    """The index of the first file event of the batch keyed ``key`` (``_batch_key``)."""
+    digits = key.removeprefix(_KEY_PREFIX)
+    return int(digits) if digits.isascii() and digits.isdigit() else None
 
 
 def _first_differing_line(
@@ -644,9 +680,9 @@ def _first_differing_line(
     """The file line of the first of the ``count`` file events imported before that the
     journal does not hold, in order; None if it holds them all. Events appended to the
     session directly may sit between them: the journal's events are matched in order, not
-    by seq."""
-    if count > len(events):
-        return lines[-1] + 1  # the file lost entries: the first missing one
+    by seq. A file with fewer events (an older copy, a file read before a concurrent pass
+    imported more of it) is unchanged if the journal holds every one of them."""
+    count = min(count, len(events))
     found = _held_in_order(store, session, events[:count])
     return None if found == count else lines[found]
 
@@ -836,14 +872,19 @@ def _append(
     pending: CheckedEvents,
     sizes: Sequence[int],
     start: int,
+    head: int,
 ) -> Iterator[tuple[int, bool]]:
     """Append the file events from ``start`` (``pending``: those from ``start`` on, checked)
     in batches; yields how many events each batch holds, and whether this pass appended it
-    (else a concurrent import of the file did)."""
+    (else a concurrent import of the file did).
+
+    ``head`` is the session's head as it was before the pass found where to resume. Each
+    append expects the head the pass last saw: anything appended since (a concurrent
+    import's batches, cut at other lines) fails it with a conflict instead of being
+    appended after, and the pass resumes from what the journal holds then."""
     settings = store.settings
-    # the head now, not when the pass began: a concurrent import may have appended since
-    head, index = store.journal.get_session(session.id).head_seq, start
-    while index < start + len(pending):
+    index, stop, stalled = start, start + len(pending), 0
+    while index < stop:
         end = _batch_end(
             sizes,
             index,
@@ -851,8 +892,6 @@ def _append(
             # half the byte limit: a line's size only estimates its event's encoded size
             max_bytes=max(1, settings.max_write_bytes // 2),
         )
-        # expected_seq: a concurrent writer fails this instead of interleaving; the key: a
-        # batch already committed (by a pass that died, or a concurrent importer) is replayed
         try:
             result = store.append(
                 session.id,
@@ -860,19 +899,27 @@ def _append(
                 expected_seq=head,
                 idempotency_key=_batch_key(index),
             )
-        except IdempotencyKeyReused as exc:
-            # A concurrent import committed a batch from this same file event, cut at
-            # another line: those are the file's events too, so it counts as a replay.
-            result = AppendResult(
-                session.id, exc.first_seq, exc.last_seq, exc.positions, replayed=True
-            )
-        count = result.last_seq - result.first_seq + 1
-        index += count
-        if result.replayed:
-            head = store.journal.get_session(session.id).head_seq
+        except (ConcurrencyConflict, IdempotencyKeyReused) as exc:
+            conflict: SessionStoreError | None = exc
         else:
-            head = result.last_seq
-        yield count, not result.replayed
+            if not result.replayed:
+                index, head, stalled = end, result.last_seq, 0
+                yield result.last_seq - result.first_seq + 1, True
+                continue
+            conflict = None  # this very batch, committed by a concurrent import
+        # The head first: a batch committed after it fails the next append again.
+        head = store.journal.get_session(session.id).head_seq
+        resumed = _resumed(store, session.id, index)
+        if resumed > index:
+            yield min(resumed, stop) - index, False
+            index, stalled = resumed, 0
+        elif (stalled := stalled + 1) >= _CONFLICT_ATTEMPTS:
+            # others keep appending to the session: the next pass goes on
+            raise conflict or ConcurrencyConflict(session.id, head, head)
+
+
+# appends to the session from elsewhere, one after another, that a pass waits out
+_CONFLICT_ATTEMPTS = 5
 
 
 def _save_offset(
@@ -889,7 +936,9 @@ def _save_offset(
     with write_transaction(store.engine) as conn:
         conn.execute(
             update(_offsets)
-            .where(_offsets.c.session_id == session_id)
+            # never back: a pass that read the file shorter than a concurrent pass, and
+            # finished after it, would have the next pass append the difference again
+            .where(_offsets.c.session_id == session_id, _offsets.c.entries <= entries)
             .values(
                 path=_resolved(path),
                 format=parsed.format,

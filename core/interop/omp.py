@@ -179,28 +179,37 @@ def _image_at(value: dict[str, Any], key: str | None) -> bool:
 
 def list_artifacts(directory: Path) -> list[ArtifactFile]:
     """Tool outputs by number, then agent outputs and their sidecars by name. Anything else
-    (oh-my-pi's ``.artifact-<n>.json`` provenance notes, sub-directories) is skipped."""
-    if not directory.is_dir():
+    (oh-my-pi's ``.artifact-<n>.json`` provenance notes, sub-directories) is skipped. No
+    link is followed: not a linked file, nor the directory itself if it is a link."""
+    try:
+        fd = nofollow.open_dir(directory.parent, directory)
+    except SymlinkRefused:
+        log.warning("the artifacts directory is a link: not followed", extra=_at(directory))
         return []
+    if fd is None:
+        return []
+    try:
+        with os.scandir(fd) as listing:
+            names = sorted(e.name for e in listing if e.is_file(follow_symlinks=False))
+    finally:
+        os.close(fd)
     tools: list[tuple[int, ArtifactFile]] = []
     agents: list[ArtifactFile] = []
-    for entry in sorted(os.scandir(directory), key=lambda e: e.name):
-        if not entry.is_file(follow_symlinks=False):
-            continue
-        path = Path(entry.path)
-        tool = _TOOL_LOG.match(entry.name)
-        agent = _AGENT_OUTPUT.match(entry.name)
+    for name in names:
+        path = directory / name
+        tool = _TOOL_LOG.match(name)
+        agent = _AGENT_OUTPUT.match(name)
         if tool:
             artifact = ArtifactFile("tool_output", tool.group(1), path, tool.group(2))
             tools.append((int(tool.group(1)), artifact))
         elif agent and len(agent.group(1)) > MAX_AGENT_ID_CHARS:
-            log.warning("skipping an agent output with an overlong id", extra={"path": entry.path})
+            log.warning("skipping an agent output with an overlong id", extra=_at(path))
         elif agent and agent.group(2) == "md":
             agents.append(ArtifactFile("agent_output", agent.group(1), path))
         elif agent:
             agents.append(ArtifactFile("sidecar", agent.group(1), path))
         else:
-            log.debug("skipping a file of the artifacts directory", extra={"path": entry.path})
+            log.debug("skipping a file of the artifacts directory", extra=_at(path))
     return [a for _, a in sorted(tools, key=lambda t: t[0])] + agents
 
 
@@ -215,16 +224,20 @@ def import_artifacts(store: SessionStore, session_id: str, parsed: ParsedSession
     written = 0
     for artifact in parsed.artifacts:
         if artifact.kind == "tool_output":
-            data = read_file(artifact.path)
+            data = _artifact_bytes(artifact.path)
+            if data is None:
+                continue
             tool = artifact.tool_type or "tool"
             if _same(have, {f"{artifact.artifact_id}.{tool}.log": data}):
                 continue
             manager.put_tool_output(artifact.artifact_id, tool, data)
         elif artifact.kind == "agent_output" or artifact.artifact_id not in outputs:
-            md = read_file(artifact.path) if artifact.kind == "agent_output" else b""
+            md = _artifact_bytes(artifact.path) if artifact.kind == "agent_output" else b""
+            if md is None:
+                continue
             files = {f"{artifact.artifact_id}.md": md}
             sidecar = sidecars.get(artifact.artifact_id)
-            jsonl = read_file(sidecar) if sidecar is not None else None
+            jsonl = _artifact_bytes(sidecar) if sidecar is not None else None
             if jsonl is not None:
                 files[f"{artifact.artifact_id}.jsonl"] = jsonl
             if _same(have, files):
@@ -234,6 +247,26 @@ def import_artifacts(store: SessionStore, session_id: str, parsed: ParsedSession
             continue  # a sidecar, written with its markdown
         written += 1
     return written
+
+
+def _artifact_bytes(path: Path) -> bytes | None:
+    """An artifact file's bytes, read through no link (``list_artifacts`` follows none): None
+    for one a link took the place of since it was listed (logged). A file that went away,
+    or is no regular file now, is ``UnreadableFile``, as the session file would be."""
+    try:
+        data = nofollow.read_bytes(path.parent.parent, path)
+    except SymlinkRefused:
+        log.warning("an artifact file is a link: not followed", extra=_at(path))
+        return None
+    except OSError as exc:
+        raise UnreadableFile(str(path), exc.strerror or str(exc)) from None
+    if data is None:
+        raise UnreadableFile(str(path), "not a regular file")
+    return data
+
+
+def _at(path: Path) -> dict[str, str]:
+    return {"path": str(path)}
 
 
 def _same(directory: Path, files: dict[str, bytes]) -> bool:

@@ -9,12 +9,21 @@ from __future__ import annotations
 
 import glob
 import logging
+import os
 import threading
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from core.errors import ImportInterrupted, SessionStoreError, StorageUnavailable, UnreadableFile
+from core import nofollow
+from core.errors import (
+    ImportInterrupted,
+    InvalidArtifactPath,
+    SessionStoreError,
+    StorageUnavailable,
+    SymlinkRefused,
+    UnreadableFile,
+)
 from core.interop.importer import ImportResult, import_session
 
 if TYPE_CHECKING:
@@ -28,33 +37,72 @@ SUFFIX = ".jsonl"
 # look at sizes too (a change notification can be coalesced or, on some filesystems, lost)
 _DEBOUNCE_MS = 150
 _RESCAN_MS = 1000
+# the size a file that could not be looked at is recorded with: reported once, not again
+_UNREADABLE = -1
 
 
 def session_files(paths: Iterable[str | Path]) -> list[Path]:
     """Files named by ``paths``: a file, a directory (``*.jsonl`` below it), or a glob (the
     files and directories it matches). A path named outright that is none of these (missing,
-    a FIFO, a device) is kept, for the import to report it unreadable."""
+    a FIFO, a device) is kept, for the import to report it unreadable, and so is a file
+    found that cannot be looked at (in a directory that cannot be searched)."""
     found: dict[Path, None] = {}
     for raw in paths:
         path = Path(raw).expanduser()
-        if path.is_dir():
-            below = sorted(p for p in path.rglob(f"*{SUFFIX}") if p.is_file())
-            found.update(dict.fromkeys(p for p in below if not _in_artifacts_dir(p)))
-        elif path.is_file() or glob.escape(str(path)) == str(path):
+        if _is_dir(path):
+            below = sorted(p for p in path.rglob(f"*{SUFFIX}") if _is_session_file(p))
+            found.update(dict.fromkeys(below))
+        elif _is_file(path) or glob.escape(str(path)) == str(path):
             found[path] = None
         else:
             matches = sorted(Path(p) for p in glob.glob(str(path), recursive=True))
-            usable = [
-                m for m in matches if m.is_dir() or (m.is_file() and not _in_artifacts_dir(m))
-            ]
+            usable = [m for m in matches if _is_dir(m) or _is_session_file(m)]
             found.update(dict.fromkeys(session_files(usable)))
     return list(found)
+
+
+def _is_session_file(path: Path) -> bool:
+    """A file of its own session (not one of oh-my-pi's subagents, ``_in_artifacts_dir``),
+    or one that cannot be looked at: the import reports that one, and the run goes on."""
+    return _is_file(path) and not _in_artifacts_dir(path)
 
 
 def _in_artifacts_dir(path: Path) -> bool:
     """oh-my-pi keeps a subagent's session (``<outputId>.jsonl``) in the artifacts directory
     ``<stem>/`` of ``<stem>.jsonl``: it is part of that session, not one of its own."""
-    return path.parent.with_name(path.parent.name + SUFFIX).is_file()
+    try:
+        return path.parent.with_name(path.parent.name + SUFFIX).is_file()
+    except OSError:  # not to be looked at: the file is reported as it is
+        return False
+
+
+def _in_linked_dir(directory: Path, path: Path) -> bool:
+    """Whether a directory between ``directory`` and ``path`` is a link. A scan does not
+    follow one (``Path.rglob``); the watcher (inotify) does, and its changes there are
+    dropped, so that what is followed is what a scan imports."""
+    try:
+        nofollow.check_path(directory, path, leaf=False)
+    except SymlinkRefused:
+        return True
+    except (InvalidArtifactPath, OSError):  # not below it, or not to be looked at
+        pass
+    return False
+
+
+def _is_file(path: Path) -> bool:
+    """A regular file, or a path that cannot be looked at (``PermissionError`` from a
+    directory above it that cannot be searched): kept, for the import to report it."""
+    try:
+        return path.is_file()
+    except OSError:
+        return True
+
+
+def _is_dir(path: Path) -> bool:
+    try:
+        return path.is_dir()
+    except OSError:  # one that cannot be looked at is kept as a file, and reported
+        return False
 
 
 def _transient(exc: SessionStoreError) -> bool:
@@ -93,16 +141,25 @@ class Follower:
         import watchfiles  # only the follower needs it
 
         self.scan()
+        # the watcher reports absolute paths
+        watched = Path(os.path.abspath(self.directory))
         for changes in watchfiles.watch(
             self.directory,
             stop_event=stop,
             debounce=_DEBOUNCE_MS,
             rust_timeout=_RESCAN_MS,
             yield_on_timeout=True,
+            # a directory that cannot be read is not watched (its files are not listed
+            # either), instead of ending the follow
+            ignore_permission_denied=True,
         ):
             changed = {Path(p) for kind, p in changes if kind != watchfiles.Change.deleted}
             for path in sorted(changed):
-                if path.suffix == SUFFIX and path.is_file() and not _in_artifacts_dir(path):
+                if (
+                    path.suffix == SUFFIX
+                    and not _in_linked_dir(watched, path)
+                    and _is_session_file(path)
+                ):
                     self.import_one(path)
             self.scan()
 
@@ -111,7 +168,12 @@ class Follower:
         for path in session_files([self.directory]):
             try:
                 size = path.stat().st_size
-            except OSError:
+            except (FileNotFoundError, NotADirectoryError):  # gone since it was listed
+                continue
+            except OSError as exc:  # in a directory that cannot be searched: said once
+                if self._sizes.get(path) != _UNREADABLE:
+                    self._sizes[path] = _UNREADABLE
+                    self._failed(path, UnreadableFile(str(path), exc.strerror or str(exc)))
                 continue
             if self._sizes.get(path) != size:
                 self.import_one(path)
@@ -127,11 +189,9 @@ class Follower:
             log.info("file unreadable", extra={"path": str(path), "error": str(exc)})
             return None
         except SessionStoreError as exc:
-            log.warning("import failed", extra={"path": str(path), "error": exc.message})
             if not _transient(exc):  # not again until the file changes
                 self._sizes[path] = size
-            if self.on_error is not None:
-                self.on_error(path, exc)
+            self._failed(path, exc)
             return None
         except Exception as exc:  # a defect of ours: this file's, the others still followed
             log.exception("import failed unexpectedly", extra={"path": str(path)})
@@ -143,3 +203,8 @@ class Follower:
         if self.on_result is not None and result.appended:
             self.on_result(result)
         return result
+
+    def _failed(self, path: Path, exc: SessionStoreError) -> None:
+        log.warning("import failed", extra={"path": str(path), "error": exc.message})
+        if self.on_error is not None:
+            self.on_error(path, exc)

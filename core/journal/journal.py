@@ -100,6 +100,11 @@ def _to_event(row: Any) -> StoredEvent:
     )
 
 
+def _write_of(session_id: str, row: Any) -> AppendResult:
+    """A ``writes`` row as the result a replay of its write answers."""
+    return AppendResult(session_id, row.first_seq, row.last_seq, list(row.positions), True)
+
+
 def _batch_json(events: Sequence[PreparedEvent]) -> str:
     """The batch's payloads as one JSON array, reusing each event's JSON where it has one
     (``json_array_elements`` passes each element's text on unchanged: it is what is stored)."""
@@ -448,14 +453,30 @@ class Journal(SessionRows):
                 _writes.c.session_id == session_id, _writes.c.idempotency_key == key
             )
         ).first()
-        if row is None:
-            return None
-        return AppendResult(session_id, row.first_seq, row.last_seq, list(row.positions), True)
+        return None if row is None else _write_of(session_id, row)
 
     @translated
     def find_write(self, session_id: str, key: str) -> AppendResult | None:
         with read_connection(self.engine) as conn:
             return self._prior_write(conn, session_id, key)
+
+    @translated
+    def latest_writes(
+        self, session_id: str, key_prefix: str, *, limit: int | None = None
+    ) -> list[tuple[str, AppendResult]]:
+        """The writes of a session whose idempotency key starts with ``key_prefix``, each
+        with its key, the latest first."""
+        with read_connection(self.engine) as conn:
+            rows = conn.execute(
+                select(_writes)
+                .where(
+                    _writes.c.session_id == session_id,
+                    _writes.c.idempotency_key.startswith(key_prefix, autoescape=True),
+                )
+                .order_by(_writes.c.first_seq.desc())
+                .limit(limit)
+            ).all()
+        return [(row.idempotency_key, _write_of(session_id, row)) for row in rows]
 
     # reads ------------------------------------------------------------------------------
 

@@ -17,7 +17,7 @@ import pytest
 from core import SessionStore, Settings
 from tests.cli_process import EXE, run_cli
 from tests.pi_support import FIXTURES
-from tests.support import clean_env, json_lines
+from tests.support import as_a_user, clean_env, json_lines, unsearchable
 
 Run = Callable[..., subprocess.CompletedProcess[str]]
 OMP_SESSIONS = Path(__file__).parents[1] / "fixtures" / "omp" / "agent" / "sessions"
@@ -117,6 +117,32 @@ def test_import_of_a_changed_file_is_a_failure(run: Run, tmp_path: Path) -> None
     done = run("import", str(copy))
     assert done.returncode == 1, done.stderr
     assert len(_errors(done)) == 1, done.stderr
+
+
+def test_a_directory_that_cannot_be_searched_is_reported_and_the_run_goes_on(
+    env: dict[str, str], tmp_path: Path
+) -> None:
+    """A file below a directory listed but not searchable cannot even be looked at: it is
+    reported unreadable (exit 3, as a file that cannot be read) and the others are imported
+    (``Path.is_file`` raised, outside any file's handling, and nothing was imported)."""
+    sessions = tmp_path / "sessions"
+    (sessions / "locked").mkdir(parents=True)
+    shutil.copy(FIXTURES / "v3.jsonl", sessions / "ok.jsonl")
+    shutil.copy(FIXTURES / "v2.jsonl", sessions / "locked" / "x.jsonl")
+    with unsearchable(sessions / "locked", 0o644):
+        done = subprocess.run(
+            as_a_user([EXE, "import", str(sessions), "--json"]),
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+    assert done.returncode == 3, done.stderr
+    records = {r["path"]: r for r in json_lines(done.stdout)}
+    assert records[str(sessions / "ok.jsonl")]["status"] == "created"
+    failed = records[str(sessions / "locked" / "x.jsonl")]
+    assert failed["status"] == "error" and "Permission denied" in str(failed["error"])
 
 
 # --- a session whose move is pending --------------------------------------------------------

@@ -19,7 +19,7 @@ import pytest
 
 from core.interop.pi import loads_exact
 from core.store import SessionStore
-from tests.support import clean_env, wait_for
+from tests.support import as_a_user, clean_env, unsearchable, wait_for
 
 EXE = shutil.which("sessionstore") or str(Path(sys.executable).parent / "sessionstore")
 ROOT = Path(__file__).parents[2]
@@ -148,3 +148,49 @@ def test_a_watcher_serves_the_import_metrics(store: SessionStore, tmp_path: Path
         check=False,
     )
     assert once.returncode == 2 and "--watch" in once.stderr
+
+
+def test_a_watcher_goes_on_past_directories_it_cannot_read(
+    store: SessionStore, tmp_path: Path
+) -> None:
+    """A directory listed but not searchable (its file is reported once, unreadable) and
+    one not readable at all (not watched, its files not listed): the watcher follows the
+    others. Before, the first ended it at its first scan, the second when it began
+    watching."""
+    sessions = tmp_path / "sessions"
+    fixtures = ROOT / "tests" / "fixtures" / "pi"
+    for name in ("locked", "unreadable"):
+        (sessions / name).mkdir(parents=True)
+        shutil.copyfile(fixtures / "v2.jsonl", sessions / name / "x.jsonl")
+    shutil.copyfile(fixtures / "v3.jsonl", sessions / "a_v3.jsonl")
+    env = clean_env(
+        store.settings.data_dir, SESSIONSTORE_DATABASE_URL=store.settings.resolved_database_url
+    )
+    log = tmp_path / "watch.log"
+
+    def records() -> list[dict[str, object]]:
+        lines = log.read_text(errors="replace").splitlines()
+        return [json.loads(line) for line in lines if line.startswith("{")]
+
+    def imported(name: str) -> bool:
+        return any(r["path"] == str(sessions / name) and r["appended"] for r in records())
+
+    command = [EXE, "import", "--watch", str(sessions), "--tenant", TENANT, "--json"]
+    with unsearchable(sessions / "locked", 0o644), unsearchable(sessions / "unreadable", 0o311):
+        with log.open("ab") as out:
+            watcher = subprocess.Popen(
+                as_a_user(command), env=env, stdout=out, stderr=subprocess.STDOUT
+            )
+        try:
+            wait_for(lambda: imported("a_v3.jsonl"), 60, "the readable file imported")
+            shutil.copyfile(fixtures / "v1.jsonl", sessions / "b_v1.jsonl")
+            wait_for(lambda: imported("b_v1.jsonl"), 60, "a file written since imported")
+            assert watcher.poll() is None, log.read_text()
+        finally:
+            watcher.kill()
+            watcher.wait(timeout=10)
+    locked = [r for r in records() if r["path"] == str(sessions / "locked" / "x.jsonl")]
+    assert [r["status"] for r in locked] == ["error"]
+    assert "Permission denied" in str(locked[0]["error"])
+    assert not any("unreadable" in str(r["path"]) for r in records())
+    assert "Traceback" not in log.read_text(errors="replace")

@@ -4,17 +4,22 @@ says honestly what it did. Both backends, real threads, each with a store of its
 
 from __future__ import annotations
 
+import multiprocessing
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from core.errors import ImportInterrupted, StorageUnavailable
+from core.interop import importer
 from core.interop.importer import ImportResult
 from core.settings import Settings
 from core.store import SessionStore
 from tests.fixtures.pi.generate import v3_lines, write
+from tests.support import wait_for
 
 TENANT = "acme"
 IMPORTERS = 4
@@ -125,7 +130,6 @@ def test_events_a_dead_pass_appended_are_taken_up_not_unchanged(
     path = tmp_path / "s.jsonl"
     lines = _lines(20)
     write(path, lines)
-    import core.interop.importer as importer
 
     with SessionStore.from_settings(settings) as store:
         with monkeypatch.context() as patch:
@@ -156,7 +160,6 @@ def test_a_batch_a_concurrent_pass_cut_elsewhere_counts_as_imported(
     path = tmp_path / "s.jsonl"
     lines = _lines(20)
     write(path, lines)
-    import core.interop.importer as importer
 
     with SessionStore.from_settings(settings.model_copy(update={"max_batch_events": 10})) as a:
         with monkeypatch.context() as patch:  # a pass that commits its batches, not its offset
@@ -165,7 +168,14 @@ def test_a_batch_a_concurrent_pass_cut_elsewhere_counts_as_imported(
                 a.import_session(path, tenant_id=TENANT)
     with SessionStore.from_settings(settings.model_copy(update={"max_batch_events": 7})) as b:
         with monkeypatch.context() as patch:  # it looked before the other pass committed
-            patch.setattr(importer, "_resumed", lambda store, session_id, entries: entries)
+            real = importer._resumed
+            looked: list[int] = []
+
+            def resumed(store: SessionStore, session_id: str, entries: int) -> int:
+                looked.append(entries)  # its first look found nothing; later ones are real
+                return entries if len(looked) == 1 else real(store, session_id, entries)
+
+            patch.setattr(importer, "_resumed", resumed)
             found = b.import_session(path, tenant_id=TENANT)
         assert (found.appended, found.skipped) == (0, len(lines))
         events = b.read(found.session_id, rehydrate=True)
@@ -176,3 +186,228 @@ def test_a_batch_a_concurrent_pass_cut_elsewhere_counts_as_imported(
 
 def _raise(*args: Any, **kwargs: Any) -> None:
     raise OSError("died before it recorded its batches")
+
+
+# A file read by one pass (``short`` events, resuming at ``first``) while a concurrent pass
+# imports it grown to ``len(_lines(GROWN))`` events, in batches of ``BATCH`` cut elsewhere.
+GROWN, BATCH = 16, 10
+FIRST, SHORT = len(v3_lines()) + 2, len(v3_lines()) + 7
+
+
+@contextmanager
+def _concurrent_pass_once(
+    monkeypatch: pytest.MonkeyPatch, step: str, run: Callable[[], None]
+) -> Iterator[None]:
+    """Run ``run`` (another pass) once, where this pass calls ``importer.<step>``."""
+    real, ran = getattr(importer, step), []
+
+    def first_the_other(*args: Any, **kwargs: Any) -> Any:
+        if not ran:
+            ran.append(True)
+            run()
+        return real(*args, **kwargs)
+
+    with monkeypatch.context() as patch:
+        patch.setattr(importer, step, first_the_other)
+        yield
+
+
+@contextmanager
+def _read_shorter(
+    settings: Settings, path: Path
+) -> Iterator[tuple[SessionStore, list[dict[str, Any]]]]:
+    """A store (batches of ``BATCH``) whose session holds the first ``FIRST`` events of
+    the file at ``path``, which now holds ``SHORT`` of its lines (``_lines(GROWN)``)."""
+    lines = _lines(GROWN)
+    with SessionStore.from_settings(settings.model_copy(update={"max_batch_events": BATCH})) as s:
+        write(path, lines[:FIRST])
+        s.import_session(path, tenant_id=TENANT)
+        write(path, lines[:SHORT])
+        yield s, lines
+
+
+def _offset_entries(store: SessionStore, session_id: str) -> int:
+    offset = importer._offset_of(store, session_id)
+    assert offset is not None
+    return offset.entries
+
+
+def test_a_pass_that_read_less_and_finished_last_doubles_nothing(
+    settings: Settings, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The pass that read the shorter file finds its batch's key committed by the other's
+    longer batch: it resumes after what the journal holds, leaves the other's offset as it
+    is (it recorded its own over it, behind it), and the next pass appends nothing again
+    (it appended the other's last batches a second time)."""
+    path = tmp_path / "s.jsonl"
+    with _read_shorter(settings, path) as (s, lines):
+        other: list[ImportResult] = []
+
+        def the_grown_file() -> None:
+            write(path, lines)
+            other.append(s.import_session(path, tenant_id=TENANT))
+
+        with _concurrent_pass_once(monkeypatch, "_validate", the_grown_file):
+            slow = s.import_session(path, tenant_id=TENANT)
+        assert other[0].appended == len(lines) - FIRST
+        assert (slow.appended, slow.skipped) == (0, SHORT)
+        assert _offset_entries(s, slow.session_id) == len(lines)
+        again = s.import_session(path, tenant_id=TENANT)
+        assert (again.status, again.appended) == ("unchanged", 0)
+        assert [e.payload for e in s.read(slow.session_id, rehydrate=True)] == lines
+
+
+def test_an_offset_recorded_inside_a_batch_resumes_after_it(
+    settings: Settings, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The other pass dies after its first batch: the pass that read less records its
+    offset inside that batch, and the next pass resumes after the batch, not at the
+    offset (which appended the rest of that batch again)."""
+    path = tmp_path / "s.jsonl"
+    with _read_shorter(settings, path) as (s, lines):
+        real_append = s.append
+
+        def dies_after_one_batch() -> None:
+            write(path, lines)
+            calls: list[int] = []
+
+            def append(*args: Any, **kwargs: Any) -> Any:
+                calls.append(1)
+                if len(calls) > 1:
+                    raise StorageUnavailable("database", "the pass died")
+                return real_append(*args, **kwargs)
+
+            with monkeypatch.context() as patch:
+                patch.setattr(s, "append", append)
+                with pytest.raises(ImportInterrupted):
+                    s.import_session(path, tenant_id=TENANT)
+
+        with _concurrent_pass_once(monkeypatch, "_validate", dies_after_one_batch):
+            slow = s.import_session(path, tenant_id=TENANT)
+        assert (slow.appended, slow.skipped) == (0, SHORT)
+        assert FIRST < _offset_entries(s, slow.session_id) < FIRST + BATCH  # inside it
+        write(path, lines)
+        rest = s.import_session(path, tenant_id=TENANT)
+        assert rest.appended == len(lines) - FIRST - BATCH
+        assert [e.payload for e in s.read(slow.session_id, rehydrate=True)] == lines
+
+
+def test_a_pass_that_read_the_file_before_another_imported_more_is_unchanged(
+    settings: Settings, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """It finds an offset beyond its (shorter) file: every event of it is imported, which
+    is no changed imported part (an ``ImportConflict`` before)."""
+    path = tmp_path / "s.jsonl"
+    with _read_shorter(settings, path) as (s, lines):
+
+        def the_grown_file() -> None:
+            write(path, lines)
+            s.import_session(path, tenant_id=TENANT)
+
+        with _concurrent_pass_once(monkeypatch, "_check_session_fields", the_grown_file):
+            slow = s.import_session(path, tenant_id=TENANT)
+        assert (slow.status, slow.appended, slow.skipped) == ("unchanged", 0, SHORT)
+        assert _offset_entries(s, slow.session_id) == len(lines)
+        assert [e.payload for e in s.read(slow.session_id, rehydrate=True)] == lines
+
+
+# importer processes at once, each with a batch size of its own (so their batches' keys
+# name the same file events with other content), and the file they follow
+PROCESS_BATCHES = (5, 7, 11)
+WRITTEN = 240
+
+
+def _import_until_written(
+    database_url: str,
+    data_dir: str,
+    path: str,
+    batch: int,
+    passes: Any,
+    written: Any,
+    errors: Any,
+) -> None:
+    """An importer process: a pass, again and again, until the writer is done; then one
+    more. Each pass is counted in ``passes``; any failure is put in ``errors``."""
+    settings = Settings(data_dir=data_dir, database_url=database_url, max_batch_events=batch)
+    try:
+        with SessionStore.from_settings(settings) as store:
+            while True:
+                last = written.is_set()
+                store.import_session(path, tenant_id=TENANT)
+                with passes.get_lock():
+                    passes.value += 1
+                if last:
+                    return
+    except BaseException as exc:
+        errors.put(f"{type(exc).__name__}: {exc}")
+
+
+def test_importer_processes_and_a_writer_at_once(settings: Settings, tmp_path: Path) -> None:
+    """Three processes import one file over and over while it grows, a line sometimes
+    written in two parts: at the end the session holds each line once, in order. The writer
+    appends its next lines once a pass has run since its last ones."""
+    path = tmp_path / "s.jsonl"
+    lines = _lines(WRITTEN)
+    write(path, lines[:1])
+    context = multiprocessing.get_context("fork")
+    passes, written, errors = context.Value("i", 0), context.Event(), context.Queue()
+    workers = [
+        context.Process(
+            target=_import_until_written,
+            args=(
+                settings.resolved_database_url,
+                str(settings.data_dir),
+                str(path),
+                batch,
+                passes,
+                written,
+                errors,
+            ),
+        )
+        for batch in PROCESS_BATCHES
+    ]
+    for worker in workers:
+        worker.start()
+    try:
+        _write_in_chunks(path, lines[1:], passes)
+    finally:
+        written.set()
+        for worker in workers:
+            worker.join(120)
+    assert [w.exitcode for w in workers] == [0] * len(workers)
+    failures = []
+    while not errors.empty():
+        failures.append(errors.get())
+    assert failures == []
+    with SessionStore.from_settings(settings) as store:
+        final = store.import_session(path, tenant_id=TENANT)
+        assert (final.status, final.appended) == ("unchanged", 0)
+        assert [e.payload for e in store.read(final.session_id, rehydrate=True)] == lines
+
+
+def _write_in_chunks(path: Path, lines: list[dict[str, Any]], passes: Any) -> None:
+    """Append ``lines`` in chunks of 1 to 13, the last line of every third chunk in two
+    writes; each chunk once a pass has run since the last one."""
+    from core.interop.pi import dumps_exact
+
+    start, chunk = 0, 0
+    with path.open("ab") as out:
+        while start < len(lines):
+            size = 1 + chunk * 5 % 13
+            data = b"".join(dumps_exact(v).encode() + b"\n" for v in lines[start : start + size])
+            cut = len(data) - 7 if chunk % 3 == 0 else len(data)
+            seen = passes.value
+            out.write(data[:cut])
+            out.flush()
+            if cut < len(data):
+                seen = _after_a_pass(passes, seen)
+                out.write(data[cut:])
+                out.flush()
+            _after_a_pass(passes, seen)
+            start, chunk = start + size, chunk + 1
+
+
+def _after_a_pass(passes: Any, seen: int) -> int:
+    """Once the importers have run a pass more than ``seen``; how many they have run."""
+    wait_for(lambda: passes.value > seen, 60, "an importer's pass", step=0.01)
+    return int(passes.value)

@@ -14,8 +14,9 @@ from pathlib import Path
 import pytest
 
 from core.artifacts import ArtifactManager
-from core.errors import ImportInterrupted, InvalidArtifactPath
+from core.errors import ImportInterrupted, InvalidArtifactPath, ResolveNotFound
 from core.interop import omp
+from core.interop.model import ArtifactFile
 from core.interop.omp import export_omp, parse_omp
 from core.store import SessionStore
 
@@ -108,6 +109,42 @@ def test_import_keeps_artifact_ids_and_resolves_refs(store: SessionStore) -> Non
     }
     # later tool outputs continue after the imported ids
     assert store.artifacts(sid).save("new output", "bash") == "2"
+
+
+def test_a_linked_artifacts_directory_is_not_read(store: SessionStore, layout: Path) -> None:
+    """``<stem>/`` a link to a directory elsewhere: its files are not the session's (a
+    linked file in it never was; the linked directory was read through)."""
+    artifacts = layout.with_suffix("")
+    elsewhere = layout.parents[3] / "elsewhere"
+    artifacts.rename(elsewhere)
+    artifacts.symlink_to(elsewhere)
+    result = store.import_session(layout, tenant_id=TENANT)
+    assert (result.format, result.appended) == ("omp", 14)
+    for url in ("artifact://0", "agent://explore"):
+        with pytest.raises(ResolveNotFound):
+            store.resolve(url, session_id=result.session_id)
+
+
+def test_an_artifact_swapped_for_a_link_after_the_listing_is_not_read(
+    store: SessionStore, layout: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    secret = layout.parents[3] / "secret.txt"
+    secret.write_text("SECRET")
+    listed = omp.list_artifacts
+
+    def list_then_swap(directory: Path) -> list[ArtifactFile]:
+        found = listed(directory)
+        (directory / "0.bash.log").unlink()
+        (directory / "0.bash.log").symlink_to(secret)
+        return found
+
+    monkeypatch.setattr(omp, "list_artifacts", list_then_swap)
+    result = store.import_session(layout, tenant_id=TENANT)
+    with pytest.raises(ResolveNotFound):
+        store.resolve("artifact://0", session_id=result.session_id)
+    assert store.resolve("artifact://1", session_id=result.session_id).content == (
+        (ARTIFACTS / "1.read.log").read_text()
+    )
 
 
 def test_reimport_writes_nothing_and_picks_up_a_grown_tool_log(

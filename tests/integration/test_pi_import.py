@@ -246,13 +246,45 @@ def test_renamed_ids_are_a_conflict(store: SessionStore, tmp_path: Path) -> None
     assert caught.value.line == 2
 
 
-def test_lost_entries_are_a_conflict(store: SessionStore, tmp_path: Path) -> None:
+@pytest.mark.parametrize("first", ["live", "backup"])
+def test_an_older_copy_is_unchanged_in_either_order(
+    store: SessionStore, tmp_path: Path, first: str
+) -> None:
+    """A copy taken before the file grew (a backup) holds no event the session lacks: it
+    is unchanged, imported before or after the file it was copied from."""
+    lines = v3_lines()
+    files = {"live": tmp_path / "live" / "s.jsonl", "backup": tmp_path / "backup" / "s.jsonl"}
+    for name, cut in (("live", len(lines)), ("backup", len(lines) - 4)):
+        files[name].parent.mkdir()
+        write(files[name], lines[:cut])
+    store.import_session(files[first], tenant_id=TENANT)
+    then = store.import_session(files["live" if first == "backup" else "backup"], tenant_id=TENANT)
+    expected = ("appended", 4) if first == "backup" else ("unchanged", 0)
+    assert (then.status, then.appended) == expected
+    assert [e.payload for e in store.read(then.session_id, rehydrate=True)] == lines
+    assert importer.imported_path(store, then.session_id) == str(files["live"].resolve())
+
+
+def test_a_file_cut_back_is_unchanged_and_what_it_then_holds_else_a_conflict(
+    store: SessionStore, tmp_path: Path
+) -> None:
+    """The file followed, cut back to fewer entries (restored from a backup): nothing of it
+    is new, and the offset stays where it was; an entry written after that is not the one
+    imported there is a changed imported part, named by its line."""
     path = tmp_path / "s.jsonl"
-    write(path, v3_lines())
-    store.import_session(path, tenant_id=TENANT)
-    write(path, v3_lines()[:-2])
-    with pytest.raises(ImportConflict):
+    lines = v3_lines()
+    write(path, lines)
+    first = store.import_session(path, tenant_id=TENANT)
+    before = _offset(store, first.session_id)
+    write(path, lines[:-2])
+    again = store.import_session(path, tenant_id=TENANT)
+    assert (again.status, again.appended, again.skipped) == ("unchanged", 0, len(lines) - 2)
+    assert _offset(store, first.session_id) == before
+    other = {**lines[-2], "id": "other1"}
+    write(path, [*lines[:-2], other])
+    with pytest.raises(ImportConflict) as caught:
         store.import_session(path, tenant_id=TENANT)
+    assert caught.value.line == len(lines) - 1
 
 
 def test_a_bad_entry_fails_the_pass_before_anything_is_written(

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import watchfiles
 
 from core.errors import SessionStoreError, StorageUnavailable
 from core.interop import importer
@@ -164,3 +165,33 @@ def test_a_parent_ref_through_a_link_loop_links_nothing(
     assert result.status == "created"
     session = store.get_session(result.session_id)
     assert session.parent_id is None and session.head_seq == 2
+
+
+def test_a_linked_directory_is_not_followed_as_a_scan_does_not(
+    store: SessionStore, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A scan (``Path.rglob``) does not enter a linked directory; the watcher (inotify)
+    does, and the follower imported what changed there: now neither does."""
+    root = tmp_path / "sessions"
+    main = root / "2026-01-01T00-00-00-000Z_main1.jsonl"
+    write(main, [header("main1"), message(1, None)])
+    outside = tmp_path / "outside" / "2026-01-01T00-00-00-000Z_out1.jsonl"
+    write(outside, [header("out1"), message(1, None)])
+    (root / "linked").symlink_to(outside.parent)
+    assert session_files([root]) == [main]
+    watching = threading.Event()
+    real_watch = watchfiles.watch
+
+    def watch(*args: Any, **kwargs: Any) -> Iterator[Any]:
+        for changes in real_watch(*args, **kwargs):
+            watching.set()  # its first answer: the watcher is set up
+            yield changes
+
+    monkeypatch.setattr(watchfiles, "watch", watch)
+    with following(store, root):
+        wait_for(lambda: head_of(store, "main1") == 2, 10, "the session file imported")
+        wait_for(watching.is_set, 10, "the watcher set up")
+        write(outside, [message(2, "m1")], mode="a")  # a change event under the link
+        write(main, [message(2, "m1")], mode="a")
+        wait_for(lambda: head_of(store, "main1") == 3, 10, "the session's new line")
+    assert store.journal.find_external(TENANT, "out1") is None

@@ -61,6 +61,15 @@ def test_artifact_listing_skips_what_is_not_an_artifact(tmp_path: Path) -> None:
     ]
 
 
+def test_a_linked_artifacts_directory_is_not_listed(tmp_path: Path) -> None:
+    """Its files are not followed when they are links, nor is the directory itself."""
+    (tmp_path / "elsewhere").mkdir()
+    (tmp_path / "elsewhere" / "1.bash.log").write_text("not the session's")
+    (tmp_path / "stem").symlink_to(tmp_path / "elsewhere")
+    assert list_artifacts(tmp_path / "stem") == []
+    assert [a.artifact_id for a in list_artifacts(tmp_path / "elsewhere")] == ["1"]
+
+
 _values = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(),
     lambda inner: (
