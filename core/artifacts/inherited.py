@@ -103,15 +103,30 @@ def read_artifact_file(
     data = own_or_inherited(engine, root, own, row, objects, read)
     if data is None or (reason := integrity.check(row, data)) is None:
         return data
+    # Corrupt only when the row did not change across a read that mismatched it: every
+    # rewrite holds the quota lock from its file's rename to its row's commit, so a row read
+    # under that lock after the read is the same one only if no rewrite touched the file
+    # meanwhile (one rewrite racing the first read, then another racing the second, made a
+    # good file look corrupt).
     fresh = integrity.fresh_row(engine, row)
-    if fresh is None:  # removed meanwhile
-        return None
-    if fresh.name and row.name and fresh.name != row.name:  # a tool output put anew
-        own = own.parents[len(PurePosixPath(row.name).parts) - 1] / fresh.name
-    data = own_or_inherited(engine, root, own, fresh, objects, read)
-    if data is not None and (reason := integrity.check(fresh, data)) is not None:
-        raise integrity.corrupt(fresh, reason)
-    return data
+    for _ in range(_REREADS):
+        if fresh is None:  # removed meanwhile
+            return None
+        if fresh.name and row.name and fresh.name != row.name:  # a tool output put anew
+            own = own.parents[len(PurePosixPath(row.name).parts) - 1] / fresh.name
+            row = fresh
+        data = own_or_inherited(engine, root, own, fresh, objects, read)
+        if data is None or (reason := integrity.check(fresh, data)) is None:
+            return data
+        after = integrity.fresh_row(engine, fresh)
+        if after == fresh:
+            break
+        fresh = after
+    assert fresh is not None and reason is not None
+    raise integrity.corrupt(fresh, reason)
+
+
+_REREADS = 8  # rewrites racing one read this often in a row: taken for corruption
 
 
 def open_artifact_file(

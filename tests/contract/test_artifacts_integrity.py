@@ -151,6 +151,29 @@ def test_a_rewrite_racing_a_read_is_served_not_called_corrupt(
     assert len(calls) == 2  # read again once
 
 
+def test_rewrites_racing_each_read_of_one_request_are_served_not_called_corrupt(
+    store: SessionStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A rewrite lands before each file read of one request (the first read, then its
+    re-read): the re-read happened with a row read before the second rewrite, so a good
+    file was reported corrupt. Only a row unchanged across a mismatching read is."""
+    sid = store.create_session(tenant_id="acme").id
+    files = store.artifacts(sid).files
+    files.put("notes/a.txt", "v1 " * 100)
+    real = inherited.read_own_file
+    calls: list[Path] = []
+
+    def racing(root: Path, path: Path, storage: object) -> bytes | None:
+        if len(calls) < 3:
+            files.put("notes/a.txt", f"v{len(calls) + 2} " * (100 + len(calls)))
+        calls.append(path)
+        return real(root, path, storage)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(inherited, "read_own_file", racing)
+    assert files.get("notes/a.txt") == b"v4 " * 102
+    assert len(calls) == 4
+
+
 def test_a_partial_read_is_not_checked_and_a_finalized_output_is(
     store: SessionStore, raw: RawArtifacts
 ) -> None:
