@@ -242,7 +242,8 @@ class Settings(BaseSettings):
         le=1000,
         description="Deliveries of a message that never finishes (killed at the hard "
         "time limit, or its worker lost, each time) before its write is dead-lettered "
-        "(counted on Redis and on the embedded broker; on AMQP only with a Redis result backend).",
+        "(counted on Redis and on the embedded broker; on RabbitMQ in a Redis result "
+        "backend, and with any other backend not at all).",
     )
     gc_schedule: str = Field(
         json_schema_extra=SHARED,
