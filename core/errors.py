@@ -352,6 +352,23 @@ class SchemaNotCurrent(SessionStoreError):
     """The database schema is missing or behind the code: run `sessionstore db upgrade`."""
 
 
+class SchemaAhead(SchemaNotCurrent):
+    """The database schema is at a revision this code does not know: a newer release wrote
+    it, and only that release can use it or downgrade it (`db upgrade` cannot help)."""
+
+    def __init__(self, revision: str, head: str) -> None:
+        self.revision = revision
+        self.head = head
+        super().__init__(
+            f"the database schema is at {revision}, which this code (at {head}) does not "
+            "know: a newer sessionstore wrote it; run that release (or downgrade the schema "
+            "with it)"
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**super().to_dict(), "revision": self.revision, "head": self.head}
+
+
 class DowngradeRefused(SessionStoreError):
     """A schema downgrade that would lose what the older code cannot do without (see the
     message); nothing was changed by the refused step."""

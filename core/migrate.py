@@ -8,18 +8,25 @@ refuses to open a schema that is missing or behind (SchemaNotCurrent).
 from __future__ import annotations
 
 import fcntl
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 
 from sqlalchemy import Engine, inspect, text
 from sqlalchemy.engine import make_url
 
 from core.db import make_engine
-from core.errors import DatabaseMissing, InvalidArgument, SchemaNotCurrent, StorageUnavailable
+from core.errors import (
+    DatabaseMissing,
+    DowngradeRefused,
+    InvalidArgument,
+    SchemaAhead,
+    SchemaNotCurrent,
+    StorageUnavailable,
+)
 from core.translate import translate
 
 if TYPE_CHECKING:
@@ -39,14 +46,37 @@ VERSION_TABLE = "alembic_version"
 MIGRATIONS = Path(__file__).resolve().parent.parent / "migrations"
 
 
-def alembic_config(url: str) -> Config:
+# The name under which a downgrade is forced past a refusal (``DowngradeRefused``): an
+# attribute of the Alembic config here, ``-x force=1`` on the ``alembic`` command line.
+FORCE = "force"
+
+
+def alembic_config(url: str, *, force: bool = False) -> Config:
     from alembic.config import Config
 
     cfg = Config()  # alembic.ini at the project root is for the alembic command only
     cfg.set_main_option("script_location", str(MIGRATIONS))
     cfg.set_main_option("sqlalchemy.url", url.replace("%", "%%"))
     cfg.attributes["configure_logger"] = False
+    cfg.attributes[FORCE] = force
     return cfg
+
+
+def refuse_downgrade(revision: str, count: str, reason: Callable[[int], str]) -> None:
+    """Inside migration ``revision``'s ``downgrade``, before it changes anything: raise
+    ``DowngradeRefused(revision, reason(n))`` when the ``count`` query finds n > 0 rows the
+    older code cannot do without, unless the caller forced the downgrade
+    (``downgrade(..., force=True)``, ``sessionstore db downgrade --force`` or ``alembic -x
+    force=1 downgrade``). The whole downgrade is one transaction: nothing is changed."""
+    from alembic import context, op
+
+    found = int(op.get_bind().execute(text(count)).scalar() or 0)
+    if not found or context.config.attributes.get(FORCE):
+        return
+    given = context.get_x_argument(as_dictionary=True).get(FORCE)
+    if given is not None and given.strip().lower() not in ("", "0", "false", "no"):
+        return
+    raise DowngradeRefused(revision, reason(found))
 
 
 @cache
@@ -65,12 +95,15 @@ def upgrade(url: str, revision: str = "head") -> None:
         command.upgrade(alembic_config(url), revision)
 
 
-def downgrade(url: str, revision: str = "base") -> None:
+def downgrade(url: str, revision: str = "base", *, force: bool = False) -> None:
+    """Downgrade to ``revision``, in one transaction. A step that would lose what the older
+    code cannot rebuild raises ``DowngradeRefused`` and nothing is changed, unless
+    ``force``: the step then goes ahead, as its refusal says it would."""
     from alembic import command
 
     with _revision_errors(), _one_migration_at_a_time(url):
         _refuse_unknown(current_revision(url))
-        command.downgrade(alembic_config(url), revision)
+        command.downgrade(alembic_config(url, force=force), revision)
 
 
 # Any fixed number: the PostgreSQL advisory lock that migrations of one database take.
@@ -101,22 +134,31 @@ def _one_migration_at_a_time(url: str) -> Iterator[None]:
 
 
 def _refuse_unknown(current: str | None) -> None:
-    """SchemaNotCurrent for a schema at a revision these scripts do not have: a newer
-    release wrote it (it was upgraded as if behind, or reported as a bad argument)."""
-    if current is None or current == HEAD_REVISION:
-        return
+    """SchemaAhead for a schema at a revision these scripts do not have: a newer release
+    wrote it (it was upgraded as if behind, or reported as a bad argument)."""
+    if schema_state(current) == "ahead":
+        assert current is not None
+        raise SchemaAhead(current, HEAD_REVISION)
+
+
+SchemaState = Literal["current", "missing", "behind", "ahead"]
+
+
+def schema_state(current: str | None) -> SchemaState:
+    """Where a schema at ``current`` stands against this code: at its head, missing (no
+    schema), behind (a revision these scripts have) or ahead (one they do not: a newer
+    release wrote it)."""
+    if current == HEAD_REVISION:
+        return "current"
+    if current is None:
+        return "missing"
     from alembic.util.exc import CommandError
 
     try:
         known = _scripts().get_revision(current) is not None
     except CommandError:  # alembic's ResolutionError included
         known = False
-    if not known:
-        raise SchemaNotCurrent(
-            f"the database schema is at {current}, which this code (at {HEAD_REVISION}) does "
-            "not know: a newer sessionstore wrote it; run that release (or downgrade the "
-            "schema with it)"
-        )
+    return "behind" if known else "ahead"
 
 
 @contextmanager

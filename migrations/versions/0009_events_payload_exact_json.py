@@ -33,6 +33,13 @@ which is all that was left of the original.
 The BI views of 0002 are recreated over the ``json`` column with the ``json_*`` functions;
 their columns keep their names and meaning (``bi_events.payload`` and
 ``bi_tool_calls.arguments`` are now ``json``, exact, instead of ``jsonb``).
+
+The downgrade turns the payloads back into ``jsonb``, losing their exact text for good (an
+upgrade again cannot restore it), while the snapshots folded from that text would survive
+it: state from a snapshot would then differ from state from scratch. So a downgrade of a
+journal holding events is refused (``DowngradeRefused``, nothing changed) unless forced
+(``sessionstore db downgrade REV --force``); forced, it deletes the snapshots, which the
+older code folds again from the rewritten events.
 """
 
 import importlib.util
@@ -94,6 +101,20 @@ def upgrade() -> None:
 def downgrade() -> None:
     if op.get_bind().dialect.name != "postgresql":
         return
+    from core.migrate import refuse_downgrade
+
+    refuse_downgrade(
+        "0009",
+        "SELECT count(*) FROM events",
+        lambda events: f"{events} event(s) would be rewritten as jsonb, which reorders "
+        "object keys, reads -0.0 as 0.0 and integral floats such as 1e16 as integers; an "
+        "upgrade again cannot restore them. Downgrade with --force (`alembic -x force=1`) "
+        "to accept that: the snapshots are then deleted, to be folded again from the "
+        "rewritten events",
+    )
+    # Folded from the exact payloads: kept, they would disagree with a fold of the rewritten
+    # ones (DESIGN invariant 11); the older code folds them again on demand.
+    op.execute("DELETE FROM snapshots")
     views = _bi_views()
     for view in views.VIEWS:
         op.execute(f"DROP VIEW IF EXISTS {view}")

@@ -37,15 +37,14 @@ def downgrade() -> None:
     # Each row is a deleted session's directory not removed yet; the code before 0015 knows
     # no such list, so dropping rows would leave those directories for good, named by
     # nothing. Refused until the expiry run has removed them (or the rows are deleted by
-    # hand, to leave the directories behind knowingly).
-    pending = op.get_bind().execute(sa.text("SELECT count(*) FROM session_removals")).scalar()
-    if pending:
-        from core.errors import DowngradeRefused
+    # hand, or the downgrade is forced, to leave the directories behind knowingly).
+    from core.migrate import refuse_downgrade
 
-        raise DowngradeRefused(
-            "0015",
-            f"{pending} deleted session(s) still have artifact directories to remove: run "
-            "`sessionstore expire --apply` until none is left (or delete the rows of "
-            "session_removals to leave those directories behind), then downgrade",
-        )
+    refuse_downgrade(
+        "0015",
+        "SELECT count(*) FROM session_removals",
+        lambda pending: f"{pending} deleted session(s) still have artifact directories to "
+        "remove: run `sessionstore expire --apply` until none is left (or downgrade with "
+        "--force, `alembic -x force=1`, to leave those directories behind), then downgrade",
+    )
     op.drop_table("session_removals")

@@ -41,14 +41,21 @@ def upgrade(
 def downgrade(
     revision: str = typer.Argument(..., help="Target revision (or 'base': drops everything)."),
     yes: bool = typer.Option(False, "--yes", "-y", help="Do not ask for confirmation."),
+    force: bool = typer.Option(
+        False,
+        "--force",
+        help="Go past a step that refuses because the older code cannot rebuild what it "
+        "would lose (the refusal says what that is).",
+    ),
     as_json: bool = JsonOption,
 ) -> None:
-    """Downgrade the journal schema to REVISION (data in dropped tables is lost)."""
+    """Downgrade the journal schema to REVISION (data in dropped tables is lost). A step
+    that would lose more is refused, changing nothing, unless --force."""
     from core import migrate
 
     url = _url()
     confirm(f"downgrade the schema to {revision}? Dropped tables lose data.", yes=yes)
-    migrate.downgrade(url, revision)
+    migrate.downgrade(url, revision, force=force)
     _print_current(url, as_json)
 
 
@@ -62,17 +69,31 @@ def _print_current(url: str, as_json: bool) -> None:
         console.print(f"schema at {rev or 'base (empty)'}", highlight=False)
 
 
+# What ``db current`` adds when the schema is not at this code's head.
+_NOT_CURRENT = {
+    "missing": "no schema: run `sessionstore db upgrade`",
+    "behind": "behind: run `sessionstore db upgrade`",
+    "ahead": "ahead: a newer sessionstore wrote it; run that release (or downgrade the "
+    "schema with it)",
+}
+
+
 @db_app.command("current")
 def current(as_json: bool = JsonOption) -> None:
-    """Show the schema revision of the configured database."""
+    """Show the schema revision of the configured database; exit 8 unless it is at head."""
     from core import migrate
+    from tasks.cli.failures import ExitCode
 
     url = _url()
     rev, head = migrate.current_revision(url), migrate.head_revision(url)
+    state = migrate.schema_state(rev)
     if as_json:
-        print_json({"current": rev, "head": head})
+        print_json({"current": rev, "head": head, "state": state})
     else:
-        console.print(f"current: {rev or 'none'}   head: {head}", highlight=False)
+        said = f" ({_NOT_CURRENT[state]})" if state in _NOT_CURRENT else ""
+        console.print(f"current: {rev or 'none'}   head: {head}{said}", highlight=False)
+    if state != "current":
+        raise typer.Exit(code=int(ExitCode.SCHEMA_NOT_CURRENT))
 
 
 @db_app.command("history")

@@ -25,7 +25,7 @@ class ExitCode(IntEnum):
     STORAGE_UNAVAILABLE = 6  # a store unreachable or full, or a session's move pending
     DATABASE_UNAVAILABLE = 6  # the name of code 6 before blobs and artifacts shared it
     BROKER_UNAVAILABLE = 7  # the Celery broker cannot be reached
-    SCHEMA_NOT_CURRENT = 8  # the schema is missing or behind: `sessionstore db upgrade`
+    SCHEMA_NOT_CURRENT = 8  # the schema is missing, behind (`db upgrade`) or ahead of the code
     DATABASE_MISSING = 9  # no embedded database at the path (read-only commands never create one)
 
 
@@ -135,6 +135,16 @@ def _unavailable(component: str, detail: str) -> tuple[ExitCode, str]:
     return code, f"{name} unavailable: {detail}" + (f" ({hint})" if hint else "")
 
 
+def _hint(exc: BaseException, code: ExitCode) -> str | None:
+    """What to do, added to the line of a failure with ``code``: none for a schema a newer
+    release wrote, whose message says what to do (upgrading is what cannot help)."""
+    if isinstance(exc, errors.ImportInterrupted):
+        return _hint(exc.cause, code)
+    if isinstance(exc, errors.SchemaAhead):
+        return None
+    return _HINTS.get(code)
+
+
 def debug_enabled(argv: list[str]) -> bool:
     return "--debug" in argv or os.environ.get("SESSIONSTORE_DEBUG", "") not in ("", "0")
 
@@ -147,7 +157,7 @@ def fail(exc: BaseException, *, debug: bool) -> None:
     code, message = classified
     if debug:
         traceback.print_exception(exc, file=sys.stderr)
-    hint = _HINTS.get(code)
+    hint = _hint(exc, code)
     from tasks.cli.common import literal
 
     # one line, and a path's control character or byte that is not UTF-8 as its escape

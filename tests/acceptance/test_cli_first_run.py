@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import re
 import shutil
+import sqlite3
 import subprocess
 import time
 import uuid
@@ -94,6 +95,53 @@ def test_db_history_check_and_downgrade(cli: Cli) -> None:
     down = cli("db", "downgrade", previous, "--yes", "--json")
     assert down.returncode == 0 and json.loads(down.stdout)["current"] == previous
     assert head_revision() == revisions[-1]
+
+
+def test_db_current_exits_8_unless_the_schema_is_at_head(cli: Cli) -> None:
+    """`db current` said `current: 0022   head: 0021` and exited 0; it exits 8 (as `db check`)
+    whenever the schema is not at head, and --json says where it stands."""
+    cli.env["SESSIONSTORE_DATA_DIR"] = str(cli.home / "data")
+    head, previous = head_revision(), [r.revision for r in history(None)][-2]
+    assert cli("db", "upgrade", previous).returncode == 0
+    behind = cli("db", "current")
+    assert behind.returncode == int(ExitCode.SCHEMA_NOT_CURRENT), behind.stderr
+    assert f"current: {previous}" in behind.stdout and "behind" in behind.stdout
+    assert "db upgrade" in behind.stdout
+    shown = cli("db", "current", "--json")
+    assert shown.returncode == int(ExitCode.SCHEMA_NOT_CURRENT)
+    assert json.loads(shown.stdout) == {"current": previous, "head": head, "state": "behind"}
+    assert cli("db", "upgrade").returncode == 0
+    ok = cli("db", "current", "--json")
+    assert ok.returncode == 0
+    assert json.loads(ok.stdout) == {"current": head, "head": head, "state": "current"}
+
+
+def test_a_schema_a_newer_release_wrote_is_not_sent_to_db_upgrade(cli: Cli) -> None:
+    """A revision the code does not know: the error said to run that newer release, then the
+    CLI added "(run `sessionstore db upgrade`)", the command that had just failed; and `db
+    current` exited 0."""
+    cli.env["SESSIONSTORE_DATA_DIR"] = str(cli.home / "data")
+    assert cli("db", "upgrade").returncode == 0
+    journal = cli.home / "data" / "journal.db"
+    with sqlite3.connect(journal) as conn:
+        conn.execute("UPDATE alembic_version SET version_num = '0999'")
+    conn.close()
+    for args in (("db", "upgrade"), ("sessions", "list"), ("db", "check")):
+        line = one_line_error(
+            cli(*args), ExitCode.SCHEMA_NOT_CURRENT, "0999", "newer sessionstore", "run that"
+        )
+        assert "db upgrade" not in line, (args, line)
+    ahead = cli("db", "current")
+    assert ahead.returncode == int(ExitCode.SCHEMA_NOT_CURRENT)
+    assert "current: 0999" in ahead.stdout and "newer sessionstore" in ahead.stdout
+    assert "db upgrade" not in ahead.stdout
+    shown = cli("db", "current", "--json")
+    assert shown.returncode == int(ExitCode.SCHEMA_NOT_CURRENT)
+    assert json.loads(shown.stdout) == {
+        "current": "0999",
+        "head": head_revision(),
+        "state": "ahead",
+    }
 
 
 def test_queue_status_embedded(cli: Cli) -> None:
@@ -358,21 +406,42 @@ def test_a_blank_data_dir_is_the_default_not_cwd(cli: Cli) -> None:
 # --- embedded mode ----------------------------------------------------------------------
 
 
-@pytest.mark.postgres
-def test_postgres_schema_missing_needs_db_upgrade(cli: Cli, pg_template: str) -> None:
+@pytest.fixture
+def pg_cli(cli: Cli, pg_template: str) -> Iterator[Cli]:
+    """``cli`` on an empty PostgreSQL database of its own (no schema)."""
     name = f"ss_cli_{uuid.uuid4().hex[:10]}"
     with psycopg.connect(PG_ADMIN_DSN, autocommit=True) as conn:
         conn.execute(f'CREATE DATABASE "{name}"')
+    cli.env["SESSIONSTORE_DATABASE_URL"] = pg_url_for(name)
+    cli.env["SESSIONSTORE_DATA_DIR"] = str(cli.home / "data")
     try:
-        cli.env["SESSIONSTORE_DATABASE_URL"] = pg_url_for(name)
-        cli.env["SESSIONSTORE_DATA_DIR"] = str(cli.home / "data")
-        one_line_error(
-            cli("sessions", "list"), ExitCode.SCHEMA_NOT_CURRENT, "missing", "db upgrade"
-        )
-        assert cli("db", "upgrade").returncode == 0
-        assert cli("sessions", "list", "--json").returncode == 0
+        yield cli
     finally:
         drop_pg_database(name)
+
+
+@pytest.mark.postgres
+def test_postgres_schema_missing_needs_db_upgrade(pg_cli: Cli) -> None:
+    one_line_error(pg_cli("sessions", "list"), ExitCode.SCHEMA_NOT_CURRENT, "missing", "db upgrade")
+    assert pg_cli("db", "upgrade").returncode == 0
+    assert pg_cli("sessions", "list", "--json").returncode == 0
+
+
+@pytest.mark.postgres
+def test_a_downgrade_to_jsonb_is_refused_unless_forced(pg_cli: Cli) -> None:
+    """`db downgrade` below 0009 on PostgreSQL holding events rewrote every payload through
+    jsonb for good; it is refused (changing nothing) unless --force."""
+    assert pg_cli("db", "upgrade").returncode == 0
+    assert pg_cli("sessions", "create", "--id", "s1").returncode == 0
+    events = json.dumps(_message("hi", "e1")) + "\n"
+    assert pg_cli("append", "s1", stdin=events).returncode == 0
+    one_line_error(
+        pg_cli("db", "downgrade", "0006", "--yes"), ExitCode.FAILED, "past 0009", "--force"
+    )
+    assert json.loads(pg_cli("db", "current", "--json").stdout)["state"] == "current"
+    forced = pg_cli("db", "downgrade", "0006", "--yes", "--force", "--json")
+    assert forced.returncode == 0, forced.stderr
+    assert json.loads(forced.stdout) == {"current": "0006"}
 
 
 def test_embedded_schema_is_created_on_first_write(cli: Cli) -> None:

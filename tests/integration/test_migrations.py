@@ -16,7 +16,7 @@ from sqlalchemy import inspect, text
 
 from core import SessionStore, Settings, migrate
 from core.db import make_engine
-from core.errors import DowngradeRefused, SchemaNotCurrent
+from core.errors import DowngradeRefused, SchemaAhead, SchemaNotCurrent
 from core.models import metadata
 from tests.conftest import PG_ADMIN_DSN, drop_pg_database, pg_url_for
 
@@ -99,7 +99,7 @@ def test_a_journal_holding_data_is_upgraded_and_downgraded_through_every_rebuild
     settings = Settings(data_dir=tmp_path / "data", database_url=empty_url)
     with SessionStore.from_settings(settings) as store:
         assert [e.payload for e in store.read("s1")] == [{"type": "message", "n": 1}]
-    migrate.downgrade(empty_url, "0006")
+    migrate.downgrade(empty_url, "0006", force=True)  # PostgreSQL: back to jsonb knowingly
     migrate.upgrade(empty_url)
     assert migrate.is_current(empty_url)
     with SessionStore.from_settings(settings) as store:
@@ -119,8 +119,10 @@ def test_a_schema_a_newer_release_wrote_is_refused_typed(empty_url: str, tmp_pat
         lambda: migrate.downgrade(empty_url, "0019"),
         lambda: migrate.history("0099"),
     ):
-        with pytest.raises(SchemaNotCurrent, match=r"0099.*newer sessionstore"):
+        with pytest.raises(SchemaAhead, match=r"0099.*newer sessionstore") as ahead:
             attempt()
+        assert isinstance(ahead.value, SchemaNotCurrent)  # callers catching that still do
+        assert ahead.value.revision == "0099" and "db upgrade" not in ahead.value.message
     assert migrate.current_revision(empty_url) == "0099"
 
 
@@ -147,7 +149,7 @@ def test_two_upgrades_at_once_on_an_empty_postgresql_both_succeed(tmp_path: Path
 def test_a_downgrade_never_forgets_directories_still_to_remove(empty_url: str) -> None:
     """Below 0015 nothing lists a deleted session's directory not removed yet: a downgrade
     that dropped those rows would leave the directories for good. It is refused, changing
-    nothing, until the rows are gone."""
+    nothing, until the rows are gone, or forced (leaving the directories knowingly)."""
     migrate.upgrade(empty_url)
     engine = make_engine(empty_url)
     try:
@@ -162,11 +164,13 @@ def test_a_downgrade_never_forgets_directories_still_to_remove(empty_url: str) -
             migrate.downgrade(empty_url, "0014")
         assert migrate.current_revision(empty_url) == migrate.HEAD_REVISION
         assert "session_removals" in _tables(empty_url)
-        with engine.begin() as conn:
-            conn.execute(text("DELETE FROM session_removals"))
+        migrate.downgrade(empty_url, "0014", force=True)
+        assert migrate.current_revision(empty_url) == "0014"
+        assert "session_removals" not in _tables(empty_url)
     finally:
         engine.dispose()
-    migrate.downgrade(empty_url, "0014")
+    migrate.upgrade(empty_url)
+    migrate.downgrade(empty_url, "0014")  # no row: nothing to refuse
     assert migrate.current_revision(empty_url) == "0014"
     assert "session_removals" not in _tables(empty_url)
 

@@ -11,8 +11,10 @@ import psycopg
 import pytest
 from sqlalchemy import text
 
-from core import SessionStore, Settings, migrate
+from core import SessionStore, Settings, exact_json, migrate
 from core.db import make_engine
+from core.errors import DowngradeRefused
+from core.query.state import state_from_events
 from tests.conftest import PG_ADMIN_DSN, drop_pg_database, pg_url_for
 
 EVENT = {"type": "message", "id": "e1", "message": {"role": "user", "content": "hi"}}
@@ -67,10 +69,55 @@ def test_existing_jsonb_events_survive_the_upgrade_and_the_downgrade(
             roles = conn.execute(text("SELECT role, text FROM bi_messages")).all()
         assert roles == [("user", "hi")]
 
-    migrate.downgrade(fresh_pg_url, "0004")
+    migrate.downgrade(fresh_pg_url, "0004", force=True)  # jsonb again: it holds events
     # from_settings refuses a schema behind the code: look at the downgraded one directly
     with SessionStore(settings, make_engine(fresh_pg_url)) as store:
         assert _payload_type(store) == "jsonb"
         with store.engine.connect() as conn:
             count = conn.execute(text("SELECT count(*) FROM bi_events")).scalar_one()
         assert count == 2
+
+
+def _rows(store: SessionStore, sql: str) -> list[object]:
+    with store.engine.connect() as conn:
+        return list(conn.execute(text(sql)).all())
+
+
+def test_a_downgrade_to_jsonb_is_refused_unless_forced_and_forced_drops_the_snapshots(
+    fresh_pg_url: str, tmp_path: Path
+) -> None:
+    """Below 0009 the payloads go back to jsonb (key order, -0.0 and 1e16 lost for good),
+    and the snapshots folded from the exact text survived it: state from a snapshot then
+    differed from state from scratch (invariant 11). Refused, changing nothing; forced, the
+    snapshots go with the exact text."""
+    migrate.upgrade(fresh_pg_url)
+    settings = Settings(database_url=fresh_pg_url, data_dir=tmp_path, snapshot_every=1)
+    event = {"type": "compaction", "id": "c", "parentId": None, "summary": "s",
+             "tokensBefore": 1e16, "zeta": {"z": 1, "a": -0.0}}  # fmt: skip
+    with SessionStore.from_settings(settings) as store:
+        session = store.create_session(tenant_id="acme")
+        store.append(session.id, [event])
+        store.state(session.id)  # folds and keeps the snapshot at seq 1
+        before = _rows(store, "SELECT session_id, seq, payload::text FROM events")
+        snapshots = _rows(store, "SELECT session_id, seq FROM snapshots")
+        assert snapshots == [(session.id, 1)]
+
+        with pytest.raises(DowngradeRefused, match=r"past 0009.*1 event.*--force") as refused:
+            migrate.downgrade(fresh_pg_url, "0006")
+        assert refused.value.revision == "0009"
+        assert migrate.current_revision(fresh_pg_url) == migrate.HEAD_REVISION
+        assert _payload_type(store) == "json"
+        assert _rows(store, "SELECT session_id, seq, payload::text FROM events") == before
+        assert _rows(store, "SELECT session_id, seq FROM snapshots") == snapshots
+        assert exact_json.dumps(store.read(session.id)[0].payload) == exact_json.dumps(event)
+
+    migrate.downgrade(fresh_pg_url, "0006", force=True)
+    assert migrate.current_revision(fresh_pg_url) == "0006"
+    migrate.upgrade(fresh_pg_url)
+    with SessionStore.from_settings(settings) as store:
+        assert _rows(store, "SELECT session_id, seq FROM snapshots") == []
+        events = store.read(session.id)
+        from_scratch = state_from_events(events, session=store.get_session(session.id))
+        folded = store.state(session.id)  # no snapshot left: folded from the events read
+        assert folded.compaction is not None and from_scratch.compaction is not None
+        assert repr(folded.compaction.tokens_before) == repr(from_scratch.compaction.tokens_before)
