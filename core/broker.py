@@ -307,10 +307,10 @@ def _remove_stale_parts(folder: Path, before: float) -> None:
         log.warning("the embedded broker removed a stale staging file: %s", folder / name)
 
 
-def held(inbox: Path) -> tuple[int, int]:
+def held(folder: Path) -> tuple[int, int]:
     """For ``queue status``: messages claimed and not acked yet (running, or held by a lost
     consumer until a scan returns them), and files set aside in ``bad/`` as unreadable, of
-    the broker whose queue folder is ``inbox``."""
+    the broker in ``folder`` (its ``in/``, ``claimed/`` and ``bad/``)."""
 
     def count(folder: Path) -> int:
         try:
@@ -318,7 +318,7 @@ def held(inbox: Path) -> tuple[int, int]:
         except FileNotFoundError:
             return 0
 
-    return count(inbox.parent / "claimed"), count(inbox.parent / "bad")
+    return count(folder / "claimed"), count(folder / "bad")
 
 
 def delivery_number(count: object) -> int:

@@ -16,11 +16,14 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from typing import Any
 
 import orjson
 
-from core.fsio import LONE_SURROGATE
+# A lone surrogate: what a JSON ``\ud800`` escape holds, or what ``os.fsdecode`` makes of a
+# byte that is not UTF-8 (U+DC80-U+DCFF). No database stores one, and no terminal shows one.
+LONE_SURROGATE = re.compile("[\ud800-\udfff]")
 
 _MARK = b" "
 _MARK_STR = " "

@@ -18,10 +18,7 @@ from pathlib import Path
 from typing import IO, AnyStr
 
 from core import nofollow
-
-# A lone surrogate: what ``os.fsdecode`` makes of a byte that is not UTF-8 (U+DC80-U+DCFF), or
-# what a JSON ``\ud800`` escape holds. No database stores one, and no terminal shows one.
-LONE_SURROGATE = re.compile("[\ud800-\udfff]")
+from core.exact_json import LONE_SURROGATE, escape_lone_surrogates
 
 
 def path_text(path: str | os.PathLike[str]) -> str:
@@ -45,8 +42,7 @@ def key_text(value: str) -> str:
     other id can spell an escaped one."""
     if not LONE_SURROGATE.search(value) and not value.startswith(ESCAPED_KEY):
         return value
-    escaped = LONE_SURROGATE.sub(lambda m: f"\\u{ord(m[0]):04x}", value.replace("\\", "\\\\"))
-    return ESCAPED_KEY + escaped
+    return ESCAPED_KEY + escape_lone_surrogates(value.replace("\\", "\\\\"))
 
 
 def _surrogate_escape(match: re.Match[str]) -> str:

@@ -24,7 +24,7 @@ from tasks.results import polling_redis_url
 
 TASK_MODULES = ["tasks.writes", "tasks.maintenance", "tasks.forks", "tasks.rehydrate"]
 QUEUE = "sessionstore"
-_REDIS = ("redis://", "rediss://")
+REDIS_URLS = ("redis://", "rediss://")
 # Backoff between attempts to reach the broker, for publishing and for (re)connecting.
 _RECONNECT = {"interval_start": 0.0, "interval_step": 0.5, "interval_max": 2.0}
 
@@ -69,7 +69,7 @@ def celery_broker_url(settings: Settings) -> str:
 def _broker(settings: Settings) -> tuple[str, dict[str, Any]]:
     if settings.broker_url:
         options: dict[str, Any] = {}
-        if settings.broker_url.startswith(_REDIS):
+        if settings.broker_url.startswith(REDIS_URLS):
             # kombu returns a dead worker's unacked messages in periodic sweeps, by default
             # only every ~100 s and blocked for 5 minutes if the worker died holding the
             # sweep mutex: tie both to the visibility timeout instead.
@@ -103,9 +103,9 @@ def _broker(settings: Settings) -> tuple[str, dict[str, Any]]:
 
 def _result_backend(settings: Settings) -> str:
     url = settings.result_backend
-    if not url and settings.broker_url and settings.broker_url.startswith(_REDIS):
+    if not url and settings.broker_url and settings.broker_url.startswith(REDIS_URLS):
         url = settings.broker_url
-    if url and url.startswith(_REDIS):
+    if url and url.startswith(REDIS_URLS):
         return polling_redis_url(url)
     if url:
         return url

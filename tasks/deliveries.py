@@ -21,7 +21,7 @@ from celery import Task
 from celery.exceptions import SoftTimeLimitExceeded
 
 from core.broker import DELIVERIES, delivery_number
-from tasks.app import settings_of
+from tasks.app import REDIS_URLS, settings_of
 
 logger = logging.getLogger(__name__)
 
@@ -84,9 +84,6 @@ def _counter(task: Task) -> Iterator[Any]:
         yield task.app.backend.client  # the backend's own pool: nothing to close here
     else:
         yield None
-
-
-REDIS_URLS = ("redis://", "rediss://")
 
 
 def _key(task: Task) -> str:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import errno
 import logging
+import multiprocessing
 import os
 import shutil
 import signal
@@ -515,3 +516,25 @@ def skew_host_clock(monkeypatch: pytest.MonkeyPatch, skew: timedelta) -> None:
     for name, module in list(sys.modules.items()):
         if (name == "core" or name.startswith("core.")) and getattr(module, "utcnow", None) is real:
             monkeypatch.setattr(module, "utcnow", lambda: real() + skew)
+
+
+SPAWN = multiprocessing.get_context("spawn")
+
+
+def run_together(target: Callable[..., None], args: tuple[Any, ...], count: int) -> list[Any]:
+    """``count`` spawned processes each run ``target(*args, ready, go, out)``: it puts to
+    ``ready`` once set up, waits for ``go`` (all start together: the first one up does
+    not take everything) and puts its result to ``out``. Their results."""
+    out, ready, go = SPAWN.Queue(), SPAWN.Queue(), SPAWN.Event()
+    processes = [SPAWN.Process(target=target, args=(*args, ready, go, out)) for _ in range(count)]
+    for process in processes:
+        process.start()
+    try:
+        for _ in processes:
+            ready.get(timeout=60)
+        go.set()
+        return [out.get(timeout=90) for _ in processes]
+    finally:
+        for process in processes:
+            process.join(10)
+            process.kill()

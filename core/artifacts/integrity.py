@@ -26,6 +26,7 @@ from sqlalchemy import Engine
 
 from core.artifacts import rows
 from core.artifacts.records import AGENT_OUTPUT, ArtifactInfo
+from core.blobs.store import sha256_hex
 from core.db import write_transaction
 from core.errors import ArtifactCorrupt
 
@@ -60,9 +61,7 @@ def corrupt(row: ArtifactInfo, reason: str) -> ArtifactCorrupt:
     return ArtifactCorrupt(what, reason)
 
 
-def digest(data: bytes) -> str:
-    """What a row records of its bytes as ``sha256``."""
-    return hashlib.sha256(data).hexdigest()
+digest = sha256_hex  # what a row records of its bytes as ``sha256``
 
 
 def check(row: ArtifactInfo, data: bytes) -> str | None:

@@ -139,13 +139,11 @@ class _Resolver:
         self.directory = session_dir(root, info.tenant_id, session_id)
         self.storage: ArtifactStorage | None = None  # None: the filesystem at ``root``
 
-    def _rows(self, kind: str, local_id: str) -> tuple[Any, list[str], bool]:
-        """The row (None: there is none, and the ids there are), and whether it expired."""
+    def _rows(self, kind: str, local_id: str) -> tuple[Any, list[str]]:
         with read_connection(self.engine) as conn:
             row = rows.get_artifact(conn, self.session_id, kind, local_id)
             ids = [] if row is not None else rows.local_ids(conn, self.session_id, kind)
-            expired = row is not None and rows.has_expired(conn, row)
-        return row, ids, expired
+        return row, ids
 
     def _read(self, row: ArtifactInfo) -> str | None:
 
@@ -176,7 +174,7 @@ class _Resolver:
             raise ResolveError(f"artifact:// ID must be numeric, got: {artifact_id}")
         if parts.path not in ("", "/") or parts.query or parts.fragment:
             raise ResolveError(f"artifact:// URLs take no path or query: {url}")
-        row, ids, _ = self._rows(TOOL_OUTPUT, artifact_id)
+        row, ids = self._rows(TOOL_OUTPUT, artifact_id)
         if row is not None and not row.complete:
             return self._incomplete(url, row, partial=partial)
         self._require_directory()
@@ -215,7 +213,7 @@ class _Resolver:
         if extracting and paged:
             raise ResolveError("agent:// JSON extraction does not take offset/limit")
         self._require_directory()
-        row, ids, _ = self._rows(AGENT_OUTPUT, output_id)
+        row, ids = self._rows(AGENT_OUTPUT, output_id)
         content = self._read(row) if row is not None else None
         if content is None:
             raise ResolveNotFound(f"Not found: {output_id}\nAvailable: {', '.join(ids) or 'none'}")
@@ -248,7 +246,9 @@ class _Resolver:
     def oversized(self, url: str) -> ResolvedResource:
         if not OVERSIZED_ID.match(url):
             raise ResolveError(f"invalid oversized-output id {url[:80]!r}: expected art_<16 hex>")
-        row, _, expired = self._rows(OVERSIZED, url)
+        with read_connection(self.engine) as conn:
+            row = rows.get_artifact(conn, self.session_id, OVERSIZED, url)
+            expired = row is not None and rows.has_expired(conn, row)
         content = self._read(row) if row is not None and not expired else None
         if content is None:
             raise ResolveNotFound(f"Oversized output {url} not found (or expired)")

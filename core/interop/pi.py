@@ -32,7 +32,7 @@ from typing import IO, Any
 import orjson
 
 from core.errors import ImportFormatError
-from core.exact_json import escape_lone_surrogates
+from core.exact_json import LONE_SURROGATE, escape_lone_surrogates
 from core.interop.model import IgnoredLine, ParsedEntry, ParsedSession, SessionHeader
 from core.journal.validation import MAX_TYPE_LENGTH
 
@@ -110,9 +110,6 @@ def _holds_wide_float(value: Any) -> bool:
         elif kind is float and not -_WIDE < item < _WIDE:
             return True
     return False
-
-
-_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 def dumps_exact(value: Any) -> str:
@@ -333,7 +330,7 @@ def holds_lone_surrogate(value: Any) -> bool:
     while stack:
         item = stack.pop()
         if isinstance(item, str):
-            if _SURROGATE.search(item):
+            if LONE_SURROGATE.search(item):
                 return True
         elif isinstance(item, dict):
             stack.extend(item.keys())

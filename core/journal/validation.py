@@ -7,7 +7,6 @@ objects/arrays nested at most ``max_event_depth`` levels deep inside one event.
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -325,13 +324,12 @@ def check_name(value: Any, field: str) -> None:
         return
     if "\x00" in value:
         raise InvalidArgument(field, "cannot contain U+0000")
-    if _LONE_SURROGATE.search(value):
+    if exact_json.LONE_SURROGATE.search(value):
         raise InvalidArgument(
             field, "is not UTF-8 text (a lone surrogate: a byte that is not UTF-8, as given)"
         )
 
 
-_LONE_SURROGATE = re.compile("[\ud800-\udfff]")
 _MAX_SECONDS = 10**10  # ~317 years: any age a caller means; now minus it is still a date
 
 

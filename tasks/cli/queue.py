@@ -15,10 +15,10 @@ queue_app = new_app(help="The task queue: status.")
 cli.add_typer(queue_app, name="queue")
 
 
-def _broker_counts(celery_app: Any, queue: str) -> dict[str, Any]:
+def _broker_counts(celery_app: Any, queue: str, embedded: Path | None) -> dict[str, Any]:
     """Messages waiting in ``queue``, delivered but not yet acked (Redis: the unacked
     index, every queue; the embedded broker: its claims; None on AMQP, which does not say),
-    and (embedded broker) message files set aside as unreadable."""
+    and (embedded broker, its folder ``embedded``) message files set aside as unreadable."""
     from core import broker
 
     with celery_app.connection_for_read() as conn:
@@ -34,11 +34,10 @@ def _broker_counts(celery_app: Any, queue: str) -> dict[str, Any]:
         unacked = set_aside = None
         client = getattr(channel, "client", None)  # the Redis transport's client
         unacked_key = getattr(channel, "unacked_key", None)
-        inbox = celery_app.conf.broker_transport_options.get("data_folder_in")
         if client is not None and unacked_key is not None:
             unacked = int(client.hlen(unacked_key))
-        elif celery_app.conf.broker_transport == broker.TRANSPORT and inbox:
-            unacked, set_aside = broker.held(Path(inbox))
+        elif embedded is not None:
+            unacked, set_aside = broker.held(embedded)
         return {
             "broker": conn.as_uri(),
             "queues": {queue: depth},
@@ -71,12 +70,13 @@ def status(
     """Depth per queue, unacked messages (the embedded broker: its claims), message files
     the embedded broker set aside as unreadable, dead letters, and the workers alive with
     their active tasks (workers that do not answer within --timeout are not listed)."""
-    from tasks.app import QUEUE, create_app
+    from tasks.app import QUEUE, create_app, embedded_broker_dir
     from tasks.cli.common import load_settings
 
     settings = load_settings()
     celery_app = create_app(settings)
-    counts = _broker_counts(celery_app, QUEUE)
+    embedded = None if settings.broker_url else embedded_broker_dir(settings)
+    counts = _broker_counts(celery_app, QUEUE, embedded)
     with open_store() as store:
         dead = store.dead_letters.count()
     workers = _workers(celery_app, timeout)

@@ -10,13 +10,11 @@ outputs an hour from expiring. Heartbeats already used the database's clock; TTL
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from datetime import timedelta
-from pathlib import Path
 
 import pytest
 
-from core import SessionStore, Settings
+from core import SessionStore
 from core.maintenance.expiry import expire_artifacts
 from tests.support import skew_host_clock
 
@@ -24,10 +22,8 @@ HOUR = 3600
 SKEW = timedelta(hours=2)
 
 
-@pytest.fixture
-def store(pg_url: str, tmp_path: Path) -> Iterator[SessionStore]:
-    with SessionStore.from_settings(Settings(data_dir=tmp_path / "d", database_url=pg_url)) as s:
-        yield s
+# hosts sharing one database: PostgreSQL (conftest's store on that backend)
+pytestmark = pytest.mark.parametrize("backend", ["postgres"])
 
 
 def _oversized(store: SessionStore, sid: str, text: str) -> str:

@@ -7,10 +7,8 @@ from __future__ import annotations
 
 import json
 import multiprocessing
-import os
 import subprocess
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +20,7 @@ from core.migrate import upgrade
 from tasks import enqueue_append
 from tasks.app import celery_config, create_app
 from tasks.embedded import embedded_worker
-from tests.support import WorkerProcess, clean_env, wait_for
+from tests.support import WorkerProcess, clean_env, run_together, wait_for
 
 _MP = multiprocessing.get_context("spawn")
 
@@ -94,25 +92,6 @@ def _compete(data_dir: str, ready: Any, go: Any, out: Any) -> None:
     out.put(got)
 
 
-def run_together(target: Callable[..., None], args: tuple[Any, ...], count: int) -> list[Any]:
-    """``count`` spawned processes each run ``target(*args, ready, go, out)``: it puts to
-    ``ready`` once set up, waits for ``go`` (all start together: the first one up does
-    not take everything) and puts its result to ``out``. Their results."""
-    out, ready, go = _MP.Queue(), _MP.Queue(), _MP.Event()
-    processes = [_MP.Process(target=target, args=(*args, ready, go, out)) for _ in range(count)]
-    for process in processes:
-        process.start()
-    try:
-        for _ in processes:
-            ready.get(timeout=60)
-        go.set()
-        return [out.get(timeout=90) for _ in processes]
-    finally:
-        for process in processes:
-            process.join(10)
-            process.kill()
-
-
 def test_competing_consumers_each_take_a_message_exactly_once(tmp_path: Path) -> None:
     settings = Settings(data_dir=tmp_path)
     n = 600
@@ -175,7 +154,6 @@ def test_a_worker_of_one_command_leaves_no_mailbox_behind(tmp_path: Path) -> Non
     embedded broker, then ``queue status``: nothing accumulates in the queue
     directory (each command's worker left its remote-control mailbox bound, and every
     status call then wrote two messages per dead mailbox that nothing read)."""
-    import json
 
     from tests.cli_process import run_cli
     from tests.support import clean_env
@@ -343,26 +321,6 @@ def test_a_write_that_kills_its_worker_each_time_is_given_up_on_the_embedded_bro
     assert given_up.value.error_type == "DeliveriesExhausted"
     assert len(runs.read_text().split()) == 2  # killed twice, then not run again
     assert (after.first_seq, after.last_seq) == (1, 1)
-
-
-def test_a_message_returned_from_a_lost_consumer_counts_its_delivery(tmp_path: Path) -> None:
-    claimed, inbox = tmp_path / "claimed", tmp_path / "in"
-    claimed.mkdir()
-    inbox.mkdir()
-    gone = subprocess.Popen(["true"])
-    gone.wait()
-    owner = f"{broker._MACHINE}.{gone.pid}.1"
-    message = {"body": "e30=", "headers": {"task": "t"}, "properties": {"delivery_tag": "x"}}
-    (claimed / f"{owner}~a~1_m.celery.msg").write_text(json.dumps(message))
-    (claimed / f"{owner}~b~2_m.celery.msg").write_text(
-        json.dumps({**message, "headers": {broker.DELIVERIES: 4}})
-    )
-    assert broker.reclaim(claimed, inbox, older_than_s=3600) == 2
-    # back where they were in the queue, under a name of the return
-    names = sorted(os.listdir(inbox))
-    assert [(n[:4], n[-11:]) for n in names] == [("1_m+", ".celery.msg"), ("2_m+", ".celery.msg")]
-    counts = [json.loads((inbox / n).read_text())["headers"][broker.DELIVERIES] for n in names]
-    assert counts == [2, 5] and list(claimed.iterdir()) == []
 
 
 def test_a_delivered_message_body_is_decoded_once(

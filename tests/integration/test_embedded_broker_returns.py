@@ -21,8 +21,7 @@ from core import SessionStore, Settings, broker
 from core.migrate import upgrade
 from tasks import enqueue_append
 from tasks.app import create_app
-from tests.integration.test_embedded_broker import run_together
-from tests.support import ROOT, WorkerProcess, clean_env
+from tests.support import ROOT, WorkerProcess, clean_env, run_together
 
 MESSAGE = {"body": "e30=", "headers": {"task": "t"}, "properties": {"delivery_tag": "x"}}
 
@@ -305,3 +304,20 @@ def test_a_lost_claim_kombu_cannot_decode_goes_back_as_it_was(
     assert [p.name for p in inbox.iterdir()] == ["1_m.celery.msg"]
     assert json.loads((inbox / "1_m.celery.msg").read_text()) == message
     assert list(claimed.iterdir()) == []
+
+
+def test_a_message_returned_from_a_lost_consumer_counts_its_delivery(tmp_path: Path) -> None:
+    claimed, inbox = tmp_path / "claimed", tmp_path / "in"
+    claimed.mkdir()
+    inbox.mkdir()
+    owner = _gone_owner()
+    (claimed / f"{owner}~a~1_m.celery.msg").write_text(json.dumps(MESSAGE))
+    (claimed / f"{owner}~b~2_m.celery.msg").write_text(
+        json.dumps({**MESSAGE, "headers": {broker.DELIVERIES: 4}})
+    )
+    assert broker.reclaim(claimed, inbox, older_than_s=3600) == 2
+    # back where they were in the queue, under a name of the return
+    names = sorted(os.listdir(inbox))
+    assert [(n[:4], n[-11:]) for n in names] == [("1_m+", ".celery.msg"), ("2_m+", ".celery.msg")]
+    counts = [json.loads((inbox / n).read_text())["headers"][broker.DELIVERIES] for n in names]
+    assert counts == [2, 5] and list(claimed.iterdir()) == []

@@ -4,7 +4,6 @@ and PostgreSQL the journal (invariants 5, 8 and 10)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -29,12 +28,6 @@ def settings(pg_url: str, redis_url: str, amqp_url: str, tmp_path: Path) -> Sett
         result_backend=redis_url,
         task_max_deliveries=2,
     )
-
-
-@pytest.fixture
-def store(settings: Settings) -> Iterator[SessionStore]:
-    with SessionStore.from_settings(settings) as s:
-        yield s
 
 
 @pytest.fixture

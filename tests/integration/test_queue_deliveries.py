@@ -10,7 +10,6 @@ takes it from there, with ``SESSIONSTORE_TASK_MAX_DELIVERIES`` at 1.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -35,12 +34,6 @@ def note(marker: str) -> dict[str, Any]:
 @pytest.fixture
 def settings(queue_settings: Settings) -> Settings:
     return queue_settings.with_overrides(task_max_deliveries=1)
-
-
-@pytest.fixture
-def store(settings: Settings) -> Iterator[SessionStore]:
-    with SessionStore.from_settings(settings) as s:
-        yield s
 
 
 @pytest.fixture
