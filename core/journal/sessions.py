@@ -123,10 +123,13 @@ class SessionRows:
         try:
             return self.get_session(ref, tenant_id=tenant_id)
         except SessionNotFound:
-            # the id as imported keys it (``key_text``); else as shown, without its mark
-            found = self._with_external_id(tenant_id, key_text(ref), limit=6)
-            if not found and key_text(ref) == ref:
-                found = self._with_external_id(tenant_id, ESCAPED_KEY + ref, limit=6)
+            # as stored; else the id an import keys by it (``key_text``); else an escaped
+            # key as shown, without its mark
+            key = key_text(ref)
+            for candidate in (ref, key if key != ref else ESCAPED_KEY + ref):
+                found = self._with_external_id(tenant_id, candidate, limit=6)
+                if found:
+                    break
             if len(found) == 1:
                 return found[0]
             if found:  # not "not found": found in more than one tenant

@@ -840,6 +840,9 @@ def test_an_id_with_a_lone_surrogate_is_never_another_ids_key(
     second = store.import_session(tmp_path / "surrogate.jsonl", tenant_id=TENANT)
     assert (first.status, second.status) == ("created", "created")
     assert first.session_id != second.session_id and first.external_id == "p\\ud800"
-    assert store.get_session(kid.session_id).parent_id != first.session_id
+    assert store.get_session(kid.session_id).parent_id == second.session_id
+    # each found by its id as stored, the literal one by its text
+    assert store.resolve_session(second.external_id, tenant_id=TENANT).id == second.session_id
+    assert store.resolve_session("p\\ud800", tenant_id=TENANT).id == first.session_id
     again = store.import_session(tmp_path / "surrogate.jsonl", tenant_id=TENANT)
     assert (again.status, again.session_id) == ("unchanged", second.session_id)
