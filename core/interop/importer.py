@@ -365,8 +365,11 @@ def _imported_under_former_id(
             "(delete it and import again to key it by the file)",
             extra={"path": str(path), "session_id": found.id, "external_id": former},
         )
+        raw = parsed.header.raw
+        if raw.get("id") == parsed.header.external_id:  # built from the fields: as that was
+            raw = {**raw, "id": former}
         header = dataclasses.replace(
-            parsed.header, external_id=former, parent_id=None, parent_session=None
+            parsed.header, external_id=former, parent_id=None, parent_session=None, raw=raw
         )
         return dataclasses.replace(parsed, header=header), found
     return parsed, None
@@ -398,7 +401,11 @@ def parse_file_data(
         raise ImportFormatError(
             str(path), f"the {format} reader failed on this file: {type(exc).__name__}: {exc}"
         ) from exc
-    return dataclasses.replace(parsed, header=_row_text(parsed.header))
+    header = parsed.header
+    if not pi.is_header(header.raw):  # built from the fields as read, before they are keyed
+        built = pi.new_header(header.external_id, timestamp=header.timestamp, cwd=header.cwd)
+        header = dataclasses.replace(header, raw=built)
+    return dataclasses.replace(parsed, header=_row_text(header))
 
 
 def _row_text(header: SessionHeader) -> SessionHeader:

@@ -615,11 +615,16 @@ def _v2_to_v3(values: list[Any]) -> None:
 # writing -------------------------------------------------------------------------------
 
 
+def is_header(raw: dict[str, Any]) -> bool:
+    """Whether a parsed header's ``raw`` is a pi header line (else fields to build one from)."""
+    return raw.get("type") == HEADER_TYPE and isinstance(raw.get("id"), str)
+
+
 def header_event(header: SessionHeader) -> dict[str, Any]:
     """The header as it is kept in the journal (the event at seq 1 of an imported session):
     the migrated original when there is one, else a version-3 header built from the fields;
     one holding a lone surrogate (pi reads it) as the ``ESCAPED_LINE`` that keeps its text."""
-    if header.raw.get("type") == HEADER_TYPE and isinstance(header.raw.get("id"), str):
+    if is_header(header.raw):
         event = dict(header.raw)
     else:
         event = new_header(header.external_id, timestamp=header.timestamp, cwd=header.cwd)

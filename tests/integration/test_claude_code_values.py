@@ -149,8 +149,9 @@ def test_a_lone_surrogate_is_kept_and_exported_exactly(store: SessionStore, tmp_
     for a string cut inside an emoji) is imported, as pi lines are (it was refused): each
     entry holding one is kept as its exact text (``pi.ESCAPED_LINE``), its content comes
     back exactly (``line_content``), the state shows its messages, the session row holds
-    the id, cwd and title with the surrogate escaped, and the export writes each entry as
-    that text."""
+    the id, cwd and title with the surrogate escaped, the header keeps the exact id and cwd
+    (an escaped line too), and the export writes each entry as that text: imported again,
+    it is the same session, unchanged."""
     base = {"sessionId": "lone\udc01", "timestamp": "2026-01-01T00:00:00Z", "cwd": "/w\ud800"}
     call = {"type": "tool_use", "id": "t", "name": "T", "input": {"k\udc00": [-0.0, 2**70]}}
     reply = {"id": "m", "role": "assistant", "model": "x\udfff", "usage": {}}
@@ -168,7 +169,7 @@ def test_a_lone_surrogate_is_kept_and_exported_exactly(store: SessionStore, tmp_
     session = store.resolve_session("lone\\udc01", tenant_id="acme")
     assert (session.title, session.cwd) == ("title \\ud83d", "/w\\ud800")
     events = store.read(result.session_id, rehydrate=True)
-    assert [e.type for e in events] == ["session", *[pi.ESCAPED_LINE] * 3]
+    assert [e.type for e in events] == [pi.ESCAPED_LINE] * 4
     assert all(not pi.holds_lone_surrogate(e.payload) for e in events)
     contents = [line_content([e.payload]) for e in events[1:3]]
     assert json.dumps(contents) == json.dumps([x["message"]["content"] for x in lines[:2]])
@@ -183,4 +184,8 @@ def test_a_lone_surrogate_is_kept_and_exported_exactly(store: SessionStore, tmp_
     parsed = parse_file_data(path, path.read_bytes())
     entries = [pi.header_event(parsed.header), *(e.entry for e in parsed.entries)]
     assert out.getvalue().splitlines() == [pi.line_text(e) for e in entries]
+    exported = tmp_path / "exported.jsonl"
+    exported.write_text(out.getvalue(), encoding="utf-8", errors="surrogatepass")
+    again = store.import_session(exported, tenant_id="acme")
+    assert (again.status, again.session_id) == ("unchanged", result.session_id)
     assert store.import_session(path, tenant_id="acme").status == "unchanged"
