@@ -15,6 +15,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from core.interop import pi
 from core.query.fold_codec import encode_fold
 from core.query.projection import PROJECTION_VERSION, fold_events
 from core.records import StoredEvent
@@ -23,7 +24,7 @@ FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 
 # the digest of the corpus's encoded folds at each version since the pin was added
 PINNED = {
-    5: "0a5052f93ce8d0e4831b2d46e0c7a950eecc8b4c6730c37a747a16dcb4d944d1",
+    5: "fcb14f4d58747719f3724b1be75af71b5b2dfc176b111a78a5496e198ab4853a",
 }
 
 
@@ -60,6 +61,30 @@ def _headerless() -> list[dict[str, Any]]:
     ]
 
 
+def _escaped() -> list[dict[str, Any]]:
+    """A pi file whose lines hold lone surrogates, kept as escaped lines (version 5's rule):
+    its header, a message, an assistant's model, a compaction, a label, and a line whose
+    text is a blob's ref (placed, not read)."""
+    header = {"type": "session", "version": 3, "id": "s\ud800", "timestamp": "t", "cwd": "/w"}
+    reply = _message("B", "A", "assistant", "cut \ud83d")
+    reply["message"].update(provider="p", model="m\udfff")
+    lines = [
+        header,
+        _message("A", None, "user", "hello \udc80"),
+        reply,
+        {"type": "compaction", "id": "K", "parentId": "B", "summary": "s\ud800",
+         "firstKeptEntryId": "B", "tokensBefore": 7},
+        {"type": "label", "id": "L", "parentId": "K", "targetId": "A", "label": "\ud800"},
+    ]  # fmt: skip
+    unread = {
+        "type": pi.ESCAPED_LINE,
+        "id": "U",
+        "parentId": "L",
+        "json": "blob:sha256:" + "0" * 64,
+    }
+    return [*map(pi.escaped_line, lines), unread]
+
+
 def _corpus() -> list[list[dict[str, Any]]]:
     sessions = []
     for name in ("v1", "v2", "v3"):
@@ -68,6 +93,7 @@ def _corpus() -> list[list[dict[str, Any]]]:
     sessions.append(_headerless())
     header = {"type": "session", "version": 3, "id": "s", "timestamp": "t", "cwd": "/w"}
     sessions.append([header, *_headerless()])
+    sessions.append(_escaped())
     return sessions
 
 
