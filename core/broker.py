@@ -189,6 +189,8 @@ DELIVERIES = "x-sessionstore-deliveries"
 # returner killed after counting and before the message was back: the next one does not
 # count it again)
 _COUNTED = "x-sessionstore-counted"
+# This broker's own headers of one message's deliveries: a retry (a new message) has none.
+DELIVERY_HEADERS = (DELIVERIES, _COUNTED)
 _RETURNED = "+"  # in a message's file name: "<stamp>_<uuid>+<return>.<queue>.msg"
 _CLAIM = "x-sessionstore-claim"
 _SEP = "~"

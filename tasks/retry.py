@@ -9,6 +9,7 @@ from typing import NoReturn
 from celery import Task
 from celery.exceptions import Reject
 
+from core.broker import DELIVERY_HEADERS
 from core.errors import StorageUnavailable
 from core.translate import translate
 
@@ -39,9 +40,15 @@ def backoff_seconds(retries: int, visibility_timeout: int) -> float:
 
 def retry_or_requeue(task: Task, countdown: float, **options: object) -> NoReturn:
     """``task.retry(countdown=...)``. If the retry cannot be published (the broker away),
-    Celery rejects the message without requeueing it, and the task is lost: requeue it."""
+    Celery rejects the message without requeueing it, and the task is lost: requeue it.
+
+    The retry is a new message, its deliveries counted from one, as on Redis (whose count
+    is keyed by the retry): Celery copies a request's unknown headers into it, and on the
+    embedded broker those carried the count of the message it replaces."""
+    copied = task.request.as_execution_options().get("headers") or {}
+    headers = {k: v for k, v in copied.items() if k not in DELIVERY_HEADERS}
     try:
-        task.retry(countdown=countdown, **options)
+        task.retry(countdown=countdown, headers=headers, **options)
     except Reject:
         time.sleep(min(countdown, 5.0))
         raise Reject("retry could not be published", requeue=True) from None

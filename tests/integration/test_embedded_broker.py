@@ -20,7 +20,7 @@ from core.migrate import upgrade
 from tasks import enqueue_append
 from tasks.app import celery_config, create_app
 from tasks.embedded import embedded_worker
-from tests.support import WorkerProcess, clean_env, run_together, wait_for
+from tests.support import WorkerProcess, clean_env, run_together, thread_worker, wait_for
 
 _MP = multiprocessing.get_context("spawn")
 
@@ -349,3 +349,44 @@ def test_a_delivered_message_body_is_decoded_once(
             message.ack()
     assert sorted(got) == [0, 1, 2]
     assert len(decoded) == len(set(decoded)) == 3
+
+
+def test_a_retry_counts_its_deliveries_from_one_on_the_embedded_broker(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A retry is a new message (Redis counts it under its retry number): Celery copies a
+    request's unknown headers into it, so on this broker a write delivered twice, then
+    retried after a storage blip, began its retry at the second delivery, and was given up
+    that much sooner. Its retry counts from one."""
+    from core.errors import StorageUnavailable
+    from tasks import writes
+
+    data_dir = tmp_path / "data"
+    settings = Settings(data_dir=data_dir)
+    upgrade(settings.resolved_database_url)
+    app = create_app(settings)
+    seen: list[int] = []
+    real_count, real_validate = writes.delivery_count, writes.validate_write
+
+    def counted(task: Any) -> int:
+        seen.append(real_count(task))
+        return seen[-1]
+
+    def blip_once(*args: Any) -> Any:
+        if len(seen) == 1:
+            raise StorageUnavailable("database", "a blip")
+        return real_validate(*args)
+
+    monkeypatch.setattr(writes, "delivery_count", counted)
+    monkeypatch.setattr(writes, "validate_write", blip_once)
+    monkeypatch.setattr(writes, "backoff_seconds", lambda *a: 0.0)
+    with SessionStore.from_settings(settings) as store:
+        sid = store.create_session(tenant_id="acme").id
+        handle = enqueue_append(sid, [{"type": "note"}], app=app)
+        (queued,) = (data_dir / "queue" / "in").glob("*.msg")
+        message = json.loads(queued.read_text())
+        message["headers"][broker.DELIVERIES] = 2  # delivered once before, restored
+        queued.write_text(json.dumps(message))
+        with thread_worker(app, concurrency=1):
+            result = handle.get(timeout=60)
+    assert (result.first_seq, seen) == (1, [2, 1])
