@@ -358,8 +358,9 @@ def _return(claim: Path, inbox: Path, name: str) -> bool:
 def _counted(mine: Path, name: str) -> str:
     """Count the delivery in the claim ``mine`` of message file ``name``, unless a return
     killed before it was back counted it; the name it goes back as."""
+    body = mine.read_bytes()  # a read that fails leaves the claim for the next scan
     try:
-        message = _loads(mine.read_bytes().decode())
+        message = _loads(body.decode())
         headers = message.get("headers") if isinstance(message, dict) else None
     except Exception:  # not JSON, or kombu's decoders refused it (TypeError, decimal, depth)
         headers = None  # set aside when it is claimed again

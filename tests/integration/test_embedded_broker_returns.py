@@ -321,3 +321,28 @@ def test_a_message_returned_from_a_lost_consumer_counts_its_delivery(tmp_path: P
     assert [(n[:4], n[-11:]) for n in names] == [("1_m+", ".celery.msg"), ("2_m+", ".celery.msg")]
     counts = [json.loads((inbox / n).read_text())["headers"][broker.DELIVERIES] for n in names]
     assert counts == [2, 5] and list(claimed.iterdir()) == []
+
+
+def test_a_lost_claim_that_cannot_be_read_stays_for_the_next_scan(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A read of the claim that fails (EIO) is no verdict on the message: it went back to
+    the queue uncounted, as a file that does not parse does. It stays claimed as it was, and
+    the next scan returns it counted."""
+    claimed, inbox = tmp_path / "claimed", tmp_path / "in"
+    claimed.mkdir()
+    inbox.mkdir()
+    lost = claimed / f"{_gone_owner()}~a~1_m.celery.msg"
+    lost.write_text(json.dumps(MESSAGE))
+    real = Path.read_bytes
+
+    def failing(self: Path) -> bytes:
+        raise OSError(5, "Input/output error")
+
+    monkeypatch.setattr(Path, "read_bytes", failing)
+    assert broker.reclaim(claimed, inbox, older_than_s=3600) == 0
+    assert [p.name for p in claimed.iterdir()] == [lost.name] and list(inbox.iterdir()) == []
+    monkeypatch.setattr(Path, "read_bytes", real)
+    assert broker.reclaim(claimed, inbox, older_than_s=3600) == 1
+    (back,) = inbox.iterdir()
+    assert json.loads(back.read_text())["headers"][broker.DELIVERIES] == 2
