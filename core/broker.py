@@ -157,13 +157,22 @@ class Channel(filesystem.Channel):
     def basic_reject(self, delivery_tag: Any, requeue: bool = False) -> None:
         claim = self._claim_of(delivery_tag)
         super().basic_reject(delivery_tag, requeue)  # type: ignore[no-untyped-call]
-        _drop(claim)  # requeued: published again as a new file first
+        _drop(claim)  # requeued: its claim went back into the queue (gone by now)
 
     def _restore(self, message: Any) -> None:
+        """Give an unacked message back (restored at shutdown, or rejected to the queue),
+        its delivery counted: its claim goes back into the queue as a lost consumer's does,
+        in one rename (kombu publishes a copy, and the claim was dropped after it: a kill
+        between left the message both queued and claimed, delivered twice). An OSError (a
+        full disk) leaves the claim, which a scan returns once this process is gone."""
+        claim = getattr(message, "_raw", {}).get(_CLAIM)
+        if isinstance(claim, str):
+            path = Path(claim)
+            _return(path, Path(self.data_folder_in), path.name.split(_SEP, 2)[-1])
+            return
         if isinstance(message.headers, dict):  # delivered again: counted in the message
             message.headers[DELIVERIES] = delivery_number(message.headers.get(DELIVERIES)) + 1
         super()._restore(message)  # type: ignore[no-untyped-call]
-        _drop(getattr(message, "_raw", {}).get(_CLAIM))
 
     def _visibility_timeout(self) -> float:
         options = self.connection.client.transport_options or {}
@@ -370,6 +379,7 @@ def _counted(mine: Path, name: str) -> str:
     if counted != name and _returned_as(name, counted):
         return cast(str, counted)
     back = _return_name(name)
+    message["redelivered"] = True  # as kombu marks a message it restores
     headers[DELIVERIES] = delivery_number(headers.get(DELIVERIES)) + 1
     headers[_COUNTED] = back
     staging = mine.with_name(f".{uuid.uuid4().hex}.part")

@@ -23,12 +23,14 @@ import pytest
 import redis
 from celery import Celery
 from celery.contrib.testing.worker import start_worker
+from kombu import Connection
 from sqlalchemy import update
 
 from core import SessionStore, Settings
 from core.blobs.store import BlobStore, PutResult
 from core.models import ArtifactRow, table_of, utcnow
 from tasks import AppendHandle
+from tasks.app import celery_config
 from tasks.outcomes import write_task_id
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -538,3 +540,13 @@ def run_together(target: Callable[..., None], args: tuple[Any, ...], count: int)
         for process in processes:
             process.join(10)
             process.kill()
+
+
+def broker_connection(settings: Settings) -> Connection:
+    """A kombu connection exactly as the app's worker and producers open theirs."""
+    config = celery_config(settings)
+    return Connection(
+        config["broker_url"],
+        transport=config["broker_transport"],
+        transport_options=config["broker_transport_options"],
+    )

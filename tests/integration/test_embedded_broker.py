@@ -13,33 +13,29 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from kombu import Connection
 
 from core import SessionStore, Settings, broker
 from core.migrate import upgrade
 from tasks import enqueue_append
 from tasks.app import celery_config, create_app
 from tasks.embedded import embedded_worker
-from tests.support import WorkerProcess, clean_env, run_together, thread_worker, wait_for
+from tests.support import (
+    WorkerProcess,
+    broker_connection,
+    clean_env,
+    run_together,
+    thread_worker,
+    wait_for,
+)
 
 _MP = multiprocessing.get_context("spawn")
-
-
-def _connection(settings: Settings) -> Connection:
-    """A kombu connection exactly as the app's worker and producers open theirs."""
-    config = celery_config(settings)
-    return Connection(
-        config["broker_url"],
-        transport=config["broker_transport"],
-        transport_options=config["broker_transport_options"],
-    )
 
 
 def _consume(data_dir: str, expected: int, out: Any) -> None:
     got: list[tuple[int, int]] = []
     errors: list[str] = []
     deadline = time.monotonic() + 60
-    with _connection(Settings(data_dir=Path(data_dir))) as conn:
+    with broker_connection(Settings(data_dir=Path(data_dir))) as conn:
         queue = conn.SimpleQueue("race")
         while len(got) < expected and time.monotonic() < deadline:
             try:
@@ -62,7 +58,7 @@ def test_a_consumer_never_reads_a_message_while_it_is_being_written(tmp_path: Pa
     consumer = _MP.Process(target=_consume, args=(str(tmp_path), n, out))
     consumer.start()
     try:
-        with _connection(settings) as conn:
+        with broker_connection(settings) as conn:
             queue = conn.SimpleQueue("race")
             for i in range(n):
                 queue.put({"i": i, "rows": rows})
@@ -76,7 +72,7 @@ def test_a_consumer_never_reads_a_message_while_it_is_being_written(tmp_path: Pa
 
 def _compete(data_dir: str, ready: Any, go: Any, out: Any) -> None:
     got: list[int] = []
-    with _connection(Settings(data_dir=Path(data_dir))) as conn:
+    with broker_connection(Settings(data_dir=Path(data_dir))) as conn:
         queue = conn.SimpleQueue("race")
         ready.put(True)
         go.wait(60)
@@ -95,7 +91,7 @@ def _compete(data_dir: str, ready: Any, go: Any, out: Any) -> None:
 def test_competing_consumers_each_take_a_message_exactly_once(tmp_path: Path) -> None:
     settings = Settings(data_dir=tmp_path)
     n = 600
-    with _connection(settings) as conn:
+    with broker_connection(settings) as conn:
         queue = conn.SimpleQueue("race")
         for i in range(n):
             queue.put({"i": i, "pad": "y" * 2000})
@@ -143,7 +139,7 @@ def test_an_unreadable_message_file_is_set_aside_and_the_worker_goes_on(
 
 def test_two_data_dirs_in_one_process_each_get_their_own_messages(tmp_path: Path) -> None:
     for name in ("first", "second", "third"):
-        with _connection(Settings(data_dir=tmp_path / name)) as conn:
+        with broker_connection(Settings(data_dir=tmp_path / name)) as conn:
             queue = conn.SimpleQueue("race")
             queue.put({"i": name})
             assert queue.get(timeout=5).payload == {"i": name}
@@ -194,7 +190,7 @@ def test_acked_requeued_restored_and_no_ack_messages_leave_no_claim(tmp_path: Pa
     (gone), rejected to the queue or restored at shutdown (back in the queue, once)."""
     settings = Settings(data_dir=tmp_path)
     claimed = tmp_path / "queue" / "claimed"
-    with _connection(settings) as conn:
+    with broker_connection(settings) as conn:
         queue = conn.SimpleQueue("claims")
         for i in range(3):
             queue.put({"i": i})
@@ -206,7 +202,7 @@ def test_acked_requeued_restored_and_no_ack_messages_leave_no_claim(tmp_path: Pa
         assert held.payload != acked.payload and len(list(claimed.iterdir())) == 1
     # closed with 2 unacked: restored, as kombu restores a consumer's unacked messages
     assert list(claimed.iterdir()) == []
-    with _connection(settings) as conn:
+    with broker_connection(settings) as conn:
         queue = conn.SimpleQueue("claims", no_ack=True)
         back = sorted(queue.get(timeout=5).payload["i"] for _ in range(2))
         assert back == sorted({0, 1, 2} - {acked.payload["i"]})
@@ -338,7 +334,7 @@ def test_a_delivered_message_body_is_decoded_once(
         return real(self, body, encoding)
 
     monkeypatch.setattr(virtual.Channel, "decode_body", counting)
-    with _connection(Settings(data_dir=tmp_path)) as conn:
+    with broker_connection(Settings(data_dir=tmp_path)) as conn:
         queue = conn.SimpleQueue("once")
         for i in range(3):
             queue.put({"i": i, "pad": "z" * 1000})

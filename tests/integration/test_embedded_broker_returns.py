@@ -21,7 +21,7 @@ from core import SessionStore, Settings, broker
 from core.migrate import upgrade
 from tasks import enqueue_append
 from tasks.app import create_app
-from tests.support import ROOT, WorkerProcess, clean_env, run_together
+from tests.support import ROOT, WorkerProcess, broker_connection, clean_env, run_together
 
 MESSAGE = {"body": "e30=", "headers": {"task": "t"}, "properties": {"delivery_tag": "x"}}
 
@@ -346,3 +346,44 @@ def test_a_lost_claim_that_cannot_be_read_stays_for_the_next_scan(
     assert broker.reclaim(claimed, inbox, older_than_s=3600) == 1
     (back,) = inbox.iterdir()
     assert json.loads(back.read_text())["headers"][broker.DELIVERIES] == 2
+
+
+def _restore_killed(case: Path, step: int, monkeypatch: pytest.MonkeyPatch) -> list[str] | None:
+    """A consumer holding a message restores it (a warm shutdown, a requeue) and is killed
+    before its file system change number ``step``; then a scan by a later process. None if
+    the restore was not killed (it had fewer steps); else the changes it made, after
+    checking that the message is queued exactly once, its delivery counted once, and that
+    no claim is left."""
+    settings = Settings(data_dir=case)
+    claimed, inbox = case / "queue" / "claimed", case / "queue" / "in"
+    with broker_connection(settings) as conn:
+        conn.SimpleQueue("restore").put({"n": 1})
+        channel = conn.default_channel
+        message = channel.Message(channel._get("restore"), channel=channel)
+        try:
+            with _killed_before(step, _gone_owner(), case) as made:
+                channel._restore(message)
+        except _Killed:
+            pass
+        else:
+            return None
+        # the process is gone: its claims are a lost consumer's to the next one
+        with monkeypatch.context() as m:
+            m.setattr(broker, "_owner", lambda pid: _gone_owner())
+            m.setattr(broker, "_process_start", lambda pid: None)
+            broker.reclaim(claimed, inbox, older_than_s=3600)
+    copies = _copies(inbox)
+    assert [c["headers"].get(broker.DELIVERIES) for c in copies] == [2], (step, made)
+    assert [p.name for p in claimed.iterdir() if not p.name.startswith(".")] == [], step
+    return made
+
+
+def test_a_restore_killed_at_any_step_leaves_the_message_queued_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A consumer restoring an unacked message (kombu restores them at a warm shutdown, and
+    a requeue is one) killed at each step: the message is back in the queue exactly once,
+    counted once. The restore published a copy, then dropped its claim: killed between, the
+    message was both queued and claimed, and the scan after it delivered it twice."""
+    steps = [s for s in range(10) if _restore_killed(tmp_path / str(s), s, monkeypatch)]
+    assert len(steps) >= 2
