@@ -28,7 +28,7 @@ from obstore.store import S3Store
 
 from core.artifacts.paths import OVERSIZED_DIR, STAGING_DIR, oversized_id_of
 from core.artifacts.storage import check_key, check_prefix, opened_source
-from core.blobs.objects import DEFAULT_S3_LIMITS, open_s3_store, storage_call
+from core.blobs.objects import DEFAULT_S3_LIMITS, clock_offset, open_s3_store, storage_call
 from core.errors import StorageUnavailable
 from core.urls import hide_password
 
@@ -157,11 +157,11 @@ class ObjectArtifactStorage:
         than ``older_than_s`` by object time: (objects, bytes), removed when ``apply``.
         ``.bak``/``.del`` rollback copies are left for an operator, as on disk. A
         maintenance job: it lists the whole artifact prefix."""
-        found = []
+        found, before = [], self._store_time(now - older_than_s)
         for meta in self._list(None):
             parts = str(meta["path"]).split("/")
             if len(parts) == 4 and parts[2] == STAGING_DIR and parts[3].endswith(".tmp"):
-                if meta["last_modified"].timestamp() <= now - older_than_s:
+                if meta["last_modified"].timestamp() <= before:
                     found.append((str(meta["path"]), int(meta["size"])))
         if apply:
             for key, _size in found:
@@ -175,15 +175,21 @@ class ObjectArtifactStorage:
         ``older_than_s`` by object time (set by their publish, a server-side copy): (session
         directory name, artifact id, key, size) of each. A maintenance job: it lists the
         whole artifact prefix."""
-        found = []
+        found, before = [], self._store_time(now - older_than_s)
         for meta in self._list(None):
             parts = str(meta["path"]).split("/")
             if len(parts) != 4 or parts[2] != OVERSIZED_DIR:
                 continue
             artifact_id = oversized_id_of(parts[3])
-            if artifact_id is not None and meta["last_modified"].timestamp() <= now - older_than_s:
+            if artifact_id is not None and meta["last_modified"].timestamp() <= before:
                 found.append((parts[1], artifact_id, str(meta["path"]), int(meta["size"])))
         return found
+
+    def _store_time(self, moment: float) -> float:
+        """``moment`` of this host's clock by the store's, which stamps objects' times: a
+        host hours ahead of it swept a staged upload, or an output published in a
+        transaction about to commit, as if they were that old."""
+        return moment + clock_offset(self.store, "artifacts")
 
     def probe(self) -> str:
         key = f".health/{uuid.uuid4().hex}"

@@ -23,6 +23,7 @@ from __future__ import annotations
 import logging
 import os
 import re
+import time
 import uuid
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -169,6 +170,32 @@ def storage_call(component: str, call: Callable[[], _T]) -> _T:
         raise StorageUnavailable(
             component, f"{component} is unavailable: {reason_of(exc)}"
         ) from exc
+
+
+_CLOCK = ".health/clock"  # probe objects, listed alone (a prefix is a whole path segment)
+_STAMP_RESOLUTION_S = 2.0
+
+
+def clock_offset(store: S3Store, component: str) -> float:
+    """Seconds the object store's clock is ahead of this host's (negative: behind), for
+    judging objects' ages: their last-modified times are the store's, and a host whose
+    clock is hours off it took a fresh object for an old one. Read off a probe object the
+    store stamps, against this host's clock halfway through the put; an offset within the
+    stamps' resolution is none."""
+    key = f"{_CLOCK}/{uuid.uuid4().hex}"
+    before = time.time()
+    storage_call(component, lambda: obstore.put(store, key, b""))
+    after = time.time()
+    try:
+        listed = storage_call(component, lambda: obstore.list(store, prefix=_CLOCK).collect())
+    finally:
+        storage_call(component, lambda: obstore.delete(store, key))
+    stamped = [meta["last_modified"] for meta in listed if meta["path"] == key]
+    if not stamped:
+        raise StorageUnavailable(component, f"{component}: the object store lost a probe object")
+    offset = float(stamped[0].timestamp() - (before + after) / 2)
+    # Stores stamp whole seconds (S3 lists .000): a second either way is that, not a skew
+    return offset if abs(offset) > _STAMP_RESOLUTION_S else 0.0
 
 
 class ObjectBlobStore(BlobStore):
@@ -472,7 +499,9 @@ class ObjectBlobStore(BlobStore):
                 yield parsed[0], Path(meta["path"])
 
     def iter_files(self, after: str = "") -> Iterator[BlobFile]:
-        # S3 lists keys in order (UTF-8 binary), past ``after`` when given (StartAfter)
+        # S3 lists keys in order (UTF-8 binary), past ``after`` when given (StartAfter);
+        # times by this host's clock, as a file's are (GC judges them by it)
+        offset = clock_offset(self.store, "blobs")
         for meta in self._list(None, offset=after or None):
             key = str(meta["path"])
             parsed = parse_blob_name(key.rsplit("/", 1)[-1])
@@ -480,7 +509,7 @@ class ObjectBlobStore(BlobStore):
                 continue
             if key != self.key_for(*parsed):  # only the canonical layout is ours
                 continue
-            modified = meta["last_modified"].timestamp()
+            modified = meta["last_modified"].timestamp() - offset
             yield BlobFile(parsed[0], parsed[1], Path(key), int(meta["size"]), modified)
 
     def probe(self) -> None:

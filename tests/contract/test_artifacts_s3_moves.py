@@ -3,6 +3,8 @@ mid-move on S3 repaired from the intent record: completed or rolled back, nothin
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
+
 import pytest
 
 from core import SessionStore
@@ -287,6 +289,43 @@ def test_expiry_sweeps_staged_uploads_killed_processes_left_on_s3(
     report = expire_artifacts(store.engine, store.oversized, apply=True, now=later)
     assert (report.stale_temp_files, report.stale_temp_bytes) == (1, 5)
     assert raw.keys_under(staging) == [key_of(raw.root, staging / "old.bak")]
+
+
+@S3_ONLY
+@POSTGRES
+@pytest.mark.parametrize("hours", [7, -7])
+def test_expiry_judges_object_ages_by_the_stores_clock(
+    store: SessionStore, raw: RawArtifacts, monkeypatch: pytest.MonkeyPatch, hours: int
+) -> None:
+    """A host whose clock is hours off the object store's, past the staging age (6 h):
+    objects' last-modified times are the store's. Ahead, it swept a staged upload a writer
+    was still making and an output published in a transaction about to commit (its row
+    then named a missing object); behind, it kept a dead upload. Each is judged by its age
+    on the store's clock, whatever this host's."""
+    import time
+    from datetime import timedelta
+
+    from tests.support import skew_host_clock
+
+    sid, _ids = _session_with_outputs(store, 1)
+    staging = session_dir(raw.root, "acme", sid) / ".tmp"
+    raw.storage.put(key_of(raw.root, staging / "live.tmp"), b"12345")  # being uploaded
+    publishing = session_dir(raw.root, "acme", sid) / oversized_name("art_" + "0" * 16)
+    raw.storage.put(key_of(raw.root, publishing), b"123")  # its row about to commit
+    real, skew = time.time, hours * 3600.0
+    monkeypatch.setattr(time, "time", lambda: real() + skew)
+    skew_host_clock(monkeypatch, timedelta(hours=hours))
+    report = store.expire_artifacts(apply=True)
+    assert (report.stale_temp_files, report.unnamed_files) == (0, 0)
+    assert raw.exists(staging / "live.tmp") and raw.exists(publishing)
+    from core.maintenance.expiry import expire_artifacts
+
+    later = real() + skew + store.settings.staging_max_age_seconds + 5  # by this host
+    due = expire_artifacts(
+        store.engine, store.oversized, apply=True, now=datetime.fromtimestamp(later, UTC)
+    )
+    assert (due.stale_temp_files, due.unnamed_files) == (1, 1)
+    assert not raw.exists(staging / "live.tmp") and not raw.exists(publishing)
 
 
 @S3_ONLY

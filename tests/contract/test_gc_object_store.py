@@ -203,3 +203,30 @@ def test_a_put_between_the_row_delete_and_the_purge_keeps_its_object(
     monkeypatch.undo()
     assert _registered(s3_store, put.hash) and blobs.get(put.hash) == TEXT
     assert _keys(s3_store, QUARANTINE_PREFIX) == set()
+
+
+@pytest.mark.parametrize("hours", [7, -7])
+def test_gc_judges_an_objects_age_by_the_stores_clock(
+    s3_store: SessionStore, monkeypatch: pytest.MonkeyPatch, hours: int
+) -> None:
+    """An object never registered (a put whose registration is still to come) is an orphan
+    only once older than the grace window on the store's clock, which stamps its
+    last-modified time. A GC host hours ahead of the store removed a fresh one (the put then
+    re-created it, or its append failed as BlobsMissing); one hours behind kept a dead one."""
+    import time
+    from datetime import timedelta
+
+    from tests.support import skew_host_clock
+
+    blobs = _objects(s3_store)
+    orphan = blobs.put(TEXT + b"fresh orphan").hash
+    with s3_store.engine.begin() as conn:
+        conn.execute(_blobs.delete().where(_blobs.c.hash == orphan))
+    real = time.time
+    monkeypatch.setattr(time, "time", lambda: real() + hours * 3600.0)
+    skew_host_clock(monkeypatch, timedelta(hours=hours))
+    fresh = s3_store.gc_blobs(apply=True, grace=3600)
+    assert (fresh.orphans, fresh.error_count) == (0, 0) and blobs.has_stored(orphan)
+    time.sleep(3)  # S3's last-modified is in whole seconds, and so is the store's clock
+    due = s3_store.gc_blobs(apply=True, grace=1)
+    assert (due.orphans, due.error_count) == (1, 0) and not blobs.has_stored(orphan)
