@@ -17,7 +17,6 @@ quota lock, which every such write holds until it commits, so what it reads is s
 
 from __future__ import annotations
 
-import hashlib
 import logging
 from collections.abc import Iterator
 from typing import BinaryIO
@@ -26,6 +25,7 @@ from sqlalchemy import Engine
 
 from core.artifacts import rows
 from core.artifacts.records import AGENT_OUTPUT, ArtifactInfo
+from core.artifacts.storage import Tally
 from core.blobs.store import sha256_hex
 from core.db import write_transaction
 from core.errors import ArtifactCorrupt
@@ -79,10 +79,10 @@ def fresh_row(engine: Engine, row: ArtifactInfo) -> ArtifactInfo | None:
 
 def measure(source: BinaryIO) -> tuple[int, str]:
     """(size, SHA-256) of what ``source`` holds from where it is (read in chunks)."""
-    tally = _Tally()
+    tally = Tally()
     for _chunk in tally.chunks(source, CHUNK_BYTES):
         pass
-    return tally.size, tally.hashed.hexdigest()
+    return tally.measured
 
 
 def verified_chunks(
@@ -92,23 +92,9 @@ def verified_chunks(
     they pass; ``ArtifactCorrupt`` after the last one when they are not ``row``'s. The
     check can only come at the end: a consumer keeps nothing as whole until the iterator
     is exhausted without raising."""
-    tally = _Tally()
+    tally = Tally()
     with source:
         yield from tally.chunks(source, chunk_bytes)
-    reason = mismatch(row, tally.size, tally.hashed.hexdigest())
+    reason = mismatch(row, *tally.measured)
     if reason is not None:
         raise corrupt(row, reason)
-
-
-class _Tally:
-    """Size and SHA-256 of the chunks passed through ``chunks``."""
-
-    def __init__(self) -> None:
-        self.size = 0
-        self.hashed = hashlib.sha256()
-
-    def chunks(self, source: BinaryIO, chunk_bytes: int) -> Iterator[bytes]:
-        while chunk := source.read(chunk_bytes):
-            self.hashed.update(chunk)
-            self.size += len(chunk)
-            yield chunk

@@ -161,8 +161,9 @@ class ArtifactManager:
         info = self._require(TOOL_OUTPUT, artifact_id)
         target = self.directory() / (info.name or "")
         objects = self._scope.objects
-        # Its size and SHA-256 from one pass over the bytes as they are now, and on object
-        # storage the upload of those very bytes (the spool is this process's own)
+        # Its size and SHA-256 from one pass over the bytes as they are now; on object
+        # storage that pass is the upload, measuring what it sends: the tool may still be
+        # writing, and a second read would upload bytes the first did not measure
         if objects is None:
             root, path = self._scope.root, target
         else:
@@ -172,9 +173,10 @@ class ArtifactManager:
             if fd is None:
                 raise FileNotFoundError(errno.ENOENT, "no such tool output", str(path))
             with os.fdopen(fd, "rb") as source:
-                size, sha256 = integrity.measure(source)
-                if objects is not None:
-                    objects.put_file(key_of(self._scope.root, target), source)
+                if objects is None:
+                    size, sha256 = integrity.measure(source)
+                else:
+                    size, sha256 = objects.put_file(key_of(self._scope.root, target), source)
             if objects is not None:
                 nofollow.unlink(root, path)
         with write_transaction(self._scope.engine) as conn:

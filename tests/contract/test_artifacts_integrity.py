@@ -5,14 +5,17 @@ s3://. A rewrite racing a read is served, not reported; partial reads keep worki
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any, BinaryIO
 
 import pytest
 from sqlalchemy import update
 
 from core import SessionStore, Settings
-from core.artifacts import inherited
+from core.artifacts import inherited, objects
+from core.artifacts.integrity import digest
 from core.artifacts.paths import FILES_DIR, oversized_name
 from core.artifacts.storage import key_of
 from core.errors import ArtifactCorrupt
@@ -196,6 +199,79 @@ def test_a_partial_read_is_not_checked_and_a_finalized_output_is(
     _tamper(raw, manager.directory() / f"{slot.id}.bash.log", b"so far\nthe REST\n")
     with pytest.raises(ArtifactCorrupt):
         store.resolve(url, session_id=sid)
+
+
+class _GrowingSpool:
+    """The tool output's file as ``finalize_tool_output`` reads it, with the tool still
+    writing: ``more`` is appended to it at the first read that returns bytes ("while")
+    or at the first one that finds its end ("at its end")."""
+
+    def __init__(self, inner: BinaryIO, path: Path, more: bytes, growth: str) -> None:
+        self._inner, self._path, self._more, self._growth = inner, path, more, growth
+
+    def read(self, size: int = -1) -> bytes:
+        data = self._inner.read(size)
+        if self._more and (not data if self._growth == "at its end" else bool(data)):
+            with open(self._path, "ab") as out:
+                out.write(self._more)
+            self._more = b""
+        return data
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+    def __enter__(self) -> _GrowingSpool:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._inner.close()
+
+
+@SQLITE_ONLY
+@pytest.mark.parametrize(
+    ("artifact_backend", "growth", "multipart"),
+    [
+        ("file", "while", False),
+        ("s3", "while", False),
+        ("s3", "at its end", False),
+        ("s3", "at its end", True),
+    ],
+)
+def test_a_tool_output_growing_while_finalized_is_recorded_as_stored(
+    store: SessionStore,
+    raw: RawArtifacts,
+    monkeypatch: pytest.MonkeyPatch,
+    growth: str,
+    multipart: bool,
+) -> None:
+    """Finalize reads the tool's file once: the size and digest it records are of the very
+    bytes stored (on S3: uploaded). It read the spool twice, to measure it, then to upload
+    it: bytes the tool wrote in between were uploaded but not measured, and every later
+    read of the output was ``ArtifactCorrupt``. (On file:// the tool writes the stored
+    file itself: bytes written after finalize change the output, and are refused.)"""
+    sid = store.create_session(tenant_id="acme").id
+    manager = store.artifacts(sid)
+    slot = manager.allocate_path("bash")
+    slot.path.write_bytes(b"so far\n" * 1000)
+    if multipart:
+        monkeypatch.setattr(objects, "_SINGLE_PUT_BYTES", 0)
+    real_fdopen = os.fdopen
+
+    def growing(fd: int, *args: Any, **kwargs: Any) -> Any:
+        opened = real_fdopen(fd, *args, **kwargs)
+        if os.path.samefile(f"/proc/self/fd/{fd}", slot.path):
+            return _GrowingSpool(opened, slot.path, b"late\n", growth)
+        return opened
+
+    monkeypatch.setattr(os, "fdopen", growing)
+    size = manager.finalize_tool_output(slot.id)
+    monkeypatch.undo()
+    stored = raw.read(manager.directory() / f"{slot.id}.bash.log")
+    assert stored is not None and stored.startswith(b"so far\n" * 1000)
+    (row,) = manager.list()
+    assert (size, row.size_bytes, row.sha256) == (len(stored), len(stored), digest(stored))
+    served = store.resolve(f"artifact://{slot.id}", session_id=sid).content
+    assert served == stored.decode()
 
 
 @SQLITE_ONLY
