@@ -18,7 +18,6 @@ quota lock, which every such write holds until it commits, so what it reads is s
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
 from typing import BinaryIO
 
 from sqlalchemy import Engine
@@ -85,16 +84,55 @@ def measure(source: BinaryIO) -> tuple[int, str]:
     return tally.measured
 
 
+class VerifiedChunks:
+    """The bytes of ``source``, ``chunk_bytes`` at a time, hashed as they pass;
+    ``ArtifactCorrupt`` after the last one when they are not ``row``'s. The check can
+    only come at the end: a consumer keeps nothing as whole until the iterator is
+    exhausted without raising.
+
+    It owns ``source`` from the start: closed at the end, when a read fails, and by
+    ``close()`` (or leaving a ``with`` block), whether or not iteration began. A
+    generator closed it only once its body had run, so one never started (its caller
+    failing first) held the file or S3 reader open for as long as it was held. Nothing
+    closes it on collection: its holder does."""
+
+    def __init__(self, row: ArtifactInfo, source: BinaryIO, chunk_bytes: int) -> None:
+        self._row = row
+        self._source = source
+        self._chunk_bytes = chunk_bytes
+        self._tally = Tally()
+
+    def __iter__(self) -> VerifiedChunks:
+        return self
+
+    def __next__(self) -> bytes:
+        if self._source.closed:
+            raise StopIteration
+        try:
+            chunk = self._source.read(self._chunk_bytes)
+        except BaseException:
+            self.close()
+            raise
+        if chunk:
+            return self._tally.add(chunk)
+        self.close()
+        reason = mismatch(self._row, *self._tally.measured)
+        if reason is not None:
+            raise corrupt(self._row, reason)
+        raise StopIteration
+
+    def close(self) -> None:
+        self._source.close()
+
+    def __enter__(self) -> VerifiedChunks:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
 def verified_chunks(
     row: ArtifactInfo, source: BinaryIO, *, chunk_bytes: int = CHUNK_BYTES
-) -> Iterator[bytes]:
-    """The bytes of ``source`` (closed at the end), ``chunk_bytes`` at a time, hashed as
-    they pass; ``ArtifactCorrupt`` after the last one when they are not ``row``'s. The
-    check can only come at the end: a consumer keeps nothing as whole until the iterator
-    is exhausted without raising."""
-    tally = Tally()
-    with source:
-        yield from tally.chunks(source, chunk_bytes)
-    reason = mismatch(row, *tally.measured)
-    if reason is not None:
-        raise corrupt(row, reason)
+) -> VerifiedChunks:
+    """``VerifiedChunks`` of ``source`` (which it closes) against ``row``."""
+    return VerifiedChunks(row, source, chunk_bytes)

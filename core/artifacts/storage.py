@@ -250,11 +250,15 @@ class Tally:
         """``source`` read to its end, ``chunk_bytes`` at a time, each chunk counted before
         it is yielded (and ``on_chunk`` called once it was taken)."""
         while chunk := source.read(chunk_bytes):
-            self.hashed.update(chunk)
-            self.size += len(chunk)
-            yield chunk
+            yield self.add(chunk)
             if on_chunk is not None:
                 on_chunk()
+
+    def add(self, chunk: bytes) -> bytes:
+        """``chunk``, counted."""
+        self.hashed.update(chunk)
+        self.size += len(chunk)
+        return chunk
 
     @property
     def measured(self) -> tuple[int, str]:

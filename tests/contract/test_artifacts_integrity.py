@@ -18,8 +18,9 @@ from core.artifacts import inherited, objects
 from core.artifacts.integrity import digest
 from core.artifacts.paths import FILES_DIR, oversized_name
 from core.artifacts.storage import key_of
-from core.errors import ArtifactCorrupt
+from core.errors import ArtifactCorrupt, UnwritableFile
 from core.models import ArtifactRow, table_of
+from tasks.cli import interop
 from tests.cli_process import run_cli
 from tests.contract.artifact_backends import (  # the file:// and s3:// backends
     RawArtifacts,
@@ -295,6 +296,54 @@ def test_streamed_chunks_are_checked_at_their_end(store: SessionStore, raw: RawA
         for chunk in chunks:
             passed.append(chunk)
     assert len(b"".join(passed)) == len(whole)  # every chunk passed before the verdict
+
+
+@SQLITE_ONLY
+def test_streamed_chunks_close_their_source_however_they_end(
+    store: SessionStore, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """The file (or S3 reader) ``retrieve_chunks`` opened is closed by ``close()`` and by
+    leaving a ``with`` block, iterated or not, and by the export's caller when it fails
+    before its first chunk. A generator closed its source only once its body had run: a
+    caller that never started it (an error first) held it open as long as it held it."""
+    sid = store.create_session(tenant_id="acme").id
+    path, _ = _oversized(store, sid)
+    ref = path.name.removesuffix(".txt")
+    opened: list[BinaryIO] = []
+    real = inherited.open_own_file
+
+    def recorded(root: Path, path: Path, storage: Any) -> BinaryIO | None:
+        source = real(root, path, storage)
+        if source is not None:
+            opened.append(source)
+        return source
+
+    monkeypatch.setattr(inherited, "open_own_file", recorded)
+
+    def chunks() -> Any:
+        got = store.retrieve_chunks(ref, session_id=sid)
+        assert got is not None and not opened[-1].closed
+        return got
+
+    never_started = chunks()
+    never_started.close()
+    assert opened[-1].closed
+    started = chunks()
+    assert next(started)
+    started.close()
+    assert opened[-1].closed
+    with chunks() as unused:
+        pass
+    assert opened[-1].closed
+    with chunks() as partly:
+        assert next(partly)
+    with chunks() as whole:
+        assert b"".join(whole) == (TEXT * 20).encode()
+    # the export's caller (``export --via-queue``): its output cannot be written
+    with pytest.raises(UnwritableFile):
+        interop._write_export(store, ref, sid, tmp_path / "no such directory" / "out.jsonl")
+    assert len(opened) == 6 and all(source.closed for source in opened)
+    assert unused is not None  # held to the end: closing is not left to the collector
 
 
 @SQLITE_ONLY
