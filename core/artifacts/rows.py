@@ -5,7 +5,7 @@ Callers pass a connection inside a transaction from ``core.db``; nothing here co
 
 from __future__ import annotations
 
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -284,9 +284,14 @@ def get_artifact(
     return _to_info(row) if row is not None else None
 
 
-def has_expired(conn: Connection, row: ArtifactInfo) -> bool:
-    """The row has a TTL and it is past, by the database's clock (the one that wrote it)."""
-    return row.expires_at is not None and row.expires_at <= database_now(conn)
+def has_expired(
+    conn: Connection, row: ArtifactInfo, *, now: Callable[[], datetime] | None = None
+) -> bool:
+    """The row has a TTL and it is past, by the database's clock (the one that wrote it);
+    ``now``, if given, reads that clock instead (a caller judging many rows reads it once)."""
+    if row.expires_at is None:
+        return False
+    return row.expires_at <= (database_now(conn) if now is None else now())
 
 
 def list_artifacts(

@@ -8,16 +8,16 @@ import os
 import shutil
 import threading
 import time
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
-from sqlalchemy import func, select
+from sqlalchemy import delete, event, func, select
 
 from core import SessionNotFound, SessionStore, Settings
 from core.artifacts.objects import ObjectArtifactStorage
 from core.errors import ArtifactNotFound, InvalidForkPoint, QuotaExceeded, StorageUnavailable
-from core.models import BlobRefRow, EventRow
+from core.models import ArtifactRow, BlobRefRow, EventRow, table_of
 from core.query.snapshots import list_snapshots
 from core.query.state import SessionState
 from core.records import Session
@@ -30,9 +30,11 @@ from tests.contract.artifact_backends import (
     raw,
     settings,
 )
+from tests.support import set_output_expiry
 
 __all__ = ["FILE_ONLY", "RawArtifacts", "artifact_backend", "raw", "settings"]
 
+_artifacts = table_of(ArtifactRow)
 BIG_OUTPUT = "collected 412 items\n" + "tests/test_upload.py::test_retry PASSED\n" * 600
 
 
@@ -527,3 +529,45 @@ def test_a_fork_of_a_copied_fork_copies_from_it(store: SessionStore) -> None:
     assert (report.status, report.error, report.missing_at_source) == ("copied", None, 0)
     store.delete_session(child.id)
     assert store.artifacts(grandchild.id).files.get("notes/plan.md") == b"the plan"
+
+
+@FILE_ONLY  # the queries do not depend on where the files are
+def test_a_copy_judges_the_expiry_of_lost_outputs_in_one_query_whatever_their_number(
+    store: SessionStore,
+) -> None:
+    """Inherited oversized outputs the parent no longer holds are lost to the fork (its copy
+    fails naming them), but those expired meanwhile, which nobody could read anyway. Each
+    was judged by its own query of the database's clock (PostgreSQL): one per row. Now one
+    clock reading judges them all; what still grows with the rows is the parent's session
+    and row looked up for each (``ancestor_file``), two queries a row."""
+
+    def queries_of_a_copy(outputs: int) -> tuple[int, str | None]:
+        parent = store.create_session(tenant_id="acme")
+        ids = []
+        for n in range(outputs):
+            stored = store.store_oversized(parent.id, f"{n}" * 13_000, "grep")
+            assert stored is not None
+            ids.append(stored.ref.artifact_id)
+        defer_copies(store)
+        fork = store.fork(parent.id)
+        with store.engine.begin() as conn:  # removed from the parent behind the fork's back
+            conn.execute(delete(_artifacts).where(_artifacts.c.session_id == parent.id))
+        set_output_expiry(store, ids[0], timedelta(seconds=-1))  # expired: not lost
+        statements: list[str] = []
+
+        def count(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
+            statements.append(statement)
+
+        event.listen(store.engine, "before_cursor_execute", count)
+        try:
+            report = store.copy_fork_artifacts(fork.id)
+        finally:
+            event.remove(store.engine, "before_cursor_execute", count)
+        assert (report.status, report.copied) == ("failed", 0)
+        return len(statements), store.get_session(fork.id).copy_error
+
+    few, few_error = queries_of_a_copy(2)
+    many, many_error = queries_of_a_copy(6)
+    assert few_error is not None and few_error.count("changed or removed in the parent") == 1
+    assert many_error is not None and many_error.count("changed or removed in the parent") == 5
+    assert many - few == 2 * 4
