@@ -20,7 +20,7 @@ from sqlalchemy import Connection, Engine, select
 
 from core import nofollow
 from core.artifacts import integrity, rows
-from core.artifacts.paths import STAGING_DIR, encode_component, session_dir
+from core.artifacts.paths import STAGING_DIR, agent_output_names, encode_component, session_dir
 from core.artifacts.records import ArtifactInfo
 from core.artifacts.storage import ArtifactStorage, FileArtifactStorage, key_of
 from core.db import read_connection
@@ -127,6 +127,40 @@ def read_artifact_file(
 
 
 _REREADS = 8  # rewrites racing one read this often in a row: taken for corruption
+
+
+def read_sidecar(
+    engine: Engine,
+    root: Path,
+    own: Path,
+    row: ArtifactInfo,
+    storage: ArtifactStorage | None = None,
+) -> bytes | None:
+    """The JSONL sidecar of the agent output ``row`` whose markdown is at ``own``, found as
+    ``read_artifact_file`` finds the markdown (a fork with its copy unfinished reads the
+    one it inherited); None when there is none. Checked against the row's
+    ``sidecar_sha256``: one that is not it (or missing, when the row recorded one) is
+    ``ArtifactCorrupt``, unless the row changed meanwhile (a rewrite racing the read: read
+    again, with the row as it is now)."""
+    objects = None if isinstance(storage, FileArtifactStorage) else storage
+    name = agent_output_names(row.local_id)[1]
+
+    def read(markdown: Path) -> bytes | None:
+        return read_own_file(root, markdown.with_name(name), objects)
+
+    data = own_or_inherited(engine, root, own, row, objects, read)
+    reason = integrity.sidecar_mismatch(row, data)
+    if reason is None:
+        return data
+    fresh = integrity.fresh_row(engine, row)
+    if fresh is None:  # removed meanwhile
+        return None
+    if fresh != row:
+        data = own_or_inherited(engine, root, own, fresh, objects, read)
+        reason = integrity.sidecar_mismatch(fresh, data)
+        if reason is None:
+            return data
+    raise integrity.corrupt(fresh, reason)
 
 
 def open_artifact_file(

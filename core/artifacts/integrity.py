@@ -6,7 +6,8 @@ no longer matches them, and is ``ArtifactCorrupt`` instead of data (the spirit o
 invariant 13, which blobs keep by their hash). A row that is not ``complete`` (a tool
 output still being written, or what a dead writer left) is served only as partial, and is
 not checked: its bytes are not meant to be whole. An agent output's ``size_bytes`` counts
-its JSONL sidecar too, so only its digest is checked.
+its JSONL sidecar too, so only its digest is checked; the sidecar has a digest of its own
+(``sidecar_sha256``), checked where it is served (``sidecar_mismatch``).
 
 A whole read that mismatches is read once more from a fresh row before it is called
 corrupt: a path-addressed file (or an agent output, or a tool output put under a kept id)
@@ -43,6 +44,21 @@ def mismatch(row: ArtifactInfo, size: int, digest: str) -> str | None:
         return f"{size:,} bytes stored, {row.size_bytes:,} recorded"
     if row.sha256 is not None and digest != row.sha256:
         return f"SHA-256 {digest[:16]}… stored, {row.sha256[:16]}… recorded"
+    return None
+
+
+def sidecar_mismatch(row: ArtifactInfo, data: bytes | None) -> str | None:
+    """Why ``data`` (None: no file) is not the JSONL sidecar ``row`` recorded; None if it
+    is, or the row recorded none (no sidecar was written with it, or before digests)."""
+    if row.sidecar_sha256 is None:
+        return None
+    if data is None:
+        return "its JSONL sidecar is missing"
+    got = digest(data)
+    if got != row.sidecar_sha256:
+        return (
+            f"its JSONL sidecar's SHA-256 {got[:16]}… stored, {row.sidecar_sha256[:16]}… recorded"
+        )
     return None
 
 

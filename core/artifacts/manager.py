@@ -265,8 +265,15 @@ class ArtifactManager:
                 staged_jsonl.publish(directory, directory / jsonl_name)
             staged_md.publish(directory, directory / md_name)
             size = len(body) + (len(sidecar) if sidecar is not None else 0)
-            sha256 = integrity.digest(body)  # of the markdown: what a reader is served
-            rows.set_size(conn, self.session_id, AGENT_OUTPUT, output_id, size, sha256=sha256)
+            rows.set_size(
+                conn,
+                self.session_id,
+                AGENT_OUTPUT,
+                output_id,
+                size,
+                sha256=integrity.digest(body),  # of the markdown: what a reader is served
+                sidecar_sha256=integrity.digest(sidecar) if sidecar is not None else None,
+            )
         return size
 
     def save_agent_output(
@@ -316,6 +323,7 @@ class ArtifactManager:
             "media_type": "text/markdown",
             "size_bytes": sum(len(d) for d in files.values()),
             "sha256": integrity.digest(files[md_name]),
+            "sidecar_sha256": integrity.digest(files[jsonl_name]) if jsonl is not None else None,
         }
         self._put(values, files)
         parent, _, own = output_id.rpartition(".")

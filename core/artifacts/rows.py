@@ -213,13 +213,20 @@ def upsert_artifact(conn: Connection, values: dict[str, Any]) -> None:
 
 
 def set_size(
-    conn: Connection, session_id: str, kind: str, local_id: str, size: int, *, sha256: str
+    conn: Connection,
+    session_id: str,
+    kind: str,
+    local_id: str,
+    size: int,
+    *,
+    sha256: str,
+    sidecar_sha256: str | None = None,
 ) -> None:
-    """The size and SHA-256 of an artifact's rewritten bytes."""
+    """The size and SHA-256 of an artifact's rewritten bytes (and of its sidecar's)."""
     conn.execute(
         update(_artifacts)
         .where(_key(session_id, kind, local_id))
-        .values(size_bytes=size, sha256=sha256)
+        .values(size_bytes=size, sha256=sha256, sidecar_sha256=sidecar_sha256)
     )
 
 

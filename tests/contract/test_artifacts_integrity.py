@@ -19,6 +19,7 @@ from core.artifacts.integrity import digest
 from core.artifacts.paths import FILES_DIR, oversized_name
 from core.artifacts.storage import key_of
 from core.errors import ArtifactCorrupt, UnwritableFile
+from core.interop.omp import export_omp
 from core.models import ArtifactRow, table_of
 from tasks.cli import interop
 from tests.cli_process import run_cli
@@ -123,6 +124,44 @@ def test_a_row_without_a_digest_still_has_its_size_checked(
     _tamper(raw, path, TEXT.encode()[:-1])
     with pytest.raises(ArtifactCorrupt, match="bytes stored"):
         read(store, sid)
+
+
+@SQLITE_ONLY
+@pytest.mark.parametrize("how", ["write", "put"])
+def test_a_damaged_sidecar_is_refused_by_the_export_and_nothing_of_it_served(
+    store: SessionStore, raw: RawArtifacts, tmp_path: Path, how: str
+) -> None:
+    """An agent output's JSONL sidecar is checked against the digest its row records, as
+    its markdown is: the oh-my-pi export served it damaged, unchecked (the row's digest
+    covered the markdown only). Refused typed, before either file of the output is written;
+    a sidecar gone since it was written is refused too."""
+    sid = store.create_session(tenant_id="acme").id
+    manager = store.artifacts(sid)
+    sidecar = b'{"type":"message","text":"the agent\'s own transcript"}\n' * 10
+    if how == "write":
+        output_id = manager.save_agent_output("worker", TEXT, jsonl=sidecar)
+    else:  # an import keeps the source's id
+        output_id = "0-worker"
+        manager.put_agent_output(output_id, TEXT, jsonl=sidecar)
+    path = manager.directory() / f"{output_id}.jsonl"
+
+    def export(name: str) -> Path:
+        done = export_omp(store, sid, tmp_path / name, blobs_dir=tmp_path / "blobs")
+        return done.artifacts_dir
+
+    exported = export("fine")
+    assert (exported / f"{output_id}.jsonl").read_bytes() == sidecar
+    for name, damage in DAMAGES.items():
+        _tamper(raw, path, damage(sidecar))
+        with pytest.raises(ArtifactCorrupt, match="sidecar"):
+            export(name)
+            pytest.fail(f"{name}: served")
+        assert not any((tmp_path / name).rglob(f"{output_id}.*")), name
+    raw.delete(path)
+    with pytest.raises(ArtifactCorrupt, match="sidecar"):
+        export("gone")
+    raw.storage.put(key_of(raw.root, path), sidecar)
+    assert (export("back") / f"{output_id}.jsonl").read_bytes() == sidecar
 
 
 @pytest.mark.parametrize("kind", ["file", "tool", "agent"])

@@ -9,6 +9,7 @@ import shutil
 import threading
 import time
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -17,6 +18,7 @@ from sqlalchemy import delete, event, func, select
 from core import SessionNotFound, SessionStore, Settings
 from core.artifacts.objects import ObjectArtifactStorage
 from core.errors import ArtifactNotFound, InvalidForkPoint, QuotaExceeded, StorageUnavailable
+from core.interop.omp import export_omp
 from core.models import ArtifactRow, BlobRefRow, EventRow, table_of
 from core.query.snapshots import list_snapshots
 from core.query.state import SessionState
@@ -571,3 +573,18 @@ def test_a_copy_judges_the_expiry_of_lost_outputs_in_one_query_whatever_their_nu
     assert few_error is not None and few_error.count("changed or removed in the parent") == 1
     assert many_error is not None and many_error.count("changed or removed in the parent") == 5
     assert many - few == 2 * 4
+
+
+def test_a_pending_forks_export_has_the_sidecars_it_inherited(
+    store: SessionStore, tmp_path: Path
+) -> None:
+    """A fork whose copy is unfinished exports the agent outputs it inherited with their
+    JSONL sidecars, read (and checked) where the markdown is read from."""
+    parent = store.create_session(tenant_id="acme")
+    store.append(parent.id, [EntryBuilder().user("delegate")])
+    output_id = store.artifacts(parent.id).save_agent_output("worker", "# done", jsonl="{}\n")
+    defer_copies(store)
+    fork = store.fork(parent.id)
+    done = export_omp(store, fork.id, tmp_path / "out", blobs_dir=tmp_path / "blobs")
+    assert (done.artifacts_dir / f"{output_id}.jsonl").read_text() == "{}\n"
+    assert (done.artifacts_dir / f"{output_id}.md").read_text() == "# done"
