@@ -32,7 +32,7 @@ from sqlalchemy import Connection, Select, select, update
 
 from core import nofollow
 from core.artifacts import rows
-from core.artifacts.inherited import ancestor_file, held_dir
+from core.artifacts.inherited import Ancestors, ancestor_file, held_dir
 from core.artifacts.paths import STAGING_DIR, agent_output_names, contained_path, session_dir
 from core.artifacts.records import AGENT_OUTPUT, ArtifactInfo
 from core.artifacts.storage import (
@@ -307,6 +307,7 @@ def _plan_copy(
     plan = _CopyPlan(fork, session_dir(root, fork.tenant_id, fork.id))
     # The database's clock read once, if any row needs it, for every row it judges
     now = functools.cache(lambda: database_now(conn))
+    ancestors = Ancestors(conn, journal, every_row=True)  # read once, not once a row
     for row in rows.list_artifacts(conn, fork.id):
         if not row.name:
             continue
@@ -318,7 +319,7 @@ def _plan_copy(
         except SymlinkRefused as exc:
             plan.skipped.append(_skip(plan.fork, row, exc))
             continue
-        found = ancestor_file(conn, journal, root, fork, row, objects)
+        found = ancestor_file(ancestors, root, fork, row, objects)
         if found.path is not None:
             plan.items.append(_CopyItem(row, found.path, target, found.not_after))
         elif found.inherited:
