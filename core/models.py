@@ -281,6 +281,9 @@ class ArtifactRow(SQLModel, table=True):
     # where the bytes were written; None where none was (a row from before, a streamed
     # output expiry settled, an agent output its caller wrote in place)
     sha256: str | None = Field(default=None, sa_column=Column(String(64), nullable=True))
+    # SHA-256 (hex) of an agent output's JSONL sidecar, recorded where it was written; None
+    # for other kinds, an output without one, and rows from before (then it is not checked)
+    sidecar_sha256: str | None = Field(default=None, sa_column=Column(String(64), nullable=True))
 
 
 class CounterRow(SQLModel, table=True):

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import functools
 import inspect
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from datetime import datetime
 from functools import cached_property
 from pathlib import Path
@@ -26,6 +26,7 @@ from core.artifacts import (
     stats_by_kind,
 )
 from core.artifacts import resolve as resolve_url
+from core.artifacts.integrity import VerifiedChunks
 from core.artifacts.storage import ArtifactStorage, artifact_storage_for
 from core.blobs import BlobStats, BlobStore, blob_store_for
 from core.blobs.rehydrate import RehydrateMode, Rehydrator
@@ -436,10 +437,11 @@ class SessionStore:
     @_no_nul
     def retrieve_chunks(
         self, artifact_id: str, *, session_id: str, tenant_id: str | None = None
-    ) -> Iterator[bytes] | None:
+    ) -> VerifiedChunks | None:
         """An oversized output's bytes a chunk at a time (memory bounded whatever its size);
         None once expired or if its file is gone. Checked against what was stored as they
-        pass: ``ArtifactCorrupt`` after the last chunk if they are not it."""
+        pass: ``ArtifactCorrupt`` after the last chunk if they are not it. Its file stays
+        open until the last chunk: close it (``with``) however the reading ends."""
         return self.oversized.retrieve_chunks(
             artifact_id, session_id=session_id, tenant_id=tenant_id
         )

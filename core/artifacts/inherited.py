@@ -20,7 +20,7 @@ from sqlalchemy import Connection, Engine, select
 
 from core import nofollow
 from core.artifacts import integrity, rows
-from core.artifacts.paths import STAGING_DIR, encode_component, session_dir
+from core.artifacts.paths import STAGING_DIR, agent_output_names, encode_component, session_dir
 from core.artifacts.records import ArtifactInfo
 from core.artifacts.storage import ArtifactStorage, FileArtifactStorage, key_of
 from core.db import read_connection
@@ -129,6 +129,40 @@ def read_artifact_file(
 _REREADS = 8  # rewrites racing one read this often in a row: taken for corruption
 
 
+def read_sidecar(
+    engine: Engine,
+    root: Path,
+    own: Path,
+    row: ArtifactInfo,
+    storage: ArtifactStorage | None = None,
+) -> bytes | None:
+    """The JSONL sidecar of the agent output ``row`` whose markdown is at ``own``, found as
+    ``read_artifact_file`` finds the markdown (a fork with its copy unfinished reads the
+    one it inherited); None when there is none. Checked against the row's
+    ``sidecar_sha256``: one that is not it (or missing, when the row recorded one) is
+    ``ArtifactCorrupt``, unless the row changed meanwhile (a rewrite racing the read: read
+    again, with the row as it is now)."""
+    objects = None if isinstance(storage, FileArtifactStorage) else storage
+    name = agent_output_names(row.local_id)[1]
+
+    def read(markdown: Path) -> bytes | None:
+        return read_own_file(root, markdown.with_name(name), objects)
+
+    data = own_or_inherited(engine, root, own, row, objects, read)
+    reason = integrity.sidecar_mismatch(row, data)
+    if reason is None:
+        return data
+    fresh = integrity.fresh_row(engine, row)
+    if fresh is None:  # removed meanwhile
+        return None
+    if fresh != row:
+        data = own_or_inherited(engine, root, own, fresh, objects, read)
+        reason = integrity.sidecar_mismatch(fresh, data)
+        if reason is None:
+            return data
+    raise integrity.corrupt(fresh, reason)
+
+
 def open_artifact_file(
     engine: Engine,
     root: Path,
@@ -180,16 +214,43 @@ def inherited_source(
     artifact after the fork never shows through. None: not an unfinished fork, not
     inherited, or no longer available.
     """
-    journal = Journal(conn.engine)
-    session = _session_or_none(conn, journal, session_id)
+    ancestors = Ancestors(conn, Journal(conn.engine))
+    session = ancestors.session(session_id)
     if session is None or session.copy_status not in _UNFINISHED:
         return None
-    return ancestor_file(conn, journal, root, session, row, storage).path
+    return ancestor_file(ancestors, root, session, row, storage).path
+
+
+class Ancestors:
+    """The ancestor sessions and artifact rows ``ancestor_file`` looks up, through one
+    connection. ``every_row``: an ancestor's rows are read all at once, the first time one
+    is asked for, and its session once (a fork copy's plan asks about each of the fork's
+    rows: queries by ancestor, not by row); otherwise each row is read when asked for (a
+    read of one artifact)."""
+
+    def __init__(self, conn: Connection, journal: Journal, *, every_row: bool = False) -> None:
+        self._conn = conn
+        self._journal = journal
+        self._every_row = every_row
+        self._sessions: dict[str, Session | None] = {}
+        self._rows: dict[str, dict[tuple[str, str], ArtifactInfo]] = {}
+
+    def session(self, session_id: str) -> Session | None:
+        if session_id not in self._sessions:
+            self._sessions[session_id] = _session_or_none(self._conn, self._journal, session_id)
+        return self._sessions[session_id]
+
+    def row(self, session_id: str, kind: str, local_id: str) -> ArtifactInfo | None:
+        if not self._every_row:
+            return rows.get_artifact(self._conn, session_id, kind, local_id)
+        if session_id not in self._rows:
+            listed = rows.list_artifacts(self._conn, session_id)
+            self._rows[session_id] = {(r.kind, r.local_id): r for r in listed}
+        return self._rows[session_id].get((kind, local_id))
 
 
 def ancestor_file(
-    conn: Connection,
-    journal: Journal,
+    ancestors: Ancestors,
     root: Path,
     session: Session,
     row: ArtifactInfo,
@@ -204,7 +265,7 @@ def ancestor_file(
     """
     current = session
     for _ in range(_MAX_ANCESTORS):
-        parent = _session_or_none(conn, journal, current.parent_id) if current.parent_id else None
+        parent = ancestors.session(current.parent_id) if current.parent_id else None
         if parent is None:
             return Found(None, False)
         parent_dir = session_dir(root, parent.tenant_id, parent.id)
@@ -213,7 +274,7 @@ def ancestor_file(
         kept = _held_for(root, parent_dir, current.id, row.name, forked_at, storage)
         if kept is not None:
             return Found(kept, True, forked_at)
-        held = rows.get_artifact(conn, parent.id, row.kind, row.local_id)
+        held = ancestors.row(parent.id, row.kind, row.local_id)
         if held is None or replace(held, session_id=row.session_id) != row or not held.name:
             return Found(None, False)
         path = parent_dir / held.name

@@ -6,7 +6,8 @@ no longer matches them, and is ``ArtifactCorrupt`` instead of data (the spirit o
 invariant 13, which blobs keep by their hash). A row that is not ``complete`` (a tool
 output still being written, or what a dead writer left) is served only as partial, and is
 not checked: its bytes are not meant to be whole. An agent output's ``size_bytes`` counts
-its JSONL sidecar too, so only its digest is checked.
+its JSONL sidecar too, so only its digest is checked; the sidecar has a digest of its own
+(``sidecar_sha256``), checked where it is served (``sidecar_mismatch``).
 
 A whole read that mismatches is read once more from a fresh row before it is called
 corrupt: a path-addressed file (or an agent output, or a tool output put under a kept id)
@@ -17,15 +18,14 @@ quota lock, which every such write holds until it commits, so what it reads is s
 
 from __future__ import annotations
 
-import hashlib
 import logging
-from collections.abc import Iterator
 from typing import BinaryIO
 
 from sqlalchemy import Engine
 
 from core.artifacts import rows
 from core.artifacts.records import AGENT_OUTPUT, ArtifactInfo
+from core.artifacts.storage import Tally
 from core.blobs.store import sha256_hex
 from core.db import write_transaction
 from core.errors import ArtifactCorrupt
@@ -44,6 +44,21 @@ def mismatch(row: ArtifactInfo, size: int, digest: str) -> str | None:
         return f"{size:,} bytes stored, {row.size_bytes:,} recorded"
     if row.sha256 is not None and digest != row.sha256:
         return f"SHA-256 {digest[:16]}… stored, {row.sha256[:16]}… recorded"
+    return None
+
+
+def sidecar_mismatch(row: ArtifactInfo, data: bytes | None) -> str | None:
+    """Why ``data`` (None: no file) is not the JSONL sidecar ``row`` recorded; None if it
+    is, or the row recorded none (no sidecar was written with it, or before digests)."""
+    if row.sidecar_sha256 is None:
+        return None
+    if data is None:
+        return "its JSONL sidecar is missing"
+    got = digest(data)
+    if got != row.sidecar_sha256:
+        return (
+            f"its JSONL sidecar's SHA-256 {got[:16]}… stored, {row.sidecar_sha256[:16]}… recorded"
+        )
     return None
 
 
@@ -79,36 +94,61 @@ def fresh_row(engine: Engine, row: ArtifactInfo) -> ArtifactInfo | None:
 
 def measure(source: BinaryIO) -> tuple[int, str]:
     """(size, SHA-256) of what ``source`` holds from where it is (read in chunks)."""
-    tally = _Tally()
+    tally = Tally()
     for _chunk in tally.chunks(source, CHUNK_BYTES):
         pass
-    return tally.size, tally.hashed.hexdigest()
+    return tally.measured
+
+
+class VerifiedChunks:
+    """The bytes of ``source``, ``chunk_bytes`` at a time, hashed as they pass;
+    ``ArtifactCorrupt`` after the last one when they are not ``row``'s. The check can
+    only come at the end: a consumer keeps nothing as whole until the iterator is
+    exhausted without raising.
+
+    It owns ``source`` from the start: closed at the end, when a read fails, and by
+    ``close()`` (or leaving a ``with`` block), whether or not iteration began. A
+    generator closed it only once its body had run, so one never started (its caller
+    failing first) held the file or S3 reader open for as long as it was held. Nothing
+    closes it on collection: its holder does."""
+
+    def __init__(self, row: ArtifactInfo, source: BinaryIO, chunk_bytes: int) -> None:
+        self._row = row
+        self._source = source
+        self._chunk_bytes = chunk_bytes
+        self._tally = Tally()
+
+    def __iter__(self) -> VerifiedChunks:
+        return self
+
+    def __next__(self) -> bytes:
+        if self._source.closed:
+            raise StopIteration
+        try:
+            chunk = self._source.read(self._chunk_bytes)
+        except BaseException:
+            self.close()
+            raise
+        if chunk:
+            return self._tally.add(chunk)
+        self.close()
+        reason = mismatch(self._row, *self._tally.measured)
+        if reason is not None:
+            raise corrupt(self._row, reason)
+        raise StopIteration
+
+    def close(self) -> None:
+        self._source.close()
+
+    def __enter__(self) -> VerifiedChunks:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
 
 def verified_chunks(
     row: ArtifactInfo, source: BinaryIO, *, chunk_bytes: int = CHUNK_BYTES
-) -> Iterator[bytes]:
-    """The bytes of ``source`` (closed at the end), ``chunk_bytes`` at a time, hashed as
-    they pass; ``ArtifactCorrupt`` after the last one when they are not ``row``'s. The
-    check can only come at the end: a consumer keeps nothing as whole until the iterator
-    is exhausted without raising."""
-    tally = _Tally()
-    with source:
-        yield from tally.chunks(source, chunk_bytes)
-    reason = mismatch(row, tally.size, tally.hashed.hexdigest())
-    if reason is not None:
-        raise corrupt(row, reason)
-
-
-class _Tally:
-    """Size and SHA-256 of the chunks passed through ``chunks``."""
-
-    def __init__(self) -> None:
-        self.size = 0
-        self.hashed = hashlib.sha256()
-
-    def chunks(self, source: BinaryIO, chunk_bytes: int) -> Iterator[bytes]:
-        while chunk := source.read(chunk_bytes):
-            self.hashed.update(chunk)
-            self.size += len(chunk)
-            yield chunk
+) -> VerifiedChunks:
+    """``VerifiedChunks`` of ``source`` (which it closes) against ``row``."""
+    return VerifiedChunks(row, source, chunk_bytes)

@@ -161,8 +161,9 @@ class ArtifactManager:
         info = self._require(TOOL_OUTPUT, artifact_id)
         target = self.directory() / (info.name or "")
         objects = self._scope.objects
-        # Its size and SHA-256 from one pass over the bytes as they are now, and on object
-        # storage the upload of those very bytes (the spool is this process's own)
+        # Its size and SHA-256 from one pass over the bytes as they are now; on object
+        # storage that pass is the upload, measuring what it sends: the tool may still be
+        # writing, and a second read would upload bytes the first did not measure
         if objects is None:
             root, path = self._scope.root, target
         else:
@@ -172,9 +173,10 @@ class ArtifactManager:
             if fd is None:
                 raise FileNotFoundError(errno.ENOENT, "no such tool output", str(path))
             with os.fdopen(fd, "rb") as source:
-                size, sha256 = integrity.measure(source)
-                if objects is not None:
-                    objects.put_file(key_of(self._scope.root, target), source)
+                if objects is None:
+                    size, sha256 = integrity.measure(source)
+                else:
+                    size, sha256 = objects.put_file(key_of(self._scope.root, target), source)
             if objects is not None:
                 nofollow.unlink(root, path)
         with write_transaction(self._scope.engine) as conn:
@@ -263,8 +265,15 @@ class ArtifactManager:
                 staged_jsonl.publish(directory, directory / jsonl_name)
             staged_md.publish(directory, directory / md_name)
             size = len(body) + (len(sidecar) if sidecar is not None else 0)
-            sha256 = integrity.digest(body)  # of the markdown: what a reader is served
-            rows.set_size(conn, self.session_id, AGENT_OUTPUT, output_id, size, sha256=sha256)
+            rows.set_size(
+                conn,
+                self.session_id,
+                AGENT_OUTPUT,
+                output_id,
+                size,
+                sha256=integrity.digest(body),  # of the markdown: what a reader is served
+                sidecar_sha256=integrity.digest(sidecar) if sidecar is not None else None,
+            )
         return size
 
     def save_agent_output(
@@ -314,6 +323,7 @@ class ArtifactManager:
             "media_type": "text/markdown",
             "size_bytes": sum(len(d) for d in files.values()),
             "sha256": integrity.digest(files[md_name]),
+            "sidecar_sha256": integrity.digest(files[jsonl_name]) if jsonl is not None else None,
         }
         self._put(values, files)
         parent, _, own = output_id.rpartition(".")

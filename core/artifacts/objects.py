@@ -27,7 +27,7 @@ import obstore
 from obstore.store import S3Store
 
 from core.artifacts.paths import OVERSIZED_DIR, STAGING_DIR, oversized_id_of
-from core.artifacts.storage import check_key, check_prefix, opened_source
+from core.artifacts.storage import Tally, check_key, check_prefix, opened_source
 from core.blobs.objects import DEFAULT_S3_LIMITS, clock_offset, open_s3_store, storage_call
 from core.errors import StorageUnavailable
 from core.urls import hide_password
@@ -35,7 +35,7 @@ from core.urls import hide_password
 _T = TypeVar("_T")
 # Below this, one PUT; above, obstore's multipart upload (atomic on completion too).
 _SINGLE_PUT_BYTES = 8 * 1024 * 1024
-_CHUNK_BYTES = 1024 * 1024  # what put_file reads at a time when it reports its progress
+_CHUNK_BYTES = 1024 * 1024  # what put_file reads (and hashes, and reports) at a time
 
 
 class ObjectArtifactStorage:
@@ -73,19 +73,22 @@ class ObjectArtifactStorage:
 
     def put_file(
         self, key: str, local: Path | BinaryIO, *, on_chunk: Callable[[], None] | None = None
-    ) -> None:
+    ) -> tuple[int, str]:
         check_key(key)
         stamp = _written_now()
 
-        def upload() -> None:  # each attempt reads the file from its start
+        def upload() -> tuple[int, str]:  # each attempt reads the file from its start
+            tally = Tally()
             with opened_source(local) as source:
                 multipart = os.fstat(source.fileno()).st_size > _SINGLE_PUT_BYTES
                 # Chunks as obstore takes them to send (a part at a time in flight, so
-                # memory stays bounded), each one reported
-                body = source if on_chunk is None else _chunks(source, on_chunk)
+                # memory stays bounded), each one measured as it goes and reported: what
+                # is measured is what was sent, though the file grow meanwhile
+                body = tally.chunks(source, _CHUNK_BYTES, on_chunk)
                 obstore.put(self.store, key, body, use_multipart=multipart, attributes=stamp)
+            return tally.measured
 
-        self._call(upload)
+        return self._call(upload)
 
     @contextmanager
     def writer(self, key: str) -> Iterator[BinaryIO]:
@@ -232,12 +235,6 @@ class _Reader(io.RawIOBase):
 
 
 WRITTEN_AT = "sessionstore-written-at"  # user metadata: x-amz-meta-sessionstore-written-at
-
-
-def _chunks(source: BinaryIO, on_chunk: Callable[[], None]) -> Iterator[bytes]:
-    while chunk := source.read(_CHUNK_BYTES):
-        yield chunk
-        on_chunk()
 
 
 def _written_now() -> dict[str, str]:

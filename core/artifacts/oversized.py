@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import re
 import secrets
-from collections.abc import Collection, Iterator
+from collections.abc import Collection
 from contextlib import suppress
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -253,12 +253,13 @@ class OversizedOutputs:
         session_id: str,
         tenant_id: str | None = None,
         chunk_bytes: int = integrity.CHUNK_BYTES,
-    ) -> Iterator[bytes] | None:
+    ) -> integrity.VerifiedChunks | None:
         """``retrieve`` as its stored bytes, ``chunk_bytes`` at a time, for an output too
         large to hold (a rehydrated export): None (decided before any byte) if unknown
         here, expired or missing. The bytes are checked as they pass, so a corrupt output
         is ``ArtifactCorrupt`` only after its last chunk: keep nothing as whole before the
-        iterator is exhausted. Ids are never reused, so no rewrite races the read."""
+        iterator is exhausted. It holds its file open until then: close it (``with``)
+        however the reading ends. Ids are never reused, so no rewrite races the read."""
         found = self._alive(artifact_id, session_id, tenant_id)
         if found is None:
             return None

@@ -40,6 +40,7 @@ class ArtifactInfo(PlainRecord):
     summary: str | None = None
     state: str = COMPLETE
     sha256: str | None = None
+    sidecar_sha256: str | None = None
 
     @property
     def complete(self) -> bool:

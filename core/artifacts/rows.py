@@ -5,7 +5,7 @@ Callers pass a connection inside a transaction from ``core.db``; nothing here co
 
 from __future__ import annotations
 
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -213,13 +213,20 @@ def upsert_artifact(conn: Connection, values: dict[str, Any]) -> None:
 
 
 def set_size(
-    conn: Connection, session_id: str, kind: str, local_id: str, size: int, *, sha256: str
+    conn: Connection,
+    session_id: str,
+    kind: str,
+    local_id: str,
+    size: int,
+    *,
+    sha256: str,
+    sidecar_sha256: str | None = None,
 ) -> None:
-    """The size and SHA-256 of an artifact's rewritten bytes."""
+    """The size and SHA-256 of an artifact's rewritten bytes (and of its sidecar's)."""
     conn.execute(
         update(_artifacts)
         .where(_key(session_id, kind, local_id))
-        .values(size_bytes=size, sha256=sha256)
+        .values(size_bytes=size, sha256=sha256, sidecar_sha256=sidecar_sha256)
     )
 
 
@@ -284,9 +291,14 @@ def get_artifact(
     return _to_info(row) if row is not None else None
 
 
-def has_expired(conn: Connection, row: ArtifactInfo) -> bool:
-    """The row has a TTL and it is past, by the database's clock (the one that wrote it)."""
-    return row.expires_at is not None and row.expires_at <= database_now(conn)
+def has_expired(
+    conn: Connection, row: ArtifactInfo, *, now: Callable[[], datetime] | None = None
+) -> bool:
+    """The row has a TTL and it is past, by the database's clock (the one that wrote it);
+    ``now``, if given, reads that clock instead (a caller judging many rows reads it once)."""
+    if row.expires_at is None:
+        return False
+    return row.expires_at <= (database_now(conn) if now is None else now())
 
 
 def list_artifacts(

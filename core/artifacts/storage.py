@@ -18,6 +18,7 @@ Guarantees, on each backend by its own means:
 
 from __future__ import annotations
 
+import hashlib
 import os
 import uuid
 from collections.abc import Callable, Iterator
@@ -80,11 +81,13 @@ class ArtifactStorage(Protocol):
 
     def put_file(
         self, key: str, local: Path | BinaryIO, *, on_chunk: Callable[[], None] | None = None
-    ) -> None:
+    ) -> tuple[int, str]:
         """Publish the local file's bytes at ``key`` (whole or not at all): a path, or a
         file already open for reading (read from its start; a caller that opened it without
         following links keeps that guarantee). ``on_chunk``, if given, is called as each
-        chunk of the file is read to be sent (a long upload's sign of progress)."""
+        chunk of the file is read to be sent (a long upload's sign of progress). Returns
+        (size, SHA-256) of the bytes published, hashed as they were read to be sent: a
+        file still growing is published as far as that one read went, and measured so."""
 
     def writer(self, key: str) -> AbstractContextManager[BinaryIO]:
         """A binary stream whose bytes are published at ``key`` when the block ends
@@ -143,12 +146,12 @@ class FileArtifactStorage:
 
     def put_file(
         self, key: str, local: Path | BinaryIO, *, on_chunk: Callable[[], None] | None = None
-    ) -> None:
+    ) -> tuple[int, str]:
+        tally = Tally()
         with opened_source(local) as source, self.writer(key) as out:
-            while chunk := source.read(_COPY_CHUNK):
+            for chunk in tally.chunks(source, _COPY_CHUNK, on_chunk):
                 out.write(chunk)
-                if on_chunk is not None:
-                    on_chunk()
+        return tally.measured
 
     @contextmanager
     def writer(self, key: str) -> Iterator[BinaryIO]:
@@ -232,6 +235,35 @@ class FileArtifactStorage:
             raise StorageUnavailable("artifacts", "the artifact directory returned other bytes")
         nofollow.unlink(self.root, probe)
         return f"artifact directory {self.root} is writable"
+
+
+class Tally:
+    """Size and SHA-256 of the chunks passed through ``chunks``."""
+
+    def __init__(self) -> None:
+        self.size = 0
+        self.hashed = hashlib.sha256()
+
+    def chunks(
+        self, source: BinaryIO, chunk_bytes: int, on_chunk: Callable[[], None] | None = None
+    ) -> Iterator[bytes]:
+        """``source`` read to its end, ``chunk_bytes`` at a time, each chunk counted before
+        it is yielded (and ``on_chunk`` called once it was taken)."""
+        while chunk := source.read(chunk_bytes):
+            yield self.add(chunk)
+            if on_chunk is not None:
+                on_chunk()
+
+    def add(self, chunk: bytes) -> bytes:
+        """``chunk``, counted."""
+        self.hashed.update(chunk)
+        self.size += len(chunk)
+        return chunk
+
+    @property
+    def measured(self) -> tuple[int, str]:
+        """(size, SHA-256 hex) of what passed."""
+        return self.size, self.hashed.hexdigest()
 
 
 def check_prefix(prefix: str) -> str:

@@ -14,7 +14,8 @@ The guarantees of the file backend, by object-storage means:
 - GC's "move aside under the row lock" is a server-side copy to ``.gc/`` plus a delete;
   ``purge``/``restore`` finish or undo it, as on disk (on SQLite, before the row lock:
   ``core.maintenance.gc``). A restore verifies the aside and never replaces an intact
-  object. Its grace window reads the object's ``last_modified``.
+  object; a lookup or read that finds no object restores an aside it finds, as on disk.
+  Its grace window reads the object's ``last_modified``.
 - Keys are built in one place from a validated hash (invariant 9).
 """
 
@@ -227,6 +228,14 @@ class ObjectBlobStore(BlobStore):
             return None
 
     def _find(self, blob_hash: str, first: Codec | None = None) -> tuple[Codec, int] | None:
+        found = self._find_stored(blob_hash, first)
+        # A GC died between copy-aside and row delete: taken back (verified) as by a read,
+        # so ``exists`` and ``blobs verify`` see it, as on disk (``FileBlobStore._find``)
+        if found is None and self._unquarantine(blob_hash):
+            found = self._find_stored(blob_hash, first)
+        return found
+
+    def _find_stored(self, blob_hash: str, first: Codec | None) -> tuple[Codec, int] | None:
         for codec in _codecs(first):
             meta = self._head(self.key_for(blob_hash, codec))
             if meta is not None:
@@ -450,8 +459,8 @@ class ObjectBlobStore(BlobStore):
         """Put each aside back, verified first (invariant 13). No restore runs under the
         row's lock, so a writer may have stored the blob again meanwhile: an aside whose
         blob has an intact object again is only dropped, and a damaged aside goes to
-        ``corrupt/``, never over or in place of good content. (On disk a read or put takes
-        an aside back itself before it would re-create the file: ``FileBlobStore._find``.)"""
+        ``corrupt/``, never over or in place of good content. (A lookup or read that finds
+        no object takes an aside back this way itself, here as on disk: ``_find``.)"""
         for path in moved:
             self._restore_one(path.as_posix())
 

@@ -37,7 +37,7 @@ from typing import IO, TYPE_CHECKING, Any
 import pybase64
 
 from core import nofollow
-from core.artifacts.inherited import read_artifact_file, read_own_file
+from core.artifacts.inherited import read_artifact_file, read_sidecar
 from core.artifacts.manager import MAX_AGENT_ID_CHARS
 from core.artifacts.paths import contained_path, encode_component
 from core.artifacts.records import AGENT_OUTPUT, TOOL_OUTPUT
@@ -441,16 +441,19 @@ def _export_artifacts(
         if not row.complete:
             incomplete.append((row.local_id, row.state))
             continue
-        data = read_artifact_file(store.engine, root, own / (row.name or ""), row, storage)
+        path = own / (row.name or "")
+        data = read_artifact_file(store.engine, root, path, row, storage)
         if data is None:
             continue
+        # An agent output's sidecar, from the same storage, through no link, checked as its
+        # markdown is: both read (and found whole) before either is written
+        jsonl = None
+        if row.kind == AGENT_OUTPUT:
+            jsonl = read_sidecar(store.engine, root, path, row, storage)
         directory.mkdir(parents=True, exist_ok=True)
+        if jsonl is not None:
+            replace_atomically(contained_path(directory, f"{row.local_id}.jsonl"), jsonl)
         replace_atomically(contained_path(directory, row.name or ""), data)
-        if row.kind == AGENT_OUTPUT:  # its sidecar, from the same storage, through no link
-            name = f"{row.local_id}.jsonl"
-            jsonl = read_own_file(root, own / name, storage)
-            if jsonl is not None:
-                replace_atomically(contained_path(directory, name), jsonl)
         count += 1
     return count
 

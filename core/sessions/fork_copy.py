@@ -16,11 +16,13 @@ from __future__ import annotations
 
 import dataclasses
 import errno
+import functools
 import logging
 import os
 import shutil
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -30,7 +32,7 @@ from sqlalchemy import Connection, Select, select, update
 
 from core import nofollow
 from core.artifacts import rows
-from core.artifacts.inherited import ancestor_file, held_dir
+from core.artifacts.inherited import Ancestors, ancestor_file, held_dir
 from core.artifacts.paths import STAGING_DIR, agent_output_names, contained_path, session_dir
 from core.artifacts.records import AGENT_OUTPUT, ArtifactInfo
 from core.artifacts.storage import (
@@ -45,7 +47,7 @@ from core.errors import ForkCopyBlocked, SessionNotFound, StorageUnavailable, Sy
 from core.journal import Journal
 from core.journal.validation import check_limit, check_seconds
 from core.metrics import metrics
-from core.models import SessionRow, table_of, utcnow
+from core.models import SessionRow, database_now, table_of, utcnow
 from core.nofollow import open_file
 from core.records import COPY_DONE, COPY_FAILED, COPY_PENDING, Session
 from core.sessions.queries import children, session_or_none
@@ -303,6 +305,9 @@ def _plan_copy(
     conn: Connection, journal: Journal, root: Path, fork: Session, objects: ArtifactStorage | None
 ) -> _CopyPlan:
     plan = _CopyPlan(fork, session_dir(root, fork.tenant_id, fork.id))
+    # The database's clock read once, if any row needs it, for every row it judges
+    now = functools.cache(lambda: database_now(conn))
+    ancestors = Ancestors(conn, journal, every_row=True)  # read once, not once a row
     for row in rows.list_artifacts(conn, fork.id):
         if not row.name:
             continue
@@ -314,12 +319,12 @@ def _plan_copy(
         except SymlinkRefused as exc:
             plan.skipped.append(_skip(plan.fork, row, exc))
             continue
-        found = ancestor_file(conn, journal, root, fork, row, objects)
+        found = ancestor_file(ancestors, root, fork, row, objects)
         if found.path is not None:
             plan.items.append(_CopyItem(row, found.path, target, found.not_after))
         elif found.inherited:
             plan.missing += 1  # the ancestor has no file either (none was ever written)
-        elif _was_inherited(conn, row, fork):
+        elif _was_inherited(conn, row, fork, now):
             plan.lost.append(f"{row.kind} {row.local_id}: changed or removed in the parent")
     return plan
 
@@ -337,11 +342,13 @@ def _skip(fork: Session, row: ArtifactInfo, exc: SymlinkRefused) -> str:
     return f"{row.kind} {row.local_id}: {exc.path}"
 
 
-def _was_inherited(conn: Connection, row: ArtifactInfo, fork: Session) -> bool:
-    """A row the fork got at its creation (not one it allocated since), still unexpired."""
+def _was_inherited(
+    conn: Connection, row: ArtifactInfo, fork: Session, now: Callable[[], datetime]
+) -> bool:
+    """A row the fork got at its creation (not one it allocated since), unexpired ``now``."""
     point = fork.forked_from_seq or 0
     inherited = row.created_seq <= point and row.created_at <= fork.created_at
-    return inherited and not rows.has_expired(conn, row)
+    return inherited and not rows.has_expired(conn, row, now=now)
 
 
 def _run_copy(plan: _CopyPlan, root: Path, objects: ArtifactStorage | None) -> _CopyOutcome:

@@ -9,7 +9,7 @@ import os
 import stat
 import sys
 from collections.abc import Callable, Iterator
-from contextlib import ExitStack
+from contextlib import ExitStack, closing
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Annotated
 
@@ -515,12 +515,13 @@ def _write_export(store: SessionStore, ref: str, session_id: str, output: Path |
             f"the export {ref} of {session_id} is gone (expired or removed) before it was "
             "read; ask again"
         )
-    if output is None:
-        sys.stdout.flush()
-        _copy(chunks, sys.stdout.buffer)
-        return
-    with published_bytes(output) as out:
-        _copy(chunks, out)
+    with closing(chunks):  # its file (or S3 reader) closed however this ends
+        if output is None:
+            sys.stdout.flush()
+            _copy(chunks, sys.stdout.buffer)
+            return
+        with published_bytes(output) as out:
+            _copy(chunks, out)
 
 
 def _copy(chunks: Iterator[bytes], out: IO[bytes]) -> None:

@@ -5,18 +5,23 @@ s3://. A rewrite racing a read is served, not reported; partial reads keep worki
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any, BinaryIO
 
 import pytest
 from sqlalchemy import update
 
 from core import SessionStore, Settings
-from core.artifacts import inherited
+from core.artifacts import inherited, objects
+from core.artifacts.integrity import digest
 from core.artifacts.paths import FILES_DIR, oversized_name
 from core.artifacts.storage import key_of
-from core.errors import ArtifactCorrupt
+from core.errors import ArtifactCorrupt, UnwritableFile
+from core.interop.omp import export_omp
 from core.models import ArtifactRow, table_of
+from tasks.cli import interop
 from tests.cli_process import run_cli
 from tests.contract.artifact_backends import (  # the file:// and s3:// backends
     RawArtifacts,
@@ -121,6 +126,44 @@ def test_a_row_without_a_digest_still_has_its_size_checked(
         read(store, sid)
 
 
+@SQLITE_ONLY
+@pytest.mark.parametrize("how", ["write", "put"])
+def test_a_damaged_sidecar_is_refused_by_the_export_and_nothing_of_it_served(
+    store: SessionStore, raw: RawArtifacts, tmp_path: Path, how: str
+) -> None:
+    """An agent output's JSONL sidecar is checked against the digest its row records, as
+    its markdown is: the oh-my-pi export served it damaged, unchecked (the row's digest
+    covered the markdown only). Refused typed, before either file of the output is written;
+    a sidecar gone since it was written is refused too."""
+    sid = store.create_session(tenant_id="acme").id
+    manager = store.artifacts(sid)
+    sidecar = b'{"type":"message","text":"the agent\'s own transcript"}\n' * 10
+    if how == "write":
+        output_id = manager.save_agent_output("worker", TEXT, jsonl=sidecar)
+    else:  # an import keeps the source's id
+        output_id = "0-worker"
+        manager.put_agent_output(output_id, TEXT, jsonl=sidecar)
+    path = manager.directory() / f"{output_id}.jsonl"
+
+    def export(name: str) -> Path:
+        done = export_omp(store, sid, tmp_path / name, blobs_dir=tmp_path / "blobs")
+        return done.artifacts_dir
+
+    exported = export("fine")
+    assert (exported / f"{output_id}.jsonl").read_bytes() == sidecar
+    for name, damage in DAMAGES.items():
+        _tamper(raw, path, damage(sidecar))
+        with pytest.raises(ArtifactCorrupt, match="sidecar"):
+            export(name)
+            pytest.fail(f"{name}: served")
+        assert not any((tmp_path / name).rglob(f"{output_id}.*")), name
+    raw.delete(path)
+    with pytest.raises(ArtifactCorrupt, match="sidecar"):
+        export("gone")
+    raw.storage.put(key_of(raw.root, path), sidecar)
+    assert (export("back") / f"{output_id}.jsonl").read_bytes() == sidecar
+
+
 @pytest.mark.parametrize("kind", ["file", "tool", "agent"])
 def test_a_rewrite_racing_a_read_is_served_not_called_corrupt(
     store: SessionStore, monkeypatch: pytest.MonkeyPatch, kind: str
@@ -198,6 +241,79 @@ def test_a_partial_read_is_not_checked_and_a_finalized_output_is(
         store.resolve(url, session_id=sid)
 
 
+class _GrowingSpool:
+    """The tool output's file as ``finalize_tool_output`` reads it, with the tool still
+    writing: ``more`` is appended to it at the first read that returns bytes ("while")
+    or at the first one that finds its end ("at its end")."""
+
+    def __init__(self, inner: BinaryIO, path: Path, more: bytes, growth: str) -> None:
+        self._inner, self._path, self._more, self._growth = inner, path, more, growth
+
+    def read(self, size: int = -1) -> bytes:
+        data = self._inner.read(size)
+        if self._more and (not data if self._growth == "at its end" else bool(data)):
+            with open(self._path, "ab") as out:
+                out.write(self._more)
+            self._more = b""
+        return data
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+    def __enter__(self) -> _GrowingSpool:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._inner.close()
+
+
+@SQLITE_ONLY
+@pytest.mark.parametrize(
+    ("artifact_backend", "growth", "multipart"),
+    [
+        ("file", "while", False),
+        ("s3", "while", False),
+        ("s3", "at its end", False),
+        ("s3", "at its end", True),
+    ],
+)
+def test_a_tool_output_growing_while_finalized_is_recorded_as_stored(
+    store: SessionStore,
+    raw: RawArtifacts,
+    monkeypatch: pytest.MonkeyPatch,
+    growth: str,
+    multipart: bool,
+) -> None:
+    """Finalize reads the tool's file once: the size and digest it records are of the very
+    bytes stored (on S3: uploaded). It read the spool twice, to measure it, then to upload
+    it: bytes the tool wrote in between were uploaded but not measured, and every later
+    read of the output was ``ArtifactCorrupt``. (On file:// the tool writes the stored
+    file itself: bytes written after finalize change the output, and are refused.)"""
+    sid = store.create_session(tenant_id="acme").id
+    manager = store.artifacts(sid)
+    slot = manager.allocate_path("bash")
+    slot.path.write_bytes(b"so far\n" * 1000)
+    if multipart:
+        monkeypatch.setattr(objects, "_SINGLE_PUT_BYTES", 0)
+    real_fdopen = os.fdopen
+
+    def growing(fd: int, *args: Any, **kwargs: Any) -> Any:
+        opened = real_fdopen(fd, *args, **kwargs)
+        if os.path.samefile(f"/proc/self/fd/{fd}", slot.path):
+            return _GrowingSpool(opened, slot.path, b"late\n", growth)
+        return opened
+
+    monkeypatch.setattr(os, "fdopen", growing)
+    size = manager.finalize_tool_output(slot.id)
+    monkeypatch.undo()
+    stored = raw.read(manager.directory() / f"{slot.id}.bash.log")
+    assert stored is not None and stored.startswith(b"so far\n" * 1000)
+    (row,) = manager.list()
+    assert (size, row.size_bytes, row.sha256) == (len(stored), len(stored), digest(stored))
+    served = store.resolve(f"artifact://{slot.id}", session_id=sid).content
+    assert served == stored.decode()
+
+
 @SQLITE_ONLY
 def test_streamed_chunks_are_checked_at_their_end(store: SessionStore, raw: RawArtifacts) -> None:
     """``retrieve_chunks`` yields a chunk at a time, lazily, and raises once the last one
@@ -219,6 +335,54 @@ def test_streamed_chunks_are_checked_at_their_end(store: SessionStore, raw: RawA
         for chunk in chunks:
             passed.append(chunk)
     assert len(b"".join(passed)) == len(whole)  # every chunk passed before the verdict
+
+
+@SQLITE_ONLY
+def test_streamed_chunks_close_their_source_however_they_end(
+    store: SessionStore, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """The file (or S3 reader) ``retrieve_chunks`` opened is closed by ``close()`` and by
+    leaving a ``with`` block, iterated or not, and by the export's caller when it fails
+    before its first chunk. A generator closed its source only once its body had run: a
+    caller that never started it (an error first) held it open as long as it held it."""
+    sid = store.create_session(tenant_id="acme").id
+    path, _ = _oversized(store, sid)
+    ref = path.name.removesuffix(".txt")
+    opened: list[BinaryIO] = []
+    real = inherited.open_own_file
+
+    def recorded(root: Path, path: Path, storage: Any) -> BinaryIO | None:
+        source = real(root, path, storage)
+        if source is not None:
+            opened.append(source)
+        return source
+
+    monkeypatch.setattr(inherited, "open_own_file", recorded)
+
+    def chunks() -> Any:
+        got = store.retrieve_chunks(ref, session_id=sid)
+        assert got is not None and not opened[-1].closed
+        return got
+
+    never_started = chunks()
+    never_started.close()
+    assert opened[-1].closed
+    started = chunks()
+    assert next(started)
+    started.close()
+    assert opened[-1].closed
+    with chunks() as unused:
+        pass
+    assert opened[-1].closed
+    with chunks() as partly:
+        assert next(partly)
+    with chunks() as whole:
+        assert b"".join(whole) == (TEXT * 20).encode()
+    # the export's caller (``export --via-queue``): its output cannot be written
+    with pytest.raises(UnwritableFile):
+        interop._write_export(store, ref, sid, tmp_path / "no such directory" / "out.jsonl")
+    assert len(opened) == 6 and all(source.closed for source in opened)
+    assert unused is not None  # held to the end: closing is not left to the collector
 
 
 @SQLITE_ONLY

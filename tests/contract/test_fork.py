@@ -8,16 +8,18 @@ import os
 import shutil
 import threading
 import time
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 import pytest
-from sqlalchemy import func, select
+from sqlalchemy import delete, event, func, select
 
 from core import SessionNotFound, SessionStore, Settings
 from core.artifacts.objects import ObjectArtifactStorage
 from core.errors import ArtifactNotFound, InvalidForkPoint, QuotaExceeded, StorageUnavailable
-from core.models import BlobRefRow, EventRow
+from core.interop.omp import export_omp
+from core.models import ArtifactRow, BlobRefRow, EventRow, table_of
 from core.query.snapshots import list_snapshots
 from core.query.state import SessionState
 from core.records import Session
@@ -30,9 +32,11 @@ from tests.contract.artifact_backends import (
     raw,
     settings,
 )
+from tests.support import set_output_expiry
 
 __all__ = ["FILE_ONLY", "RawArtifacts", "artifact_backend", "raw", "settings"]
 
+_artifacts = table_of(ArtifactRow)
 BIG_OUTPUT = "collected 412 items\n" + "tests/test_upload.py::test_retry PASSED\n" * 600
 
 
@@ -527,3 +531,65 @@ def test_a_fork_of_a_copied_fork_copies_from_it(store: SessionStore) -> None:
     assert (report.status, report.error, report.missing_at_source) == ("copied", None, 0)
     store.delete_session(child.id)
     assert store.artifacts(grandchild.id).files.get("notes/plan.md") == b"the plan"
+
+
+@pytest.mark.parametrize("parent_keeps", [True, False], ids=["copied", "lost"])
+def test_a_copys_queries_do_not_grow_with_the_artifacts_it_inherited(
+    store: SessionStore, parent_keeps: bool
+) -> None:
+    """A fork's copy plans every inherited artifact with a fixed number of queries. It
+    looked up the parent's session and the parent's row for each artifact, and judged each
+    one the parent no longer holds by its own reading of the database's clock (PostgreSQL):
+    three queries a row. Now the parent's rows are read at once, its session once, and the
+    clock once. What is lost stays lost: outputs the parent no longer holds fail the copy,
+    naming them, but for one expired meanwhile (nobody could read it anyway)."""
+
+    def queries_of_a_copy(outputs: int) -> tuple[int, str | None]:
+        parent = store.create_session(tenant_id="acme")
+        ids = []
+        for n in range(outputs):
+            stored = store.store_oversized(parent.id, f"{n}" * 13_000, "grep")
+            assert stored is not None
+            ids.append(stored.ref.artifact_id)
+        defer_copies(store)
+        fork = store.fork(parent.id)
+        if not parent_keeps:  # removed from the parent behind the fork's back
+            with store.engine.begin() as conn:
+                conn.execute(delete(_artifacts).where(_artifacts.c.session_id == parent.id))
+            set_output_expiry(store, ids[0], timedelta(seconds=-1))  # expired: not lost
+        statements: list[str] = []
+
+        def count(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
+            statements.append(statement)
+
+        event.listen(store.engine, "before_cursor_execute", count)
+        try:
+            report = store.copy_fork_artifacts(fork.id)
+        finally:
+            event.remove(store.engine, "before_cursor_execute", count)
+        expected = ("copied", outputs) if parent_keeps else ("failed", 0)
+        assert (report.status, report.copied) == expected
+        return len(statements), store.get_session(fork.id).copy_error
+
+    few, few_error = queries_of_a_copy(2)
+    many, many_error = queries_of_a_copy(6)
+    if not parent_keeps:
+        assert few_error is not None and few_error.count("changed or removed in the parent") == 1
+        assert many_error is not None
+        assert many_error.count("changed or removed in the parent") == 5
+    assert many == few
+
+
+def test_a_pending_forks_export_has_the_sidecars_it_inherited(
+    store: SessionStore, tmp_path: Path
+) -> None:
+    """A fork whose copy is unfinished exports the agent outputs it inherited with their
+    JSONL sidecars, read (and checked) where the markdown is read from."""
+    parent = store.create_session(tenant_id="acme")
+    store.append(parent.id, [EntryBuilder().user("delegate")])
+    output_id = store.artifacts(parent.id).save_agent_output("worker", "# done", jsonl="{}\n")
+    defer_copies(store)
+    fork = store.fork(parent.id)
+    done = export_omp(store, fork.id, tmp_path / "out", blobs_dir=tmp_path / "blobs")
+    assert (done.artifacts_dir / f"{output_id}.jsonl").read_text() == "{}\n"
+    assert (done.artifacts_dir / f"{output_id}.md").read_text() == "# done"

@@ -33,6 +33,7 @@ from core import InvalidEvent, SessionStore, Settings
 from core.blobs.files import FileBlobStore
 from core.blobs.objects import ObjectBlobStore
 from core.blobs.store import sha256_hex
+from core.blobs.verify import verify_blobs
 from core.db import is_sqlite
 from core.errors import BlobsMissing, StorageUnavailable
 from core.maintenance.gc import TEMP_MIN_AGE_S, BlobGc, GcReport, GcResume
@@ -629,6 +630,31 @@ def test_a_gc_that_dies_before_its_commit_never_costs_a_registered_blob_its_file
     assert report.deleted == 0
     assert blobs.path_for(r2.hash, r2.codec).exists() and blobs.get(r2.hash) == healed
     assert list(blobs.iter_quarantined()) == []
+
+
+@pytest.mark.parametrize("asks", ["exists", "has_stored", "blobs verify"])
+def test_a_blob_a_dead_gc_left_aside_is_taken_back_when_asked_for(
+    gstore: SessionStore, asks: str
+) -> None:
+    """A GC that died between moving a blob aside and deleting its row left it in the aside
+    area (``*.gc`` beside it on disk, ``.gc/`` on S3), its row registered: the first
+    lookup takes it back (on S3 verified first, as a restore is), on either backend. On S3
+    ``exists``, ``has_stored`` and ``blobs verify`` called it missing until a read healed
+    it."""
+    blobs = gstore.blobs
+    content = b"a blob whose gc died halfway " * 40
+    put = blobs.put(content)
+    assert blobs.quarantine_file(put.hash)  # the GC's row delete never committed
+    assert [h for h, _ in blobs.iter_quarantined()] == [put.hash]
+    if asks == "exists":
+        assert blobs.exists(put.hash)
+    elif asks == "has_stored":
+        assert blobs.has_stored(put.hash)
+    else:
+        report = verify_blobs(blobs)
+        assert (report.counts.get("missing", 0), report.ok) == (0, 1)
+    assert list(blobs.iter_quarantined()) == []
+    assert blobs.get(put.hash) == content
 
 
 @FILE_ONLY  # inspects files on disk

@@ -130,6 +130,17 @@ def test_a_corrupt_aside_is_never_put_back_in_service(s3_store: SessionStore) ->
     assert blobs.get(put.hash) == TEXT
 
 
+def test_a_lookup_verifies_an_aside_before_it_takes_it_back(s3_store: SessionStore) -> None:
+    """``exists`` finding only an aside takes it back as a restore does: a damaged one goes
+    to ``corrupt/``, and the blob is missing, not served."""
+    blobs = _objects(s3_store)
+    put = blobs.put(TEXT)
+    _corrupt_live_object(s3_store, put.hash)
+    blobs.quarantine_file(put.hash)
+    assert not blobs.exists(put.hash)
+    assert _keys(s3_store, QUARANTINE_PREFIX) == set() and _keys(s3_store, "corrupt")
+
+
 def test_an_intact_aside_is_put_back(s3_store: SessionStore) -> None:
     blobs = _objects(s3_store)
     put = blobs.put(TEXT)

@@ -346,6 +346,23 @@ def test_artifact_digests_start_empty_and_the_downgrade_keeps_the_rows(empty_url
     assert _artifact_column(empty_url, "sha256") == [None]
 
 
+def test_sidecar_digests_start_empty_and_the_downgrade_keeps_the_rows(empty_url: str) -> None:
+    """0023: rows written before sidecar digests were recorded have none (their sidecar is
+    not checked); the downgrade drops the column and keeps the rows."""
+    migrate.upgrade(empty_url, "0022")
+    _old_artifact_row(empty_url)
+    migrate.upgrade(empty_url)
+    assert _diff(empty_url) == []
+    assert _artifact_column(empty_url, "sidecar_sha256") == [None]
+    _execute(empty_url, f"UPDATE artifacts SET sidecar_sha256 = '{'b' * 64}'")
+    assert _artifact_column(empty_url, "sidecar_sha256") == ["b" * 64]
+    migrate.downgrade(empty_url, "0022")
+    assert "sidecar_sha256" not in {c["name"] for c in _inspect_columns(empty_url, "artifacts")}
+    assert _artifact_column(empty_url, "local_id") == ["0"]
+    migrate.upgrade(empty_url)
+    assert _artifact_column(empty_url, "sidecar_sha256") == [None]
+
+
 def _artifact_column(url: str, column: str) -> list[object]:
     engine = make_engine(url, pool_size=1)
     try:
