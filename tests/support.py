@@ -19,6 +19,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+import hypothesis
 import pytest
 import redis
 from celery import Celery
@@ -34,6 +35,19 @@ from tasks.app import celery_config
 from tasks.outcomes import write_task_id
 
 ROOT = Path(__file__).resolve().parent.parent
+
+
+def store_examples(max_examples: int) -> hypothesis.settings:
+    """Hypothesis settings for a property of a real store: the store is the test's fixture
+    (each example makes a session of its own), and an example takes what its I/O takes."""
+    return hypothesis.settings(
+        max_examples=max_examples,
+        deadline=None,
+        suppress_health_check=[
+            hypothesis.HealthCheck.function_scoped_fixture,
+            hypothesis.HealthCheck.too_slow,
+        ],
+    )
 
 
 def free_port() -> int:

@@ -144,9 +144,9 @@ def parse_claude_code(path: Path, data: bytes) -> ParsedSession:
 
 def _escaped(entries: list[ParsedEntry], raw_lines: list[tuple[int, bytes]]) -> list[ParsedEntry]:
     """The entries, each one holding a lone surrogate (a JSON escape: Claude Code's
-    JSON.stringify writes one for a string cut inside an emoji) kept as its exact text, as
-    a pi line holding one is (``pi.ESCAPED_LINE``): no database text holds one, and export
-    writes the entry back as that text."""
+    JSON.stringify writes one for a string cut inside an emoji) kept escaped, as a pi line
+    holding one is (``pi.ESCAPED_LINE``): no database text holds one, and export writes the
+    entry back exactly."""
     if not any(pi.holds_surrogate_escape(raw) for _, raw in raw_lines):
         return entries  # the common case, decided on the bytes
     return [
@@ -553,7 +553,7 @@ def _keep_content(meta: dict[str, Any], messages: list[dict[str, Any]], content:
 def line_content(entries: list[dict[str, Any]]) -> Any:
     """A ``user``/``assistant`` line's ``message.content`` as written, from the entries it
     became in journal order (``<uuid>#1`` …, then ``<uuid>``), or a compaction's summary
-    line's content from the compaction (see docs/formats.md). An entry kept as its text
+    line's content from the compaction (see docs/formats.md). An entry kept escaped
     (``pi.ESCAPED_LINE``, for a lone surrogate) is read as the entry it keeps."""
     entries = [pi.line_value(entry) for entry in entries]
     last = entries[-1]

@@ -84,8 +84,8 @@ def pi_lines(
     session: Session, events: Iterator[StoredEvent], *, parent_file: str | None = None
 ) -> tuple[dict[str, Any], Iterator[dict[str, Any]]]:
     """The header and entries of a version-3 file from the session's events: an imported
-    session's stored header (seq 1; the value of one kept as its text for a lone surrogate,
-    which ``pi.write`` writes back as that text), or one built from the session row. Only
+    session's stored header (seq 1; the line one kept escaped for a lone surrogate keeps,
+    which ``pi.write`` writes back as it was), or one built from the session row. Only
     that is the header: a later ``session`` line is an entry, written back where it was, as
     pi keeps it in its file (its ``getHeader`` is the first).
 

@@ -24,13 +24,14 @@ import json
 import logging
 import math
 import re
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import IO, Any
 
 import orjson
 
+from core.blobs.externalize import TRANSIENT_FIELDS
 from core.errors import ImportFormatError
 from core.exact_json import LONE_SURROGATE, escape_lone_surrogates
 from core.interop.model import IgnoredLine, ParsedEntry, ParsedSession, SessionHeader
@@ -50,10 +51,27 @@ NOT_AN_OBJECT = "not a JSON object"
 #   parentId;
 # - a line holding a lone surrogate (``"\ud800"``, which JSON.stringify writes for a string
 #   cut inside an emoji; no database text holds one): ``{"type": ESCAPED_LINE, "id",
-#   "parentId", "json": the line as ``dumps_exact`` writes it}``, the surrogate kept as its
-#   escape; its id and parentId (those without a lone surrogate) place it in pi's tree.
+#   "parentId", "value": the line escaped}`` (``escaped_line``); its id and parentId (those
+#   without a lone surrogate) place it in pi's tree. Events stored before the escape (and a
+#   line nested too deeply for it) hold ``"json": the line as dumps_exact writes it`` instead.
 UNTYPED_LINE = "sessionstore.untyped_line"
 ESCAPED_LINE = "sessionstore.escaped_line"
+# An escaped line's ``value`` is the line with only what the journal cannot keep as it is
+# escaped, so each of its strings is stored on its own (a long one as a blob, as any event's)
+# and the fold reads its fields:
+# - a string holding a lone surrogate: ``{ESCAPED_STRING: pieces}``, its runs without one
+#   (strings) and each lone surrogate (its code point, an int), in order;
+# - an object with a key no stored object holds as it is (a lone surrogate or U+0000 in it,
+#   one the externalizer drops, or one of these two names): ``{ESCAPED_OBJECT: [key, value,
+#   key, value, ...]}``, its members in order, each key escaped as a string is.
+# Every other value is itself. No object of ``value`` but an escape has either name as a key,
+# so undoing the escape (``unescaped``) gives back exactly the line.
+ESCAPED_STRING = "sessionstore.escaped_string"
+ESCAPED_OBJECT = "sessionstore.escaped_object"
+_ESCAPED_KEYS = frozenset({ESCAPED_STRING, ESCAPED_OBJECT, *TRANSIENT_FIELDS})
+# The deepest event an escaped line is kept as ``value`` in (``max_event_depth``'s default):
+# a line whose escape nests deeper is kept as its text, as before the escape.
+ESCAPED_MAX_DEPTH = 64
 
 
 # reading ---------------------------------------------------------------------------------
@@ -341,18 +359,130 @@ def holds_lone_surrogate(value: Any) -> bool:
 
 
 def escaped_line(value: dict[str, Any]) -> dict[str, Any]:
-    """The event that keeps a line holding a lone surrogate (``ESCAPED_LINE``)."""
+    """The event that keeps a line holding a lone surrogate (``ESCAPED_LINE``): the line
+    escaped (``value``), or its text (``json``) if the escape would nest too deeply."""
     event: dict[str, Any] = {"type": ESCAPED_LINE}
     for key in ("id", "parentId"):
         if key in value and not holds_lone_surrogate(value[key]):
             event[key] = value[key]
+    if _depth(value, ESCAPED_MAX_DEPTH) < ESCAPED_MAX_DEPTH:
+        escaped = _escaped(value)
+        if _depth(escaped, ESCAPED_MAX_DEPTH) < ESCAPED_MAX_DEPTH:
+            event["value"] = escaped
+            return event
     event["json"] = dumps_exact(value)
     return event
 
 
-def escaped_value(text: Any) -> dict[str, Any] | None:
-    """The line an ``ESCAPED_LINE`` event keeps, from its ``json``: None unless that is the
-    JSON text of an object (a blob's ref, or an event not written by the import)."""
+def _depth(value: Any, most: int) -> int:
+    """How many levels of objects and arrays ``value`` nests (``most`` once it reaches it)."""
+    deepest = 0
+    stack = [(value, 1)]
+    while stack:
+        item, level = stack.pop()
+        if isinstance(item, (dict, list)):
+            if level >= most:
+                return most
+            deepest = max(deepest, level)
+            children = item.values() if isinstance(item, dict) else item
+            stack.extend((child, level + 1) for child in children)
+    return deepest
+
+
+def _escaped(value: Any) -> Any:
+    """``value`` with its strings holding a lone surrogate and its objects with a key that
+    cannot be stored escaped (``ESCAPED_STRING``, ``ESCAPED_OBJECT``)."""
+    if isinstance(value, str):
+        return _escaped_string(value) if LONE_SURROGATE.search(value) else value
+    if isinstance(value, list):
+        return [_escaped(item) for item in value]
+    if isinstance(value, dict):
+        if any(_escaped_key(key) for key in value):
+            return {ESCAPED_OBJECT: [_escaped(x) for member in value.items() for x in member]}
+        return {key: _escaped(item) for key, item in value.items()}
+    return value
+
+
+def _escaped_key(key: str) -> bool:
+    return key in _ESCAPED_KEYS or "\x00" in key or LONE_SURROGATE.search(key) is not None
+
+
+def _escaped_string(text: str) -> dict[str, list[str | int]]:
+    pieces: list[str | int] = []
+    start = 0
+    for match in LONE_SURROGATE.finditer(text):
+        if match.start() > start:
+            pieces.append(text[start : match.start()])
+        pieces.append(ord(match[0]))
+        start = match.end()
+    if start < len(text):
+        pieces.append(text[start:])
+    return {ESCAPED_STRING: pieces}
+
+
+def unescaped(value: Any, load: Callable[[Any], Any] | None = None) -> Any:
+    """The line an escaped line's ``value`` holds (``_escaped`` undone). ``load``: what a
+    piece of a string, or a key, is read with (a lazy blob's value); an escape that is not
+    well formed (not written by the import) is read as the object it is."""
+    if isinstance(value, list):
+        return [unescaped(item, load) for item in value]
+    if not isinstance(value, dict):
+        return value
+    if len(value) == 1:
+        [(key, inner)] = value.items()
+        if key == ESCAPED_STRING:
+            text = _joined(inner, load)
+            if text is not None:
+                return text
+        elif key == ESCAPED_OBJECT:
+            members = _members(inner, load)
+            if members is not None:
+                return members
+    return {key: unescaped(item, load) for key, item in value.items()}
+
+
+def _joined(pieces: Any, load: Callable[[Any], Any] | None) -> str | None:
+    if not isinstance(pieces, list):
+        return None
+    parts = []
+    for piece in pieces:
+        if load is not None:
+            piece = load(piece)
+        if isinstance(piece, str):
+            parts.append(piece)
+        elif type(piece) is int and 0xD800 <= piece <= 0xDFFF:
+            parts.append(chr(piece))
+        else:
+            return None
+    return "".join(parts)
+
+
+def _members(items: Any, load: Callable[[Any], Any] | None) -> dict[str, Any] | None:
+    if not isinstance(items, list) or len(items) % 2:
+        return None
+    keys = [unescaped(key, load) for key in items[::2]]
+    if load is not None:
+        keys = [load(key) for key in keys]
+    if not all(isinstance(key, str) for key in keys):
+        return None
+    return {key: unescaped(item, load) for key, item in zip(keys, items[1::2], strict=True)}
+
+
+def escaped_value(
+    payload: Mapping[str, Any], load: Callable[[Any], Any] | None = None
+) -> dict[str, Any] | None:
+    """The line an ``ESCAPED_LINE`` event keeps (``load``: as ``unescaped``, and how its
+    ``json`` is read): None unless that is an object (its ``json`` a blob's ref, or an
+    event not written by the import)."""
+    if "value" in payload:
+        try:
+            value = unescaped(payload["value"], load)
+        except RecursionError:
+            return None
+        return value if isinstance(value, dict) else None
+    text = payload.get("json")
+    if load is not None:
+        text = load(text)
     if not isinstance(text, str):
         return None
     try:
@@ -367,12 +497,11 @@ def line_value(entry: Mapping[str, Any]) -> Any:
     kind = entry.get("type")
     if kind == UNTYPED_LINE and isinstance(entry.get("line"), dict):
         return entry["line"]
-    if kind == ESCAPED_LINE and isinstance(entry.get("json"), str):
-        try:
-            return loads_exact(entry["json"])
-        except ValueError:  # not written by the import: the event as it is
-            return entry
-    return entry
+    if kind == ESCAPED_LINE:
+        line = escaped_value(entry)
+        if line is not None:
+            return line
+    return entry  # not written by the import: the event as it is
 
 
 def stored_header(kind: str, payload: Any) -> dict[str, Any] | None:
@@ -382,7 +511,7 @@ def stored_header(kind: str, payload: Any) -> dict[str, Any] | None:
     if kind == HEADER_TYPE and isinstance(payload, dict):
         return payload
     if kind == ESCAPED_LINE and isinstance(payload, dict):
-        value = escaped_value(payload.get("json"))
+        value = escaped_value(payload)
         if value is not None and value.get("type") == HEADER_TYPE:
             return value
     return None
@@ -392,11 +521,9 @@ def line_text(entry: Mapping[str, Any]) -> str:
     """An entry's line in a pi file: the line an event of ``UNTYPED_LINE`` or
     ``ESCAPED_LINE`` keeps, as it was read."""
     kind = entry.get("type")
-    if kind == UNTYPED_LINE and isinstance(entry.get("line"), dict):
-        return dumps_exact(entry["line"])
-    if kind == ESCAPED_LINE and isinstance(entry.get("json"), str):
+    if kind == ESCAPED_LINE and "value" not in entry and isinstance(entry.get("json"), str):
         return str(entry["json"])
-    return dumps_exact(dict(entry))
+    return dumps_exact(dict(line_value(entry)))
 
 
 def ignored_lines(path: Path, ignored: list[IgnoredLine]) -> list[IgnoredLine]:
@@ -623,7 +750,7 @@ def is_header(raw: dict[str, Any]) -> bool:
 def header_event(header: SessionHeader) -> dict[str, Any]:
     """The header as it is kept in the journal (the event at seq 1 of an imported session):
     the migrated original when there is one, else a version-3 header built from the fields;
-    one holding a lone surrogate (pi reads it) as the ``ESCAPED_LINE`` that keeps its text."""
+    one holding a lone surrogate (pi reads it) as the ``ESCAPED_LINE`` that keeps it."""
     if is_header(header.raw):
         event = dict(header.raw)
     else:

@@ -24,32 +24,42 @@ from core.records import StoredEvent
 
 # 5: a line kept as its text for a lone surrogate (``ESCAPED_LINE``) is folded as the line
 # it keeps (a message in it is in the context, as in pi's)
-PROJECTION_VERSION = 5
+# 6: such a line kept escaped (its ``value``) is folded as the line too, however long its
+# strings (each one its own blob), and a string the fold keeps is read back from its blob
+# under ``value`` too
+PROJECTION_VERSION = 6
 
 # where the ids of a kept line without a string type are (``core.interop.pi.UNTYPED_LINE``)
 _UNTYPED_IDS = ("/line/id", "/line/parentId")
 # Entries that contribute to the conversation context.
 CONTEXT_TYPES = frozenset({"message", "custom_message", "branch_summary"})
 # The kind of a line kept as its text whose text the fold could not read (stored as a blob,
-# being over the inline limit): ``core.query.state`` reads it, and shows it if its line is
-# of a context type.
+# being over the inline limit; only lines stored before version 6, or nested too deeply to
+# be kept escaped, are kept as their text): ``core.query.state`` reads it, and shows it if
+# its line is of a context type.
 UNREAD_LINE = "sessionstore.escaped_line:unread"
 CONTEXT_KINDS = CONTEXT_TYPES | {UNREAD_LINE}
 # Where in its entry each kind of string the fold keeps is read from. The fold folds events
 # as stored, so a string stored as a blob is kept as its ref; ``core.query.state`` gives back
 # the original of a ref that the session's manifest places at one of its kind's pointers.
-FOLD_STRINGS: dict[str, frozenset[str]] = {
-    "id": frozenset({"/id", "/parentId", "/targetId", "/firstKeptEntryId", *_UNTYPED_IDS}),
-    "label": frozenset({"/label"}),
-    "name": frozenset({"/name"}),
-    "thinking": frozenset({"/thinkingLevel"}),
-    "provider": frozenset({"/provider", "/message/provider"}),
-    "model": frozenset({"/modelId", "/message/model"}),
-    "custom_type": frozenset({"/customType"}),
-    "role": frozenset({"/message/role"}),
-    "cwd": frozenset({"/cwd"}),
-    "parent_session": frozenset({"/parentSession"}),
+_LINE_STRINGS: dict[str, tuple[str, ...]] = {
+    "id": ("/id", "/parentId", "/targetId", "/firstKeptEntryId"),
+    "label": ("/label",),
+    "name": ("/name",),
+    "thinking": ("/thinkingLevel",),
+    "provider": ("/provider", "/message/provider"),
+    "model": ("/modelId", "/message/model"),
+    "custom_type": ("/customType",),
+    "role": ("/message/role",),
+    "cwd": ("/cwd",),
+    "parent_session": ("/parentSession",),
 }
+# a line kept escaped (``ESCAPED_LINE``) holds its strings under ``value``
+FOLD_STRINGS: dict[str, frozenset[str]] = {
+    kind: frozenset({*pointers, *(f"/value{p}" for p in pointers)})
+    for kind, pointers in _LINE_STRINGS.items()
+}
+FOLD_STRINGS["id"] |= frozenset(_UNTYPED_IDS)
 FOLD_POINTERS = frozenset().union(*FOLD_STRINGS.values())
 _NUMBERS = (int, float)
 _LO, _HI = INT64_MIN, INT64_MAX
@@ -420,13 +430,13 @@ def _on_untyped_line(fold: Fold, payload: dict[str, Any], seq: int) -> None:
 
 
 def _on_escaped_line(fold: Fold, payload: dict[str, Any], seq: int) -> None:
-    """A line of a pi file holding a lone surrogate, kept as its text: folded as the line
-    itself (pi reads it), lone surrogates and all (a snapshot keeps them escaped). It has its
-    place in the tree by the ``id`` and ``parentId`` the event holds: those of the line
-    without a lone surrogate (no snapshot's id chunk holds one)."""
-    line = escaped_value(payload.get("json"))
+    """A line of a pi file holding a lone surrogate, kept escaped (or as its text): folded
+    as the line itself (pi reads it), lone surrogates and all (a snapshot keeps them
+    escaped). It has its place in the tree by the ``id`` and ``parentId`` the event holds:
+    those of the line without a lone surrogate (no snapshot's id chunk holds one)."""
+    line = escaped_value(payload)
     placed = {key: payload[key] for key in _LINKS if key in payload}
-    if line is None:  # its text is a blob's ref: read by the state, not here
+    if line is None:  # its text (before version 6) is a blob's ref: read by the state
         if _is_entry(fold, placed):
             _add_entry(fold, placed, seq, UNREAD_LINE)
         return

@@ -478,12 +478,13 @@ def _entry_ids(tree: EntryTree, strings: FoldStrings) -> Callable[[int], str]:
 
 
 def entry_of(event: StoredEvent) -> dict[str, Any]:
-    """The entry an event holds: for a line kept as its text (``ESCAPED_LINE``), the line
-    itself, lone surrogates and all (its text loaded if it is a lazy blob); the payload if
-    that text is no object's (a blob that could not be read)."""
+    """The entry an event holds: for a line kept escaped or as its text (``ESCAPED_LINE``),
+    the line itself, lone surrogates and all (the pieces of an escaped string, or the text,
+    loaded if they are lazy blobs); the payload if that is no object (a blob that could not
+    be read)."""
     payload = event.payload
     if event.type == ESCAPED_LINE:
-        line = escaped_value(loaded(payload.get("json")))
+        line = escaped_value(payload, loaded)
         if line is not None:
             return line
     return payload

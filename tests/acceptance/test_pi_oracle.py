@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from core.blobs.rehydrate import loaded
 from core.errors import ImportConflict, ImportFormatError
 from core.interop import pi
 from core.interop.importer import parse_file
@@ -340,8 +341,8 @@ def test_lines_kept_wrapped_are_exported_as_they_were(store: SessionStore, tmp_p
 
 def test_a_lone_surrogate_is_kept_and_exported_exactly(store: SessionStore, tmp_path: Path) -> None:
     """pi reads a line holding a lone surrogate (JSON.stringify writes one for a string cut
-    inside an emoji); no database text holds one. The line is kept as its exact JSON text
-    (``ESCAPED_LINE``), in pi's tree by its id and parentId; the rest of the file is
+    inside an emoji); no database text holds one. The line is kept escaped (``ESCAPED_LINE``:
+    the string as its pieces), in pi's tree by its id and parentId; the rest of the file is
     imported; the export gives the line back byte for byte, and pi reads the export as it
     read the file."""
     entries = [
@@ -355,11 +356,12 @@ def test_a_lone_surrogate_is_kept_and_exported_exactly(store: SessionStore, tmp_
     result = store.import_session(path, tenant_id=TENANT)
     assert result.appended == len(entries) + 1
     stored = [e.payload for e in store.read(result.session_id)]
+    message = {**entries[1]["message"], "content": {pi.ESCAPED_STRING: ["cut ", 0xD83D]}}
     assert stored[2] == {
         "type": pi.ESCAPED_LINE,
         "id": "b",
         "parentId": "a",
-        "json": _line(entries[1]),
+        "value": {**entries[1], "message": message},
     }
     state = store.state(result.session_id, rehydrate=True)
     assert state.branch == pi_context(path)["branch"] == ["a", "b", "c", "d"]
@@ -378,7 +380,7 @@ _T = "2026-11-20T10:00:02.000Z"
 
 def _surrogate_lines(big: int) -> list[dict[str, Any]]:
     """A line of every kind pi's context reads, each holding a lone surrogate; one of them
-    (a tool result) over the inline string limit, so that its text is stored as a blob."""
+    (a tool result) with a string over the inline limit, so that it is stored as a blob."""
     call = {"type": "toolCall", "id": f"call{_CUT}", "name": "bash", "arguments": {"c": _CUT}}
     result = {"type": "text", "text": "x" * big + _CUT}
     return [
@@ -402,28 +404,37 @@ def _surrogate_lines(big: int) -> list[dict[str, Any]]:
     ]  # fmt: skip
 
 
+def _agrees_with_pi_at_every_entry(
+    store: SessionStore, session_id: str, path: Path, count: int
+) -> dict[str, Any]:
+    """The state at each of the file's ``count`` entries is pi's context there, read twice
+    (the second time from the snapshots the first wrote); pi's answer."""
+    oracle = pi_context(path, list(range(count)))
+    for read in range(2):
+        for index in range(count):
+            state = store.state(session_id, at_seq=index + 2, rehydrate=True)
+            expected = oracle["at"][str(index)]
+            assert as_json(our_context(state)) == expected, (read, index)
+    return oracle
+
+
 @pytest.mark.parametrize("every", [0, 3])
 def test_lines_holding_a_lone_surrogate_are_in_pi_s_context(
     settings: Settings, tmp_path: Path, every: int
 ) -> None:
     """pi reads a line holding a lone surrogate like any other: the state reads the line
-    kept as its text (``ESCAPED_LINE``) as the line itself, lone surrogates and all, and
+    kept escaped (``ESCAPED_LINE``) as the line itself, lone surrogates and all, and
     equals pi's context at every entry (messages, model, thinking level), with snapshots or
-    without; a line stored as a blob (over the inline limit) is in the context too. The
+    without; a line with a string stored as a blob (over the inline limit) is too. The
     export gives the file back byte for byte."""
-    entries = _surrogate_lines(big=settings.inline_string_limit)
+    entries = _surrogate_lines(big=settings.inline_string_limit + 1)
     path = _write(tmp_path / "s.jsonl", entries)
     with SessionStore.from_settings(settings.with_overrides(snapshot_every=every)) as store:
         result = store.import_session(path, tenant_id=TENANT)
         stored = store.read(result.session_id)
         assert {e.type for e in stored[1:]} == {"message", pi.ESCAPED_LINE}
         assert len(store.journal.blob_hashes(result.session_id)) == 1  # the tool result
-        oracle = pi_context(path, list(range(len(entries))))
-        for read in range(2):  # the second reads the snapshots the first wrote
-            for index in range(len(entries)):
-                state = store.state(result.session_id, at_seq=index + 2, rehydrate=True)
-                expected = oracle["at"][str(index)]
-                assert as_json(our_context(state)) == expected, (read, index)
+        oracle = _agrees_with_pi_at_every_entry(store, result.session_id, path, len(entries))
         state = store.state(result.session_id, rehydrate=True)
         assert as_json(our_context(state)) == oracle["leaf"]
         assert state.branch == oracle["branch"]
@@ -439,11 +450,97 @@ def test_lines_holding_a_lone_surrogate_are_in_pi_s_context(
         assert store.import_session(path, tenant_id=TENANT).status == "unchanged"
 
 
+def _big_surrogate_lines(big: int) -> list[dict[str, Any]]:
+    """Lines over the inline string limit, each holding a lone surrogate (a string cut
+    inside an emoji, the common case in a long text): an assistant message with its model
+    and usage, a tool call and its result, a compaction (its summary the long text), and a
+    label whose label alone is long (its lone surrogate elsewhere in the line)."""
+
+    def long(c: str) -> str:
+        return c * (big + 1)
+
+    call = {"type": "toolCall", "id": "call1", "name": "bash", "arguments": {"c": _CUT}}
+    usage = {
+        "input": 11,
+        "output": 22,
+        "cacheRead": 3,
+        "cacheWrite": 4,
+        "totalTokens": 40,
+        "cost": {"total": 0.5},
+    }
+    return [
+        _message("a", None, "before"),
+        {"type": "message", "id": "b", "parentId": "a", "timestamp": _T,
+         "message": {"role": "assistant", "content": [{"type": "text", "text": long("a") + _CUT}],
+                     "provider": "big-provider", "model": "big-model", "usage": usage,
+                     "stopReason": "stop", "timestamp": 1795000000000}},
+        _message("c", "b", "next"),
+        {"type": "message", "id": "d", "parentId": "c", "timestamp": _T,
+         "message": {"role": "assistant", "content": [call], "provider": "p", "model": "m2",
+                     "usage": usage}},
+        {"type": "message", "id": "r", "parentId": "d", "timestamp": _T,
+         "message": {"role": "toolResult", "toolCallId": "call1", "toolName": "bash",
+                     "content": [{"type": "text", "text": _CUT + long("t")}], "isError": False}},
+        {"type": "label", "id": "l", "parentId": "r", "targetId": "a", "label": long("l"),
+         "note": _CUT},
+        {"type": "compaction", "id": "cp", "parentId": "l", "timestamp": _T,
+         "summary": f"S {long('s')} {_CUT}", "firstKeptEntryId": "c", "tokensBefore": 12345},
+        _message("e", "cp", "after", "assistant"),
+    ]  # fmt: skip
+
+
+@pytest.mark.parametrize("every", [0, 3])
+def test_long_lines_holding_a_lone_surrogate_are_folded_as_pi_reads_them(
+    settings: Settings, tmp_path: Path, every: int
+) -> None:
+    """A line holding a lone surrogate over the inline string limit is folded like any line:
+    the state equals pi's context at every entry (the long assistant message's model, the
+    compaction), with snapshots or without; its usage is counted, its compaction and label
+    read; each long string is a blob of its own. Export gives the file back byte for byte,
+    and a session imported from the export exports the same bytes."""
+    big = settings.inline_string_limit
+    entries = _big_surrogate_lines(big)
+    path = _write(tmp_path / "s.jsonl", entries)
+    with SessionStore.from_settings(settings.with_overrides(snapshot_every=every)) as store:
+        result = store.import_session(path, tenant_id=TENANT)
+        assert len(store.journal.blob_hashes(result.session_id)) == 4
+        oracle = _agrees_with_pi_at_every_entry(store, result.session_id, path, len(entries))
+        for rehydrate in (True, "lazy"):
+            state = store.state(result.session_id, rehydrate=rehydrate)
+            if rehydrate is True:
+                assert as_json(our_context(state)) == oracle["leaf"]
+            model = store.state(result.session_id, at_seq=3, rehydrate=rehydrate).info.model
+            assert model is not None and (model.provider, model.model_id) == (
+                "big-provider",
+                "big-model",
+            )
+            usage = state.counters.usage
+            assert (usage.input, usage.output, usage.total_tokens, usage.cost) == (22, 44, 80, 1)
+            assert state.counters.tool_calls == state.counters.tool_results == 1
+            assert state.labels == {"a": "l" * (big + 1)}
+            assert state.compaction is not None
+            assert (state.compaction.entry_id, state.compaction.tokens_before) == ("cp", 12345)
+            assert state.compaction.first_kept_entry_id == "c"
+            assert loaded(state.compaction.summary) == entries[6]["summary"]
+            [call] = state.tool_calls
+            assert call.result_entry_id == "r"
+        exported = tmp_path / f"exported-{every}.jsonl"
+        with exported.open("w", encoding="utf-8") as out:
+            store.export_session(result.session_id, out)
+        assert exported.read_bytes() == path.read_bytes()
+        assert store.import_session(path, tenant_id=TENANT).status == "unchanged"
+        again = store.import_session(exported, tenant_id="other")
+        twice = tmp_path / f"twice-{every}.jsonl"
+        with twice.open("w", encoding="utf-8") as out:
+            store.export_session(again.session_id, out)
+        assert twice.read_bytes() == path.read_bytes()
+
+
 def test_a_header_holding_a_lone_surrogate_is_imported_and_exported_exactly(
     store: SessionStore, tmp_path: Path
 ) -> None:
     """pi opens a file whose header holds a lone surrogate (its cwd, its id): the import
-    keeps the header as its text (``ESCAPED_LINE`` at seq 1), the state has pi's header
+    keeps the header escaped (``ESCAPED_LINE`` at seq 1), the state has pi's header
     fields and context, the session row holds the text with the surrogate escaped (no
     database text holds one), and the export gives the file back byte for byte."""
     header = {**_LINKED_HEADER, "id": f"s-{_CUT}", "cwd": f"/w/{_CUT}", "parentSession": _CUT}
@@ -454,7 +551,8 @@ def test_a_header_holding_a_lone_surrogate_is_imported_and_exported_exactly(
     # keyed by the id's own text: escaped, after a mark no unescaped id begins with
     assert (result.status, result.appended, result.external_id) == ("created", 3, "\ufeffs-\\ud83d")
     first = store.read(result.session_id)[0]
-    assert first.type == pi.ESCAPED_LINE and first.payload["json"] == _line(header)
+    assert first.type == pi.ESCAPED_LINE and pi.line_text(first.payload) == _line(header)
+    assert first.payload["value"]["cwd"] == {pi.ESCAPED_STRING: ["/w/", 0xD83D]}
     session = store.get_session(result.session_id)
     assert (session.external_id, session.cwd) == ("\ufeffs-\\ud83d", "/w/\\ud83d")
     assert store.resolve_session("s-\\ud83d", tenant_id=TENANT).id == result.session_id

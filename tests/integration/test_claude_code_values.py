@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from core.blobs.externalize import TRANSIENT_FIELDS
@@ -20,6 +20,7 @@ from core.interop import pi
 from core.interop.claude_code import line_content, parse_claude_code
 from core.interop.importer import parse_file_data
 from core.store import SessionStore
+from tests.support import store_examples
 from tests.unit.test_pi_format import with_lone_surrogates
 
 # any code point, NUL and lone surrogates too (an entry holding one is kept as its text,
@@ -57,11 +58,7 @@ def _nested(depth: int, leaf: Any) -> Any:
 
 
 @pytest.mark.slow
-@settings(
-    max_examples=15,
-    deadline=None,
-    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
-)
+@store_examples(15)
 @given(prompt=_text, answer=_text, tool_input=st.dictionaries(_key, _json, max_size=3))
 def test_transcript_values_come_back_exactly(
     store: SessionStore, tmp_path: Path, prompt: str, answer: str, tool_input: dict[str, Any]
@@ -113,11 +110,7 @@ _blocks = st.lists(
 
 
 @pytest.mark.slow
-@settings(
-    max_examples=15,
-    deadline=None,
-    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
-)
+@store_examples(15)
 @given(user=_blocks | _json, assistant=_blocks | _json)
 def test_every_line_content_comes_back_from_the_journal(
     store: SessionStore, tmp_path: Path, user: Any, assistant: Any

@@ -78,9 +78,10 @@ SURROGATE_TEXT = with_lone_surrogates(st.text(max_size=3))
 @settings(max_examples=200, deadline=None)
 @given(key=SURROGATE_TEXT, text=SURROGATE_TEXT, data=JSON)
 def test_a_line_holding_a_lone_surrogate_is_kept_exactly(key: str, text: str, data: Any) -> None:
-    """pi reads such a line; no database text holds a lone surrogate. The line is kept as
-    its JSON text (``ESCAPED_LINE``, with its id and parentId), which is written back byte
-    for byte; any other line is kept as it is."""
+    """pi reads such a line; no database text holds a lone surrogate. The line is kept
+    escaped (``ESCAPED_LINE``, with its id and parentId): each string holding one as its
+    pieces, an object with a key holding one as its members; it is written back byte for
+    byte; any other line is kept as it is."""
     header = pi.new_header("h", timestamp="2026-01-01T00:00:00.000Z", cwd="/")
     entry = {"type": "custom", "id": "c1", "parentId": "p", f"k{key}": text, "data": data}
     raw = _file([header, entry])
@@ -88,18 +89,70 @@ def test_a_line_holding_a_lone_surrogate_is_kept_exactly(key: str, text: str, da
     value = pi.loads_exact(line)
     [kept] = pi.parse(Path("x.jsonl"), raw).entries
     if pi.holds_lone_surrogate(value):
-        assert kept.entry == {
-            "type": pi.ESCAPED_LINE,
-            "id": "c1",
-            "parentId": "p",
-            "json": line.decode(),
-        }
+        assert list(kept.entry) == ["type", "id", "parentId", "value"]
+        assert (kept.entry["type"], kept.entry["id"], kept.entry["parentId"]) == (
+            pi.ESCAPED_LINE,
+            "c1",
+            "p",
+        )
+        assert _same(pi.line_value(kept.entry), value)
         assert not pi.holds_lone_surrogate(kept.entry)
     else:
         assert _same(kept.entry, value)
     out = io.StringIO()
     pi.write(out, header, [kept.entry])
     assert out.getvalue().encode().splitlines()[1] == line
+
+
+def test_the_escape_of_a_line_holding_a_lone_surrogate() -> None:
+    """The form an escaped line is kept in (``pi.ESCAPED_LINE``'s ``value``): a string
+    holding a lone surrogate as its pieces; an object with a key holding one (or U+0000, or
+    one the externalizer drops, or a name of the escape) as its keys and values in order;
+    everything else as it is. Undone exactly; a line the escape would nest past the
+    journal's depth is kept as its text."""
+    cut, s, o = "\ud83d", pi.ESCAPED_STRING, pi.ESCAPED_OBJECT
+    line = {
+        "type": "message",
+        "id": "a",
+        "text": f"x{cut}y\udc00",
+        "plain": {"n": [-0.0, 2**70, "\x00"]},
+        "keys": {f"k{cut}": cut, "b": 1},
+        "nul": {"k\x00": 1},
+        "like": {s: [1]},
+        "also": {"x": 1, o: []},
+        "partialJson": {"partialJson": "{"},
+    }
+    kept = pi.escaped_line(line)
+    assert kept == {
+        "type": pi.ESCAPED_LINE,
+        "id": "a",
+        "value": {
+            o: [
+                "type", "message", "id", "a",
+                "text", {s: ["x", 0xD83D, "y", 0xDC00]},
+                "plain", {"n": [-0.0, 2**70, "\x00"]},
+                "keys", {o: [{s: ["k", 0xD83D]}, {s: [0xD83D]}, "b", 1]},
+                "nul", {o: ["k\x00", 1]},
+                "like", {o: [s, [1]]},
+                "also", {o: ["x", 1, o, []]},
+                "partialJson", {o: ["partialJson", "{"]},
+            ]
+        },
+    }  # fmt: skip
+    assert _same(pi.line_value(kept), line)
+    assert pi.line_text(kept) == pi.dumps_exact(line)
+    deep: Any = cut
+    for _ in range(pi.ESCAPED_MAX_DEPTH):
+        deep = [deep]
+    deep_line = {"type": "x", "id": "d", "v": deep}
+    assert pi.escaped_line(deep_line) == {
+        "type": pi.ESCAPED_LINE,
+        "id": "d",
+        "json": pi.dumps_exact(deep_line),
+    }
+    # an escape not written by the import is read as the object it is
+    odd = {"type": pi.ESCAPED_LINE, "value": {"a": {s: [1]}, "b": {o: ["k"]}, "c": {s: 7}}}
+    assert pi.line_value(odd) == odd["value"]
 
 
 @settings(max_examples=200, deadline=None)

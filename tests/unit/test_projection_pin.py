@@ -15,6 +15,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from core.blobs.externalize import Persister
 from core.interop import pi
 from core.query.fold_codec import encode_fold
 from core.query.projection import PROJECTION_VERSION, fold_events
@@ -25,6 +26,7 @@ FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 # the digest of the corpus's encoded folds at each version since the pin was added
 PINNED = {
     5: "fcb14f4d58747719f3724b1be75af71b5b2dfc176b111a78a5496e198ab4853a",
+    6: "712f0fcb24af5875f0ea7c6f026b19238f3f1f24ce92603a1716fba56cbf2ce9",
 }
 
 
@@ -61,14 +63,13 @@ def _headerless() -> list[dict[str, Any]]:
     ]
 
 
-def _escaped() -> list[dict[str, Any]]:
-    """A pi file whose lines hold lone surrogates, kept as escaped lines (version 5's rule):
-    its header, a message, an assistant's model, a compaction, a label, and a line whose
-    text is a blob's ref (placed, not read)."""
+def _surrogate_lines() -> list[dict[str, Any]]:
+    """A pi file whose lines hold lone surrogates: its header, a message, an assistant's
+    model, a compaction, a label."""
     header = {"type": "session", "version": 3, "id": "s\ud800", "timestamp": "t", "cwd": "/w"}
     reply = _message("B", "A", "assistant", "cut \ud83d")
     reply["message"].update(provider="p", model="m\udfff")
-    lines = [
+    return [
         header,
         _message("A", None, "user", "hello \udc80"),
         reply,
@@ -76,13 +77,44 @@ def _escaped() -> list[dict[str, Any]]:
          "firstKeptEntryId": "B", "tokensBefore": 7},
         {"type": "label", "id": "L", "parentId": "K", "targetId": "A", "label": "\ud800"},
     ]  # fmt: skip
+
+
+def _escaped() -> list[dict[str, Any]]:
+    """Those lines kept as their text (version 5's rule, how they were stored before version
+    6), and a line whose text is a blob's ref (placed, not read)."""
+    kept = [
+        {"type": pi.ESCAPED_LINE, "id": line["id"], "parentId": line.get("parentId"),
+         "json": pi.dumps_exact(line)}
+        for line in _surrogate_lines()
+    ]  # fmt: skip
+    del kept[0]["parentId"], kept[0]["id"]  # the header's id holds one
     unread = {
         "type": pi.ESCAPED_LINE,
         "id": "U",
         "parentId": "L",
         "json": "blob:sha256:" + "0" * 64,
     }
-    return [*map(pi.escaped_line, lines), unread]
+    return [*kept, unread]
+
+
+def _escaped_long() -> list[dict[str, Any]]:
+    """Those lines kept escaped (version 6's rule), then lines over 16 KiB as they are
+    stored, each long string a blob's ref: an assistant message with its model and usage,
+    a compaction, a label whose label alone is long."""
+    long = "x" * 20_000
+    usage = {"input": 3, "output": 4, "totalTokens": 7, "cost": {"total": 0.25}}
+    reply = _message("C", "L", "assistant", long + "\ud83d")
+    reply["message"].update(provider="p2", model="m2", usage=usage)
+    lines = [
+        *_surrogate_lines(),
+        reply,
+        {"type": "compaction", "id": "K2", "parentId": "C", "summary": "\udc00" + long,
+         "firstKeptEntryId": "C", "tokensBefore": 20_000},
+        {"type": "label", "id": "L2", "parentId": "K2", "targetId": "C", "label": long,
+         "note": "\ud800"},
+    ]  # fmt: skip
+    persister = Persister(None, image_min_base64_chars=1024, inline_string_limit=16 * 1024)  # type: ignore[arg-type]
+    return persister.planned_payloads(persister.plan([*map(pi.escaped_line, lines)]))
 
 
 def _corpus() -> list[list[dict[str, Any]]]:
@@ -94,6 +126,7 @@ def _corpus() -> list[list[dict[str, Any]]]:
     header = {"type": "session", "version": 3, "id": "s", "timestamp": "t", "cwd": "/w"}
     sessions.append([header, *_headerless()])
     sessions.append(_escaped())
+    sessions.append(_escaped_long())
     return sessions
 
 
