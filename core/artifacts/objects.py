@@ -160,7 +160,7 @@ class ObjectArtifactStorage:
         than ``older_than_s`` by object time: (objects, bytes), removed when ``apply``.
         ``.bak``/``.del`` rollback copies are left for an operator, as on disk. A
         maintenance job: it lists the whole artifact prefix."""
-        found, before = [], self._store_time(now - older_than_s)
+        found, before = [], self._store_time(now - older_than_s, required=apply)
         for meta in self._list(None):
             parts = str(meta["path"]).split("/")
             if len(parts) == 4 and parts[2] == STAGING_DIR and parts[3].endswith(".tmp"):
@@ -172,13 +172,13 @@ class ObjectArtifactStorage:
         return len(found), sum(size for _key, size in found)
 
     def old_oversized_objects(
-        self, *, older_than_s: float, now: float
+        self, *, older_than_s: float, now: float, required: bool = True
     ) -> list[tuple[str, str, str, int]]:
         """Oversized-output objects (``<tenant>/<session>/oversized/art_*.txt``) older than
         ``older_than_s`` by object time (set by their publish, a server-side copy): (session
         directory name, artifact id, key, size) of each. A maintenance job: it lists the
         whole artifact prefix."""
-        found, before = [], self._store_time(now - older_than_s)
+        found, before = [], self._store_time(now - older_than_s, required=required)
         for meta in self._list(None):
             parts = str(meta["path"]).split("/")
             if len(parts) != 4 or parts[2] != OVERSIZED_DIR:
@@ -188,11 +188,11 @@ class ObjectArtifactStorage:
                 found.append((parts[1], artifact_id, str(meta["path"]), int(meta["size"])))
         return found
 
-    def _store_time(self, moment: float) -> float:
+    def _store_time(self, moment: float, *, required: bool) -> float:
         """``moment`` of this host's clock by the store's, which stamps objects' times: a
         host hours ahead of it swept a staged upload, or an output published in a
         transaction about to commit, as if they were that old."""
-        return moment + clock_offset(self.store, "artifacts")
+        return moment + clock_offset(self.store, "artifacts", required=required)
 
     def probe(self) -> str:
         key = f".health/{uuid.uuid4().hex}"

@@ -420,7 +420,11 @@ class OversizedOutputs:
             from core.artifacts.objects import ObjectArtifactStorage  # obstore loads lazily
 
             assert isinstance(self.storage, ObjectArtifactStorage)
-            found = list(self.storage.old_oversized_objects(older_than_s=older_than_s, now=now))
+            found = list(
+                self.storage.old_oversized_objects(
+                    older_than_s=older_than_s, now=now, required=apply
+                )
+            )
         unnamed = []
         for start in range(0, len(found), _OWNERS_BATCH):
             batch = found[start : start + _OWNERS_BATCH]

@@ -177,12 +177,22 @@ _CLOCK = ".health/clock"  # probe objects, listed alone (a prefix is a whole pat
 _STAMP_RESOLUTION_S = 2.0
 
 
-def clock_offset(store: S3Store, component: str) -> float:
+def clock_offset(store: S3Store, component: str, *, required: bool = True) -> float:
     """Seconds the object store's clock is ahead of this host's (negative: behind), for
     judging objects' ages: their last-modified times are the store's, and a host whose
     clock is hours off it took a fresh object for an old one. Read off a probe object the
     store stamps, against this host's clock halfway through the put; an offset within the
-    stamps' resolution is none."""
+    stamps' resolution is none. Not ``required`` (a dry run, which writes nothing else: a
+    read-only credential), a probe the store refuses is this host's clock, with a warning."""
+    if not required:
+        try:
+            return clock_offset(store, component)
+        except StorageUnavailable as exc:
+            log.warning(
+                "cannot read the object store's clock: object ages by this host's",
+                extra={"component": component, "error": str(exc)},
+            )
+            return 0.0
     key = f"{_CLOCK}/{uuid.uuid4().hex}"
     before = time.time()
     storage_call(component, lambda: obstore.put(store, key, b""))
@@ -509,8 +519,7 @@ class ObjectBlobStore(BlobStore):
 
     def iter_files(self, after: str = "") -> Iterator[BlobFile]:
         # S3 lists keys in order (UTF-8 binary), past ``after`` when given (StartAfter);
-        # times by this host's clock, as a file's are (GC judges them by it)
-        offset = clock_offset(self.store, "blobs")
+        # times by the store's clock (``clock_offset`` tells this host's)
         for meta in self._list(None, offset=after or None):
             key = str(meta["path"])
             parsed = parse_blob_name(key.rsplit("/", 1)[-1])
@@ -518,8 +527,13 @@ class ObjectBlobStore(BlobStore):
                 continue
             if key != self.key_for(*parsed):  # only the canonical layout is ours
                 continue
-            modified = meta["last_modified"].timestamp() - offset
+            modified = meta["last_modified"].timestamp()
             yield BlobFile(parsed[0], parsed[1], Path(key), int(meta["size"]), modified)
+
+    def clock_offset(self, *, required: bool = True) -> float:
+        """Seconds the store's clock, which stamps ``iter_files``' times, is ahead of this
+        host's (``clock_offset``: writes and deletes a probe object, so only GC asks)."""
+        return clock_offset(self.store, "blobs", required=required)
 
     def probe(self) -> None:
         """Write, read back and delete a small object outside the blob layout."""

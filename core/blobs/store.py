@@ -452,6 +452,12 @@ class BlobStore(ABC):
     def iter_quarantined(self) -> Iterator[tuple[str, Path]]:
         """(hash, path) of every file left quarantined (by a GC that did not finish)."""
 
+    def clock_offset(self, *, required: bool = True) -> float:
+        """Seconds the clock that stamps ``iter_files``' times is ahead of this host's: none
+        for files on this host's disk (an object store's own, see ``ObjectBlobStore``; not
+        ``required``: this host's if it cannot be read)."""
+        return 0.0
+
     @abstractmethod
     def iter_files(self, after: str = "") -> Iterator[BlobFile]:
         """Every stored object, registered or not (temporary files excluded), in key order

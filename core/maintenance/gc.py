@@ -534,8 +534,10 @@ class BlobGc:
     def _files(self, after: str) -> Iterator[FoundFile]:
         if isinstance(self.blobs, FileBlobStore):
             return file_tree(self.blobs.root, after)  # stats only what it must (file_tree)
+        # object times are the store's: judged by this host's clock, as files' are
+        offset = self.blobs.clock_offset(required=self.apply)  # a dry run may only read
         return (  # an object's path is its key
-            FoundFile(f.hash, str(f.path), str(f.path), f.stored_size, f.modified_at)
+            FoundFile(f.hash, str(f.path), str(f.path), f.stored_size, f.modified_at - offset)
             for f in self.blobs.iter_files(after)
         )
 

@@ -3,6 +3,7 @@ mid-move on S3 repaired from the intent record: completed or rolled back, nothin
 
 from __future__ import annotations
 
+import time
 from datetime import UTC, datetime
 
 import pytest
@@ -326,6 +327,36 @@ def test_expiry_judges_object_ages_by_the_stores_clock(
     )
     assert (due.stale_temp_files, due.unnamed_files) == (1, 1)
     assert not raw.exists(staging / "live.tmp") and not raw.exists(publishing)
+
+
+@S3_ONLY
+@POSTGRES
+def test_an_expiry_dry_run_needs_no_write(
+    store: SessionStore, raw: RawArtifacts, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A dry run with a credential that may only read and list: the store's clock cannot
+    be read (its probe is a write), so objects' ages are this host's, with a warning; the
+    run reports what is due instead of failing its sweeps as unavailable."""
+    import obstore
+
+    sid, _ids = _session_with_outputs(store, 1)
+    staging = session_dir(raw.root, "acme", sid) / ".tmp"
+    raw.storage.put(key_of(raw.root, staging / "dead.tmp"), b"12345")
+    orphan = session_dir(raw.root, "acme", sid) / oversized_name("art_" + "1" * 16)
+    raw.storage.put(key_of(raw.root, orphan), b"123")
+
+    def refused(*args: object, **kwargs: object) -> None:
+        raise PermissionError("403 AccessDenied")
+
+    monkeypatch.setattr(obstore, "put", refused)
+    monkeypatch.setattr(obstore, "delete", refused)
+    later = time.time() + store.settings.staging_max_age_seconds + 5
+    from core.maintenance.expiry import expire_artifacts
+
+    dry = expire_artifacts(
+        store.engine, store.oversized, apply=False, now=datetime.fromtimestamp(later, UTC)
+    )
+    assert dry.errors == [] and (dry.stale_temp_files, dry.unnamed_files) == (1, 1)
 
 
 @S3_ONLY

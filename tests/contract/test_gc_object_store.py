@@ -241,3 +241,35 @@ def test_gc_judges_an_objects_age_by_the_stores_clock(
     time.sleep(3)  # S3's last-modified is in whole seconds, and so is the store's clock
     due = s3_store.gc_blobs(apply=True, grace=1)
     assert (due.orphans, due.error_count) == (1, 0) and not blobs.has_stored(orphan)
+
+
+def test_checks_that_change_nothing_make_no_write(
+    s3_store: SessionStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``blobs verify``, a GC dry run and an expiry dry run with a credential that may only
+    read and list: reading the store's clock (a probe object) is no reason to fail them.
+    Verify needs no times; the dry runs judge by this host's clock then, with a warning.
+    (The clock's probe made each of them fail, after the whole work, as unavailable.)"""
+    from core.blobs.verify import verify_blobs
+
+    blobs = _objects(s3_store)
+    orphan = blobs.put(TEXT + b"a dry orphan").hash
+    with s3_store.engine.begin() as conn:
+        conn.execute(_blobs.delete().where(_blobs.c.hash == orphan))
+    kept = blobs.put(TEXT + b"kept").hash
+    writes: list[str] = []
+
+    def refused(store: Any, key: str, *args: Any, **kwargs: Any) -> Any:
+        writes.append(key)  # what a read-only credential answers
+        raise PermissionError("403 AccessDenied")
+
+    monkeypatch.setattr(obstore, "put", refused)
+    monkeypatch.setattr(obstore, "delete", refused)
+    report = verify_blobs(blobs)
+    assert report.to_dict()["checked"] >= 1 and blobs.has_stored(kept)
+    assert writes == []  # verify needs no clock
+    dry = s3_store.gc_blobs(apply=False, grace=0)
+    assert (dry.orphans, dry.error_count) == (1, 0)
+    expiry = s3_store.expire_artifacts(apply=False)
+    assert expiry.errors == []
+    assert writes and all(key.startswith(".health/clock/") for key in writes)  # probes only
