@@ -401,6 +401,17 @@ class UnreadableFile(SessionStoreError):
         return {**super().to_dict(), "path": self.path, "reason": self.reason}
 
 
+class UnlistableDirectory(UnreadableFile):
+    """A directory could not be listed: the session files in it were not imported."""
+
+    def __init__(self, path: str, reason: str) -> None:
+        self.path = path
+        self.reason = reason
+        SessionStoreError.__init__(
+            self, f"cannot list {path}: {reason} (its session files are not imported)"
+        )
+
+
 class UnwritableFile(SessionStoreError):
     """A file could not be written (its directory missing, not writable, or full)."""
 

@@ -152,11 +152,13 @@ def import_files(
     default = (
         [] if watch or not DEFAULT_SESSIONS_DIR.expanduser().is_dir() else [DEFAULT_SESSIONS_DIR]
     )
-    files = session_files(paths or default)
-    if not files and watch is None:
+    files, unlisted = session_files(paths or default)
+    if not files and not unlisted and watch is None:
         shown = " ".join(paths) if paths else str(DEFAULT_SESSIONS_DIR)
         err_console.print(plain(f"no session files (*.jsonl) in {shown}"))
     exit_code = 0
+    for error in unlisted:  # reported as a file that cannot be read is, before the files
+        exit_code = max(exit_code, _failed(Path(error.path), error, as_json))
     with ExitStack() as stack:
         # The journal is created for a file there is to import, not for a path that names
         # none (a mistyped data dir then held an empty journal).

@@ -91,8 +91,8 @@ def test_a_subagent_file_in_an_artifacts_directory_is_not_a_session(
     write(main, [header("main1"), message(1, None)])
     sidecar = main.with_suffix("") / "1-explore.jsonl"
     write(sidecar, [header("sub1"), message(1, None)])
-    assert session_files([root]) == [main]
-    assert session_files([f"{root}/**/*.jsonl"]) == [main]
+    assert session_files([root]).files == [main]
+    assert session_files([f"{root}/**/*.jsonl"]).files == [main]
     with following(store, root):
         wait_for(lambda: head_of(store, "main1") == 2, 10, "the session file imported")
         write(sidecar, [message(2, "m1")], mode="a")  # a change event for the sidecar
@@ -178,7 +178,7 @@ def test_a_linked_directory_is_not_followed_as_a_scan_does_not(
     outside = tmp_path / "outside" / "2026-01-01T00-00-00-000Z_out1.jsonl"
     write(outside, [header("out1"), message(1, None)])
     (root / "linked").symlink_to(outside.parent)
-    assert session_files([root]) == [main]
+    assert session_files([root]).files == [main]
     watching = threading.Event()
     real_watch = watchfiles.watch
 
