@@ -100,6 +100,16 @@ def _entry_is_dir(entry: os.DirEntry[str]) -> bool:
         return False
 
 
+def check_followable(directory: Path) -> None:
+    """``UnreadableFile`` naming ``directory`` when it is not there to follow (missing, or
+    below a file): watchfiles, told to pass over what it cannot read, passes over a missing
+    path too, and the follower followed nothing without a word."""
+    try:
+        os.stat(directory)
+    except OSError as exc:
+        raise UnreadableFile(str(directory), exc.strerror or str(exc)) from None
+
+
 def _is_session_file(path: Path) -> bool:
     """A file of its own session (not one of oh-my-pi's subagents, ``_in_artifacts_dir``),
     or one that cannot be looked at: the import reports that one, and the run goes on."""
@@ -180,6 +190,7 @@ class Follower:
     def run(self, stop: threading.Event | None = None) -> None:
         import watchfiles  # only the follower needs it
 
+        check_followable(self.directory)
         self.scan()
         # the watcher reports absolute paths
         watched = Path(os.path.abspath(self.directory))

@@ -81,6 +81,27 @@ def test_import_of_a_missing_file_is_bad_input(run: Run, tmp_path: Path) -> None
     )
 
 
+def test_import_watching_a_missing_directory_is_bad_input(
+    env: dict[str, str], tmp_path: Path
+) -> None:
+    """Exit 3 naming the directory, as a missing file named is, before any import and
+    without making a journal; --json gives its error object too. It was followed silently
+    for ever (watchfiles passes over a path it cannot read, a missing one too)."""
+    missing = tmp_path / "missing"
+    named = tmp_path / "a.jsonl"
+    shutil.copy(FIXTURES / "v3.jsonl", named)
+    done = run_cli("import", str(named), "--watch", str(missing), env=env, timeout=30)
+    assert done.returncode == 3, done.stderr
+    assert _one_line(done) == f"error: cannot read {missing}: No such file or directory"
+    assert done.stdout == "" and not Path(env["SESSIONSTORE_DATA_DIR"]).exists()
+    done = run_cli("import", "--watch", str(missing), "--json", env=env, timeout=30)
+    assert done.returncode == 3, done.stderr
+    [found] = json_lines(done.stdout)
+    assert (found["path"], found["status"]) == (str(missing), "error")
+    assert found["error"] == f"cannot read {missing}: No such file or directory"
+    assert _errors(done) == [f"error: cannot read {missing}: No such file or directory"]
+
+
 def test_import_with_the_database_down_is_storage_unavailable(run: Run, tmp_path: Path) -> None:
     """Exit 6 with the database named and what to check, once: the run stops there (it
     was exit 1 and the same error for every file, without the hint)."""

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 import watchfiles
 
-from core.errors import SessionStoreError, StorageUnavailable
+from core.errors import SessionStoreError, StorageUnavailable, UnreadableFile
 from core.interop import importer
 from core.interop.watch import Follower, session_files
 from core.store import SessionStore
@@ -195,3 +195,22 @@ def test_a_linked_directory_is_not_followed_as_a_scan_does_not(
         write(main, [message(2, "m1")], mode="a")
         wait_for(lambda: head_of(store, "main1") == 3, 10, "the session's new line")
     assert store.journal.find_external(TENANT, "out1") is None
+
+
+def test_following_a_missing_directory_is_refused_naming_it(
+    store: SessionStore, tmp_path: Path
+) -> None:
+    """``UnreadableFile`` naming the path, at once: watchfiles passes over a path it cannot
+    read (so that a locked sub-directory does not end the follow), a missing one too, and
+    the follower followed nothing without a word until stopped."""
+    missing = tmp_path / "missing"
+    stop = threading.Event()
+    timer = threading.Timer(5, stop.set)  # the follow the defect was, ended
+    timer.start()
+    try:
+        with pytest.raises(UnreadableFile) as raised:
+            Follower(store, missing, tenant_id=TENANT).run(stop)
+    finally:
+        timer.cancel()
+    assert raised.value.path == str(missing)
+    assert raised.value.message == f"cannot read {missing}: No such file or directory"
