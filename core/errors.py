@@ -356,13 +356,15 @@ class SchemaAhead(SchemaNotCurrent):
     """The database schema is at a revision this code does not know: a newer release wrote
     it, and only that release can use it or downgrade it (`db upgrade` cannot help)."""
 
+    # what to do, as this error and `db current` say it
+    ADVICE = "a newer sessionstore wrote it; run that release (or downgrade the schema with it)"
+
     def __init__(self, revision: str, head: str) -> None:
         self.revision = revision
         self.head = head
         super().__init__(
             f"the database schema is at {revision}, which this code (at {head}) does not "
-            "know: a newer sessionstore wrote it; run that release (or downgrade the schema "
-            "with it)"
+            f"know: {self.ADVICE}"
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -399,6 +401,17 @@ class UnreadableFile(SessionStoreError):
 
     def to_dict(self) -> dict[str, Any]:
         return {**super().to_dict(), "path": self.path, "reason": self.reason}
+
+
+class UnlistableDirectory(UnreadableFile):
+    """A directory could not be listed: the session files in it were not imported."""
+
+    def __init__(self, path: str, reason: str) -> None:
+        self.path = path
+        self.reason = reason
+        SessionStoreError.__init__(
+            self, f"cannot list {path}: {reason} (its session files are not imported)"
+        )
 
 
 class UnwritableFile(SessionStoreError):

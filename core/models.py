@@ -200,6 +200,8 @@ class WriteRow(SQLModel, table=True):
     """The idempotency record of one write, stored in the write's own transaction."""
 
     __tablename__ = "writes"
+    # a session's writes latest first (an import's resume: Journal.latest_numbered_write)
+    __table_args__ = (Index("ix_writes_session_first_seq", "session_id", "first_seq"),)
 
     session_id: str = Field(
         sa_column=Column(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ctypes
 import errno
 import logging
 import multiprocessing
@@ -14,8 +15,10 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager, suppress
 from datetime import timedelta
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -275,13 +278,43 @@ def redis_server(workdir: Path) -> Iterator[RedisServer]:
         server.kill()
 
 
+# prctl(2)'s PR_SET_PDEATHSIG: the signal a process gets when the thread that forked it ends
+_PR_SET_PDEATHSIG = 1
+_LIBC = ctypes.CDLL(None, use_errno=True) if sys.platform.startswith("linux") else None
+# The thread every such child is forked from: the signal follows the forking thread, not
+# the process, so a child forked by a test's short-lived thread would be signalled when
+# that thread ended. This one lives as long as the process.
+_SPAWNER = ThreadPoolExecutor(max_workers=1, thread_name_prefix="spawner")
+
+
+def spawn(args: list[str], **popen: Any) -> subprocess.Popen[Any]:
+    """``subprocess.Popen(args, **popen)`` for a child that must not outlive this process:
+    on Linux it gets SIGTERM when this process ends, however it ends (a killed pytest left
+    its celery workers running, taking messages from other runs' Redis databases)."""
+    if _LIBC is None:
+        return subprocess.Popen(args, **popen)
+    dies_with = partial(_die_with, os.getpid())
+    return _SPAWNER.submit(lambda: subprocess.Popen(args, preexec_fn=dies_with, **popen)).result()
+
+
+def _die_with(parent: int) -> None:
+    """In the child, before it execs (the setting survives the exec): SIGTERM when the
+    parent ends, and at once if it has already."""
+    assert _LIBC is not None
+    if _LIBC.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM) != 0:
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG) failed")
+    if os.getppid() != parent:
+        os.kill(os.getpid(), signal.SIGTERM)
+
+
 class CeleryProcess:
-    """``celery -A tasks.app ARGS`` as a subprocess in its own process group, logging to a file."""
+    """``celery -A tasks.app ARGS`` as a subprocess in its own process group, logging to a
+    file; it ends when this process does (``spawn``)."""
 
     def __init__(self, args: list[str], env: dict[str, str], log: Path) -> None:
         self.log = log
         with log.open("ab") as out:
-            self.proc = subprocess.Popen(
+            self.proc = spawn(
                 [sys.executable, "-m", "celery", "-A", "tasks.app", *args],
                 cwd=ROOT,
                 env={**os.environ, **env},

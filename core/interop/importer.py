@@ -657,24 +657,14 @@ def _resumed(store: SessionStore, session_id: str, entries: int) -> int:
 
 def _covering_batch_end(store: SessionStore, session_id: str, index: int) -> int | None:
     """The end of the import batch holding file event ``index`` after its first, if one
-    does. Batches commit in file order, so that is the latest batch begun before ``index``:
-    nearly always the latest batch of all, which is read first."""
-    writes = store.journal.latest_writes(session_id, _KEY_PREFIX, limit=1)
-    latest = _batch_start(writes[0][0]) if writes else None
-    if writes and (latest is None or latest >= index):
-        writes = store.journal.latest_writes(session_id, _KEY_PREFIX)
-    for key, write in writes:
-        start = _batch_start(key)
-        if start is not None and start < index:
-            end = start + write.last_seq - write.first_seq + 1
-            return end if end > index else None
-    return None
-
-
-def _batch_start(key: str) -> int | None:
-    """The index of the first file event of the batch keyed ``key`` (``_batch_key``)."""
-    digits = key.removeprefix(_KEY_PREFIX)
-    return int(digits) if digits.isascii() and digits.isdigit() else None
+    does. Batches commit in file order, so that is the latest batch begun before ``index``
+    (one query: nearly always the latest batch of all, the first row the index gives)."""
+    found = store.journal.latest_numbered_write(session_id, _KEY_PREFIX, below=index)
+    if found is None:
+        return None
+    start, write = found
+    end = start + write.last_seq - write.first_seq + 1
+    return end if end > index else None
 
 
 def _first_differing_line(

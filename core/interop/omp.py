@@ -46,7 +46,7 @@ from core.blobs.store import BLOB_REF_PREFIX, parse_ref
 from core.errors import ExportIncomplete, SymlinkRefused, UnreadableFile
 from core.fsio import published_text, replace_atomically
 from core.interop import exporter, pi
-from core.interop.importer import read_file, register_converter
+from core.interop.importer import register_converter
 from core.interop.model import ArtifactFile, Format, ParsedSession
 
 if TYPE_CHECKING:
@@ -115,13 +115,18 @@ class _BlobReader:
     missing: list[str] = field(default_factory=list)
 
     def read(self, ref: str) -> bytes | None:
-        """The blob's bytes, only if they hash to the ref (a corrupt blob counts as missing)."""
+        """The blob's bytes, only if they hash to the ref (a corrupt blob counts as missing).
+        A link named as a blob is not followed (logged, the blob missing): it would read a
+        file outside the blobs directory into the store."""
         blob_hash = parse_ref(ref)
         data = None
         if blob_hash is not None:
+            path = self.root / blob_hash
             try:  # a FIFO or a device named as a blob is no blob: never opened blocking
-                data = read_file(self.root / blob_hash)
-            except UnreadableFile:
+                data = nofollow.read_bytes(self.root, path)
+            except SymlinkRefused:
+                log.warning("a blob file is a link: not followed", extra=_at(path))
+            except OSError:
                 data = None
         if data is None or hashlib.sha256(data).hexdigest() != blob_hash:
             if ref not in self.missing:

@@ -11,9 +11,9 @@ import glob
 import logging
 import os
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 from core import nofollow
 from core.errors import (
@@ -22,6 +22,7 @@ from core.errors import (
     SessionStoreError,
     StorageUnavailable,
     SymlinkRefused,
+    UnlistableDirectory,
     UnreadableFile,
 )
 from core.interop.importer import ImportResult, import_session
@@ -41,24 +42,72 @@ _RESCAN_MS = 1000
 _UNREADABLE = -1
 
 
-def session_files(paths: Iterable[str | Path]) -> list[Path]:
+class SessionFiles(NamedTuple):
+    files: list[Path]
+    # directories below the paths that could not be listed: their files are not in ``files``
+    unlisted: list[UnlistableDirectory]
+
+
+def session_files(paths: Iterable[str | Path]) -> SessionFiles:
     """Files named by ``paths``: a file, a directory (``*.jsonl`` below it), or a glob (the
     files and directories it matches). A path named outright that is none of these (missing,
     a FIFO, a device) is kept, for the import to report it unreadable, and so is a file
-    found that cannot be looked at (in a directory that cannot be searched)."""
+    found that cannot be looked at (in a directory that cannot be searched); a directory
+    that cannot be listed is in ``unlisted``, for the import to report it."""
     found: dict[Path, None] = {}
+    unlisted: dict[Path, UnlistableDirectory] = {}
     for raw in paths:
         path = Path(raw).expanduser()
         if _is_dir(path):
-            below = sorted(p for p in path.rglob(f"*{SUFFIX}") if _is_session_file(p))
+            below = sorted(p for p in _walk(path, unlisted) if _is_session_file(p))
             found.update(dict.fromkeys(below))
         elif _is_file(path) or glob.escape(str(path)) == str(path):
             found[path] = None
         else:
             matches = sorted(Path(p) for p in glob.glob(str(path), recursive=True))
             usable = [m for m in matches if _is_dir(m) or _is_session_file(m)]
-            found.update(dict.fromkeys(session_files(usable)))
-    return list(found)
+            more = session_files(usable)
+            found.update(dict.fromkeys(more.files))
+            unlisted.update((Path(e.path), e) for e in more.unlisted)
+    return SessionFiles(list(found), list(unlisted.values()))
+
+
+def _walk(directory: Path, unlisted: dict[Path, UnlistableDirectory]) -> Iterator[Path]:
+    """``*.jsonl`` paths below ``directory``, as ``Path.rglob`` finds them (a linked
+    directory is not entered), but a directory that cannot be listed goes into ``unlisted``
+    (``rglob`` passed over it without a word)."""
+    try:
+        with os.scandir(directory) as listing:
+            entries = list(listing)
+    except (FileNotFoundError, NotADirectoryError):  # gone since it was found
+        return
+    except OSError as exc:
+        unlisted[directory] = UnlistableDirectory(str(directory), exc.strerror or str(exc))
+        return
+    for entry in entries:
+        path = directory / entry.name
+        if entry.name.endswith(SUFFIX):
+            yield path
+        if _entry_is_dir(entry):
+            yield from _walk(path, unlisted)
+
+
+def _entry_is_dir(entry: os.DirEntry[str]) -> bool:
+    """A directory to enter: not a link to one, nor one that cannot be looked at."""
+    try:
+        return entry.is_dir(follow_symlinks=False)
+    except OSError:
+        return False
+
+
+def check_followable(directory: Path) -> None:
+    """``UnreadableFile`` naming ``directory`` when it is not there to follow (missing, or
+    below a file): watchfiles, told to pass over what it cannot read, passes over a missing
+    path too, and the follower followed nothing without a word."""
+    try:
+        os.stat(directory)
+    except OSError as exc:
+        raise UnreadableFile(str(directory), exc.strerror or str(exc)) from None
 
 
 def _is_session_file(path: Path) -> bool:
@@ -136,10 +185,12 @@ class Follower:
         self.on_result = on_result
         self.on_error = on_error
         self._sizes: dict[Path, int] = {}
+        self._unlisted: set[Path] = set()
 
     def run(self, stop: threading.Event | None = None) -> None:
         import watchfiles  # only the follower needs it
 
+        check_followable(self.directory)
         self.scan()
         # the watcher reports absolute paths
         watched = Path(os.path.abspath(self.directory))
@@ -164,8 +215,14 @@ class Follower:
             self.scan()
 
     def scan(self) -> None:
-        """Import every file whose size is not the one last seen."""
-        for path in session_files([self.directory]):
+        """Import every file whose size is not the one last seen; report a directory that
+        cannot be listed once (again if it could be listed in between)."""
+        found = session_files([self.directory])
+        unlisted = {Path(exc.path): exc for exc in found.unlisted}
+        for directory in sorted(unlisted.keys() - self._unlisted):
+            self._failed(directory, unlisted[directory])
+        self._unlisted = set(unlisted)
+        for path in found.files:
             try:
                 size = path.stat().st_size
             except (FileNotFoundError, NotADirectoryError):  # gone since it was listed

@@ -7,6 +7,7 @@ position safe to follow (DESIGN invariant 4).
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Collection, Iterator, Sequence
 from contextlib import contextmanager
 from datetime import datetime
@@ -14,6 +15,7 @@ from typing import Any
 
 from sqlalchemy import (
     Connection,
+    Select,
     String,
     delete,
     func,
@@ -103,6 +105,26 @@ def _to_event(row: Any) -> StoredEvent:
 def _write_of(session_id: str, row: Any) -> AppendResult:
     """A ``writes`` row as the result a replay of its write answers."""
     return AppendResult(session_id, row.first_seq, row.last_seq, list(row.positions), True)
+
+
+def numbered_write_query(session_id: str, key_prefix: str, below: int) -> Select[Any]:
+    """``Journal.latest_numbered_write``'s query. A number is decimal without a leading zero
+    (keys with other text after the prefix are no numbered write's), so one below ``below``
+    has fewer digits, or as many and sorts before it."""
+    key = _writes.c.idempotency_key
+    bound = f"{key_prefix}{below}"
+    shorter = func.length(key) < len(bound)
+    before = (func.length(key) == len(bound)) & (key < bound)
+    return (
+        select(_writes)
+        .where(
+            _writes.c.session_id == session_id,
+            key.regexp_match(f"^{re.escape(key_prefix)}(0|[1-9][0-9]*)\\Z"),
+            shorter | before,
+        )
+        .order_by(_writes.c.first_seq.desc())
+        .limit(1)
+    )
 
 
 def _batch_json(events: Sequence[PreparedEvent]) -> str:
@@ -461,22 +483,19 @@ class Journal(SessionRows):
             return self._prior_write(conn, session_id, key)
 
     @translated
-    def latest_writes(
-        self, session_id: str, key_prefix: str, *, limit: int | None = None
-    ) -> list[tuple[str, AppendResult]]:
-        """The writes of a session whose idempotency key starts with ``key_prefix``, each
-        with its key, the latest first."""
+    def latest_numbered_write(
+        self, session_id: str, key_prefix: str, *, below: int
+    ) -> tuple[int, AppendResult] | None:
+        """Of a session's writes keyed ``key_prefix`` and a number, the latest (greatest
+        ``first_seq``) whose number is below ``below``, with its number; None if none is.
+        One query, along ``ix_writes_session_first_seq`` from the latest write back."""
+        if below <= 0:
+            return None
         with read_connection(self.engine) as conn:
-            rows = conn.execute(
-                select(_writes)
-                .where(
-                    _writes.c.session_id == session_id,
-                    _writes.c.idempotency_key.startswith(key_prefix, autoescape=True),
-                )
-                .order_by(_writes.c.first_seq.desc())
-                .limit(limit)
-            ).all()
-        return [(row.idempotency_key, _write_of(session_id, row)) for row in rows]
+            row = conn.execute(numbered_write_query(session_id, key_prefix, below)).first()
+        if row is None:
+            return None
+        return int(row.idempotency_key[len(key_prefix) :]), _write_of(session_id, row)
 
     # reads ------------------------------------------------------------------------------
 

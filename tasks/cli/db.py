@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import typer
 
+from core.errors import SchemaAhead
 from tasks.cli.common import JsonOption, confirm, console, load_settings, new_app, print_json
 
 cli = new_app()
@@ -73,8 +74,7 @@ def _print_current(url: str, as_json: bool) -> None:
 _NOT_CURRENT = {
     "missing": "no schema: run `sessionstore db upgrade`",
     "behind": "behind: run `sessionstore db upgrade`",
-    "ahead": "ahead: a newer sessionstore wrote it; run that release (or downgrade the "
-    "schema with it)",
+    "ahead": f"ahead: {SchemaAhead.ADVICE}",
 }
 
 

@@ -129,7 +129,7 @@ def import_files(
     setting, the database or a store unavailable) ends the run there, with its code."""
     from core.errors import UnreadableFile
     from core.interop.importer import converters
-    from core.interop.watch import DEFAULT_SESSIONS_DIR, session_files
+    from core.interop.watch import DEFAULT_SESSIONS_DIR, check_followable, session_files
 
     if metrics_port is not None:
         # Imports run in this process, not in a worker: the import panels of the dashboard
@@ -147,16 +147,25 @@ def import_files(
         raise typer.BadParameter(
             f"unknown format {format!r} (known: auto, {', '.join(known)})", param_hint="--format"
         )
+    if watch is not None:
+        try:  # before any file, and before a journal is made for a run that cannot follow
+            check_followable(watch)
+        except UnreadableFile as exc:
+            if as_json:  # its object, then the one line of every failure
+                print_json_line(_error_dict(watch, exc))
+            raise
 
     # the default directory may not exist (nothing to import); a path named must
     default = (
         [] if watch or not DEFAULT_SESSIONS_DIR.expanduser().is_dir() else [DEFAULT_SESSIONS_DIR]
     )
-    files = session_files(paths or default)
-    if not files and watch is None:
+    files, unlisted = session_files(paths or default)
+    if not files and not unlisted and watch is None:
         shown = " ".join(paths) if paths else str(DEFAULT_SESSIONS_DIR)
         err_console.print(plain(f"no session files (*.jsonl) in {shown}"))
     exit_code = 0
+    for error in unlisted:  # reported as a file that cannot be read is, before the files
+        exit_code = max(exit_code, _failed(Path(error.path), error, as_json))
     with ExitStack() as stack:
         # The journal is created for a file there is to import, not for a path that names
         # none (a mistyped data dir then held an empty journal).

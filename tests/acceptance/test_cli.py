@@ -14,7 +14,7 @@ from core.errors import InvalidEvent
 from tasks.app import create_app
 from tasks.producer import enqueue_append
 from tests.cli_process import EXE, run_cli
-from tests.support import clean_env, wait_for
+from tests.support import clean_env, spawn, wait_for
 
 
 def run(data_dir: Path, *args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
@@ -231,13 +231,13 @@ def test_worker_and_beat_commands_run_celery_with_our_app(
     env = clean_env(data_dir, SESSIONSTORE_BROKER_URL=redis_url, SESSIONSTORE_EXPIRE_SCHEDULE="1")
     log = tmp_path / "worker.log"
     with log.open("wb") as out:
-        worker = subprocess.Popen(
+        worker = spawn(
             [EXE, "worker", "--pool", "solo", "--without-mingle"],
             env=env,
             stdout=out,
             stderr=subprocess.STDOUT,
         )
-        beat = subprocess.Popen([EXE, "beat"], env=env, stdout=out, stderr=subprocess.STDOUT)
+        beat = spawn([EXE, "beat"], env=env, stdout=out, stderr=subprocess.STDOUT)
     try:
         app = create_app(Settings(data_dir=data_dir, broker_url=redis_url))
         wait_for(lambda: bool(app.control.ping(timeout=0.5)), 60, "the worker to answer a ping")

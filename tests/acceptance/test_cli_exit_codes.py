@@ -81,6 +81,27 @@ def test_import_of_a_missing_file_is_bad_input(run: Run, tmp_path: Path) -> None
     )
 
 
+def test_import_watching_a_missing_directory_is_bad_input(
+    env: dict[str, str], tmp_path: Path
+) -> None:
+    """Exit 3 naming the directory, as a missing file named is, before any import and
+    without making a journal; --json gives its error object too. It was followed silently
+    for ever (watchfiles passes over a path it cannot read, a missing one too)."""
+    missing = tmp_path / "missing"
+    named = tmp_path / "a.jsonl"
+    shutil.copy(FIXTURES / "v3.jsonl", named)
+    done = run_cli("import", str(named), "--watch", str(missing), env=env, timeout=30)
+    assert done.returncode == 3, done.stderr
+    assert _one_line(done) == f"error: cannot read {missing}: No such file or directory"
+    assert done.stdout == "" and not Path(env["SESSIONSTORE_DATA_DIR"]).exists()
+    done = run_cli("import", "--watch", str(missing), "--json", env=env, timeout=30)
+    assert done.returncode == 3, done.stderr
+    [found] = json_lines(done.stdout)
+    assert (found["path"], found["status"]) == (str(missing), "error")
+    assert found["error"] == f"cannot read {missing}: No such file or directory"
+    assert _errors(done) == [f"error: cannot read {missing}: No such file or directory"]
+
+
 def test_import_with_the_database_down_is_storage_unavailable(run: Run, tmp_path: Path) -> None:
     """Exit 6 with the database named and what to check, once: the run stops there (it
     was exit 1 and the same error for every file, without the hint)."""
@@ -130,19 +151,51 @@ def test_a_directory_that_cannot_be_searched_is_reported_and_the_run_goes_on(
     shutil.copy(FIXTURES / "v3.jsonl", sessions / "ok.jsonl")
     shutil.copy(FIXTURES / "v2.jsonl", sessions / "locked" / "x.jsonl")
     with unsearchable(sessions / "locked", 0o644):
-        done = subprocess.run(
-            as_a_user([EXE, "import", str(sessions), "--json"]),
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=120,
-            check=False,
-        )
+        done = _as_a_user(env, "import", str(sessions), "--json")
     assert done.returncode == 3, done.stderr
     records = {r["path"]: r for r in json_lines(done.stdout)}
     assert records[str(sessions / "ok.jsonl")]["status"] == "created"
     failed = records[str(sessions / "locked" / "x.jsonl")]
     assert failed["status"] == "error" and "Permission denied" in str(failed["error"])
+
+
+def test_a_directory_that_cannot_be_listed_is_reported_and_the_run_goes_on(
+    env: dict[str, str], tmp_path: Path
+) -> None:
+    """A directory that cannot be listed (mode 000, or 0311: searchable, not readable) is
+    named with exit 3, as a file that cannot be read is, in text and --json, and the others
+    are imported. ``Path.rglob`` passed over it without a word: exit 0, its files unseen."""
+    sessions = tmp_path / "sessions"
+    closed, unlisted = sessions / "closed", sessions / "deep" / "unlisted"
+    for directory in (closed, unlisted):
+        directory.mkdir(parents=True)
+        shutil.copy(FIXTURES / "v2.jsonl", directory / "x.jsonl")
+    shutil.copy(FIXTURES / "v3.jsonl", sessions / "ok.jsonl")
+    with unsearchable(closed, 0o000), unsearchable(unlisted, 0o311):
+        as_json = _as_a_user(env, "import", str(sessions), "--json")
+        as_text = _as_a_user(env, "import", str(sessions))
+    assert as_json.returncode == 3, as_json.stderr
+    records = {r["path"]: r for r in json_lines(as_json.stdout)}
+    assert records[str(sessions / "ok.jsonl")]["status"] == "created"
+    for directory in (closed, unlisted):
+        assert records[str(directory)]["status"] == "error"
+        assert str(records[str(directory)]["error"]).startswith(
+            f"cannot list {directory}: Permission denied"
+        )
+    assert len(records) == 3, as_json.stdout
+    assert as_text.returncode == 3, as_text.stderr
+    assert sorted(_errors(as_text)) == [
+        f"error: cannot list {d}: Permission denied (its session files are not imported)"
+        for d in (closed, unlisted)
+    ], as_text.stderr
+    assert "unchanged:" in as_text.stdout
+
+
+def _as_a_user(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+    """The CLI run without root's power over file modes (``as_a_user``)."""
+    return subprocess.run(
+        as_a_user([EXE, *args]), env=env, capture_output=True, text=True, timeout=120, check=False
+    )
 
 
 # --- a session whose move is pending --------------------------------------------------------

@@ -20,6 +20,7 @@ from pathlib import Path
 import psycopg
 import pytest
 
+from core.errors import SchemaAhead
 from core.migrate import head_revision, history
 from tasks.cli.failures import ExitCode
 from tests.cli_process import run_cli
@@ -134,6 +135,9 @@ def test_a_schema_a_newer_release_wrote_is_not_sent_to_db_upgrade(cli: Cli) -> N
     ahead = cli("db", "current")
     assert ahead.returncode == int(ExitCode.SCHEMA_NOT_CURRENT)
     assert "current: 0999" in ahead.stdout and "newer sessionstore" in ahead.stdout
+    # one text: what the error says to do is what `db current` says
+    assert f"(ahead: {SchemaAhead.ADVICE})" in " ".join(ahead.stdout.split())
+    assert line.endswith(f"does not know: {SchemaAhead.ADVICE}"), line
     assert "db upgrade" not in ahead.stdout
     shown = cli("db", "current", "--json")
     assert shown.returncode == int(ExitCode.SCHEMA_NOT_CURRENT)

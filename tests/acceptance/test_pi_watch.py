@@ -154,9 +154,9 @@ def test_a_watcher_goes_on_past_directories_it_cannot_read(
     store: SessionStore, tmp_path: Path
 ) -> None:
     """A directory listed but not searchable (its file is reported once, unreadable) and
-    one not readable at all (not watched, its files not listed): the watcher follows the
+    one that cannot be listed (not watched, reported once): the watcher follows the
     others. Before, the first ended it at its first scan, the second when it began
-    watching."""
+    watching (and, once it did not, it was passed over without a word)."""
     sessions = tmp_path / "sessions"
     fixtures = ROOT / "tests" / "fixtures" / "pi"
     for name in ("locked", "unreadable"):
@@ -192,5 +192,8 @@ def test_a_watcher_goes_on_past_directories_it_cannot_read(
     locked = [r for r in records() if r["path"] == str(sessions / "locked" / "x.jsonl")]
     assert [r["status"] for r in locked] == ["error"]
     assert "Permission denied" in str(locked[0]["error"])
-    assert not any("unreadable" in str(r["path"]) for r in records())
+    # listed by no pass, said once (and no file in it imported): it was passed over silently
+    unlisted = [r for r in records() if "unreadable" in str(r["path"])]
+    assert [(r["path"], r["status"]) for r in unlisted] == [(str(sessions / "unreadable"), "error")]
+    assert str(unlisted[0]["error"]).startswith(f"cannot list {sessions / 'unreadable'}: ")
     assert "Traceback" not in log.read_text(errors="replace")

@@ -495,6 +495,35 @@ class JournalContract:
         assert not any("UPDATE EVENTS" in q for q in statements)
         assert [e.seq for e in store.read(s.id)] == [1, 2]
 
+    # numbered writes (an import's batches, keyed by their first file event) ------------
+
+    def test_the_latest_numbered_write_below_a_number(self, store: SessionStore) -> None:
+        """Of the keys ``prefix<n>``, the latest write (by first_seq) whose n is below the
+        bound, with n: numbers compare as numbers (9 < 10); a key with other text after the
+        prefix (not a number, a leading zero), another prefix or session is none of them."""
+        s, other = (store.create_session(tenant_id="acme") for _ in range(2))
+        prefix = "sessionstore.import:"
+        keys = ["0", "9", None, "x", "10", "011", "12", "1\n", "1%"]
+        for n, key in enumerate(keys):
+            named = "other:5" if key is None else prefix + key
+            store.append(s.id, [_msg(n)], idempotency_key=named)
+        store.append(other.id, [_msg()], idempotency_key=f"{prefix}11")
+
+        def latest(below: int) -> tuple[int, int] | None:
+            found = store.journal.latest_numbered_write(s.id, prefix, below=below)
+            return None if found is None else (found[0], found[1].first_seq)
+
+        assert [latest(b) for b in (0, 1, 9, 10, 11, 12, 13, 10**30)] == [
+            None,
+            (0, 1),
+            (0, 1),
+            (9, 2),
+            (10, 5),  # not 011 (seq 6) nor x (seq 4)
+            (10, 5),  # not the other session's 11
+            (12, 7),  # not 1\n (seq 8) nor 1% (seq 9)
+            (12, 7),
+        ]
+
 
 class TestSQLiteJournal(JournalContract):
     @pytest.fixture
@@ -545,6 +574,36 @@ class TestPostgresJournal(JournalContract):
         assert streamed == whole
         assert [e.payload for e in store.read(s.id, rehydrate=True)] == events
         assert [len(w) for w in streamed] == [300, 66, 64, 1, 1]
+
+    def test_the_latest_numbered_write_is_read_along_the_index(self, store: SessionStore) -> None:
+        """The query reads the session's writes latest first along
+        ``ix_writes_session_first_seq`` (migration 0024) and stops at the first that
+        answers, whatever the session's number of writes; without the index PostgreSQL
+        read every write of the session and sorted them."""
+        with store.engine.begin() as conn:
+            conn.execute(
+                text(
+                    "INSERT INTO sessions (id, tenant_id, head_seq, created_at, updated_at) "
+                    "SELECT 's' || n, 'acme', 0, now(), now() FROM generate_series(1, 40) n"
+                )
+            )
+            conn.execute(
+                text(
+                    "INSERT INTO writes (session_id, idempotency_key, first_seq, last_seq, "
+                    "positions, created_at) SELECT 's' || (n % 40 + 1), "
+                    "'sessionstore.import:' || n, n, n, '[]', now() "
+                    "FROM generate_series(1, 20000) n"
+                )
+            )
+            conn.execute(text("ANALYZE writes"))
+        query = journal_module.numbered_write_query("s7", "sessionstore.import:", 15_000)
+        compiled = query.compile(store.engine, compile_kwargs={"literal_binds": True})
+        with store.engine.connect() as conn:
+            plan = "\n".join(conn.execute(text(f"EXPLAIN {compiled}")).scalars())
+        assert "Index Scan Backward using ix_writes_session_first_seq on writes" in plan, plan
+        assert "Sort" not in plan, plan
+        found = store.journal.latest_numbered_write("s7", "sessionstore.import:", below=15_000)
+        assert found is not None and found[0] == 14_966  # the latest of s7's below 15000
 
     @pytest.mark.timeout(60)  # the defect it guards against is a hang
     def test_a_read_that_fails_mid_stream_leaves_its_connection_usable(

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from sqlalchemy import event
 
 from core.errors import ImportInterrupted, StorageUnavailable
 from core.interop import importer
@@ -411,3 +412,24 @@ def _after_a_pass(passes: Any, seen: int) -> int:
     """Once the importers have run a pass more than ``seen``; how many they have run."""
     wait_for(lambda: passes.value > seen, 60, "an importer's pass", step=0.01)
     return int(passes.value)
+
+
+def test_the_batch_covering_a_file_event_is_found_in_one_query(store: SessionStore) -> None:
+    """Where a resume stands (``_resumed``): inside a batch, at a batch's first event, or
+    after them all, each answer is one query of ``writes`` (it was two whenever the latest
+    batch had not begun before the event: a first look at it, then every batch)."""
+    session = store.create_session(tenant_id=TENANT)
+    for start, count in ((0, 3), (3, 4), (7, 2)):
+        events = [{"type": "custom", "n": start + n} for n in range(count)]
+        store.append(session.id, events, idempotency_key=importer._batch_key(start))
+    store.append(session.id, [{"type": "custom"}], idempotency_key="sessionstore.import:x")
+    queries: list[str] = []
+
+    @event.listens_for(store.engine, "before_cursor_execute")
+    def _record(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
+        if "FROM writes" in statement:
+            queries.append(statement)
+
+    found = {at: importer._covering_batch_end(store, session.id, at) for at in (1, 5, 7, 8, 9)}
+    assert found == {1: 3, 5: 7, 7: None, 8: 9, 9: None}
+    assert len(queries) == len(found), queries

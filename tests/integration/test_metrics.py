@@ -18,7 +18,7 @@ from core import SessionStore, Settings
 from core.errors import WriteRejected
 from tasks import enqueue_append
 from tasks.app import create_app
-from tests.support import free_port, settings_env, wait_for
+from tests.support import free_port, settings_env, spawn, wait_for
 
 pytestmark = [pytest.mark.postgres, pytest.mark.redis]
 
@@ -59,7 +59,7 @@ def test_scraped_counters_match_the_workload_exactly(
     cli = str(Path(sys.executable).with_name("sessionstore"))
     args = ["--metrics-port", str(port), "--pool", "prefork", "-c", "2", "-n", "m@%h"]
     log = (tmp_path / "worker.log").open("wb")
-    worker = subprocess.Popen(
+    worker = spawn(
         [cli, "worker", *args],
         env=env,
         stdout=log,

@@ -6,13 +6,14 @@ import subprocess
 import sys
 import uuid
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import psycopg
 import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
-from sqlalchemy import inspect, text
+from sqlalchemy import Engine, inspect, text
 
 from core import SessionStore, Settings, migrate
 from core.db import make_engine
@@ -361,6 +362,48 @@ def test_sidecar_digests_start_empty_and_the_downgrade_keeps_the_rows(empty_url:
     assert _artifact_column(empty_url, "local_id") == ["0"]
     migrate.upgrade(empty_url)
     assert _artifact_column(empty_url, "sidecar_sha256") == [None]
+
+
+def test_writes_are_indexed_by_session_and_first_seq_from_0024(empty_url: str) -> None:
+    """0024 adds the index an import's resume reads along (the latest batch of a session),
+    on a journal holding writes, and its downgrade drops it and keeps the rows."""
+    migrate.upgrade(empty_url, "0023")
+    _execute(
+        empty_url,
+        "INSERT INTO sessions (id, tenant_id, head_seq, created_at, updated_at) "
+        "VALUES ('s1', 'acme', 0, CURRENT_TIMESTAMP, CURRENT_TIMESTAMP)",
+        "INSERT INTO writes (session_id, idempotency_key, first_seq, last_seq, positions, "
+        "created_at) VALUES ('s1', 'k', 1, 2, '[1, 2]', CURRENT_TIMESTAMP)",
+    )
+    assert "ix_writes_session_first_seq" not in _indexes(empty_url, "writes")
+    migrate.upgrade(empty_url)
+    assert _indexes(empty_url, "writes")["ix_writes_session_first_seq"] == [
+        "session_id",
+        "first_seq",
+    ]
+    migrate.downgrade(empty_url, "0023")
+    assert "ix_writes_session_first_seq" not in _indexes(empty_url, "writes")
+    migrate.upgrade(empty_url)
+    assert _diff(empty_url) == [] and _count(empty_url, "writes") == 1
+
+
+def _indexes(url: str, table: str) -> dict[str | None, list[str | None]]:
+    with _engine(url) as engine:
+        return {i["name"]: i["column_names"] for i in inspect(engine).get_indexes(table)}
+
+
+def _count(url: str, table: str) -> int:
+    with _engine(url) as engine, engine.connect() as conn:
+        return int(conn.execute(text(f"SELECT count(*) FROM {table}")).scalar_one())
+
+
+@contextmanager
+def _engine(url: str) -> Iterator[Engine]:
+    engine = make_engine(url, pool_size=1)
+    try:
+        yield engine
+    finally:
+        engine.dispose()
 
 
 def _artifact_column(url: str, column: str) -> list[object]:

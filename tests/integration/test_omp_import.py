@@ -19,6 +19,7 @@ from core.interop import omp
 from core.interop.model import ArtifactFile
 from core.interop.omp import export_omp, parse_omp
 from core.store import SessionStore
+from tests.support import watch_log
 
 AGENT = Path(__file__).resolve().parents[1] / "fixtures" / "omp" / "agent"
 STEM = "2026-01-22T08-30-00-000Z_9b1e4c7a2f3d4e5f"
@@ -145,6 +146,26 @@ def test_an_artifact_swapped_for_a_link_after_the_listing_is_not_read(
     assert store.resolve("artifact://1", session_id=result.session_id).content == (
         (ARTIFACTS / "1.read.log").read_text()
     )
+
+
+def test_a_blob_file_that_is_a_link_is_not_read(
+    store: SessionStore, layout: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A link in the blobs directory, named as the image's blob, to a file outside it with
+    those bytes: not followed (read_file opened it, and the outside file went into the
+    store as the image). The ref is kept and reported missing, and a warning names it."""
+    image = layout.parents[2] / "blobs" / IMAGE_REF[12:]
+    outside = layout.parents[3] / "outside.png"
+    image.rename(outside)
+    image.symlink_to(outside)
+    watch_log(caplog, "core.interop.omp")
+    result = store.import_session(layout, tenant_id=TENANT)
+    assert sorted(result.missing_blobs) == sorted([IMAGE_REF, MISSING_REF])
+    stored = store.read(result.session_id, after_seq=4, upto_seq=5)[0].payload
+    assert stored["message"]["content"][1]["missingBlobRef"] == IMAGE_REF
+    assert store.blobs.info(IMAGE_REF[12:]) is None
+    linked = [r for r in caplog.records if r.getMessage() == "a blob file is a link: not followed"]
+    assert [getattr(r, "path", None) for r in linked] == [str(image)]
 
 
 def test_reimport_writes_nothing_and_picks_up_a_grown_tool_log(

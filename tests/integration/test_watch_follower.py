@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 import watchfiles
 
-from core.errors import SessionStoreError, StorageUnavailable
+from core.errors import SessionStoreError, StorageUnavailable, UnreadableFile
 from core.interop import importer
 from core.interop.watch import Follower, session_files
 from core.store import SessionStore
@@ -91,8 +91,8 @@ def test_a_subagent_file_in_an_artifacts_directory_is_not_a_session(
     write(main, [header("main1"), message(1, None)])
     sidecar = main.with_suffix("") / "1-explore.jsonl"
     write(sidecar, [header("sub1"), message(1, None)])
-    assert session_files([root]) == [main]
-    assert session_files([f"{root}/**/*.jsonl"]) == [main]
+    assert session_files([root]).files == [main]
+    assert session_files([f"{root}/**/*.jsonl"]).files == [main]
     with following(store, root):
         wait_for(lambda: head_of(store, "main1") == 2, 10, "the session file imported")
         write(sidecar, [message(2, "m1")], mode="a")  # a change event for the sidecar
@@ -178,7 +178,7 @@ def test_a_linked_directory_is_not_followed_as_a_scan_does_not(
     outside = tmp_path / "outside" / "2026-01-01T00-00-00-000Z_out1.jsonl"
     write(outside, [header("out1"), message(1, None)])
     (root / "linked").symlink_to(outside.parent)
-    assert session_files([root]) == [main]
+    assert session_files([root]).files == [main]
     watching = threading.Event()
     real_watch = watchfiles.watch
 
@@ -195,3 +195,22 @@ def test_a_linked_directory_is_not_followed_as_a_scan_does_not(
         write(main, [message(2, "m1")], mode="a")
         wait_for(lambda: head_of(store, "main1") == 3, 10, "the session's new line")
     assert store.journal.find_external(TENANT, "out1") is None
+
+
+def test_following_a_missing_directory_is_refused_naming_it(
+    store: SessionStore, tmp_path: Path
+) -> None:
+    """``UnreadableFile`` naming the path, at once: watchfiles passes over a path it cannot
+    read (so that a locked sub-directory does not end the follow), a missing one too, and
+    the follower followed nothing without a word until stopped."""
+    missing = tmp_path / "missing"
+    stop = threading.Event()
+    timer = threading.Timer(5, stop.set)  # the follow the defect was, ended
+    timer.start()
+    try:
+        with pytest.raises(UnreadableFile) as raised:
+            Follower(store, missing, tenant_id=TENANT).run(stop)
+    finally:
+        timer.cancel()
+    assert raised.value.path == str(missing)
+    assert raised.value.message == f"cannot read {missing}: No such file or directory"
