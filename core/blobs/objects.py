@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 import obstore
-from obstore.exceptions import AlreadyExistsError
+from obstore.exceptions import AlreadyExistsError, PermissionDeniedError, UnauthenticatedError
 from obstore.store import S3Store
 from sqlalchemy import literal_column
 from sqlalchemy.dialects.postgresql import insert as pg_insert
@@ -175,6 +175,8 @@ def storage_call(component: str, call: Callable[[], _T]) -> _T:
 
 _CLOCK = ".health/clock"  # probe objects, listed alone (a prefix is a whole path segment)
 _STAMP_RESOLUTION_S = 2.0
+# What a credential that may only read and list gets for the probe's write (403, 401)
+_REFUSED = (PermissionDeniedError, UnauthenticatedError, PermissionError)
 
 
 def clock_offset(store: S3Store, component: str, *, required: bool = True) -> float:
@@ -188,6 +190,8 @@ def clock_offset(store: S3Store, component: str, *, required: bool = True) -> fl
         try:
             return clock_offset(store, component)
         except StorageUnavailable as exc:
+            if not isinstance(exc.__cause__, _REFUSED):
+                raise  # unreachable: the run fails now as it would at its listing
             log.warning(
                 "cannot read the object store's clock: object ages by this host's",
                 extra={"component": component, "error": str(exc)},

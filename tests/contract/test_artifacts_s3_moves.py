@@ -338,6 +338,7 @@ def test_an_expiry_dry_run_needs_no_write(
     be read (its probe is a write), so objects' ages are this host's, with a warning; the
     run reports what is due instead of failing its sweeps as unavailable."""
     import obstore
+    from obstore.exceptions import PermissionDeniedError
 
     sid, _ids = _session_with_outputs(store, 1)
     staging = session_dir(raw.root, "acme", sid) / ".tmp"
@@ -346,7 +347,7 @@ def test_an_expiry_dry_run_needs_no_write(
     raw.storage.put(key_of(raw.root, orphan), b"123")
 
     def refused(*args: object, **kwargs: object) -> None:
-        raise PermissionError("403 AccessDenied")
+        raise PermissionDeniedError("403 AccessDenied")
 
     monkeypatch.setattr(obstore, "put", refused)
     monkeypatch.setattr(obstore, "delete", refused)

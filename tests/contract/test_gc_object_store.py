@@ -10,6 +10,7 @@ from typing import Any
 
 import obstore
 import pytest
+from obstore.exceptions import PermissionDeniedError
 
 from core import SessionStore
 from core.blobs.objects import QUARANTINE_PREFIX, ObjectBlobStore
@@ -261,7 +262,7 @@ def test_checks_that_change_nothing_make_no_write(
 
     def refused(store: Any, key: str, *args: Any, **kwargs: Any) -> Any:
         writes.append(key)  # what a read-only credential answers
-        raise PermissionError("403 AccessDenied")
+        raise PermissionDeniedError("403 AccessDenied")
 
     monkeypatch.setattr(obstore, "put", refused)
     monkeypatch.setattr(obstore, "delete", refused)
