@@ -142,6 +142,8 @@ def read_sidecar(
     ``sidecar_sha256``: one that is not it (or missing, when the row recorded one) is
     ``ArtifactCorrupt``, unless the row changed meanwhile (a rewrite racing the read: read
     again, with the row as it is now)."""
+    if row.sidecar_sha256 == integrity.NO_SIDECAR:
+        return None  # written without one: a file an earlier write left is not its
     objects = None if isinstance(storage, FileArtifactStorage) else storage
     name = agent_output_names(row.local_id)[1]
 
@@ -161,6 +163,32 @@ def read_sidecar(
         if reason is None:
             return data
     raise integrity.corrupt(fresh, reason)
+
+
+def read_agent_output(
+    engine: Engine,
+    root: Path,
+    own: Path,
+    row: ArtifactInfo,
+    storage: ArtifactStorage | None = None,
+) -> tuple[ArtifactInfo, bytes, bytes | None] | None:
+    """An agent output's markdown and JSONL sidecar as one version of it: (the row they
+    are, markdown, sidecar). Each is checked as it is read, and each read may move on to a
+    rewrite it raced; so both are read again, with the row as it is now, until the row did
+    not change across both reads (a rewrite between them paired one version's markdown
+    with the next one's sidecar). None: gone."""
+    for _ in range(_REREADS):
+        markdown = read_artifact_file(engine, root, own, row, storage)
+        if markdown is None:
+            return None
+        sidecar = read_sidecar(engine, root, own, row, storage)
+        fresh = integrity.fresh_row(engine, row)
+        if fresh is None:
+            return None
+        if fresh == row:
+            return row, markdown, sidecar
+        row = fresh
+    raise integrity.corrupt(row, "rewritten during every read of it")
 
 
 def open_artifact_file(

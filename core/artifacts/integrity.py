@@ -47,6 +47,11 @@ def mismatch(row: ArtifactInfo, size: int, digest: str) -> str | None:
     return None
 
 
+# ``sidecar_sha256`` of an agent output written without a sidecar: none is served, whatever
+# file an earlier write left (None: a row from before sidecar digests, served unchecked)
+NO_SIDECAR = ""
+
+
 def sidecar_mismatch(row: ArtifactInfo, data: bytes | None) -> str | None:
     """Why ``data`` (None: no file) is not the JSONL sidecar ``row`` recorded; None if it
     is, or the row recorded none (no sidecar was written with it, or before digests)."""

@@ -272,7 +272,9 @@ class ArtifactManager:
                 output_id,
                 size,
                 sha256=integrity.digest(body),  # of the markdown: what a reader is served
-                sidecar_sha256=integrity.digest(sidecar) if sidecar is not None else None,
+                sidecar_sha256=(
+                    integrity.digest(sidecar) if sidecar is not None else integrity.NO_SIDECAR
+                ),
             )
         return size
 
@@ -323,7 +325,9 @@ class ArtifactManager:
             "media_type": "text/markdown",
             "size_bytes": sum(len(d) for d in files.values()),
             "sha256": integrity.digest(files[md_name]),
-            "sidecar_sha256": integrity.digest(files[jsonl_name]) if jsonl is not None else None,
+            "sidecar_sha256": (
+                integrity.digest(files[jsonl_name]) if jsonl is not None else integrity.NO_SIDECAR
+            ),
         }
         self._put(values, files)
         parent, _, own = output_id.rpartition(".")

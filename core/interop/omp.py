@@ -37,7 +37,7 @@ from typing import IO, TYPE_CHECKING, Any
 import pybase64
 
 from core import nofollow
-from core.artifacts.inherited import read_artifact_file, read_sidecar
+from core.artifacts.inherited import read_agent_output, read_artifact_file
 from core.artifacts.manager import MAX_AGENT_ID_CHARS
 from core.artifacts.paths import contained_path, encode_component
 from core.artifacts.records import AGENT_OUTPUT, TOOL_OUTPUT
@@ -447,14 +447,19 @@ def _export_artifacts(
             incomplete.append((row.local_id, row.state))
             continue
         path = own / (row.name or "")
-        data = read_artifact_file(store.engine, root, path, row, storage)
-        if data is None:
-            continue
-        # An agent output's sidecar, from the same storage, through no link, checked as its
-        # markdown is: both read (and found whole) before either is written
         jsonl = None
         if row.kind == AGENT_OUTPUT:
-            jsonl = read_sidecar(store.engine, root, path, row, storage)
+            # its sidecar from the same storage, through no link, checked as its markdown
+            # is: both of one version, read (and found whole) before either is written
+            pair = read_agent_output(store.engine, root, path, row, storage)
+            if pair is None:
+                continue
+            _version, data, jsonl = pair
+        else:
+            found = read_artifact_file(store.engine, root, path, row, storage)
+            if found is None:
+                continue
+            data = found
         directory.mkdir(parents=True, exist_ok=True)
         if jsonl is not None:
             replace_atomically(contained_path(directory, f"{row.local_id}.jsonl"), jsonl)

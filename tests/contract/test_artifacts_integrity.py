@@ -19,6 +19,7 @@ from core.artifacts.integrity import digest
 from core.artifacts.paths import FILES_DIR, oversized_name
 from core.artifacts.storage import key_of
 from core.errors import ArtifactCorrupt, UnwritableFile
+from core.interop import omp
 from core.interop.omp import export_omp
 from core.models import ArtifactRow, table_of
 from tasks.cli import interop
@@ -162,6 +163,53 @@ def test_a_damaged_sidecar_is_refused_by_the_export_and_nothing_of_it_served(
         export("gone")
     raw.storage.put(key_of(raw.root, path), sidecar)
     assert (export("back") / f"{output_id}.jsonl").read_bytes() == sidecar
+
+
+@SQLITE_ONLY
+@pytest.mark.parametrize("how", ["write", "put"])
+def test_an_output_rewritten_without_a_sidecar_is_exported_without_the_old_one(
+    store: SessionStore, tmp_path: Path, how: str
+) -> None:
+    """A rewrite with no sidecar left the earlier write's file where it was, and its row
+    recorded no digest (as a row from before digests): the export paired the new markdown
+    with the old transcript, unchecked. The row now says the output has none."""
+    sid = store.create_session(tenant_id="acme").id
+    manager = store.artifacts(sid)
+    if how == "write":
+        output_id = manager.save_agent_output("worker", "first", jsonl=b'{"v":"old"}\n')
+        manager.write_agent_output(output_id, "second, no transcript")
+    else:
+        output_id = "0-worker"
+        manager.put_agent_output(output_id, "first", jsonl=b'{"v":"old"}\n')
+        manager.put_agent_output(output_id, "second, no transcript")
+    exported = export_omp(store, sid, tmp_path / "out", blobs_dir=tmp_path / "b").artifacts_dir
+    assert (exported / f"{output_id}.md").read_bytes() == b"second, no transcript"
+    assert not (exported / f"{output_id}.jsonl").exists()
+
+
+@SQLITE_ONLY
+def test_an_export_never_pairs_one_versions_markdown_with_anothers_sidecar(
+    store: SessionStore, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A rewrite between the export's read of the markdown and of the sidecar: the sidecar
+    read moved on to the new version and the markdown stayed the old one (exported as a
+    pair, no error). Both are read again until they are of one version."""
+    sid = store.create_session(tenant_id="acme").id
+    manager = store.artifacts(sid)
+    output_id = manager.save_agent_output("worker", "answer v1", jsonl=b'{"v":1}\n')
+    real, raced = inherited.read_sidecar, []
+
+    def racing(*args: Any, **kwargs: Any) -> bytes | None:
+        if not raced:
+            raced.append(True)
+            manager.write_agent_output(output_id, "answer v2", jsonl=b'{"v":2}\n')
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(inherited, "read_sidecar", racing)
+    monkeypatch.setattr(omp, "read_sidecar", racing, raising=False)  # where it was imported
+    exported = export_omp(store, sid, tmp_path / "out", blobs_dir=tmp_path / "b").artifacts_dir
+    pair = [(exported / f"{output_id}.{ext}").read_bytes() for ext in ("md", "jsonl")]
+    assert raced and pair == [b"answer v2", b'{"v":2}\n']
 
 
 @pytest.mark.parametrize("kind", ["file", "tool", "agent"])
