@@ -3,10 +3,21 @@
 Until a fork's copy completes (pending, or failed and not yet retried) it reads the files
 it inherited from the ancestor that still holds the identical artifact row and a file not
 modified since the fork, so a parent's later rewrite never shows through.
+
+"Not modified since the fork" is judged on the file store by the file's modification time
+against the fork's creation. On object storage no clock is: several hosts write one bucket,
+and a writer's clock ahead of the forking host's made an unchanged object look rewritten
+(the fork's copy failed, its inherited files lost), one behind let a rewrite pass. There the
+identical row pins the content (every rewrite changes the row: its SHA-256, or its creation
+time), the parent's writes give each unfinished fork its own copy before they replace or
+remove an object (``preserve_for_forks``), every read is checked against the row, and every
+copy made for a fork is verified against it before it takes the fork's name
+(``copy_object_for_fork``).
 """
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import uuid
@@ -24,7 +35,7 @@ from core.artifacts.paths import STAGING_DIR, agent_output_names, encode_compone
 from core.artifacts.records import ArtifactInfo
 from core.artifacts.storage import ArtifactStorage, FileArtifactStorage, key_of
 from core.db import read_connection
-from core.errors import SessionNotFound, SymlinkRefused
+from core.errors import SessionNotFound, StorageUnavailable, SymlinkRefused
 from core.journal import Journal
 from core.models import SessionRow, table_of
 from core.records import COPY_FAILED, COPY_PENDING, Session
@@ -52,7 +63,8 @@ def copy_unfinished(engine: Engine, session_id: str) -> bool:
 
 class Found(NamedTuple):
     """Where an inherited artifact's bytes are: ``path`` (None: nowhere), whether they are
-    still the content the fork inherited, and the time the source must not be newer than."""
+    still the content the fork inherited, and (on the file store) the modification time the
+    source must not be newer than."""
 
     path: Path | None
     inherited: bool
@@ -259,9 +271,9 @@ def ancestor_file(
     """The file holding the content ``session`` inherited for one of its rows.
 
     The ancestor must hold the identical row, and its file must not be newer than the fork
-    that inherited it (a same-size rewrite keeps the row). Walks up through ancestors whose
-    own copy is unfinished: a fork of a pending fork reads from the grandparent. Copies keep
-    the source's modification time, so a finished copy passes the same test.
+    that inherited it (``_unchanged_since``). Walks up through ancestors whose own copy is
+    unfinished: a fork of a pending fork reads from the grandparent. Copies keep the
+    source's modification time, so a finished copy passes the same test.
     """
     current = session
     for _ in range(_MAX_ANCESTORS):
@@ -279,11 +291,11 @@ def ancestor_file(
             return Found(None, False)
         path = parent_dir / held.name
         try:
-            modified = _mtime(root, path, storage)
+            unchanged = _unchanged_since(root, path, storage, forked_at)
         except SymlinkRefused:
             return Found(path, True, forked_at)  # whoever opens it refuses (and reports) it
-        if modified is not None:
-            return Found(path, True, forked_at) if modified <= forked_at else Found(None, False)
+        if unchanged is not None:
+            return Found(path, True, forked_at) if unchanged else Found(None, False)
         if parent.copy_status not in _UNFINISHED:
             break
         current = parent
@@ -308,18 +320,28 @@ def _held_for(
         return None  # object storage has no links: the fork always gets its own copy
     path = held_dir(parent_dir, fork_id) / name
     try:
-        modified = _mtime(root, path, None)
+        return path if _unchanged_since(root, path, None, forked_at) else None
     except SymlinkRefused:
         return None
-    return path if modified is not None and modified <= forked_at else None
 
 
-def _mtime(root: Path, path: Path, storage: ArtifactStorage | None) -> float | None:
+def _unchanged_since(
+    root: Path, path: Path, storage: ArtifactStorage | None, forked_at: float
+) -> bool | None:
+    """Whether the file at ``path`` may still hold what a fork created at ``forked_at``
+    inherited with a row its ancestor still holds (None: no file). On the file store: not
+    modified after it. On object storage, whether it exists: the object's write time is
+    its writer's clock and ``forked_at`` the forking host's, so the row's digest decides
+    instead, where the bytes are read or copied (the module's docstring)."""
     if storage is None or isinstance(storage, FileArtifactStorage):
-        with storage_errors("artifacts"):
-            return nofollow.mtime(root, path)
-    version = storage.version(key_of(root, path))
-    return None if version is None else version[0]
+        modified = _file_mtime(root, path)
+        return None if modified is None else modified <= forked_at
+    return None if storage.size(key_of(root, path)) is None else True
+
+
+@storage_errors("artifacts")
+def _file_mtime(root: Path, path: Path) -> float | None:
+    return nofollow.mtime(root, path)
 
 
 def _session_or_none(conn: Connection, journal: Journal, session_id: str) -> Session | None:
@@ -346,8 +368,10 @@ def preserve_for_forks(
 
     Copy-on-write for the fork point: the parent's writes rename over or move aside, never
     write in place, so a hard link keeps the inherited bytes (and their modification time,
-    which the fork's copy checks) whatever the parent does next. Forks that already have
-    the file, or that inherited other content, are left alone. Returns the forks served.
+    which the fork's copy checks) whatever the parent does next; on object storage, which
+    has no links, a copy verified against the row (``copy_object_for_fork``). Forks that
+    already have the file, or that inherited other content, are left alone. Returns the
+    forks served.
     """
     found = conn.execute(
         select(_sessions.c.id, _sessions.c.tenant_id, _sessions.c.created_at).where(
@@ -357,7 +381,7 @@ def preserve_for_forks(
     if not found or not row.name:  # the common case: no storage call at all
         return []
     objects = None if isinstance(storage, FileArtifactStorage) else storage
-    modified = _mtime(root, path, objects)
+    modified = _file_mtime(root, path) if objects is None else 0.0
     if modified is None:
         return []
     served: list[str] = []
@@ -365,16 +389,68 @@ def preserve_for_forks(
         held = rows.get_artifact(conn, fork_id, row.kind, row.local_id)
         if held is None or replace(held, session_id=session_id) != row:
             continue
-        if modified > created_at.timestamp():
-            continue  # rewritten after that fork: not what it inherited
         target = session_dir(root, tenant_id, fork_id) / (name or row.name)
-        if objects is not None:  # object storage: a server-side copy, if it has none yet
-            if objects.size(key_of(root, target)) is None:
-                objects.copy(key_of(root, path), key_of(root, target))
+        if objects is not None:
+            if _preserve_object(objects, root, path, target, row):
                 served.append(fork_id)
+        elif modified > created_at.timestamp():
+            continue  # rewritten after that fork: not what it inherited
         elif _preserve_file(root, path, target, fork_id, name or row.name):
             served.append(fork_id)
     return served
+
+
+class SourceChanged(OSError):
+    """What a fork's copy read is not the content the fork inherited: rewritten since."""
+
+
+def copy_object_for_fork(
+    objects: ArtifactStorage, root: Path, source: Path, target: Path, row: ArtifactInfo
+) -> int | None:
+    """Copy ``source`` to a fork's ``target`` (one file of the artifact ``row``), only as
+    the content the row recorded: bytes copied, or None when the target had (or got
+    meanwhile) an object of its own, which it keeps. ``SourceChanged``: the source is not
+    that content; ``FileNotFoundError``: there is no source.
+
+    A server-side copy to a staging key of the fork's, read back and checked against the
+    row, then copied to its name: a parent rewriting while a copy runs (its own write
+    first gives the fork a copy of the old object, ``preserve_for_forks``) never leaves the
+    new content under the fork's name. The staging key is removed, or swept by expiry when
+    a crash or an outage leaves it."""
+    src, dst = key_of(root, source), key_of(root, target)
+    if objects.size(dst) is not None:
+        return None
+    fork_dir = root.joinpath(*target.relative_to(root).parts[:2])
+    staged = key_of(root, fork_dir / STAGING_DIR / f"{uuid.uuid4().hex}.tmp")
+    try:
+        objects.copy(src, staged)
+        with objects.open_read(staged) as copied:
+            size, digest = integrity.measure(copied)
+        reason = integrity.file_mismatch(row, target.name, size, digest)
+        if objects.size(dst) is not None:
+            return None  # the fork's own (the parent's write kept it one): no other over it
+        if reason is not None:
+            raise SourceChanged(errno.ESTALE, f"not the content the fork inherited: {reason}")
+        objects.copy(staged, dst)
+        return size
+    finally:
+        with suppress(StorageUnavailable, FileNotFoundError):
+            objects.delete(staged)
+
+
+def _preserve_object(
+    objects: ArtifactStorage, root: Path, source: Path, target: Path, row: ArtifactInfo
+) -> bool:
+    try:
+        return copy_object_for_fork(objects, root, source, target, row) is not None
+    except FileNotFoundError:
+        return False
+    except SourceChanged as exc:
+        log.warning(
+            "not kept for a fork: the parent's object is not what its row recorded",
+            extra={"session_id": row.session_id, "key": key_of(root, source), "error": str(exc)},
+        )
+        return False
 
 
 def _preserve_file(root: Path, path: Path, target: Path, fork_id: str, name: str) -> bool:

@@ -32,7 +32,13 @@ from sqlalchemy import Connection, Select, select, update
 
 from core import nofollow
 from core.artifacts import rows
-from core.artifacts.inherited import Ancestors, ancestor_file, held_dir
+from core.artifacts.inherited import (
+    Ancestors,
+    SourceChanged,
+    ancestor_file,
+    copy_object_for_fork,
+    held_dir,
+)
 from core.artifacts.paths import STAGING_DIR, agent_output_names, contained_path, session_dir
 from core.artifacts.records import AGENT_OUTPUT, ArtifactInfo
 from core.artifacts.storage import (
@@ -92,10 +98,6 @@ class _CopyItem:
     source: Path
     target: Path
     not_after: float  # the source must not be modified after this (its fork's creation)
-
-
-class _SourceChanged(OSError):
-    """The parent rewrote the artifact after the fork."""
 
 
 @dataclass(slots=True)
@@ -361,7 +363,7 @@ def _run_copy(plan: _CopyPlan, root: Path, objects: ArtifactStorage | None) -> _
         except SymlinkRefused as exc:
             outcome.skipped.append(_skip(plan.fork, item.row, exc))
             continue
-        except _SourceChanged:
+        except SourceChanged:
             outcome.errors.append(f"{where}: changed in the parent after the fork")
         except FileNotFoundError as exc:
             outcome.errors.append(f"{where}: vanished during the copy ({exc.filename})")
@@ -395,8 +397,8 @@ def _copy_item(
             sidecar = agent_output_names(item.row.local_id)[1]
             source = item.source.with_name(sidecar)
             target = item.target.with_name(sidecar)
-            extra = _copy(objects, source, target, staging, item.not_after, root, optional=True)
-        size = _copy(objects, item.source, item.target, staging, item.not_after, root)
+            extra = _copy(objects, item, source, target, staging, root, optional=True)
+        size = _copy(objects, item, item.source, item.target, staging, root)
     except FileNotFoundError:
         # another copy may have finished it (a link there is refused: SymlinkRefused)
         if _exists(root, item.target, objects):
@@ -407,48 +409,22 @@ def _copy_item(
 
 def _copy(
     objects: ArtifactStorage | None,
+    item: _CopyItem,
     source: Path,
     target: Path,
     staging: Path,
-    not_after: float,
     root: Path,
     *,
     optional: bool = False,
 ) -> int | None:
     if objects is None:
-        return _copy_file(source, target, staging, not_after, root, optional=optional)
-    return _copy_object(objects, root, source, target, not_after, optional=optional)
-
-
-def _copy_object(
-    objects: ArtifactStorage,
-    root: Path,
-    source: Path,
-    target: Path,
-    not_after: float,
-    *,
-    optional: bool = False,
-) -> int | None:
-    """A server-side copy (no bytes through the worker) unless the target exists.
-
-    The source's version (time and ETag) is read before and after the copy: a rewrite in
-    between changes it, and the copy, which may hold the new content, is removed again.
-    """
-    src, dst = key_of(root, source), key_of(root, target)
-    if objects.size(dst) is not None:
-        return None
-    before = objects.version(src)
-    if before is None:
+        return _copy_file(source, target, staging, item.not_after, root, optional=optional)
+    try:  # server-side, checked against the row (no clock of another host's compared)
+        return copy_object_for_fork(objects, root, source, target, item.row)
+    except FileNotFoundError:
         if optional:
             return None
-        raise FileNotFoundError(errno.ENOENT, "no such artifact object", str(source))
-    if before[0] > not_after:
-        raise _SourceChanged(str(source))
-    objects.copy(src, dst)
-    if objects.version(src) != before:
-        objects.delete(dst)
-        raise _SourceChanged(str(source))
-    return objects.size(dst)
+        raise FileNotFoundError(errno.ENOENT, "no such artifact object", str(source)) from None
 
 
 def _copy_file(
@@ -478,7 +454,7 @@ def _copy_file(
         with os.fdopen(fd, "rb") as src:
             times = os.fstat(src.fileno())
             if times.st_mtime > not_after:
-                raise _SourceChanged(str(source))
+                raise SourceChanged(errno.ESTALE, "modified after the fork", str(source))
             with os.fdopen(nofollow.create_new(root, tmp), "wb") as dst:
                 shutil.copyfileobj(src, dst, 1 << 20)
                 dst.flush()
