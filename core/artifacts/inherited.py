@@ -1,18 +1,18 @@
 """Reading a fork's inherited artifacts while its artifact copy is unfinished.
 
 Until a fork's copy completes (pending, or failed and not yet retried) it reads the files
-it inherited from the ancestor that still holds the identical artifact row and a file not
-modified since the fork, so a parent's later rewrite never shows through.
+it inherited from the ancestor that still holds the identical artifact row, so a parent's
+later rewrite never shows through.
 
-"Not modified since the fork" is judged on the file store by the file's modification time
-against the fork's creation. On object storage no clock is: several hosts write one bucket,
-and a writer's clock ahead of the forking host's made an unchanged object look rewritten
-(the fork's copy failed, its inherited files lost), one behind let a rewrite pass. There the
-identical row pins the content (every rewrite changes the row: its SHA-256, or its creation
-time), the parent's writes give each unfinished fork its own copy before they replace or
-remove an object (``preserve_for_forks``), every read is checked against the row, and every
-copy made for a fork is verified against it before it takes the fork's name
-(``copy_object_for_fork``).
+No clock decides it: several hosts share the database and the artifact store (a bucket, or
+a shared filesystem), and a file's write time against the fork's creation compared the
+writer's clock (or the file server's) with the forking host's: one ahead made an unchanged
+file look rewritten (the fork's copy failed, its inherited files lost), one behind let a
+rewrite pass. The identical row pins the content instead (every rewrite changes the row:
+its SHA-256, or its creation time), the parent's writes give each unfinished fork its own
+copy before they replace or remove a file (``preserve_for_forks``), every read is checked
+against the row, and every copy made for a fork is checked against it before it takes the
+fork's name (``copy_object_for_fork``; on the file store the fork's copy).
 """
 
 from __future__ import annotations
@@ -62,13 +62,11 @@ def copy_unfinished(engine: Engine, session_id: str) -> bool:
 
 
 class Found(NamedTuple):
-    """Where an inherited artifact's bytes are: ``path`` (None: nowhere), whether they are
-    still the content the fork inherited, and (on the file store) the modification time the
-    source must not be newer than."""
+    """Where an inherited artifact's bytes are: ``path`` (None: nowhere), and whether they
+    are still the content the fork inherited."""
 
     path: Path | None
     inherited: bool
-    not_after: float = 0.0
 
 
 def read_own_file(root: Path, path: Path, storage: ArtifactStorage | None) -> bytes | None:
@@ -270,10 +268,9 @@ def ancestor_file(
 ) -> Found:
     """The file holding the content ``session`` inherited for one of its rows.
 
-    The ancestor must hold the identical row, and its file must not be newer than the fork
-    that inherited it (``_unchanged_since``). Walks up through ancestors whose own copy is
-    unfinished: a fork of a pending fork reads from the grandparent. Copies keep the
-    source's modification time, so a finished copy passes the same test.
+    The ancestor must hold the identical row (the module's docstring). Walks up through
+    ancestors whose own copy is unfinished and who have no file of their own for it: a fork
+    of a pending fork reads from the grandparent.
     """
     current = session
     for _ in range(_MAX_ANCESTORS):
@@ -281,21 +278,19 @@ def ancestor_file(
         if parent is None:
             return Found(None, False)
         parent_dir = session_dir(root, parent.tenant_id, parent.id)
-        forked_at = current.created_at.timestamp()
         # Kept for this fork by a rewrite or delete since (checked then, as below).
-        kept = _held_for(root, parent_dir, current.id, row.name, forked_at, storage)
+        kept = _held_for(root, parent_dir, current.id, row.name, storage)
         if kept is not None:
-            return Found(kept, True, forked_at)
+            return Found(kept, True)
         held = ancestors.row(parent.id, row.kind, row.local_id)
         if held is None or replace(held, session_id=row.session_id) != row or not held.name:
             return Found(None, False)
         path = parent_dir / held.name
         try:
-            unchanged = _unchanged_since(root, path, storage, forked_at)
+            if _present(root, path, storage):
+                return Found(path, True)
         except SymlinkRefused:
-            return Found(path, True, forked_at)  # whoever opens it refuses (and reports) it
-        if unchanged is not None:
-            return Found(path, True, forked_at) if unchanged else Found(None, False)
+            return Found(path, True)  # whoever opens it refuses (and reports) it
         if parent.copy_status not in _UNFINISHED:
             break
         current = parent
@@ -312,36 +307,24 @@ def _held_for(
     parent_dir: Path,
     fork_id: str,
     name: str | None,
-    forked_at: float,
     storage: ArtifactStorage | None,
 ) -> Path | None:
-    """The copy the parent kept for the fork, if it is the content the fork inherited."""
+    """The copy the parent kept for the fork, if any."""
     if not name or (storage is not None and not isinstance(storage, FileArtifactStorage)):
         return None  # object storage has no links: the fork always gets its own copy
     path = held_dir(parent_dir, fork_id) / name
     try:
-        return path if _unchanged_since(root, path, None, forked_at) else None
+        return path if _present(root, path, None) else None
     except SymlinkRefused:
         return None
 
 
-def _unchanged_since(
-    root: Path, path: Path, storage: ArtifactStorage | None, forked_at: float
-) -> bool | None:
-    """Whether the file at ``path`` may still hold what a fork created at ``forked_at``
-    inherited with a row its ancestor still holds (None: no file). On the file store: not
-    modified after it. On object storage, whether it exists: the object's write time is
-    its writer's clock and ``forked_at`` the forking host's, so the row's digest decides
-    instead, where the bytes are read or copied (the module's docstring)."""
+def _present(root: Path, path: Path, storage: ArtifactStorage | None) -> bool:
+    """Whether a regular file (an object) is at ``path``; a link there is refused."""
     if storage is None or isinstance(storage, FileArtifactStorage):
-        modified = _file_mtime(root, path)
-        return None if modified is None else modified <= forked_at
-    return None if storage.size(key_of(root, path)) is None else True
-
-
-@storage_errors("artifacts")
-def _file_mtime(root: Path, path: Path) -> float | None:
-    return nofollow.mtime(root, path)
+        with storage_errors("artifacts"):
+            return nofollow.mtime(root, path) is not None
+    return storage.size(key_of(root, path)) is not None
 
 
 def _session_or_none(conn: Connection, journal: Journal, session_id: str) -> Session | None:
@@ -367,25 +350,23 @@ def preserve_for_forks(
     to it.
 
     Copy-on-write for the fork point: the parent's writes rename over or move aside, never
-    write in place, so a hard link keeps the inherited bytes (and their modification time,
-    which the fork's copy checks) whatever the parent does next; on object storage, which
-    has no links, a copy verified against the row (``copy_object_for_fork``). Forks that
-    already have the file, or that inherited other content, are left alone. Returns the
-    forks served.
+    write in place, so a hard link keeps the inherited bytes whatever the parent does next;
+    on object storage, which has no links, a copy checked against the row
+    (``copy_object_for_fork``). Forks that already have the file, or that inherited other
+    content (another row), are left alone. Returns the forks served.
     """
     found = conn.execute(
-        select(_sessions.c.id, _sessions.c.tenant_id, _sessions.c.created_at).where(
+        select(_sessions.c.id, _sessions.c.tenant_id).where(
             _sessions.c.parent_id == session_id, _sessions.c.copy_status.in_(_UNFINISHED)
         )
     ).all()
     if not found or not row.name:  # the common case: no storage call at all
         return []
     objects = None if isinstance(storage, FileArtifactStorage) else storage
-    modified = _file_mtime(root, path) if objects is None else 0.0
-    if modified is None:
+    if objects is None and not _present(root, path, None):
         return []
     served: list[str] = []
-    for fork_id, tenant_id, created_at in found:
+    for fork_id, tenant_id in found:
         held = rows.get_artifact(conn, fork_id, row.kind, row.local_id)
         if held is None or replace(held, session_id=session_id) != row:
             continue
@@ -393,8 +374,6 @@ def preserve_for_forks(
         if objects is not None:
             if _preserve_object(objects, root, path, target, row):
                 served.append(fork_id)
-        elif modified > created_at.timestamp():
-            continue  # rewritten after that fork: not what it inherited
         elif _preserve_file(root, path, target, fork_id, name or row.name):
             served.append(fork_id)
     return served
@@ -481,7 +460,7 @@ def _link_new(root: Path, source: Path, target: Path) -> bool:
     except SymlinkRefused:
         raise
     except OSError:
-        # no hard links here: a copy with the same times (the fork's copy checks them)
+        # no hard links here: a copy, with the same times as a link would have
         if nofollow.exists(root, target):
             return False
         fd = nofollow.open_file(root, source)

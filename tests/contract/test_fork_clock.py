@@ -1,9 +1,10 @@
-"""A fork's inherited artifacts on S3 whatever the hosts' clocks say: several hosts share
-the database and the bucket, and what a fork inherited is decided by its rows' content
-(their SHA-256), never by one host's clock against another's. The writer's clock ahead of
-the forking host's made an unchanged object look rewritten after the fork (the fork's copy
-failed, its inherited files lost); behind, a rewrite during the copy passed as inherited.
-The file store keeps its rule (the file's modification time), so most of these are S3's."""
+"""A fork's inherited artifacts whatever the hosts' clocks say: several hosts share the
+database and the artifact store (a bucket, or a shared filesystem), and what a fork
+inherited is decided by its rows' content (their SHA-256), never by one host's clock
+against another's. The writer's clock ahead of the forking host's made an unchanged file
+look rewritten after the fork (the fork's copy failed, its inherited files lost); behind,
+a rewrite during the copy passed as inherited. On both artifact stores, and both journals;
+the copy's steps are the object store's calls (on files, its opens of the sources)."""
 
 from __future__ import annotations
 
@@ -82,7 +83,6 @@ def _assert_inherited(store: SessionStore, raw: RawArtifacts, fork_id: str, outp
         assert raw.keys_under(directory / ".tmp") == []  # no staged copy left behind
 
 
-@S3_ONLY
 @SKEWS
 def test_a_fork_copies_and_serves_unchanged_artifacts_whatever_the_writers_clock(
     store: SessionStore, raw: RawArtifacts, writer_ahead: timedelta
@@ -99,7 +99,6 @@ def test_a_fork_copies_and_serves_unchanged_artifacts_whatever_the_writers_clock
     _assert_inherited(store, raw, fork.id, output_id)
 
 
-@S3_ONLY
 @SKEWS
 def test_a_parent_rewrite_after_the_fork_never_shows_through_whatever_the_writers_clock(
     store: SessionStore, raw: RawArtifacts, writer_ahead: timedelta
@@ -120,9 +119,10 @@ def test_a_parent_rewrite_after_the_fork_never_shows_through_whatever_the_writer
 
 class StepHook:
     """Runs ``action`` before the ``step``-th call the fork's copy makes to the object
-    store (HEAD, copy, read, delete; any one of ``ObjectArtifactStorage``'s methods), once;
-    ``steps`` counts them. Only calls inside ``_run_copy`` count: the plan and the parent's
-    own writes pass untouched."""
+    store (HEAD, copy, read, delete; any one of ``ObjectArtifactStorage``'s methods) or,
+    on the file store, before its ``step``-th open of a source, once; ``steps`` counts
+    them. Only calls inside ``_run_copy`` count: the plan and the parent's own writes pass
+    untouched."""
 
     METHODS = ("size", "version", "copy", "read", "open_read", "delete", "put")
 
@@ -137,6 +137,7 @@ class StepHook:
             if real is None:
                 continue  # not every version of the store has them all
             monkeypatch.setattr(ObjectArtifactStorage, name, self._hooked(name, real))
+        monkeypatch.setattr(fork_copy, "open_file", self._hooked("open", fork_copy.open_file))
         real_run = fork_copy._run_copy
 
         def run(*args: Any, **kwargs: Any) -> Any:
@@ -154,7 +155,7 @@ class StepHook:
             self._inside = False
 
     def _hooked(self, name: str, real: Callable[..., Any]) -> Callable[..., Any]:
-        def call(storage: ObjectArtifactStorage, *args: Any, **kwargs: Any) -> Any:
+        def call(*args: Any, **kwargs: Any) -> Any:
             if self._inside:
                 self._inside = False  # the action's own calls, and a method's inner ones
                 try:
@@ -162,10 +163,10 @@ class StepHook:
                     if self.steps == self.step:
                         self.fired = name
                         self.action()
-                    return real(storage, *args, **kwargs)
+                    return real(*args, **kwargs)
                 finally:
                     self._inside = True
-            return real(storage, *args, **kwargs)
+            return real(*args, **kwargs)
 
         return call
 
@@ -240,13 +241,12 @@ def test_an_outage_at_any_step_of_the_copy_leaves_it_pending_and_a_retry_complet
     _assert_inherited(store, raw, fork.id, output_id)
 
 
-@S3_ONLY
-def test_a_parent_object_that_is_not_its_rows_content_is_never_copied_into_a_fork(
+def test_a_parent_file_that_is_not_its_rows_content_is_never_copied_into_a_fork(
     store: SessionStore, raw: RawArtifacts
 ) -> None:
-    """The parent's object overwritten behind its row (same size), by a host whose clock
-    is behind the forking host's: the fork's copy fails naming it and keeps nothing under
-    its name; the others are copied. Fails before: copied, the wrong bytes kept silently
+    """The parent's file overwritten behind its row (same size), by a host whose clock is
+    behind the forking host's: the fork's copy fails naming it and keeps nothing under its
+    name; the others are copied. Fails before on S3: copied, the wrong bytes kept silently
     (its write time older than the fork)."""
     parent_id, _output_id = _parent(store)
     fork = _fork_elsewhere(store, parent_id, timedelta(0))
@@ -264,33 +264,40 @@ def test_a_parent_object_that_is_not_its_rows_content_is_never_copied_into_a_for
     assert raw.keys_under(fork_dir / ".tmp") == []
 
 
-@S3_ONLY
 @SKEWS
 @pytest.mark.parametrize("step", [1, 2, 3])
-def test_a_fork_of_a_pending_fork_never_copies_a_rewrite_its_grandparent_made_meanwhile(
+@pytest.mark.parametrize("depth", ["child", "grandchild"])
+def test_a_rewrite_racing_the_copy_never_reaches_a_fork_or_a_fork_of_a_pending_fork(
     store: SessionStore,
     raw: RawArtifacts,
     monkeypatch: pytest.MonkeyPatch,
     writer_ahead: timedelta,
     step: int,
+    depth: str,
 ) -> None:
-    """G forked from C, whose own copy is pending: G's copy reads P's objects, and P's
-    rewrite keeps a copy for C (its fork), not for G. Rewritten during G's copy, the new
-    bytes never reach G: its copy fails naming the change, and a re-run copies from C.
-    Fails before: with the writer ahead G inherits nothing; behind, P's new bytes."""
+    """P rewrites at a step of a fork's copy. Its own fork C is given a copy (a link on
+    files) of the old bytes first, which its copy keeps. G, forked from C while C's copy
+    is pending, reads P's files, and P's rewrite keeps nothing for G (not its fork): the
+    new bytes never reach G, whose copy fails naming the change, and a re-run copies from
+    C. Fails before: with the writer ahead nothing is inherited; behind, G gets P's new
+    bytes (on both stores)."""
     parent_id, output_id = _parent(store)
-    child = _fork_elsewhere(store, parent_id, writer_ahead)
-    grandchild = _fork_elsewhere(store, child.id, writer_ahead)
+    fork = child = _fork_elsewhere(store, parent_id, writer_ahead)
+    if depth == "grandchild":
+        fork = _fork_elsewhere(store, child.id, writer_ahead)
     hook = StepHook(
         monkeypatch, step, lambda: _rewrite_at_the_same_size(store, parent_id, output_id)
     )
 
-    report = store.copy_fork_artifacts(grandchild.id)
-    assert hook.fired and report.status == "failed", report
-    assert report.error is not None and "changed in the parent" in report.error
-    monkeypatch.undo()
-    retried = store.copy_fork_artifacts(grandchild.id)
-    assert (retried.status, retried.error) == ("copied", None), retried
-    store.delete_session(child.id)
+    report = store.copy_fork_artifacts(fork.id)
+    assert hook.fired, report
+    if depth == "grandchild":
+        assert report.status == "failed", report
+        assert report.error is not None and "changed in the parent" in report.error
+        monkeypatch.undo()
+        report = store.copy_fork_artifacts(fork.id)
+    assert (report.status, report.error) == ("copied", None), report
     store.delete_session(parent_id)
-    _assert_inherited(store, raw, grandchild.id, output_id)
+    if depth == "grandchild":
+        store.delete_session(child.id)
+    _assert_inherited(store, raw, fork.id, output_id)
