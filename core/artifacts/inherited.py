@@ -1,12 +1,23 @@
 """Reading a fork's inherited artifacts while its artifact copy is unfinished.
 
 Until a fork's copy completes (pending, or failed and not yet retried) it reads the files
-it inherited from the ancestor that still holds the identical artifact row and a file not
-modified since the fork, so a parent's later rewrite never shows through.
+it inherited from the ancestor that still holds the identical artifact row, so a parent's
+later rewrite never shows through.
+
+No clock decides it: several hosts share the database and the artifact store (a bucket, or
+a shared filesystem), and a file's write time against the fork's creation compared the
+writer's clock (or the file server's) with the forking host's: one ahead made an unchanged
+file look rewritten (the fork's copy failed, its inherited files lost), one behind let a
+rewrite pass. The identical row pins the content instead (every rewrite changes the row:
+its SHA-256, or its creation time), the parent's writes give each unfinished fork its own
+copy before they replace or remove a file (``preserve_for_forks``), every read is checked
+against the row, and every copy made for a fork is checked against it before it takes the
+fork's name (``copy_object_for_fork``; on the file store the fork's copy).
 """
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import uuid
@@ -24,7 +35,7 @@ from core.artifacts.paths import STAGING_DIR, agent_output_names, encode_compone
 from core.artifacts.records import ArtifactInfo
 from core.artifacts.storage import ArtifactStorage, FileArtifactStorage, key_of
 from core.db import read_connection
-from core.errors import SessionNotFound, SymlinkRefused
+from core.errors import SessionNotFound, StorageUnavailable, SymlinkRefused
 from core.journal import Journal
 from core.models import SessionRow, table_of
 from core.records import COPY_FAILED, COPY_PENDING, Session
@@ -51,12 +62,11 @@ def copy_unfinished(engine: Engine, session_id: str) -> bool:
 
 
 class Found(NamedTuple):
-    """Where an inherited artifact's bytes are: ``path`` (None: nowhere), whether they are
-    still the content the fork inherited, and the time the source must not be newer than."""
+    """Where an inherited artifact's bytes are: ``path`` (None: nowhere), and whether they
+    are still the content the fork inherited."""
 
     path: Path | None
     inherited: bool
-    not_after: float = 0.0
 
 
 def read_own_file(root: Path, path: Path, storage: ArtifactStorage | None) -> bytes | None:
@@ -286,10 +296,9 @@ def ancestor_file(
 ) -> Found:
     """The file holding the content ``session`` inherited for one of its rows.
 
-    The ancestor must hold the identical row, and its file must not be newer than the fork
-    that inherited it (a same-size rewrite keeps the row). Walks up through ancestors whose
-    own copy is unfinished: a fork of a pending fork reads from the grandparent. Copies keep
-    the source's modification time, so a finished copy passes the same test.
+    The ancestor must hold the identical row (the module's docstring). Walks up through
+    ancestors whose own copy is unfinished and who have no file of their own for it: a fork
+    of a pending fork reads from the grandparent.
     """
     current = session
     for _ in range(_MAX_ANCESTORS):
@@ -297,21 +306,19 @@ def ancestor_file(
         if parent is None:
             return Found(None, False)
         parent_dir = session_dir(root, parent.tenant_id, parent.id)
-        forked_at = current.created_at.timestamp()
         # Kept for this fork by a rewrite or delete since (checked then, as below).
-        kept = _held_for(root, parent_dir, current.id, row.name, forked_at, storage)
+        kept = _held_for(root, parent_dir, current.id, row.name, storage)
         if kept is not None:
-            return Found(kept, True, forked_at)
+            return Found(kept, True)
         held = ancestors.row(parent.id, row.kind, row.local_id)
         if held is None or replace(held, session_id=row.session_id) != row or not held.name:
             return Found(None, False)
         path = parent_dir / held.name
         try:
-            modified = _mtime(root, path, storage)
+            if _present(root, path, storage):
+                return Found(path, True)
         except SymlinkRefused:
-            return Found(path, True, forked_at)  # whoever opens it refuses (and reports) it
-        if modified is not None:
-            return Found(path, True, forked_at) if modified <= forked_at else Found(None, False)
+            return Found(path, True)  # whoever opens it refuses (and reports) it
         if parent.copy_status not in _UNFINISHED:
             break
         current = parent
@@ -328,26 +335,24 @@ def _held_for(
     parent_dir: Path,
     fork_id: str,
     name: str | None,
-    forked_at: float,
     storage: ArtifactStorage | None,
 ) -> Path | None:
-    """The copy the parent kept for the fork, if it is the content the fork inherited."""
+    """The copy the parent kept for the fork, if any."""
     if not name or (storage is not None and not isinstance(storage, FileArtifactStorage)):
         return None  # object storage has no links: the fork always gets its own copy
     path = held_dir(parent_dir, fork_id) / name
     try:
-        modified = _mtime(root, path, None)
+        return path if _present(root, path, None) else None
     except SymlinkRefused:
         return None
-    return path if modified is not None and modified <= forked_at else None
 
 
-def _mtime(root: Path, path: Path, storage: ArtifactStorage | None) -> float | None:
+def _present(root: Path, path: Path, storage: ArtifactStorage | None) -> bool:
+    """Whether a regular file (an object) is at ``path``; a link there is refused."""
     if storage is None or isinstance(storage, FileArtifactStorage):
         with storage_errors("artifacts"):
-            return nofollow.mtime(root, path)
-    version = storage.version(key_of(root, path))
-    return None if version is None else version[0]
+            return nofollow.mtime(root, path) is not None
+    return storage.size(key_of(root, path)) is not None
 
 
 def _session_or_none(conn: Connection, journal: Journal, session_id: str) -> Session | None:
@@ -373,36 +378,86 @@ def preserve_for_forks(
     to it.
 
     Copy-on-write for the fork point: the parent's writes rename over or move aside, never
-    write in place, so a hard link keeps the inherited bytes (and their modification time,
-    which the fork's copy checks) whatever the parent does next. Forks that already have
-    the file, or that inherited other content, are left alone. Returns the forks served.
+    write in place, so a hard link keeps the inherited bytes whatever the parent does next;
+    on object storage, which has no links, a copy checked against the row
+    (``copy_object_for_fork``). Forks that already have the file, or that inherited other
+    content (another row), are left alone. Returns the forks served.
     """
     found = conn.execute(
-        select(_sessions.c.id, _sessions.c.tenant_id, _sessions.c.created_at).where(
+        select(_sessions.c.id, _sessions.c.tenant_id).where(
             _sessions.c.parent_id == session_id, _sessions.c.copy_status.in_(_UNFINISHED)
         )
     ).all()
     if not found or not row.name:  # the common case: no storage call at all
         return []
     objects = None if isinstance(storage, FileArtifactStorage) else storage
-    modified = _mtime(root, path, objects)
-    if modified is None:
+    if objects is None and not _present(root, path, None):
         return []
     served: list[str] = []
-    for fork_id, tenant_id, created_at in found:
+    for fork_id, tenant_id in found:
         held = rows.get_artifact(conn, fork_id, row.kind, row.local_id)
         if held is None or replace(held, session_id=session_id) != row:
             continue
-        if modified > created_at.timestamp():
-            continue  # rewritten after that fork: not what it inherited
         target = session_dir(root, tenant_id, fork_id) / (name or row.name)
-        if objects is not None:  # object storage: a server-side copy, if it has none yet
-            if objects.size(key_of(root, target)) is None:
-                objects.copy(key_of(root, path), key_of(root, target))
+        if objects is not None:
+            if _preserve_object(objects, root, path, target, row):
                 served.append(fork_id)
         elif _preserve_file(root, path, target, fork_id, name or row.name):
             served.append(fork_id)
     return served
+
+
+class SourceChanged(OSError):
+    """What a fork's copy read is not the content the fork inherited: rewritten since."""
+
+
+def copy_object_for_fork(
+    objects: ArtifactStorage, root: Path, source: Path, target: Path, row: ArtifactInfo
+) -> int | None:
+    """Copy ``source`` to a fork's ``target`` (one file of the artifact ``row``), only as
+    the content the row recorded: bytes copied, or None when the target had (or got
+    meanwhile) an object of its own, which it keeps. ``SourceChanged``: the source is not
+    that content; ``FileNotFoundError``: there is no source.
+
+    A server-side copy to a staging key of the fork's, read back and checked against the
+    row, then copied to its name: a parent rewriting while a copy runs (its own write
+    first gives the fork a copy of the old object, ``preserve_for_forks``) never leaves the
+    new content under the fork's name. The staging key is removed, or swept by expiry when
+    a crash or an outage leaves it."""
+    src, dst = key_of(root, source), key_of(root, target)
+    if objects.size(dst) is not None:
+        return None
+    fork_dir = root.joinpath(*target.relative_to(root).parts[:2])
+    staged = key_of(root, fork_dir / STAGING_DIR / f"{uuid.uuid4().hex}.tmp")
+    try:
+        objects.copy(src, staged)
+        with objects.open_read(staged) as copied:
+            size, digest = integrity.measure(copied)
+        reason = integrity.file_mismatch(row, target.name, size, digest)
+        if objects.size(dst) is not None:
+            return None  # the fork's own (the parent's write kept it one): no other over it
+        if reason is not None:
+            raise SourceChanged(errno.ESTALE, f"not the content the fork inherited: {reason}")
+        objects.copy(staged, dst)
+        return size
+    finally:
+        with suppress(StorageUnavailable, FileNotFoundError):
+            objects.delete(staged)
+
+
+def _preserve_object(
+    objects: ArtifactStorage, root: Path, source: Path, target: Path, row: ArtifactInfo
+) -> bool:
+    try:
+        return copy_object_for_fork(objects, root, source, target, row) is not None
+    except FileNotFoundError:
+        return False
+    except SourceChanged as exc:
+        log.warning(
+            "not kept for a fork: the parent's object is not what its row recorded",
+            extra={"session_id": row.session_id, "key": key_of(root, source), "error": str(exc)},
+        )
+        return False
 
 
 def _preserve_file(root: Path, path: Path, target: Path, fork_id: str, name: str) -> bool:
@@ -433,7 +488,7 @@ def _link_new(root: Path, source: Path, target: Path) -> bool:
     except SymlinkRefused:
         raise
     except OSError:
-        # no hard links here: a copy with the same times (the fork's copy checks them)
+        # no hard links here: a copy, with the same times as a link would have
         if nofollow.exists(root, target):
             return False
         fd = nofollow.open_file(root, source)

@@ -24,6 +24,7 @@ from typing import BinaryIO
 from sqlalchemy import Engine
 
 from core.artifacts import rows
+from core.artifacts.paths import agent_output_names
 from core.artifacts.records import AGENT_OUTPUT, ArtifactInfo
 from core.artifacts.storage import Tally
 from core.blobs.store import sha256_hex
@@ -59,12 +60,22 @@ def sidecar_mismatch(row: ArtifactInfo, data: bytes | None) -> str | None:
         return None
     if data is None:
         return "its JSONL sidecar is missing"
-    got = digest(data)
-    if got != row.sidecar_sha256:
-        return (
-            f"its JSONL sidecar's SHA-256 {got[:16]}… stored, {row.sidecar_sha256[:16]}… recorded"
-        )
-    return None
+    return _sidecar_digest_mismatch(row, digest(data))
+
+
+def _sidecar_digest_mismatch(row: ArtifactInfo, got: str) -> str | None:
+    if row.sidecar_sha256 is None or got == row.sidecar_sha256:
+        return None
+    return f"its JSONL sidecar's SHA-256 {got[:16]}… stored, {row.sidecar_sha256[:16]}… recorded"
+
+
+def file_mismatch(row: ArtifactInfo, name: str, size: int, sha256: str) -> str | None:
+    """``mismatch`` for the file ``name`` (its last component) of ``row``'s artifact: an
+    agent output's JSONL sidecar is checked against ``sidecar_sha256``, any other file
+    against the row."""
+    if row.kind == AGENT_OUTPUT and name == agent_output_names(row.local_id)[1]:
+        return _sidecar_digest_mismatch(row, sha256)
+    return mismatch(row, size, sha256)
 
 
 def corrupt(row: ArtifactInfo, reason: str) -> ArtifactCorrupt:

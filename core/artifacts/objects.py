@@ -16,7 +16,6 @@ from __future__ import annotations
 import io
 import os
 import tempfile
-import time
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -66,16 +65,12 @@ class ObjectArtifactStorage:
 
     def put(self, key: str, data: bytes) -> None:
         check_key(key)
-        stamp = _written_now()
-        self._call(
-            lambda: obstore.put(self.store, key, data, use_multipart=False, attributes=stamp)
-        )
+        self._call(lambda: obstore.put(self.store, key, data, use_multipart=False))
 
     def put_file(
         self, key: str, local: Path | BinaryIO, *, on_chunk: Callable[[], None] | None = None
     ) -> tuple[int, str]:
         check_key(key)
-        stamp = _written_now()
 
         def upload() -> tuple[int, str]:  # each attempt reads the file from its start
             tally = Tally()
@@ -85,7 +80,7 @@ class ObjectArtifactStorage:
                 # memory stays bounded), each one measured as it goes and reported: what
                 # is measured is what was sent, though the file grow meanwhile
                 body = tally.chunks(source, _CHUNK_BYTES, on_chunk)
-                obstore.put(self.store, key, body, use_multipart=multipart, attributes=stamp)
+                obstore.put(self.store, key, body, use_multipart=multipart)
             return tally.measured
 
         return self._call(upload)
@@ -133,22 +128,6 @@ class ObjectArtifactStorage:
             return int(self._call(lambda: obstore.head(self.store, key))["size"])
         except FileNotFoundError:
             return None
-
-    def version(self, key: str) -> tuple[float, str] | None:
-        """(when its content was written, ETag). The write time travels with the object as
-        user metadata, which a server-side copy keeps (CopyObject copies metadata), as a
-        file copy keeps the mtime: the copy's own last-modified is the copy's time, which
-        made a fork of a fork take its parent's fresh copies for rewrites. Objects written
-        without it (by hand, or before this) fall back to last-modified."""
-        check_key(key)
-        try:
-            got = self._call(lambda: obstore.get(self.store, key, options={"head": True}))
-        except FileNotFoundError:
-            return None
-        meta = got.meta
-        written = _written_at(dict(got.attributes))
-        when = written if written is not None else meta["last_modified"].timestamp()
-        return when, str(meta.get("e_tag") or "")
 
     def open_read(self, key: str) -> BinaryIO:
         check_key(key)
@@ -232,18 +211,3 @@ class _Reader(io.RawIOBase):
         if not self.closed:
             self._inner.close()
         super().close()
-
-
-WRITTEN_AT = "sessionstore-written-at"  # user metadata: x-amz-meta-sessionstore-written-at
-
-
-def _written_now() -> dict[str, str]:
-    return {WRITTEN_AT: f"{time.time():.6f}"}
-
-
-def _written_at(attributes: dict[str, str]) -> float | None:
-    value = attributes.get(WRITTEN_AT)
-    try:
-        return None if value is None else float(value)
-    except ValueError:
-        return None

@@ -107,10 +107,6 @@ class ArtifactStorage(Protocol):
 
     def size(self, key: str) -> int | None: ...
 
-    def version(self, key: str) -> tuple[float, str] | None:
-        """(modification time, a tag that changes with every write) of a key; None if
-        absent. The fork copy compares them to tell "not rewritten since"."""
-
     def open_read(self, key: str) -> BinaryIO: ...
 
     def probe(self) -> str:
@@ -207,17 +203,6 @@ class FileArtifactStorage:
             return nofollow.size(self.root, self.path(key))
         except FileNotFoundError:
             return None
-
-    @storage_errors("artifacts")
-    def version(self, key: str) -> tuple[float, str] | None:
-        fd = nofollow.open_file(self.root, self.path(key))
-        if fd is None:
-            return None
-        try:
-            info = os.fstat(fd)
-        finally:
-            os.close(fd)
-        return info.st_mtime, f"{info.st_ino}:{info.st_mtime_ns}:{info.st_size}"
 
     @storage_errors("artifacts")
     def open_read(self, key: str) -> BinaryIO:

@@ -26,18 +26,25 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, BinaryIO, Protocol
 
 from sqlalchemy import Connection, Select, select, update
 
 from core import nofollow
-from core.artifacts import rows
-from core.artifacts.inherited import Ancestors, ancestor_file, held_dir
+from core.artifacts import integrity, rows
+from core.artifacts.inherited import (
+    Ancestors,
+    SourceChanged,
+    ancestor_file,
+    copy_object_for_fork,
+    held_dir,
+)
 from core.artifacts.paths import STAGING_DIR, agent_output_names, contained_path, session_dir
 from core.artifacts.records import AGENT_OUTPUT, ArtifactInfo
 from core.artifacts.storage import (
     ArtifactStorage,
     FileArtifactStorage,
+    Tally,
     artifact_storage_for,
     key_of,
     key_prefix_of,
@@ -91,11 +98,6 @@ class _CopyItem:
     row: ArtifactInfo
     source: Path
     target: Path
-    not_after: float  # the source must not be modified after this (its fork's creation)
-
-
-class _SourceChanged(OSError):
-    """The parent rewrote the artifact after the fork."""
 
 
 @dataclass(slots=True)
@@ -321,7 +323,7 @@ def _plan_copy(
             continue
         found = ancestor_file(ancestors, root, fork, row, objects)
         if found.path is not None:
-            plan.items.append(_CopyItem(row, found.path, target, found.not_after))
+            plan.items.append(_CopyItem(row, found.path, target))
         elif found.inherited:
             plan.missing += 1  # the ancestor has no file either (none was ever written)
         elif _was_inherited(conn, row, fork, now):
@@ -361,7 +363,7 @@ def _run_copy(plan: _CopyPlan, root: Path, objects: ArtifactStorage | None) -> _
         except SymlinkRefused as exc:
             outcome.skipped.append(_skip(plan.fork, item.row, exc))
             continue
-        except _SourceChanged:
+        except SourceChanged:
             outcome.errors.append(f"{where}: changed in the parent after the fork")
         except FileNotFoundError as exc:
             outcome.errors.append(f"{where}: vanished during the copy ({exc.filename})")
@@ -395,8 +397,8 @@ def _copy_item(
             sidecar = agent_output_names(item.row.local_id)[1]
             source = item.source.with_name(sidecar)
             target = item.target.with_name(sidecar)
-            extra = _copy(objects, source, target, staging, item.not_after, root, optional=True)
-        size = _copy(objects, item.source, item.target, staging, item.not_after, root)
+            extra = _copy(objects, item, source, target, staging, root, optional=True)
+        size = _copy(objects, item, item.source, item.target, staging, root)
     except FileNotFoundError:
         # another copy may have finished it (a link there is refused: SymlinkRefused)
         if _exists(root, item.target, objects):
@@ -407,64 +409,41 @@ def _copy_item(
 
 def _copy(
     objects: ArtifactStorage | None,
+    item: _CopyItem,
     source: Path,
     target: Path,
     staging: Path,
-    not_after: float,
     root: Path,
     *,
     optional: bool = False,
 ) -> int | None:
     if objects is None:
-        return _copy_file(source, target, staging, not_after, root, optional=optional)
-    return _copy_object(objects, root, source, target, not_after, optional=optional)
-
-
-def _copy_object(
-    objects: ArtifactStorage,
-    root: Path,
-    source: Path,
-    target: Path,
-    not_after: float,
-    *,
-    optional: bool = False,
-) -> int | None:
-    """A server-side copy (no bytes through the worker) unless the target exists.
-
-    The source's version (time and ETag) is read before and after the copy: a rewrite in
-    between changes it, and the copy, which may hold the new content, is removed again.
-    """
-    src, dst = key_of(root, source), key_of(root, target)
-    if objects.size(dst) is not None:
-        return None
-    before = objects.version(src)
-    if before is None:
+        return _copy_file(source, target, staging, item.row, root, optional=optional)
+    try:  # server-side, checked against the row (no clock of another host's compared)
+        return copy_object_for_fork(objects, root, source, target, item.row)
+    except FileNotFoundError:
         if optional:
             return None
-        raise FileNotFoundError(errno.ENOENT, "no such artifact object", str(source))
-    if before[0] > not_after:
-        raise _SourceChanged(str(source))
-    objects.copy(src, dst)
-    if objects.version(src) != before:
-        objects.delete(dst)
-        raise _SourceChanged(str(source))
-    return objects.size(dst)
+        raise FileNotFoundError(errno.ENOENT, "no such artifact object", str(source)) from None
 
 
 def _copy_file(
     source: Path,
     target: Path,
     staging: Path,
-    not_after: float,
+    row: ArtifactInfo,
     root: Path,
     *,
     optional: bool = False,
 ) -> int | None:
-    """An independent, fsynced copy at ``target`` unless a file is there already.
+    """An independent, fsynced copy at ``target`` unless a file is there already, only as
+    the content ``row`` recorded (``SourceChanged`` if it is not, and the fork has none).
 
-    Content and modification time come from one open file: the parent replaces files by
-    rename, so the inode we read is the one we checked. No symlink is followed, on either
-    side (``SymlinkRefused``). ``optional``: a missing source is no error (None).
+    The bytes are checked as they are copied, before the copy takes its name: the parent
+    replaces files by rename, and a rewrite racing the copy first gives the fork a link to
+    the old file (``preserve_for_forks``), which the copy then leaves alone. No symlink is
+    followed, on either side (``SymlinkRefused``). ``optional``: a missing source is no
+    error (None).
     """
     if nofollow.exists(root, target, refuse_link=True):
         return None
@@ -474,22 +453,36 @@ def _copy_file(
             return None
         raise FileNotFoundError(errno.ENOENT, "no such artifact file", str(source))
     tmp = staging / f"{uuid.uuid4().hex}.copy"
+    tally = Tally()
     try:
         with os.fdopen(fd, "rb") as src:
             times = os.fstat(src.fileno())
-            if times.st_mtime > not_after:
-                raise _SourceChanged(str(source))
             with os.fdopen(nofollow.create_new(root, tmp), "wb") as dst:
-                shutil.copyfileobj(src, dst, 1 << 20)
+                shutil.copyfileobj(_Tallied(src, tally), dst, 1 << 20)
                 dst.flush()
                 os.fsync(dst.fileno())
-                # The source's times: "not modified since the fork" must hold for the copy.
                 os.utime(dst.fileno(), ns=(times.st_atime_ns, times.st_mtime_ns))
+        reason = integrity.file_mismatch(row, target.name, *tally.measured)
+        if reason is not None:
+            if nofollow.exists(root, target, refuse_link=True):
+                return None  # the fork's own (the parent's write kept it one)
+            raise SourceChanged(errno.ESTALE, f"not the content the fork inherited: {reason}")
         if not _publish_new(root, tmp, target):
             return None
     finally:
         nofollow.unlink(root, tmp)
-    return times.st_size
+    return tally.size
+
+
+class _Tallied:
+    """A binary file whose reads are counted and hashed (``Tally``) as they pass."""
+
+    def __init__(self, source: BinaryIO, tally: Tally) -> None:
+        self._source = source
+        self._tally = tally
+
+    def read(self, size: int = -1) -> bytes:
+        return self._tally.add(self._source.read(size))
 
 
 def _publish_new(root: Path, tmp: Path, target: Path) -> bool:

@@ -54,8 +54,7 @@ class Forks:
         fork_id = str(uuid.uuid4())
         with write_transaction(self.engine) as conn:
             parent = self._lock_for_fork(conn, session_id, tenant_id)
-            # After the locks: the fork's creation time bounds which parent files it
-            # inherited unchanged (see ``_ancestor_file``).
+            # After the locks: later than the rows it inherits (``_was_inherited``)
             now = utcnow()
             point = _fork_point(parent, at_seq)
             inherited = _inherited_rows(conn, parent.id, point, database_now(conn))

@@ -205,7 +205,9 @@ def test_fork_copies_the_outputs(store: SessionStore, raw: RawArtifacts) -> None
 def test_s3_fork_copy_is_server_side(
     store: SessionStore, raw: RawArtifacts, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """No GetObject while a fork is copied: only HEADs and CopyObjects reach the server."""
+    """No artifact bytes are uploaded while a fork is copied: each object is a server-side
+    CopyObject to a staging key of the fork's, read back once to check it against its row
+    (no host's clock decides what the fork inherited), then copied to its name."""
     from typing import Any
 
     import obstore
@@ -230,8 +232,9 @@ def test_s3_fork_copy_is_server_side(
     fork = store.fork(sid)
     monkeypatch.undo()
     assert fork.copy_status == "copied"
-    assert calls.count("copy") == 3
-    assert not {"get", "get_range", "get_ranges", "open_reader"} & set(calls), calls
+    assert calls.count("copy") == 6 and calls.count("open_reader") == 3, calls
+    assert "put" not in calls and not {"get", "get_range", "get_ranges"} & set(calls), calls
+    assert raw.keys_under(session_dir(raw.root, "acme", fork.id) / ".tmp") == []
     assert _texts(store, fork.id, ids) == _texts(store, sid, ids)
 
 

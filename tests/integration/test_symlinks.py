@@ -296,8 +296,8 @@ def test_a_fork_copy_blocked_by_a_link_and_failed_elsewhere_still_blocks_the_del
     fork_files.mkdir(parents=True)
     (tmp_path / "outside").mkdir()
     os.symlink(tmp_path / "outside", fork_files / "sub")
-    later = time.time() + 3600  # a.md: "changed in the parent" since the fork
-    os.utime(session_dir(root, "acme", parent.id) / "files" / "a.md", (later, later))
+    # a.md: "changed in the parent" (its bytes, behind its row) since the fork
+    (session_dir(root, "acme", parent.id) / "files" / "a.md").write_bytes(b"Z")
 
     with pytest.raises(ForkCopyBlocked):
         store.delete_session(parent.id)

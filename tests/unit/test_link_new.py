@@ -10,15 +10,17 @@ from __future__ import annotations
 import errno
 import os
 from collections.abc import Callable
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from core import nofollow
-from core.artifacts import inherited
+from core.artifacts import inherited, integrity
 from core.artifacts.fsio import sweep_staging
 from core.artifacts.paths import STAGING_DIR
+from core.artifacts.records import ArtifactInfo
 from core.sessions import fork_copy
 
 
@@ -46,7 +48,7 @@ def test_a_leftover_temporary_file_never_blocks_the_copy(tmp_path: Path) -> None
     (target.parent / ".plan.md.cow").write_bytes(b"left by a copy cut short")
     assert inherited._link_new(root, source, target) is True
     assert target.read_bytes() == b"the parent's version"
-    assert target.stat().st_mtime_ns == 2_000_000_000  # the times the fork's copy checks
+    assert target.stat().st_mtime_ns == 2_000_000_000  # the times a link would keep
     assert sorted(p.name for p in target.parent.iterdir()) == [".plan.md.cow", "plan.md"]
 
 
@@ -135,7 +137,19 @@ def test_the_fork_copy_never_replaces_a_file_made_just_before_its_rename(
 
     monkeypatch.setattr(nofollow, "parent_dir", the_fork_writes_first)
     staging = root / "acme" / "s" / STAGING_DIR
-    assert fork_copy._copy_file(source, target, staging, 3e9, root) is None
+    row = ArtifactInfo(
+        session_id="s",
+        kind="file",
+        local_id="plan.md",
+        name="plan.md",
+        tool_type=None,
+        size_bytes=len(b"the parent's version"),
+        media_type=None,
+        created_at=datetime.now(UTC),
+        created_seq=0,
+        sha256=integrity.digest(b"the parent's version"),
+    )
+    assert fork_copy._copy_file(source, target, staging, row, root) is None
     assert target.read_bytes() == b"the fork's own version"
     assert list(staging.iterdir()) == []
 
