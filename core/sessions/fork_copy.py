@@ -393,7 +393,8 @@ def _copy_item(
     complete); bytes copied, or None if the fork already had it."""
     extra: int | None = 0
     try:
-        if item.row.kind == AGENT_OUTPUT:
+        # its sidecar, unless written without one (a file an earlier write left is not its)
+        if item.row.kind == AGENT_OUTPUT and item.row.sidecar_sha256 != integrity.NO_SIDECAR:
             sidecar = agent_output_names(item.row.local_id)[1]
             source = item.source.with_name(sidecar)
             target = item.target.with_name(sidecar)

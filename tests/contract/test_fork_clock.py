@@ -301,3 +301,21 @@ def test_a_rewrite_racing_the_copy_never_reaches_a_fork_or_a_fork_of_a_pending_f
     if depth == "grandchild":
         store.delete_session(child.id)
     _assert_inherited(store, raw, fork.id, output_id)
+
+
+def test_an_output_rewritten_without_its_sidecar_is_copied_into_a_fork(
+    store: SessionStore, raw: RawArtifacts
+) -> None:
+    """An agent output rewritten without a sidecar has none (its row says so), whatever
+    file the earlier write left: the fork's copy neither fails on that file (it is no
+    content of the row) nor serves it."""
+    parent_id, output_id = _parent(store)
+    store.artifacts(parent_id).write_agent_output(output_id, "# no transcript now")
+    fork = _fork_elsewhere(store, parent_id, timedelta(0))
+    report = store.copy_fork_artifacts(fork.id)
+    assert (report.status, report.error) == ("copied", None)
+    assert store.resolve(f"agent://{output_id}", session_id=fork.id).content == (
+        "# no transcript now"
+    )
+    directory = session_dir(raw.root, "acme", fork.id)
+    assert raw.read(directory / f"{output_id}.jsonl") is None
