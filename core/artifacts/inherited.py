@@ -146,33 +146,16 @@ def read_sidecar(
     row: ArtifactInfo,
     storage: ArtifactStorage | None = None,
 ) -> bytes | None:
-    """The JSONL sidecar of the agent output ``row`` whose markdown is at ``own``, found as
-    ``read_artifact_file`` finds the markdown (a fork with its copy unfinished reads the
-    one it inherited); None when there is none. Checked against the row's
-    ``sidecar_sha256``: one that is not it (or missing, when the row recorded one) is
-    ``ArtifactCorrupt``, unless the row changed meanwhile (a rewrite racing the read: read
-    again, with the row as it is now)."""
-    if row.sidecar_sha256 == integrity.NO_SIDECAR:
-        return None  # written without one: a file an earlier write left is not its
+    """The JSONL sidecar file of the agent output ``row`` whose markdown is at ``own``,
+    found as its markdown is (a fork with its copy unfinished reads the one it inherited);
+    None when there is none. Unchecked: ``read_agent_output`` checks it."""
     objects = None if isinstance(storage, FileArtifactStorage) else storage
     name = agent_output_names(row.local_id)[1]
 
     def read(markdown: Path) -> bytes | None:
         return read_own_file(root, markdown.with_name(name), objects)
 
-    data = own_or_inherited(engine, root, own, row, objects, read)
-    reason = integrity.sidecar_mismatch(row, data)
-    if reason is None:
-        return data
-    fresh = integrity.fresh_row(engine, row)
-    if fresh is None:  # removed meanwhile
-        return None
-    if fresh != row:
-        data = own_or_inherited(engine, root, own, fresh, objects, read)
-        reason = integrity.sidecar_mismatch(fresh, data)
-        if reason is None:
-            return data
-    raise integrity.corrupt(fresh, reason)
+    return own_or_inherited(engine, root, own, row, objects, read)
 
 
 def read_agent_output(
@@ -183,20 +166,31 @@ def read_agent_output(
     storage: ArtifactStorage | None = None,
 ) -> tuple[ArtifactInfo, bytes, bytes | None] | None:
     """An agent output's markdown and JSONL sidecar as one version of it: (the row they
-    are, markdown, sidecar). Each is checked as it is read, and each read may move on to a
-    rewrite it raced; so both are read again, with the row as it is now, until the row did
-    not change across both reads (a rewrite between them paired one version's markdown
-    with the next one's sidecar). None: gone."""
+    are, markdown, sidecar); None: gone. Both are checked against one row (the sidecar
+    against its ``sidecar_sha256``; none for a row written without one, whatever file an
+    earlier write left). A mismatch is read again with the row as it is now (a rewrite
+    racing the reads: one read before it and one after paired two versions), and is
+    ``ArtifactCorrupt`` once the row did not change across it."""
+    objects = None if isinstance(storage, FileArtifactStorage) else storage
+
+    def read(path: Path) -> bytes | None:
+        return read_own_file(root, path, objects)
+
     for _ in range(_REREADS):
-        markdown = read_artifact_file(engine, root, own, row, storage)
+        markdown = own_or_inherited(engine, root, own, row, objects, read)
         if markdown is None:
             return None
-        sidecar = read_sidecar(engine, root, own, row, storage)
+        sidecar = None
+        if row.sidecar_sha256 != integrity.NO_SIDECAR:
+            sidecar = read_sidecar(engine, root, own, row, storage)
+        reason = integrity.check(row, markdown) or integrity.sidecar_mismatch(row, sidecar)
+        if reason is None:
+            return row, markdown, sidecar
         fresh = integrity.fresh_row(engine, row)
-        if fresh is None:
+        if fresh is None:  # removed meanwhile
             return None
         if fresh == row:
-            return row, markdown, sidecar
+            raise integrity.corrupt(row, reason)
         row = fresh
     raise integrity.corrupt(row, "rewritten during every read of it")
 

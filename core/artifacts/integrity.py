@@ -56,7 +56,7 @@ NO_SIDECAR = ""
 def sidecar_mismatch(row: ArtifactInfo, data: bytes | None) -> str | None:
     """Why ``data`` (None: no file) is not the JSONL sidecar ``row`` recorded; None if it
     is, or the row recorded none (no sidecar was written with it, or before digests)."""
-    if row.sidecar_sha256 is None:
+    if row.sidecar_sha256 is None or row.sidecar_sha256 == NO_SIDECAR:
         return None
     if data is None:
         return "its JSONL sidecar is missing"

@@ -306,7 +306,6 @@ def test_expiry_judges_object_ages_by_the_stores_clock(
     was still making and an output published in a transaction about to commit (its row
     then named a missing object); behind, it kept a dead upload. Each is judged by its age
     on the store's clock, whatever this host's."""
-    import time
     from datetime import timedelta
 
     from tests.support import skew_host_clock
