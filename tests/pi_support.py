@@ -61,6 +61,12 @@ def pi_context(path: Path, at: list[int] | None = None) -> dict[str, Any]:
     return result
 
 
+def pi_contexts(paths: list[Path]) -> list[dict[str, Any]]:
+    """``pi_context`` of each file (no ``at``), in one node process."""
+    result: list[dict[str, Any]] = _node("contexts", *map(str, paths))
+    return result
+
+
 def pi_opened(paths: list[Path]) -> list[dict[str, Any]]:
     """[{header, entries}] of each file as pi opens it (on copies), in one node process."""
     result: list[dict[str, Any]] = _node("opened", *map(str, paths))

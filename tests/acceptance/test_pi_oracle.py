@@ -24,6 +24,7 @@ from tests.pi_support import (
     our_context,
     pi_append,
     pi_context,
+    pi_contexts,
     pi_opened,
 )
 
@@ -307,8 +308,9 @@ def test_entries_link_as_pi_links_them_at_every_prefix(store: SessionStore, tmp_
     and pi's context."""
     result = store.import_session(_write(tmp_path / "s.jsonl", _LINKED), tenant_id=TENANT)
     assert (result.appended, result.ignored_lines) == (len(_LINKED) + 1, [])
-    for end in range(1, len(_LINKED) + 1):
-        oracle = pi_context(_write(tmp_path / f"{end}.jsonl", _LINKED[:end]))
+    ends = range(1, len(_LINKED) + 1)
+    oracles = pi_contexts([_write(tmp_path / f"{end}.jsonl", _LINKED[:end]) for end in ends])
+    for end, oracle in zip(ends, oracles, strict=True):
         state = store.state(result.session_id, at_seq=end + 1, rehydrate=True)
         assert len(oracle["entries"]) == len(state.tree) == end
         by_id = {e.get("id"): e for e in oracle["entries"]}

@@ -4,6 +4,9 @@
 //     {header, entries, leaf: buildSessionContext(), branch: getBranch()'s ids,
 //      at: {INDEX: context at entries[INDEX]}}
 //     (indexes, not ids: pi draws the ids of a migrated version-1 file at random)
+//   node oracle.mjs contexts FILE...
+//     [{header, entries, leaf, branch}] of each FILE as "context" prints them (one node for
+//     many files: pi's import is most of a call's time)
 //   node oracle.mjs opened FILE...
 //     [{header, entries}] of each FILE as pi's SessionManager opens it (one node for many files)
 //   node oracle.mjs append FILE MESSAGE_JSON
@@ -13,19 +16,26 @@ import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { SessionManager, buildSessionContext } from "@mariozechner/pi-coding-agent";
 
+function context(dir, path, name, indexes) {
+	const copy = join(dir, name);
+	copyFileSync(path, copy);
+	const manager = SessionManager.open(copy, dir);
+	const entries = manager.getEntries();
+	const at = {};
+	for (const index of indexes) at[index] = buildSessionContext(entries, entries[Number(index)].id);
+	const leaf = manager.buildSessionContext();
+	const branch = manager.getBranch().map((e) => e.id ?? null);
+	return { header: manager.getHeader(), entries, leaf, branch, at };
+}
+
 const [command, file, ...rest] = process.argv.slice(2);
-if (command === "context") {
+if (command === "context" || command === "contexts") {
 	const dir = mkdtempSync(join(tmpdir(), "pi-oracle-"));
 	try {
-		const copy = join(dir, "session.jsonl");
-		copyFileSync(file, copy);
-		const manager = SessionManager.open(copy, dir);
-		const entries = manager.getEntries();
-		const at = {};
-		for (const index of rest) at[index] = buildSessionContext(entries, entries[Number(index)].id);
-		const leaf = manager.buildSessionContext();
-		const branch = manager.getBranch().map((e) => e.id ?? null);
-		const out = { header: manager.getHeader(), entries, leaf, branch, at };
+		const out =
+			command === "context"
+				? context(dir, file, "session.jsonl", rest)
+				: [file, ...rest].map((path, i) => context(dir, path, `${i}.jsonl`, []));
 		process.stdout.write(JSON.stringify(out));
 	} finally {
 		rmSync(dir, { recursive: true, force: true });
