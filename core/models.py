@@ -97,6 +97,13 @@ def database_clock(engine: Engine, ago: timedelta = timedelta(0)) -> ColumnEleme
     return now - literal(ago, Interval()) if ago else now
 
 
+def postgres_statement_clock() -> ColumnElement[datetime]:
+    """The database's clock (see ``database_clock``) when the statement began: one time
+    for every row and column it writes, in a statement built once and run many times
+    (where a host's time would be fixed when it was built)."""
+    return func.statement_timestamp(type_=DateTime(timezone=True))
+
+
 def database_now(conn: Connection) -> datetime:
     """Now by the database's clock (see ``database_clock``), for a time written by one host
     and judged by another when it must be known in Python: an oversized output's

@@ -57,11 +57,12 @@ from core.blobs.store import (
     decode_blob,
     encode_blob,
     parse_blob_name,
+    rows_of,
     sha256_hex,
 )
 from core.db import is_sqlite, retry_deadlocks, write_transaction
 from core.errors import StorageUnavailable
-from core.models import BlobRow, table_of, utcnow
+from core.models import BlobRow, postgres_statement_clock, table_of, utcnow
 from core.translate import reason_of
 from core.urls import hide_password
 
@@ -133,11 +134,12 @@ def _client_options_from_env() -> dict[str, Any]:
 _blobs = table_of(BlobRow)
 # Takes each row's lock (inserting the rows of new blobs) and says which existed already,
 # with their codec: PostgreSQL's ``xmax`` is 0 for a row this statement inserted.
+# ``last_written_at`` is the database's clock (see ``core.blobs.store._upsert_statement``).
 _LOCK_ROWS = (
     pg_insert(_blobs)
+    .values(created_at=postgres_statement_clock(), last_written_at=postgres_statement_clock())
     .on_conflict_do_update(
-        index_elements=[_blobs.c.hash],
-        set_={"last_written_at": pg_insert(_blobs).excluded.last_written_at},
+        index_elements=[_blobs.c.hash], set_={"last_written_at": postgres_statement_clock()}
     )
     .returning(_blobs.c.hash, _blobs.c.codec, literal_column("xmax = 0").label("inserted"))
 )
@@ -305,13 +307,41 @@ class ObjectBlobStore(BlobStore):
         return _Stored(codec, len(payload), payload, written=written)
 
     def stage_many(self, items: Sequence[bytes]) -> StagedPuts:
-        """On PostgreSQL the objects are stored under their row locks, so staging registers
-        too, in its own transaction (``register_staged`` then has nothing left to do)."""
-        if is_sqlite(self.index.engine):
-            return super().stage_many(items)
+        """Staging registers too, in a transaction of its own (``register_staged`` then has
+        nothing left to do, and the append share-locks the rows as it does any ref's): on
+        PostgreSQL the objects are stored under their row locks; on SQLite the rows are
+        registered after the objects are written and checked after that commit."""
         hashes, unique = by_hash(items)
-        final = self._store_registered(unique)
+        if is_sqlite(self.index.engine):
+            final = self._register_then_check(unique, self._stage_all(unique))
+        else:
+            final = self._store_registered(unique)
         return StagedPuts(hashes, unique, final, registered=True, final=final)
+
+    def _register_then_check(
+        self, unique: dict[str, bytes], staged: dict[str, _Stored]
+    ) -> dict[str, _Stored]:
+        """On SQLite: the rows in a short write transaction, then every object checked
+        (re-created if GC took it) with no lock held. SQLite's lock is the whole database's
+        and an S3 call can take a minute with retries: checked inside the transaction, as
+        the base order does, every writer of the database waited on each HEAD.
+
+        Sound by order, as GC's sweep on SQLite is (``core.maintenance.gc``): GC moves
+        objects aside first, then re-checks and deletes rows in one transaction. If ours
+        commits first, GC sees the rows refreshed and puts the objects back; if after, its
+        rows are new and the check, after our commit, finds an object GC moved aside gone
+        and re-creates it. A row GC deletes between our commit and the append (a grace of
+        0) fails the append with ``BlobsMissing``, which puts the blobs again (as on
+        PostgreSQL, whose staging commits on its own too)."""
+        now = utcnow()
+        with write_transaction(self.index.engine) as conn:
+            self.index.upsert(conn, rows_of(unique, staged, now))
+        final = self._ensure_all(unique, staged)
+        changed = rows_of(unique, {h: s for h, s in final.items() if s is not staged[h]}, now)
+        if changed:  # the object was re-created: the row describes ours now
+            with write_transaction(self.index.engine) as conn:
+                self.index.upsert(conn, changed)
+        return final
 
     def _store_registered(self, unique: dict[str, bytes]) -> dict[str, _Stored]:
         """On PostgreSQL: the rows first, then the objects, then the commit.

@@ -35,7 +35,15 @@ from core.blobs.digests import StoredDigests
 from core.db import is_sqlite, read_connection, retry_deadlocks, write_transaction
 from core.errors import BlobCorrupted, BlobLinked, BlobNotFound, InvalidBlobHash
 from core.metrics import metrics
-from core.models import BlobRefRow, BlobRow, SessionRow, table_of, utcnow
+from core.models import (
+    BlobRefRow,
+    BlobRow,
+    SessionRow,
+    database_clock,
+    postgres_statement_clock,
+    table_of,
+    utcnow,
+)
 from core.records import PlainRecord
 from core.translate import translated
 
@@ -296,7 +304,7 @@ class BlobIndex:
             if tenant_id is not None:
                 query = query.where(_referenced_by_tenant(tenant_id))
             row = conn.execute(
-                query.values(last_written_at=utcnow()).returning(_blobs.c.size)
+                query.values(last_written_at=database_clock(self.engine)).returning(_blobs.c.size)
             ).first()
             if row is not None:
                 found[blob_hash] = int(row.size)
@@ -369,11 +377,19 @@ def _referenced_by_tenant(tenant_id: str) -> Any:
 
 def _upsert_statement(engine: Engine) -> Any:
     # Built once: one cached statement, run with a parameter list (no per-call compile).
-    insert = sqlite_insert(_blobs) if is_sqlite(engine) else pg_insert(_blobs)
+    # The times are the database's clock on PostgreSQL (the rows' values are not used): GC
+    # on another host judges ``last_written_at`` by that clock, whatever the writer's says.
+    insert: Any
+    if is_sqlite(engine):
+        insert = sqlite_insert(_blobs)
+        written: Any = insert.excluded.last_written_at
+    else:
+        written = postgres_statement_clock()
+        insert = pg_insert(_blobs).values(created_at=written, last_written_at=written)
     return insert.on_conflict_do_update(
         index_elements=[_blobs.c.hash],
         set_={
-            "last_written_at": insert.excluded.last_written_at,
+            "last_written_at": written,
             "stored_size": insert.excluded.stored_size,
             "codec": insert.excluded.codec,
         },
@@ -711,12 +727,19 @@ class BlobStore(ABC):
         """Row locks first, then make sure every object exists (invariant 6); the caller
         commits."""
         now = utcnow()
-        self.index.upsert(conn, [_row(h, unique[h], staged[h], now) for h in staged])
-        final = {h: self._ensure(h, unique[h], staged[h]) for h in sorted(staged)}
-        changed = [_row(h, unique[h], s, now) for h, s in final.items() if s is not staged[h]]
+        self.index.upsert(conn, rows_of(unique, staged, now))
+        final = self._ensure_all(unique, staged)
+        changed = rows_of(unique, {h: s for h, s in final.items() if s is not staged[h]}, now)
         if changed:
             self.index.upsert(conn, changed)
         return final
+
+    def _ensure_all(
+        self, unique: dict[str, bytes], staged: dict[str, _Stored]
+    ) -> dict[str, _Stored]:
+        """Every object checked, in hash order, and re-created if it is gone: what each
+        blob's row must describe (a re-created one's ``_Stored`` is a new object)."""
+        return {h: self._ensure(h, unique[h], staged[h]) for h in sorted(staged)}
 
     def _ensure(self, blob_hash: str, data: bytes, staged: _Stored) -> _Stored:
         if self._find(blob_hash, staged.codec) is not None:
@@ -759,15 +782,21 @@ def count_puts(results: Sequence[PutResult]) -> None:
     observed.blob_bytes_deduplicated.inc(dedup)
 
 
-def _row(blob_hash: str, data: bytes, stored: _Stored, now: datetime) -> dict[str, Any]:
-    return {
-        "hash": blob_hash,
-        "size": len(data),
-        "stored_size": stored.stored_size,
-        "codec": stored.codec,
-        "created_at": now,
-        "last_written_at": now,
-    }
+def rows_of(
+    unique: dict[str, bytes], stored: dict[str, _Stored], now: datetime
+) -> list[dict[str, Any]]:
+    """The ``blobs`` rows of stored contents (hash order is ``BlobIndex.upsert``'s)."""
+    return [
+        {
+            "hash": blob_hash,
+            "size": len(unique[blob_hash]),
+            "stored_size": item.stored_size,
+            "codec": item.codec,
+            "created_at": now,
+            "last_written_at": now,
+        }
+        for blob_hash, item in stored.items()
+    ]
 
 
 # the filesystem backend -----------------------------------------------------------------

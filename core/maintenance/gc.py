@@ -70,7 +70,7 @@ from core.fsio import path_text
 from core.journal.validation import check_limit, check_seconds
 from core.maintenance.runs import Progress
 from core.metrics import metrics
-from core.models import BlobRefRow, BlobRow, table_of, utcnow
+from core.models import BlobRefRow, BlobRow, database_now, table_of, utcnow
 
 log = logging.getLogger(__name__)
 _monotonic = time.monotonic  # the budget's clock (a test drives it)
@@ -250,8 +250,13 @@ class BlobGc:
         self.apply = apply
         self.batch_size = batch_size
         self.progress = progress
+        grace = timedelta(seconds=grace_s)
+        # Two clocks, each against what stamped the ages it judges: a row's
+        # ``last_written_at`` is the database's clock (its writer, on any host, stamps it
+        # so), a file's age this host's (an object's, S3's clock offset to this host's).
         self.now = now or utcnow()
-        self.cutoff = self.now - timedelta(seconds=grace_s)
+        self.cutoff = (now or _database_time(engine)) - grace
+        self.file_cutoff = self.now - grace
         self.report = GcReport(applied=apply, grace_s=grace_s, cutoff=self.cutoff)
         self._started = _monotonic()
         self._deadline = None if time_budget_s is None else self._started + time_budget_s
@@ -555,7 +560,7 @@ class BlobGc:
             return set(conn.execute(query).scalars())
 
     def _sweep_orphans(self, files: list[FoundFile]) -> None:
-        cutoff_ts = self.cutoff.timestamp()
+        cutoff_ts = self.file_cutoff.timestamp()
         old = [f for f in files if f.mtime is not None and f.mtime < cutoff_ts]
         for blob_hash, group in _by_hash(old):
             if not self.apply or self._remove_orphan(blob_hash):
@@ -709,6 +714,11 @@ def _by_hash(files: Iterable[FoundFile]) -> list[tuple[str, list[FoundFile]]]:
         if f.hash is not None:
             grouped.setdefault(f.hash, []).append(f)
     return sorted(grouped.items())
+
+
+def _database_time(engine: Engine) -> datetime:
+    with read_connection(engine) as conn:
+        return database_now(conn)
 
 
 def gc_blobs(

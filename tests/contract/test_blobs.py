@@ -239,6 +239,13 @@ class BlobStoreContract:
 
         for module in (blob_module, blob_objects):
             monkeypatch.setattr(module, "retry_deadlocks", gc_then_register)
+        if isinstance(blob_store, ObjectBlobStore):  # on SQLite: a short registration first
+            short = ObjectBlobStore._register_then_check
+            monkeypatch.setattr(
+                ObjectBlobStore,
+                "_register_then_check",
+                lambda self, *a: gc_then_register(lambda: short(self, *a)),
+            )
         result = blob_store.put(TEXT)
         assert result.written is True
         assert blob_store.get(h) == TEXT

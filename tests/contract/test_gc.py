@@ -40,7 +40,7 @@ from core.maintenance.gc import TEMP_MIN_AGE_S, BlobGc, GcReport, GcResume
 from core.models import BlobRefRow, BlobRow, utcnow
 from core.records import ManifestEntry, PreparedEvent
 from tests.cli_process import run_cli
-from tests.support import store_env
+from tests.support import skew_host_clock, store_env
 
 MP = multiprocessing.get_context("spawn")
 INLINE_LIMIT = 256  # small, so modest strings become blobs
@@ -252,6 +252,37 @@ def test_default_grace_comes_from_settings(gstore: SessionStore) -> None:
     _age(gstore, blob_hash, timedelta(minutes=30))
     assert gstore.gc_blobs(apply=True).deleted == 0  # default grace: 3600 s
     assert gstore.gc_blobs(apply=True, grace=60).deleted == 1
+
+
+SKEWED = timedelta(seconds=3 * GRACE)
+
+
+@pytest.mark.parametrize("backend", ["postgres"])  # hosts share a database: PostgreSQL's
+@pytest.mark.parametrize("skewed", ["writer behind", "collector ahead"])
+def test_a_blobs_age_is_judged_by_the_databases_clock_whatever_the_hosts_say(
+    gstore: SessionStore, skewed: str
+) -> None:
+    """Several hosts share the database, their clocks three grace windows apart: a blob a
+    writer has just put (its event not yet appended), or has just put again (re-put or
+    refreshed: dedup of a blob no event references any more), is young to GC on any host.
+    Fails before: the writer's clock stamped ``last_written_at`` and GC's judged it, so all
+    three were collected under the writer about to reference them."""
+    old = [gstore.blobs.put(f"registered long ago {n} ".encode() * 20).hash for n in (1, 2)]
+    for blob_hash in old:
+        _age(gstore, blob_hash, timedelta(seconds=10 * GRACE))
+    with pytest.MonkeyPatch.context() as host:
+        if skewed == "writer behind":
+            skew_host_clock(host, -SKEWED)
+        fresh = gstore.blobs.put(b"just put, its event on the way " * 20).hash
+        assert gstore.blobs.put(b"registered long ago 1 " * 20).hash == old[0]  # a re-put
+        assert set(gstore.blobs.refresh([old[1]])) == {old[1]}
+    with pytest.MonkeyPatch.context() as host:
+        if skewed == "collector ahead":
+            skew_host_clock(host, SKEWED)
+        report = gstore.gc_blobs(apply=True, grace=GRACE)
+    assert (report.deleted, report.young) == (0, 3), report.to_dict()
+    assert _registered(gstore) == {fresh, *old}
+    assert all(gstore.blobs.exists(blob_hash) for blob_hash in (fresh, *old))
 
 
 @FILE_ONLY  # inspects files on disk

@@ -14,6 +14,7 @@ from obstore.exceptions import PermissionDeniedError
 
 from core import SessionStore
 from core.blobs.objects import QUARANTINE_PREFIX, ObjectBlobStore
+from core.blobs.store import sha256_hex
 from core.db import is_sqlite
 from core.errors import StorageUnavailable
 from core.models import BlobRow
@@ -168,7 +169,21 @@ def test_gc_makes_no_s3_call_while_it_holds_the_sqlite_write_lock(
     orphan = blobs.put(TEXT + b"orphan").hash
     with s3_store.engine.begin() as conn:
         conn.execute(_blobs.delete().where(_blobs.c.hash == orphan))
-    path = s3_store.engine.url.database
+    locked_during = _probe_the_write_lock_at_each_s3_call(s3_store, monkeypatch)
+    report = s3_store.gc_blobs(apply=True, grace=0)
+    monkeypatch.undo()
+    assert locked_during == []
+    assert (report.deleted, report.orphans, report.error_count) == (3, 1, 0)
+    assert not any(blobs.has_stored(h) for h in [*garbage, orphan])
+    assert _keys(s3_store, QUARANTINE_PREFIX) == set()
+
+
+def _probe_the_write_lock_at_each_s3_call(
+    store: SessionStore, monkeypatch: pytest.MonkeyPatch
+) -> list[str]:
+    """From now on, each S3 call of the blob store first tries to take SQLite's write lock
+    at once: the list collects the failures (a call made while the lock is held)."""
+    path = store.engine.url.database
     assert path is not None
     locked_during: list[str] = []
     real = ObjectBlobStore._call
@@ -185,12 +200,62 @@ def test_gc_makes_no_s3_call_while_it_holds_the_sqlite_write_lock(
         return real(self, call)
 
     monkeypatch.setattr(ObjectBlobStore, "_call", probing)
-    report = s3_store.gc_blobs(apply=True, grace=0)
+    return locked_during
+
+
+@pytest.mark.parametrize("backend", ["sqlite"])
+def test_a_write_makes_no_s3_call_while_it_holds_the_sqlite_write_lock(
+    s3_store: SessionStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The writer's side of the same: an append of new content, of content already stored,
+    and of content whose object is gone (re-created), and a put of each, register their
+    rows in a short transaction and check the objects after it. Fails before: every object
+    was checked (HEAD, or re-created) inside the append's transaction, each writer of the
+    database waiting on it."""
+    blobs = _objects(s3_store)
+    known = blobs.put(TEXT + b"known").hash
+    gone = blobs.put(TEXT + b"gone").hash
+    obstore.delete(blobs.store, [k for k in _keys(s3_store) if gone in k])
+    sid = s3_store.create_session(tenant_id="acme").id
+    contents = [TEXT + b"new", TEXT + b"known", TEXT + b"gone"]
+    events = [{"type": "custom", "customType": "gc", "data": c.decode()} for c in contents]
+    locked_during = _probe_the_write_lock_at_each_s3_call(s3_store, monkeypatch)
+    s3_store.append(sid, events)
+    puts = blobs.put_many([TEXT + b"put new", TEXT + b"known", TEXT + b"gone"])
     monkeypatch.undo()
     assert locked_during == []
-    assert (report.deleted, report.orphans, report.error_count) == (3, 1, 0)
-    assert not any(blobs.has_stored(h) for h in [*garbage, orphan])
-    assert _keys(s3_store, QUARANTINE_PREFIX) == set()
+    assert [r.hash for r in puts][1:] == [known, gone]
+    assert [e.payload["data"] for e in s3_store.read(sid, rehydrate=True)] == [
+        c.decode() for c in contents
+    ]
+    assert all(blobs.exists(r.hash) for r in puts)
+
+
+@pytest.mark.parametrize("backend", ["sqlite"])
+def test_gc_between_a_writes_registration_and_its_append_costs_nothing(
+    s3_store: SessionStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The window the short registration opens on SQLite: GC (a grace of 0) deletes the
+    rows and objects a write has just registered, before its append commits. The append
+    finds them gone (``BlobsMissing``), puts them again and commits: nothing lost."""
+    blobs = _objects(s3_store)
+    sid = s3_store.create_session(tenant_id="acme").id
+    real = ObjectBlobStore.stage_many
+    collected: list[int] = []
+
+    def then_gc(self: ObjectBlobStore, items: Any) -> Any:
+        staged = real(self, items)
+        if not collected:
+            collected.append(s3_store.gc_blobs(apply=True, grace=0).deleted)
+        return staged
+
+    monkeypatch.setattr(ObjectBlobStore, "stage_many", then_gc)
+    s3_store.append(sid, [{"type": "custom", "customType": "gc", "data": TEXT.decode()}])
+    monkeypatch.undo()
+    assert collected == [1]
+    assert s3_store.read(sid, rehydrate=True)[0].payload["data"] == TEXT.decode()
+    assert s3_store.gc_blobs(apply=True, grace=0).deleted == 0  # referenced now
+    assert blobs.exists(sha256_hex(TEXT))
 
 
 def test_a_put_between_the_row_delete_and_the_purge_keeps_its_object(
