@@ -177,6 +177,7 @@ def storage_call(component: str, call: Callable[[], _T]) -> _T:
 
 _CLOCK = ".health/clock"  # probe objects, listed alone (a prefix is a whole path segment)
 _STAMP_RESOLUTION_S = 2.0
+_PROBE_LEFT_S = 3600.0
 # What a credential that may only read and list gets for the probe's write (403, 401)
 _REFUSED = (PermissionDeniedError, UnauthenticatedError, PermissionError)
 
@@ -210,6 +211,15 @@ def clock_offset(store: S3Store, component: str, *, required: bool = True) -> fl
     stamped = [meta["last_modified"] for meta in listed if meta["path"] == key]
     if not stamped:
         raise StorageUnavailable(component, f"{component}: the object store lost a probe object")
+    # A run killed between its probe's put and delete left its probe: an hour old by the
+    # store's clock, no run still owns it (each lasts seconds), and the listing stays short.
+    left = [
+        str(meta["path"])
+        for meta in listed
+        if (stamped[0] - meta["last_modified"]).total_seconds() > _PROBE_LEFT_S
+    ]
+    if left:
+        storage_call(component, lambda: obstore.delete(store, left))
     offset = float(stamped[0].timestamp() - (before + after) / 2)
     # Stores stamp whole seconds (S3 lists .000): a second either way is that, not a skew
     return offset if abs(offset) > _STAMP_RESOLUTION_S else 0.0

@@ -309,6 +309,41 @@ def test_gc_judges_an_objects_age_by_the_stores_clock(
     assert (due.orphans, due.error_count) == (1, 0) and not blobs.has_stored(orphan)
 
 
+def test_clock_probes_a_killed_run_left_are_removed_by_the_next_run(
+    s3_store: SessionStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A run killed between its clock probe's put and delete leaves the probe behind; the
+    next run's probe removes those an hour old by the store's clock (the listing's stamps,
+    aged here), and only those: a younger one may be a run's still going."""
+    from datetime import timedelta
+
+    store = _objects(s3_store).store
+    obstore.put(store, ".health/clock/left-by-a-killed-run", b"")
+    obstore.put(store, ".health/clock/a-run-still-going", b"")
+    real = obstore.list
+
+    class Aged:
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            self.listed = real(*args, **kwargs).collect()
+
+        def collect(self) -> list[Any]:
+            for meta in self.listed:
+                if str(meta["path"]).endswith("killed-run"):
+                    meta["last_modified"] -= timedelta(hours=1, seconds=5)
+            return self.listed
+
+    def listing(*args: Any, prefix: str | None = None, **kwargs: Any) -> Any:
+        if prefix == ".health/clock":
+            return Aged(*args, prefix=prefix, **kwargs)
+        return real(*args, prefix=prefix, **kwargs)
+
+    monkeypatch.setattr(obstore, "list", listing)
+    report = s3_store.gc_blobs(apply=True, grace=60)
+    monkeypatch.undo()
+    assert report.error_count == 0
+    assert _keys(s3_store, ".health/clock") == {".health/clock/a-run-still-going"}
+
+
 def test_checks_that_change_nothing_make_no_write(
     s3_store: SessionStore, monkeypatch: pytest.MonkeyPatch
 ) -> None:
