@@ -69,7 +69,42 @@ def session_files(paths: Iterable[str | Path]) -> SessionFiles:
             more = session_files(usable)
             found.update(dict.fromkeys(more.files))
             unlisted.update((Path(e.path), e) for e in more.unlisted)
+            for directory, part in _glob_steps(str(path)):
+                _check_step(directory, part, unlisted)
     return SessionFiles(list(found), list(unlisted.values()))
+
+
+def _glob_steps(pattern: str) -> Iterator[tuple[Path, str]]:
+    """(directory, part) for each step ``glob.glob(pattern, recursive=True)`` takes to
+    expand it: the directories the parts before ``part`` name (every one below them for
+    ``**``), each listed (a wildcard part) or searched (a literal one) for ``part``."""
+    parts = Path(pattern).parts
+    for i, part in enumerate(parts):
+        if i == 0 and Path(pattern).is_absolute():
+            continue  # the root itself
+        before = os.path.join(*parts[:i]) if i else os.curdir
+        if part == "**":
+            before = os.path.join(before, "**", "")
+        named = glob.glob(before, recursive=True) if glob.escape(before) != before else [before]
+        for directory in named:
+            if _is_dir(Path(directory)):
+                yield Path(directory), part
+
+
+def _check_step(directory: Path, part: str, unlisted: dict[Path, UnlistableDirectory]) -> None:
+    """``directory`` in ``unlisted`` if ``glob`` could not take that step in it: ``glob``
+    passes over a directory it cannot list, or search for a literal name, without a word,
+    and every session file the pattern would have matched there with it."""
+    try:
+        if glob.escape(part) != part:
+            with os.scandir(directory):
+                pass
+        else:
+            os.lstat(directory / part)
+    except (FileNotFoundError, NotADirectoryError):  # nothing there, or gone since
+        return
+    except OSError as exc:
+        unlisted[directory] = UnlistableDirectory(str(directory), exc.strerror or str(exc))
 
 
 def _walk(directory: Path, unlisted: dict[Path, UnlistableDirectory]) -> Iterator[Path]:

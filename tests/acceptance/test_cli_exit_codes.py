@@ -191,6 +191,31 @@ def test_a_directory_that_cannot_be_listed_is_reported_and_the_run_goes_on(
     assert "unchanged:" in as_text.stdout
 
 
+@pytest.mark.parametrize("pattern", ["*/x.jsonl", "**/*.jsonl", "*/*/*.jsonl"])
+def test_a_directory_a_glob_cannot_list_is_reported_and_the_run_goes_on(
+    env: dict[str, str], tmp_path: Path, pattern: str
+) -> None:
+    """The same for a glob: a directory it had to list and could not is named with exit 3
+    (its files are not imported), the files it matched elsewhere are. ``glob.glob`` passed
+    over it without a word: exit 0, its files unseen."""
+    sessions = tmp_path / "sessions"
+    depth = pattern.count("/")
+    closed = sessions / "closed" if depth == 1 else sessions / "a" / "closed"
+    readable = sessions / ("b" if depth == 1 else "a/b")
+    for directory in (closed, readable):
+        directory.mkdir(parents=True)
+        shutil.copy(FIXTURES / "v2.jsonl", directory / "x.jsonl")
+    closed_mode = 0o311 if pattern.startswith("**") else 0o000
+    with unsearchable(closed, closed_mode):
+        done = _as_a_user(env, "import", str(sessions / pattern), "--json")
+    assert done.returncode == 3, (done.stdout, done.stderr)
+    records = {r["path"]: r for r in json_lines(done.stdout)}
+    assert records[str(readable / "x.jsonl")]["status"] == "created"
+    assert records[str(closed)]["status"] == "error", records
+    assert str(records[str(closed)]["error"]).startswith(f"cannot list {closed}: Permission")
+    assert len(records) == 2, done.stdout
+
+
 def _as_a_user(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
     """The CLI run without root's power over file modes (``as_a_user``)."""
     return subprocess.run(
