@@ -219,7 +219,13 @@ def clock_offset(store: S3Store, component: str, *, required: bool = True) -> fl
         if (stamped[0] - meta["last_modified"]).total_seconds() > _PROBE_LEFT_S
     ]
     if left:
-        storage_call(component, lambda: obstore.delete(store, left))
+        try:
+            storage_call(component, lambda: obstore.delete(store, left))
+        except StorageUnavailable as exc:  # tidying only: the next probe tries again
+            log.warning(
+                "cannot remove probe objects a killed run left",
+                extra={"component": component, "keys": left[:10], "error": str(exc)},
+            )
     offset = float(stamped[0].timestamp() - (before + after) / 2)
     # Stores stamp whole seconds (S3 lists .000): a second either way is that, not a skew
     return offset if abs(offset) > _STAMP_RESOLUTION_S else 0.0

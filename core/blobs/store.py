@@ -624,7 +624,12 @@ class BlobStore(ABC):
             return {}
         with write_transaction(self.index.engine) as conn:
             sizes = self.index.refresh(conn, wanted, tenant_id=tenant_id)
-            return {h: size for h, size in sizes.items() if self._find(h) is not None}
+            if not (self.remote and is_sqlite(self.index.engine)):
+                return {h: size for h, size in sizes.items() if self._find(h) is not None}
+        # SQLite's lock is the whole database's: never held through a network call. The
+        # objects are checked once the refresh has committed, sound by order as a put's
+        # registration is (``ObjectBlobStore._register_then_check``).
+        return {h: size for h, size in sizes.items() if self._find(h) is not None}
 
     def stats(self) -> BlobStats:
         return self.index.stats()

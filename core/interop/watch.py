@@ -69,42 +69,53 @@ def session_files(paths: Iterable[str | Path]) -> SessionFiles:
             more = session_files(usable)
             found.update(dict.fromkeys(more.files))
             unlisted.update((Path(e.path), e) for e in more.unlisted)
-            for directory, part in _glob_steps(str(path)):
-                _check_step(directory, part, unlisted)
+            for directory, part, then in _glob_steps(str(path)):
+                _check_step(directory, part, then, unlisted)
     return SessionFiles(list(found), list(unlisted.values()))
 
 
-def _glob_steps(pattern: str) -> Iterator[tuple[Path, str]]:
-    """(directory, part) for each step ``glob.glob(pattern, recursive=True)`` takes to
-    expand it: the directories the parts before ``part`` name (every one below them for
-    ``**``), each listed (a wildcard part) or searched (a literal one) for ``part``."""
+def _glob_steps(pattern: str) -> Iterator[tuple[Path, str, bool]]:
+    """(directory, part, more) for each step ``glob.glob(pattern, recursive=True)`` takes
+    to expand it: the directories the parts before ``part`` name (every one below them for
+    ``**``), each listed (a wildcard part) or searched (a literal one) for ``part``; ``more``:
+    parts follow it (glob then enters what it lists)."""
     parts = Path(pattern).parts
+    reached: dict[str, list[str]] = {}  # ``**``'s directories, for its step and the next
     for i, part in enumerate(parts):
         if i == 0 and Path(pattern).is_absolute():
             continue  # the root itself
         before = os.path.join(*parts[:i]) if i else os.curdir
         if part == "**":
-            before = os.path.join(before, "**", "")
-        named = glob.glob(before, recursive=True) if glob.escape(before) != before else [before]
+            before = os.path.join(before, "**")
+        if glob.escape(before) == before:
+            named = [before] if _is_dir(Path(before)) else []
+        else:  # directories only (the separator at the end): glob enters nothing else
+            if before not in reached:
+                reached[before] = glob.glob(os.path.join(before, ""), recursive=True)
+            named = reached[before]
         for directory in named:
-            if _is_dir(Path(directory)):
-                yield Path(directory), part
+            yield Path(directory), part, i < len(parts) - 1
 
 
-def _check_step(directory: Path, part: str, unlisted: dict[Path, UnlistableDirectory]) -> None:
-    """``directory`` in ``unlisted`` if ``glob`` could not take that step in it: ``glob``
-    passes over a directory it cannot list, or search for a literal name, without a word,
-    and every session file the pattern would have matched there with it."""
+def _check_step(
+    directory: Path, part: str, more: bool, unlisted: dict[Path, UnlistableDirectory]
+) -> None:
+    """``directory`` in ``unlisted`` if ``glob`` was refused that step in it (``EACCES``,
+    ``EPERM``): ``glob`` passes over a directory it cannot list, search for a literal name,
+    or enter (listed, not searchable) without a word, and every session file the pattern
+    would have matched there with it. Any other failure is no match, as ``glob`` takes it."""
     try:
-        if glob.escape(part) != part:
-            with os.scandir(directory):
-                pass
-        else:
+        if glob.escape(part) == part:
             os.lstat(directory / part)
-    except (FileNotFoundError, NotADirectoryError):  # nothing there, or gone since
-        return
-    except OSError as exc:
+            return
+        with os.scandir(directory):
+            pass
+        if more:  # glob enters what it lists there: the directory must be searchable
+            os.stat(os.path.join(directory, os.curdir))  # a Path drops the "."
+    except PermissionError as exc:
         unlisted[directory] = UnlistableDirectory(str(directory), exc.strerror or str(exc))
+    except (OSError, ValueError):  # not there, a name too long, a NUL: no match
+        return
 
 
 def _walk(directory: Path, unlisted: dict[Path, UnlistableDirectory]) -> Iterator[Path]:

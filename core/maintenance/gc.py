@@ -255,7 +255,9 @@ class BlobGc:
         # ``last_written_at`` is the database's clock (its writer, on any host, stamps it
         # so), a file's age this host's (an object's, S3's clock offset to this host's).
         self.now = now or utcnow()
-        self.cutoff = (now or _database_time(engine)) - grace
+        self._grace = grace
+        self._now_given = now is not None
+        self.cutoff = self.now - grace  # by the database's clock once ``run`` reads it
         self.file_cutoff = self.now - grace
         self.report = GcReport(applied=apply, grace_s=grace_s, cutoff=self.cutoff)
         self._started = _monotonic()
@@ -268,6 +270,8 @@ class BlobGc:
 
     def run(self) -> GcReport:
         try:
+            if not self._now_given:  # in the try: a database away is reported as such
+                self.cutoff = self.report.cutoff = _database_time(self.engine) - self._grace
             if self.apply:
                 self.recover_quarantined()
             phases = [("blobs", self._sweep_registered), ("files", self._sweep_files)]

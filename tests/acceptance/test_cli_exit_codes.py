@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from core import SessionStore, Settings
+from core.interop.watch import SessionFiles, session_files
 from tests.cli_process import EXE, run_cli
 from tests.pi_support import FIXTURES
 from tests.support import as_a_user, clean_env, json_lines, unsearchable
@@ -214,6 +215,35 @@ def test_a_directory_a_glob_cannot_list_is_reported_and_the_run_goes_on(
     assert records[str(closed)]["status"] == "error", records
     assert str(records[str(closed)]["error"]).startswith(f"cannot list {closed}: Permission")
     assert len(records) == 2, done.stdout
+
+
+@pytest.mark.parametrize("pattern", ["*/*/x.jsonl", "*/*/*.jsonl"])
+def test_a_directory_a_glob_lists_but_cannot_enter_is_reported(
+    env: dict[str, str], tmp_path: Path, pattern: str
+) -> None:
+    """A directory listed but not searchable (0644) where the glob goes on below it: glob
+    sees its sub-directories and cannot enter them, without a word. Named, exit 3."""
+    sessions = tmp_path / "sessions"
+    closed = sessions / "a"
+    for directory in (closed / "sub", sessions / "b" / "sub"):
+        directory.mkdir(parents=True)
+        shutil.copy(FIXTURES / "v2.jsonl", directory / "x.jsonl")
+    with unsearchable(closed, 0o644):
+        done = _as_a_user(env, "import", str(sessions / pattern), "--json")
+    assert done.returncode == 3, (done.stdout, done.stderr)
+    records = {r["path"]: r for r in json_lines(done.stdout)}
+    assert records[str(sessions / "b" / "sub" / "x.jsonl")]["status"] == "created"
+    assert str(records[str(closed)]["error"]).startswith(f"cannot list {closed}: Permission")
+    assert len(records) == 2, done.stdout
+
+
+def test_a_glob_step_that_finds_no_match_is_no_error(tmp_path: Path) -> None:
+    """Only a refusal is reported: a literal name too long, or holding a NUL (the API's
+    callers), is no match, as glob takes it."""
+    (tmp_path / "a").mkdir()
+    for pattern in (f"{tmp_path}/*/{'n' * 300}.jsonl", f"{tmp_path}/*/x\x00.jsonl"):
+        found = session_files([pattern])
+        assert found == SessionFiles([], []), pattern
 
 
 def _as_a_user(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:

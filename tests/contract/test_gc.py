@@ -792,6 +792,17 @@ def test_a_file_walk_an_error_stops_keeps_its_place(
     assert report.resume.after.startswith(keys[3])  # two chunks of two walked: the third not
 
 
+def test_gc_with_the_database_away_from_the_start_reports_it(tmp_path: Path) -> None:
+    """The database's clock is read in the run, where a database away is reported (the
+    report's ``unavailable``), as it is mid-run; not raised as the driver's error."""
+    settings = Settings(
+        data_dir=tmp_path / "data", database_url="postgresql+psycopg://postgres@127.0.0.1:1/x"
+    )
+    with SessionStore.from_settings(settings) as store:
+        report = store.gc_blobs(apply=False)
+    assert not report.complete and report.unavailable == "database"
+
+
 def test_an_omp_export_names_only_blobs_the_manifest_keeps(gstore: SessionStore) -> None:
     """oh-my-pi externalizes more images than the journal (``frames`` here): a rehydrated
     omp export keeps those inline, and refs only the blobs the session's manifest names,

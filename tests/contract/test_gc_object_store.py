@@ -4,6 +4,7 @@ SQLite write lock never held through an S3 call (invariants 6, 12, 13)."""
 
 from __future__ import annotations
 
+import base64
 import sqlite3
 from collections.abc import Callable
 from typing import Any
@@ -14,11 +15,11 @@ from obstore.exceptions import PermissionDeniedError
 
 from core import SessionStore
 from core.blobs.objects import QUARANTINE_PREFIX, ObjectBlobStore
-from core.blobs.store import sha256_hex
+from core.blobs.store import make_ref, sha256_hex
 from core.db import is_sqlite
 from core.errors import StorageUnavailable
 from core.models import BlobRow
-from tests.contract.test_gc import _age
+from tests.contract.test_gc import PNG, _age
 
 _blobs = BlobRow.__table__  # type: ignore[attr-defined]
 TEXT = b"".join(b"line %d of a collectable blob\n" % i for i in range(1000))  # gzip; > 16 KiB
@@ -219,19 +220,27 @@ def test_a_write_makes_no_s3_call_while_it_holds_the_sqlite_write_lock(
     sid = s3_store.create_session(tenant_id="acme").id
     contents = [TEXT + b"new", TEXT + b"known", TEXT + b"gone"]
     events = [{"type": "custom", "customType": "gc", "data": c.decode()} for c in contents]
+    shot = PNG + b"a screenshot" + bytes(2000)
+    s3_store.append(sid, [_image(base64.b64encode(shot).decode())])
     locked_during = _probe_the_write_lock_at_each_s3_call(s3_store, monkeypatch)
     s3_store.append(sid, events)
+    s3_store.append(sid, [_image(make_ref(sha256_hex(shot)))])  # a producer's ref: a refresh
     puts = blobs.put_many([TEXT + b"put new", TEXT + b"known", TEXT + b"gone"])
     monkeypatch.undo()
     assert locked_during == []
     assert [r.hash for r in puts][1:] == [known, gone]
-    assert [e.payload["data"] for e in s3_store.read(sid, rehydrate=True)] == [
-        c.decode() for c in contents
-    ]
+    read = s3_store.read(sid, rehydrate=True)
+    assert [e.payload["data"] for e in read[1:4]] == [c.decode() for c in contents]
+    assert read[4].payload["message"]["content"][0]["data"] == base64.b64encode(shot).decode()
     assert all(blobs.exists(r.hash) for r in puts)
 
 
 @pytest.mark.parametrize("backend", ["sqlite"])
+def _image(data: str) -> dict[str, Any]:
+    block = {"type": "image", "mimeType": "image/png", "data": data}
+    return {"type": "message", "message": {"role": "user", "content": [block]}}
+
+
 def test_gc_between_a_writes_registration_and_its_append_costs_nothing(
     s3_store: SessionStore, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -338,8 +347,19 @@ def test_clock_probes_a_killed_run_left_are_removed_by_the_next_run(
         return real(*args, prefix=prefix, **kwargs)
 
     monkeypatch.setattr(obstore, "list", listing)
+    real_delete = obstore.delete
+
+    def refused_for_a_list(store: Any, keys: Any) -> Any:
+        if isinstance(keys, list):  # a store that refuses DeleteObjects
+            raise PermissionDeniedError("403 AccessDenied")
+        return real_delete(store, keys)
+
+    with monkeypatch.context() as refusing:
+        refusing.setattr(obstore, "delete", refused_for_a_list)
+        tidying_refused = s3_store.gc_blobs(apply=True, grace=60)  # tidying only: no failure
     report = s3_store.gc_blobs(apply=True, grace=60)
     monkeypatch.undo()
+    assert (tidying_refused.error_count, tidying_refused.complete) == (0, True)
     assert report.error_count == 0
     assert _keys(s3_store, ".health/clock") == {".health/clock/a-run-still-going"}
 
