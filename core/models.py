@@ -104,12 +104,16 @@ def postgres_statement_clock() -> ColumnElement[datetime]:
     return func.statement_timestamp(type_=DateTime(timezone=True))
 
 
-def database_now(conn: Connection) -> datetime:
+def database_now(conn: Connection | Engine) -> datetime:
     """Now by the database's clock (see ``database_clock``), for a time written by one host
     and judged by another when it must be known in Python: an oversized output's
-    ``expires_at``, and the moment it is judged against. One query on PostgreSQL."""
+    ``expires_at``, and the moment it is judged against. One query on PostgreSQL (on a
+    connection of its own, given an engine)."""
     if is_sqlite(conn.engine):
         return utcnow()
+    if isinstance(conn, Engine):
+        with conn.connect() as own:
+            return database_now(own)
     now = conn.execute(select(func.clock_timestamp())).scalar_one()
     assert isinstance(now, datetime)
     return now.astimezone(UTC)

@@ -60,7 +60,7 @@ from core.blobs.store import (
     rows_of,
     sha256_hex,
 )
-from core.db import is_sqlite, retry_deadlocks, write_transaction
+from core.db import retry_deadlocks, write_transaction
 from core.errors import StorageUnavailable
 from core.models import BlobRow, postgres_statement_clock, table_of, utcnow
 from core.translate import reason_of
@@ -134,13 +134,12 @@ def _client_options_from_env() -> dict[str, Any]:
 _blobs = table_of(BlobRow)
 # Takes each row's lock (inserting the rows of new blobs) and says which existed already,
 # with their codec: PostgreSQL's ``xmax`` is 0 for a row this statement inserted.
-# ``last_written_at`` is the database's clock (see ``core.blobs.store._upsert_statement``).
+# The times are the database's clock (see ``core.blobs.store._upsert_statement``).
+_WRITTEN = postgres_statement_clock()
 _LOCK_ROWS = (
     pg_insert(_blobs)
-    .values(created_at=postgres_statement_clock(), last_written_at=postgres_statement_clock())
-    .on_conflict_do_update(
-        index_elements=[_blobs.c.hash], set_={"last_written_at": postgres_statement_clock()}
-    )
+    .values(created_at=_WRITTEN, last_written_at=_WRITTEN)
+    .on_conflict_do_update(index_elements=[_blobs.c.hash], set_={"last_written_at": _WRITTEN})
     .returning(_blobs.c.hash, _blobs.c.codec, literal_column("xmax = 0").label("inserted"))
 )
 
@@ -328,7 +327,7 @@ class ObjectBlobStore(BlobStore):
         PostgreSQL the objects are stored under their row locks; on SQLite the rows are
         registered after the objects are written and checked after that commit."""
         hashes, unique = by_hash(items)
-        if is_sqlite(self.index.engine):
+        if self.network_outside_lock:
             final = self._register_then_check(unique, self._stage_all(unique))
         else:
             final = self._store_registered(unique)
@@ -352,8 +351,7 @@ class ObjectBlobStore(BlobStore):
         now = utcnow()
         with write_transaction(self.index.engine) as conn:
             self.index.upsert(conn, rows_of(unique, staged, now))
-        final = self._ensure_all(unique, staged)
-        changed = rows_of(unique, {h: s for h, s in final.items() if s is not staged[h]}, now)
+        final, changed = self._ensure_all(unique, staged, now)
         if changed:  # the object was re-created: the row describes ours now
             with write_transaction(self.index.engine) as conn:
                 self.index.upsert(conn, changed)

@@ -409,12 +409,20 @@ class BlobStore(ABC):
 
     remote = False
     """Whether each storage call is a network round trip (seconds, minutes with retries):
-    GC then never makes one while it holds SQLite's database-wide write lock."""
+    then none is made while SQLite's database-wide write lock is held (``network_outside_lock``)."""
 
     def __init__(self, index: BlobIndex, *, gzip_level: int = DEFAULT_GZIP_LEVEL) -> None:
         self.index = index
         self.gzip_level = gzip_level
         self.digests = StoredDigests()  # stored bytes this process wrote or verified
+
+    @property
+    def network_outside_lock(self) -> bool:
+        """A ``remote`` store under SQLite, whose write lock is the whole database's: its
+        calls come before the lock's transaction or after its commit, sound by order where
+        PostgreSQL holds a row's lock through them (GC's sweep, a put's registration, a
+        ref's refresh)."""
+        return self.remote and is_sqlite(self.index.engine)
 
     # storage primitives -----------------------------------------------------------------
 
@@ -624,11 +632,11 @@ class BlobStore(ABC):
             return {}
         with write_transaction(self.index.engine) as conn:
             sizes = self.index.refresh(conn, wanted, tenant_id=tenant_id)
-            if not (self.remote and is_sqlite(self.index.engine)):
-                return {h: size for h, size in sizes.items() if self._find(h) is not None}
-        # SQLite's lock is the whole database's: never held through a network call. The
-        # objects are checked once the refresh has committed, sound by order as a put's
-        # registration is (``ObjectBlobStore._register_then_check``).
+            if not self.network_outside_lock:
+                return self._stored_among(sizes)
+        return self._stored_among(sizes)  # once the refresh has committed
+
+    def _stored_among(self, sizes: dict[str, int]) -> dict[str, int]:
         return {h: size for h, size in sizes.items() if self._find(h) is not None}
 
     def stats(self) -> BlobStats:
@@ -733,18 +741,19 @@ class BlobStore(ABC):
         commits."""
         now = utcnow()
         self.index.upsert(conn, rows_of(unique, staged, now))
-        final = self._ensure_all(unique, staged)
-        changed = rows_of(unique, {h: s for h, s in final.items() if s is not staged[h]}, now)
+        final, changed = self._ensure_all(unique, staged, now)
         if changed:
             self.index.upsert(conn, changed)
         return final
 
     def _ensure_all(
-        self, unique: dict[str, bytes], staged: dict[str, _Stored]
-    ) -> dict[str, _Stored]:
-        """Every object checked, in hash order, and re-created if it is gone: what each
-        blob's row must describe (a re-created one's ``_Stored`` is a new object)."""
-        return {h: self._ensure(h, unique[h], staged[h]) for h in sorted(staged)}
+        self, unique: dict[str, bytes], staged: dict[str, _Stored], now: datetime
+    ) -> tuple[dict[str, _Stored], list[dict[str, Any]]]:
+        """Every object checked, in hash order, and re-created if it is gone; and the rows
+        of those re-created, which must describe the new object."""
+        final = {h: self._ensure(h, unique[h], staged[h]) for h in sorted(staged)}
+        recreated = {h: s for h, s in final.items() if s is not staged[h]}
+        return final, rows_of(unique, recreated, now)
 
     def _ensure(self, blob_hash: str, data: bytes, staged: _Stored) -> _Stored:
         if self._find(blob_hash, staged.codec) is not None:

@@ -139,10 +139,7 @@ def expire_artifacts(
     # one their modification times come from (a database clock ahead would take a temp file
     # a writer has open for a stale one). A given ``now`` is both.
     files_now = time.time() if now is None else now.timestamp()
-    if now is None:
-        with read_connection(engine) as conn:
-            now = database_now(conn)
-    moment = now
+    moment = database_now(engine) if now is None else now
     count, size = _expired_totals(engine, moment)
     report = ExpireRunReport(applied=apply, now=moment, expired=count, bytes_freed=size)
     report.sample = oversized.expire(now=moment, limit=SAMPLE_SIZE).expired

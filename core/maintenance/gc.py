@@ -256,9 +256,8 @@ class BlobGc:
         # so), a file's age this host's (an object's, S3's clock offset to this host's).
         self.now = now or utcnow()
         self._grace = grace
-        self._now_given = now is not None
-        self.cutoff = self.now - grace  # by the database's clock once ``run`` reads it
-        self.file_cutoff = self.now - grace
+        self._read_database_clock = now is None  # in ``run``: a database away is reported
+        self.cutoff = self.file_cutoff = self.now - grace
         self.report = GcReport(applied=apply, grace_s=grace_s, cutoff=self.cutoff)
         self._started = _monotonic()
         self._deadline = None if time_budget_s is None else self._started + time_budget_s
@@ -266,12 +265,12 @@ class BlobGc:
         self._at: GcResume | None = None
         self._files_first = resume is not None and resume.phase == "files"
         # SQLite's write lock is the whole database's: never held through a network call
-        self._moves_first = blobs.remote and is_sqlite(engine)
+        self._moves_first = blobs.network_outside_lock
 
     def run(self) -> GcReport:
         try:
-            if not self._now_given:  # in the try: a database away is reported as such
-                self.cutoff = self.report.cutoff = _database_time(self.engine) - self._grace
+            if self._read_database_clock:
+                self.cutoff = self.report.cutoff = database_now(self.engine) - self._grace
             if self.apply:
                 self.recover_quarantined()
             phases = [("blobs", self._sweep_registered), ("files", self._sweep_files)]
@@ -718,11 +717,6 @@ def _by_hash(files: Iterable[FoundFile]) -> list[tuple[str, list[FoundFile]]]:
         if f.hash is not None:
             grouped.setdefault(f.hash, []).append(f)
     return sorted(grouped.items())
-
-
-def _database_time(engine: Engine) -> datetime:
-    with read_connection(engine) as conn:
-        return database_now(conn)
 
 
 def gc_blobs(

@@ -7,6 +7,7 @@ from __future__ import annotations
 import base64
 import sqlite3
 from collections.abc import Callable
+from datetime import timedelta
 from typing import Any
 
 import obstore
@@ -235,7 +236,6 @@ def test_a_write_makes_no_s3_call_while_it_holds_the_sqlite_write_lock(
     assert all(blobs.exists(r.hash) for r in puts)
 
 
-@pytest.mark.parametrize("backend", ["sqlite"])
 def _image(data: str) -> dict[str, Any]:
     block = {"type": "image", "mimeType": "image/png", "data": data}
     return {"type": "message", "message": {"role": "user", "content": [block]}}
@@ -244,8 +244,9 @@ def _image(data: str) -> dict[str, Any]:
 def test_gc_between_a_writes_registration_and_its_append_costs_nothing(
     s3_store: SessionStore, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The window the short registration opens on SQLite: GC (a grace of 0) deletes the
-    rows and objects a write has just registered, before its append commits. The append
+    """The window a registration committed on its own opens (SQLite's short one, and
+    PostgreSQL's, both journals): GC (a grace of 0) deletes the rows and objects a write
+    has just registered, before its append commits. The append
     finds them gone (``BlobsMissing``), puts them again and commits: nothing lost."""
     blobs = _objects(s3_store)
     sid = s3_store.create_session(tenant_id="acme").id
@@ -300,7 +301,6 @@ def test_gc_judges_an_objects_age_by_the_stores_clock(
     last-modified time. A GC host hours ahead of the store removed a fresh one (the put then
     re-created it, or its append failed as BlobsMissing); one hours behind kept a dead one."""
     import time
-    from datetime import timedelta
 
     from tests.support import skew_host_clock
 
@@ -324,8 +324,6 @@ def test_clock_probes_a_killed_run_left_are_removed_by_the_next_run(
     """A run killed between its clock probe's put and delete leaves the probe behind; the
     next run's probe removes those an hour old by the store's clock (the listing's stamps,
     aged here), and only those: a younger one may be a run's still going."""
-    from datetime import timedelta
-
     store = _objects(s3_store).store
     obstore.put(store, ".health/clock/left-by-a-killed-run", b"")
     obstore.put(store, ".health/clock/a-run-still-going", b"")
