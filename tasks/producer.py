@@ -20,7 +20,7 @@ from celery.exceptions import TimeLimitExceeded
 from celery.result import AsyncResult
 
 from core.errors import InvalidArgument, StorageUnavailable, WriteRejected
-from core.journal.validation import check_write
+from core.journal.validation import check_seconds, check_write
 from core.records import AppendResult
 from core.settings import Settings
 from core.translate import storage_errors
@@ -61,6 +61,7 @@ class AppendHandle:
         # the content sent, when the key is the caller's (another write may have used it)
         self.digest = digest
         self.sent_at = time.monotonic()
+        self.resends = 0  # publishes after the first: each waits twice as long (Producer)
         self._send = send
 
     @property
@@ -88,6 +89,7 @@ class AppendHandle:
             _forget_rejection(backend, self.task_id)  # would stand over this one's answer
         self.result = self._send()
         self.sent_at = time.monotonic()
+        self.resends += 1
 
     def outcome(self) -> dict[str, Any] | None:
         """The stored outcome (committed, dead-lettered, or ``key_reused``: the key had
@@ -218,6 +220,10 @@ def _forget_rejection(backend: Any, task_id: str) -> None:
         logger.info("could not clear a write's earlier outcome", extra={"error": repr(exc)})
 
 
+# The longest wait before a resend, in multiples of the first (the fifth resend on).
+RESEND_BACKOFF_CAP = 16.0
+
+
 class Producer:
     """Sends writes and remembers which are confirmed, for exactly-once delivery.
 
@@ -238,13 +244,14 @@ class Producer:
         if keep_confirmed < 0:
             raise InvalidArgument("keep_confirmed", "must be 0 or more")
         self.app = app or get_app()
-        self.confirm_timeout = confirm_timeout
+        self.confirm_timeout = check_seconds(confirm_timeout, "confirm_timeout")
         # outcomes kept for ``confirmed``, the oldest dropped past this many (a producer
         # that runs for ever would otherwise keep every outcome): ``pop_confirmed`` drains
         self.keep_confirmed = keep_confirmed
         self._pending: dict[tuple[str, str], AppendHandle] = {}
         self._outcomes: dict[tuple[str, str], dict[str, Any]] = {}
         self._lock = threading.Lock()
+        self._confirmations = 0  # outcomes recorded so far (drain's sign of progress)
 
     def append(
         self,
@@ -275,18 +282,32 @@ class Producer:
                 with self._lock:
                     self._outcomes.pop(ident, None)  # (re-inserted: the newest)
                     self._outcomes[ident] = outcome
-                    self._pending.pop(ident, None)
+                    if self._pending.pop(ident, None) is not None:
+                        self._confirmations += 1
                     while len(self._outcomes) > self.keep_confirmed:
                         del self._outcomes[next(iter(self._outcomes))]
         with self._lock:
             return len(self._pending)
 
     def resend_unconfirmed(self, *, older_than: float | None = None) -> int:
-        """Re-publish writes without an outcome ``older_than`` seconds after their send."""
+        """Re-publish writes without an outcome ``older_than`` seconds (``confirm_timeout``
+        by default) after their send, backing off: a write resent n times waits
+        2**n times as long (up to ``RESEND_BACKOFF_CAP`` times). A queue that is behind, not
+        losing messages, is not flooded with copies of the writes it has yet to reach."""
+        if older_than is not None:
+            check_seconds(older_than, "older_than")
         self.poll()
-        cutoff = time.monotonic() - (self.confirm_timeout if older_than is None else older_than)
+        return self._resend_stale(older_than)
+
+    def _resend_stale(self, older_than: float | None) -> int:
+        wait = self.confirm_timeout if older_than is None else older_than
+        now = time.monotonic()
         with self._lock:
-            stale = [h for h in self._pending.values() if h.sent_at <= cutoff]
+            stale = [
+                h
+                for h in self._pending.values()
+                if now - h.sent_at >= wait * min(2.0**h.resends, RESEND_BACKOFF_CAP)
+            ]
         for handle in stale:
             handle.resend()
         return len(stale)
@@ -307,11 +328,33 @@ class Producer:
         with self._lock:
             return list(self._pending.values())
 
-    def drain(self, *, timeout: float, resend_every: float | None = None) -> None:
-        """Wait until every write is confirmed, resending the stale ones meanwhile."""
-        deadline = time.monotonic() + timeout
-        while self.poll():
-            if time.monotonic() >= deadline:
-                raise QueueTimeout(f"{len(self._pending)} writes not confirmed in time")
-            self.resend_unconfirmed(older_than=resend_every)
+    def drain(
+        self,
+        *,
+        timeout: float,
+        resend_every: float | None = None,
+        stall_timeout: float | None = None,
+    ) -> None:
+        """Wait until every write is confirmed, resending the stale ones meanwhile.
+
+        Raises ``QueueTimeout`` after ``timeout`` seconds, or sooner, after
+        ``stall_timeout`` seconds in which no write was confirmed: a deep queue that is
+        being worked through may take its time, one that is not moving need not be
+        waited for."""
+        timeout = check_seconds(timeout, "timeout")
+        for name, value in (("resend_every", resend_every), ("stall_timeout", stall_timeout)):
+            if value is not None:
+                check_seconds(value, name)
+        now = time.monotonic()
+        deadline = now + timeout
+        moved_at, seen = now, self._confirmations
+        while left := self.poll():
+            now = time.monotonic()
+            if self._confirmations != seen:
+                moved_at, seen = now, self._confirmations
+            if now >= deadline:
+                raise QueueTimeout(f"{left} writes not confirmed in {timeout:g} s")
+            if stall_timeout is not None and now - moved_at >= stall_timeout:
+                raise QueueTimeout(f"{left} writes not confirmed, none for {stall_timeout:g} s")
+            self._resend_stale(resend_every)
             time.sleep(0.2)

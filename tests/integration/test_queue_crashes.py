@@ -16,11 +16,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import redis
 from sqlalchemy import text
 
 from core import SessionStore, Settings
 from tasks import Producer
-from tasks.app import create_app
+from tasks.app import QUEUE, create_app
+from tasks.results import QueueTimeout
 from tests.support import WorkerProcess, redis_server, settings_env, wait_for
 
 pytestmark = [pytest.mark.postgres, pytest.mark.redis, pytest.mark.slow]
@@ -98,7 +100,7 @@ def test_broker_killed_ten_times_worker_survives_or_fails_loudly(
                 broker.start()
             stop.set()
             threads[0].join(60)
-            producer.drain(timeout=120, resend_every=15)
+            producer.drain(timeout=300, resend_every=15, stall_timeout=60)
         finally:
             stop.set()
             done.set()
@@ -109,6 +111,14 @@ def test_broker_killed_ten_times_worker_survives_or_fails_loudly(
     counts = markers(store)
     assert set(counts) == set(sent) and set(counts.values()) == {1}
     assert len(sent) > 100
+
+
+def _queue_depth(url: str) -> str:
+    client = redis.Redis.from_url(url)
+    try:
+        return f"{client.llen(QUEUE)} queued, {client.hlen('unacked')} unacked"
+    finally:
+        client.close()
 
 
 def _ready_count(log: Path) -> int:
@@ -163,7 +173,15 @@ def test_crash_loop_every_write_exactly_once(
             producer.resend_unconfirmed()
         thread.join(300)  # on a loaded machine the stream can outlast the kill loop
         assert not thread.is_alive(), "the producer did not finish sending"
-        producer.drain(timeout=90, resend_every=6)
+        # A backlog behind slow workers may take its time (a CI run on a loaded machine ran
+        # out a 90 s limit with 52 writes left; a local run under load queued 1,300 copies
+        # of 1,000 writes); a queue where nothing is confirmed for a minute may not.
+        try:
+            producer.drain(timeout=300, resend_every=6, stall_timeout=60)
+        except QueueTimeout as exc:  # say what the queue and the worker were doing
+            depth = _queue_depth(str(settings.broker_url))
+            tail = log.read_text(errors="replace")[-3000:]
+            raise AssertionError(f"{exc}; queue {depth}; worker log ends:\n{tail}") from exc
     finally:
         thread.join(300)
         worker.stop()

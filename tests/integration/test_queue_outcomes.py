@@ -7,8 +7,10 @@ journal-facing cases run on SQLite too.
 from __future__ import annotations
 
 import json
+import math
 import os
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -21,7 +23,7 @@ from sqlalchemy.engine import Connection, Engine
 
 from core import SessionStore, Settings
 from core.blobs.files import FileBlobStore
-from core.errors import IdempotencyKeyReused, InvalidEvent, WriteRejected
+from core.errors import IdempotencyKeyReused, InvalidArgument, InvalidEvent, WriteRejected
 from core.journal import Journal
 from tasks import enqueue_append
 from tasks.app import QUEUE, create_app
@@ -33,6 +35,7 @@ from tasks.outcomes import (
     write_task_id,
 )
 from tasks.producer import Producer
+from tasks.results import QueueTimeout
 from tests.cli_process import run_cli
 from tests.support import (
     DiskFull,
@@ -608,6 +611,73 @@ def test_a_producer_keeps_a_bounded_number_of_outcomes(app: Celery, store: Sessi
     assert producer.confirmed() == {} and producer.poll() == 1
     with pytest.raises(InvalidEvent):
         Producer(app, keep_confirmed=-1)
+
+
+def test_resends_of_one_write_back_off(app: Celery, store: SessionStore, redis_url: str) -> None:
+    """A write still unconfirmed is resent after ``confirm_timeout``, then after twice as
+    long, four times, ... up to 16 times. Before, every call resent every write older than
+    the timeout: a queue that was behind (a loaded machine, a worker restarting) got one
+    more copy of each pending write per call, which put it further behind (a crash-loop run
+    in CI ended with 52 writes unconfirmed after a 90 s drain behind 1,300 queued copies)."""
+    sid = store.create_session(tenant_id="acme").id
+    producer = Producer(app, confirm_timeout=10)
+    handles = [producer.append(sid, [note(f"n{i}")], idempotency_key=f"k{i}") for i in range(5)]
+    client = redis.Redis.from_url(redis_url)
+
+    def resent_after(seconds: float) -> int:
+        for handle in handles:
+            handle.sent_at -= seconds  # as if that long had passed since its last send
+        return producer.resend_unconfirmed()
+
+    try:
+        assert resent_after(9) == 0 and resent_after(1) == 5  # first resend: at 1x
+        assert resent_after(10) == 0  # fails before: 5 more copies
+        assert resent_after(10) == 5  # second: at 2x
+        assert resent_after(39) == 0 and resent_after(1) == 5  # third: at 4x
+        for handle in handles:
+            handle.resends = 50
+        assert resent_after(159) == 0 and resent_after(1) == 5  # capped at 16x
+        assert client.llen(QUEUE) == 5 * 5
+    finally:
+        client.close()
+    with thread_worker(app):
+        producer.drain(timeout=60)
+    # each once (25 copies of 5 writes with no expected_seq: in any order)
+    assert sorted(e.payload["marker"] for e in store.read(sid)) == [f"n{i}" for i in range(5)]
+
+
+def test_a_drain_waits_on_a_queue_that_moves_and_not_on_one_that_does_not(
+    app: Celery, store: SessionStore
+) -> None:
+    """``drain(stall_timeout=...)`` gives up once no write was confirmed for that long,
+    however long ``timeout`` is; writes confirmed slowly but steadily keep it waiting."""
+    sid = store.create_session(tenant_id="acme").id
+    producer = Producer(app, confirm_timeout=3600)
+    handles = [producer.append(sid, [note(f"n{i}")], idempotency_key=f"k{i}") for i in range(6)]
+    started = time.monotonic()
+    with pytest.raises(QueueTimeout, match="6 writes not confirmed, none for 1 s"):
+        producer.drain(timeout=600, stall_timeout=1)
+    assert time.monotonic() - started < 10
+
+    def confirm_slowly() -> None:  # one every 0.4 s: 2.4 s in all, more than the stall limit
+        for i, handle in enumerate(handles):
+            time.sleep(0.4)
+            store_outcome(app, sid, handle.idempotency_key, {"status": "ok", "n": i})
+
+    thread = threading.Thread(target=confirm_slowly)
+    thread.start()
+    try:
+        producer.drain(timeout=600, stall_timeout=1)
+    finally:
+        thread.join()
+    assert len(producer.confirmed()) == 6 and time.monotonic() - started < 30
+    for bad in ({"timeout": math.nan}, {"timeout": 1, "stall_timeout": -1}):
+        with pytest.raises(InvalidArgument):
+            producer.drain(**bad)
+    with pytest.raises(InvalidArgument):
+        producer.resend_unconfirmed(older_than=math.inf)
+    with pytest.raises(InvalidArgument):
+        Producer(app, confirm_timeout="3")  # type: ignore[arg-type]
 
 
 def test_a_key_a_client_without_digests_committed_refuses_other_content(
