@@ -7,9 +7,12 @@ journal is, without doubling anything.
 
 from __future__ import annotations
 
+import errno
+import fnmatch
 import glob
 import logging
 import os
+import stat
 import threading
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
@@ -40,6 +43,19 @@ _DEBOUNCE_MS = 150
 _RESCAN_MS = 1000
 # the size a file that could not be looked at is recorded with: reported once, not again
 _UNREADABLE = -1
+# what Path.is_file takes as "no file" (any other failure: kept, for the import to report)
+_GONE = frozenset({errno.ENOENT, errno.ENOTDIR, errno.EBADF, errno.ELOOP})
+
+
+_Unlisted = dict[Path, UnlistableDirectory]
+
+
+class _Part(NamedTuple):
+    """A part of a glob pattern, as a step of its expansion takes it."""
+
+    text: str
+    dirs_only: bool  # only directories match (more parts follow, or the pattern ends in "/")
+    more: bool  # more parts follow: what matches is entered
 
 
 class SessionFiles(NamedTuple):
@@ -54,88 +70,174 @@ def session_files(paths: Iterable[str | Path]) -> SessionFiles:
     a FIFO, a device) is kept, for the import to report it unreadable, and so is a file
     found that cannot be looked at (in a directory that cannot be searched); a directory
     that cannot be listed is in ``unlisted``, for the import to report it."""
-    found: dict[Path, None] = {}
+    found: dict[str, None] = {}
     unlisted: dict[Path, UnlistableDirectory] = {}
+    owners: dict[str, bool] = {}  # directory -> whether it is a session's artifacts
     for raw in paths:
         path = Path(raw).expanduser()
+        spelled = str(path)
         if _is_dir(path):
-            below = sorted(p for p in _walk(path, unlisted) if _is_session_file(p))
-            found.update(dict.fromkeys(below))
-        elif _is_file(path) or glob.escape(str(path)) == str(path):
-            found[path] = None
+            found.update(dict.fromkeys(_sorted(_walk(spelled, unlisted, _is_artifacts_dir(path)))))
+        elif _is_file(path) or glob.escape(spelled) == spelled:
+            found[spelled] = None
         else:
-            matches = sorted(Path(p) for p in glob.glob(str(path), recursive=True))
-            usable = [m for m in matches if _is_dir(m) or _is_session_file(m)]
-            more = session_files(usable)
-            found.update(dict.fromkeys(more.files))
-            unlisted.update((Path(e.path), e) for e in more.unlisted)
-            for directory, part, then in _glob_steps(str(path)):
-                _check_step(directory, part, then, unlisted)
-    return SessionFiles(list(found), list(unlisted.values()))
+            for match in _sorted({_normal(p) for p in expand_glob(spelled, unlisted)}):
+                kind = _kind(match)
+                if kind == "dir":
+                    below = _walk(match, unlisted, _is_artifacts_dir(Path(match)))
+                    found.update(dict.fromkeys(_sorted(below)))
+                elif kind == "file":
+                    parent = os.path.dirname(match)
+                    if parent not in owners:
+                        owners[parent] = _is_artifacts_dir(Path(parent))
+                    if not owners[parent]:
+                        found[match] = None
+    return SessionFiles([Path(p) for p in found], list(unlisted.values()))
 
 
-def _glob_steps(pattern: str) -> Iterator[tuple[Path, str, bool]]:
-    """(directory, part, more) for each step ``glob.glob(pattern, recursive=True)`` takes
-    to expand it: the directories the parts before ``part`` name (every one below them for
-    ``**``), each listed (a wildcard part) or searched (a literal one) for ``part``; ``more``:
-    parts follow it (glob then enters what it lists)."""
-    parts = Path(pattern).parts
-    reached: dict[str, list[str]] = {}  # ``**``'s directories, for its step and the next
-    for i, part in enumerate(parts):
-        if i == 0 and Path(pattern).is_absolute():
-            continue  # the root itself
-        before = os.path.join(*parts[:i]) if i else os.curdir
-        if part == "**":
-            before = os.path.join(before, "**")
-        if glob.escape(before) == before:
-            named = [before] if _is_dir(Path(before)) else []
-        else:  # directories only (the separator at the end): glob enters nothing else
-            if before not in reached:
-                reached[before] = glob.glob(os.path.join(before, ""), recursive=True)
-            named = reached[before]
-        for directory in named:
-            yield Path(directory), part, i < len(parts) - 1
+def _normal(path: str) -> str:
+    """``path`` as ``Path`` spells it (no "." part, no separator at the end): most are."""
+    dot = f"{os.sep}."
+    if path.endswith((os.sep, dot)) or f"{dot}{os.sep}" in path or path.startswith(f".{os.sep}"):
+        return str(Path(path))
+    return path
 
 
-def _check_step(
-    directory: Path, part: str, more: bool, unlisted: dict[Path, UnlistableDirectory]
-) -> None:
-    """``directory`` in ``unlisted`` if ``glob`` was refused that step in it (``EACCES``,
-    ``EPERM``): ``glob`` passes over a directory it cannot list, search for a literal name,
-    or enter (listed, not searchable) without a word, and every session file the pattern
-    would have matched there with it. Any other failure is no match, as ``glob`` takes it."""
+def _sorted(paths: Iterable[str]) -> list[str]:
+    """Paths spelled as ``Path`` spells them, in ``Path``'s order (part by part), without
+    making 45,000 ``Path`` objects to compare."""
+    return sorted(paths, key=lambda p: p.split(os.sep))
+
+
+def expand_glob(pattern: str, unlisted: _Unlisted) -> list[str]:
+    """What ``glob.glob(pattern, recursive=True)`` matches, with two differences.
+
+    ``**`` does not enter a linked directory (``Path.rglob``'s rule, and ``_walk``'s): glob
+    does, so a loop of links (``up -> ..`` and ``self -> .`` in one directory) made it run
+    for ever, and one loop gave each file below it 40 more times, once per link level.
+    A step glob is refused (``EACCES``, ``EPERM``: a directory it cannot list, search for
+    a literal name, or enter) puts that directory in ``unlisted``: glob passes over it
+    without a word, and every session file the pattern would have matched there with it.
+    Any other failure is no match, as glob takes it. The steps are taken once: no second
+    walk to find the refusals."""
+    parts = [part for part in pattern.split(os.sep) if part]
+    if not parts:
+        return [pattern] if pattern and os.path.isdir(pattern) else []
+    dirs_only = pattern.endswith(os.sep)
+    reached = [os.sep if pattern.startswith(os.sep) else ""]
+    for i, text in enumerate(parts):
+        more = i < len(parts) - 1
+        part = _Part(text, dirs_only or more, more)
+        step = _below if text == "**" else _literal if glob.escape(text) == text else _listed
+        reached = [found for directory in reached for found in step(directory, part, unlisted)]
+    return [path for path in reached if path]  # not a leading ``**``'s own "" (as glob)
+
+
+def _literal(directory: str, part: _Part, unlisted: _Unlisted) -> Iterator[str]:
+    """``part`` in ``directory``, looked up (glob does not list the directory for it)."""
+    path = os.path.join(directory, part.text)
     try:
-        if glob.escape(part) == part:
-            os.lstat(directory / part)
+        os.lstat(path)
+        if part.dirs_only and not os.path.isdir(path):
             return
-        with os.scandir(directory):
-            pass
-        if more:  # glob enters what it lists there: the directory must be searchable
-            os.stat(os.path.join(directory, os.curdir))  # a Path drops the "."
     except PermissionError as exc:
-        unlisted[directory] = UnlistableDirectory(str(directory), exc.strerror or str(exc))
+        _refused(directory or os.curdir, exc, unlisted)
+        return
     except (OSError, ValueError):  # not there, a name too long, a NUL: no match
         return
+    yield path
 
 
-def _walk(directory: Path, unlisted: dict[Path, UnlistableDirectory]) -> Iterator[Path]:
-    """``*.jsonl`` paths below ``directory``, as ``Path.rglob`` finds them (a linked
-    directory is not entered), but a directory that cannot be listed goes into ``unlisted``
-    (``rglob`` passed over it without a word)."""
+def _listed(directory: str, part: _Part, unlisted: _Unlisted) -> Iterator[str]:
+    """The names in ``directory`` that ``part`` matches (a hidden one only when ``part``
+    starts with a dot), directories only where more parts follow; those followed through
+    links too, as glob does (the parts that are left bound how deep that goes)."""
+    entries = _entries(directory, part.more, unlisted)
+    hidden = part.text.startswith(".")
+    for entry in entries:
+        name = entry.name
+        if (hidden or not name.startswith(".")) and fnmatch.fnmatchcase(name, part.text):
+            if not part.dirs_only or _entry_leads_to_dir(entry):
+                yield os.path.join(directory, entry.name)
+
+
+def _below(directory: str, part: _Part, unlisted: _Unlisted) -> Iterator[str]:
+    """``**``: ``directory`` and every directory below it, passing over links to one and
+    hidden ones (and every file below it too when it is the pattern's last part)."""
+    yield os.path.join(directory, "")
+    pending = [directory]
+    while pending:
+        current = pending.pop()
+        for entry in _entries(current, True, unlisted):
+            if entry.name.startswith("."):
+                continue
+            path = os.path.join(current, entry.name)
+            if _entry_is_dir(entry):
+                pending.append(path)
+                yield os.path.join(path, "") if part.dirs_only else path
+            elif not part.dirs_only and not _entry_leads_to_dir(entry):  # a link to one: passed
+                yield path
+
+
+def _entries(directory: str, enter: bool, unlisted: _Unlisted) -> list[os.DirEntry[str]]:
+    """``directory``'s entries, or none: a refusal to list it (or, when glob goes on to
+    what it lists, ``enter``, to search it) is in ``unlisted``."""
+    try:
+        with os.scandir(directory or os.curdir) as listing:
+            entries = list(listing)
+        if enter and entries:  # a listable directory that cannot be searched: 0644
+            os.stat(os.path.join(directory or os.curdir, os.curdir))
+    except PermissionError as exc:
+        _refused(directory or os.curdir, exc, unlisted)
+        return []
+    except (OSError, ValueError):
+        return []
+    return entries
+
+
+def _refused(directory: str, exc: OSError, unlisted: _Unlisted) -> None:
+    path = Path(directory)
+    unlisted[path] = UnlistableDirectory(str(path), exc.strerror or str(exc))
+
+
+def _entry_leads_to_dir(entry: os.DirEntry[str]) -> bool:
+    """A directory, or a link to one (glob follows those outside ``**``)."""
+    try:
+        return entry.is_dir()
+    except OSError:
+        return False
+
+
+def _walk(directory: str, unlisted: _Unlisted, artifacts: bool) -> Iterator[str]:
+    """The session files below ``directory``, as ``Path.rglob("*.jsonl")`` finds them (a
+    linked directory is not entered) less the files of a session's artifacts directory
+    (``artifacts``: ``directory`` is one, ``_in_artifacts_dir``), but a directory that
+    cannot be listed goes into ``unlisted`` (``rglob`` passed over it without a word).
+    From the listings alone: no look at each file (a file that cannot be looked at is
+    kept, for the import to report it)."""
     try:
         with os.scandir(directory) as listing:
             entries = list(listing)
     except (FileNotFoundError, NotADirectoryError):  # gone since it was found
         return
     except OSError as exc:
-        unlisted[directory] = UnlistableDirectory(str(directory), exc.strerror or str(exc))
+        unlisted[Path(directory)] = UnlistableDirectory(directory, exc.strerror or str(exc))
         return
+    files = {e.name for e in entries if e.name.endswith(SUFFIX) and _entry_is_file(e)}
     for entry in entries:
-        path = directory / entry.name
-        if entry.name.endswith(SUFFIX):
+        path = os.path.join(directory, entry.name)
+        if entry.name in files and not artifacts:
             yield path
         if _entry_is_dir(entry):
-            yield from _walk(path, unlisted)
+            yield from _walk(path, unlisted, entry.name + SUFFIX in files)
+
+
+def _entry_is_file(entry: os.DirEntry[str]) -> bool:
+    """A file, or a link to one, or one that cannot be looked at (kept: reported)."""
+    try:
+        return entry.is_file()
+    except OSError:
+        return True
 
 
 def _entry_is_dir(entry: os.DirEntry[str]) -> bool:
@@ -165,10 +267,27 @@ def _is_session_file(path: Path) -> bool:
 def _in_artifacts_dir(path: Path) -> bool:
     """oh-my-pi keeps a subagent's session (``<outputId>.jsonl``) in the artifacts directory
     ``<stem>/`` of ``<stem>.jsonl``: it is part of that session, not one of its own."""
+    return _is_artifacts_dir(path.parent)
+
+
+def _is_artifacts_dir(directory: Path) -> bool:
+    """Whether ``<directory>.jsonl`` is a file beside it: its files are a session's."""
     try:
-        return path.parent.with_name(path.parent.name + SUFFIX).is_file()
-    except OSError:  # not to be looked at: the file is reported as it is
+        return directory.with_name(directory.name + SUFFIX).is_file()
+    except (OSError, ValueError):  # not to be looked at: the file is reported as it is
         return False
+
+
+def _kind(path: str) -> str | None:
+    """ "dir", "file" (a regular one, or one that cannot be looked at: kept, for the import
+    to report it, as ``_is_file`` does), or None (gone, or neither), in one look."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError as exc:
+        return None if exc.errno in _GONE else "file"
+    except ValueError:
+        return None
+    return "dir" if stat.S_ISDIR(mode) else "file" if stat.S_ISREG(mode) else None
 
 
 def _in_linked_dir(directory: Path, path: Path) -> bool:
