@@ -220,8 +220,14 @@ def _forget_rejection(backend: Any, task_id: str) -> None:
         logger.info("could not clear a write's earlier outcome", extra={"error": repr(exc)})
 
 
-# The longest wait before a resend, in multiples of the first (the fifth resend on).
-RESEND_BACKOFF_CAP = 16.0
+# The longest wait before a resend, in doublings of the first (16x: the fifth resend on).
+RESEND_BACKOFF_DOUBLINGS = 4
+
+
+def _due(handle: AppendHandle, wait: float, longest: float | None) -> float:
+    """How long after its last send ``handle`` is resent: ``wait``, doubled per resend."""
+    due = wait * 2.0 ** min(handle.resends, RESEND_BACKOFF_DOUBLINGS)
+    return due if longest is None else min(due, longest)
 
 
 class Producer:
@@ -291,25 +297,33 @@ class Producer:
 
     def resend_unconfirmed(self, *, older_than: float | None = None) -> int:
         """Re-publish writes without an outcome ``older_than`` seconds (``confirm_timeout``
-        by default) after their send, backing off: a write resent n times waits
-        2**n times as long (up to ``RESEND_BACKOFF_CAP`` times). A queue that is behind, not
-        losing messages, is not flooded with copies of the writes it has yet to reach."""
+        by default) after their send, backing off: a write resent n times waits 2**n times
+        as long (16 times at most: ``RESEND_BACKOFF_DOUBLINGS``). A queue that is behind,
+        not losing messages, is not flooded with copies of the writes it has yet to reach."""
         if older_than is not None:
             check_seconds(older_than, "older_than")
         self.poll()
         return self._resend_stale(older_than)
 
-    def _resend_stale(self, older_than: float | None) -> int:
+    def _resend_stale(self, older_than: float | None, longest: float | None = None) -> int:
+        """Resend the writes due (``longest``: the most any waits, backoff or not). Each is
+        claimed under the lock first, so two threads resending at once send it once."""
         wait = self.confirm_timeout if older_than is None else older_than
         now = time.monotonic()
         with self._lock:
-            stale = [
-                h
-                for h in self._pending.values()
-                if now - h.sent_at >= wait * min(2.0**h.resends, RESEND_BACKOFF_CAP)
-            ]
-        for handle in stale:
-            handle.resend()
+            stale = [h for h in self._pending.values() if now - h.sent_at >= _due(h, wait, longest)]
+            claimed = [(h, h.sent_at) for h in stale]
+            for handle in stale:
+                handle.sent_at = now
+        for i, handle in enumerate(stale):
+            try:
+                handle.resend()
+            except BaseException:  # the broker away: those not resent are due as they were
+                with self._lock:
+                    for left, sent_at in claimed[i:]:
+                        if left.sent_at == now:
+                            left.sent_at = sent_at
+                raise
         return len(stale)
 
     def confirmed(self) -> dict[tuple[str, str], dict[str, Any]]:
@@ -356,5 +370,7 @@ class Producer:
                 raise QueueTimeout(f"{left} writes not confirmed in {timeout:g} s")
             if stall_timeout is not None and now - moved_at >= stall_timeout:
                 raise QueueTimeout(f"{left} writes not confirmed, none for {stall_timeout:g} s")
-            self._resend_stale(resend_every)
+            # a write is resent within half the stall limit, whatever its backoff: a drain
+            # gives up on a write only after resending it (a killed worker lost its copy)
+            self._resend_stale(resend_every, None if stall_timeout is None else stall_timeout / 2)
             time.sleep(0.2)

@@ -124,7 +124,9 @@ def expand_glob(pattern: str, unlisted: _Unlisted) -> list[str]:
     if not parts:
         return [pattern] if pattern and os.path.isdir(pattern) else []
     dirs_only = pattern.endswith(os.sep)
-    reached = [os.sep if pattern.startswith(os.sep) else ""]
+    # the root as Path spells it: two separators stay two (POSIX leaves their meaning open)
+    root = pattern[: len(pattern) - len(pattern.lstrip(os.sep))]
+    reached = [root if len(root) == 2 else root[:1]]
     for i, text in enumerate(parts):
         more = i < len(parts) - 1
         part = _Part(text, dirs_only or more, more)
@@ -223,21 +225,23 @@ def _walk(directory: str, unlisted: _Unlisted, artifacts: bool) -> Iterator[str]
     except OSError as exc:
         unlisted[Path(directory)] = UnlistableDirectory(directory, exc.strerror or str(exc))
         return
-    files = {e.name for e in entries if e.name.endswith(SUFFIX) and _entry_is_file(e)}
+    kinds = {e.name: _entry_is_file(e) for e in entries if e.name.endswith(SUFFIX)}
     for entry in entries:
         path = os.path.join(directory, entry.name)
-        if entry.name in files and not artifacts:
+        if entry.name in kinds and kinds[entry.name] is not False and not artifacts:
             yield path
-        if _entry_is_dir(entry):
-            yield from _walk(path, unlisted, entry.name + SUFFIX in files)
+        if _entry_is_dir(entry):  # a session's artifacts beside a file that is one for sure
+            yield from _walk(path, unlisted, kinds.get(entry.name + SUFFIX) is True)
 
 
-def _entry_is_file(entry: os.DirEntry[str]) -> bool:
-    """A file, or a link to one, or one that cannot be looked at (kept: reported)."""
+def _entry_is_file(entry: os.DirEntry[str]) -> bool | None:
+    """A file or a link to one (True), or not (False: a link that loops, or leads through
+    a file, as ``Path.is_file`` takes it), or None: one that cannot be looked at (a link
+    into a directory that cannot be searched), kept as a file for the import to report."""
     try:
         return entry.is_file()
-    except OSError:
-        return True
+    except OSError as exc:
+        return False if exc.errno in _GONE else None
 
 
 def _entry_is_dir(entry: os.DirEntry[str]) -> bool:
@@ -271,7 +275,10 @@ def _in_artifacts_dir(path: Path) -> bool:
 
 
 def _is_artifacts_dir(directory: Path) -> bool:
-    """Whether ``<directory>.jsonl`` is a file beside it: its files are a session's."""
+    """Whether ``<directory>.jsonl`` is a file beside it: its files are a session's. (".",
+    "" and ".." by the names they stand for: ``sessionstore import .`` in one.)"""
+    if directory.name in ("", os.pardir):
+        directory = Path(os.path.abspath(directory))
     try:
         return directory.with_name(directory.name + SUFFIX).is_file()
     except (OSError, ValueError):  # not to be looked at: the file is reported as it is

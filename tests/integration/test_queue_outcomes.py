@@ -646,6 +646,76 @@ def test_resends_of_one_write_back_off(app: Celery, store: SessionStore, redis_u
     assert sorted(e.payload["marker"] for e in store.read(sid)) == [f"n{i}" for i in range(5)]
 
 
+def test_a_write_resent_for_ever_goes_on_being_resent(
+    app: Celery, store: SessionStore, redis_url: str
+) -> None:
+    """The backoff's power was taken before its cap: 2.0**1024 overflowed, and from then on
+    no write was resent (about 5.7 days of one write unconfirmed at the default timeout)."""
+    sid = store.create_session(tenant_id="acme").id
+    producer = Producer(app, confirm_timeout=1)
+    old = producer.append(sid, [note("old")], idempotency_key="old")
+    old.resends, old.sent_at = 5000, old.sent_at - 16
+    new = producer.append(sid, [note("new")], idempotency_key="new")
+    new.sent_at -= 1
+    assert producer.resend_unconfirmed() == 2  # fails before: OverflowError
+    assert (old.resends, new.resends) == (5001, 1)
+
+
+def test_two_threads_resending_at_once_send_a_write_once(
+    app: Celery, store: SessionStore, redis_url: str
+) -> None:
+    """Each due write is claimed under the producer's lock before it is sent: two threads
+    that call ``resend_unconfirmed`` together sent each due write once per thread."""
+    sid = store.create_session(tenant_id="acme").id
+    producer = Producer(app, confirm_timeout=1)
+    handles = [producer.append(sid, [note(f"n{i}")], idempotency_key=f"k{i}") for i in range(20)]
+    for handle in handles:
+        handle.sent_at -= 1
+    barrier = threading.Barrier(2)
+    counts: list[int] = []
+
+    def resend() -> None:
+        barrier.wait()
+        counts.append(producer.resend_unconfirmed())
+
+    threads = [threading.Thread(target=resend) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(30)
+    client = redis.Redis.from_url(redis_url)
+    try:
+        assert sum(counts) == 20 and client.llen(QUEUE) == 40  # 20 sent, 20 resent
+    finally:
+        client.close()
+    assert {h.resends for h in handles} == {1}
+
+
+def test_a_drain_resends_a_lost_write_before_it_gives_up(
+    app: Celery, store: SessionStore, redis_url: str
+) -> None:
+    """A write resent three times waits 8x the timeout for its next resend; a drain whose
+    stall limit is shorter gave up on it without resending it, though a worker was there
+    to take it (its copies lost: a killed worker's). Within a drain, a write is resent at
+    least every half stall limit."""
+    sid = store.create_session(tenant_id="acme").id
+    producer = Producer(app, confirm_timeout=1)
+    handle = producer.append(sid, [note("lost")], idempotency_key="k")
+    client = redis.Redis.from_url(redis_url)
+    try:
+        for _ in range(3):  # the send and each resend lost
+            client.delete(QUEUE)
+            handle.sent_at -= 100
+            producer.resend_unconfirmed()
+        client.delete(QUEUE)
+    finally:
+        client.close()
+    assert handle.resends == 3
+    with thread_worker(app):
+        producer.drain(timeout=60, stall_timeout=2)  # fails before: QueueTimeout after 2 s
+    assert [e.payload["marker"] for e in store.read(sid)] == ["lost"]
+
+
 def test_a_drain_waits_on_a_queue_that_moves_and_not_on_one_that_does_not(
     app: Celery, store: SessionStore
 ) -> None:
