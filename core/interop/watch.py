@@ -78,7 +78,9 @@ def session_files(paths: Iterable[str | Path]) -> SessionFiles:
         spelled = str(path)
         if _is_dir(path):
             found.update(dict.fromkeys(_sorted(_walk(spelled, unlisted, _is_artifacts_dir(path)))))
-        elif _is_file(path) or glob.escape(spelled) == spelled:
+        elif glob.escape(spelled) == spelled or _kind(spelled, unreadable=None) == "file":
+            # a name with wildcards is a file's only if it is one for sure: one that cannot
+            # be looked at (below a directory that cannot be searched) is a pattern
             found[spelled] = None
         else:
             for match in _sorted({_normal(p) for p in expand_glob(spelled, unlisted)}):
@@ -285,13 +287,14 @@ def _is_artifacts_dir(directory: Path) -> bool:
         return False
 
 
-def _kind(path: str) -> str | None:
-    """ "dir", "file" (a regular one, or one that cannot be looked at: kept, for the import
-    to report it, as ``_is_file`` does), or None (gone, or neither), in one look."""
+def _kind(path: str, *, unreadable: str | None = "file") -> str | None:
+    """ "dir", "file" (a regular one), or None (gone, or neither), in one look; for one that
+    cannot be looked at, ``unreadable``: "file" keeps it, for the import to report it, as
+    ``_is_file`` does."""
     try:
         mode = os.stat(path).st_mode
     except OSError as exc:
-        return None if exc.errno in _GONE else "file"
+        return None if exc.errno in _GONE else unreadable
     except ValueError:
         return None
     return "dir" if stat.S_ISDIR(mode) else "file" if stat.S_ISREG(mode) else None

@@ -173,3 +173,31 @@ def test_a_pattern_spelled_with_two_leading_separators_keeps_them(tmp_path: Path
     (tmp_path / "a.jsonl").write_text("{}\n")
     [found] = session_files([f"/{tmp_path}/*.jsonl"]).files
     assert str(found) == f"/{tmp_path}/a.jsonl"
+
+
+def test_a_pattern_below_a_directory_that_cannot_be_searched_is_expanded(
+    tmp_path: Path,
+) -> None:
+    """``s/rd/*.jsonl`` with ``rd`` listable, not searchable (0444): the pattern could not
+    be looked at, and was kept as a file named ``*.jsonl`` (the import reported that name
+    unreadable). Expanded, it names the file it matches (which the import reports), and a
+    file that is literally named with a wildcard is still a file."""
+    listed = tmp_path / "rd"
+    listed.mkdir()
+    (listed / "b.jsonl").write_text("{}\n")
+    (tmp_path / "[x].jsonl").write_text("{}\n")
+    code = (
+        "import sys; from core.interop.watch import session_files\n"
+        "print('\\n'.join(map(str, session_files(sys.argv[1:]).files)))"
+    )
+    patterns = [f"{listed}/*.jsonl", f"{tmp_path}/[x].jsonl"]
+    with unsearchable(listed, 0o444):
+        done = subprocess.run(
+            as_a_user([sys.executable, "-c", code, *patterns]),
+            capture_output=True,
+            text=True,
+            timeout=60,
+            cwd=ROOT,
+            check=True,
+        )
+    assert done.stdout.split() == [str(listed / "b.jsonl"), str(tmp_path / "[x].jsonl")]
