@@ -186,13 +186,14 @@ def _below(directory: str, part: _Part, unlisted: _Unlisted) -> Iterator[str]:
 def _entries(directory: str, enter: bool, unlisted: _Unlisted) -> list[os.DirEntry[str]]:
     """``directory``'s entries, or none: a refusal to list it (or, when glob goes on to
     what it lists, ``enter``, to search it) is in ``unlisted``."""
+    named = directory or os.curdir
     try:
-        with os.scandir(directory or os.curdir) as listing:
+        with os.scandir(named) as listing:
             entries = list(listing)
         if enter and entries:  # a listable directory that cannot be searched: 0644
-            os.stat(os.path.join(directory or os.curdir, os.curdir))
+            os.stat(os.path.join(named, os.curdir))
     except PermissionError as exc:
-        _refused(directory or os.curdir, exc, unlisted)
+        _refused(named, exc, unlisted)
         return []
     except (OSError, ValueError):
         return []
@@ -225,7 +226,7 @@ def _walk(directory: str, unlisted: _Unlisted, artifacts: bool) -> Iterator[str]
     except (FileNotFoundError, NotADirectoryError):  # gone since it was found
         return
     except OSError as exc:
-        unlisted[Path(directory)] = UnlistableDirectory(directory, exc.strerror or str(exc))
+        _refused(directory, exc, unlisted)
         return
     kinds = {e.name: _entry_is_file(e) for e in entries if e.name.endswith(SUFFIX)}
     for entry in entries:

@@ -23,7 +23,13 @@ from sqlalchemy.engine import Connection, Engine
 
 from core import SessionStore, Settings
 from core.blobs.files import FileBlobStore
-from core.errors import IdempotencyKeyReused, InvalidArgument, InvalidEvent, WriteRejected
+from core.errors import (
+    IdempotencyKeyReused,
+    InvalidArgument,
+    InvalidEvent,
+    StorageUnavailable,
+    WriteRejected,
+)
 from core.journal import Journal
 from tasks import enqueue_append
 from tasks.app import QUEUE, create_app
@@ -689,6 +695,31 @@ def test_two_threads_resending_at_once_send_a_write_once(
     finally:
         client.close()
     assert {h.resends for h in handles} == {1}
+
+
+def test_a_resend_the_broker_refuses_leaves_the_writes_not_resent_due(
+    app: Celery, store: SessionStore
+) -> None:
+    """Due writes are claimed (their send time moved on) before they are sent: when the
+    broker refuses one, it and those after it are due again as they were, and the error
+    reaches the caller; the one sent before stays sent."""
+    sid = store.create_session(tenant_id="acme").id
+    producer = Producer(app, confirm_timeout=1)
+    handles = [producer.append(sid, [note(f"n{i}")], idempotency_key=f"k{i}") for i in range(3)]
+    for handle in handles:
+        handle.sent_at -= 5
+    was = [h.sent_at for h in handles]
+
+    def refused() -> Any:
+        raise StorageUnavailable("broker", "connection refused")
+
+    send, handles[1]._send = handles[1]._send, refused  # type: ignore[method-assign]
+    with pytest.raises(StorageUnavailable):
+        producer.resend_unconfirmed()  # in the order they were sent: the second is refused
+    assert [h.resends for h in handles] == [1, 0, 0]
+    assert [h.sent_at for h in handles[1:]] == was[1:]
+    handles[1]._send = send  # type: ignore[method-assign]
+    assert producer.resend_unconfirmed() == 2  # both due again at once
 
 
 def test_a_drain_resends_a_lost_write_before_it_gives_up(
