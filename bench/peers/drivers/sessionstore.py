@@ -1,7 +1,13 @@
-"""This project: ``SessionStore`` on PostgreSQL (the library path, blobs on local disk)."""
+"""This project: ``SessionStore`` on PostgreSQL (the library path, blobs on local disk).
+
+With a last argument ``lz4`` the journal's payload column compresses with lz4 instead of
+PostgreSQL's default pglz (set after the migrations; not what the migrations create): the
+storage-against-write-time trade the peers run measures beside the default.
+"""
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -13,11 +19,18 @@ from core.migrate import upgrade
 
 
 class Ours:
-    def __init__(self, dsn: str, workdir: str) -> None:
+    def __init__(self, dsn: str, workdir: str, *, compression: str | None = None) -> None:
         url = dsn.replace("postgresql://", "postgresql+psycopg://", 1)
         blobs = Path(workdir) / "blobs"
         blobs.mkdir(parents=True, exist_ok=True)
         upgrade(url)
+        if compression is not None:
+            import psycopg
+
+            with psycopg.connect(dsn, autocommit=True) as conn:
+                conn.execute(
+                    f"ALTER TABLE events ALTER COLUMN payload SET COMPRESSION {compression}"
+                )
         self.store = SessionStore.from_settings(
             Settings(database_url=url, data_dir=Path(workdir), blob_url=blobs.as_uri())
         )
@@ -37,4 +50,5 @@ class Ours:
 
 
 if __name__ == "__main__":
-    main(Ours)
+    COMPRESSION = sys.argv.pop() if sys.argv[-1] == "lz4" else None
+    main(lambda dsn, workdir: Ours(dsn, workdir, compression=COMPRESSION))
