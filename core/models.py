@@ -297,6 +297,12 @@ class ArtifactRow(SQLModel, table=True):
     # SHA-256 (hex) of an agent output's JSONL sidecar, recorded where it was written; None
     # for other kinds, an output without one, and rows from before (then it is not checked)
     sidecar_sha256: str | None = Field(default=None, sa_column=Column(String(64), nullable=True))
+    # A row a fork copied from its parent at its creation (not one it allocated or wrote
+    # since): what its artifact copy must find in an ancestor (migration 0025)
+    inherited: bool = Field(
+        default=False,
+        sa_column=Column(Boolean, nullable=False, default=False, server_default=false()),
+    )
 
 
 class CounterRow(SQLModel, table=True):

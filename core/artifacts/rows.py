@@ -203,7 +203,9 @@ def insert_artifact(conn: Connection, values: dict[str, Any]) -> None:
 
 
 def upsert_artifact(conn: Connection, values: dict[str, Any]) -> None:
-    """Insert a row, or replace the one with the same (session, kind, local id)."""
+    """Insert a row, or replace the one with the same (session, kind, local id): a row a
+    fork inherited, written anew, is the fork's own."""
+    values = {**values, "inherited": False}
     ins = _insert(conn)(_artifacts).values(values)
     keys = ("session_id", "kind", "local_id")
     changed = {k: ins.excluded[k] for k in values if k not in keys}
@@ -299,6 +301,17 @@ def has_expired(
     if row.expires_at is None:
         return False
     return row.expires_at <= (database_now(conn) if now is None else now())
+
+
+def inherited_keys(conn: Connection, session_id: str) -> set[tuple[str, str]]:
+    """(kind, local id) of the rows a fork copied from its parent at its creation and has
+    not written anew since."""
+    rows = conn.execute(
+        select(_artifacts.c.kind, _artifacts.c.local_id).where(
+            _artifacts.c.session_id == session_id, _artifacts.c.inherited
+        )
+    )
+    return {(r.kind, r.local_id) for r in rows}
 
 
 def list_artifacts(

@@ -22,7 +22,6 @@ import os
 import shutil
 import time
 import uuid
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -310,6 +309,7 @@ def _plan_copy(
     # The database's clock read once, if any row needs it, for every row it judges
     now = functools.cache(lambda: database_now(conn))
     ancestors = Ancestors(conn, journal, every_row=True)  # read once, not once a row
+    inherited = rows.inherited_keys(conn, fork.id)
     for row in rows.list_artifacts(conn, fork.id):
         if not row.name:
             continue
@@ -326,7 +326,7 @@ def _plan_copy(
             plan.items.append(_CopyItem(row, found.path, target))
         elif found.inherited:
             plan.missing += 1  # the ancestor has no file either (none was ever written)
-        elif _was_inherited(conn, row, fork, now):
+        elif (row.kind, row.local_id) in inherited and not rows.has_expired(conn, row, now=now):
             plan.lost.append(f"{row.kind} {row.local_id}: changed or removed in the parent")
     return plan
 
@@ -342,15 +342,6 @@ def _target(root: Path, directory: Path, name: str, objects: ArtifactStorage | N
 def _skip(fork: Session, row: ArtifactInfo, exc: SymlinkRefused) -> str:
     log.warning("fork copy skipped a symlink", extra={"fork_id": fork.id, "path": exc.path})
     return f"{row.kind} {row.local_id}: {exc.path}"
-
-
-def _was_inherited(
-    conn: Connection, row: ArtifactInfo, fork: Session, now: Callable[[], datetime]
-) -> bool:
-    """A row the fork got at its creation (not one it allocated since), unexpired ``now``."""
-    point = fork.forked_from_seq or 0
-    inherited = row.created_seq <= point and row.created_at <= fork.created_at
-    return inherited and not rows.has_expired(conn, row, now=now)
 
 
 def _run_copy(plan: _CopyPlan, root: Path, objects: ArtifactStorage | None) -> _CopyOutcome:

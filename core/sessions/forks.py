@@ -54,7 +54,6 @@ class Forks:
         fork_id = str(uuid.uuid4())
         with write_transaction(self.engine) as conn:
             parent = self._lock_for_fork(conn, session_id, tenant_id)
-            # After the locks: later than the rows it inherits (``_was_inherited``)
             now = utcnow()
             point = _fork_point(parent, at_seq)
             inherited = _inherited_rows(conn, parent.id, point, database_now(conn))
@@ -147,7 +146,7 @@ def _insert_artifact_rows(conn: Connection, fork_id: str, inherited: list[Artifa
     if inherited:
         conn.execute(
             insert(_artifacts),
-            [{**_row_values(a), "session_id": fork_id} for a in inherited],
+            [{**_row_values(a), "session_id": fork_id, "inherited": True} for a in inherited],
         )
 
 

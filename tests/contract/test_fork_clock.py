@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 
 from core import SessionStore
+from core.artifacts import rows
 from core.artifacts.objects import ObjectArtifactStorage
 from core.artifacts.paths import session_dir
 from core.artifacts.storage import key_of
@@ -325,3 +326,49 @@ def test_an_output_rewritten_without_its_sidecar_is_copied_into_a_fork(
     )
     directory = session_dir(raw.root, "acme", fork.id)
     assert raw.read(directory / f"{output_id}.jsonl") is None
+
+
+@SKEWS
+def test_what_the_fork_allocates_itself_is_never_taken_for_an_inheritance_it_lost(
+    store: SessionStore, raw: RawArtifacts, writer_ahead: timedelta
+) -> None:
+    """An agent output and a tool output the fork allocates before its first append (at the
+    fork point, as its inherited rows are) on a host whose clock is behind the forking
+    host's, their files not written yet: they are the fork's own, not inherited rows the
+    parent changed or removed. Fails before with the writer behind: the copy failed with
+    both "changed or removed in the parent", judged by the writer's clock against the
+    forking host's."""
+    parent_id, output_id = _parent(store)
+    fork = _fork_elsewhere(store, parent_id, writer_ahead)
+    manager = store.artifacts(fork.id)
+    own = manager.allocate_agent_output("mine")
+    allocated = manager.allocate_path("bash")
+
+    report = store.copy_fork_artifacts(fork.id)
+    assert (report.status, report.error, report.copied) == ("copied", None, 3)
+    _assert_inherited(store, raw, fork.id, output_id)
+    manager.write_agent_output(own.id, "# the fork's own")
+    assert store.resolve(f"agent://{own.id}", session_id=fork.id).content == "# the fork's own"
+    assert allocated.id not in {"7"}  # numbered after what the fork inherited
+
+
+def test_an_inherited_artifact_the_fork_writes_anew_is_its_own(store: SessionStore) -> None:
+    """The rows a fork copied at its creation are marked inherited, in the fork only; one
+    the fork writes anew is its own from then on (fails before the upsert clears it)."""
+    parent_id, output_id = _parent(store)
+    fork = _fork_elsewhere(store, parent_id, timedelta(0))
+    with store.engine.connect() as conn:
+        assert rows.inherited_keys(conn, parent_id) == set()
+        assert rows.inherited_keys(conn, fork.id) == {
+            ("file", "a.txt"),
+            ("agent_output", output_id),
+            ("tool_output", "7"),
+        }
+    manager = store.artifacts(fork.id)
+    manager.files.put("a.txt", b"the fork's own")
+    manager.put_tool_output("7", "bash", "the fork's own log")
+    with store.engine.connect() as conn:
+        assert rows.inherited_keys(conn, fork.id) == {("agent_output", output_id)}
+    report = store.copy_fork_artifacts(fork.id)
+    assert (report.status, report.error) == ("copied", None)
+    assert store.artifacts(fork.id).files.get("a.txt") == b"the fork's own"
