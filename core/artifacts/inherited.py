@@ -266,6 +266,7 @@ class Ancestors:
         self._every_row = every_row
         self._sessions: dict[str, Session | None] = {}
         self._rows: dict[str, dict[tuple[str, str], ArtifactInfo]] = {}
+        self._inherited: dict[str, set[tuple[str, str]]] = {}
 
     def session(self, session_id: str) -> Session | None:
         if session_id not in self._sessions:
@@ -280,6 +281,12 @@ class Ancestors:
             self._rows[session_id] = {(r.kind, r.local_id): r for r in listed}
         return self._rows[session_id].get((kind, local_id))
 
+    def inherited(self, session_id: str, kind: str, local_id: str) -> bool:
+        """Whether the session got this row from its own parent (``artifacts.inherited``)."""
+        if session_id not in self._inherited:
+            self._inherited[session_id] = rows.inherited_keys(self._conn, session_id)
+        return (kind, local_id) in self._inherited[session_id]
+
 
 def ancestor_file(
     ancestors: Ancestors,
@@ -291,8 +298,10 @@ def ancestor_file(
     """The file holding the content ``session`` inherited for one of its rows.
 
     The ancestor must hold the identical row (the module's docstring). Walks up through
-    ancestors whose own copy is unfinished and who have no file of their own for it: a fork
-    of a pending fork reads from the grandparent.
+    ancestors whose own copy is unfinished, who have no file of their own for it and who
+    inherited the row themselves: a fork of a pending fork reads from the grandparent. A
+    row an ancestor allocated itself and never wrote has no file anywhere (``Found(None,
+    True)``: nothing was lost).
     """
     current = session
     for _ in range(_MAX_ANCESTORS):
@@ -315,6 +324,8 @@ def ancestor_file(
             return Found(path, True)  # whoever opens it refuses (and reports) it
         if parent.copy_status not in _UNFINISHED:
             break
+        if not ancestors.inherited(parent.id, row.kind, row.local_id):
+            break  # the parent's own row, its file not written: none further up either
         current = parent
     return Found(None, True)
 

@@ -224,11 +224,12 @@ def set_size(
     sha256: str,
     sidecar_sha256: str | None = None,
 ) -> None:
-    """The size and SHA-256 of an artifact's rewritten bytes (and of its sidecar's)."""
+    """The size and SHA-256 of an artifact's rewritten bytes (and of its sidecar's): a row
+    a fork inherited, written anew, is the fork's own."""
     conn.execute(
         update(_artifacts)
         .where(_key(session_id, kind, local_id))
-        .values(size_bytes=size, sha256=sha256, sidecar_sha256=sidecar_sha256)
+        .values(size_bytes=size, sha256=sha256, sidecar_sha256=sidecar_sha256, inherited=False)
     )
 
 

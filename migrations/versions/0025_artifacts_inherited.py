@@ -13,8 +13,10 @@ one, and the fork's copy failed on it. The rows a fork copies from its parent at
 creation are now marked ``inherited`` in that transaction, and a row the fork writes anew
 (a file put again under the same name) is its own again.
 
-Existing rows: a fork's rows are marked as the old judgement had it (created at or before
-the fork point and not after the fork's creation), so nothing changes for them.
+Existing rows: the rows of a fork whose copy is unfinished (pending or failed: the only
+ones a copy reads the mark of; a finished copy never runs again) are marked as the old
+judgement had it (created at or before the fork point and not after the fork's creation),
+so nothing changes for them; other rows read as their session's own.
 """
 
 from collections.abc import Sequence
@@ -39,6 +41,7 @@ def upgrade() -> None:
         + ("true" if op.get_bind().dialect.name == "postgresql" else "1")
         + " WHERE EXISTS (SELECT 1 FROM sessions s WHERE s.id = artifacts.session_id"
         " AND s.parent_id IS NOT NULL AND s.forked_from_seq IS NOT NULL"
+        " AND s.copy_status IN ('pending', 'failed')"
         " AND artifacts.created_seq <= s.forked_from_seq AND artifacts.created_at <= s.created_at)"
     )
 

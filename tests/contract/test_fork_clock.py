@@ -349,12 +349,13 @@ def test_what_the_fork_allocates_itself_is_never_taken_for_an_inheritance_it_los
     _assert_inherited(store, raw, fork.id, output_id)
     manager.write_agent_output(own.id, "# the fork's own")
     assert store.resolve(f"agent://{own.id}", session_id=fork.id).content == "# the fork's own"
-    assert allocated.id not in {"7"}  # numbered after what the fork inherited
+    assert int(allocated.id) > 7  # numbered after what the fork inherited
 
 
 def test_an_inherited_artifact_the_fork_writes_anew_is_its_own(store: SessionStore) -> None:
     """The rows a fork copied at its creation are marked inherited, in the fork only; one
-    the fork writes anew is its own from then on (fails before the upsert clears it)."""
+    the fork writes anew (put again, or an output rewritten in place) is its own from then
+    on (fails before the upsert and the rewrite clear it)."""
     parent_id, output_id = _parent(store)
     fork = _fork_elsewhere(store, parent_id, timedelta(0))
     with store.engine.connect() as conn:
@@ -369,6 +370,35 @@ def test_an_inherited_artifact_the_fork_writes_anew_is_its_own(store: SessionSto
     manager.put_tool_output("7", "bash", "the fork's own log")
     with store.engine.connect() as conn:
         assert rows.inherited_keys(conn, fork.id) == {("agent_output", output_id)}
+    manager.write_agent_output(output_id, "# the fork's own", jsonl='{"step": 2}\n')
+    with store.engine.connect() as conn:
+        assert rows.inherited_keys(conn, fork.id) == set()
     report = store.copy_fork_artifacts(fork.id)
     assert (report.status, report.error) == ("copied", None)
     assert store.artifacts(fork.id).files.get("a.txt") == b"the fork's own"
+
+
+def test_a_fork_of_a_pending_fork_does_not_lose_what_its_parent_allocated_and_never_wrote(
+    store: SessionStore, raw: RawArtifacts
+) -> None:
+    """A fork's own agent output and tool output, allocated and not written, inherited by
+    a fork of it taken while its copy is pending: no file of them was ever written, so the
+    grandchild's copy has nothing to copy, and loses nothing. Fails before: its copy
+    walked past the parent (which had no file) to the grandparent (which has no such row)
+    and failed with both "changed or removed in the parent"."""
+    parent_id, output_id = _parent(store)
+    fork = _fork_elsewhere(store, parent_id, timedelta(0))
+    manager = store.artifacts(fork.id)
+    own = manager.allocate_agent_output("mine")
+    allocated = manager.allocate_path("bash")
+    grandchild = store.fork(fork.id)
+    with store.engine.connect() as conn:
+        assert {("agent_output", own.id), ("tool_output", allocated.id)} <= rows.inherited_keys(
+            conn, grandchild.id
+        )
+
+    report = store.copy_fork_artifacts(grandchild.id)
+    assert (report.status, report.error, report.copied) == ("copied", None, 3)
+    _assert_inherited(store, raw, grandchild.id, output_id)
+    report = store.copy_fork_artifacts(fork.id)
+    assert (report.status, report.error, report.copied) == ("copied", None, 3)

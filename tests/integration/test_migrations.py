@@ -390,17 +390,22 @@ def test_writes_are_indexed_by_session_and_first_seq_from_0024(empty_url: str) -
 def test_a_forks_inherited_artifacts_are_marked_as_they_were_judged_before_0025(
     empty_url: str,
 ) -> None:
-    """0025: a fork's rows created at or before the fork point and not after the fork's
-    creation read as inherited (what the copy judged by the clocks before), every other
-    row as the session's own; the downgrade drops the column and keeps the rows."""
+    """0025: the rows of a fork whose copy is unfinished, created at or before the fork
+    point and not after the fork's creation, read as inherited (what the copy judged by the
+    clocks before), every other row (a finished copy's too: it never runs again) as the
+    session's own; the downgrade drops the column and keeps the rows."""
     migrate.upgrade(empty_url, "0024")
     fork_time, before, after = "2026-01-01 10:00:00", "2026-01-01 09:59:00", "2026-01-01 10:01:00"
     _execute(
         empty_url,
         "INSERT INTO sessions (id, tenant_id, head_seq, created_at, updated_at) "
         f"VALUES ('p', 'acme', 3, '{before}', '{before}')",
-        "INSERT INTO sessions (id, tenant_id, parent_id, forked_from_seq, head_seq, "
-        f"created_at, updated_at) VALUES ('f', 'acme', 'p', 1, 2, '{fork_time}', '{fork_time}')",
+        *(
+            "INSERT INTO sessions (id, tenant_id, parent_id, forked_from_seq, head_seq, "
+            f"copy_status, created_at, updated_at) VALUES ('{fork}', 'acme', 'p', 1, 2, "
+            f"'{status}', '{fork_time}', '{fork_time}')"
+            for fork, status in (("f", "pending"), ("g", "failed"), ("c", "copied"))
+        ),
         *(
             "INSERT INTO artifacts (session_id, kind, local_id, name, size_bytes, created_at, "
             f"created_seq) VALUES ('{session}', 'tool_output', '{local_id}', "
@@ -410,6 +415,8 @@ def test_a_forks_inherited_artifacts_are_marked_as_they_were_judged_before_0025(
                 ("f", "0", before, 1),  # inherited
                 ("f", "1", before, 2),  # allocated after the fork's first append
                 ("f", "2", after, 1),  # allocated before it, after the fork
+                ("g", "0", before, 1),  # inherited
+                ("c", "0", before, 1),  # inherited, but copied already
             )
         ),
     )
@@ -417,12 +424,12 @@ def test_a_forks_inherited_artifacts_are_marked_as_they_were_judged_before_0025(
     assert _diff(empty_url) == []
     with _engine(empty_url) as engine, engine.connect() as conn:
         marked = conn.execute(
-            text("SELECT session_id, local_id FROM artifacts WHERE inherited")
+            text("SELECT session_id, local_id FROM artifacts WHERE inherited ORDER BY session_id")
         ).all()
-        assert [tuple(r) for r in marked] == [("f", "0")]
+        assert [tuple(r) for r in marked] == [("f", "0"), ("g", "0")]
     migrate.downgrade(empty_url, "0024")
     assert "inherited" not in {c["name"] for c in _inspect_columns(empty_url, "artifacts")}
-    assert _count(empty_url, "artifacts") == 4
+    assert _count(empty_url, "artifacts") == 6
     migrate.upgrade(empty_url)
     assert _diff(empty_url) == []
 
