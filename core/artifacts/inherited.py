@@ -282,7 +282,8 @@ class Ancestors:
         return self._rows[session_id].get((kind, local_id))
 
     def inherited(self, session_id: str, kind: str, local_id: str) -> bool:
-        """Whether the session got this row from its own parent (``artifacts.inherited``)."""
+        """Whether the session got this row from its own parent (``artifacts.inherited``);
+        a session's marks are read once."""
         if session_id not in self._inherited:
             self._inherited[session_id] = rows.inherited_keys(self._conn, session_id)
         return (kind, local_id) in self._inherited[session_id]

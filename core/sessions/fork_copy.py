@@ -309,7 +309,6 @@ def _plan_copy(
     # The database's clock read once, if any row needs it, for every row it judges
     now = functools.cache(lambda: database_now(conn))
     ancestors = Ancestors(conn, journal, every_row=True)  # read once, not once a row
-    inherited = rows.inherited_keys(conn, fork.id)
     for row in rows.list_artifacts(conn, fork.id):
         if not row.name:
             continue
@@ -326,7 +325,9 @@ def _plan_copy(
             plan.items.append(_CopyItem(row, found.path, target))
         elif found.inherited:
             plan.missing += 1  # the ancestor has no file either (none was ever written)
-        elif (row.kind, row.local_id) in inherited and not rows.has_expired(conn, row, now=now):
+        elif ancestors.inherited(fork.id, row.kind, row.local_id) and not rows.has_expired(
+            conn, row, now=now
+        ):
             plan.lost.append(f"{row.kind} {row.local_id}: changed or removed in the parent")
     return plan
 
