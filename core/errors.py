@@ -203,7 +203,8 @@ class ArtifactBusy(ArtifactError):
 
 class ArtifactIncomplete(ArtifactError):
     """An artifact's bytes are not the whole output: its writer has not finished it, or
-    died (``state``: ``writing`` or ``truncated``). ``size_bytes`` is what is saved."""
+    died, or the session is a fork taken while it was written (``state``: ``writing`` or
+    ``truncated``). ``size_bytes`` is what is saved."""
 
     def __init__(self, url: str, state: str, size_bytes: int) -> None:
         self.url = url
@@ -212,7 +213,10 @@ class ArtifactIncomplete(ArtifactError):
         if state == "writing":
             why = "its writer has not finished it (or died; expiry marks it truncated later)"
         else:
-            why = f"its writer died after {size_bytes:,} bytes"
+            why = (
+                f"its writer did not finish it here: {size_bytes:,} bytes were saved (the "
+                "writer died, or the session is a fork taken while it was being written)"
+            )
         super().__init__(
             f"{url} is incomplete: {why}; read it with --partial (partial=True) to see "
             "what was saved"

@@ -195,7 +195,10 @@ class _Resolver:
                 f"incomplete: still being written (or its writer died); {found.size:,} bytes so far"
             )
         else:
-            note = f"incomplete: truncated, its writer died; {found.size:,} bytes were saved"
+            note = (
+                "incomplete: truncated (its writer died, or this fork was taken while it was "
+                f"written); {found.size:,} bytes were saved"
+            )
         return replace(found, complete=False, notes=[note])
 
     # agent://<id>[/<path>|?q=<query>] -------------------------------------------------------------

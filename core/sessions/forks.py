@@ -22,7 +22,14 @@ from sqlalchemy import Connection, String, insert, literal, select
 
 from core.artifacts import rows
 from core.artifacts.manager import TOOL_COUNTER, agent_counter
-from core.artifacts.records import AGENT_OUTPUT, FILE, TOOL_OUTPUT, ArtifactInfo
+from core.artifacts.records import (
+    AGENT_OUTPUT,
+    FILE,
+    TOOL_OUTPUT,
+    TRUNCATED,
+    WRITING,
+    ArtifactInfo,
+)
 from core.db import write_transaction
 from core.errors import InvalidArgument, InvalidForkPoint, QuotaExceeded
 from core.journal import Journal
@@ -58,11 +65,14 @@ class Forks:
             point = _fork_point(parent, at_seq)
             inherited = _inherited_rows(conn, parent.id, point, database_now(conn))
             self._check_fork_quota(conn, parent, inherited)
+            artifact_rows = [_fork_row(a, fork_id) for a in inherited]
+            to_copy = any(r["inherited"] for r in artifact_rows)
             _insert_fork_row(
-                conn, parent, fork_id, point, COPY_PENDING if inherited else COPY_DONE, now
+                conn, parent, fork_id, point, COPY_PENDING if to_copy else COPY_DONE, now
             )
             self.journal.copy_events(conn, parent.id, fork_id, point, recorded_at=now)
-            _insert_artifact_rows(conn, fork_id, inherited)
+            if artifact_rows:
+                conn.execute(insert(_artifacts), artifact_rows)
             for name, next_value in _counter_floors(inherited).items():
                 rows.set_counter_floor(conn, fork_id, name, next_value)
             _copy_snapshots(conn, parent.id, fork_id, point)
@@ -142,12 +152,21 @@ def _insert_fork_row(
     )
 
 
-def _insert_artifact_rows(conn: Connection, fork_id: str, inherited: list[ArtifactInfo]) -> None:
-    if inherited:
-        conn.execute(
-            insert(_artifacts),
-            [{**_row_values(a), "session_id": fork_id, "inherited": True} for a in inherited],
-        )
+def _fork_row(artifact: ArtifactInfo, fork_id: str) -> dict[str, Any]:
+    """The fork's row of an artifact it inherits, marked ``inherited``: its content is the
+    parent's, which the fork's copy takes. What had no content yet at the fork is the
+    fork's own, with nothing to copy: a tool output the parent is still writing (the
+    tool's result, which would name it, comes after the fork point; its writer is the
+    parent's, so the fork holds none of it: ``truncated`` at 0 bytes, never passed off as
+    the whole output, nor settled by expiry as a dead writer's) and an agent output
+    allocated and not written yet (a slot the fork may write itself). The parent's
+    finishing them later changes nothing the fork inherited: its copy never fails on them."""
+    values = {**_row_values(artifact), "session_id": fork_id, "inherited": True}
+    if artifact.state == WRITING:
+        values.update(state=TRUNCATED, size_bytes=0, sha256=None, inherited=False)
+    elif artifact.kind == AGENT_OUTPUT and artifact.sha256 is None and not artifact.size_bytes:
+        values["inherited"] = False
+    return values
 
 
 def _row_values(artifact: ArtifactInfo) -> dict[str, Any]:

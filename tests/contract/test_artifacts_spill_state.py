@@ -156,7 +156,7 @@ def test_expiry_marks_a_dead_writers_output_truncated_keeping_its_bytes(
     assert (applied["stale_writes_truncated"], applied["stale_writes_completed"]) == (1, 0)
     assert applied["stale_write_bytes"] == len(PARTIAL) and applied["errors"] == []
     assert _state(manager, artifact_id) == ("truncated", len(PARTIAL))
-    with pytest.raises(ArtifactIncomplete, match=f"died after {len(PARTIAL)} bytes"):
+    with pytest.raises(ArtifactIncomplete, match=f"{len(PARTIAL)} bytes were saved"):
         store.resolve(f"artifact://{artifact_id}", session_id=sid)
     kept = store.resolve(f"artifact://{artifact_id}", session_id=sid, partial=True)
     assert kept.content == PARTIAL.decode() and not kept.complete
@@ -259,7 +259,11 @@ def test_on_s3_an_upload_whose_commit_died_is_completed_by_expiry(
 # --- forks and exports ---------------------------------------------------------------------------
 
 
-def test_a_fork_keeps_the_writing_state_of_what_it_inherited(store: SessionStore) -> None:
+def test_a_fork_holds_none_of_an_output_still_being_written_and_says_so(
+    store: SessionStore,
+) -> None:
+    """Its writer is the parent's: the fork's row is ``truncated`` at 0 bytes, not
+    ``writing`` with no writer of its own (``test_fork_inflight``)."""
     parent = store.create_session(tenant_id="acme").id
     manager = store.artifacts(parent)
     manager.save("whole", "bash")
@@ -267,8 +271,11 @@ def test_a_fork_keeps_the_writing_state_of_what_it_inherited(store: SessionStore
     fork = store.fork(parent)
     assert fork.copy_status == "copied"
     forked = store.artifacts(fork.id)
-    assert {a.local_id: a.state for a in forked.list()} == {"0": "complete", "1": "writing"}
-    with pytest.raises(ArtifactIncomplete):
+    assert {a.local_id: (a.state, a.size_bytes) for a in forked.list()} == {
+        "0": ("complete", 5),
+        "1": ("truncated", 0),
+    }
+    with pytest.raises(ArtifactIncomplete, match="0 bytes were saved"):
         store.resolve(f"artifact://{artifact_id}", session_id=fork.id)
     assert store.resolve("artifact://0", session_id=fork.id).content == "whole"
 

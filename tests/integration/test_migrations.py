@@ -434,6 +434,62 @@ def test_a_forks_inherited_artifacts_are_marked_as_they_were_judged_before_0025(
     assert _diff(empty_url) == []
 
 
+def test_0026_makes_an_unfinished_forks_rows_of_unfinished_outputs_its_own(
+    empty_url: str,
+) -> None:
+    """0026: in a fork whose copy is unfinished, an inherited tool output still
+    ``writing`` becomes ``truncated`` at 0 bytes and an inherited agent output never
+    written an unwritten slot, both the fork's own (its copy failed on them once the parent
+    finished them); written rows, a copied fork's, and the parent's own stay as they were."""
+    migrate.upgrade(empty_url, "0025")
+    at = "2026-01-01 10:00:00"
+    true, false = ("true", "false") if empty_url.startswith("postgresql") else ("1", "0")
+    _execute(
+        empty_url,
+        "INSERT INTO sessions (id, tenant_id, head_seq, created_at, updated_at) "
+        f"VALUES ('p', 'acme', 3, '{at}', '{at}')",
+        *(
+            "INSERT INTO sessions (id, tenant_id, parent_id, forked_from_seq, head_seq, "
+            f"copy_status, created_at, updated_at) VALUES ('{fork}', 'acme', 'p', 1, 2, "
+            f"'{status}', '{at}', '{at}')"
+            for fork, status in (("f", "pending"), ("g", "failed"), ("c", "copied"))
+        ),
+        *(
+            "INSERT INTO artifacts (session_id, kind, local_id, name, size_bytes, sha256, "
+            f"state, inherited, created_at, created_seq) VALUES ('{session}', '{kind}', "
+            f"'{local_id}', '{local_id}.x', {size}, {sha}, '{state}', {marked}, '{at}', 1)"
+            for session, kind, local_id, size, sha, state, marked in (
+                ("p", "tool_output", "0", 5, "NULL", "writing", false),  # the parent's own
+                ("f", "tool_output", "0", 5, "NULL", "writing", true),  # -> truncated, own
+                ("f", "tool_output", "1", 5, "'ab'", "complete", true),  # written: kept
+                ("f", "agent_output", "1-a", 0, "NULL", "complete", true),  # -> own slot
+                ("f", "agent_output", "2-a", 7, "'cd'", "complete", true),  # written: kept
+                ("g", "agent_output", "1-a", 0, "NULL", "complete", true),  # -> own slot
+                ("c", "tool_output", "0", 5, "NULL", "writing", true),  # copied: kept
+            )
+        ),
+    )
+    migrate.upgrade(empty_url)
+    assert _diff(empty_url) == []
+    query = (
+        "SELECT session_id, local_id, state, size_bytes, inherited FROM artifacts "
+        "ORDER BY session_id, local_id"
+    )
+    with _engine(empty_url) as engine, engine.connect() as conn:
+        found = [(r[0], r[1], r[2], r[3], bool(r[4])) for r in conn.execute(text(query))]
+    assert found == [
+        ("c", "0", "writing", 5, True),
+        ("f", "0", "truncated", 0, False),
+        ("f", "1", "complete", 5, True),
+        ("f", "1-a", "complete", 0, False),
+        ("f", "2-a", "complete", 7, True),
+        ("g", "1-a", "complete", 0, False),
+        ("p", "0", "writing", 5, False),
+    ]
+    migrate.downgrade(empty_url, "0025")
+    assert _count(empty_url, "artifacts") == 7
+
+
 def _indexes(url: str, table: str) -> dict[str | None, list[str | None]]:
     with _engine(url) as engine:
         return {i["name"]: i["column_names"] for i in inspect(engine).get_indexes(table)}
