@@ -37,7 +37,7 @@ from core.artifacts.storage import ArtifactStorage, FileArtifactStorage, key_of
 from core.db import read_connection
 from core.errors import SessionNotFound, StorageUnavailable, SymlinkRefused
 from core.journal import Journal
-from core.models import SessionRow, table_of
+from core.models import ArtifactRow, SessionRow, table_of
 from core.records import COPY_FAILED, COPY_PENDING, Session
 from core.translate import storage_errors
 
@@ -49,6 +49,7 @@ _MAX_ANCESTORS = 64  # forks of forks walked to find an inherited file
 HELD_DIR = "forks"
 _UNFINISHED = (COPY_PENDING, COPY_FAILED)
 _sessions = table_of(SessionRow)
+_artifacts = table_of(ArtifactRow)
 _T = TypeVar("_T")
 
 
@@ -302,8 +303,13 @@ def ancestor_file(
     ancestors whose own copy is unfinished, who have no file of their own for it and who
     inherited the row themselves: a fork of a pending fork reads from the grandparent. A
     row an ancestor allocated itself and never wrote has no file anywhere (``Found(None,
-    True)``: nothing was lost).
+    True)``: nothing was lost). A row the session did not inherit is its own, whatever an
+    ancestor's says: one it took as its own at the fork (an output unfinished then) can be
+    identical to the parent's later (expiry settles a silent writer's row the same way),
+    and what the parent's writer writes after the fork is not the fork's.
     """
+    if not ancestors.inherited(session.id, row.kind, row.local_id):
+        return Found(None, False)
     current = session
     for _ in range(_MAX_ANCESTORS):
         parent = ancestors.session(current.parent_id) if current.parent_id else None
@@ -390,8 +396,14 @@ def preserve_for_forks(
     content (another row), are left alone. Returns the forks served.
     """
     found = conn.execute(
-        select(_sessions.c.id, _sessions.c.tenant_id).where(
-            _sessions.c.parent_id == session_id, _sessions.c.copy_status.in_(_UNFINISHED)
+        select(_sessions.c.id, _sessions.c.tenant_id)
+        .join(_artifacts, _artifacts.c.session_id == _sessions.c.id)
+        .where(
+            _sessions.c.parent_id == session_id,
+            _sessions.c.copy_status.in_(_UNFINISHED),
+            _artifacts.c.kind == row.kind,
+            _artifacts.c.local_id == row.local_id,
+            _artifacts.c.inherited,  # a row the fork took as its own is not served
         )
     ).all()
     if not found or not row.name:  # the common case: no storage call at all

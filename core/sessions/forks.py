@@ -27,7 +27,6 @@ from core.artifacts.records import (
     FILE,
     TOOL_OUTPUT,
     TRUNCATED,
-    WRITING,
     ArtifactInfo,
 )
 from core.db import write_transaction
@@ -154,15 +153,21 @@ def _insert_fork_row(
 
 def _fork_row(artifact: ArtifactInfo, fork_id: str) -> dict[str, Any]:
     """The fork's row of an artifact it inherits, marked ``inherited``: its content is the
-    parent's, which the fork's copy takes. What had no content yet at the fork is the
-    fork's own, with nothing to copy: a tool output the parent is still writing (the
-    tool's result, which would name it, comes after the fork point; its writer is the
-    parent's, so the fork holds none of it: ``truncated`` at 0 bytes, never passed off as
-    the whole output, nor settled by expiry as a dead writer's) and an agent output
-    allocated and not written yet (a slot the fork may write itself). The parent's
-    finishing them later changes nothing the fork inherited: its copy never fails on them."""
+    parent's, which the fork's copy takes. What had no whole content at the fork is the
+    fork's own, with nothing to copy:
+
+    - a tool output not complete (``writing``: the parent's tool still at it, its result,
+      which would name the output, after the fork point; or ``truncated``: expiry took its
+      silent writer for dead, and a writer only slow finishes it after all). Its writer is
+      the parent's, and its bytes grow in the parent, so the fork holds none of them: its
+      row is ``truncated`` at 0 bytes, never passed off as the whole output, nor settled by
+      expiry as a dead writer's. The bytes the parent saved stay the parent's;
+    - an agent output allocated and not written yet: a slot the fork may write itself.
+
+    The parent's finishing them later changes nothing the fork inherited: its copy never
+    fails on them, and never takes what the parent wrote after the fork."""
     values = {**_row_values(artifact), "session_id": fork_id, "inherited": True}
-    if artifact.state == WRITING:
+    if artifact.kind == TOOL_OUTPUT and not artifact.complete:
         values.update(state=TRUNCATED, size_bytes=0, sha256=None, inherited=False)
     elif artifact.kind == AGENT_OUTPUT and artifact.sha256 is None and not artifact.size_bytes:
         values["inherited"] = False

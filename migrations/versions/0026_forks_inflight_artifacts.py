@@ -4,16 +4,19 @@ Revision ID: 0026
 Revises: 0025
 Create Date: 2026-11-29 07:00:00
 
-A fork inherited a tool output its parent was still writing as ``writing`` and an agent
-output its parent had allocated and not written as that empty slot, both marked inherited.
-Once the parent finished either, the row no longer matched the fork's, and the fork's copy
-failed for good ("changed or removed in the parent"). A fork now takes such rows as its
-own at its creation (``core.sessions.forks._fork_row``): the tool output ``truncated`` at 0
-bytes (the fork holds none of it), the agent output an unwritten slot.
+A fork inherited a tool output that was not complete in its parent (``writing``, or
+``truncated`` by expiry for a silent writer) and an agent output its parent had allocated
+and not written, as they were, marked inherited. Once the parent finished either, the row
+no longer matched the fork's, and the fork's copy failed for good ("changed or removed in
+the parent"). A fork now takes such rows as its own at its creation
+(``core.sessions.forks._fork_row``): the tool output ``truncated`` at 0 bytes (the fork
+holds none of it), the agent output an unwritten slot.
 
 Existing rows: the same, for the forks whose copy is unfinished (pending or failed: the
-only ones whose copy runs again; a failed one is retried by ``sessions copy-artifacts``).
-The downgrade keeps them: the older code reads them as rows the fork wrote itself.
+only ones whose copy runs again; a failed one is retried by ``sessions copy-artifacts``),
+an inherited ``writing`` row that expiry has settled since (``truncated`` at the size of
+whatever the fork's copy had taken) included. The downgrade keeps them: the older code
+reads them as rows the fork wrote itself.
 """
 
 from collections.abc import Sequence
@@ -37,7 +40,7 @@ def upgrade() -> None:
     where = _UNFINISHED_FORK.format(true=true)
     op.execute(
         f"UPDATE artifacts SET state = 'truncated', size_bytes = 0, sha256 = NULL, "
-        f"inherited = {false} WHERE state = 'writing' AND {where}"
+        f"inherited = {false} WHERE kind = 'tool_output' AND state <> 'complete' AND {where}"
     )
     op.execute(
         f"UPDATE artifacts SET inherited = {false} WHERE kind = 'agent_output'"

@@ -128,3 +128,79 @@ def test_a_fork_taken_before_an_allocated_agent_output_is_written_has_a_slot_of_
     store.artifacts(fork.id).write_agent_output(slot.id, "# the fork's own")
     assert store.resolve(url, session_id=fork.id).content == "# the fork's own"
     assert store.resolve(url, session_id=parent.id).content == "# the parent's findings"
+
+
+def _settle_as_dead(store: SessionStore) -> None:
+    """Expiry, as if the parent's writer had been silent for longer than the staging age."""
+    later = utcnow() + timedelta(seconds=store.settings.staging_max_age_seconds + 5)
+    swept = expire_artifacts(store.engine, store.oversized, apply=True, now=later)
+    assert swept.stale_writes_truncated == 1
+
+
+def _holds_none_of_it(store: SessionStore, fork_id: str, allocated: AllocatedPath) -> None:
+    url = f"artifact://{allocated.id}"
+    partial = store.resolve(url, session_id=fork_id, partial=True)
+    assert (partial.content, partial.complete) == ("", False)
+    with store.engine.connect() as conn:
+        held = rows.get_artifact(conn, fork_id, "tool_output", allocated.id)
+    assert held is not None and (held.state, held.size_bytes) == (TRUNCATED, 0)
+
+
+def test_a_fork_of_an_output_expiry_truncated_survives_its_writer_finishing_after_all(
+    store: SessionStore, raw: RawArtifacts
+) -> None:
+    """The parent's writer was only slow: expiry marked its output ``truncated``, a fork
+    was taken, then the writer wrote on and finalized. The fork holds none of it (what it
+    would hold grows in the parent) and its copy completes. Fails before: the fork
+    inherited the truncated row, read the bytes written after the fork (on files), and its
+    copy failed for good once the parent's row became ``complete``."""
+    parent_id, allocated = _streaming_parent(store)
+    _settle_as_dead(store)
+    defer_copies(store)
+    fork = store.fork(parent_id)
+    with allocated.path.open("ab") as log:
+        log.write(SECOND)  # the slow writer goes on, after the fork
+    _holds_none_of_it(store, fork.id, allocated)
+    store.artifacts(parent_id).finalize_tool_output(allocated.id)
+
+    report = store.copy_fork_artifacts(fork.id)
+    assert (report.status, report.error, report.copied) == ("copied", None, 1)
+    _holds_none_of_it(store, fork.id, allocated)
+    url = f"artifact://{allocated.id}"
+    assert store.resolve(url, session_id=parent_id).content == (FIRST + SECOND).decode()
+    directory = store.artifacts(fork.id).directory()
+    assert not raw.exists(directory / f"{allocated.id}.bash.log")
+
+
+@pytest.mark.parametrize("finish", ["finalize", "put"])
+def test_a_forks_own_row_identical_to_its_parents_later_one_never_reads_the_parents_bytes(
+    store: SessionStore, raw: RawArtifacts, finish: str
+) -> None:
+    """A tool that has written nothing at the fork, silent for longer than the staging
+    age: expiry settles the parent's row as ``truncated`` at 0 bytes, the very row the fork
+    took as its own. What the writer writes after that is the parent's only, and so is an
+    output put anew over it. Fails before (files): the pending fork read the writer's bytes
+    and its copy took them, its row saying 0 bytes; the parent's put gave the fork a link
+    to them (``preserve_for_forks`` served the identical row)."""
+    parent = store.create_session(tenant_id="acme")
+    store.append(parent.id, [{"type": "custom", "n": 1}])
+    manager = store.artifacts(parent.id)
+    manager.files.put("a.txt", FILE)
+    allocated = manager.allocate_path("bash")  # no byte written yet
+    defer_copies(store)
+    fork = store.fork(parent.id)
+    _settle_as_dead(store)
+    allocated.path.write_bytes(SECOND)  # the slow writer's output, after both
+    _holds_none_of_it(store, fork.id, allocated)
+
+    if finish == "put":  # the parent's output put anew, over the file it names, while
+        # the fork's copy is pending: the parent's write keeps nothing for the fork
+        manager.put_tool_output(allocated.id, "bash", "the parent's, put anew")
+        _holds_none_of_it(store, fork.id, allocated)
+    report = store.copy_fork_artifacts(fork.id)
+    assert (report.status, report.error, report.copied) == ("copied", None, 1)
+    if finish == "finalize":
+        manager.finalize_tool_output(allocated.id)
+    _holds_none_of_it(store, fork.id, allocated)
+    directory = store.artifacts(fork.id).directory()
+    assert not raw.exists(directory / f"{allocated.id}.bash.log")

@@ -437,10 +437,11 @@ def test_a_forks_inherited_artifacts_are_marked_as_they_were_judged_before_0025(
 def test_0026_makes_an_unfinished_forks_rows_of_unfinished_outputs_its_own(
     empty_url: str,
 ) -> None:
-    """0026: in a fork whose copy is unfinished, an inherited tool output still
-    ``writing`` becomes ``truncated`` at 0 bytes and an inherited agent output never
-    written an unwritten slot, both the fork's own (its copy failed on them once the parent
-    finished them); written rows, a copied fork's, and the parent's own stay as they were."""
+    """0026: in a fork whose copy is unfinished, an inherited tool output not complete
+    (``writing``, or ``truncated`` by expiry) becomes ``truncated`` at 0 bytes and an
+    inherited agent output never written an unwritten slot, both the fork's own (its copy
+    failed on them once the parent finished them); written rows, a copied fork's, and the
+    parent's own stay as they were."""
     migrate.upgrade(empty_url, "0025")
     at = "2026-01-01 10:00:00"
     true, false = ("true", "false") if empty_url.startswith("postgresql") else ("1", "0")
@@ -461,6 +462,7 @@ def test_0026_makes_an_unfinished_forks_rows_of_unfinished_outputs_its_own(
             for session, kind, local_id, size, sha, state, marked in (
                 ("p", "tool_output", "0", 5, "NULL", "writing", false),  # the parent's own
                 ("f", "tool_output", "0", 5, "NULL", "writing", true),  # -> truncated, own
+                ("f", "tool_output", "2", 4, "NULL", "truncated", true),  # -> 0 bytes, own
                 ("f", "tool_output", "1", 5, "'ab'", "complete", true),  # written: kept
                 ("f", "agent_output", "1-a", 0, "NULL", "complete", true),  # -> own slot
                 ("f", "agent_output", "2-a", 7, "'cd'", "complete", true),  # written: kept
@@ -482,12 +484,13 @@ def test_0026_makes_an_unfinished_forks_rows_of_unfinished_outputs_its_own(
         ("f", "0", "truncated", 0, False),
         ("f", "1", "complete", 5, True),
         ("f", "1-a", "complete", 0, False),
+        ("f", "2", "truncated", 0, False),
         ("f", "2-a", "complete", 7, True),
         ("g", "1-a", "complete", 0, False),
         ("p", "0", "writing", 5, False),
     ]
     migrate.downgrade(empty_url, "0025")
-    assert _count(empty_url, "artifacts") == 7
+    assert _count(empty_url, "artifacts") == 8
 
 
 def _indexes(url: str, table: str) -> dict[str | None, list[str | None]]:
