@@ -440,8 +440,9 @@ def test_0026_makes_an_unfinished_forks_rows_of_unfinished_outputs_its_own(
     """0026: in a fork whose copy is unfinished, an inherited tool output not complete
     (``writing``, or ``truncated`` by expiry) becomes ``truncated`` at 0 bytes and an
     inherited agent output never written an unwritten slot, both the fork's own (its copy
-    failed on them once the parent finished them); written rows, a copied fork's, and the
-    parent's own stay as they were."""
+    failed on them once the parent finished them); a row identical to the parent's that
+    0025's clocks left unmarked is marked inherited (reads and copies go by the marks
+    alone); the fork's own rows, a copied fork's, and the parent's stay as they were."""
     migrate.upgrade(empty_url, "0025")
     at = "2026-01-01 10:00:00"
     true, false = ("true", "false") if empty_url.startswith("postgresql") else ("1", "0")
@@ -468,6 +469,14 @@ def test_0026_makes_an_unfinished_forks_rows_of_unfinished_outputs_its_own(
                 ("f", "agent_output", "2-a", 7, "'cd'", "complete", true),  # written: kept
                 ("g", "agent_output", "1-a", 0, "NULL", "complete", true),  # -> own slot
                 ("c", "tool_output", "0", 5, "NULL", "writing", true),  # copied: kept
+                # files: identical to the parent's, left unmarked by 0025's clocks (the
+                # parent's writer ahead) -> inherited; the fork's own put; no parent's
+                ("p", "file", "a", 3, "'ef'", "complete", false),
+                ("f", "file", "a", 3, "'ef'", "complete", false),  # -> inherited
+                ("c", "file", "a", 3, "'ef'", "complete", false),  # copied: kept
+                ("p", "file", "b", 3, "'ef'", "complete", false),
+                ("f", "file", "b", 4, "'gh'", "complete", false),  # its own: kept
+                ("f", "file", "c", 3, "'ef'", "complete", false),  # its own: kept
             )
         ),
     )
@@ -481,16 +490,22 @@ def test_0026_makes_an_unfinished_forks_rows_of_unfinished_outputs_its_own(
         found = [(r[0], r[1], r[2], r[3], bool(r[4])) for r in conn.execute(text(query))]
     assert found == [
         ("c", "0", "writing", 5, True),
+        ("c", "a", "complete", 3, False),
         ("f", "0", "truncated", 0, False),
         ("f", "1", "complete", 5, True),
         ("f", "1-a", "complete", 0, False),
         ("f", "2", "truncated", 0, False),
         ("f", "2-a", "complete", 7, True),
+        ("f", "a", "complete", 3, True),
+        ("f", "b", "complete", 4, False),
+        ("f", "c", "complete", 3, False),
         ("g", "1-a", "complete", 0, False),
         ("p", "0", "writing", 5, False),
+        ("p", "a", "complete", 3, False),
+        ("p", "b", "complete", 3, False),
     ]
     migrate.downgrade(empty_url, "0025")
-    assert _count(empty_url, "artifacts") == 8
+    assert _count(empty_url, "artifacts") == 14
 
 
 def _indexes(url: str, table: str) -> dict[str | None, list[str | None]]:
