@@ -48,7 +48,7 @@ from core.interop.model import Format, IgnoredLine, ParsedEntry, ParsedSession, 
 FORMAT: Format = "claude-code"
 # what Claude Code names a session's file by (a UUID)
 _SESSION_ID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}", re.I)
-META_KEY = "claudeCode"
+META_KEY = pi.CLAUDE_CODE_KEY
 CUSTOM_PREFIX = "claude-code."
 _MESSAGE_TYPES = frozenset({"user", "assistant"})
 _KNOWN_TYPES = frozenset(
@@ -143,14 +143,27 @@ def parse_claude_code(path: Path, data: bytes) -> ParsedSession:
 
 
 def _escaped(entries: list[ParsedEntry], raw_lines: list[tuple[int, bytes]]) -> list[ParsedEntry]:
-    """The entries, each one holding a lone surrogate (a JSON escape: Claude Code's
-    JSON.stringify writes one for a string cut inside an emoji) kept escaped, as a pi line
-    holding one is (``pi.ESCAPED_LINE``): no database text holds one, and export writes the
-    entry back exactly."""
-    if not any(pi.holds_surrogate_escape(raw) for _, raw in raw_lines):
-        return entries  # the common case, decided on the bytes
+    """The entries the journal cannot hold as they are kept escaped, as such a pi line is
+    (``pi.ESCAPED_LINE``), and export writes them back exactly: one holding a lone
+    surrogate (a JSON escape: Claude Code's JSON.stringify writes one for a string cut
+    inside an emoji; no database text holds one), an image whose data reads as a blob ref
+    (the journal would take it for a ref to a stored blob), or a key the journal drops as
+    pi's transient state (``partialJson``, ``jsonlEvents``: in a Claude Code line, a tool's
+    input or result like any other). Decided on the bytes first: the common case is none."""
+    raws = [raw for _, raw in raw_lines]
+    tests = [
+        test
+        for may_hold, test in (
+            (pi.holds_surrogate_escape, pi.holds_lone_surrogate),
+            (pi.may_hold_ref, pi.holds_ref_image),
+            (pi.may_hold_transient_key, pi.holds_transient_key),
+        )
+        if any(may_hold(raw) for raw in raws)
+    ]
+    if not tests:
+        return entries
     return [
-        ParsedEntry(e.line, pi.escaped_line(e.entry)) if pi.holds_lone_surrogate(e.entry) else e
+        ParsedEntry(e.line, pi.escaped_line(e.entry)) if any(t(e.entry) for t in tests) else e
         for e in entries
     ]
 

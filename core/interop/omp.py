@@ -47,7 +47,7 @@ from core.errors import ExportIncomplete, SymlinkRefused, UnreadableFile
 from core.fsio import published_text, replace_atomically
 from core.interop import exporter, pi
 from core.interop.importer import register_converter
-from core.interop.model import ArtifactFile, Format, ParsedSession
+from core.interop.model import ArtifactFile, Format, ParsedEntry, ParsedSession
 
 if TYPE_CHECKING:
     from core.store import SessionStore
@@ -92,9 +92,9 @@ def sniff_omp(path: Path, data: bytes) -> bool:
 
 def parse_omp(path: Path, data: bytes, *, blobs_dir: Path | None = None) -> ParsedSession:
     """The session file as pi entries with blob refs resolved, plus its artifact files."""
-    parsed = pi.parse(path, data)
+    parsed = pi.parse(path, data, literal_refs=False)
     blobs = _BlobReader(blobs_dir or default_blobs_dir(path))
-    entries = [replace(e, entry=blobs.resolve(e.entry)) for e in parsed.entries]
+    entries = [_literal(replace(e, entry=blobs.resolve(e.entry))) for e in parsed.entries]
     if blobs.missing:
         log.warning(
             "blobs referenced by the session are missing; their refs are kept",
@@ -107,6 +107,18 @@ def parse_omp(path: Path, data: bytes, *, blobs_dir: Path | None = None) -> Pars
         artifacts=list_artifacts(artifacts_dir(path)),
         missing_blobs=blobs.missing,
     )
+
+
+def _literal(entry: ParsedEntry) -> ParsedEntry:
+    """An entry still holding an image whose data reads as a blob ref (where oh-my-pi puts
+    none) kept escaped, as pi's parser keeps one: that is its text, not a ref to a blob of
+    the store."""
+    if not pi.holds_ref_image(entry.entry):
+        return entry
+    value = entry.entry
+    if value.get("type") == pi.ESCAPED_LINE and isinstance(value.get("value"), dict):
+        return replace(entry, entry={**value, "value": pi.escaped_refs(value["value"])})
+    return replace(entry, entry=pi.escaped_line(value))
 
 
 @dataclass

@@ -32,6 +32,7 @@ from typing import IO, Any
 import orjson
 
 from core.blobs.externalize import TRANSIENT_FIELDS
+from core.blobs.store import BLOB_REF_PREFIX, looks_like_ref
 from core.errors import ImportFormatError
 from core.exact_json import LONE_SURROGATE, escape_lone_surrogates
 from core.interop.model import IgnoredLine, ParsedEntry, ParsedSession, SessionHeader
@@ -54,6 +55,8 @@ NOT_AN_OBJECT = "not a JSON object"
 #   "parentId", "value": the line escaped}`` (``escaped_line``); its id and parentId (those
 #   without a lone surrogate) place it in pi's tree. Events stored before the escape (and a
 #   line nested too deeply for it) hold ``"json": the line as dumps_exact writes it`` instead.
+#   So is a line with an image block whose ``data`` reads as a blob ref (``holds_ref_image``):
+#   the journal would take the text for a ref to a blob of the store.
 UNTYPED_LINE = "sessionstore.untyped_line"
 ESCAPED_LINE = "sessionstore.escaped_line"
 # An escaped line's ``value`` is the line with only what the journal cannot keep as it is
@@ -62,8 +65,9 @@ ESCAPED_LINE = "sessionstore.escaped_line"
 # - a string holding a lone surrogate: ``{ESCAPED_STRING: pieces}``, its runs without one
 #   (strings) and each lone surrogate (its code point, an int), in order;
 # - an object with a key no stored object holds as it is (a lone surrogate or U+0000 in it,
-#   one the externalizer drops, or one of these two names): ``{ESCAPED_OBJECT: [key, value,
-#   key, value, ...]}``, its members in order, each key escaped as a string is.
+#   one the externalizer drops, or one of these two names), or an image block whose data
+#   reads as a blob ref: ``{ESCAPED_OBJECT: [key, value, key, value, ...]}``, its members in
+#   order, each key escaped as a string is.
 # Every other value is itself. No object of ``value`` but an escape has either name as a key,
 # so undoing the escape (``unescaped``) gives back exactly the line.
 ESCAPED_STRING = "sessionstore.escaped_string"
@@ -284,8 +288,12 @@ def sniff(data: bytes) -> bool:
         return False
 
 
-def parse(path: Path, data: bytes) -> ParsedSession:
-    """A pi session file's bytes as a ``ParsedSession`` of version-3 entries."""
+def parse(path: Path, data: bytes, *, literal_refs: bool = True) -> ParsedSession:
+    """A pi session file's bytes as a ``ParsedSession`` of version-3 entries.
+
+    ``literal_refs``: an image whose data reads as a blob ref is that text, kept escaped
+    (``holds_ref_image``); oh-my-pi's parser, whose files hold refs to their blobs
+    directory, resolves them first (``core.interop.omp``)."""
     lines, consumed, incomplete = split_lines(data)
     replaced: list[int] = []
     ignored: list[IgnoredLine] = []
@@ -298,13 +306,19 @@ def parse(path: Path, data: bytes) -> ParsedSession:
     migrate(values)
     # a lone surrogate can only come from an escape: invalid UTF-8 is read as U+FFFD
     escapes = {n for n, raw in lines if holds_surrogate_escape(raw)}
+    refs = {n for n, raw in lines if literal_refs and may_hold_ref(raw)}
+    transient = {n for n, raw in lines if may_hold_transient_key(raw)}
     entries = []
     for number, value in objects[1:]:
         why = entry_problem(value)
         if why is not None:
             ignored.append(IgnoredLine(number, why))
-        elif number in escapes and holds_lone_surrogate(value):
-            entries.append(ParsedEntry(number, escaped_line(value)))
+        elif (
+            (number in escapes and holds_lone_surrogate(value))
+            or (number in refs and holds_ref_image(value))
+            or (number in transient and CLAUDE_CODE_KEY in value and holds_transient_key(value))
+        ):
+            entries.append(ParsedEntry(number, escaped_line(value, literal_refs=literal_refs)))
         elif not is_event_type(value.get("type")):
             entries.append(ParsedEntry(number, {"type": UNTYPED_LINE, "line": value}))
         else:
@@ -358,15 +372,67 @@ def holds_lone_surrogate(value: Any) -> bool:
     return False
 
 
-def escaped_line(value: dict[str, Any]) -> dict[str, Any]:
-    """The event that keeps a line holding a lone surrogate (``ESCAPED_LINE``): the line
+def holds_ref_image(value: Any) -> bool:
+    """Whether a line holds an image block whose ``data`` reads as a blob ref
+    (``blob:sha256:<hex>``): the journal takes that for a ref to a stored blob (a producer
+    sends one for an image it stored before), while in a file another agent wrote it is the
+    text it is, which would otherwise name (or fail on) a blob of the store. Only a line
+    whose bytes ``may_hold_ref`` can."""
+    return _any_object(value, _is_ref_image)
+
+
+def may_hold_ref(raw: bytes) -> bool:
+    return BLOB_REF_PREFIX.encode() in raw
+
+
+# The member of an entry imported from a Claude Code transcript that keeps its line
+# (``core.interop.claude_code``): exported as a pi line and read again, the line's keys
+# the journal drops as pi's transient state are kept, as its import kept them.
+CLAUDE_CODE_KEY = "claudeCode"
+
+
+def holds_transient_key(value: Any) -> bool:
+    """Whether a line holds a key the journal drops as pi's transient state
+    (``TRANSIENT_FIELDS``): in another agent's file, data like any other. Only a line whose
+    bytes ``may_hold_transient_key`` can."""
+    return _any_object(value, lambda item: not TRANSIENT_FIELDS.isdisjoint(item))
+
+
+def may_hold_transient_key(raw: bytes) -> bool:
+    return any(marker in raw for marker in _TRANSIENT_MARKERS)
+
+
+_TRANSIENT_MARKERS = tuple(f'"{name}"'.encode() for name in sorted(TRANSIENT_FIELDS))
+
+
+def _is_ref_image(item: dict[str, Any]) -> bool:
+    data = item.get("data")
+    return item.get("type") == "image" and isinstance(data, str) and looks_like_ref(data)
+
+
+def _any_object(value: Any, test: Callable[[dict[str, Any]], bool]) -> bool:
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, dict):
+            if test(item):
+                return True
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+    return False
+
+
+def escaped_line(value: dict[str, Any], *, literal_refs: bool = True) -> dict[str, Any]:
+    """The event that keeps a line the journal cannot hold as it is (``ESCAPED_LINE``: a
+    lone surrogate, an image's data reading as a blob ref, a key it drops): the line
     escaped (``value``), or its text (``json``) if the escape would nest too deeply."""
     event: dict[str, Any] = {"type": ESCAPED_LINE}
     for key in ("id", "parentId"):
         if key in value and not holds_lone_surrogate(value[key]):
             event[key] = value[key]
     if _depth(value, ESCAPED_MAX_DEPTH) < ESCAPED_MAX_DEPTH:
-        escaped = _escaped(value)
+        escaped = _escaped(value, literal_refs)
         if _depth(escaped, ESCAPED_MAX_DEPTH) < ESCAPED_MAX_DEPTH:
             event["value"] = escaped
             return event
@@ -389,17 +455,33 @@ def _depth(value: Any, most: int) -> int:
     return deepest
 
 
-def _escaped(value: Any) -> Any:
+def _escaped(value: Any, literal_refs: bool) -> Any:
     """``value`` with its strings holding a lone surrogate and its objects with a key that
     cannot be stored escaped (``ESCAPED_STRING``, ``ESCAPED_OBJECT``)."""
     if isinstance(value, str):
         return _escaped_string(value) if LONE_SURROGATE.search(value) else value
     if isinstance(value, list):
-        return [_escaped(item) for item in value]
+        return [_escaped(item, literal_refs) for item in value]
     if isinstance(value, dict):
-        if any(_escaped_key(key) for key in value):
-            return {ESCAPED_OBJECT: [_escaped(x) for member in value.items() for x in member]}
-        return {key: _escaped(item) for key, item in value.items()}
+        if any(_escaped_key(key) for key in value) or (literal_refs and _is_ref_image(value)):
+            return {
+                ESCAPED_OBJECT: [
+                    _escaped(x, literal_refs) for member in value.items() for x in member
+                ]
+            }
+        return {key: _escaped(item, literal_refs) for key, item in value.items()}
+    return value
+
+
+def escaped_refs(value: Any) -> Any:
+    """An escaped line's ``value`` (``_escaped`` with ``literal_refs`` off) with its images
+    whose data reads as a blob ref escaped as well, and nothing else changed."""
+    if isinstance(value, list):
+        return [escaped_refs(item) for item in value]
+    if isinstance(value, dict):
+        if _is_ref_image(value):  # its keys are plain: one that is not made it escaped
+            return {ESCAPED_OBJECT: [x for k, v in value.items() for x in (k, escaped_refs(v))]}
+        return {key: escaped_refs(item) for key, item in value.items()}
     return value
 
 

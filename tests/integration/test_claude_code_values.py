@@ -5,6 +5,8 @@ odd types)."""
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import io
 import itertools
 import json
@@ -26,11 +28,11 @@ from tests.unit.test_pi_format import with_lone_surrogates
 # any code point, NUL and lone surrogates too (an entry holding one is kept as its text,
 # ``pi.ESCAPED_LINE``, as a pi line holding one is): everything must come back exactly
 _text = with_lone_surrogates(st.text(st.characters(codec="utf-8"), max_size=20))
-# the journal refuses object keys with U+0000 (a typed InvalidEvent), on both backends; the
-# declared transient fields are dropped at any depth (DESIGN invariant 7), so they are not
-# values that come back (Hypothesis draws string constants from the code under test, and
-# drew "partialJson" as a tool input's key)
-_key = _text.filter(lambda k: "\x00" not in k and k not in TRANSIENT_FIELDS)
+# the journal refuses object keys with U+0000 (a typed InvalidEvent), on both backends. The
+# keys it drops as pi's transient state (TRANSIENT_FIELDS, DESIGN invariant 7) are a Claude
+# Code line's data like any other, kept escaped, so they come back too (Hypothesis draws
+# string constants from the code under test: it drew "partialJson" as a tool input's key)
+_key = _text.filter(lambda k: "\x00" not in k) | st.sampled_from(sorted(TRANSIENT_FIELDS))
 _scalar = (
     st.none()
     | st.booleans()
@@ -182,3 +184,67 @@ def test_a_lone_surrogate_is_kept_and_exported_exactly(store: SessionStore, tmp_
     again = store.import_session(exported, tenant_id="acme")
     assert (again.status, again.session_id) == ("unchanged", result.session_id)
     assert store.import_session(path, tenant_id="acme").status == "unchanged"
+
+
+def test_keys_the_journal_drops_and_image_data_reading_as_a_ref_come_back_exactly(
+    store: SessionStore, tmp_path: Path
+) -> None:
+    """A tool's input and result with ``partialJson`` and ``jsonlEvents`` keys (pi's
+    transient state, which the journal drops: in a Claude Code line, data like any other)
+    and an image whose data reads ``blob:sha256:<hex>`` (the journal takes that for a ref:
+    one naming another session's blob served that blob's image, one naming none failed
+    the import after its session was created) come back exactly, and the export imports
+    again unchanged. Fails before: the keys were dropped at every depth, silently."""
+    image = base64.b64encode(bytes(range(256)) * 8).decode()
+    other = store.create_session(tenant_id="acme")
+    store.append(other.id, [{"type": "custom", "content": [{"type": "image", "data": image}]}])
+    stored_ref = "blob:sha256:" + hashlib.sha256(base64.b64decode(image)).hexdigest()
+    absent = "blob:sha256:" + "0" * 64
+    base = {"sessionId": "refs", "timestamp": "2026-01-01T00:00:00Z", "cwd": "/w"}
+    call = {
+        "type": "tool_use",
+        "id": "t",
+        "name": "query",
+        "input": {"partialJson": '{"q": 1}', "jsonlEvents": ["e1"], "sql": "select 1"},
+    }
+    images = [
+        {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": d}}
+        for d in (stored_ref, absent)
+    ]
+    result_block = {"type": "tool_result", "tool_use_id": "t", "content": "ok"}
+    lines = [
+        {**base, "type": "user", "uuid": "u", "parentUuid": None,
+         "message": {"role": "user", "content": [{"type": "text", "text": "look"}, *images]}},
+        {**base, "type": "assistant", "uuid": "a", "parentUuid": "u",
+         "message": {"id": "m", "role": "assistant", "model": "x", "usage": {},
+                     "content": [call]}},
+        {**base, "type": "user", "uuid": "r", "parentUuid": "a",
+         "toolUseResult": {"rows": [{"partialJson": "x", "id": 7}]},
+         "message": {"role": "user", "content": [result_block]}},
+    ]  # fmt: skip
+    path = tmp_path / "refs.jsonl"
+    path.write_bytes(b"".join(json.dumps(x).encode() + b"\n" for x in lines))
+    result = store.import_session(path, tenant_id="acme")
+    assert result.status == "created"
+    stored = [e.payload for e in store.read(result.session_id, rehydrate=True)][1:]
+    assert stored == [p.entry for p in parse_claude_code(path, path.read_bytes()).entries]
+    values = [pi.line_value(entry) for entry in stored]
+    arguments = [b["arguments"] for v in values for b in _blocks_of(v) if "arguments" in b]
+    assert arguments == [call["input"]]
+    datas = [b["data"] for v in values for b in _blocks_of(v) if b.get("type") == "image"]
+    assert datas == [stored_ref, absent]
+    exported = tmp_path / "exported.jsonl"
+    with exported.open("w", encoding="utf-8") as out:
+        store.export_session(result.session_id, out)
+    text = exported.read_text(encoding="utf-8")
+    assert text.count('"partialJson"') == 2 and '"jsonlEvents":["e1"]' in text
+    assert text.count(stored_ref) == 1 and text.count(absent) == 1 and image not in text
+    # named: a file holding a ref is taken for oh-my-pi's, whose refs name its blob files
+    again = store.import_session(exported, tenant_id="acme", format="pi")
+    assert (again.status, again.session_id) == ("unchanged", result.session_id)
+
+
+def _blocks_of(value: dict[str, Any]) -> list[dict[str, Any]]:
+    message = value.get("message")
+    content = message.get("content") if isinstance(message, dict) else None
+    return [b for b in content if isinstance(b, dict)] if isinstance(content, list) else []

@@ -4,6 +4,8 @@ to a version-3 file with the same JSON values; import(export(x)) has x's state. 
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import io
 import json
 import math
@@ -846,3 +848,37 @@ def test_an_id_with_a_lone_surrogate_is_never_another_ids_key(
     assert store.resolve_session("p\\ud800", tenant_id=TENANT).id == first.session_id
     again = store.import_session(tmp_path / "surrogate.jsonl", tenant_id=TENANT)
     assert (again.status, again.session_id) == ("unchanged", second.session_id)
+
+
+def test_an_image_whose_data_reads_as_a_blob_ref_comes_back_as_written(
+    store: SessionStore, tmp_path: Path
+) -> None:
+    """pi writes an image's base64 as its data; a pi file whose image data reads
+    ``blob:sha256:<hex>`` holds that text, which the journal would take for a ref to a
+    stored blob (a file holding a ref is detected as oh-my-pi's, which resolves its refs
+    from its blobs directory: this is the pi format named). Fails before: one naming a
+    blob of another session of the tenant was served as that blob's image."""
+    image = base64.b64encode(bytes(range(256)) * 8).decode()
+    other = store.create_session(tenant_id=TENANT)
+    store.append(other.id, [{"type": "custom", "content": [{"type": "image", "data": image}]}])
+    stored = "blob:sha256:" + hashlib.sha256(base64.b64decode(image)).hexdigest()
+    absent = "blob:sha256:" + "f" * 64
+    lines = v3_lines()
+    content = [{"type": "image", "data": ref, "mimeType": "image/png"} for ref in (stored, absent)]
+    message = {"role": "user", "content": content, "timestamp": 1}
+    odd = {"type": "message", "id": "img1", "parentId": lines[-1]["id"], "message": message}
+    odd["timestamp"] = lines[-1]["timestamp"]
+    path = tmp_path / "s.jsonl"
+    write(path, [*lines, odd])
+    # named: a file holding a ref is taken for oh-my-pi's, whose refs name its blob files
+    result = store.import_session(path, tenant_id=TENANT, format="pi")
+    assert (result.status, result.appended) == ("created", len(lines) + 1)
+    last = pi.line_value(store.read(result.session_id, rehydrate=True)[-1].payload)
+    assert last == odd
+    out = io.StringIO()
+    store.export_session(result.session_id, out)
+    assert out.getvalue().splitlines()[-1] == pi.line_text(odd)
+    assert image not in out.getvalue()
+    again = tmp_path / "again.jsonl"
+    again.write_text(out.getvalue(), encoding="utf-8")
+    assert store.import_session(again, tenant_id=TENANT, format="pi").status == "unchanged"
