@@ -242,9 +242,15 @@ class _Converter:
             # the session it resumes: linked as its parent, nothing inherited (as a pi
             # fork's file, this one holds its own copy of the lines)
             parent_id=resumed[-1] if resumed and not subagent else None,
-            # until stop 37 a file was keyed by the first sessionId in it
-            former_ids=tuple(k for k in [self._first_key(stem)] if k and k != external),
+            former_ids=self._former_keys(stem, external),
         )
+
+    def _former_keys(self, stem: str, external: str) -> tuple[str, ...]:
+        """The keys an earlier pass over this file may have had: its name, when no line
+        then named a session (a file not named by a session id, that began with lines of
+        none: a summary); and, until stop 37, the first sessionId in it."""
+        keys = [stem, self._first_key(stem)]
+        return tuple(dict.fromkeys(k for k in keys if k and k != external))
 
     def _first_key(self, stem: str) -> str | None:
         """The key a file had when the first sessionId in it decided (before stop 37)."""

@@ -265,3 +265,31 @@ def test_a_subagent_file_whose_name_is_not_utf8(store: SessionStore, tmp_path: P
         store.resolve_session(f"{SESSION_ID}/agent-4a\\xff", tenant_id=TENANT).id == done.session_id
     )
     assert store.import_session(sub, tenant_id=TENANT).status == "unchanged"
+
+
+def test_a_file_keyed_by_its_name_before_any_line_named_a_session_goes_on_there(
+    store: SessionStore, tmp_path: Path
+) -> None:
+    """A copy not named by a session id whose first pass saw no sessionId (only a summary
+    line) was keyed by its name; once a line naming a session is written to it, the next
+    pass goes on in that session. Fails before: it made a second session, keyed by the id,
+    holding the summary line again."""
+    path = tmp_path / "copy.jsonl"
+    summary = {"type": "summary", "summary": "A title", "leafUuid": "u0"}
+    path.write_bytes(json.dumps(summary).encode() + b"\n")
+    first = store.import_session(path, tenant_id=TENANT)
+    assert (first.status, first.external_id) == ("created", "copy")
+    line = {
+        "type": "user",
+        "uuid": "u1",
+        "parentUuid": None,
+        "sessionId": SESSION_ID,
+        "cwd": "/w",
+        "timestamp": "2026-01-20T09:00:01Z",
+        "message": {"role": "user", "content": "hi"},
+    }
+    path.write_bytes(path.read_bytes() + json.dumps(line).encode() + b"\n")
+    again = store.import_session(path, tenant_id=TENANT)
+    assert (again.status, again.session_id, again.appended) == ("appended", first.session_id, 1)
+    assert [s.id for s in store.list_sessions(tenant_id=TENANT).items] == [first.session_id]
+    assert store.import_session(path, tenant_id=TENANT).status == "unchanged"

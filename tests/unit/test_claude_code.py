@@ -581,22 +581,24 @@ def _user_line(session: str, uuid: str, parent: str | None) -> str:
     ("name", "sessions", "external", "parent", "former"),
     [
         (f"{A}.jsonl", [A], A, None, ()),
-        (f"{A.upper()}.jsonl", [A], A, None, ()),  # its own id in upper case: not its child
+        # its own id in upper case: not its child (keyed by its name while no line said so)
+        (f"{A.upper()}.jsonl", [A], A, None, (A.upper(),)),
         (f"{B}.jsonl", [A, B], B, A, (A,)),  # resumed from A
         (f"{C}.jsonl", [A, B, C], C, B, (A,)),  # resumed from B, which was resumed from A
         (f"{B}.jsonl", [A], B, A, (A,)),  # resumed, none of its own lines yet
-        ("backup-of-b.jsonl", [A, B], B, A, (A,)),  # a renamed copy of B: B
-        ("copy.jsonl", [A], A, None, ()),
-        ("resumed.jsonl", ["chat_7.v1", "x"], "x", "chat_7.v1", ("chat_7.v1",)),
-        ("agent-4a1f.jsonl", [B], f"{B}/agent-4a1f", None, ()),
-        ("agent-4a1f.jsonl", [A, B], f"{B}/agent-4a1f", None, (f"{A}/agent-4a1f",)),
+        ("backup-of-b.jsonl", [A, B], B, A, ("backup-of-b", A)),  # a renamed copy of B: B
+        ("copy.jsonl", [A], A, None, ("copy",)),
+        ("resumed.jsonl", ["chat_7.v1", "x"], "x", "chat_7.v1", ("resumed", "chat_7.v1")),
+        ("agent-4a1f.jsonl", [B], f"{B}/agent-4a1f", None, ("agent-4a1f",)),
+        ("agent-4a1f.jsonl", [A, B], f"{B}/agent-4a1f", None, ("agent-4a1f", f"{A}/agent-4a1f")),
     ],
 )
 def test_a_file_is_the_session_its_name_says(
     name: str, sessions: list[str], external: str, parent: str | None, former: tuple[str, ...]
 ) -> None:
-    """The key, the parent (by its id: never parsed as a path) and the key the first
-    sessionId gave before stop 37, under which an import finds a file imported then."""
+    """The key, the parent (by its id: never parsed as a path) and the keys an earlier
+    pass may have given the file, under which an import finds a file imported then: its
+    name, when no line named a session yet, and the first sessionId (before stop 37)."""
     lines = [_user_line(s, f"u{i}", f"u{i - 1}" if i else None) for i, s in enumerate(sessions)]
     header = parse_claude_code(Path(name), ("\n".join(lines) + "\n").encode()).header
     assert (header.external_id, header.parent_id, header.parent_session) == (external, parent, None)
