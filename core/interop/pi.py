@@ -382,7 +382,8 @@ def holds_ref_image(value: Any) -> bool:
 
 
 def may_hold_ref(raw: bytes) -> bool:
-    return BLOB_REF_PREFIX.encode() in raw
+    """Whether a line's bytes may spell a blob ref: as written, or with ``\\u`` escapes."""
+    return BLOB_REF_PREFIX.encode() in raw or b"\\u" in raw
 
 
 # The member of an entry imported from a Claude Code transcript that keeps its line
@@ -399,7 +400,8 @@ def holds_transient_key(value: Any) -> bool:
 
 
 def may_hold_transient_key(raw: bytes) -> bool:
-    return any(marker in raw for marker in _TRANSIENT_MARKERS)
+    """Whether a line's bytes may spell such a key: as written, or with ``\\u`` escapes."""
+    return b"\\u" in raw or any(marker in raw for marker in _TRANSIENT_MARKERS)
 
 
 _TRANSIENT_MARKERS = tuple(f'"{name}"'.encode() for name in sorted(TRANSIENT_FIELDS))

@@ -186,15 +186,32 @@ def test_a_lone_surrogate_is_kept_and_exported_exactly(store: SessionStore, tmp_
     assert store.import_session(path, tenant_id="acme").status == "unchanged"
 
 
+# the names and the ref as written, and spelled with JSON escapes (the same text)
+SPELLINGS = pytest.mark.parametrize("spelled", ["plain", "escaped"])
+_ESCAPED_SPELLINGS = (
+    (b"partialJson", b"partial\\u004ason"),
+    (b"jsonlEvents", b"jsonl\\u0045vents"),
+    (b"blob:sha256:", b"blob\\u003asha256:"),
+)
+
+
+def spell(text: bytes, spelled: str) -> bytes:
+    for plain, escaped in _ESCAPED_SPELLINGS if spelled == "escaped" else ():
+        text = text.replace(plain, escaped)
+    return text
+
+
+@SPELLINGS
 def test_keys_the_journal_drops_and_image_data_reading_as_a_ref_come_back_exactly(
-    store: SessionStore, tmp_path: Path
+    store: SessionStore, tmp_path: Path, spelled: str
 ) -> None:
     """A tool's input and result with ``partialJson`` and ``jsonlEvents`` keys (pi's
     transient state, which the journal drops: in a Claude Code line, data like any other)
     and an image whose data reads ``blob:sha256:<hex>`` (the journal takes that for a ref:
     one naming another session's blob served that blob's image, one naming none failed
     the import after its session was created) come back exactly, and the export imports
-    again unchanged. Fails before: the keys were dropped at every depth, silently."""
+    again unchanged; spelled with JSON escapes too. Fails before: the keys were dropped at
+    every depth, silently (and, before a review, when spelled with escapes)."""
     image = base64.b64encode(bytes(range(256)) * 8).decode()
     other = store.create_session(tenant_id="acme")
     store.append(other.id, [{"type": "custom", "content": [{"type": "image", "data": image}]}])
@@ -223,7 +240,7 @@ def test_keys_the_journal_drops_and_image_data_reading_as_a_ref_come_back_exactl
          "message": {"role": "user", "content": [result_block]}},
     ]  # fmt: skip
     path = tmp_path / "refs.jsonl"
-    path.write_bytes(b"".join(json.dumps(x).encode() + b"\n" for x in lines))
+    path.write_bytes(spell(b"".join(json.dumps(x).encode() + b"\n" for x in lines), spelled))
     result = store.import_session(path, tenant_id="acme")
     assert result.status == "created"
     stored = [e.payload for e in store.read(result.session_id, rehydrate=True)][1:]

@@ -850,8 +850,9 @@ def test_an_id_with_a_lone_surrogate_is_never_another_ids_key(
     assert (again.status, again.session_id) == ("unchanged", second.session_id)
 
 
+@pytest.mark.parametrize("spelled", ["plain", "escaped"])
 def test_an_image_whose_data_reads_as_a_blob_ref_comes_back_as_written(
-    store: SessionStore, tmp_path: Path
+    store: SessionStore, tmp_path: Path, spelled: str
 ) -> None:
     """pi writes an image's base64 as its data; a pi file whose image data reads
     ``blob:sha256:<hex>`` holds that text, which the journal would take for a ref to a
@@ -870,6 +871,8 @@ def test_an_image_whose_data_reads_as_a_blob_ref_comes_back_as_written(
     odd["timestamp"] = lines[-1]["timestamp"]
     path = tmp_path / "s.jsonl"
     write(path, [*lines, odd])
+    if spelled == "escaped":  # the same text, spelled with a JSON escape
+        path.write_bytes(path.read_bytes().replace(b"blob:sha256:", b"blob\\u003asha256:"))
     # named: a file holding a ref is taken for oh-my-pi's, whose refs name its blob files
     result = store.import_session(path, tenant_id=TENANT, format="pi")
     assert (result.status, result.appended) == ("created", len(lines) + 1)
