@@ -6,7 +6,8 @@ shared, never copied), the artifact rows the fork inherits, counters that contin
 the inherited ids, and the parent's snapshots up to the fork point (a snapshot is a function
 of the first ``seq`` events only, so they hold for the fork). The artifact bytes are copied
 afterwards (``core.sessions.fork_copy``); until then the fork reads them through
-``core.artifacts.inherited``. A fork that inherits no artifact is ``copied`` at once.
+``core.artifacts.inherited``. A fork that inherits no artifact with content (none, or only
+outputs unfinished at the fork: ``_fork_row``) is ``copied`` at once.
 """
 
 from __future__ import annotations
@@ -22,13 +23,7 @@ from sqlalchemy import Connection, String, insert, literal, select
 
 from core.artifacts import rows
 from core.artifacts.manager import TOOL_COUNTER, agent_counter
-from core.artifacts.records import (
-    AGENT_OUTPUT,
-    FILE,
-    TOOL_OUTPUT,
-    TRUNCATED,
-    ArtifactInfo,
-)
+from core.artifacts.records import AGENT_OUTPUT, FILE, TOOL_OUTPUT, TRUNCATED, ArtifactInfo
 from core.db import write_transaction
 from core.errors import InvalidArgument, InvalidForkPoint, QuotaExceeded
 from core.journal import Journal
