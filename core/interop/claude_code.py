@@ -150,21 +150,11 @@ def _escaped(entries: list[ParsedEntry], raw_lines: list[tuple[int, bytes]]) -> 
     (the journal would take it for a ref to a stored blob), or a key the journal drops as
     pi's transient state (``partialJson``, ``jsonlEvents``: in a Claude Code line, a tool's
     input or result like any other). Decided on the bytes first: the common case is none."""
-    raws = [raw for _, raw in raw_lines]
-    tests = [
-        test
-        for may_hold, test in (
-            (pi.holds_surrogate_escape, pi.holds_lone_surrogate),
-            (pi.may_hold_ref, pi.holds_ref_image),
-            (pi.may_hold_transient_key, pi.holds_transient_key),
-        )
-        if any(may_hold(raw) for raw in raws)
-    ]
-    if not tests:
+    escape = pi.escape_test(raw for _, raw in raw_lines)
+    if escape is None:
         return entries
     return [
-        ParsedEntry(e.line, pi.escaped_line(e.entry)) if any(t(e.entry) for t in tests) else e
-        for e in entries
+        ParsedEntry(e.line, pi.escaped_line(e.entry)) if escape(e.entry) else e for e in entries
     ]
 
 

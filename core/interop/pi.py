@@ -304,20 +304,18 @@ def parse(path: Path, data: bytes, *, literal_refs: bool = True) -> ParsedSessio
     header = values[0]
     version = source_version(header, path=path)
     migrate(values)
-    # a lone surrogate can only come from an escape: invalid UTF-8 is read as U+FFFD
-    escapes = {n for n, raw in lines if holds_surrogate_escape(raw)}
-    refs = {n for n, raw in lines if literal_refs and may_hold_ref(raw)}
-    transient = {n for n, raw in lines if may_hold_transient_key(raw)}
+    raw_of = dict(lines)
     entries = []
     for number, value in objects[1:]:
         why = entry_problem(value)
         if why is not None:
             ignored.append(IgnoredLine(number, why))
-        elif (
-            (number in escapes and holds_lone_surrogate(value))
-            or (number in refs and holds_ref_image(value))
-            or (number in transient and CLAUDE_CODE_KEY in value and holds_transient_key(value))
-        ):
+            continue
+        # pi drops its transient keys; a line exported from a Claude Code import keeps them
+        escape = escape_test(
+            [raw_of[number]], refs=literal_refs, transient_keys=CLAUDE_CODE_KEY in value
+        )
+        if escape is not None and escape(value):
             entries.append(ParsedEntry(number, escaped_line(value, literal_refs=literal_refs)))
         elif not is_event_type(value.get("type")):
             entries.append(ParsedEntry(number, {"type": UNTYPED_LINE, "line": value}))
@@ -405,6 +403,29 @@ def may_hold_transient_key(raw: bytes) -> bool:
 
 
 _TRANSIENT_MARKERS = tuple(f'"{name}"'.encode() for name in sorted(TRANSIENT_FIELDS))
+
+
+def escape_test(
+    raws: Iterable[bytes], *, refs: bool = True, transient_keys: bool = True
+) -> Callable[[Any], bool] | None:
+    """Whether a line parsed from ``raws`` must be kept escaped (``escaped_line``), as a
+    test of its value, or None where the bytes rule every reason out (the common case). The
+    reasons: a lone surrogate (only an escape writes one: invalid UTF-8 is read as U+FFFD),
+    an image whose data reads as a blob ref (``refs``), a key the journal drops as pi's
+    transient state (``transient_keys``)."""
+    raws = list(raws)
+    tests = [
+        holds
+        for wanted, may_hold, holds in (
+            (True, holds_surrogate_escape, holds_lone_surrogate),
+            (refs, may_hold_ref, holds_ref_image),
+            (transient_keys, may_hold_transient_key, holds_transient_key),
+        )
+        if wanted and any(may_hold(raw) for raw in raws)
+    ]
+    if not tests:
+        return None
+    return lambda value: any(test(value) for test in tests)
 
 
 def _is_ref_image(item: dict[str, Any]) -> bool:

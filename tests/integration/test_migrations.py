@@ -486,8 +486,12 @@ def test_0026_makes_an_unfinished_forks_rows_of_unfinished_outputs_its_own(
         "SELECT session_id, local_id, state, size_bytes, inherited FROM artifacts "
         "ORDER BY session_id, local_id"
     )
-    with _engine(empty_url) as engine, engine.connect() as conn:
-        found = [(r[0], r[1], r[2], r[3], bool(r[4])) for r in conn.execute(text(query))]
+
+    def rows() -> list[tuple[str, str, str, int, bool]]:
+        with _engine(empty_url) as engine, engine.connect() as conn:
+            return [(r[0], r[1], r[2], r[3], bool(r[4])) for r in conn.execute(text(query))]
+
+    found = rows()
     assert found == [
         ("c", "0", "writing", 5, True),
         ("c", "a", "complete", 3, False),
@@ -504,8 +508,13 @@ def test_0026_makes_an_unfinished_forks_rows_of_unfinished_outputs_its_own(
         ("p", "a", "complete", 3, False),
         ("p", "b", "complete", 3, False),
     ]
+    # the downgrade keeps the data (0025 reads it as it is), and a second upgrade over the
+    # converted rows changes nothing
     migrate.downgrade(empty_url, "0025")
-    assert _count(empty_url, "artifacts") == 14
+    assert migrate.current_revision(empty_url) == "0025"
+    assert rows() == found
+    migrate.upgrade(empty_url)
+    assert rows() == found
 
 
 def _indexes(url: str, table: str) -> dict[str | None, list[str | None]]:
