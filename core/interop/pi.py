@@ -381,7 +381,16 @@ def holds_ref_image(value: Any) -> bool:
 
 def may_hold_ref(raw: bytes) -> bool:
     """Whether a line's bytes may spell a blob ref: as written, or with ``\\u`` escapes."""
-    return BLOB_REF_PREFIX.encode() in raw or b"\\u" in raw
+    return BLOB_REF_PREFIX.encode() in raw or _may_escape_ascii(raw)
+
+
+# A name or prefix of printable ASCII spelled with escapes escapes one of its characters
+# (U+0020..U+007F); the escapes common in files (\u001b of terminal colours, \u2028) do not.
+_ASCII_ESCAPE = re.compile(rb"\\u00[2-7][0-9a-fA-F]")
+
+
+def _may_escape_ascii(raw: bytes) -> bool:
+    return b"\\u" in raw and _ASCII_ESCAPE.search(raw) is not None
 
 
 # The member of an entry imported from a Claude Code transcript that keeps its line
@@ -399,7 +408,7 @@ def holds_transient_key(value: Any) -> bool:
 
 def may_hold_transient_key(raw: bytes) -> bool:
     """Whether a line's bytes may spell such a key: as written, or with ``\\u`` escapes."""
-    return b"\\u" in raw or any(marker in raw for marker in _TRANSIENT_MARKERS)
+    return _may_escape_ascii(raw) or any(marker in raw for marker in _TRANSIENT_MARKERS)
 
 
 _TRANSIENT_MARKERS = tuple(f'"{name}"'.encode() for name in sorted(TRANSIENT_FIELDS))

@@ -14,6 +14,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from core.blobs.externalize import TRANSIENT_FIELDS
+from core.blobs.store import BLOB_REF_PREFIX
 from core.errors import ImportFormatError
 from core.interop import pi
 from core.interop.importer import detect_format
@@ -359,3 +361,39 @@ def test_no_part_of_a_line_being_written_is_read_as_whole(value: Any, data: Any)
     assert (len(lines), consumed, waits) == (1, 3, True)
     lines, consumed, waits = pi.split_lines(b"{}\n" + line)
     assert (lines[-1], consumed, waits) == ((2, line), 3 + len(line), False)
+
+
+def _spelled(text: str, escaped: list[bool], upper: list[bool]) -> bytes:
+    """``text`` as JSON string bytes, each character written as itself or as a \\u escape
+    (hex digits in either case)."""
+    out = []
+    for char, esc, up in zip(text, escaped, upper, strict=True):
+        code = f"\\u{ord(char):04x}"
+        out.append((code.upper().replace("\\U", "\\u") if up else code) if esc else char)
+    return "".join(out).encode()
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    name=st.sampled_from(sorted({*TRANSIENT_FIELDS, BLOB_REF_PREFIX + "0" * 64})),
+    data=st.data(),
+)
+def test_the_byte_gates_fire_on_every_spelling_of_the_names(name: str, data: Any) -> None:
+    """The bytes decide whether a line is walked for a key the journal drops, or an image
+    whose data reads as a ref; any spelling JSON allows (a character as itself or as an
+    escape, hex in either case) must open the gate, or the line is misread."""
+    flags = st.lists(st.booleans(), min_size=len(name), max_size=len(name))
+    spelled = _spelled(name, data.draw(flags), data.draw(flags))
+    raw = b'{"type":"message","x":"' + spelled + b'"}'
+    assert json.loads(raw)["x"] == name
+    gate = pi.may_hold_ref if name.startswith(BLOB_REF_PREFIX) else pi.may_hold_transient_key
+    assert gate(raw)
+
+
+def test_the_byte_gates_stay_shut_on_the_common_escapes() -> None:
+    """Terminal colours, control characters and line separators (escaped in most tool
+    output) spell no name: such a line is not walked."""
+    raw = b'{"type":"message","text":"\\u001b[31mred\\u001b[0m \\u0000 \\u2028"}'
+    assert not pi.may_hold_ref(raw)
+    assert not pi.may_hold_transient_key(raw)
+    assert pi.escape_test([raw], refs=True, transient_keys=True) is None
