@@ -361,6 +361,34 @@ class WorkerProcess(CeleryProcess):
         super().__init__([*args, "-I", include] if include else args, env, log)
 
 
+class SupervisedWorker:
+    """A prefork worker restarted whenever it exits, as a supervisor (compose's restart
+    policy) restarts one: a worker that loses its broker at an unlucky moment may give up
+    (kombu's "Unrecoverable error"), and must then have exited non-zero (``exits``)."""
+
+    def __init__(self, env: dict[str, str], log: Path) -> None:
+        self._env, self._log = env, log
+        self.workers = [WorkerProcess(env, log)]
+        self.exits: list[int] = []
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._supervise, daemon=True)
+        self._thread.start()
+
+    def _supervise(self) -> None:
+        while not self._done.is_set():
+            code = self.workers[-1].proc.poll()
+            if code is not None:
+                self.exits.append(code)
+                self.workers.append(WorkerProcess(self._env, self._log))
+            self._done.wait(0.2)
+
+    def stop(self) -> None:
+        self._done.set()
+        self._thread.join(10)
+        for worker in self.workers:
+            worker.stop()
+
+
 class BeatProcess(CeleryProcess):
     """A beat process with its own schedule file."""
 

@@ -27,6 +27,7 @@ from tasks.embedded import embedded_worker
 from tasks.outcomes import write_task_id
 from tasks.retry import backoff_seconds, is_transient
 from tests.support import (
+    SupervisedWorker,
     TcpProxy,
     WorkerProcess,
     queue_worker,
@@ -394,7 +395,9 @@ def test_broker_killed_and_restarted_mid_stream_loses_no_write(
         )
         app = create_app(settings)
         sid = store.create_session(tenant_id="acme").id
-        worker = WorkerProcess(env, tmp_path / "worker.log")
+        # a worker that loses its broker at an unlucky moment (just started) may give up,
+        # exiting non-zero, and its supervisor starts it again
+        worker = SupervisedWorker(env, tmp_path / "worker.log")
         accepted: list[str] = []
         handles: dict[str, Any] = {}
         errors: list[BaseException] = []
@@ -424,6 +427,7 @@ def test_broker_killed_and_restarted_mid_stream_loses_no_write(
             _land_every_write(store, handles)
         finally:
             worker.stop()
+    assert all(code != 0 for code in worker.exits), f"a worker exited 0: {worker.exits}"
     markers = _markers(store)
     assert sorted(markers) == sorted(accepted)
     _assert_gapless(store, [sid])

@@ -23,7 +23,7 @@ from core import SessionStore, Settings
 from tasks import Producer
 from tasks.app import QUEUE, create_app
 from tasks.results import QueueTimeout
-from tests.support import WorkerProcess, redis_server, settings_env, wait_for
+from tests.support import SupervisedWorker, WorkerProcess, redis_server, settings_env, wait_for
 
 pytestmark = [pytest.mark.postgres, pytest.mark.redis, pytest.mark.slow]
 
@@ -61,9 +61,7 @@ def test_broker_killed_ten_times_worker_survives_or_fails_loudly(
         )
         producer = Producer(create_app(settings), confirm_timeout=15)
         sid = store.create_session(tenant_id="acme").id
-        log = tmp_path / "worker.log"
-        workers = [WorkerProcess(env, log)]
-        exits: list[int] = []
+        worker = SupervisedWorker(env, tmp_path / "worker.log")
         sent: list[str] = []
         stop = threading.Event()
 
@@ -80,18 +78,8 @@ def test_broker_killed_ten_times_worker_survives_or_fails_loudly(
                 n += 1
                 time.sleep(0.01)
 
-        def supervise() -> None:  # as a supervisor (compose's restart policy) would
-            while not done.is_set():
-                code = workers[-1].proc.poll()
-                if code is not None:  # the worker gave up: it must have said so
-                    exits.append(code)
-                    workers.append(WorkerProcess(env, log))
-                done.wait(0.2)
-
-        done = threading.Event()
-        threads = [threading.Thread(target=produce), threading.Thread(target=supervise)]
-        for thread in threads:
-            thread.start()
+        thread = threading.Thread(target=produce)
+        thread.start()
         try:
             for _ in range(10):
                 time.sleep(2)
@@ -99,14 +87,12 @@ def test_broker_killed_ten_times_worker_survives_or_fails_loudly(
                 time.sleep(1)
                 broker.start()
             stop.set()
-            threads[0].join(60)
+            thread.join(60)
             producer.drain(timeout=300, resend_every=15, stall_timeout=60)
         finally:
             stop.set()
-            done.set()
-            threads[1].join(10)
-            for worker in workers:
-                worker.stop()
+            worker.stop()
+    exits = worker.exits  # a worker that gave up must have said so
     assert all(code != 0 for code in exits), f"a worker exited 0 after broker loss: {exits}"
     counts = markers(store)
     assert set(counts) == set(sent) and set(counts.values()) == {1}
