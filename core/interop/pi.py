@@ -303,7 +303,14 @@ def parse(path: Path, data: bytes, *, literal_refs: bool = True) -> ParsedSessio
     values = [value for _, value in objects]
     header = values[0]
     version = source_version(header, path=path)
-    migrate(values)
+    # A migration copies values between lines (version 1's compaction takes its kept
+    # entry's id, any JSON value): a line's own bytes then no longer rule it out, the
+    # whole file's do.
+    migrated = migrate(values)
+    whole = {
+        claude_code: escape_test([data], refs=literal_refs, transient_keys=claude_code)
+        for claude_code in ((False, True) if migrated else ())
+    }
     raw_of = dict(lines)
     entries = []
     for number, value in objects[1:]:
@@ -312,8 +319,11 @@ def parse(path: Path, data: bytes, *, literal_refs: bool = True) -> ParsedSessio
             ignored.append(IgnoredLine(number, why))
             continue
         # pi drops its transient keys; a line exported from a Claude Code import keeps them
-        escape = escape_test(
-            [raw_of[number]], refs=literal_refs, transient_keys=CLAUDE_CODE_KEY in value
+        claude_code = CLAUDE_CODE_KEY in value
+        escape = (
+            whole[claude_code]
+            if migrated
+            else escape_test([raw_of[number]], refs=literal_refs, transient_keys=claude_code)
         )
         if escape is not None and escape(value):
             entries.append(ParsedEntry(number, escaped_line(value, literal_refs=literal_refs)))

@@ -885,3 +885,57 @@ def test_an_image_whose_data_reads_as_a_blob_ref_comes_back_as_written(
     again = tmp_path / "again.jsonl"
     again.write_text(out.getvalue(), encoding="utf-8")
     assert store.import_session(again, tenant_id=TENANT, format="pi").status == "unchanged"
+
+
+# What a version-1 file's migration copies from one line into another: the compaction's
+# ``firstKeptEntryId`` is its kept entry's own ``id``, which a file may give any JSON value.
+_COPIED_IDS = {
+    "ref": {"content": [{"type": "image", "data": "blob:sha256:" + "f" * 64}]},
+    "surrogate": "\ud83d",
+    "transient": {"partialJson": "kept"},
+}
+
+
+@pytest.mark.parametrize("held", sorted(_COPIED_IDS))
+def test_a_value_a_migration_copies_to_another_line_is_kept_there(
+    store: SessionStore, tmp_path: Path, held: str
+) -> None:
+    """A version-1 compaction takes its kept entry's ``id`` (a later line's own): a lone
+    surrogate, an image whose data reads as a blob ref, or (in a line exported from Claude
+    Code) a key the journal drops, found on the kept entry's line, ends up on the
+    compaction's line, whose own bytes hold none of them. Fails before (a review's
+    finding): the surrogate refused the file, the ref failed the import after creating its
+    session (or named a stored blob), the key was dropped."""
+    lines = v1_lines()
+    compaction = next(i for i, line in enumerate(lines) if line["type"] == "compaction")
+    kept = compaction + 1  # a later line: its own id is not replaced yet when pi copies it
+    lines[kept] = {**lines[kept], "id": _COPIED_IDS[held]}
+    lines[compaction] = {**lines[compaction], "firstKeptEntryIndex": kept}
+    if held == "transient":
+        lines[compaction][pi.CLAUDE_CODE_KEY] = {}
+    path = tmp_path / "s.jsonl"  # JSON escapes: a lone surrogate has no UTF-8
+    path.write_text("".join(json.dumps(line) + "\n" for line in lines), encoding="ascii")
+    migrated = [json.loads(json.dumps(line)) for line in lines]
+    assert pi.migrate(migrated)
+    assert migrated[compaction]["firstKeptEntryId"] == _COPIED_IDS[held]
+    result = store.import_session(path, tenant_id=TENANT, format="pi")
+    assert result.status == "created"
+    events = store.read(result.session_id, rehydrate=True)
+    assert [pi.line_value(e.payload) for e in events[1:]] == migrated[1:]
+
+
+def test_a_header_holding_an_image_whose_data_reads_as_a_blob_ref_keeps_it(
+    store: SessionStore, tmp_path: Path
+) -> None:
+    """The header is kept as its line is (the event at seq 1): an image in it whose data
+    reads ``blob:sha256:<hex>`` is that text, not a ref to a blob of the store (a review
+    asked: the journal takes no ref in a header)."""
+    lines = v3_lines()
+    image = {"type": "image", "data": "blob:sha256:" + "f" * 64, "mimeType": "image/png"}
+    lines[0] = {**lines[0], "icon": image}
+    path = tmp_path / "s.jsonl"
+    write(path, lines)
+    result = store.import_session(path, tenant_id=TENANT, format="pi")
+    assert result.status == "created"
+    events = store.read(result.session_id, rehydrate=True)
+    assert pi.line_value(events[0].payload) == lines[0]
