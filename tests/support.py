@@ -370,23 +370,30 @@ class SupervisedWorker:
         self._env, self._log = env, log
         self.workers = [WorkerProcess(env, log)]
         self.exits: list[int] = []
+        self._failure: BaseException | None = None
         self._done = threading.Event()
         self._thread = threading.Thread(target=self._supervise, daemon=True)
         self._thread.start()
 
     def _supervise(self) -> None:
-        while not self._done.is_set():
-            code = self.workers[-1].proc.poll()
-            if code is not None:
-                self.exits.append(code)
-                self.workers.append(WorkerProcess(self._env, self._log))
-            self._done.wait(0.2)
+        try:
+            while not self._done.is_set():
+                code = self.workers[-1].proc.poll()
+                if code is not None:
+                    self.exits.append(code)
+                    self.workers.append(WorkerProcess(self._env, self._log))
+                self._done.wait(0.2)
+        except BaseException as exc:  # no worker started again: said at stop, not hidden
+            self._failure = exc
 
     def stop(self) -> None:
+        """Stop supervising, then every worker; raises what stopped the supervisor."""
         self._done.set()
-        self._thread.join(10)
+        self._thread.join(30)
         for worker in self.workers:
             worker.stop()
+        if self._failure is not None:
+            raise AssertionError("the supervisor failed to start a worker") from self._failure
 
 
 class BeatProcess(CeleryProcess):
