@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import sqlite3
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -15,7 +16,7 @@ from sqlalchemy.pool import ConnectionPoolEntry, NullPool
 
 from core import exact_json
 from core.entry_clock import SQLITE_FUNCTION, entry_us_of
-from core.errors import StoreClosed
+from core.errors import BadConfig, StoreClosed
 
 _WRITE = "sessionstore_write"
 _T = TypeVar("_T")
@@ -51,20 +52,29 @@ def make_engine(url: str, *, pool_size: int = 10) -> Engine:
         engine = create_engine(
             url, connect_args={"timeout": 60, "check_same_thread": False}, **common
         )
-        _configure_sqlite(engine)
+        _configure_sqlite(engine, parsed.database or ":memory:")
         return engine
     # No pre-ping: it costs a round trip per transaction; a dropped connection is
     # invalidated on first use and the write is retried (queue path) or reported.
     return create_engine(url, pool_size=pool_size, max_overflow=2 * pool_size, **common)
 
 
-def _configure_sqlite(engine: Engine) -> None:
+def _configure_sqlite(engine: Engine, database: str) -> None:
     @event.listens_for(engine, "connect")
     def _on_connect(dbapi_conn: Any, _record: ConnectionPoolEntry) -> None:
         # Take transaction control from the sqlite3 module so BEGIN IMMEDIATE is ours to emit.
         dbapi_conn.isolation_level = None
         cursor = dbapi_conn.cursor()
-        cursor.execute("PRAGMA journal_mode=WAL")
+        try:
+            cursor.execute("PRAGMA journal_mode=WAL")  # the first read of the file
+        except sqlite3.DatabaseError as exc:
+            if "file is not a database" not in str(exc):
+                raise
+            # the path names another kind of file (or one damaged past reading): no retry helps
+            raise BadConfig(
+                f"the embedded database {database} is not a SQLite database ({exc}): check "
+                "SESSIONSTORE_DATA_DIR and SESSIONSTORE_DATABASE_URL"
+            ) from None
         cursor.execute("PRAGMA busy_timeout=60000")
         cursor.execute("PRAGMA foreign_keys=ON")
         cursor.close()

@@ -13,6 +13,7 @@ sqlalchemy, ``core.store``, ``tasks.app``, rich tables... inside the command bod
 from __future__ import annotations
 
 import importlib
+import io
 import os
 import sys
 from collections.abc import Iterator
@@ -159,6 +160,11 @@ def main(argv: list[str] | None = None) -> None:
     A usage error is one line too, and a reader gone from the pipe a silent exit 141.
     """
     args = list(sys.argv[1:] if argv is None else argv)
+    if sys.stdout is None:  # started with no descriptor 1 (``>&-``): the next file opened
+        # would get it, and a stray write land in it
+        sys.stderr.write("error: standard output is closed (redirect it: `> FILE`, `| ...`)\n")
+        sys.exit(3)  # ExitCode.BAD_INPUT: an output that cannot be written
+    _whole_writes()
     try:
         if args == ["--version"]:  # the fastest path: no typer at all would not be faster
             print(_version())
@@ -168,6 +174,49 @@ def main(argv: list[str] | None = None) -> None:
         sys.stdout.flush()
     except (BrokenPipeError, OutputClosed) as exc:
         _closed_pipe(exc.__cause__ or exc, args)
+
+
+class _WholeWrites(io.RawIOBase):
+    """Descriptor 1, each write written whole or failed. A write to a pipe whose reader
+    leaves part way through returns the part written; unbuffered (PYTHONUNBUFFERED, which
+    the compose image sets), ``sys.stdout`` writes straight to its file and drops the rest
+    in silence (a 1 MB document cut at 64 KB, exit 0 under ``| head -c 10``). Here the next
+    write meets the EPIPE: the reader gone, exit 141."""
+
+    def writable(self) -> bool:
+        return True
+
+    def fileno(self) -> int:
+        return 1
+
+    def isatty(self) -> bool:
+        return os.isatty(1)
+
+    def write(self, data: Any) -> int:
+        view = memoryview(data).cast("B")
+        done = 0
+        while done < len(view):
+            done += os.write(1, view[done:])
+        return done
+
+
+def _whole_writes() -> None:
+    """An unbuffered ``sys.stdout`` on ``_WholeWrites``, its encoding as it was (a buffered
+    one writes the rest of a short write itself); left alone when it is not the process's
+    own descriptor 1 (a test's capture)."""
+    out = sys.stdout
+    if type(out) is not io.TextIOWrapper or type(out.buffer) is not io.FileIO:
+        return
+    if out.buffer.fileno() != 1:
+        return
+    out.flush()
+    sys.stdout = io.TextIOWrapper(
+        _WholeWrites(),
+        encoding=out.encoding,
+        errors=out.errors,
+        line_buffering=out.line_buffering,
+        write_through=True,
+    )
 
 
 def _run(args: list[str]) -> None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import shutil
 import subprocess
 from collections.abc import Callable
@@ -332,6 +333,80 @@ def test_a_closed_pipe_is_a_silent_exit_141(
     "Exception ignored ... BrokenPipeError" when the output was small)."""
     args = [a.replace("{sid}", session_id) for a in argv]
     assert _into_closed_pipe(env, tmp_path, *args) == (141, "")
+
+
+@pytest.fixture
+def big_session(run: Run, tmp_path: Path) -> str:
+    """A session whose JSON listing is far larger than a pipe holds (64 KB): 2,000 user
+    messages of 200 characters."""
+    header = {"type": "session", "version": 3, "id": "big", "timestamp": "2026-01-01T00:00:00Z"}
+    message = {"role": "user", "content": "x" * 200, "timestamp": 1}
+    lines = [json.dumps({**header, "cwd": "/"})]
+    for i in range(2000):
+        parent = f"m{i - 1}" if i else None
+        entry = {"type": "message", "id": f"m{i}", "parentId": parent, "message": message}
+        lines.append(json.dumps({**entry, "timestamp": "2026-01-01T00:00:01.000Z"}))
+    path = tmp_path / "big.jsonl"
+    path.write_text("\n".join(lines) + "\n")
+    done = run("import", str(path))
+    assert done.returncode == 0, done.stderr
+    return "big"
+
+
+@pytest.mark.parametrize("unbuffered", ["1", ""])
+@pytest.mark.parametrize(
+    "argv",
+    [("events", "--limit", "2000", "--json"), ("events", "--limit", "1000"), ("export", "big")],
+)
+def test_a_reader_leaving_in_the_middle_of_one_large_write_is_exit_141(
+    env: dict[str, str], big_session: str, argv: tuple[str, ...], unbuffered: str
+) -> None:
+    """``| head -c 10`` on a document written at once (1.4 MB of JSON, a table): the write
+    returns the 64 KB the pipe took, and Python's unbuffered stdout (PYTHONUNBUFFERED, as
+    container images set it) dropped the rest in silence, exit 0 (a review's finding; fails
+    before). Its buffered stdout, which writes the rest and meets the EPIPE, is kept so."""
+    command = " ".join(shlex.quote(a) for a in (EXE, *argv))
+    script = f"{command} | head -c 10 >/dev/null; echo ${{PIPESTATUS[0]}}"
+    more = {"PYTHONUNBUFFERED": unbuffered} if unbuffered else {}
+    base = {k: v for k, v in env.items() if k != "PYTHONUNBUFFERED"}
+    done = subprocess.run(
+        ["bash", "-c", script],
+        env={**base, **more},
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert (done.stdout.strip(), done.stderr) == ("141", "")
+
+
+def test_a_closed_stdout_is_one_line_and_exit_3(env: dict[str, str], session_id: str) -> None:
+    """Started with descriptor 1 closed (``>&-``): one line, exit 3 (an output that cannot
+    be written), before any file is opened (the first would get descriptor 1). Was a
+    traceback and exit 1."""
+    script = f"{shlex.quote(EXE)} sessions list >&-; echo $? >&2"
+    done = subprocess.run(
+        ["bash", "-c", script], env=env, capture_output=True, text=True, timeout=120, check=False
+    )
+    *lines, status = done.stderr.splitlines()
+    assert status == "3", done.stderr
+    assert lines == ["error: standard output is closed (redirect it: `> FILE`, `| ...`)"]
+
+
+def test_a_journal_file_that_is_not_a_database_is_bad_config(
+    env: dict[str, str], tmp_path: Path
+) -> None:
+    """The embedded journal's path holding another kind of file: one line naming it, exit 5
+    (a traceback and exit 1 before, a review's finding); the file is left as it was."""
+    data = Path(env["SESSIONSTORE_DATA_DIR"])
+    data.mkdir(parents=True)
+    (data / "journal.db").write_bytes(b"not a database\n" * 100)
+    for args in (("sessions", "list"), ("stats", "--json"), ("import", str(FIXTURES / "v3.jsonl"))):
+        done = run_cli(*args, env=env)
+        assert done.returncode == 5, (args, done.stderr)
+        line = _one_line(done)
+        assert f"{data / 'journal.db'} is not a SQLite database" in line, line
+    assert (data / "journal.db").read_bytes() == b"not a database\n" * 100
 
 
 # --- export to a path that cannot be written ------------------------------------------------
