@@ -114,7 +114,7 @@ def _published(path: Path, writer: Callable[[int | Path], IO[AnyStr]]) -> Iterat
         with shared:
             yield shared
         return
-    target = _file_to_replace(path)
+    target, existing = _file_to_replace(path)
     if target is None:
         with _unwritable(given):
             direct = writer(path)
@@ -126,9 +126,7 @@ def _published(path: Path, writer: Callable[[int | Path], IO[AnyStr]]) -> Iterat
         fd, name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".partial")
     try:
         with _unwritable(given):
-            mask = os.umask(0)
-            os.umask(mask)
-            os.fchmod(fd, 0o666 & ~mask)  # mkstemp's is 0600
+            _take_mode(fd, existing)
         with writer(fd) as out:
             yield out
             with _unwritable(given):
@@ -183,16 +181,31 @@ def _descriptor_named(path: Path) -> int | None:
     return None
 
 
-def _file_to_replace(path: Path) -> Path | None:
-    """Where ``published_text`` puts its new file: ``path`` when it is a regular file or
-    nothing yet; None (write in place) for anything else. A link is written through, never
-    resolved by name: ``/dev/stdout`` names /proc/self/fd/1, whose target's name may be a
-    file that other writes share (``>> log``), and a rename over it replaced that file."""
+def _file_to_replace(path: Path) -> tuple[Path | None, os.stat_result | None]:
+    """Where ``published_text`` puts its new file, and the file it replaces: ``path`` when
+    it is a regular file or nothing yet; None (write in place) for anything else. A link is
+    written through, never resolved by name: ``/dev/stdout`` names /proc/self/fd/1, whose
+    target's name may be a file that other writes share (``>> log``), and a rename over it
+    replaced that file."""
     try:
         info = os.lstat(path)
     except FileNotFoundError:
-        return path
-    return path if stat.S_ISREG(info.st_mode) else None
+        return path, None
+    return (path, info) if stat.S_ISREG(info.st_mode) else (None, None)
+
+
+def _take_mode(fd: int, existing: os.stat_result | None) -> None:
+    """The new file's permissions (mkstemp's are 0600): those of the file it replaces, as a
+    shell's ``>`` keeps them (a private file stays private), with its owner and group where
+    this process may set them; else a new file's (0666 less the umask)."""
+    if existing is None:
+        mask = os.umask(0)
+        os.umask(mask)
+        os.fchmod(fd, 0o666 & ~mask)
+        return
+    with contextlib.suppress(PermissionError):  # only root gives a file away
+        os.fchown(fd, existing.st_uid, existing.st_gid)
+    os.fchmod(fd, stat.S_IMODE(existing.st_mode))
 
 
 def replace_atomically(path: Path, data: bytes, *, prefix: str = ".tmp-") -> None:

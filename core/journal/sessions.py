@@ -47,7 +47,8 @@ def _decode_cursor(cursor: str) -> tuple[datetime, str]:
             raise ValueError("U+0000 in the session id")
         return created_at, session_id
     except (ValueError, UnicodeDecodeError) as exc:
-        raise InvalidArgument("cursor", f"not a cursor this store issued: {cursor!r}") from exc
+        shown = cursor if len(cursor) <= 80 else f"{cursor[:60]}... ({len(cursor):,} characters)"
+        raise InvalidArgument("cursor", f"not a cursor this store issued: {shown!r}") from exc
 
 
 class SessionRows:

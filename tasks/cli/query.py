@@ -524,7 +524,7 @@ def state(
                 ("tenant", result.tenant_id),
                 ("title", info.title or ""),
                 ("cwd", info.cwd or ""),
-                ("model", f"{model.provider}/{model.model_id}" if model else ""),
+                ("model", _model_name(model.provider, model.model_id) if model else ""),
                 ("thinking level", info.thinking_level or ""),
                 ("entries / branch", f"{len(result.tree):,} / {len(result.branch):,}"),
                 ("leaf", result.leaf_id or ""),
@@ -558,3 +558,8 @@ def _message_text(data: dict[str, Any], previewer: Previewer | None) -> str:
 
 def _tail(items: list[Any], n: int) -> Iterator[Any]:
     yield from items[len(items) - n :] if n else ()
+
+
+def _model_name(provider: str | None, model_id: str | None) -> str:
+    """``provider/model``, or what of the two the session names (never ``None/...``)."""
+    return "/".join(part for part in (provider, model_id) if part)

@@ -227,6 +227,30 @@ def test_stats_and_state_human_and_json(
     assert "session not found" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize(
+    ("provider", "model", "shown"),
+    [("anthropic", "m1", "anthropic/m1"), (None, "m1", "m1"), ("anthropic", None, "anthropic")],
+)
+def test_state_names_the_model_as_the_session_does(
+    store: SessionStore,
+    cli_env: Settings,
+    capsys: pytest.CaptureFixture[str],
+    provider: str | None,
+    model: str | None,
+    shown: str,
+) -> None:
+    """A message naming a model and no provider (or the reverse) is shown as what it names
+    (a review's finding: ``None/m1``)."""
+    session = store.create_session(tenant_id="acme")
+    message: dict[str, Any] = {"role": "assistant", "content": [], "timestamp": 1}
+    message.update({k: v for k, v in (("provider", provider), ("model", model)) if v})
+    store.append(
+        session.id, [{"type": "message", "id": "a1", "parentId": None, "message": message}]
+    )
+    [row] = [line for line in _run(capsys, "state", session.id).splitlines() if " model " in line]
+    assert [cell.strip() for cell in row.split("│") if cell.strip()] == ["model", shown], row
+
+
 def test_out_of_range_values_exit_3_with_one_line(
     store: SessionStore, cli_env: Settings, capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:

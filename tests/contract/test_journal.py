@@ -118,6 +118,10 @@ class JournalContract:
                 store.list_sessions(cursor=cursor)
             assert caught.value.field == "cursor"
             assert str(caught.value).startswith("invalid argument cursor")  # not "event"
+        # a forged cursor of 100 KB is named, not echoed whole (a line of 100 KB before)
+        with pytest.raises(InvalidEvent, match="100,000 characters") as caught:
+            store.list_sessions(cursor="A" * 100_000)
+        assert len(str(caught.value)) < 200
         for position in (2**63, -1, True):
             with pytest.raises(InvalidEvent, match="after_position"):
                 store.list_events(after_position=position)

@@ -30,6 +30,27 @@ def test_a_regular_file_is_replaced_whole(tmp_path: Path) -> None:
     ]
 
 
+@pytest.mark.parametrize("mode", [0o600, 0o640, 0o604, 0o755])
+def test_a_replaced_file_keeps_its_permissions(tmp_path: Path, mode: int) -> None:
+    """As a shell's ``>`` keeps them: a private file the export replaces stays private
+    (a review's finding: ``export -o`` made a 0600 file 0644, readable by every user)."""
+    path = tmp_path / "out.jsonl"
+    path.write_text("old\n")
+    path.chmod(mode)
+    _publish(path, "new\n")
+    assert path.read_text() == "new\n"
+    assert stat.S_IMODE(os.stat(path).st_mode) == mode
+
+
+def test_a_new_file_has_the_umasks_permissions(tmp_path: Path) -> None:
+    mask = os.umask(0o027)
+    try:
+        _publish(tmp_path / "new.jsonl", "new\n")
+    finally:
+        os.umask(mask)
+    assert stat.S_IMODE(os.stat(tmp_path / "new.jsonl").st_mode) == 0o640
+
+
 def test_a_fifo_is_written_into_and_stays_a_fifo(tmp_path: Path) -> None:
     fifo = tmp_path / "pipe"
     os.mkfifo(fifo)
