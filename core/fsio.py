@@ -197,15 +197,24 @@ def _file_to_replace(path: Path) -> tuple[Path | None, os.stat_result | None]:
 def _take_mode(fd: int, existing: os.stat_result | None) -> None:
     """The new file's permissions (mkstemp's are 0600): those of the file it replaces, as a
     shell's ``>`` keeps them (a private file stays private), with its owner and group where
-    this process may set them; else a new file's (0666 less the umask)."""
+    this process may set them; else a new file's (0666 less the umask). The mode is set
+    first, while the file is this process's: given away, it may not be set again (root
+    without CAP_FOWNER), and a change of owner may clear set-id bits."""
     if existing is None:
         mask = os.umask(0)
         os.umask(mask)
         os.fchmod(fd, 0o666 & ~mask)
         return
-    with contextlib.suppress(PermissionError):  # only root gives a file away
+    mode = stat.S_IMODE(existing.st_mode)
+    os.fchmod(fd, mode)
+    if (existing.st_uid, existing.st_gid) == (os.geteuid(), os.getegid()):
+        return
+    try:  # only root gives a file away; an owner a user namespace cannot map is EINVAL
         os.fchown(fd, existing.st_uid, existing.st_gid)
-    os.fchmod(fd, stat.S_IMODE(existing.st_mode))
+    except OSError:
+        return
+    with contextlib.suppress(OSError):
+        os.fchmod(fd, mode)
 
 
 def replace_atomically(path: Path, data: bytes, *, prefix: str = ".tmp-") -> None:

@@ -160,10 +160,8 @@ def main(argv: list[str] | None = None) -> None:
     A usage error is one line too, and a reader gone from the pipe a silent exit 141.
     """
     args = list(sys.argv[1:] if argv is None else argv)
-    if sys.stdout is None:  # started with no descriptor 1 (``>&-``): the next file opened
-        # would get it, and a stray write land in it
-        sys.stderr.write("error: standard output is closed (redirect it: `> FILE`, `| ...`)\n")
-        sys.exit(3)  # ExitCode.BAD_INPUT: an output that cannot be written
+    if sys.stdout is None:  # started with no descriptor 1 (``>&-``)
+        _closed_stdout(args)
     _whole_writes()
     try:
         if args == ["--version"]:  # the fastest path: no typer at all would not be faster
@@ -174,6 +172,25 @@ def main(argv: list[str] | None = None) -> None:
         sys.stdout.flush()
     except (BrokenPipeError, OutputClosed) as exc:
         _closed_pipe(exc.__cause__ or exc, args)
+
+
+# what runs with its output closed: a daemon, whose output is its log (Celery redirects it)
+_DAEMONS = frozenset({"worker", "beat"})
+
+
+def _closed_stdout(args: list[str]) -> None:
+    """Descriptor 1 is given /dev/null: the next file opened would get it, and a stray
+    write land in that file. A daemon runs on; any other command, whose output is what it is
+    run for, stops with one line and exit 3 (an output that cannot be written)."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    if devnull != 1:
+        os.dup2(devnull, 1)
+        os.close(devnull)
+    sys.stdout = io.TextIOWrapper(io.FileIO(1, "w", closefd=False), write_through=True)
+    command = next((a for a in args if not a.startswith("-")), None)
+    if command not in _DAEMONS:
+        sys.stderr.write("error: standard output is closed (redirect it: `> FILE`, `| ...`)\n")
+        sys.exit(3)  # ExitCode.BAD_INPUT
 
 
 class _WholeWrites(io.RawIOBase):

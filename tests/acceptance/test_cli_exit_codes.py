@@ -19,7 +19,7 @@ from core import SessionStore, Settings
 from core.interop.watch import SessionFiles, session_files
 from tests.cli_process import EXE, run_cli
 from tests.pi_support import FIXTURES
-from tests.support import as_a_user, clean_env, json_lines, unsearchable
+from tests.support import as_a_user, clean_env, json_lines, spawn, unsearchable, wait_for
 
 Run = Callable[..., subprocess.CompletedProcess[str]]
 OMP_SESSIONS = Path(__file__).parents[1] / "fixtures" / "omp" / "agent" / "sessions"
@@ -391,6 +391,29 @@ def test_a_closed_stdout_is_one_line_and_exit_3(env: dict[str, str], session_id:
     *lines, status = done.stderr.splitlines()
     assert status == "3", done.stderr
     assert lines == ["error: standard output is closed (redirect it: `> FILE`, `| ...`)"]
+
+
+@pytest.mark.parametrize(
+    ("argv", "started"),
+    [(("worker", "--pool", "solo", "--without-mingle"), " ready."), (("beat",), "Starting...")],
+)
+def test_a_daemon_runs_with_its_stdout_closed(
+    env: dict[str, str], tmp_path: Path, argv: tuple[str, ...], started: str
+) -> None:
+    """A worker or beat, whose output is its log (Celery redirects stdout), runs with
+    descriptor 1 closed as it always did (a review's finding: the first fix refused it),
+    descriptor 1 on /dev/null so that no file it opens gets it."""
+    log = tmp_path / "daemon.log"
+    command = " ".join(shlex.quote(a) for a in (EXE, *argv))
+    with log.open("wb") as err:
+        proc = spawn(["bash", "-c", f"exec {command} >&-"], env=env, stderr=err)
+    try:
+        wait_for(lambda: started in log.read_text(errors="replace"), 60, f"{argv[0]} to start")
+        assert proc.poll() is None
+    finally:
+        proc.terminate()
+        proc.wait(30)
+    assert "standard output is closed" not in log.read_text(errors="replace")
 
 
 def test_a_journal_file_that_is_not_a_database_is_bad_config(

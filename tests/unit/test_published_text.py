@@ -5,10 +5,12 @@ PATH: a FIFO's reader got nothing, a link was replaced by a file, and ``-o /dev/
 
 from __future__ import annotations
 
+import errno
 import os
 import stat
 import threading
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -40,6 +42,38 @@ def test_a_replaced_file_keeps_its_permissions(tmp_path: Path, mode: int) -> Non
     _publish(path, "new\n")
     assert path.read_text() == "new\n"
     assert stat.S_IMODE(os.stat(path).st_mode) == mode
+
+
+@pytest.mark.parametrize("refusal", ["owner unmappable", "mode refused once given away"])
+def test_a_file_of_another_owner_is_replaced_even_where_its_owner_cannot_be_kept(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, refusal: str
+) -> None:
+    """Keeping the replaced file's owner is a courtesy, never a reason to fail the export
+    (a review's finding): in a user namespace its owner may not map (``fchown``: EINVAL);
+    root without CAP_FOWNER may give the file away and then not set its mode (EPERM). The
+    mode is set before the owner."""
+    path = tmp_path / "out.jsonl"
+    path.write_text("old\n")
+    path.chmod(0o600)
+    given_away = []
+
+    def fchown(fd: int, uid: int, gid: int) -> None:
+        if refusal == "owner unmappable":
+            raise OSError(errno.EINVAL, "Invalid argument")
+        given_away.append(fd)
+
+    def fchmod(fd: int, mode: int, real: Any = os.fchmod) -> None:
+        if given_away:
+            raise PermissionError(errno.EPERM, "Operation not permitted")
+        real(fd, mode)
+
+    monkeypatch.setattr(os, "geteuid", lambda: os.stat(path).st_uid + 1)  # another's file
+    monkeypatch.setattr(os, "fchown", fchown)
+    monkeypatch.setattr(os, "fchmod", fchmod)
+    _publish(path, "new\n")
+    assert path.read_text() == "new\n"
+    assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
+    assert bool(given_away) == (refusal != "owner unmappable")
 
 
 def test_a_new_file_has_the_umasks_permissions(tmp_path: Path) -> None:
