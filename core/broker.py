@@ -42,10 +42,12 @@ suffix a returned message's name gains: ``<stamp>_<uuid>+<return>.<queue>.msg``)
 
 from __future__ import annotations
 
+import errno
 import functools
 import logging
 import os
 import re
+import stat
 import time
 import uuid
 from collections.abc import Callable
@@ -102,9 +104,12 @@ class Channel(filesystem.Channel):
             except OSError as exc:
                 raise ChannelError(f"cannot claim {name} in {inbox}") from exc
             try:
-                body = mine.read_bytes()
+                body = _message_bytes(mine)
             except OSError as exc:
                 raise ChannelError(f"cannot read the message {mine}") from exc
+            if body is None:  # a directory, a FIFO, a link: no message, and no reading it
+                _set_aside(mine, inbox.parent / "bad", name)
+                continue
             try:
                 message = _loads(body.decode())
                 # what kombu builds from it on delivery, built here: a file that is JSON
@@ -367,7 +372,9 @@ def _return(claim: Path, inbox: Path, name: str) -> bool:
 def _counted(mine: Path, name: str) -> str:
     """Count the delivery in the claim ``mine`` of message file ``name``, unless a return
     killed before it was back counted it; the name it goes back as."""
-    body = mine.read_bytes()  # a read that fails leaves the claim for the next scan
+    body = _message_bytes(mine)  # a read that fails leaves the claim for the next scan
+    if body is None:
+        return name  # no message file: set aside when it is claimed again
     try:
         message = _loads(body.decode())
         headers = message.get("headers") if isinstance(message, dict) else None
@@ -416,6 +423,30 @@ def _drop(claim: Any) -> None:
             os.unlink(claim)
         except FileNotFoundError:
             pass
+
+
+def _message_bytes(path: Path) -> bytes | None:
+    """A message file's bytes; None for what is no regular file (a directory, a FIFO, a
+    link, planted by hand in the queue folder), never opened for reading: a FIFO's read
+    waited for a writer forever (the worker, then ``queue status``), a directory's read
+    failed and stopped the worker."""
+    flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+    try:
+        fd = os.open(path, flags)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:  # a link
+            return None
+        raise
+    try:
+        regular = stat.S_ISREG(os.fstat(fd).st_mode)
+    except OSError:
+        os.close(fd)
+        raise
+    if not regular:
+        os.close(fd)
+        return None
+    with open(fd, "rb") as f:
+        return f.read()
 
 
 def _set_aside(path: Path, bad: Path, name: str) -> None:

@@ -6,6 +6,7 @@ Any further arguments go to Celery as they are (e.g. ``sessionstore worker -c 4 
 from __future__ import annotations
 
 import os
+from typing import Any
 
 import typer
 
@@ -35,7 +36,7 @@ def worker(
         from tasks.metrics import serve_process_metrics
 
         serve_process_metrics(settings, metrics_port, metrics_addr, name=str(os.getpid()))
-    get_app().worker_main(["worker", "--loglevel=INFO", *ctx.args])
+    _celery(get_app(), ["worker", "--loglevel=INFO", *ctx.args])
 
 
 @cli.command("beat", context_settings=_PASS_THROUGH)
@@ -49,4 +50,20 @@ def beat(ctx: typer.Context) -> None:
     settings = load_settings()
     schedule = settings.data_dir.resolve() / "celerybeat-schedule"
     schedule.parent.mkdir(parents=True, exist_ok=True)
-    get_app().start(["beat", "--loglevel=INFO", f"--schedule={schedule}", *ctx.args])
+    _celery(get_app(), ["beat", "--loglevel=INFO", f"--schedule={schedule}", *ctx.args])
+
+
+def _celery(app: Any, argv: list[str]) -> None:
+    """``celery ARGV`` for ``app``, exiting with its status. ``app.start`` and
+    ``app.worker_main`` drop it (click's ``main`` returns it, out of standalone mode, and
+    neither passes it on): a worker that gave up, which ``tasks.worker`` makes exit
+    non-zero, exited 0 here, and a supervisor restarting only failed processes left it."""
+    from celery.bin.celery import celery
+
+    celery.params[0].default = app  # as app.start does: the app, without -A
+    try:
+        code = celery.main(args=argv, standalone_mode=False)
+    finally:
+        celery.params[0].default = None
+    if isinstance(code, int) and code:
+        raise typer.Exit(code)

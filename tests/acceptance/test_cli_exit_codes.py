@@ -416,6 +416,21 @@ def test_a_daemon_runs_with_its_stdout_closed(
     assert "standard output is closed" not in log.read_text(errors="replace")
 
 
+def test_a_worker_that_gives_up_exits_non_zero(run: Run, env: dict[str, str]) -> None:
+    """``sessionstore worker`` exits with the status of Celery's worker, which
+    ``tasks.worker`` makes non-zero for a stop nobody asked for (here: the embedded broker's
+    claims folder is a file, an "Unrecoverable error"). It exited 0 (a probe's finding:
+    ``app.worker_main`` drops the status), and a supervisor restarting only failed
+    processes left the worker dead."""
+    assert run("db", "upgrade").returncode == 0
+    queue = Path(env["SESSIONSTORE_DATA_DIR"]) / "queue"
+    queue.mkdir()
+    (queue / "claimed").write_text("")
+    done = run_cli("worker", "--pool", "solo", "--without-mingle", env=env)
+    assert done.returncode == 1, done.stderr[-2000:]
+    assert "Unrecoverable error" in done.stderr
+
+
 def test_a_journal_file_that_is_not_a_database_is_bad_config(
     env: dict[str, str], tmp_path: Path
 ) -> None:

@@ -7,7 +7,10 @@ from __future__ import annotations
 
 import json
 import multiprocessing
+import os
+import stat
 import subprocess
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -135,6 +138,52 @@ def test_an_unreadable_message_file_is_set_aside_and_the_worker_goes_on(
         assert sorted(h.get(timeout=30).last_seq for h in handles) == [1, 2, 3, 4, 5]
     assert not (inbox / name).exists()
     assert (inbox.parent / "bad" / name).read_bytes() == torn
+
+
+def test_what_is_no_message_file_is_set_aside_unread_and_the_worker_goes_on(
+    tmp_path: Path,
+) -> None:
+    """A directory, a FIFO and a link to a file outside, named as messages in the queue
+    folder (by hand, or by a hostile local user): each is set aside in ``bad/`` as it is,
+    never read, and the worker goes on (a probe's finding: the directory stopped the worker,
+    exit 0 from ``sessionstore worker``; the FIFO hung it, then ``queue status``)."""
+    settings = Settings(data_dir=tmp_path / "embedded")
+    upgrade(settings.resolved_database_url)
+    app = create_app(settings)
+    inbox = Path(app.conf.broker_transport_options["data_folder_in"])
+    queue_name = app.conf.task_default_queue
+    outside = tmp_path / "outside.json"
+    outside.write_text('{"not": "yours"}')
+    planted = {
+        kind: f"{i}_00000000-0000-0000-0000-00000000000{i}.{queue_name}.msg"
+        for i, kind in enumerate(("directory", "fifo", "link"), start=1)
+    }
+    (inbox / planted["directory"]).mkdir()
+    os.mkfifo(inbox / planted["fifo"])
+    (inbox / planted["link"]).symlink_to(outside)
+    with SessionStore.from_settings(settings) as store, embedded_worker(app):
+        sid = store.create_session(tenant_id="acme").id
+        message = {"type": "message", "message": {"role": "user", "content": "m"}}
+        assert enqueue_append(sid, [message], app=app).get(timeout=30).last_seq == 1
+    bad = inbox.parent / "bad"
+    assert (bad / planted["directory"]).is_dir()
+    assert stat.S_ISFIFO(os.lstat(bad / planted["fifo"]).st_mode)
+    assert (bad / planted["link"]).is_symlink()
+    assert outside.read_text() == '{"not": "yours"}'
+    assert not any(inbox.glob(f"*.{queue_name}.msg"))
+
+
+def test_a_claim_that_is_no_message_file_goes_back_unread(tmp_path: Path) -> None:
+    """A lost consumer's claim that is a FIFO goes back to the queue as it is (set aside
+    when claimed again), where reading it to count the delivery waited forever."""
+    fifo = tmp_path / "claim"
+    os.mkfifo(fifo)
+    done: list[str] = []
+    reader = threading.Thread(target=lambda: done.append(broker._counted(fifo, "1_x.q.msg")))
+    reader.daemon = True
+    reader.start()
+    reader.join(10)
+    assert done == ["1_x.q.msg"]
 
 
 def test_two_data_dirs_in_one_process_each_get_their_own_messages(tmp_path: Path) -> None:

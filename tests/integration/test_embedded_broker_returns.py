@@ -334,15 +334,15 @@ def test_a_lost_claim_that_cannot_be_read_stays_for_the_next_scan(
     inbox.mkdir()
     lost = claimed / f"{_gone_owner()}~a~1_m.celery.msg"
     lost.write_text(json.dumps(MESSAGE))
-    real = Path.read_bytes
+    real = broker._message_bytes
 
-    def failing(self: Path) -> bytes:
+    def failing(path: Path) -> bytes:
         raise OSError(5, "Input/output error")
 
-    monkeypatch.setattr(Path, "read_bytes", failing)
+    monkeypatch.setattr(broker, "_message_bytes", failing)
     assert broker.reclaim(claimed, inbox, older_than_s=3600) == 0
     assert [p.name for p in claimed.iterdir()] == [lost.name] and list(inbox.iterdir()) == []
-    monkeypatch.setattr(Path, "read_bytes", real)
+    monkeypatch.setattr(broker, "_message_bytes", real)
     assert broker.reclaim(claimed, inbox, older_than_s=3600) == 1
     (back,) = inbox.iterdir()
     assert json.loads(back.read_text())["headers"][broker.DELIVERIES] == 2
