@@ -54,6 +54,7 @@ class VerifyReport:
     unregistered: list[str] = field(default_factory=list)
     quarantined: list[str] = field(default_factory=list)  # where corrupt files went
     repaired: list[str] = field(default_factory=list)
+    unrepaired: list[str] = field(default_factory=list)  # "<hash>: why", a good copy at hand
     symlinks: list[str] = field(default_factory=list)  # refused paths, each once
     counts: dict[str, int] = field(default_factory=dict)
     _links_seen: set[str] = field(default_factory=set)
@@ -92,7 +93,15 @@ class VerifyReport:
         }
 
 
-_KINDS = ("missing", "corrupt", "unregistered", "quarantined", "repaired", "symlinks")
+_KINDS = (
+    "missing",
+    "corrupt",
+    "unregistered",
+    "quarantined",
+    "repaired",
+    "unrepaired",
+    "symlinks",
+)
 
 
 class KnownGood:
@@ -177,7 +186,12 @@ def _verify_one(
             return
         good = known.content(blob_hash) if known is not None else None
         if good is not None:
-            store.put(good)  # a put of the content re-writes and re-registers it
+            try:
+                store.put(good)  # a put of the content re-writes and re-registers it
+            except OSError as exc:  # what stands at its path (a directory): this blob only
+                log.error("blob repair failed", extra={"blob_hash": blob_hash, "error": str(exc)})
+                report.note("unrepaired", f"{blob_hash}: {exc.strerror or exc}")
+                return
             report.note("repaired", blob_hash)
     except SymlinkRefused as exc:
         report.note_symlink(blob_hash, exc.path, _root(store))

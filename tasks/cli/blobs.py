@@ -47,7 +47,7 @@ def verify(
         print_json(result)
     else:
         table = new_table("", "", title="blob verify", show_header=False)
-        for key in ("checked", "ok", "missing", "corrupt", "quarantined", "repaired"):
+        for key in ("checked", "ok", "missing", "corrupt", "quarantined", "repaired", "unrepaired"):
             table.add_row(key, str(result.get(f"{key}_count", result.get(key))))
         table.add_row("unregistered", str(result["unregistered_count"]))
         table.add_row("symlinks", str(result["symlinks_count"]))
@@ -55,6 +55,7 @@ def verify(
         for kind, label in (
             ("missing", "missing"),
             ("corrupt", "corrupt"),
+            ("unrepaired", "unrepaired"),
             ("symlinks", "symlink"),
         ):
             for value in report_list(result, kind):

@@ -101,6 +101,31 @@ def test_verify_repairs_from_a_directory_and_reports_unregistered(
     assert seen and seen[-1] == ("blobs", 2, 2)
 
 
+def test_a_blob_that_cannot_be_repaired_is_reported_and_the_others_are_repaired(
+    store: SessionStore, tmp_path: Path
+) -> None:
+    """A directory standing at a blob's file: its repair fails (the good copy cannot be put
+    there), is reported with why, and the run goes on to repair the next blob (a probe's
+    finding: the run stopped there with a bare "[Errno 21] Is a directory", exit 3, no
+    report, and the blobs after it were never repaired)."""
+    good = tmp_path / "known-good"
+    good.mkdir()
+    first, second = sorted((store.blobs.put(content).hash, content) for content in (TEXT, MEDIA))
+    for blob_hash, content in (first, second):
+        (good / blob_hash).write_bytes(content)
+    blocked = _blob_file(store, first[0])
+    blocked.unlink()
+    blocked.mkdir()  # a directory, where the first blob's file goes
+    _blob_file(store, second[0]).unlink()
+    report = verify_blobs(store.blobs, repair_from=good)
+    assert report.missing == [first[0], second[0]]
+    assert report.repaired == [second[0]] and store.blobs.get(second[0]) == second[1]
+    assert [u.split(": ")[0] for u in report.unrepaired] == [first[0]]
+    assert "directory" in report.unrepaired[0].lower()
+    assert not report.healthy and report.to_dict()["unrepaired_count"] == 1
+    assert blocked.is_dir()
+
+
 def test_a_damaged_file_under_the_other_codec_never_shadows_the_registered_one(
     store: SessionStore,
 ) -> None:
