@@ -276,7 +276,9 @@ def _report(results: list[AppendResult], as_json: bool) -> None:
 
 @dead_app.command("list")
 def dead_list(
-    after_id: int = typer.Option(0, help="Cursor: list letters after this id."),
+    after_id: int = typer.Option(
+        0, min=0, max=INT64_MAX, help="Cursor: list letters after this id."
+    ),
     limit: int = typer.Option(50, min=1, max=1000),
     as_json: bool = JsonOption,
 ) -> None:
@@ -301,8 +303,12 @@ def dead_list(
     print_table(table)
 
 
+# a letter's id (a BIGINT): out of range is a usage error, as a seq or position is
+LetterIdArgument = typer.Argument(..., min=0, max=INT64_MAX, help="The dead letter's id.")
+
+
 @dead_app.command("show")
-def dead_show(letter_id: int, as_json: bool = JsonOption) -> None:
+def dead_show(letter_id: int = LetterIdArgument, as_json: bool = JsonOption) -> None:
     """Show one dead letter with its original events."""
     with open_store() as store:
         letter = store.dead_letters.get(letter_id)
@@ -355,7 +361,7 @@ def dead_export(
 
 @dead_app.command("replay")
 def dead_replay(
-    letter_id: int,
+    letter_id: int = LetterIdArgument,
     fixed: Path | None = typer.Option(
         None, "--file", help="Replay these events instead (a JSON array or JSONL file)."
     ),
@@ -439,7 +445,7 @@ def _load_fixed(path: Path) -> list[Any]:
 
 @dead_app.command("discard")
 def dead_discard(
-    letter_id: int,
+    letter_id: int = LetterIdArgument,
     yes: bool = typer.Option(False, "--yes", help="Do not ask."),
     as_json: bool = JsonOption,
 ) -> None:

@@ -491,6 +491,13 @@ def test_export_to_dash_is_stdout(env: dict[str, str], session_id: str, tmp_path
         (("sessions", "move", "{sid}", "--tenant", ""), "--tenant"),
         (("sessions", "list", "--tenant", "x" * 129), "--tenant"),
         (("events", "--limit", "0"), "--limit"),
+        # a dead letter's id, as a position (exit 3, "invalid argument", before)
+        (("dead-letters", "list", "--after-id=-1"), "--after-id"),
+        (("dead-letters", "list", "--after-id", str(2**63)), "--after-id"),
+        (("dead-letters", "show", "--", "-1"), "letter_id"),
+        (("dead-letters", "show", str(2**63)), "letter_id"),
+        (("dead-letters", "replay", "--", "-1"), "letter_id"),
+        (("dead-letters", "discard", "--yes", str(2**63)), "letter_id"),
         (("no-such-command",), "no-such-command"),
     ],
 )
