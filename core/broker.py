@@ -47,7 +47,6 @@ import functools
 import logging
 import os
 import re
-import stat
 import time
 import uuid
 from collections.abc import Callable
@@ -59,6 +58,9 @@ from typing import Any, cast
 from kombu.exceptions import ChannelError
 from kombu.transport import filesystem, virtual
 from kombu.utils import json as kombu_json
+
+from core import nofollow
+from core.errors import SymlinkRefused
 
 log = logging.getLogger(__name__)
 
@@ -427,25 +429,18 @@ def _drop(claim: Any) -> None:
 
 def _message_bytes(path: Path) -> bytes | None:
     """A message file's bytes; None for what is no regular file (a directory, a FIFO, a
-    link, planted by hand in the queue folder), never opened for reading: a FIFO's read
-    waited for a writer forever (the worker, then ``queue status``), a directory's read
-    failed and stopped the worker."""
-    flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+    link, planted by hand in the queue folder), never read (``nofollow.open_file``): a
+    FIFO's read waited for a writer forever (the worker, then ``queue status``), a
+    directory's read failed and stopped the worker. FileNotFoundError if nothing is there."""
     try:
-        fd = os.open(path, flags)
-    except OSError as exc:
-        if exc.errno == errno.ELOOP:  # a link
-            return None
-        raise
-    try:
-        regular = stat.S_ISREG(os.fstat(fd).st_mode)
-    except OSError:
-        os.close(fd)
-        raise
-    if not regular:
-        os.close(fd)
+        fd = nofollow.open_file(path.parent, path)
+    except SymlinkRefused:
         return None
-    with open(fd, "rb") as f:
+    if fd is None:
+        if not os.path.lexists(path):
+            raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), str(path))
+        return None
+    with os.fdopen(fd, "rb") as f:
         return f.read()
 
 

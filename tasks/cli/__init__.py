@@ -182,10 +182,7 @@ def _closed_stdout(args: list[str]) -> None:
     """Descriptor 1 is given /dev/null: the next file opened would get it, and a stray
     write land in that file. A daemon runs on; any other command, whose output is what it is
     run for, stops with one line and exit 3 (an output that cannot be written)."""
-    devnull = os.open(os.devnull, os.O_WRONLY)
-    if devnull != 1:
-        os.dup2(devnull, 1)
-        os.close(devnull)
+    _to_devnull([1])
     sys.stdout = io.TextIOWrapper(io.FileIO(1, "w", closefd=False), write_through=True)
     command = next((a for a in args if not a.startswith("-")), None)
     if command not in _DAEMONS:
@@ -278,11 +275,19 @@ def _closed_pipe(exc: BaseException, args: list[str]) -> None:
         from tasks.cli.failures import debug_enabled, fail
 
         fail(exc, debug=debug_enabled(args))
-    devnull = os.open(os.devnull, os.O_WRONLY)
-    for fd in closed:
-        os.dup2(devnull, fd)
-    os.close(devnull)
+    _to_devnull(closed)
     sys.exit(EXIT_PIPE_CLOSED)
+
+
+def _to_devnull(fds: list[int]) -> None:
+    """Point ``fds`` at /dev/null, open or closed (a closed one may be what opening it
+    takes)."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    for fd in fds:
+        if fd != devnull:
+            os.dup2(devnull, fd)
+    if devnull not in fds:
+        os.close(devnull)
 
 
 def _reader_gone(fd: int) -> bool:
