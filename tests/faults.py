@@ -53,7 +53,9 @@ def _hang_once_after_commit(dbapi_connection: Any, record: Any) -> None:
         (folder / "armed").rename(folder / "claimed")  # atomic: one transaction wins
     except FileNotFoundError:
         return
-    (folder / "committed").write_text(str(os.getpid()))
+    # written whole, then named: a test reads the pid as soon as the name appears
+    (folder / "committed.tmp").write_text(str(os.getpid()))
+    (folder / "committed.tmp").rename(folder / "committed")
     # until the test kills this process, or lets it go on (a file ``release``)
     deadline = time.monotonic() + 60
     while not (folder / "release").exists() and time.monotonic() < deadline:

@@ -40,7 +40,10 @@ def test_a_worker_runs_until_the_run_is_killed() -> None:
     )
     thread.start()
     thread.join()
-    (HERE / "worker.pid").write_text(str(started[0].proc.pid))
+    # written whole, then named: the test reads the pid as soon as the name appears (an
+    # empty file read between its creation and its write failed a CI run)
+    (HERE / "worker.tmp").write_text(str(started[0].proc.pid))
+    (HERE / "worker.tmp").rename(HERE / "worker.pid")
     time.sleep(600)
 """
 
@@ -90,8 +93,16 @@ def test_a_killed_test_run_takes_its_workers_with_it(tmp_path: Path) -> None:
         worker = int(pid_file.read_text())
         ready = lambda: " ready." in log.read_text(errors="replace")  # noqa: E731
         wait_for(ready, 60, "the worker to be ready")
-        wait_for(lambda: bool(_children(worker)), 30, "the worker's pool process")
-        pool = _children(worker)
+        # the same children in three reads in a row: a process the worker runs for a moment
+        # while it starts can be its only child at one read and gone at the next
+        seen: list[list[int]] = []
+
+        def settled() -> bool:
+            seen.append(sorted(_children(worker)))
+            return bool(seen[-1]) and seen[-3:] == [seen[-1]] * 3
+
+        wait_for(settled, 30, "the worker's pool process", step=0.2)
+        pool = seen[-1]
         assert _alive(worker)  # the thread that started it has ended: it runs on
         run.kill()
         run.wait(10)
