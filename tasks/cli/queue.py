@@ -74,11 +74,11 @@ def status(
     from tasks.cli.common import load_settings
 
     settings = load_settings()
+    with open_store() as store:  # first: no database (exit 9) creates no broker folder
+        dead = store.dead_letters.count()
     celery_app = create_app(settings)
     embedded = None if settings.broker_url else embedded_broker_dir(settings)
     counts = _broker_counts(celery_app, QUEUE, embedded)
-    with open_store() as store:
-        dead = store.dead_letters.count()
     workers = _workers(celery_app, timeout)
     result = {**counts, "dead_letters": dead, "workers": workers}
     if as_json:

@@ -504,6 +504,24 @@ def test_read_only_commands_never_create_a_database(cli: Cli, tmp_path: Path) ->
     assert not typo.exists() and not typo.parent.exists()
 
 
+def test_read_only_commands_never_create_a_data_dir(cli: Cli, tmp_path: Path) -> None:
+    """A mistyped data dir is told, and left uncreated: queue status made the embedded
+    broker's folders in it before it found no database there."""
+    typo = tmp_path / "typo-data"
+    cli.env["SESSIONSTORE_DATA_DIR"] = str(typo)
+    for args in (
+        ("queue", "status"),
+        ("sessions", "list"),
+        ("blobs", "verify"),
+        ("events",),
+        ("read", "artifact://1", "--session", "s1"),
+        ("export", "s1", "-o", str(tmp_path / "out.jsonl")),
+    ):
+        one_line_error(cli(*args), ExitCode.DATABASE_MISSING, str(typo / "journal.db"))
+        assert not typo.exists(), args
+    assert not (tmp_path / "out.jsonl").exists()
+
+
 # --- the demo ---------------------------------------------------------------------------
 
 
