@@ -491,7 +491,13 @@ def state(
     tenant: str | None = typer.Option(
         None, callback=check_tenant, help="Fail unless the session is this tenant's."
     ),
-    messages: int = typer.Option(10, min=0, help="How many of the last messages to show."),
+    messages: int | None = typer.Option(
+        None,
+        min=0,
+        max=INT64_MAX,
+        show_default=False,
+        help="How many of the last messages to show [default: 10; with --json, all].",
+    ),
     refs: bool = typer.Option(
         False, "--refs", help="Show messages as stored (blob refs), not text previews."
     ),
@@ -500,7 +506,8 @@ def state(
     """A session's state rebuilt from its journal (snapshot + fold).
 
     Messages show as text previews (tool calls by name, images as [image N KB], the first
-    characters of stored text); --refs shows them as stored, blob refs and all.
+    characters of stored text); --refs shows them as stored, blob refs and all, as --json
+    always does. --json gives every message of the context unless --messages says how many.
     """
     with open_store() as store:
         session_id = store.resolve_session(session_id, tenant_id=tenant).id
@@ -510,10 +517,13 @@ def state(
             previewer = _previewer(store).scoped(lambda: store.journal.blob_hashes(session_id))
         rows = [
             (str(m.seq), m.role, _message_text(m.data, previewer))
-            for m in _tail(result.messages, messages)
+            for m in _tail(result.messages, 10 if messages is None else messages)
         ]
     if as_json:
-        print_json(result.to_dict())
+        shown = result.to_dict()
+        if messages is not None:  # the last N, as in the table; "context messages" stays
+            shown["messages"] = list(_tail(shown["messages"], messages))
+        print_json(shown)
         return
     info, counters = result.info, result.counters
     model = info.model

@@ -217,6 +217,15 @@ def test_stats_and_state_human_and_json(
 
     state: dict[str, Any] = orjson.loads(_run(capsys, "state", acme_id, "--json"))
     assert state["seq"] == 8 and len(state["messages"]) == 8
+    # --messages limits the JSON's messages too (it was ignored): the last N, as in the table
+    last = orjson.loads(_run(capsys, "state", acme_id, "--json", "--messages", "3"))
+    assert last["messages"] == state["messages"][-3:]
+    assert (
+        orjson.loads(_run(capsys, "state", acme_id, "--json", "--messages", "0"))["messages"] == []
+    )
+    assert {k: v for k, v in last.items() if k != "messages"} == {
+        k: v for k, v in state.items() if k != "messages"
+    }
     assert [t["name"] for t in state["tool_calls"]] == ["bash", "bash"]
     earlier = orjson.loads(_run(capsys, "state", acme_id, "--json", "--at-seq", "2"))
     assert earlier["seq"] == 2 and earlier["leaf_id"] == earlier["branch"][-1]
