@@ -311,7 +311,7 @@ def _import_pass(
             after(store, session.id, parsed)
         _link_parent(store, session, parsed, tenant_id)
         _link_children(store, session, path, tenant_id)
-        _retitle(store, session, parsed)
+        _fill_row(store, session, parsed)
     except (SessionStoreError, OSError) as exc:
         # What was appended stays (the next pass continues after it): say so, and where.
         raise ImportInterrupted(
@@ -1033,16 +1033,25 @@ def _parent_of(
     return store.journal.find_external(tenant_id, parent_external)
 
 
-def _retitle(store: SessionStore, session: Session, parsed: ParsedSession) -> None:
-    """The file's title, once it has one other than the session's: a title comes later
-    than the first pass of a file being written (Claude Code's ``/rename``, pi's session
-    name), and the last one is the session's. The file is where an imported session's
-    title comes from (nothing else sets one)."""
-    title = parsed.header.title
-    if title is None or title == session.title:
+def _fill_row(store: SessionStore, session: Session, parsed: ParsedSession) -> None:
+    """What a later pass of a file being written learns, in the session's row:
+    - the file's title, once it has one other than the session's: a title comes later than
+      the first pass (Claude Code's ``/rename``, pi's session name), and the last one is
+      the session's; the file is where an imported session's title comes from;
+    - its working directory, when the row has none: a Claude Code file's first lines
+      (a summary, a file-history snapshot) carry none, and its header, kept at seq 1 as the
+      first pass built it, stays without one (``state`` and an export then take the row's).
+    """
+    values: dict[str, str] = {}
+    title, cwd = parsed.header.title, parsed.header.cwd
+    if title is not None and title != session.title:
+        values["title"] = title
+    if cwd and not session.cwd:
+        values["cwd"] = cwd
+    if not values:
         return
     with write_transaction(store.engine) as conn:
-        conn.execute(update(_sessions).where(_sessions.c.id == session.id).values(title=title))
+        conn.execute(update(_sessions).where(_sessions.c.id == session.id).values(**values))
 
 
 def _set_parent(store: SessionStore, session_id: str, parent_id: str) -> None:

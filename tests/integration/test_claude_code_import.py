@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import base64
 import dataclasses
+import io
 import json
 import os
 import shutil
@@ -135,6 +136,35 @@ def test_a_title_that_comes_after_the_first_pass_is_the_sessions(
         out.write(json.dumps(renamed).encode() + b"\n" + b"\n".join(lines[6:]))
     store.import_session(path, tenant_id=TENANT)
     assert store.get_session(first.session_id).title == "Leap years"
+
+
+@pytest.mark.parametrize("first_lines", [1, 2], ids=["summary", "summary+snapshot"])
+def test_a_working_directory_that_comes_after_the_first_pass_is_the_sessions(
+    store: SessionStore, tmp_path: Path, first_lines: int
+) -> None:
+    """A file's first lines (a summary, a file-history snapshot) carry no cwd and no time at
+    the top: a first pass that read only them left the session without a cwd for good
+    (state, sessions list) and its export with ``"cwd": ""`` and ``"timestamp": null``,
+    which no pi file has. The cwd a later pass finds is now the session's, as one pass's."""
+    lines = FIXTURE.read_bytes().split(b"\n")
+    path = tmp_path / FIXTURE.name
+    path.write_bytes(b"\n".join(lines[:first_lines]) + b"\n")
+    first = store.import_session(path, tenant_id=TENANT)
+    assert store.get_session(first.session_id).cwd is None
+    path.write_bytes(FIXTURE.read_bytes())
+    store.import_session(path, tenant_id=TENANT)
+    whole = store.import_session(FIXTURE, tenant_id="other")
+    cwd = store.get_session(whole.session_id).cwd
+    assert cwd == "/home/dev/dateparse"
+    assert store.get_session(first.session_id).cwd == cwd
+    assert store.state(first.session_id).info.cwd == cwd
+    out = io.StringIO()
+    store.export_session(first.session_id, out)
+    header = json.loads(out.getvalue().splitlines()[0])
+    assert header["cwd"] == cwd
+    assert isinstance(header["timestamp"], str)  # the session's start, as stored: its import
+    # and the import it came from goes on as before: the header it stored is unchanged
+    assert store.import_session(path, tenant_id=TENANT).status == "unchanged"
 
 
 RESUMED_ID = "0b9e4f31-5c2d-4e8a-9f17-6a3b2c1d0e9f"
