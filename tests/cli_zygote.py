@@ -8,8 +8,10 @@ quarter of the suite's CPU when every CLI test started a fresh interpreter.
 
 Nothing here may open a connection, start a thread or read a setting before the fork: the
 children must start as a fresh ``sessionstore`` would. What they cannot have fresh: the hash
-seed (one per zygote) and what the preloaded packages read from the environment when they
-were imported (``tests.cli_process`` execs when such a variable differs).
+seed (one per zygote), what the preloaded packages read from the environment when they
+were imported (``tests.cli_process`` execs when such a variable differs), and the values
+the preloaded modules make once (``core.broker``'s process image id, which a fork's own pid
+and start time already tell apart).
 
 Protocol on the two file descriptors given in argv: a 4-byte big-endian length, then a
 pickled request ``{args, env, cwd, stdin, timeout}``; the answer is framed the same way:
@@ -31,12 +33,15 @@ import time
 import traceback
 from typing import Any
 
-# Third-party packages, and the project's table classes (``core.models``: 35 ms of building
-# SQLModel classes, which nearly every command imports). The rest of the project (core,
-# tasks) is imported by each child as a fresh ``sessionstore`` would, so an import the
-# project's code forgot still fails here. A submodule of these packages that a command uses
-# without importing it would not (``import alembic; alembic.command``): the tests that run
-# the executable (every command's --help, the start-up tests) are what catch that.
+# Third-party packages, and the project's modules that commands import: importing the
+# project (core.store and what it pulls in, the CLI, the Celery app) was 0.2 s of the
+# ~0.27 s of CPU a forked command took, a sixth of the whole suite's CPU over its ~1,500
+# commands. None of them reads a setting, opens a connection or starts a thread when
+# imported (each is a function's work). What preloading hides, a fresh process still
+# meets, and other tests run it: a name a module uses without importing it (ruff's F821 and
+# mypy refuse it), a submodule used as an attribute (``import alembic; alembic.command``)
+# or an import cycle only one order of imports trips: the tests that run the executable
+# (every command's --help, the start-up tests, ``SESSIONSTORE_TEST_CLI=exec``).
 PRELOAD = (
     "sqlalchemy",
     "sqlalchemy.orm",
@@ -51,7 +56,11 @@ PRELOAD = (
     "rich",
     "orjson",
     "platformdirs",
-    "core.models",
+    "tasks.cli",
+    "core.store",
+    "core.interop.importer",
+    "core.maintenance",
+    "tasks.app",
 )
 SETUP_FAILED = "cli_zygote: the child could not be set up: "
 
