@@ -49,7 +49,7 @@ OLD = timedelta(hours=2)
 _blobs = BlobRow.__table__  # type: ignore[attr-defined]
 _refs = BlobRefRow.__table__  # type: ignore[attr-defined]
 
-RACE_SECONDS = float(os.environ.get("SESSIONSTORE_GC_RACE_SECONDS", "20"))
+RACE_SECONDS = float(os.environ.get("SESSIONSTORE_GC_RACE_SECONDS", "12"))
 RACE_WRITERS = 4
 RACE_WINDOW_S = 1.0  # the rotating set: which keys writers use changes every window
 RACE_KEYS_PER_WINDOW = 12

@@ -742,54 +742,71 @@ def test_the_export_of_a_fork_names_the_fork(store: SessionStore, tmp_path: Path
     assert store.get_session(parent.session_id).head_seq == len(lines)
 
 
-@pytest.mark.parametrize(
-    "start", ["\ufeff", "\ufeff\n", "\ufeff\ufeff", " \ufeff", "\n\u00a0\ufeff "]
-)
-def test_a_byte_order_mark_is_read_where_pi_reads_one(
-    store: SessionStore, tmp_path: Path, start: str
-) -> None:
+# Each case is one file; pi opens them all in one node process (a process per case made
+# these two tests ~40 s of CI's CPU), and each is named in the assertion that fails.
+BOM_STARTS = {
+    "bom": "\ufeff",
+    "bom-newline": "\ufeff\n",
+    "two-boms": "\ufeff\ufeff",
+    "space-bom": " \ufeff",
+    "lines-nbsp-bom": "\n\u00a0\ufeff ",
+}
+
+
+def test_a_byte_order_mark_is_read_where_pi_reads_one(store: SessionStore, tmp_path: Path) -> None:
     """pi drops what ``content.trim()`` drops at the start of the file (JavaScript's
     whitespace, byte order marks among it, over several lines) and skips a line that begins
     with a BOM elsewhere (``JSON.parse`` refuses it): the import took such lines, and
     refused a file whose start was anything but one BOM."""
     lines = [json.dumps(line) for line in v3_lines()[:4]]
-    path = tmp_path / "bom.jsonl"
-    path.write_bytes((start + "\n\ufeff".join(lines[:3]) + "\n" + lines[3] + "\n").encode())
-    done = store.import_session(path, tenant_id=TENANT)
-    assert len(done.ignored_lines) == 2
-    ours = [e.payload["id"] for e in store.read(done.session_id)[1:]]
-    assert ours == [e["id"] for e in pi_opened([path])[0]["entries"]] == [v3_lines()[3]["id"]]
+    paths = {}
+    for name, start in BOM_STARTS.items():
+        paths[name] = tmp_path / f"{name}.jsonl"
+        text = start + "\n\ufeff".join(lines[:3]) + "\n" + lines[3] + "\n"
+        paths[name].write_bytes(text.encode())
+    theirs = dict(zip(paths, pi_opened(list(paths.values())), strict=True))
+    for name, path in paths.items():
+        done = store.import_session(path, tenant_id=f"{TENANT}-{name}")
+        assert len(done.ignored_lines) == 2, name
+        ours = [e.payload["id"] for e in store.read(done.session_id)[1:]]
+        pis = [e["id"] for e in theirs[name]["entries"]]
+        assert ours == pis == [v3_lines()[3]["id"]], name
 
 
-@pytest.mark.parametrize(
-    "end",
-    ["\u00a0\n", "\u2028", "\ufeff\n", "\x0b\n", "\u00a0", "\n\u00a0\n \n", "\u3000"],
-    ids=[
-        "nbsp",
-        "line-separator",
-        "bom",
-        "vertical-tab",
-        "nbsp-no-newline",
-        "lines",
-        "ideographic",
-    ],
-)
-@pytest.mark.parametrize("header_only", [False, True], ids=["entries", "header-only"])
+TRAILING_ENDS = {
+    "nbsp": "\u00a0\n",
+    "line-separator": "\u2028",
+    "bom": "\ufeff\n",
+    "vertical-tab": "\x0b\n",
+    "nbsp-no-newline": "\u00a0",
+    "lines": "\n\u00a0\n \n",
+    "ideographic": "\u3000",
+}
+
+
 def test_javascript_whitespace_at_the_end_is_dropped_as_pi_trims_it(
-    store: SessionStore, tmp_path: Path, end: str, header_only: bool
+    store: SessionStore, tmp_path: Path
 ) -> None:
     """pi's ``content.trim()`` drops JavaScript's whitespace at the end of the file too:
     the last line followed by a no-break space (or U+2028, a BOM...) is read. The import
     ignored it as not JSON, or waited for ever for its newline; a header alone followed by
     one was refused as no pi file. pi itself is the oracle."""
-    lines = [json.dumps(line) for line in v3_lines()[: 1 if header_only else 4]]
-    path = tmp_path / "trailing.jsonl"
-    path.write_bytes(("\n".join(lines) + end).encode())
-    done = store.import_session(path, tenant_id=TENANT)
-    assert (done.ignored_lines, done.incomplete_tail) == ([], False)
-    ours = [e.payload["id"] for e in store.read(done.session_id)[1:]]
-    theirs = [e["id"] for e in pi_opened([path])[0]["entries"]]
-    assert ours == theirs == [line["id"] for line in v3_lines()[1 : 1 if header_only else 4]]
+    cases: dict[str, tuple[Path, int]] = {}
+    for header_only in (False, True):
+        count = 1 if header_only else 4
+        lines = [json.dumps(line) for line in v3_lines()[:count]]
+        for name, end in TRAILING_ENDS.items():
+            case = f"{'header-only' if header_only else 'entries'}-{name}"
+            path = tmp_path / f"{case}.jsonl"
+            path.write_bytes(("\n".join(lines) + end).encode())
+            cases[case] = (path, count)
+    opened = pi_opened([path for path, _ in cases.values()])
+    for (case, (path, count)), theirs in zip(cases.items(), opened, strict=True):
+        done = store.import_session(path, tenant_id=f"{TENANT}-{case}")
+        assert (done.ignored_lines, done.incomplete_tail) == ([], False), case
+        ours = [e.payload["id"] for e in store.read(done.session_id)[1:]]
+        pis = [e["id"] for e in theirs["entries"]]
+        assert ours == pis == [line["id"] for line in v3_lines()[1:count]], case
 
 
 def test_export_of_a_session_made_here(store: SessionStore, tmp_path: Path) -> None:
