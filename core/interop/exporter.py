@@ -97,7 +97,7 @@ def pi_lines(
     fork = session.forked_from_seq is not None
     stored = pi.stored_header(first.type, first.payload) if first is not None else None
     if stored is not None:
-        header = _fork_header(stored, session, parent_file) if fork else _filled(stored, session)
+        header = _fork_header(stored, session, parent_file) if fork else stored
         entries: Iterator[dict[str, Any]] = (e.payload for e in events)
     else:
         header = pi.new_header(
@@ -121,19 +121,6 @@ def _fork_header(
     if parent_file is not None:
         header["parentSession"] = parent_file
     return header
-
-
-def _filled(header: dict[str, Any], session: Session) -> dict[str, Any]:
-    """The stored header, with what its first import could not say taken from the session:
-    a header built from a Claude Code file's first lines (a summary, a file-history snapshot)
-    has no start (``timestamp`` null, which no pi file has) and no ``cwd`` (""), which a
-    later pass gives the session's row. A value the header holds is kept as it is."""
-    missing: dict[str, Any] = {}
-    if "timestamp" in header and header["timestamp"] is None:
-        missing["timestamp"] = js_iso(session.created_at)
-    if header.get("cwd") == "" and session.cwd:
-        missing["cwd"] = session.cwd
-    return {**header, **missing} if missing else header
 
 
 def _chain(first: dict[str, Any], rest: Iterator[dict[str, Any]]) -> Iterator[dict[str, Any]]:

@@ -1038,20 +1038,27 @@ def _fill_row(store: SessionStore, session: Session, parsed: ParsedSession) -> N
     - the file's title, once it has one other than the session's: a title comes later than
       the first pass (Claude Code's ``/rename``, pi's session name), and the last one is
       the session's; the file is where an imported session's title comes from;
-    - its working directory, when the row has none: a Claude Code file's first lines
-      (a summary, a file-history snapshot) carry none, and its header, kept at seq 1 as the
-      first pass built it, stays without one (``state`` and an export then take the row's).
+    - its working directory, while the row has none: a Claude Code file's first lines (a
+      summary, a file-history snapshot) carry none, and a first pass that read only them
+      left the session without one. ``state`` takes the row's when the header has none.
+      The header (seq 1) stays as that pass built it, and an export writes it as stored,
+      so the export goes back into its session as the same lines. Only a row without one
+      is given it (in the statement: a concurrent ``sessions move --cwd`` stands).
     """
-    values: dict[str, str] = {}
     title, cwd = parsed.header.title, parsed.header.cwd
-    if title is not None and title != session.title:
-        values["title"] = title
-    if cwd and not session.cwd:
-        values["cwd"] = cwd
-    if not values:
-        return
+    retitle = title is not None and title != session.title
+    give_cwd = bool(cwd) and session.cwd is None
+    if not (retitle or give_cwd):
+        return  # no write (a pass that brings nothing takes no lock)
     with write_transaction(store.engine) as conn:
-        conn.execute(update(_sessions).where(_sessions.c.id == session.id).values(**values))
+        if retitle:
+            conn.execute(update(_sessions).where(_sessions.c.id == session.id).values(title=title))
+        if give_cwd:
+            conn.execute(
+                update(_sessions)
+                .where(_sessions.c.id == session.id, _sessions.c.cwd.is_(None))
+                .values(cwd=cwd)
+            )
 
 
 def _set_parent(store: SessionStore, session_id: str, parent_id: str) -> None:

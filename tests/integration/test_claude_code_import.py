@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import base64
 import dataclasses
-import io
 import json
 import os
 import shutil
@@ -142,10 +141,10 @@ def test_a_title_that_comes_after_the_first_pass_is_the_sessions(
 def test_a_working_directory_that_comes_after_the_first_pass_is_the_sessions(
     store: SessionStore, tmp_path: Path, first_lines: int
 ) -> None:
-    """A file's first lines (a summary, a file-history snapshot) carry no cwd and no time at
-    the top: a first pass that read only them left the session without a cwd for good
-    (state, sessions list) and its export with ``"cwd": ""`` and ``"timestamp": null``,
-    which no pi file has. The cwd a later pass finds is now the session's, as one pass's."""
+    """A file's first lines (a summary, a file-history snapshot) carry no cwd: a first pass
+    that read only them left the session without one for good (state, sessions list). The
+    cwd a later pass finds is now the session's, as one pass's is. The header stays as the
+    first pass stored it: the session's export goes back into it as the same lines."""
     lines = FIXTURE.read_bytes().split(b"\n")
     path = tmp_path / FIXTURE.name
     path.write_bytes(b"\n".join(lines[:first_lines]) + b"\n")
@@ -158,13 +157,26 @@ def test_a_working_directory_that_comes_after_the_first_pass_is_the_sessions(
     assert cwd == "/home/dev/dateparse"
     assert store.get_session(first.session_id).cwd == cwd
     assert store.state(first.session_id).info.cwd == cwd
-    out = io.StringIO()
-    store.export_session(first.session_id, out)
-    header = json.loads(out.getvalue().splitlines()[0])
-    assert header["cwd"] == cwd
-    assert isinstance(header["timestamp"], str)  # the session's start, as stored: its import
-    # and the import it came from goes on as before: the header it stored is unchanged
+    exported = tmp_path / "exported.jsonl"
+    with exported.open("w", encoding="utf-8") as out:
+        store.export_session(first.session_id, out)
+    assert store.import_session(exported, tenant_id=TENANT).status == "unchanged"
     assert store.import_session(path, tenant_id=TENANT).status == "unchanged"
+
+
+def test_a_later_pass_leaves_a_moved_sessions_working_directory(
+    store: SessionStore, tmp_path: Path
+) -> None:
+    """Only a session without a cwd is given the file's: one set since (``sessions move
+    --cwd``) stands through the passes that follow."""
+    lines = FIXTURE.read_bytes().split(b"\n")
+    path = tmp_path / FIXTURE.name
+    path.write_bytes(lines[0] + b"\n")
+    first = store.import_session(path, tenant_id=TENANT)
+    store.move(first.session_id, cwd="/moved")
+    path.write_bytes(FIXTURE.read_bytes())
+    assert store.import_session(path, tenant_id=TENANT).status == "appended"
+    assert store.get_session(first.session_id).cwd == "/moved"
 
 
 RESUMED_ID = "0b9e4f31-5c2d-4e8a-9f17-6a3b2c1d0e9f"
