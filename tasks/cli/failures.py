@@ -111,9 +111,23 @@ def classify(exc: BaseException) -> tuple[ExitCode, str] | None:
         return ExitCode.BAD_INPUT, exc.message
     if isinstance(exc, errors.SessionStoreError):
         return ExitCode.FAILED, exc.message
-    if isinstance(exc, (OSError, ValueError)):
+    if isinstance(exc, OSError):
+        return ExitCode.BAD_INPUT, os_error_text(exc)
+    if isinstance(exc, ValueError):
         return ExitCode.BAD_INPUT, str(exc)
     return None
+
+
+def os_error_text(exc: OSError) -> str:
+    """An ``OSError`` as a person reads it: the path, then why ("x.jsonl: No such file or
+    directory"), not Python's "[Errno 2] No such file or directory: 'x.jsonl'"."""
+    reason = exc.strerror or str(exc)
+    if exc.filename is None:
+        return reason
+    named = os.fsdecode(exc.filename)
+    if exc.filename2 is not None:
+        named += f" -> {os.fsdecode(exc.filename2)}"
+    return f"{named}: {reason}"
 
 
 # What no file of a run can get past: an import stops at the first (README: Exit codes).

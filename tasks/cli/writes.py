@@ -7,7 +7,7 @@ import sys
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import ExitStack
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import IO, TYPE_CHECKING, Any
 
 import typer
 
@@ -90,6 +90,17 @@ def _on_line(exc: InvalidEvent, lines: list[int], first: int, source: str) -> In
 MAX_APPEND_KEY_LENGTH = 190
 
 
+def _opened(source: str) -> IO[bytes]:
+    """The events file to append, open; one it cannot open is ``UnreadableFile`` naming it
+    (exit 3, "cannot read x.jsonl: No such file or directory"), not a bare errno."""
+    from core.errors import UnreadableFile
+
+    try:
+        return Path(source).open("rb")
+    except OSError as exc:
+        raise UnreadableFile(source, exc.strerror or str(exc)) from None
+
+
 def _check_key(key: str | None) -> None:
     if key is None:
         return
@@ -143,7 +154,7 @@ def append(
         )
     name = "stdin" if source == "-" else source
     with ExitStack() as stack:
-        stream = sys.stdin.buffer if source == "-" else stack.enter_context(Path(source).open("rb"))
+        stream = sys.stdin.buffer if source == "-" else stack.enter_context(_opened(source))
         # an existing database only: a mistyped data dir is no new empty journal
         store = stack.enter_context(open_store())
         # before anything is read or sent: an unknown session is not found here (exit 4), as
@@ -331,10 +342,14 @@ def dead_export(
     with --json."""
     from rich.progress import Progress
 
+    from core.fsio import published_text
+
     to_stdout = str(out) == "-"
     count = 0
     with ExitStack() as stack:
-        stream = sys.stdout if to_stdout else stack.enter_context(out.open("w"))
+        # a file is published whole (a name of its own, renamed over ``out``): a failure
+        # part way leaves what was there, never a half-written export under its name
+        stream = sys.stdout if to_stdout else stack.enter_context(published_text(out))
         store = stack.enter_context(open_store())
         # a bar only for a person watching: not in a log, nor with --json (a program reads)
         progress = stack.enter_context(

@@ -156,3 +156,37 @@ def test_a_mistyped_data_dir_gets_no_journal(tmp_path: Path) -> None:
     assert done.returncode == int(ExitCode.BAD_INPUT), done.stderr
     assert "cannot read" in done.stderr
     assert not typo.exists()
+
+
+def test_a_file_that_cannot_be_opened_is_named_with_why(
+    data_dir: Path, session_id: str, tmp_path: Path
+) -> None:
+    """append of a missing file (or a directory) and dead-letters export into a missing
+    directory said Python's "[Errno 2] No such file or directory: '...'": now what could
+    not be read or written, and why, as import and export say it."""
+    missing = tmp_path / "nonexist.jsonl"
+    into = tmp_path / "no-such-dir" / "letters.jsonl"
+    for args, said in (
+        (["append", session_id, str(missing)], f"cannot read {missing}: No such file"),
+        (["append", session_id, str(tmp_path)], f"cannot read {tmp_path}: Is a directory"),
+        (["dead-letters", "export", str(into)], f"cannot write {into}: No such file"),
+    ):
+        error = one_line_error(run(data_dir, *args), ExitCode.BAD_INPUT, said)
+        assert "Errno" not in error, error
+    assert _head(data_dir, session_id) == 0
+
+
+def test_dead_letters_export_publishes_its_file_whole(data_dir: Path, tmp_path: Path) -> None:
+    """The export wrote into the file it was given as it went: a run that failed (here: no
+    database) left an empty file under that name, over what was there. It is now written
+    beside it and renamed over it once whole."""
+    (tmp_path / "out").mkdir()
+    kept = tmp_path / "out" / "letters.jsonl"
+    kept.write_text("earlier export\n")
+    done = run(tmp_path / "typo-dir", "dead-letters", "export", str(kept))
+    one_line_error(done, ExitCode.DATABASE_MISSING, "no database at")
+    assert kept.read_text() == "earlier export\n"
+    assert [p.name for p in kept.parent.iterdir()] == ["letters.jsonl"]
+    done = run(data_dir, "dead-letters", "export", str(kept))
+    assert done.returncode == 0, done.stderr
+    assert kept.read_text() == ""  # no dead letter: an empty file, whole

@@ -90,4 +90,20 @@ def test_a_broken_pipe_that_is_not_the_output_is_a_failure(
     with pytest.raises(SystemExit) as raised:
         _closed_pipe(BrokenPipeError(32, "Broken pipe"), [])
     assert raised.value.code == ExitCode.BAD_INPUT
-    assert capsys.readouterr().err == "error: [Errno 32] Broken pipe\n"
+    assert capsys.readouterr().err == "error: Broken pipe\n"
+
+
+def test_an_os_error_is_said_as_a_person_reads_it() -> None:
+    """The path, then why: never Python's "[Errno N] ...: '<repr>'"."""
+    from tasks.cli.failures import os_error_text
+
+    assert os_error_text(FileNotFoundError(2, "No such file or directory", "a b.jsonl")) == (
+        "a b.jsonl: No such file or directory"
+    )
+    moved = OSError(18, "Invalid cross-device link", "/a", None, "/b")
+    assert os_error_text(moved) == "/a -> /b: Invalid cross-device link"
+    assert os_error_text(OSError(5, "Input/output error", b"x\xff")) == (
+        "x\udcff: Input/output error"
+    )
+    assert os_error_text(OSError(28, "No space left on device")) == "No space left on device"
+    assert os_error_text(OSError("bare")) == "bare"
