@@ -53,6 +53,9 @@ def shared_optional(description: str) -> Any:
 # The upper bound of a duration setting: long enough for any use, short enough that no
 # datetime arithmetic with it overflows.
 A_YEAR = 366 * 86400.0
+# The longest TTL (~317 years): any a caller means, and now plus it still a date. An artifact
+# stored with a longer one fails (``OversizedOutputs.store``): a setting is refused at start.
+MAX_TTL_S = 10**10
 # The shortest schedule period: beat sends each job once a period.
 MIN_SCHEDULE_SECONDS = 1.0
 
@@ -175,11 +178,12 @@ class Settings(BaseSettings):
         description="Tool outputs over this many characters become TTL artifacts.",
     )
     oversized_ttl_seconds: int = Field(
-        default=3600, ge=1, description="Default TTL of an oversized-output artifact."
+        default=3600, ge=1, le=MAX_TTL_S, description="Default TTL of an oversized-output artifact."
     )
     rehydrate_ttl_seconds: int = Field(
         default=3600,
         ge=1,
+        le=MAX_TTL_S,
         description="How long a rehydrated export (sessionstore.rehydrate) is kept.",
     )
     rehydrate_stall_seconds: float = Field(
@@ -224,6 +228,7 @@ class Settings(BaseSettings):
         json_schema_extra=SHARED,
         default=3600,
         ge=10,
+        le=int(A_YEAR),
         description="Seconds before an unacked Redis message is redelivered; longer than any task.",
     )
     publish_retry_seconds: float = Field(

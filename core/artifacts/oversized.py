@@ -52,13 +52,12 @@ from core.errors import (
     SymlinkRefused,
 )
 from core.models import database_now, utcnow
-from core.settings import Settings
+from core.settings import MAX_TTL_S, Settings
 from core.translate import storage_errors
 
 logger = logging.getLogger(__name__)
 
 SUMMARY_CHARS = 200
-MAX_TTL_S = 10**10  # ~317 years (as check_seconds): any TTL a caller means, and a date still
 # Rounds of ``discard`` before it gives up on a session that keeps moving under it.
 DISCARD_ATTEMPTS = 5
 OVERSIZED_ID = re.compile(r"^art_[0-9a-f]{16}$")

@@ -110,6 +110,25 @@ def test_a_float_setting_is_finite_and_bounded(name: str, value: str) -> None:
     _refused(name, value)
 
 
+@pytest.mark.parametrize(
+    ("name", "largest"),
+    [
+        ("oversized_ttl_seconds", 10**10),
+        ("rehydrate_ttl_seconds", 10**10),
+        ("task_visibility_timeout", 366 * 86400),
+    ],
+)
+def test_a_ttl_or_timeout_that_no_date_or_broker_can_hold_is_refused(
+    name: str, largest: int
+) -> None:
+    """An oversized-output TTL past ~317 years was accepted, and then every tool output over
+    the threshold failed to store (now plus it is no date); a visibility timeout past a year
+    went into Redis expiries. Refused at start, as the seconds given as floats are."""
+    _refused(name, str(largest + 1))
+    _refused(name, "99999999999999999999999")
+    assert getattr(Settings(**{name: largest}), name) == largest
+
+
 def test_publish_attempts_add_up_to_the_setting() -> None:
     # 0 + 0.5 + 1 + 1.5 = 3 s, then 2 s each: 3 + 2 * 1799 = 3601 >= 3600 (counted, not looped)
     assert _publish_attempts(3600) == 4 + 1799
