@@ -370,24 +370,42 @@ class Follower:
         self.scan()
         # the watcher reports absolute paths
         watched = Path(os.path.abspath(self.directory))
-        for changes in watchfiles.watch(
-            self.directory,
-            stop_event=stop,
-            debounce=_DEBOUNCE_MS,
-            rust_timeout=_RESCAN_MS,
-            yield_on_timeout=True,
-            # a directory that cannot be read is not watched (its files are not listed
-            # either), instead of ending the follow
-            ignore_permission_denied=True,
-        ):
-            changed = {Path(p) for kind, p in changes if kind != watchfiles.Change.deleted}
-            for path in sorted(changed):
-                if (
-                    path.suffix == SUFFIX
-                    and not _in_linked_dir(watched, path)
-                    and _is_session_file(path)
-                ):
-                    self.import_one(path)
+        try:
+            for changes in watchfiles.watch(
+                self.directory,
+                stop_event=stop,
+                debounce=_DEBOUNCE_MS,
+                rust_timeout=_RESCAN_MS,
+                yield_on_timeout=True,
+                # a directory that cannot be read is not watched (its files are not listed
+                # either), instead of ending the follow
+                ignore_permission_denied=True,
+            ):
+                changed = {Path(p) for kind, p in changes if kind != watchfiles.Change.deleted}
+                for path in sorted(changed):
+                    if (
+                        path.suffix == SUFFIX
+                        and not _in_linked_dir(watched, path)
+                        and _is_session_file(path)
+                    ):
+                        self.import_one(path)
+                self.scan()
+        except RuntimeError as exc:
+            if type(exc).__name__ != "WatchfilesRustInternalError":
+                raise
+            # The notifier cannot pass on a change to a file whose name is not UTF-8 ("Unable
+            # to decode path"), and stops. The rescan sees every change anyway (a notification
+            # only brings it sooner): follow by rescans alone from here.
+            log.warning(
+                "the change notifier stopped: following by a rescan every second from now on",
+                extra={"path": str(self.directory), "error": (str(exc).splitlines() or [""])[0]},
+            )
+            self._rescan_until(stop)
+
+    def _rescan_until(self, stop: threading.Event | None) -> None:
+        """``scan`` every rescan period until ``stop`` is set (for ever without one)."""
+        stop = stop if stop is not None else threading.Event()
+        while not stop.wait(_RESCAN_MS / 1000):
             self.scan()
 
     def scan(self) -> None:

@@ -5,6 +5,7 @@ others."""
 from __future__ import annotations
 
 import json
+import os
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -214,3 +215,27 @@ def test_following_a_missing_directory_is_refused_naming_it(
         timer.cancel()
     assert raised.value.path == str(missing)
     assert raised.value.message == f"cannot read {missing}: No such file or directory"
+
+
+def test_a_file_name_that_is_not_utf8_never_ends_the_follow(
+    store: SessionStore, tmp_path: Path
+) -> None:
+    """The change notifier (watchfiles) stops on a change to a file whose name is not UTF-8
+    ("Unable to decode path"), and the follow ended with its traceback: one such name
+    anywhere below the directory (a .txt, a subagent's file) stopped all following. The
+    follower now goes on by rescans: later lines of every file are still imported, the
+    oddly named session file's too."""
+    root = tmp_path / "sessions"
+    plain = root / "p" / "plain.jsonl"
+    write(plain, [header("plain1"), message(1, None)])
+    odd = Path(os.fsdecode(bytes(root / "p") + b"/odd-\xff.jsonl"))
+    with following(store, root) as errors:
+        wait_for(lambda: head_of(store, "plain1") == 2, 10, "the first file imported")
+        Path(os.fsdecode(bytes(root / "p") + b"/caf\xe9.txt")).write_bytes(b"x")
+        write(odd, [header("odd1"), message(1, None)])
+        wait_for(lambda: head_of(store, "odd1") == 2, 15, "the oddly named file imported")
+        write(plain, [message(2, "m1")], mode="a")
+        write(odd, [message(2, "m1")], mode="a")
+        wait_for(lambda: head_of(store, "plain1") == 3, 15, "the first file's next line")
+        wait_for(lambda: head_of(store, "odd1") == 3, 15, "the odd file's next line")
+    assert errors == []
