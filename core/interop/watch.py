@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, NamedTuple
 
 from core import nofollow
 from core.errors import (
+    ImportFormatError,
     ImportInterrupted,
     InvalidArtifactPath,
     SessionStoreError,
@@ -330,6 +331,22 @@ def _is_dir(path: Path) -> bool:
         return False
 
 
+def _holds_a_line(path: Path) -> bool:
+    """The file holds a line break (a file it cannot read counts as holding one: its
+    failure is reported)."""
+    try:
+        # O_NONBLOCK: what is now a FIFO there never hangs the follower (no file: reported)
+        with os.fdopen(os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC), "rb") as f:
+            if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+                return True
+            while chunk := f.read(1 << 16):
+                if b"\n" in chunk:
+                    return True
+    except OSError:
+        return True
+    return False
+
+
 def _transient(exc: SessionStoreError) -> bool:
     """A failure the next pass may not meet (a database or store away, busy): the file is
     tried again on the next rescan, not only once it changes."""
@@ -442,6 +459,12 @@ class Follower:
         except SessionStoreError as exc:
             if not _transient(exc):  # not again until the file changes
                 self._sizes[path] = size
+            if isinstance(exc, ImportFormatError) and not _holds_a_line(path):
+                # just made (empty, or its first line still being written): no format to
+                # tell yet, and no failure to report; the write that ends the line brings
+                # it back
+                log.info("waiting for the file's first line", extra={"path": str(path)})
+                return None
             self._failed(path, exc)
             return None
         except Exception as exc:  # a defect of ours: this file's, the others still followed

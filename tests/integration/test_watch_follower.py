@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -239,3 +240,29 @@ def test_a_file_name_that_is_not_utf8_never_ends_the_follow(
         wait_for(lambda: head_of(store, "plain1") == 3, 15, "the first file's next line")
         wait_for(lambda: head_of(store, "odd1") == 3, 15, "the odd file's next line")
     assert errors == []
+
+
+def test_a_file_whose_first_line_is_still_coming_is_no_failure(
+    store: SessionStore, tmp_path: Path
+) -> None:
+    """A session file just made (empty), or with its first line half written (a large
+    first line is written in pieces), was reported as 'not a session file of a known
+    format' on every pass until the line ended. It now waits in silence, and is imported
+    once the line is whole. A file whose lines are whole and of no format is still
+    reported."""
+    root = tmp_path / "sessions"
+    root.mkdir()
+    empty, half, junk = root / "empty.jsonl", root / "half.jsonl", root / "junk.jsonl"
+    empty.touch()
+    first = json.dumps(header("half1")) + "\n"
+    half.write_text(first[:40])
+    with following(store, root) as errors:
+        time.sleep(2.5)  # two rescans, and the change events of the writes
+        assert errors == []
+        with half.open("a") as out:
+            out.write(first[40:] + json.dumps(message(1, None)) + "\n")
+        wait_for(lambda: head_of(store, "half1") == 2, 15, "the file, once its line is whole")
+        junk.write_text('{"no": "format"}\n')
+        wait_for(lambda: bool(errors), 15, "the file of no format reported")
+    assert [type(e).__name__ for e in errors] == ["ImportFormatError"]
+    assert "junk.jsonl" in errors[0].message
