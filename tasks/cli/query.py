@@ -318,6 +318,17 @@ def _follow(
     def expired() -> bool:
         return deadline is not None and time.monotonic() >= deadline
 
+    gone: list[str] = []
+
+    def stop() -> bool:
+        """Past --timeout; or the session followed is gone (deleted): nothing more can come
+        of it, and a session made again under its external id is another one."""
+        if expired():
+            return True
+        if flt.session_id is not None and not _exists(store, flt.session_id):
+            gone.append(flt.session_id)
+        return bool(gone)
+
     def nap(seconds: float) -> None:
         time.sleep(
             seconds if deadline is None else max(0.0, min(seconds, deadline - time.monotonic()))
@@ -331,7 +342,7 @@ def _follow(
         flt,
         after_position=start,
         poll_interval=poll_interval,
-        should_stop=expired,
+        should_stop=stop,
         sleep=nap,
     )
     try:
@@ -344,6 +355,20 @@ def _follow(
         pass  # Ctrl-C is how a follow normally ends
     finally:
         printer.close()
+    if gone:
+        from core.errors import SessionNotFound
+
+        raise SessionNotFound(gone[0])
+
+
+def _exists(store: SessionStore, session_id: str) -> bool:
+    from core.errors import SessionNotFound
+
+    try:
+        store.journal.get_session(session_id)
+    except SessionNotFound:
+        return False
+    return True
 
 
 # stats ----------------------------------------------------------------------------------

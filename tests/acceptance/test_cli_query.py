@@ -197,6 +197,41 @@ def test_events_rejects_a_bad_date(cli_env: Settings, capsys: pytest.CaptureFixt
         assert "not an ISO 8601" in str(raised.value)
 
 
+def test_following_a_session_that_is_deleted_ends_with_not_found(
+    store: SessionStore, settings: Settings
+) -> None:
+    """events --follow --session went on in silence after the session was deleted (and a
+    session made again under its external id is another, never shown): it now prints what
+    came before, then stops with the one line and exit 4 of events --session on a deleted
+    session."""
+    acme_id, _ = _seed(store)
+    proc = subprocess.Popen(
+        [
+            *(str(EXECUTABLE), "events", "--follow", "--session", acme_id),
+            *("--output", "jsonl", "--poll-interval", "0.05", "--timeout", "60"),
+        ],
+        env=_env(settings),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        ready, _, _ = select.select([proc.stderr], [], [], 30)
+        assert ready, "the follower never said it started"
+        assert proc.stderr is not None
+        assert proc.stderr.readline().startswith("following from position")
+        store.append(acme_id, [{"type": "tick", "i": 1}])
+        assert proc.stdout is not None
+        assert orjson.loads(proc.stdout.readline())["payload"] == {"type": "tick", "i": 1}
+        store.delete_session(acme_id)
+        out, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 4, err
+    assert out == "" and err.splitlines() == [f"error: session not found: {acme_id}"], err
+
+
 @pytest.mark.parametrize("value", ["1e300", "inf", "3601"])
 def test_events_follow_refuses_a_poll_interval_it_cannot_sleep(
     cli_env: Settings, capsys: pytest.CaptureFixture[str], value: str
