@@ -57,37 +57,35 @@ def _seed(store: SessionStore) -> tuple[str, str]:
 # --follow, with the real executable ------------------------------------------------------
 
 
-def test_follow_prints_events_committed_after_it_started_exactly_once(
-    store: SessionStore, settings: Settings
-) -> None:
-    acme_id, globex_id = _seed(store)
-    expected_count = 3 * 4 + 2 * 3  # what the writers below append to acme
+FOLLOW_OPTIONS = ("--output", "jsonl", "--poll-interval", "0.05", "--timeout", "60")
+
+
+def _follower(settings: Settings, *args: str) -> subprocess.Popen[str]:
+    """``events --follow ARGS`` (JSON lines, 50 ms polls, 60 s at most), once it has said
+    it follows: every event committed from then on is its to print."""
     proc = subprocess.Popen(
-        [
-            str(EXECUTABLE),
-            "events",
-            "--follow",
-            "--tenant",
-            "acme",
-            "--output",
-            "jsonl",
-            "--poll-interval",
-            "0.05",
-            "--limit",
-            str(expected_count),
-            "--timeout",
-            "60",
-        ],
+        [str(EXECUTABLE), "events", "--follow", *FOLLOW_OPTIONS, *args],
         env=_env(settings),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
     )
+    ready, _, _ = select.select([proc.stderr], [], [], 30)
+    if not ready:
+        proc.kill()
+        raise AssertionError("the follower never said it started")
+    assert proc.stderr is not None
+    assert proc.stderr.readline().startswith("following from position")
+    return proc
+
+
+def test_follow_prints_events_committed_after_it_started_exactly_once(
+    store: SessionStore, settings: Settings
+) -> None:
+    acme_id, globex_id = _seed(store)
+    expected_count = 3 * 4 + 2 * 3  # what the writers below append to acme
+    proc = _follower(settings, "--tenant", "acme", "--limit", str(expected_count))
     try:
-        ready, _, _ = select.select([proc.stderr], [], [], 30)
-        assert ready, "the follower never said it started"
-        assert proc.stderr is not None
-        assert proc.stderr.readline().startswith("following from position")
 
         def writer(session_id: str, batches: int, size: int) -> None:
             for i in range(batches):
@@ -205,21 +203,8 @@ def test_following_a_session_that_is_deleted_ends_with_not_found(
     came before, then stops with the one line and exit 4 of events --session on a deleted
     session."""
     acme_id, _ = _seed(store)
-    proc = subprocess.Popen(
-        [
-            *(str(EXECUTABLE), "events", "--follow", "--session", acme_id),
-            *("--output", "jsonl", "--poll-interval", "0.05", "--timeout", "60"),
-        ],
-        env=_env(settings),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    proc = _follower(settings, "--session", acme_id)
     try:
-        ready, _, _ = select.select([proc.stderr], [], [], 30)
-        assert ready, "the follower never said it started"
-        assert proc.stderr is not None
-        assert proc.stderr.readline().startswith("following from position")
         store.append(acme_id, [{"type": "tick", "i": 1}])
         assert proc.stdout is not None
         assert orjson.loads(proc.stdout.readline())["payload"] == {"type": "tick", "i": 1}
