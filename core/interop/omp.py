@@ -66,11 +66,16 @@ _AGENT_OUTPUT = re.compile(r"^([A-Za-z0-9_-]+(?:\.[A-Za-z0-9_-]+)*)\.(md|jsonl)$
 
 
 def default_blobs_dir(session_file: Path) -> Path:
-    """``<agent dir>/blobs`` when the file sits in ``<agent dir>/sessions/<project>/``,
-    else ``~/.omp/agent/blobs``."""
-    agent_dir = session_file.resolve().parent.parent.parent
-    if session_file.resolve().parent.parent.name == "sessions" and (agent_dir / "blobs").is_dir():
+    """``<agent dir>/blobs`` when the file sits in ``<agent dir>/sessions/<project>/``;
+    else a ``blobs`` directory beside the file (where ``export --format omp -o DIR`` writes
+    them outside an agent directory: its import found none of its images); else
+    ``~/.omp/agent/blobs``. Whichever it is, a blob is taken only if it hashes to its name."""
+    resolved = session_file.resolve()
+    agent_dir = resolved.parent.parent.parent
+    if resolved.parent.parent.name == "sessions" and (agent_dir / "blobs").is_dir():
         return agent_dir / "blobs"
+    if (resolved.parent / "blobs").is_dir():
+        return resolved.parent / "blobs"
     return Path.home() / ".omp" / "agent" / "blobs"
 
 

@@ -106,7 +106,8 @@ def import_files(
         None,
         "--blobs-dir",
         help="oh-my-pi's blob directory [default: <agent dir>/blobs next to the sessions, "
-        "else ~/.omp/agent/blobs].",
+        "else blobs/ beside the file (as export --format omp writes it), else "
+        "~/.omp/agent/blobs].",
     ),
     watch: Path | None = typer.Option(
         None, "--watch", help="Then follow this directory: new files and appended lines."

@@ -283,6 +283,22 @@ def test_export_reproduces_the_layout(store: SessionStore, tmp_path: Path, backe
     assert [e.payload for e in store.read(again.session_id)] == ours
 
 
+def test_an_export_to_a_plain_directory_imports_with_its_images(
+    store: SessionStore, tmp_path: Path
+) -> None:
+    """export --format omp -o DIR (no agent directory) writes its blobs to DIR/blobs, and an
+    import of DIR's file looked for them in ~/.omp/agent/blobs: every image came back empty
+    (its ref listed as missing, exit 0). The blobs beside the file are now the default."""
+    result = store.import_session(SESSION_FILE, tenant_id=TENANT)
+    out = export_omp(
+        store, result.session_id, tmp_path / "out", blobs_dir=tmp_path / "out" / "blobs"
+    )
+    again = store.import_session(out.session_file, tenant_id="other")
+    assert (again.missing_blobs, again.found_late_blobs) == ([MISSING_REF], [])
+    ours = [e.payload for e in store.read(result.session_id)]
+    assert [e.payload for e in store.read(again.session_id)] == ours
+
+
 def test_export_does_not_write_through_a_symlink_in_the_directory(
     store: SessionStore, tmp_path: Path
 ) -> None:
