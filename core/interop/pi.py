@@ -655,7 +655,8 @@ def ignored_lines(path: Path, ignored: list[IgnoredLine]) -> list[IgnoredLine]:
     ignored.sort(key=lambda skipped: skipped.line)
     if ignored:
         log.warning(
-            "lines that hold no session entry were not imported",
+            "%s: lines that hold no session entry were not imported",
+            path,
             extra={"path": str(path), "lines": len(ignored), "first_line": ignored[0].line},
         )
     return ignored
@@ -665,8 +666,9 @@ def invalid_utf8(path: Path, replaced: list[int]) -> int:
     """How many lines were read with U+FFFD for invalid UTF-8 (logged with the first)."""
     if replaced:
         log.warning(
-            "lines with invalid UTF-8 were read with U+FFFD in place of the bad bytes, as pi "
-            "reads them",
+            "%s: lines with invalid UTF-8 were read with U+FFFD in place of the bad bytes, as "
+            "pi reads them",
+            path,
             extra={"path": str(path), "lines": len(replaced), "first_line": replaced[0]},
         )
     return len(replaced)

@@ -479,6 +479,10 @@ class Follower:
         return result
 
     def _failed(self, path: Path, exc: SessionStoreError) -> None:
-        log.warning("import failed", extra={"path": str(path), "error": exc.message})
+        """Reported to ``on_error`` (the CLI's one line, which names the file), else logged
+        as a warning; logged at info level too when reported (a bare "import failed" on
+        stderr beside the CLI's line said nothing of which file)."""
+        level = logging.INFO if self.on_error is not None else logging.WARNING
+        log.log(level, "import of %s failed", path, extra={"path": str(path), "error": exc.message})
         if self.on_error is not None:
             self.on_error(path, exc)

@@ -266,3 +266,26 @@ def test_a_file_whose_first_line_is_still_coming_is_no_failure(
         wait_for(lambda: bool(errors), 15, "the file of no format reported")
     assert [type(e).__name__ for e in errors] == ["ImportFormatError"]
     assert "junk.jsonl" in errors[0].message
+
+
+def test_what_the_follower_logs_names_the_file(
+    store: SessionStore, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A CLI follow printed a bare "import failed" (a warning, with no file) beside its
+    own line naming the file, and "lines with invalid UTF-8 were read..." with no file
+    either. A failure reported to ``on_error`` is logged at info level, naming the file; the
+    UTF-8 warning names it."""
+    root = tmp_path / "sessions"
+    root.mkdir()
+    (root / "junk.jsonl").write_text('{"no": "format"}\n')
+    bad = root / "bad.jsonl"
+    bad.write_bytes(json.dumps(header("bad1")).encode() + b'\n{"type": "x\xff"}\n')
+    caplog.set_level("INFO", logger="core.interop")
+    with following(store, root) as errors:
+        wait_for(lambda: head_of(store, "bad1") == 2 and bool(errors), 15, "both files passed")
+    failed = [r for r in caplog.records if "failed" in r.getMessage()]
+    assert [(r.levelname, r.getMessage()) for r in failed] == [
+        ("INFO", f"import of {root / 'junk.jsonl'} failed")
+    ]
+    utf8 = [r.getMessage() for r in caplog.records if "invalid UTF-8" in r.getMessage()]
+    assert utf8 and all(m.startswith(f"{bad}: ") for m in utf8), utf8
