@@ -65,18 +65,19 @@ _TOOL_LOG = re.compile(r"^(\d+)\.([A-Za-z0-9_-]+)\.log$")
 _AGENT_OUTPUT = re.compile(r"^([A-Za-z0-9_-]+(?:\.[A-Za-z0-9_-]+)*)\.(md|jsonl)$")
 
 
-def default_blobs_dir(session_file: Path) -> Path:
-    """``<agent dir>/blobs`` when the file sits in ``<agent dir>/sessions/<project>/``;
-    else a ``blobs`` directory beside the file (where ``export --format omp -o DIR`` writes
-    them outside an agent directory: its import found none of its images); else
-    ``~/.omp/agent/blobs``. Whichever it is, a blob is taken only if it hashes to its name."""
+def default_blobs_dirs(session_file: Path) -> tuple[Path, ...]:
+    """Where a blob is looked for, in order: ``<agent dir>/blobs`` when the file sits in
+    ``<agent dir>/sessions/<project>/``; else a ``blobs/`` directory beside the file (where
+    ``export --format omp -o DIR`` writes them outside an agent directory: its import found
+    none of its images), then ``~/.omp/agent/blobs``. A blob is taken from the first that
+    holds bytes hashing to its name."""
     resolved = session_file.resolve()
     agent_dir = resolved.parent.parent.parent
     if resolved.parent.parent.name == "sessions" and (agent_dir / "blobs").is_dir():
-        return agent_dir / "blobs"
-    if (resolved.parent / "blobs").is_dir():
-        return resolved.parent / "blobs"
-    return Path.home() / ".omp" / "agent" / "blobs"
+        return (agent_dir / "blobs",)
+    home = Path.home() / ".omp" / "agent" / "blobs"
+    beside = resolved.parent / "blobs"
+    return (beside, home) if beside.is_dir() and beside != home else (home,)
 
 
 def artifacts_dir(session_file: Path) -> Path:
@@ -98,12 +99,17 @@ def sniff_omp(path: Path, data: bytes) -> bool:
 def parse_omp(path: Path, data: bytes, *, blobs_dir: Path | None = None) -> ParsedSession:
     """The session file as pi entries with blob refs resolved, plus its artifact files."""
     parsed = pi.parse(path, data, literal_refs=False)
-    blobs = _BlobReader(blobs_dir or default_blobs_dir(path))
+    roots = (blobs_dir,) if blobs_dir is not None else default_blobs_dirs(path)
+    blobs = _BlobReader(*roots)
     entries = [_literal(replace(e, entry=blobs.resolve(e.entry))) for e in parsed.entries]
     if blobs.missing:
         log.warning(
             "blobs referenced by the session are missing; their refs are kept",
-            extra={"path": str(path), "missing": blobs.missing, "blobs_dir": str(blobs.root)},
+            extra={
+                "path": str(path),
+                "missing": blobs.missing,
+                "blobs_dir": ", ".join(map(str, roots)),
+            },
         )
     return replace(
         parsed,
@@ -126,30 +132,35 @@ def _literal(entry: ParsedEntry) -> ParsedEntry:
     return replace(entry, entry=pi.escaped_line(value))
 
 
-@dataclass
 class _BlobReader:
-    root: Path
-    missing: list[str] = field(default_factory=list)
+    def __init__(self, *roots: Path) -> None:
+        self.roots = roots  # looked in, in order
+        self.missing: list[str] = []
 
     def read(self, ref: str) -> bytes | None:
-        """The blob's bytes, only if they hash to the ref (a corrupt blob counts as missing).
-        A link named as a blob is not followed (logged, the blob missing): it would read a
-        file outside the blobs directory into the store."""
+        """The blob's bytes from the first directory whose copy hashes to the ref (a corrupt
+        copy counts as none). A link named as a blob is not followed (logged, the blob
+        missing there): it would read a file outside the blobs directory into the store."""
         blob_hash = parse_ref(ref)
-        data = None
         if blob_hash is not None:
-            path = self.root / blob_hash
-            try:  # a FIFO or a device named as a blob is no blob: never opened blocking
-                data = nofollow.read_bytes(self.root, path)
-            except SymlinkRefused:
-                log.warning("a blob file is a link: not followed", extra=_at(path))
-            except OSError:
-                data = None
-        if data is None or hashlib.sha256(data).hexdigest() != blob_hash:
-            if ref not in self.missing:
-                self.missing.append(ref)
-            return None
-        return data
+            for root in self.roots:
+                data = self._read(root, blob_hash)
+                if data is not None and hashlib.sha256(data).hexdigest() == blob_hash:
+                    return data
+        if ref not in self.missing:
+            self.missing.append(ref)
+        return None
+
+    @staticmethod
+    def _read(root: Path, blob_hash: str) -> bytes | None:
+        path = root / blob_hash
+        try:  # a FIFO or a device named as a blob is no blob: never opened blocking
+            return nofollow.read_bytes(root, path)
+        except SymlinkRefused:
+            log.warning("a blob file is a link: not followed", extra=_at(path))
+        except OSError:
+            pass
+        return None
 
     def text(self, ref: str) -> str:
         """A data URL blob's text; the ref itself (reported missing) if it is not UTF-8."""

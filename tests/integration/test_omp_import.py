@@ -299,6 +299,26 @@ def test_an_export_to_a_plain_directory_imports_with_its_images(
     assert [e.payload for e in store.read(again.session_id)] == ours
 
 
+def test_a_blob_not_beside_the_file_is_still_read_from_the_home_directory(
+    store: SessionStore, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A ``blobs/`` beside the file is looked in first, and ~/.omp/agent/blobs after it, blob
+    by blob: a copied session file next to an export's ``blobs/`` that lacks its images
+    still finds them at home (the first directory found was the only one looked in)."""
+    home = tmp_path / "home"
+    shutil.copytree(BLOBS, home / ".omp" / "agent" / "blobs")
+    monkeypatch.setenv("HOME", str(home))
+    folder = tmp_path / "copied"
+    (folder / "blobs").mkdir(parents=True)
+    shutil.copy(SESSION_FILE, folder / SESSION_FILE.name)
+    shutil.copytree(ARTIFACTS, folder / STEM)
+    done = store.import_session(folder / SESSION_FILE.name, tenant_id=TENANT)
+    assert done.missing_blobs == [MISSING_REF]
+    again = store.import_session(SESSION_FILE, tenant_id="other")
+    ours = [e.payload for e in store.read(done.session_id)]
+    assert ours == [e.payload for e in store.read(again.session_id)]
+
+
 def test_export_does_not_write_through_a_symlink_in_the_directory(
     store: SessionStore, tmp_path: Path
 ) -> None:
