@@ -655,8 +655,8 @@ def ignored_lines(path: Path, ignored: list[IgnoredLine]) -> list[IgnoredLine]:
     ignored.sort(key=lambda skipped: skipped.line)
     if ignored:
         log.warning(
-            "%s: lines that hold no session entry were not imported",
-            path,
+            "%r: lines that hold no session entry were not imported",
+            str(path),
             extra={"path": str(path), "lines": len(ignored), "first_line": ignored[0].line},
         )
     return ignored
@@ -666,9 +666,9 @@ def invalid_utf8(path: Path, replaced: list[int]) -> int:
     """How many lines were read with U+FFFD for invalid UTF-8 (logged with the first)."""
     if replaced:
         log.warning(
-            "%s: lines with invalid UTF-8 were read with U+FFFD in place of the bad bytes, as "
+            "%r: lines with invalid UTF-8 were read with U+FFFD in place of the bad bytes, as "
             "pi reads them",
-            path,
+            str(path),
             extra={"path": str(path), "lines": len(replaced), "first_line": replaced[0]},
         )
     return len(replaced)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import errno
 import fnmatch
 import glob
+import json
 import logging
 import os
 import stat
@@ -331,19 +332,31 @@ def _is_dir(path: Path) -> bool:
         return False
 
 
-def _holds_a_line(path: Path) -> bool:
-    """The file holds a line break (a file it cannot read counts as holding one: its
-    failure is reported)."""
+def _first_line_unwritten(path: Path) -> bool:
+    """The file is empty, or holds only the start of a first line: no line break, and text
+    that begins a JSON object but is none yet (a large first line is written in pieces).
+    Anything else a format refuses is reported: a whole object with no line break after
+    it (pi reads it as a line), bytes that begin no object (a crash's NULs). A file that
+    cannot be read, or is no regular file, counts as written: its failure is reported."""
     try:
-        # O_NONBLOCK: what is now a FIFO there never hangs the follower (no file: reported)
+        # O_NONBLOCK: what is now a FIFO there never hangs the follower
         with os.fdopen(os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC), "rb") as f:
             if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
-                return True
-            while chunk := f.read(1 << 16):
-                if b"\n" in chunk:
-                    return True
+                return False
+            data = f.read()
     except OSError:
+        return False
+    if b"\n" in data:
+        return False
+    text = data.lstrip(b" \t\r\x0b\x0c").removeprefix(b"\xef\xbb\xbf").lstrip()
+    if not text:
         return True
+    if not text.startswith(b"{"):
+        return False
+    try:
+        json.loads(text)
+    except ValueError:
+        return True  # an object not yet closed
     return False
 
 
@@ -459,7 +472,7 @@ class Follower:
         except SessionStoreError as exc:
             if not _transient(exc):  # not again until the file changes
                 self._sizes[path] = size
-            if isinstance(exc, ImportFormatError) and not _holds_a_line(path):
+            if isinstance(exc, ImportFormatError) and _first_line_unwritten(path):
                 # just made (empty, or its first line still being written): no format to
                 # tell yet, and no failure to report; the write that ends the line brings
                 # it back
@@ -483,6 +496,8 @@ class Follower:
         as a warning; logged at info level too when reported (a bare "import failed" on
         stderr beside the CLI's line said nothing of which file)."""
         level = logging.INFO if self.on_error is not None else logging.WARNING
-        log.log(level, "import of %s failed", path, extra={"path": str(path), "error": exc.message})
+        log.log(
+            level, "import of %r failed", str(path), extra={"path": str(path), "error": exc.message}
+        )
         if self.on_error is not None:
             self.on_error(path, exc)

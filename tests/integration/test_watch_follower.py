@@ -263,9 +263,17 @@ def test_a_file_whose_first_line_is_still_coming_is_no_failure(
             out.write(first[40:] + json.dumps(message(1, None)) + "\n")
         wait_for(lambda: head_of(store, "half1") == 2, 15, "the file, once its line is whole")
         junk.write_text('{"no": "format"}\n')
-        wait_for(lambda: bool(errors), 15, "the file of no format reported")
-    assert [type(e).__name__ for e in errors] == ["ImportFormatError"]
-    assert "junk.jsonl" in errors[0].message
+        # no line break, and yet no line still coming: a whole object (pi reads it as a
+        # line), a crash's NUL bytes
+        (root / "whole.jsonl").write_text('{"no": "format"}')
+        (root / "nuls.jsonl").write_bytes(b"\0" * 4096)
+        wait_for(lambda: len(errors) >= 3, 15, "the three files of no format reported")
+    assert [type(e).__name__ for e in errors] == ["ImportFormatError"] * 3
+    assert sorted(Path(e.message.split(": ")[0].split(" at ")[-1]).name for e in errors) == [
+        "junk.jsonl",
+        "nuls.jsonl",
+        "whole.jsonl",
+    ]
 
 
 def test_what_the_follower_logs_names_the_file(
@@ -285,7 +293,7 @@ def test_what_the_follower_logs_names_the_file(
         wait_for(lambda: head_of(store, "bad1") == 2 and bool(errors), 15, "both files passed")
     failed = [r for r in caplog.records if "failed" in r.getMessage()]
     assert [(r.levelname, r.getMessage()) for r in failed] == [
-        ("INFO", f"import of {root / 'junk.jsonl'} failed")
+        ("INFO", f"import of {str(root / 'junk.jsonl')!r} failed")
     ]
     utf8 = [r.getMessage() for r in caplog.records if "invalid UTF-8" in r.getMessage()]
-    assert utf8 and all(m.startswith(f"{bad}: ") for m in utf8), utf8
+    assert utf8 and all(m.startswith(f"{str(bad)!r}: ") for m in utf8), utf8
