@@ -325,7 +325,7 @@ def _follow(
         of it, and a session made again under its external id is another one."""
         if expired():
             return True
-        if flt.session_id is not None and not _exists(store, flt.session_id):
+        if flt.session_id is not None and not _exists(store, flt.session_id, flt.tenant_id):
             gone.append(flt.session_id)
         return bool(gone)
 
@@ -361,11 +361,12 @@ def _follow(
         raise SessionNotFound(gone[0])
 
 
-def _exists(store: SessionStore, session_id: str) -> bool:
+def _exists(store: SessionStore, session_id: str, tenant_id: str | None) -> bool:
+    """The session is there, in the tenant given (moved to another, it is not)."""
     from core.errors import SessionNotFound
 
     try:
-        store.journal.get_session(session_id)
+        store.journal.get_session(session_id, tenant_id=tenant_id)
     except SessionNotFound:
         return False
     return True

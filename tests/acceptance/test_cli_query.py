@@ -195,20 +195,25 @@ def test_events_rejects_a_bad_date(cli_env: Settings, capsys: pytest.CaptureFixt
         assert "not an ISO 8601" in str(raised.value)
 
 
-def test_following_a_session_that_is_deleted_ends_with_not_found(
-    store: SessionStore, settings: Settings
+@pytest.mark.parametrize("gone", ["deleted", "moved to another tenant"])
+def test_following_a_session_that_is_gone_ends_with_not_found(
+    store: SessionStore, settings: Settings, gone: str
 ) -> None:
     """events --follow --session went on in silence after the session was deleted (and a
-    session made again under its external id is another, never shown): it now prints what
-    came before, then stops with the one line and exit 4 of events --session on a deleted
-    session."""
+    session made again under its external id is another, never shown), or moved out of the
+    tenant given: it now prints what came before, then stops with the one line and exit 4
+    that events --session gives then."""
     acme_id, _ = _seed(store)
-    proc = _follower(settings, "--session", acme_id)
+    proc = _follower(settings, "--session", acme_id, "--tenant", "acme")
     try:
         store.append(acme_id, [{"type": "tick", "i": 1}])
         assert proc.stdout is not None
         assert orjson.loads(proc.stdout.readline())["payload"] == {"type": "tick", "i": 1}
-        store.delete_session(acme_id)
+        if gone == "deleted":
+            store.delete_session(acme_id)
+        else:
+            store.move(acme_id, tenant_id="globex")
+            store.append(acme_id, [{"type": "tick", "i": 2}])
         out, err = proc.communicate(timeout=30)
     finally:
         if proc.poll() is None:
