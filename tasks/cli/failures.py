@@ -122,12 +122,15 @@ def os_error_text(exc: OSError) -> str:
     """An ``OSError`` as a person reads it: the path, then why ("x.jsonl: No such file or
     directory"), not Python's "[Errno 2] No such file or directory: 'x.jsonl'"."""
     reason = exc.strerror or str(exc)
-    if exc.filename is None:
-        return reason
-    named = os.fsdecode(exc.filename)
-    if exc.filename2 is not None:
-        named += f" -> {os.fsdecode(exc.filename2)}"
-    return f"{named}: {reason}"
+    names = [_name(n) for n in (exc.filename, exc.filename2) if n is not None]
+    return f"{' -> '.join(names)}: {reason}" if names else reason
+
+
+def _name(filename: object) -> str:
+    """A path as text (bytes decoded as the file system's); a descriptor as ``fd N``."""
+    if isinstance(filename, (str, bytes, os.PathLike)):
+        return os.fsdecode(filename)
+    return f"fd {filename}" if isinstance(filename, int) else str(filename)
 
 
 # What no file of a run can get past: an import stops at the first (README: Exit codes).

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from core.errors import (
@@ -107,3 +109,8 @@ def test_an_os_error_is_said_as_a_person_reads_it() -> None:
     )
     assert os_error_text(OSError(28, "No space left on device")) == "No space left on device"
     assert os_error_text(OSError("bare")) == "bare"
+    assert os_error_text(OSError(9, "Bad file descriptor", 999)) == "fd 999: Bad file descriptor"
+    try:
+        os.stat(999_999)
+    except OSError as exc:  # as Python raises it: the descriptor is the filename
+        assert os_error_text(exc) == "fd 999999: Bad file descriptor"
