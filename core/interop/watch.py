@@ -30,7 +30,7 @@ from core.errors import (
     UnlistableDirectory,
     UnreadableFile,
 )
-from core.interop.importer import ImportResult, import_session
+from core.interop.importer import ImportResult, import_session, read_file
 
 if TYPE_CHECKING:
     from core.store import SessionStore
@@ -339,16 +339,12 @@ def _first_line_unwritten(path: Path) -> bool:
     it (pi reads it as a line), bytes that begin no object (a crash's NULs). A file that
     cannot be read, or is no regular file, counts as written: its failure is reported."""
     try:
-        # O_NONBLOCK: what is now a FIFO there never hangs the follower
-        with os.fdopen(os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC), "rb") as f:
-            if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
-                return False
-            data = f.read()
-    except OSError:
+        data = read_file(path)  # a FIFO there is never opened
+    except UnreadableFile:
         return False
     if b"\n" in data:
         return False
-    text = data.lstrip(b" \t\r\x0b\x0c").removeprefix(b"\xef\xbb\xbf").lstrip()
+    text = data.lstrip(b" \t\r\x0b\x0c\xef\xbb\xbf")  # whitespace and a BOM, as pi trims
     if not text:
         return True
     if not text.startswith(b"{"):

@@ -318,16 +318,18 @@ def _follow(
     def expired() -> bool:
         return deadline is not None and time.monotonic() >= deadline
 
-    gone: list[str] = []
+    followed = flt.session_id
+    gone = False
 
     def stop() -> bool:
-        """Past --timeout; or the session followed is gone (deleted): nothing more can come
-        of it, and a session made again under its external id is another one."""
+        """Past --timeout; or the session followed is gone (deleted, or moved out of the
+        tenant): nothing more can come of it, and a session made again under its external
+        id is another one."""
+        nonlocal gone
         if expired():
             return True
-        if flt.session_id is not None and not _exists(store, flt.session_id, flt.tenant_id):
-            gone.append(flt.session_id)
-        return bool(gone)
+        gone = followed is not None and not _exists(store, followed, flt.tenant_id)
+        return gone
 
     def nap(seconds: float) -> None:
         time.sleep(
@@ -355,10 +357,10 @@ def _follow(
         pass  # Ctrl-C is how a follow normally ends
     finally:
         printer.close()
-    if gone:
+    if gone and followed is not None:
         from core.errors import SessionNotFound
 
-        raise SessionNotFound(gone[0])
+        raise SessionNotFound(followed)
 
 
 def _exists(store: SessionStore, session_id: str, tenant_id: str | None) -> bool:

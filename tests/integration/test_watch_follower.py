@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 import watchfiles
 
-from core.errors import SessionStoreError, StorageUnavailable, UnreadableFile
+from core.errors import InvalidEvent, SessionStoreError, StorageUnavailable, UnreadableFile
 from core.interop import importer
 from core.interop.watch import Follower, session_files
 from core.store import SessionStore
@@ -269,7 +269,7 @@ def test_a_file_whose_first_line_is_still_coming_is_no_failure(
         (root / "nuls.jsonl").write_bytes(b"\0" * 4096)
         wait_for(lambda: len(errors) >= 3, 15, "the three files of no format reported")
     assert [type(e).__name__ for e in errors] == ["ImportFormatError"] * 3
-    assert sorted(Path(e.message.split(": ")[0].split(" at ")[-1]).name for e in errors) == [
+    assert sorted(Path(e.field).name for e in errors if isinstance(e, InvalidEvent)) == [
         "junk.jsonl",
         "nuls.jsonl",
         "whole.jsonl",
