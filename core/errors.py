@@ -493,6 +493,20 @@ class ImportFormatError(InvalidEvent):
     """A session file could not be read in the requested format."""
 
 
+class SessionFileNotStarted(ImportFormatError):
+    """A session file holds no line yet: it is empty, or its first line is still being
+    written (an agent opens the file first, and writes a large first line in pieces).
+    Nothing to import and nothing lost: pi takes such a file for a session not begun. An
+    ``ImportFormatError``, for a caller that handles those; the CLI reports it as a skip."""
+
+    def __init__(self, path: str, *, empty: bool) -> None:
+        self.empty = empty
+        super().__init__(
+            path,
+            "the file is empty" if empty else "its first line is not complete yet",
+        )
+
+
 class InvalidForkPoint(SessionStoreError):
     """A fork point must be a seq from 0 to the session's head."""
 

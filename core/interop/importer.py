@@ -55,6 +55,7 @@ from core.errors import (
     ImportFormatError,
     ImportInterrupted,
     InvalidEvent,
+    SessionFileNotStarted,
     SessionStoreError,
     UnreadableFile,
 )
@@ -167,6 +168,14 @@ def read_file(path: Path) -> bytes:
             return file.read()
     except OSError as exc:
         raise UnreadableFile(str(path), exc.strerror or str(exc)) from None
+
+
+def check_started(path: Path, data: bytes) -> None:
+    """``SessionFileNotStarted`` for a file that holds no line yet (``pi.not_started``: pi
+    trims a file before it splits it into lines, whatever agent wrote it)."""
+    empty = pi.not_started(data)
+    if empty is not None:
+        raise SessionFileNotStarted(str(path), empty=empty)
 
 
 def _kind(mode: int) -> str:
@@ -382,6 +391,7 @@ def parse_file_data(
     format: str = "auto",
     options: Mapping[str, Any] | None = None,
 ) -> ParsedSession:
+    check_started(path, data)
     if format == "auto":
         format = detect_format(path, data)
     converter = converters().get(format)

@@ -163,7 +163,8 @@ def split_lines(data: bytes) -> tuple[list[tuple[int, bytes]], int, bool]:
     tail = data[end:body]
     if not tail.strip():
         return lines, end, False
-    if _whole_object(tail):
+    # the file's only line: pi's trim() drops what comes before it (a byte order mark)
+    if _whole_object(data[max(end, _leading_space(data)) : body]):
         lines.append((len(lines) + 1, tail))
         return lines, len(data), False
     return lines, end, True
@@ -184,6 +185,29 @@ def trimmed_end(data: bytes) -> int:
         else:
             return end
     return end
+
+
+def _leading_space(data: bytes) -> int:
+    """How many bytes at the start of ``data`` pi's ``content.trim()`` drops."""
+    lead = _LEADING_JS_SPACE.match(data)
+    return lead.end() if lead else 0
+
+
+def not_started(data: bytes) -> bool | None:
+    """Whether a file holds no line yet, as pi reads it: None when it holds one (whatever
+    it is: its format says); True when it is empty (JavaScript whitespace, a byte order
+    mark, at most); False when it holds only the start of a first line, text that begins
+    an object but is none yet, with no line break (an agent writes a large first line in
+    pieces). Bytes that begin no object (a crash's NULs) are a line."""
+    start, body = _leading_space(data), trimmed_end(data)
+    if start >= body:
+        return True
+    if data.find(b"\n", start) >= 0:  # a line break: a line was written, whatever it holds
+        return None
+    line = data[start:body]
+    if not line.startswith(b"{") or _whole_object(line):
+        return None
+    return False
 
 
 def _whole_object(tail: bytes) -> bool:

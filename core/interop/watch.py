@@ -10,7 +10,6 @@ from __future__ import annotations
 import errno
 import fnmatch
 import glob
-import json
 import logging
 import os
 import stat
@@ -21,16 +20,16 @@ from typing import TYPE_CHECKING, NamedTuple
 
 from core import nofollow
 from core.errors import (
-    ImportFormatError,
     ImportInterrupted,
     InvalidArtifactPath,
+    SessionFileNotStarted,
     SessionStoreError,
     StorageUnavailable,
     SymlinkRefused,
     UnlistableDirectory,
     UnreadableFile,
 )
-from core.interop.importer import ImportResult, import_session, read_file
+from core.interop.importer import ImportResult, import_session
 
 if TYPE_CHECKING:
     from core.store import SessionStore
@@ -332,30 +331,6 @@ def _is_dir(path: Path) -> bool:
         return False
 
 
-def _first_line_unwritten(path: Path) -> bool:
-    """The file is empty, or holds only the start of a first line: no line break, and text
-    that begins a JSON object but is none yet (a large first line is written in pieces).
-    Anything else a format refuses is reported: a whole object with no line break after
-    it (pi reads it as a line), bytes that begin no object (a crash's NULs). A file that
-    cannot be read, or is no regular file, counts as written: its failure is reported."""
-    try:
-        data = read_file(path)  # a FIFO there is never opened
-    except UnreadableFile:
-        return False
-    if b"\n" in data:
-        return False
-    text = data.lstrip(b" \t\r\x0b\x0c\xef\xbb\xbf")  # whitespace and a BOM, as pi trims
-    if not text:
-        return True
-    if not text.startswith(b"{"):
-        return False
-    try:
-        json.loads(text)
-    except ValueError:
-        return True  # an object not yet closed
-    return False
-
-
 def _transient(exc: SessionStoreError) -> bool:
     """A failure the next pass may not meet (a database or store away, busy): the file is
     tried again on the next rescan, not only once it changes."""
@@ -468,7 +443,7 @@ class Follower:
         except SessionStoreError as exc:
             if not _transient(exc):  # not again until the file changes
                 self._sizes[path] = size
-            if isinstance(exc, ImportFormatError) and _first_line_unwritten(path):
+            if isinstance(exc, SessionFileNotStarted):
                 # just made (empty, or its first line still being written): no format to
                 # tell yet, and no failure to report; the write that ends the line brings
                 # it back

@@ -36,6 +36,7 @@ cli = new_app()
 log = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
+    from core.errors import SessionFileNotStarted
     from core.interop.importer import ImportResult
     from core.store import SessionStore
 
@@ -128,7 +129,7 @@ def import_files(
     A file that fails is reported and the next one imported; the exit code is the highest
     of the failed files' (README: Exit codes). A failure no other file can get past (a bad
     setting, the database or a store unavailable) ends the run there, with its code."""
-    from core.errors import UnreadableFile
+    from core.errors import SessionFileNotStarted, UnreadableFile
     from core.interop.importer import converters
     from core.interop.watch import DEFAULT_SESSIONS_DIR, check_followable, session_files
 
@@ -190,6 +191,8 @@ def import_files(
                     result = journal.import_session(
                         path, tenant_id=tenant, format=format, blobs_dir=blobs_dir
                     )
+                except SessionFileNotStarted as exc:  # nothing to import yet, nothing wrong
+                    _report_not_started(exc, as_json)
                 except Exception as exc:
                     if watch is None and _stops_the_run(exc):
                         if as_json:  # the file's object, then the one line of every failure
@@ -268,6 +271,29 @@ def _report(result: ImportResult, as_json: bool) -> None:
             f"({result.external_id}): {result.appended} appended, {result.skipped} skipped{tail}"
         ),
         highlight=False,
+    )
+
+
+def _report_not_started(exc: SessionFileNotStarted, as_json: bool) -> None:
+    """A file with no line yet (an agent has just opened it): said as a skip, not failed."""
+    status = "empty" if exc.empty else "unfinished"
+    if as_json:
+        print_json_line(
+            {
+                "path": exc.field,
+                "session_id": None,
+                "external_id": None,
+                "appended": 0,
+                "skipped": 0,
+                "status": status,
+                "reason": exc.reason,
+            }
+        )
+        return
+    console.print(
+        plain(f"{status}: {exc.field}: {exc.reason}, nothing imported"),
+        highlight=False,
+        soft_wrap=True,
     )
 
 

@@ -276,6 +276,54 @@ def test_import_json_says_a_last_line_waits(run: Run, tmp_path: Path) -> None:
     assert [e["payload"].get("id") for e in events["items"]][1:] == ["l", "m"]
 
 
+def test_a_file_with_no_line_yet_is_a_skip_not_a_failure(run: Run, tmp_path: Path) -> None:
+    """A session file an agent has just opened (empty), or whose first line it is still
+    writing, failed the whole import (exit 3: "not a session file of a known format"), so
+    an import of ~/.claude/projects while Claude Code ran failed. Such a file holds no
+    session yet, as pi reads it: it is said (status empty / unfinished), nothing is
+    imported, the run exits 0, and a later import takes the file once its line is whole.
+    A whole line of no format still fails."""
+    d = tmp_path / "d"
+    d.mkdir()
+    (d / "a_empty.jsonl").write_bytes(b"")
+    (d / "b_blank.jsonl").write_bytes(b"\xef\xbb\xbf \r\t")
+    first = json.dumps({"type": "session", "version": 3, "id": "s-half", "cwd": "/"}) + "\n"
+    (d / "c_half.jsonl").write_text(first[:30])
+    (d / "d_half_bom.jsonl").write_bytes(b"\xef\xbb\xbf" + first[:30].encode())
+    (d / "z_good.jsonl").write_bytes((FIXTURES / "v3.jsonl").read_bytes())
+    done = run("import", str(d), "--json", "--format", "pi")
+    assert done.returncode == 0, done.stderr
+    reports = {Path(str(r["path"])).name: r for r in json_lines(done.stdout)}
+    assert {name: r["status"] for name, r in reports.items()} == {
+        "a_empty.jsonl": "empty",
+        "b_blank.jsonl": "empty",
+        "c_half.jsonl": "unfinished",
+        "d_half_bom.jsonl": "unfinished",
+        "z_good.jsonl": "created",
+    }
+    assert reports["a_empty.jsonl"] == {
+        "path": str(d / "a_empty.jsonl"),
+        "session_id": None,
+        "external_id": None,
+        "appended": 0,
+        "skipped": 0,
+        "status": "empty",
+        "reason": "the file is empty",
+    }
+    human = run("import", str(d / "c_half.jsonl"))
+    assert human.returncode == 0 and human.stderr == "", human.stderr
+    assert human.stdout == (
+        f"unfinished: {d / 'c_half.jsonl'}: its first line is not complete yet, nothing imported\n"
+    )
+    assert run("sessions", "list", "--json").stdout.count('"s-half"') == 0
+    (d / "c_half.jsonl").write_text(first)
+    later = json.loads(run("import", str(d / "c_half.jsonl"), "--json").stdout)
+    assert (later["status"], later["external_id"]) == ("created", "s-half")
+    (d / "e_whole.jsonl").write_text('{"no": "format"}')  # whole, no line break: a line
+    whole = run("import", str(d / "e_whole.jsonl"), "--json")
+    assert whole.returncode == 3 and json.loads(whole.stdout)["status"] == "error"
+
+
 def test_an_odd_file_fails_alone_and_the_run_goes_on(run: Run, tmp_path: Path) -> None:
     """Odd values that aborted the whole run with an untyped error: each file now gets its
     record (imported as pi or Claude Code would read it, or a typed error), and the files

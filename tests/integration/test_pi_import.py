@@ -809,6 +809,34 @@ def test_javascript_whitespace_at_the_end_is_dropped_as_pi_trims_it(
         assert ours == pis == [line["id"] for line in v3_lines()[1:count]], case
 
 
+def test_a_file_that_is_one_line_after_javascript_whitespace_is_read_as_pi_reads_it(
+    store: SessionStore, tmp_path: Path
+) -> None:
+    """pi's ``content.trim()`` drops a byte order mark (or a no-break space, blank lines)
+    before the file's first line. A header that was the file's only line, with no line
+    break, after one was refused ("the first line is not a pi session header"): its line
+    was taken for one still being written. pi itself is the oracle."""
+    header = json.dumps(v3_lines()[0]).encode()
+    cases = {}
+    for name, lead in {
+        "bom": b"\xef\xbb\xbf",
+        "nbsp": "\u00a0".encode(),
+        "blank": b"\n \n",
+    }.items():
+        path = tmp_path / f"{name}.jsonl"
+        path.write_bytes(lead + header)
+        cases[name] = path
+    opened = pi_opened(list(cases.values()))
+    for (name, path), theirs in zip(cases.items(), opened, strict=True):
+        assert theirs["header"]["id"] == v3_lines()[0]["id"], name  # pi opens it
+        done = store.import_session(path, tenant_id=f"{TENANT}-lead-{name}")
+        assert (done.status, done.external_id, done.incomplete_tail) == (
+            "created",
+            v3_lines()[0]["id"],
+            False,
+        ), name
+
+
 def test_export_of_a_session_made_here(store: SessionStore, tmp_path: Path) -> None:
     session = store.create_session(tenant_id=TENANT, cwd="/w", external_id="made-here")
     entries = v3_lines()[1:8]

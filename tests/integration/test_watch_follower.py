@@ -256,12 +256,18 @@ def test_a_file_whose_first_line_is_still_coming_is_no_failure(
     empty.touch()
     first = json.dumps(header("half1")) + "\n"
     half.write_text(first[:40])
+    bom = root / "bom.jsonl"  # a BOM, then the start of the line: as pi trims, waited on
+    bom_first = json.dumps(header("bom1")) + "\n"
+    bom.write_bytes(b"\xef\xbb\xbf" + bom_first[:40].encode())
     with following(store, root) as errors:
         time.sleep(2.5)  # two rescans, and the change events of the writes
         assert errors == []
         with half.open("a") as out:
             out.write(first[40:] + json.dumps(message(1, None)) + "\n")
+        with bom.open("a") as out:
+            out.write(bom_first[40:])
         wait_for(lambda: head_of(store, "half1") == 2, 15, "the file, once its line is whole")
+        wait_for(lambda: head_of(store, "bom1") == 1, 15, "the BOM file, once its line is whole")
         junk.write_text('{"no": "format"}\n')
         # no line break, and yet no line still coming: a whole object (pi reads it as a
         # line), a crash's NUL bytes

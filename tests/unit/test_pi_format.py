@@ -397,3 +397,36 @@ def test_the_byte_gates_stay_shut_on_the_common_escapes() -> None:
     assert not pi.may_hold_ref(raw)
     assert not pi.may_hold_transient_key(raw)
     assert pi.escape_test([raw], refs=True, transient_keys=True) is None
+
+
+_LINE = st.dictionaries(
+    st.text(max_size=8), st.one_of(st.none(), st.integers(), st.text(max_size=20)), min_size=1
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(_LINE, st.data())
+def test_a_file_not_started_is_told_from_one_of_no_format(
+    entry: dict[str, Any], data: st.DataObject
+) -> None:
+    """``check_started``: no line yet (empty, blank, a BOM; or any strict prefix of a first
+    line that is an object) is ``SessionFileNotStarted``; a whole object, with or without
+    its line break, any text holding a line break, or bytes that begin no object, are left
+    to the format (whose error says what is wrong)."""
+    from core.errors import SessionFileNotStarted
+    from core.interop.importer import check_started
+
+    lead = data.draw(st.sampled_from([b"", b"\xef\xbb\xbf", b" \t", b"\r"]))
+    line = json.dumps(entry, ensure_ascii=data.draw(st.booleans())).encode()
+    cut = data.draw(st.integers(0, len(line) - 1))
+    with pytest.raises(SessionFileNotStarted) as raised:
+        check_started(Path("f.jsonl"), lead + line[:cut])
+    assert raised.value.empty == (cut == 0)
+    assert isinstance(raised.value, ImportFormatError)  # for a caller that handles those
+    ended = lead + line[: max(cut, 1)] + b"\n"  # a line, if a malformed one
+    for whole in (lead + line, lead + line + b"\n", ended, b"\0" * 9):
+        check_started(Path("f.jsonl"), whole)
+    with pytest.raises(SessionFileNotStarted):  # too deep to read: it waits, as pi's tail does
+        check_started(Path("f.jsonl"), lead + b'{"a":' + b"[" * 100_000)
+    with pytest.raises(SessionFileNotStarted):  # JavaScript's whitespace, as pi trims it
+        check_started(Path("f.jsonl"), lead + "\u00a0\n\u3000".encode() + line[:cut])
