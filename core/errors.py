@@ -499,11 +499,16 @@ class SessionFileNotStarted(ImportFormatError):
     Nothing to import and nothing lost: pi takes such a file for a session not begun. An
     ``ImportFormatError``, for a caller that handles those; the CLI reports it as a skip."""
 
-    def __init__(self, path: str, *, empty: bool) -> None:
+    def __init__(self, path: str, *, empty: bool, blank: bool = False) -> None:
         self.empty = empty
+        self.blank = blank
         super().__init__(
             path,
-            "the file is empty" if empty else "its first line is not complete yet",
+            "the file holds only white space"
+            if blank
+            else "the file is empty"
+            if empty
+            else "its first line is not complete (still being written, or cut short)",
         )
 
 

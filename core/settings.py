@@ -471,7 +471,7 @@ def unknown_variables(environ: Mapping[str, str]) -> list[str]:
             continue
         close = difflib.get_close_matches(upper.removeprefix("SESSIONSTORE_"), known, n=1)
         hint = f" (did you mean SESSIONSTORE_{close[0]}?)" if close else ""
-        lines.append(f"warning: {variable} is no setting and is ignored{hint}")
+        lines.append(f"{variable} is no setting and is ignored{hint}")
     return lines
 
 

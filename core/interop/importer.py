@@ -175,7 +175,7 @@ def check_started(path: Path, data: bytes) -> None:
     trims a file before it splits it into lines, whatever agent wrote it)."""
     empty = pi.not_started(data)
     if empty is not None:
-        raise SessionFileNotStarted(str(path), empty=empty)
+        raise SessionFileNotStarted(str(path), empty=empty, blank=empty and bool(data))
 
 
 def _kind(mode: int) -> str:

@@ -195,19 +195,59 @@ def _leading_space(data: bytes) -> int:
 
 def not_started(data: bytes) -> bool | None:
     """Whether a file holds no line yet, as pi reads it: None when it holds one (whatever
-    it is: its format says); True when it is empty (JavaScript whitespace, a byte order
-    mark, at most); False when it holds only the start of a first line, text that begins
-    an object but is none yet, with no line break (an agent writes a large first line in
-    pieces). Bytes that begin no object (a crash's NULs) are a line."""
+    it is: its format says); True when it holds nothing but JavaScript whitespace (a byte
+    order mark among it); False when it holds only the start of a first line, with no line
+    break: text that more text could still make a JSON object (an agent writes a large
+    first line in pieces). Text that no more text makes one (a crash's NULs, a second
+    object after the first, ``{garbage``, UTF-16) is a line, of no format."""
     start, body = _leading_space(data), trimmed_end(data)
     if start >= body:
         return True
     if data.find(b"\n", start) >= 0:  # a line break: a line was written, whatever it holds
         return None
-    line = data[start:body]
-    if not line.startswith(b"{") or _whole_object(line):
-        return None
+    return False if _object_prefix(data[start:body]) else None
+
+
+def _object_prefix(text: bytes) -> bool:
+    """Whether ``text`` is the start of a JSON object's text, not the whole of it."""
+    if not text.startswith(b"{") or _CONTROL.search(text):  # JSON holds none, in strings too
+        return False
+    try:
+        json.JSONDecoder().raw_decode(text.decode("utf-8", "replace"))
+    except RecursionError:  # too deep to read: a whole object ends with its brace
+        return not text.rstrip().endswith(b"}")
+    except json.JSONDecodeError as exc:
+        return _ran_out(exc)
+    return False  # a whole object (and perhaps more after it): a line
+
+
+def _ran_out(exc: json.JSONDecodeError) -> bool:
+    """Whether the decoder failed only because the text ended: where a value, a name or a
+    delimiter was next, in a string, or in a literal or a number that more text completes."""
+    if exc.pos == len(exc.doc) or exc.msg.startswith("Unterminated string"):
+        return True
+    if exc.msg == "Invalid \\uXXXX escape":  # a \\u escape begun (a surrogate pair's too)
+        return _ESCAPE_START.fullmatch(exc.doc, exc.pos) is not None
+    if exc.msg == "Expecting value":  # a literal begun (``tr``), or a number (``-``)
+        return _VALUE_START.fullmatch(exc.doc, exc.pos) is not None
+    if exc.msg == "Expecting ',' delimiter":  # a number read as far as it goes (``1.``)
+        start = exc.pos
+        while start and exc.doc[start - 1] in _NUMBER_CHARS:
+            start -= 1
+        return start < exc.pos and _NUMBER_START.fullmatch(exc.doc, start) is not None
     return False
+
+
+# a byte no JSON text holds (white space aside: no line feed is in the text asked about)
+_CONTROL = re.compile(rb"[\x00-\x08\x0b-\x0c\x0e-\x1f]")
+# what is left of the text where the decoder stopped, when more text can complete it: none,
+# a literal begun, or a number begun or with its fraction or exponent begun
+_NUMBER = r"-?(?:0|[1-9][0-9]*)?(?:\.[0-9]*)?(?:[eE][-+]?[0-9]*)?"
+_NUMBER_START = re.compile(_NUMBER)
+_NUMBER_CHARS = frozenset("-+.eE0123456789")
+# from the ``u`` of a ``\\u`` escape, where the decoder says it stopped
+_ESCAPE_START = re.compile(r"u[0-9a-fA-F]{0,4}(?:\\(?:u[0-9a-fA-F]{0,3})?)?")
+_VALUE_START = re.compile(r"t(?:r(?:ue?)?)?|f(?:a(?:l(?:se?)?)?)?|n(?:u(?:ll?)?)?|" + _NUMBER)
 
 
 def _whole_object(tail: bytes) -> bool:

@@ -363,6 +363,9 @@ class Follower:
         self.on_error = on_error
         self._sizes: dict[Path, int] = {}
         self._unlisted: set[Path] = set()
+        # the files (and directories) whose last import failed, each with its error: until
+        # a pass of the file succeeds, or it is gone
+        self.failing: dict[Path, SessionStoreError] = {}
 
     def run(self, stop: threading.Event | None = None) -> None:
         import watchfiles  # only the follower needs it
@@ -417,6 +420,8 @@ class Follower:
         for directory in sorted(unlisted.keys() - self._unlisted):
             self._failed(directory, unlisted[directory])
         self._unlisted = set(unlisted)
+        for gone in self.failing.keys() - set(found.files) - self._unlisted:
+            del self.failing[gone]
         for path in found.files:
             try:
                 size = path.stat().st_size
@@ -448,16 +453,17 @@ class Follower:
                 # tell yet, and no failure to report; the write that ends the line brings
                 # it back
                 log.info("waiting for the file's first line", extra={"path": str(path)})
+                self.failing.pop(path, None)
                 return None
             self._failed(path, exc)
             return None
         except Exception as exc:  # a defect of ours: this file's, the others still followed
             log.exception("import failed unexpectedly", extra={"path": str(path)})
             self._sizes[path] = size
-            if self.on_error is not None:
-                self.on_error(path, SessionStoreError(f"{path}: {type(exc).__name__}: {exc}"))
+            self._failed(path, SessionStoreError(f"{path}: {type(exc).__name__}: {exc}"))
             return None
         self._sizes[path] = size
+        self.failing.pop(path, None)
         if self.on_result is not None and result.appended:
             self.on_result(result)
         return result
@@ -465,7 +471,16 @@ class Follower:
     def _failed(self, path: Path, exc: SessionStoreError) -> None:
         """Reported to ``on_error`` (the CLI's one line, which names the file), else logged
         as a warning; logged at info level too when reported (a bare "import failed" on
-        stderr beside the CLI's line said nothing of which file)."""
+        stderr beside the CLI's line said nothing of which file).
+
+        A failure said already, the file's last, is not said again: a file that grew and
+        fails as before, the database away at each rescan, or a file read once more because
+        its size was taken before a write that the failed read saw."""
+        said = self.failing.get(path)
+        self.failing[path] = exc
+        if said is not None and (type(said), said.message) == (type(exc), exc.message):
+            log.debug("import of %r failed as before", str(path), extra={"path": str(path)})
+            return
         level = logging.INFO if self.on_error is not None else logging.WARNING
         log.log(
             level, "import of %r failed", str(path), extra={"path": str(path), "error": exc.message}

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import importlib
 import io
+import logging
 import os
 import sys
 from collections.abc import Iterator
@@ -233,10 +234,43 @@ def _whole_writes() -> None:
     )
 
 
+class _StderrLog(logging.Handler):
+    """A command's log records on stderr as the CLI words its own lines: ``warning: ...``
+    (Python's last-resort handler printed the bare message, which read as output of the
+    command). ``sys.stderr`` is looked up at each record: a test swaps it."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            sys.stderr.write(self.format(record) + "\n")
+            sys.stderr.flush()
+        except BrokenPipeError:
+            raise
+        except Exception:
+            self.handleError(record)
+
+
+class _CliFormat(logging.Formatter):
+    def formatMessage(self, record: logging.LogRecord) -> str:
+        return f"{record.levelname.lower()}: {record.message}"
+
+
+def _log_to_stderr(args: list[str]) -> None:
+    """Warnings and errors logged while a command runs go to stderr as ``LEVEL: message``
+    (a defect's traceback after it). Not for a daemon (``worker``, ``beat``): Celery sets
+    up its own log, and this would double each line."""
+    command = next((a for a in args if not a.startswith("-")), None)
+    if command in _DAEMONS:
+        return
+    handler = _StderrLog(logging.WARNING)
+    handler.setFormatter(_CliFormat())
+    logging.getLogger().addHandler(handler)
+
+
 def _run(args: list[str]) -> None:
     from tasks.cli.failures import debug_enabled, fail, usage_failed
 
     debug = debug_enabled(args)
+    _log_to_stderr(args)
     try:
         # not standalone: a usage error reaches usage_failed (one line), where click
         # printed its usage block

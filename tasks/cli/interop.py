@@ -203,7 +203,7 @@ def import_files(
                     _report(result, as_json)
                 advance(_size(path))
         if watch is not None:
-            _follow(store(), watch, tenant, format, as_json)
+            exit_code = max(exit_code, _follow(store(), watch, tenant, format, as_json))
     if exit_code:
         raise typer.Exit(exit_code)
 
@@ -315,14 +315,19 @@ def _classified(exc: Exception) -> tuple[int, str] | None:
 
 
 def _failed(path: Path, exc: Exception, as_json: bool) -> int:
-    """Report a file's failure; its exit code (``classify``; 1 for a defect, whose
-    traceback is logged: the run goes on with the next file)."""
+    """Report a file's failure; its exit code (``_code``: the run goes on with the next
+    file)."""
+    if _classified(exc) is None:
+        log.exception("importing a file failed", extra={"path": str(path)})
+    _report_error(path, exc, as_json)
+    return _code(exc)
+
+
+def _code(exc: Exception) -> int:
+    """A file's failure as an exit code: ``classify``'s, 1 for a defect."""
     from tasks.cli.failures import ExitCode
 
     classified = _classified(exc)
-    if classified is None:
-        log.exception("importing a file failed", extra={"path": str(path)})
-    _report_error(path, exc, as_json)
     return int(classified[0]) if classified else int(ExitCode.FAILED)
 
 
@@ -334,7 +339,9 @@ def _report_error(path: Path, exc: Exception, as_json: bool) -> None:
         err_console.print(plain(f"error: {message}"), highlight=False, soft_wrap=True)
 
 
-def _follow(store: object, directory: Path, tenant: str, format: str, as_json: bool) -> None:
+def _follow(store: object, directory: Path, tenant: str, format: str, as_json: bool) -> int:
+    """Follow ``directory`` until Ctrl-C; then the highest exit code of the files whose
+    last import failed (a file imported since, or gone, no longer counts), 0 if none."""
     from core.interop.watch import Follower
     from core.store import SessionStore
 
@@ -350,8 +357,9 @@ def _follow(store: object, directory: Path, tenant: str, format: str, as_json: b
     )
     try:
         follower.run()
-    except KeyboardInterrupt:
-        pass
+    except KeyboardInterrupt:  # how a follow ends: with the code of the files still failed
+        return max((_code(exc) for exc in follower.failing.values()), default=0)
+    return 0  # unreachable: a follow without a stop event runs until it is interrupted
 
 
 class _progress:

@@ -149,6 +149,11 @@ def test_import_reports_lines_of_invalid_utf8(run: Run, tmp_path: Path) -> None:
     assert (result["appended"], result["invalid_utf8_lines"]) == (2, 1)
     again = run("import", str(path))
     assert "1 line(s) of invalid UTF-8 read with U+FFFD" in " ".join(again.stdout.split())
+    # the library's warning, worded as the CLI's own lines (it was the bare message)
+    assert again.stderr == (
+        f"warning: {str(path)!r}: lines with invalid UTF-8 were read with U+FFFD in place "
+        "of the bad bytes, as pi reads them\n"
+    ), again.stderr
 
 
 def _entries(count: int, parent: str) -> list[dict[str, object]]:
@@ -313,15 +318,29 @@ def test_a_file_with_no_line_yet_is_a_skip_not_a_failure(run: Run, tmp_path: Pat
     human = run("import", str(d / "c_half.jsonl"))
     assert human.returncode == 0 and human.stderr == "", human.stderr
     assert human.stdout == (
-        f"unfinished: {d / 'c_half.jsonl'}: its first line is not complete yet, nothing imported\n"
+        f"unfinished: {d / 'c_half.jsonl'}: its first line is not complete (still being "
+        "written, or cut short), nothing imported\n"
     )
     assert run("sessions", "list", "--json").stdout.count('"s-half"') == 0
     (d / "c_half.jsonl").write_text(first)
     later = json.loads(run("import", str(d / "c_half.jsonl"), "--json").stdout)
     assert (later["status"], later["external_id"]) == ("created", "s-half")
-    (d / "e_whole.jsonl").write_text('{"no": "format"}')  # whole, no line break: a line
-    whole = run("import", str(d / "e_whole.jsonl"), "--json")
-    assert whole.returncode == 3 and json.loads(whole.stdout)["status"] == "error"
+    assert json.loads(run("import", str(d / "b_blank.jsonl"), "--json").stdout)["reason"] == (
+        "the file holds only white space"
+    )
+    # no line break, and yet no line to come: text that no more text makes an object
+    for name, text in {
+        "e_whole": b'{"no": "format"}',  # whole (pi reads it as a line)
+        "f_nuls": b'{"type": "session"}\0\0\0',  # a crash's NULs
+        "g_cr": b'{"type": "session", "id": "x"}\r{"type": "label"}\r',  # CR line ends
+        "h_two": b'{"a": 1} {"b": 2}',
+        "i_junk": b"{garbage",
+        "j_utf16": '{"a": 1}'.encode("utf-16-le"),
+    }.items():
+        (d / f"{name}.jsonl").write_bytes(text)
+        failed = run("import", str(d / f"{name}.jsonl"), "--json")
+        assert failed.returncode == 3, (name, failed.stdout)
+        assert json.loads(failed.stdout)["status"] == "error", name
 
 
 def test_an_odd_file_fails_alone_and_the_run_goes_on(run: Run, tmp_path: Path) -> None:

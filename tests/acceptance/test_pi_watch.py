@@ -150,6 +150,18 @@ def test_a_watcher_serves_the_import_metrics(store: SessionStore, tmp_path: Path
     assert once.returncode == 2 and "--watch" in once.stderr
 
 
+def _store_env(store: SessionStore) -> dict[str, str]:
+    return clean_env(
+        store.settings.data_dir, SESSIONSTORE_DATABASE_URL=store.settings.resolved_database_url
+    )
+
+
+def _records(log: Path) -> list[dict[str, object]]:
+    """The JSON objects a watcher wrote to ``log`` (its stderr lines are in it too)."""
+    lines = log.read_text(errors="replace").splitlines()
+    return [json.loads(line) for line in lines if line.startswith("{")]
+
+
 def test_a_watcher_goes_on_past_directories_it_cannot_read(
     store: SessionStore, tmp_path: Path
 ) -> None:
@@ -163,14 +175,11 @@ def test_a_watcher_goes_on_past_directories_it_cannot_read(
         (sessions / name).mkdir(parents=True)
         shutil.copyfile(fixtures / "v2.jsonl", sessions / name / "x.jsonl")
     shutil.copyfile(fixtures / "v3.jsonl", sessions / "a_v3.jsonl")
-    env = clean_env(
-        store.settings.data_dir, SESSIONSTORE_DATABASE_URL=store.settings.resolved_database_url
-    )
+    env = _store_env(store)
     log = tmp_path / "watch.log"
 
     def records() -> list[dict[str, object]]:
-        lines = log.read_text(errors="replace").splitlines()
-        return [json.loads(line) for line in lines if line.startswith("{")]
+        return _records(log)
 
     def imported(name: str) -> bool:
         return any(r["path"] == str(sessions / name) and r["appended"] for r in records())
@@ -196,4 +205,46 @@ def test_a_watcher_goes_on_past_directories_it_cannot_read(
     unlisted = [r for r in records() if "unreadable" in str(r["path"])]
     assert [(r["path"], r["status"]) for r in unlisted] == [(str(sessions / "unreadable"), "error")]
     assert str(unlisted[0]["error"]).startswith(f"cannot list {sessions / 'unreadable'}: ")
+    assert "Traceback" not in log.read_text(errors="replace")
+
+
+def test_a_follow_ended_by_ctrl_c_exits_with_the_code_of_the_files_still_failed(
+    store: SessionStore, tmp_path: Path
+) -> None:
+    """Ctrl-C ended ``import --watch`` with exit 0 though a file of it had failed (a
+    one-shot import exits with the highest code of its failed files). It now exits with
+    that of the files whose last import failed: 3 for a file of no format; 0 once the
+    file has been imported after all."""
+    sessions = tmp_path / "sessions"
+    sessions.mkdir()
+    junk = sessions / "junk.jsonl"
+    junk.write_text('{"no": "format"}\n')
+    shutil.copyfile(ROOT / "tests" / "fixtures" / "pi" / "v3.jsonl", sessions / "a_v3.jsonl")
+    env = _store_env(store)
+    log = tmp_path / "watch.log"
+
+    def records() -> list[dict[str, object]]:
+        return _records(log)
+
+    def stopped(watcher: subprocess.Popen[bytes]) -> int:
+        watcher.send_signal(signal.SIGINT)
+        return watcher.wait(timeout=30)
+
+    watcher = _watcher(sessions, env, log)
+    try:
+        wait_for(lambda: len(records()) >= 2, 60, "both files passed")
+        assert stopped(watcher) == 3, log.read_text()
+        assert [r["status"] for r in records() if r["path"] == str(junk)] == ["error"]
+        watcher = _watcher(sessions, env, log)
+        wait_for(lambda: len(records()) >= 3, 60, "the junk file failed again")
+        shutil.copyfile(ROOT / "tests" / "fixtures" / "pi" / "v1.jsonl", junk)
+        wait_for(
+            lambda: any(r["path"] == str(junk) and r["appended"] for r in records()),
+            60,
+            "the file imported once it is a session",
+        )
+        assert stopped(watcher) == 0, log.read_text()
+    finally:
+        watcher.kill()
+        watcher.wait(timeout=10)
     assert "Traceback" not in log.read_text(errors="replace")

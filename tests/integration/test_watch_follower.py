@@ -274,7 +274,7 @@ def test_a_file_whose_first_line_is_still_coming_is_no_failure(
         (root / "whole.jsonl").write_text('{"no": "format"}')
         (root / "nuls.jsonl").write_bytes(b"\0" * 4096)
         wait_for(lambda: len(errors) >= 3, 15, "the three files of no format reported")
-    assert [type(e).__name__ for e in errors] == ["ImportFormatError"] * 3
+    assert [type(e).__name__ for e in errors] == ["ImportFormatError"] * 3, errors
     assert sorted(Path(e.field).name for e in errors if isinstance(e, InvalidEvent)) == [
         "junk.jsonl",
         "nuls.jsonl",
@@ -303,3 +303,46 @@ def test_what_the_follower_logs_names_the_file(
     ]
     utf8 = [r.getMessage() for r in caplog.records if "invalid UTF-8" in r.getMessage()]
     assert utf8 and all(m.startswith(f"{str(bad)!r}: ") for m in utf8), utf8
+
+
+def test_the_follower_knows_which_files_still_fail(store: SessionStore, tmp_path: Path) -> None:
+    """``Follower.failing``: the files whose last import failed, with the error (the CLI
+    ends a follow with their highest exit code). A file imported since, one with no line
+    yet, and one removed no longer count."""
+    root = tmp_path / "sessions"
+    root.mkdir()
+    junk, gone, empty = root / "junk.jsonl", root / "gone.jsonl", root / "empty.jsonl"
+    junk.write_text('{"no": "format"}\n')
+    gone.write_text('{"no": "format either"}\n')
+    empty.write_text('{"no": "x"}\n')  # fails, then is emptied: no line yet
+    said: list[tuple[str, str]] = []
+    follower = Follower(
+        store, root, tenant_id=TENANT, on_error=lambda p, e: said.append((p.name, e.message))
+    )
+    follower.scan()
+    assert sorted(p.name for p in follower.failing) == ["empty.jsonl", "gone.jsonl", "junk.jsonl"]
+    assert all(isinstance(e, InvalidEvent) for e in follower.failing.values())
+    # a file that grows and fails as before is not said again (nor is one read again
+    # because its size was taken before a write its failed read saw): a new failure is
+    with junk.open("a") as out:
+        out.write('{"still": "no format"}\n')
+    write(gone, [header("nul\0id")])  # a session file now, which fails otherwise
+    follower.scan()
+    no_format = "not a session file of a known format"
+    assert sorted(said) == sorted(
+        [
+            ("empty.jsonl", f"invalid event at {empty}: {no_format}"),
+            ("gone.jsonl", f"invalid event at {gone}: {no_format}"),
+            (
+                "gone.jsonl",
+                f"invalid event at /id: {gone}: the session's external_id contains U+0000, "
+                "which a session cannot hold",
+            ),
+            ("junk.jsonl", f"invalid event at {junk}: {no_format}"),
+        ]
+    )
+    write(junk, [header("fixed1"), message(1, None)])  # the agent's session after all
+    gone.unlink()
+    empty.write_text("")
+    follower.scan()
+    assert follower.failing == {} and head_of(store, "fixed1") == 2

@@ -399,20 +399,30 @@ def test_the_byte_gates_stay_shut_on_the_common_escapes() -> None:
     assert pi.escape_test([raw], refs=True, transient_keys=True) is None
 
 
-_LINE = st.dictionaries(
-    st.text(max_size=8), st.one_of(st.none(), st.integers(), st.text(max_size=20)), min_size=1
+_VALUE = st.recursive(
+    st.one_of(
+        st.none(),
+        st.booleans(),
+        st.integers(),
+        st.floats(allow_nan=False, allow_infinity=False),
+        st.text(max_size=12),
+    ),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=6), inner),
+    max_leaves=12,
 )
+_LINE = st.dictionaries(st.text(max_size=8), _VALUE, min_size=1)
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=300, deadline=None)
 @given(_LINE, st.data())
 def test_a_file_not_started_is_told_from_one_of_no_format(
     entry: dict[str, Any], data: st.DataObject
 ) -> None:
     """``check_started``: no line yet (empty, blank, a BOM; or any strict prefix of a first
     line that is an object) is ``SessionFileNotStarted``; a whole object, with or without
-    its line break, any text holding a line break, or bytes that begin no object, are left
-    to the format (whose error says what is wrong)."""
+    its line break, any text holding a line break, and text that no more text makes an
+    object (more after a whole one, a control byte) are left to the format (whose error
+    says what is wrong)."""
     from core.errors import SessionFileNotStarted
     from core.interop.importer import check_started
 
@@ -424,7 +434,9 @@ def test_a_file_not_started_is_told_from_one_of_no_format(
     assert raised.value.empty == (cut == 0)
     assert isinstance(raised.value, ImportFormatError)  # for a caller that handles those
     ended = lead + line[: max(cut, 1)] + b"\n"  # a line, if a malformed one
-    for whole in (lead + line, lead + line + b"\n", ended, b"\0" * 9):
+    after = data.draw(st.sampled_from([b"}", b"x", b"{", b"\r{", b" 1", b"]"]))
+    control = line[:cut] + data.draw(st.sampled_from([b"\0", b"\x01", b"\x1f"]))
+    for whole in (lead + line, lead + line + b"\n", ended, b"\0" * 9, line + after, control):
         check_started(Path("f.jsonl"), whole)
     with pytest.raises(SessionFileNotStarted):  # too deep to read: it waits, as pi's tail does
         check_started(Path("f.jsonl"), lead + b'{"a":' + b"[" * 100_000)
