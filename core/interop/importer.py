@@ -370,8 +370,10 @@ def _imported_under_former_id(
         if found is None or held is None or held.path != _resolved(path):
             continue
         log.warning(
-            "a file imported before under another id: importing on into that session "
-            "(delete it and import again to key it by the file)",
+            "%r: a file imported before under another id (%s): importing on into that "
+            "session (delete it and import again to key it by the file)",
+            str(path),
+            former,
             extra={"path": str(path), "session_id": found.id, "external_id": former},
         )
         raw = parsed.header.raw
@@ -622,8 +624,8 @@ def _missing_blobs(
         text = "\n".join(pi.dumps_exact(event) for event in new_events)
         recorded += [ref for ref in parsed.missing_blobs if ref not in recorded and ref in text]
     found = [ref for ref in recorded if ref not in now and ref.encode() in data]
-    if found:
-        log.warning(
+    if found:  # at info level: the import's result lists them (the CLI says so)
+        log.info(
             "blobs the session was imported without are found now; the journal is "
             "append-only: delete the session and import the file again to store them",
             extra={"external_id": parsed.header.external_id, "found": found},

@@ -102,8 +102,8 @@ def parse_omp(path: Path, data: bytes, *, blobs_dir: Path | None = None) -> Pars
     roots = (blobs_dir,) if blobs_dir is not None else default_blobs_dirs(path)
     blobs = _BlobReader(*roots)
     entries = [_literal(replace(e, entry=blobs.resolve(e.entry))) for e in parsed.entries]
-    if blobs.missing:
-        log.warning(
+    if blobs.missing:  # at info level: the import's result lists them (the CLI says so)
+        log.info(
             "blobs referenced by the session are missing; their refs are kept",
             extra={
                 "path": str(path),
@@ -157,7 +157,7 @@ class _BlobReader:
         try:  # a FIFO or a device named as a blob is no blob: never opened blocking
             return nofollow.read_bytes(root, path)
         except SymlinkRefused:
-            log.warning("a blob file is a link: not followed", extra=_at(path))
+            log.warning("%r: a blob file is a link: not followed", str(path), extra=_at(path))
         except OSError:
             pass
         return None
@@ -217,7 +217,11 @@ def list_artifacts(directory: Path) -> list[ArtifactFile]:
     try:
         fd = nofollow.open_dir(directory.parent, directory)
     except SymlinkRefused:
-        log.warning("the artifacts directory is a link: not followed", extra=_at(directory))
+        log.warning(
+            "%r: the artifacts directory is a link: not followed",
+            str(directory),
+            extra=_at(directory),
+        )
         return []
     if fd is None:
         return []
@@ -236,7 +240,9 @@ def list_artifacts(directory: Path) -> list[ArtifactFile]:
             artifact = ArtifactFile("tool_output", tool.group(1), path, tool.group(2))
             tools.append((int(tool.group(1)), artifact))
         elif agent and len(agent.group(1)) > MAX_AGENT_ID_CHARS:
-            log.warning("skipping an agent output with an overlong id", extra=_at(path))
+            log.warning(
+                "%r: skipping an agent output with an overlong id", str(path), extra=_at(path)
+            )
         elif agent and agent.group(2) == "md":
             agents.append(ArtifactFile("agent_output", agent.group(1), path))
         elif agent:
@@ -289,7 +295,7 @@ def _artifact_bytes(path: Path) -> bytes | None:
     try:
         data = nofollow.read_bytes(path.parent.parent, path)
     except SymlinkRefused:
-        log.warning("an artifact file is a link: not followed", extra=_at(path))
+        log.warning("%r: an artifact file is a link: not followed", str(path), extra=_at(path))
         return None
     except OSError as exc:
         raise UnreadableFile(str(path), exc.strerror or str(exc)) from None

@@ -325,7 +325,7 @@ def iter_objects(
                 "/", f"{where}: nested too deeply to be read (over 1,000 levels)"
             ) from None
         except ValueError:
-            log.warning(
+            log.debug(
                 "skipping a line that is not JSON",
                 extra={"path": str(path) if path is not None else None, "line": number},
             )
@@ -715,10 +715,11 @@ def line_text(entry: Mapping[str, Any]) -> str:
 
 
 def ignored_lines(path: Path, ignored: list[IgnoredLine]) -> list[IgnoredLine]:
-    """The lines that hold no entry, in file order (logged, with the first)."""
+    """The lines that hold no entry, in file order (logged at info level, with the first:
+    the import's result lists them, and the CLI says them)."""
     ignored.sort(key=lambda skipped: skipped.line)
     if ignored:
-        log.warning(
+        log.info(
             "%r: lines that hold no session entry were not imported",
             str(path),
             extra={"path": str(path), "lines": len(ignored), "first_line": ignored[0].line},
@@ -727,9 +728,10 @@ def ignored_lines(path: Path, ignored: list[IgnoredLine]) -> list[IgnoredLine]:
 
 
 def invalid_utf8(path: Path, replaced: list[int]) -> int:
-    """How many lines were read with U+FFFD for invalid UTF-8 (logged with the first)."""
+    """How many lines were read with U+FFFD for invalid UTF-8 (logged at info level, with
+    the first: the import's result counts them, and the CLI says so)."""
     if replaced:
-        log.warning(
+        log.info(
             "%r: lines with invalid UTF-8 were read with U+FFFD in place of the bad bytes, as "
             "pi reads them",
             str(path),

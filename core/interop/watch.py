@@ -401,7 +401,8 @@ class Follower:
             # to decode path"), and stops. The rescan sees every change anyway (a notification
             # only brings it sooner): follow by rescans alone from here.
             log.warning(
-                "the change notifier stopped: following by a rescan every second from now on",
+                "%r: the change notifier stopped: following by a rescan every second from now on",
+                str(self.directory),
                 extra={"path": str(self.directory), "error": (str(exc).splitlines() or [""])[0]},
             )
             self._rescan_until(stop)
