@@ -431,16 +431,34 @@ class UnwritableFile(SessionStoreError):
 
 
 class ImportConflict(SessionStoreError):
-    """An already-imported part of a session file changed; nothing was written."""
+    """An already-imported part of a session file changed; nothing was written. Names the
+    session that holds the file (by id and external id) when there is one."""
 
-    def __init__(self, path: str, line: int, reason: str) -> None:
+    def __init__(
+        self,
+        path: str,
+        line: int,
+        reason: str,
+        *,
+        session_id: str | None = None,
+        external_id: str | None = None,
+    ) -> None:
         self.path = path
         self.line = line
         self.reason = reason
+        self.session_id = session_id
+        self.external_id = external_id
         super().__init__(f"{path}:{line}: {reason}")
 
     def to_dict(self) -> dict[str, Any]:
-        return {**super().to_dict(), "path": self.path, "line": self.line, "reason": self.reason}
+        return {
+            **super().to_dict(),
+            "path": self.path,
+            "line": self.line,
+            "reason": self.reason,
+            "session_id": self.session_id,
+            "external_id": self.external_id,
+        }
 
 
 class ImportInterrupted(SessionStoreError):

@@ -550,7 +550,11 @@ def _imported(
         if session.head_seq == 0:  # an empty named session (``sessions create --id``)
             return _Imported(0, version, {})
         raise ImportConflict(
-            str(path), 1, f"session {session.id} has this id but was not imported from a file"
+            str(path),
+            1,
+            f"session {session.id} has this id but was not imported from a file",
+            session_id=session.id,
+            external_id=session.external_id,
         )
     done = _resumed(store, session.id, offset.entries)
     source = None if offset.source_version is None else min(offset.source_version, version)
@@ -578,7 +582,13 @@ def _imported(
         limit = max(offset.lines, lines[-1]) + 1
         rewritten = _rewritten_by_pi(store, session, events, done, offset.source_version, limit)
     if rewritten is None:
-        raise ImportConflict(str(path), line, "the already-imported part of the file changed")
+        raise ImportConflict(
+            str(path),
+            line,
+            "the already-imported part of the file changed",
+            session_id=session.id,
+            external_id=session.external_id,
+        )
     log.info(
         "pi rewrote the imported file when it opened it (an older version): its entries are "
         "the imported ones",

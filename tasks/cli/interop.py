@@ -70,7 +70,7 @@ def _result_dict(result: ImportResult) -> dict[str, object]:
 
 
 def _error_dict(path: Path, exc: Exception) -> dict[str, object]:
-    from core.errors import ImportInterrupted
+    from core.errors import ImportConflict, ImportInterrupted
 
     found: dict[str, object] = {
         "path": str(path),
@@ -81,6 +81,8 @@ def _error_dict(path: Path, exc: Exception) -> dict[str, object]:
         "status": "error",
         "error": _message(path, exc),
     }
+    if isinstance(exc, ImportConflict):  # nothing written: the session that holds the file
+        found.update(session_id=exc.session_id, external_id=exc.external_id)
     if isinstance(exc, ImportInterrupted):  # it had written: what, and where
         found.update(
             session_id=exc.session_id,

@@ -140,6 +140,15 @@ def test_import_of_a_changed_file_is_a_failure(run: Run, tmp_path: Path) -> None
     done = run("import", str(copy))
     assert done.returncode == 1, done.stderr
     assert len(_errors(done)) == 1, done.stderr
+    # --json names the session that holds the file (its ids were null): nothing written
+    first = json.loads(run("import", str(FIXTURES / "v3.jsonl"), "--json").stdout)
+    conflict = json.loads(run("import", str(copy), "--json").stdout)
+    assert (conflict["status"], conflict["appended"]) == ("error", 0)
+    assert (conflict["session_id"], conflict["external_id"]) == (
+        first["session_id"],
+        first["external_id"],
+    )
+    assert conflict["session_id"] is not None
 
 
 def test_a_directory_that_cannot_be_searched_is_reported_and_the_run_goes_on(
