@@ -39,11 +39,11 @@ log = logging.getLogger(__name__)
 DEFAULT_SESSIONS_DIR = Path("~/.pi/agent/sessions")
 SUFFIX = ".jsonl"
 # watchfiles: wait this long for a burst of writes to settle, and wake at least this often to
-# look at sizes too (a change notification can be coalesced or, on some filesystems, lost)
+# look at sizes and times too (a change notification can be coalesced or, on some filesystems, lost)
 _DEBOUNCE_MS = 150
 _RESCAN_MS = 1000
-# the size a file that could not be looked at is recorded with: reported once, not again
-_UNREADABLE = -1
+# what a file that could not be looked at is recorded with: reported once, not again
+_UNREADABLE = (-1, -1)
 # what Path.is_file takes as "no file" (any other failure: kept, for the import to report)
 _GONE = frozenset({errno.ENOENT, errno.ENOTDIR, errno.EBADF, errno.ELOOP})
 
@@ -331,6 +331,12 @@ def _is_dir(path: Path) -> bool:
         return False
 
 
+def _signature(path: Path) -> tuple[int, int]:
+    """A file's size and modification time (ns): what tells the follower it changed."""
+    found = path.stat()
+    return found.st_size, found.st_mtime_ns
+
+
 def _transient(exc: SessionStoreError) -> bool:
     """A failure the next pass may not meet (a database or store away, busy): the file is
     tried again on the next rescan, not only once it changes."""
@@ -361,7 +367,9 @@ class Follower:
         self.format = format
         self.on_result = on_result
         self.on_error = on_error
-        self._sizes: dict[Path, int] = {}
+        # each file's size and modification time when last imported (or failed): a file is
+        # imported again when either changes (a rewrite at the same size too)
+        self._seen: dict[Path, tuple[int, int]] = {}
         self._unlisted: set[Path] = set()
         # the files (and directories) whose last import failed, each with its error: until
         # a pass of the file succeeds, or it is gone
@@ -414,7 +422,7 @@ class Follower:
             self.scan()
 
     def scan(self) -> None:
-        """Import every file whose size is not the one last seen; report a directory that
+        """Import every file whose size or time is not the one last seen; report a directory that
         cannot be listed once (again if it could be listed in between)."""
         found = session_files([self.directory])
         unlisted = {Path(exc.path): exc for exc in found.unlisted}
@@ -425,20 +433,20 @@ class Follower:
             del self.failing[gone]
         for path in found.files:
             try:
-                size = path.stat().st_size
+                seen = _signature(path)
             except (FileNotFoundError, NotADirectoryError):  # gone since it was listed
                 continue
             except OSError as exc:  # in a directory that cannot be searched: said once
-                if self._sizes.get(path) != _UNREADABLE:
-                    self._sizes[path] = _UNREADABLE
+                if self._seen.get(path) != _UNREADABLE:
+                    self._seen[path] = _UNREADABLE
                     self._failed(path, UnreadableFile(str(path), exc.strerror or str(exc)))
                 continue
-            if self._sizes.get(path) != size:
+            if self._seen.get(path) != seen:
                 self.import_one(path)
 
     def import_one(self, path: Path) -> ImportResult | None:
         try:
-            size = path.stat().st_size
+            seen = _signature(path)
         except OSError:  # gone between the event and now
             return None
         try:
@@ -448,7 +456,7 @@ class Follower:
             return None
         except SessionStoreError as exc:
             if not _transient(exc):  # not again until the file changes
-                self._sizes[path] = size
+                self._seen[path] = seen
             if isinstance(exc, SessionFileNotStarted):
                 # just made (empty, or its first line still being written): no format to
                 # tell yet, and no failure to report; the write that ends the line brings
@@ -460,10 +468,10 @@ class Follower:
             return None
         except Exception as exc:  # a defect of ours: this file's, the others still followed
             log.exception("import failed unexpectedly", extra={"path": str(path)})
-            self._sizes[path] = size
+            self._seen[path] = seen
             self._failed(path, SessionStoreError(f"{path}: {type(exc).__name__}: {exc}"))
             return None
-        self._sizes[path] = size
+        self._seen[path] = seen
         self.failing.pop(path, None)
         if self.on_result is not None and result.appended:
             self.on_result(result)

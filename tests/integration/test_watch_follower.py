@@ -346,3 +346,25 @@ def test_the_follower_knows_which_files_still_fail(store: SessionStore, tmp_path
     empty.write_text("")
     follower.scan()
     assert follower.failing == {} and head_of(store, "fixed1") == 2
+
+
+def test_a_file_rewritten_at_the_same_size_is_imported_again(
+    store: SessionStore, tmp_path: Path
+) -> None:
+    """A rescan compared sizes only: a file rewritten at its size (by then of another
+    content) was not imported again until it grew, which, with the change notifier stopped
+    (a file name not UTF-8), the follower never learned otherwise. Its time counts too."""
+    root = tmp_path / "sessions"
+    root.mkdir()
+    path = root / "s.jsonl"
+    session = (json.dumps(header("same1")) + "\n").encode()
+    path.write_bytes(b"{" + b" " * (len(session) - 3) + b"}\n")  # a line of no format
+    follower = Follower(store, root, tenant_id=TENANT)
+    follower.scan()
+    assert list(follower.failing) == [path]
+    before = path.stat()
+    path.write_bytes(session)  # the same size, as a session file
+    os.utime(path, ns=(before.st_atime_ns, before.st_mtime_ns + 1_000_000))
+    assert path.stat().st_size == before.st_size
+    follower.scan()
+    assert follower.failing == {} and head_of(store, "same1") == 1
