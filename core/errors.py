@@ -517,12 +517,18 @@ class SessionFileNotStarted(ImportFormatError):
     Nothing to import and nothing lost: pi takes such a file for a session not begun. An
     ``ImportFormatError``, for a caller that handles those; the CLI reports it as a skip."""
 
-    def __init__(self, path: str, *, empty: bool, blank: bool = False) -> None:
+    def __init__(
+        self, path: str, *, empty: bool, blank: bool = False, header_pending: bool = False
+    ) -> None:
         self.empty = empty
         self.blank = blank
+        # lines, but none that gives the session its time and working directory yet
+        self.header_pending = header_pending
         super().__init__(
             path,
-            "the file holds only white space"
+            "no line gives the session its time and working directory yet"
+            if header_pending
+            else "the file holds only white space"
             if blank
             else "the file is empty"
             if empty

@@ -251,12 +251,17 @@ def import_session(
     tenant_id: str,
     format: str = "auto",
     options: Mapping[str, Any] | None = None,
+    wait_for_header: bool = False,
 ) -> ImportResult:
     """Import (or continue importing) one session file; see the module docstring.
-    ``options`` go to the format's parser (oh-my-pi: ``blobs_dir``)."""
+    ``options`` go to the format's parser (oh-my-pi: ``blobs_dir``). ``wait_for_header``:
+    a new session whose file has no line yet that gives its header a time and a working
+    directory (``ParsedSession.header_pending``) is not made: ``SessionFileNotStarted``
+    (a follower, which imports the file again when that line comes: the header, the
+    session's first event, is never rewritten)."""
     for attempt in range(_CREATE_ATTEMPTS):
         try:
-            return _import_pass(store, Path(path), tenant_id, format, options)
+            return _import_pass(store, Path(path), tenant_id, format, options, wait_for_header)
         except ExternalIdTaken:
             # another import of this file created the session after this pass looked: the
             # next pass finds it and continues it (its batches are replayed, not doubled)
@@ -275,6 +280,7 @@ def _import_pass(
     tenant_id: str,
     format: str,
     options: Mapping[str, Any] | None,
+    wait_for_header: bool = False,
 ) -> ImportResult:
     data = read_file(path)
     parsed = parse_file_data(path, data, format=format, options=options)
@@ -282,6 +288,8 @@ def _import_pass(
     session = store.journal.find_external(tenant_id, parsed.header.external_id)
     if session is None:
         parsed, session = _imported_under_former_id(store, tenant_id, path, parsed)
+    if session is None and wait_for_header and parsed.header_pending:
+        raise SessionFileNotStarted(str(path), empty=False, header_pending=True)
     events = [pi.header_event(parsed.header), *(e.entry for e in parsed.entries)]
     lines = [1, *(e.line for e in parsed.entries)]
     external_id = parsed.header.external_id

@@ -14,6 +14,7 @@ import logging
 import os
 import stat
 import threading
+import time
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple
@@ -42,6 +43,8 @@ SUFFIX = ".jsonl"
 # look at sizes and times too (a change notification can be coalesced or, on some filesystems, lost)
 _DEBOUNCE_MS = 150
 _RESCAN_MS = 1000
+# how long after its last write a file whose lines give no header yet is waited on
+_HEADER_WAIT_S = 60
 # what a file that could not be looked at is recorded with: reported once, not again
 _UNREADABLE = (-1, -1)
 # what Path.is_file takes as "no file" (any other failure: kept, for the import to report)
@@ -449,13 +452,27 @@ class Follower:
             seen = _signature(path)
         except OSError:  # gone between the event and now
             return None
+        # A file written to a moment ago that gives its session no time nor working directory
+        # yet (Claude Code writes a file-history snapshot before the prompt's line) waits for
+        # the line that does: the session's header is made once, from the first pass. An
+        # older one is what it is (a file of a summary alone).
+        young = time.time_ns() - seen[1] < _HEADER_WAIT_S * 1_000_000_000
         try:
-            result = import_session(self.store, path, tenant_id=self.tenant_id, format=self.format)
+            result = import_session(
+                self.store,
+                path,
+                tenant_id=self.tenant_id,
+                format=self.format,
+                wait_for_header=young,
+            )
         except (UnreadableFile, OSError) as exc:  # the file went away since the event
             log.info("file unreadable", extra={"path": str(path), "error": str(exc)})
             return None
         except SessionStoreError as exc:
-            if not _transient(exc):  # not again until the file changes
+            # not again until the file changes; a header pending: at each rescan until the
+            # file is no longer young
+            pending = isinstance(exc, SessionFileNotStarted) and exc.header_pending
+            if not (_transient(exc) or pending):
                 self._seen[path] = seen
             if isinstance(exc, SessionFileNotStarted):
                 # just made (empty, or its first line still being written): no format to

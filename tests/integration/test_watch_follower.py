@@ -368,3 +368,51 @@ def test_a_file_rewritten_at_the_same_size_is_imported_again(
     assert path.stat().st_size == before.st_size
     follower.scan()
     assert follower.failing == {} and head_of(store, "same1") == 1
+
+
+CLAUDE_FIXTURE = (
+    Path(__file__).resolve().parents[1]
+    / "fixtures"
+    / "claude_code"
+    / "7d3c5e2a-91f4-4b6e-8a0d-2c1f9e8b7a60.jsonl"
+)
+
+
+@pytest.mark.parametrize("first_lines", [1, 2], ids=["summary", "summary+snapshot"])
+def test_a_new_claude_code_file_waits_for_the_line_that_gives_its_header(
+    store: SessionStore, tmp_path: Path, first_lines: int
+) -> None:
+    """Claude Code writes a file's first lines (a summary, a file-history snapshot) before
+    the prompt's, and they carry no time nor working directory. A follower's first pass
+    made the session from them, and its header (seq 1, never rewritten) kept
+    ``"timestamp": null, "cwd": ""`` in every export (``export --format omp`` named the file
+    ``_<id>.jsonl``). A file written to a moment ago now waits for the line that gives them;
+    an older one (a summary alone, for good) is imported at once, as before."""
+    root = tmp_path / "sessions"
+    root.mkdir()
+    lines = CLAUDE_FIXTURE.read_bytes().split(b"\n")
+    path = root / CLAUDE_FIXTURE.name
+    path.write_bytes(b"\n".join(lines[:first_lines]) + b"\n")
+    said: list[SessionStoreError] = []
+    follower = Follower(store, root, tenant_id=TENANT, on_error=lambda p, e: said.append(e))
+    follower.scan()
+    follower.scan()  # tried again at each rescan while it is young, not only on a change
+    session_id = CLAUDE_FIXTURE.stem
+    assert store.journal.find_external(TENANT, session_id) is None
+    assert (said, follower.failing) == ([], {})
+    path.write_bytes(CLAUDE_FIXTURE.read_bytes())
+    follower.scan()
+    session = store.journal.find_external(TENANT, session_id)
+    assert session is not None
+    stored = store.read(session.id, upto_seq=1)[0].payload
+    assert (stored["timestamp"], stored["cwd"]) == (
+        "2026-01-20T09:00:00.000Z",
+        "/home/dev/dateparse",
+    )
+    old = root / "old" / "0b9e4f31-5c2d-4e8a-9f17-6a3b2c1d0e9f.jsonl"
+    old.parent.mkdir()
+    old.write_bytes(lines[0] + b"\n")
+    os.utime(old, (time.time() - 7200, time.time() - 7200))  # last written two hours ago
+    follower.scan()
+    aged = store.journal.find_external(TENANT, old.stem)
+    assert aged is not None and aged.head_seq == 2, aged  # the header and the summary
