@@ -205,49 +205,78 @@ def not_started(data: bytes) -> bool | None:
         return True
     if data.find(b"\n", start) >= 0:  # a line break: a line was written, whatever it holds
         return None
-    return False if _object_prefix(data[start:body]) else None
+    # untrimmed at its end: a tab there may be inside a string, where JSON holds none
+    return False if _object_prefix(data[start:]) else None
 
 
 def _object_prefix(text: bytes) -> bool:
-    """Whether ``text`` is the start of a JSON object's text, not the whole of it."""
-    if not text.startswith(b"{") or _CONTROL.search(text):  # JSON holds none, in strings too
+    """Whether ``text`` is the start of a JSON object's text (RFC 8259, as pi's
+    ``JSON.parse`` reads it), not the whole of it: read token by token against the grammar,
+    with no recursion (any depth) and no value built (any number). Bytes of invalid UTF-8
+    count as characters of a string, as pi reads them (U+FFFD)."""
+    if not text.startswith(b"{"):
         return False
-    try:
-        json.JSONDecoder().raw_decode(text.decode("utf-8", "replace"))
-    except RecursionError:  # too deep to read: a whole object ends with its brace
-        return not text.rstrip().endswith(b"}")
-    except json.JSONDecodeError as exc:
-        return _ran_out(exc)
-    return False  # a whole object (and perhaps more after it): a line
+    open_, expect, pos, end = [b"{"[0]], _KEY_OR_CLOSE, 1, len(text)
+    while pos < end:
+        if _partial_token(text, pos, expect):
+            return True  # the text ends inside a token that more text completes
+        token = _TOKEN.match(text, pos)
+        if token is None:
+            return False
+        pos, kind = token.end(), text[token.start()]
+        if kind in b" \t\r":
+            continue
+        if kind in b"{[" and expect in _VALUE:
+            open_.append(kind)
+            expect = _KEY_OR_CLOSE if kind == b"{"[0] else _VALUE_OR_CLOSE
+        elif kind == b'"'[0] and expect in _KEY:
+            expect = _COLON
+        elif kind not in b"{}[]:," and expect in _VALUE:  # a string, a number, a literal
+            expect = _NEXT
+        elif kind == b":"[0] and expect == _COLON:
+            expect = _VALUE_ONLY
+        elif kind == b","[0] and expect == _NEXT:
+            expect = _KEY_ONLY if open_[-1] == b"{"[0] else _VALUE_ONLY
+        elif kind in b"}]" and expect in _CLOSE and open_[-1] == _OPENER[kind]:
+            open_.pop()
+            if not open_:
+                return False  # the object is whole (whatever follows it): a line
+            expect = _NEXT
+        else:
+            return False
+    return True
 
 
-def _ran_out(exc: json.JSONDecodeError) -> bool:
-    """Whether the decoder failed only because the text ended: where a value, a name or a
-    delimiter was next, in a string, or in a literal or a number that more text completes."""
-    if exc.pos == len(exc.doc) or exc.msg.startswith("Unterminated string"):
-        return True
-    if exc.msg == "Invalid \\uXXXX escape":  # a \\u escape begun (a surrogate pair's too)
-        return _ESCAPE_START.fullmatch(exc.doc, exc.pos) is not None
-    if exc.msg == "Expecting value":  # a literal begun (``tr``), or a number (``-``)
-        return _VALUE_START.fullmatch(exc.doc, exc.pos) is not None
-    if exc.msg == "Expecting ',' delimiter":  # a number read as far as it goes (``1.``)
-        start = exc.pos
-        while start and exc.doc[start - 1] in _NUMBER_CHARS:
-            start -= 1
-        return start < exc.pos and _NUMBER_START.fullmatch(exc.doc, start) is not None
-    return False
+def _partial_token(text: bytes, pos: int, expect: int) -> bool:
+    """Whether the text from ``pos`` to its end is a token begun, of a kind the grammar
+    takes there: a string (a name or a value), or a number or a literal (a value)."""
+    if text[pos] == b'"'[0]:
+        return expect in _KEY + _VALUE and _PARTIAL_STRING.fullmatch(text, pos) is not None
+    return expect in _VALUE and _PARTIAL_VALUE.fullmatch(text, pos) is not None
 
 
-# a byte no JSON text holds (white space aside: no line feed is in the text asked about)
-_CONTROL = re.compile(rb"[\x00-\x08\x0b-\x0c\x0e-\x1f]")
-# what is left of the text where the decoder stopped, when more text can complete it: none,
-# a literal begun, or a number begun or with its fraction or exponent begun
-_NUMBER = r"-?(?:0|[1-9][0-9]*)?(?:\.[0-9]*)?(?:[eE][-+]?[0-9]*)?"
-_NUMBER_START = re.compile(_NUMBER)
-_NUMBER_CHARS = frozenset("-+.eE0123456789")
-# from the ``u`` of a ``\\u`` escape, where the decoder says it stopped
-_ESCAPE_START = re.compile(r"u[0-9a-fA-F]{0,4}(?:\\(?:u[0-9a-fA-F]{0,3})?)?")
-_VALUE_START = re.compile(r"t(?:r(?:ue?)?)?|f(?:a(?:l(?:se?)?)?)?|n(?:u(?:ll?)?)?|" + _NUMBER)
+# what the grammar takes next: a value, or the bracket closing its array; a name, or the
+# brace closing its object; a value (after a colon or a comma); a name (after a comma); the
+# colon after a name; a comma or the closing bracket, after a value
+_VALUE_OR_CLOSE, _KEY_OR_CLOSE, _VALUE_ONLY, _KEY_ONLY, _COLON, _NEXT = range(6)
+_VALUE = (_VALUE_OR_CLOSE, _VALUE_ONLY)
+_KEY = (_KEY_OR_CLOSE, _KEY_ONLY)
+_CLOSE = (_VALUE_OR_CLOSE, _KEY_OR_CLOSE, _NEXT)
+_OPENER = {b"}"[0]: b"{"[0], b"]"[0]: b"["[0]}
+_STRING_BODY = rb'(?:[^"\\\x00-\x1f]++|\\["\\/bfnrt]|\\u[0-9a-fA-F]{4})*+'
+# a whole token: white space, a string, a number, a literal, a bracket or a separator
+_TOKEN = re.compile(
+    rb"[ \t\r]++"
+    rb'|"' + _STRING_BODY + rb'"'
+    rb"|-?+(?:0|[1-9][0-9]*+)(?:\.[0-9]++)?+(?:[eE][-+]?+[0-9]++)?+"
+    rb"|true|false|null|[{}\[\]:,]"
+)
+# a token begun, that more text completes
+_PARTIAL_STRING = re.compile(rb'"' + _STRING_BODY + rb"(?:\\(?:u[0-9a-fA-F]{0,3})?)?")
+_PARTIAL_VALUE = re.compile(
+    rb"-|-?+(?:0|[1-9][0-9]*+)(?:\.[0-9]*+)?+(?:(?<=[0-9])[eE][-+]?+[0-9]*+)?+"
+    rb"|t(?:r(?:u)?)?|f(?:a(?:l(?:s)?)?)?|n(?:u(?:l)?)?"
+)
 
 
 def _whole_object(tail: bytes) -> bool:

@@ -403,7 +403,9 @@ class Follower:
                         and not _in_linked_dir(watched, path)
                         and _is_session_file(path)
                     ):
-                        self.import_one(path)
+                        # named as a scan names it: one file, one record (of what it last
+                        # brought, of its failure: said once), one path in what is printed
+                        self.import_one(self.directory / os.path.relpath(path, watched))
                 self.scan()
         except RuntimeError as exc:
             if type(exc).__name__ != "WatchfilesRustInternalError":
@@ -465,9 +467,15 @@ class Follower:
                 format=self.format,
                 wait_for_header=young,
             )
-        except (UnreadableFile, OSError) as exc:  # the file went away since the event
+        except (UnreadableFile, OSError) as exc:
+            if isinstance(exc, UnreadableFile) and os.path.lexists(path):
+                # there, and yet not to be read (no permission, no regular file): said
+                # once, as a one-shot import says it, and again once it changes
+                self._seen[path] = seen
+                self._failed(path, exc)
+                return None
             log.info("file unreadable", extra={"path": str(path), "error": str(exc)})
-            return None
+            return None  # the file went away since the event
         except SessionStoreError as exc:
             # not again until the file changes; a header pending: at each rescan until the
             # file is no longer young

@@ -243,8 +243,8 @@ class _StderrLog(logging.Handler):
         try:
             sys.stderr.write(self.format(record) + "\n")
             sys.stderr.flush()
-        except BrokenPipeError:
-            raise
+        except OSError:  # stderr closed, or a pipe nobody reads: the line is dropped, and
+            pass  # the command goes on (as with Python's last-resort handler)
         except Exception:
             self.handleError(record)
 

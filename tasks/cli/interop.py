@@ -8,7 +8,7 @@ import logging
 import os
 import stat
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import ExitStack, closing
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Annotated
@@ -167,9 +167,15 @@ def import_files(
     if not files and not unlisted and watch is None:
         shown = " ".join(paths) if paths else str(DEFAULT_SESSIONS_DIR)
         err_console.print(plain(f"no session files (*.jsonl) in {shown}"))
-    exit_code = 0
+    # each failed path's error: the run's exit code is the highest of theirs
+    failed: dict[Path, Exception] = {}
+
+    def fail(path: Path, exc: Exception) -> None:
+        _failed(path, exc, as_json)
+        failed[path] = exc
+
     for error in unlisted:  # reported as a file that cannot be read is, before the files
-        exit_code = max(exit_code, _failed(Path(error.path), error, as_json))
+        fail(Path(error.path), error)
     with ExitStack() as stack:
         # The journal is created for a file there is to import, not for a path that names
         # none (a mistyped data dir then held an empty journal).
@@ -185,7 +191,7 @@ def import_files(
                 try:
                     _check_readable(path)
                 except UnreadableFile as exc:
-                    exit_code = max(exit_code, _failed(path, exc, as_json))
+                    fail(path, exc)
                     advance(_size(path))
                     continue
                 journal = store()  # outside the file's try: no database fails the command
@@ -200,12 +206,19 @@ def import_files(
                         if as_json:  # the file's object, then the one line of every failure
                             print_json_line(_error_dict(path, exc))
                         raise
-                    exit_code = max(exit_code, _failed(path, exc, as_json))
+                    fail(path, exc)
                 else:
                     _report(result, as_json)
                 advance(_size(path))
         if watch is not None:
-            exit_code = max(exit_code, _follow(store(), watch, tenant, format, as_json))
+            # a failed path below the directory followed is the follow's: said once, and
+            # counted while it fails (not once it has been imported, or is gone)
+            below = {path: _followed_as(path, watch) for path in failed}
+            seed = {as_: failed.pop(path) for path, as_ in below.items() if as_ is not None}
+            code = _follow(store(), watch, tenant, format, as_json, seed)
+            exit_code = max([code, *(_code(exc) for exc in failed.values())])
+        else:
+            exit_code = max((_code(exc) for exc in failed.values()), default=0)
     if exit_code:
         raise typer.Exit(exit_code)
 
@@ -341,9 +354,26 @@ def _report_error(path: Path, exc: Exception, as_json: bool) -> None:
         err_console.print(plain(f"error: {message}"), highlight=False, soft_wrap=True)
 
 
-def _follow(store: object, directory: Path, tenant: str, format: str, as_json: bool) -> int:
+def _followed_as(path: Path, directory: Path) -> Path | None:
+    """``path`` as a follow of ``directory`` names it, when it is below it; else None."""
+    relative = os.path.relpath(os.path.abspath(path), os.path.abspath(directory))
+    if relative == os.curdir or relative.split(os.sep)[0] == os.pardir:
+        return None
+    return directory / relative
+
+
+def _follow(
+    store: object,
+    directory: Path,
+    tenant: str,
+    format: str,
+    as_json: bool,
+    failed: Mapping[Path, Exception],
+) -> int:
     """Follow ``directory`` until Ctrl-C; then the highest exit code of the files whose
-    last import failed (a file imported since, or gone, no longer counts), 0 if none."""
+    last import failed (a file imported since, or gone, no longer counts), 0 if none.
+    ``failed``: the files below it that failed before the follow (said already)."""
+    from core.errors import SessionStoreError
     from core.interop.watch import Follower
     from core.store import SessionStore
 
@@ -357,6 +387,9 @@ def _follow(store: object, directory: Path, tenant: str, format: str, as_json: b
         on_result=lambda r: _report(r, as_json),
         on_error=lambda p, e: _report_error(p, e, as_json),
     )
+    for path, exc in failed.items():  # not said again while they fail as they did
+        error = exc if isinstance(exc, SessionStoreError) else SessionStoreError(str(exc))
+        follower.failing[path] = error
     try:
         follower.run()
     except KeyboardInterrupt:  # how a follow ends: with the code of the files still failed

@@ -344,6 +344,30 @@ def test_a_closed_pipe_is_a_silent_exit_141(
     assert _into_closed_pipe(env, tmp_path, *args) == (141, "")
 
 
+def test_a_warning_into_a_closed_stderr_is_dropped(
+    env: dict[str, str], session_id: str, tmp_path: Path
+) -> None:
+    """A warning logged while stderr is a pipe whose reader is gone: the line is dropped
+    and the command goes on (a review's finding: the CLI's log handler let the EPIPE end
+    the command, exit 141 with nothing on stdout, where the stats were printed before)."""
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    try:
+        done = subprocess.run(
+            [EXE, "stats", "--json"],
+            stdout=subprocess.PIPE,
+            stderr=write_end,
+            env={**env, "SESSIONSTORE_DATABSE_URL": "x"},  # a mistyped variable: a warning
+            cwd=tmp_path,
+            timeout=120,
+            text=True,
+        )
+    finally:
+        os.close(write_end)
+    assert done.returncode == 0
+    assert json.loads(done.stdout)["events"] > 0
+
+
 @pytest.fixture
 def big_session(run: Run, tmp_path: Path) -> str:
     """A session whose JSON listing is far larger than a pipe holds (64 KB): 2,000 user

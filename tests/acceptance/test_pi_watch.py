@@ -175,6 +175,9 @@ def test_a_watcher_goes_on_past_directories_it_cannot_read(
         (sessions / name).mkdir(parents=True)
         shutil.copyfile(fixtures / "v2.jsonl", sessions / name / "x.jsonl")
     shutil.copyfile(fixtures / "v3.jsonl", sessions / "a_v3.jsonl")
+    secret = sessions / "c_secret.jsonl"  # a file there that cannot be read: said once
+    shutil.copyfile(fixtures / "v3.jsonl", secret)
+    secret.chmod(0o000)
     env = _store_env(store)
     log = tmp_path / "watch.log"
 
@@ -201,6 +204,10 @@ def test_a_watcher_goes_on_past_directories_it_cannot_read(
     locked = [r for r in records() if r["path"] == str(sessions / "locked" / "x.jsonl")]
     assert [r["status"] for r in locked] == ["error"]
     assert "Permission denied" in str(locked[0]["error"])
+    # it was passed over in silence, tried again at every rescan (taken for a file gone)
+    unread = [r for r in records() if r["path"] == str(secret)]
+    assert [r["status"] for r in unread] == ["error"], unread
+    assert str(unread[0]["error"]) == f"cannot read {secret}: Permission denied"
     # listed by no pass, said once (and no file in it imported): it was passed over silently
     unlisted = [r for r in records() if "unreadable" in str(r["path"])]
     assert [(r["path"], r["status"]) for r in unlisted] == [(str(sessions / "unreadable"), "error")]
@@ -248,3 +255,46 @@ def test_a_follow_ended_by_ctrl_c_exits_with_the_code_of_the_files_still_failed(
         watcher.kill()
         watcher.wait(timeout=10)
     assert "Traceback" not in log.read_text(errors="replace")
+
+
+def test_a_watched_directory_named_relatively_says_each_failure_once(
+    store: SessionStore, tmp_path: Path
+) -> None:
+    """``import s --watch s``, from the directory above: a file that failed in the import
+    before the follow was said again by the follow's first scan, and its code stayed the
+    run's after the file was imported; a file written during the follow was said twice, as
+    the change event named it (absolute) and as the rescan did (relative). Each failure is
+    said once now, by the path as given, and Ctrl-C exits with the code of the files still
+    failing."""
+    sessions = tmp_path / "s"
+    sessions.mkdir()
+    first = sessions / "a_junk.jsonl"
+    first.write_text('{"no": "format"}\n')
+    log = tmp_path / "watch.log"
+    with log.open("ab") as out:
+        watcher = subprocess.Popen(
+            [EXE, "import", "s", "--watch", "s", "--tenant", TENANT, "--json"],
+            env=_store_env(store),
+            cwd=tmp_path,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+    try:
+        wait_for(lambda: "following s" in log.read_text(), 60, "the follow begun")
+        time.sleep(2.5)  # its first scan, and a rescan
+        (sessions / "b_junk.jsonl").write_text('{"no": "format either"}\n')
+        wait_for(lambda: len(_records(log)) >= 2, 60, "the second file said")
+        shutil.copyfile(ROOT / "tests" / "fixtures" / "pi" / "v1.jsonl", first)
+        wait_for(lambda: len(_records(log)) >= 3, 60, "the first file imported")
+        time.sleep(2.5)  # a rescan, which says nothing more
+        watcher.send_signal(signal.SIGINT)
+        assert watcher.wait(timeout=30) == 3, log.read_text()  # b_junk still fails
+    finally:
+        watcher.kill()
+        watcher.wait(timeout=10)
+    said = [(r["path"], r["status"]) for r in _records(log)]
+    assert said == [
+        ("s/a_junk.jsonl", "error"),
+        ("s/b_junk.jsonl", "error"),
+        ("s/a_junk.jsonl", "created"),
+    ], log.read_text()
