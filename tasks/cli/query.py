@@ -235,7 +235,8 @@ def events(
     """
     from core.query.analytics import EventFilter
 
-    if session is not None:  # an id, or the agent's own id for the session (external id)
+    named = session  # as given: an id, or the agent's own id for the session (external id)
+    if session is not None:
         with open_store() as store:
             session = store.resolve_session(session, tenant_id=tenant).id
     flt = EventFilter(
@@ -255,7 +256,7 @@ def events(
             streamer = _Printer(
                 out, streaming=True, previewer=previewer, manifest=store.journal.manifest
             )
-            _follow(store, flt, streamer, after_position, limit, poll_interval, timeout)
+            _follow(store, flt, streamer, after_position, limit, poll_interval, timeout, named)
         else:
             printer = (
                 None
@@ -311,7 +312,10 @@ def _follow(
     limit: int | None,
     poll_interval: float,
     timeout: float | None,
+    named: str | None = None,
 ) -> None:
+    """Print ``flt``'s events as they come. ``named``: the session followed, as given (its
+    external id, say), for the line that says it is gone."""
     start = _analytics().head_position(store.engine) if after_position is None else after_position
     deadline = None if timeout is None else time.monotonic() + timeout
 
@@ -360,7 +364,8 @@ def _follow(
     if gone and followed is not None:
         from core.errors import SessionNotFound
 
-        raise SessionNotFound(followed)
+        shown = followed if named in (None, followed) else f"{named} ({followed})"
+        raise SessionNotFound(followed, f"session not found: {shown}")
 
 
 def _exists(store: SessionStore, session_id: str, tenant_id: str | None) -> bool:

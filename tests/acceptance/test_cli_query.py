@@ -195,21 +195,28 @@ def test_events_rejects_a_bad_date(cli_env: Settings, capsys: pytest.CaptureFixt
         assert "not an ISO 8601" in str(raised.value)
 
 
-@pytest.mark.parametrize("gone", ["deleted", "moved to another tenant"])
+@pytest.mark.parametrize(
+    "gone", ["deleted", "moved to another tenant", "followed by its external id"]
+)
 def test_following_a_session_that_is_gone_ends_with_not_found(
     store: SessionStore, settings: Settings, gone: str
 ) -> None:
     """events --follow --session went on in silence after the session was deleted (and a
     session made again under its external id is another, never shown), or moved out of the
     tenant given: it now prints what came before, then stops with the one line and exit 4
-    that events --session gives then."""
+    that events --session gives then. Followed by its external id, the line names it so
+    (it named the internal id alone)."""
     acme_id, _ = _seed(store)
-    proc = _follower(settings, "--session", acme_id, "--tenant", "acme")
+    ref = acme_id
+    if gone == "followed by its external id":
+        acme_id = store.create_session(tenant_id="acme", external_id="agent-7").id
+        ref = "agent-7"
+    proc = _follower(settings, "--session", ref, "--tenant", "acme")
     try:
         store.append(acme_id, [{"type": "tick", "i": 1}])
         assert proc.stdout is not None
         assert orjson.loads(proc.stdout.readline())["payload"] == {"type": "tick", "i": 1}
-        if gone == "deleted":
+        if gone != "moved to another tenant":
             store.delete_session(acme_id)
         else:
             store.move(acme_id, tenant_id="globex")
@@ -219,7 +226,8 @@ def test_following_a_session_that_is_gone_ends_with_not_found(
         if proc.poll() is None:
             proc.kill()
     assert proc.returncode == 4, err
-    assert out == "" and err.splitlines() == [f"error: session not found: {acme_id}"], err
+    shown = acme_id if ref == acme_id else f"{ref} ({acme_id})"
+    assert out == "" and err.splitlines() == [f"error: session not found: {shown}"], err
 
 
 @pytest.mark.parametrize("value", ["1e300", "inf", "3601"])
