@@ -70,16 +70,29 @@ def status(
     """Depth per queue, unacked messages (the embedded broker: its claims), message files
     the embedded broker set aside as unreadable, dead letters, and the workers alive with
     their active tasks (workers that do not answer within --timeout are not listed)."""
+    from core.urls import EMBEDDED_BROKER_URL
     from tasks.app import QUEUE, create_app, embedded_broker_dir
     from tasks.cli.common import load_settings
 
     settings = load_settings()
     with open_store() as store:  # first: no database (exit 9) creates no broker folder
         dead = store.dead_letters.count()
-    celery_app = create_app(settings)
     embedded = None if settings.broker_url else embedded_broker_dir(settings)
-    counts = _broker_counts(celery_app, QUEUE, embedded)
-    workers = _workers(celery_app, timeout)
+    if embedded is not None and not embedded.is_dir():
+        # No producer nor worker has used this embedded broker (each makes its folder): it
+        # holds nothing, and a look is no reason to make it (a mistyped data dir, with the
+        # journal on PostgreSQL, got the broker's folders).
+        counts: dict[str, Any] = {
+            "broker": EMBEDDED_BROKER_URL,
+            "queues": {QUEUE: 0},
+            "unacked": 0,
+            "set_aside": 0,
+        }
+        workers: dict[str, list[dict[str, Any]]] = {}
+    else:
+        celery_app = create_app(settings)
+        counts = _broker_counts(celery_app, QUEUE, embedded)
+        workers = _workers(celery_app, timeout)
     result = {**counts, "dead_letters": dead, "workers": workers}
     if as_json:
         print_json(result)

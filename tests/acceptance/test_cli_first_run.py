@@ -522,6 +522,27 @@ def test_read_only_commands_never_create_a_data_dir(cli: Cli, tmp_path: Path) ->
     assert not (tmp_path / "out.jsonl").exists()
 
 
+@pytest.mark.postgres
+def test_queue_status_of_an_embedded_broker_never_used_makes_no_folder(
+    cli: Cli, tmp_path: Path, pg_url: str
+) -> None:
+    """With the journal on PostgreSQL, a mistyped data dir opens no journal file to fail
+    on: queue status made the embedded broker's folders there. A broker no producer nor
+    worker has used holds nothing: said so, and nothing is made."""
+    typo = tmp_path / "typo-data"
+    cli.env.update({"SESSIONSTORE_DATA_DIR": str(typo), "SESSIONSTORE_DATABASE_URL": pg_url})
+    done = cli("queue", "status", "--json", "--timeout", "0.5")
+    assert done.returncode == 0, done.stderr
+    status = json.loads(done.stdout)
+    assert (status["queues"], status["unacked"], status["set_aside"]) == (
+        {"sessionstore": 0},
+        0,
+        0,
+    )
+    assert status["workers"] == {} and status["broker"] == "filesystem://localhost//"
+    assert not typo.exists()
+
+
 # --- the demo ---------------------------------------------------------------------------
 
 
