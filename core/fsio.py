@@ -50,6 +50,22 @@ def _surrogate_escape(match: re.Match[str]) -> str:
     return f"\\x{code - 0xDC00:02x}" if 0xDC80 <= code <= 0xDCFF else f"\\u{code:04x}"
 
 
+def yet_to_make(directory: Path, what: str) -> str | None:
+    """For a health check that makes nothing: None when ``directory`` is there (probe it);
+    else the line saying it is not there yet and can be made, in the nearest directory
+    above it that is (``OSError`` if that one cannot be written to, or is no directory)."""
+    if os.path.lexists(directory):
+        return None
+    above = directory.parent
+    while not os.path.lexists(above) and above != above.parent:
+        above = above.parent
+    if not above.is_dir():
+        raise NotADirectoryError(errno.ENOTDIR, "not a directory", str(above))
+    if not os.access(above, os.W_OK | os.X_OK):
+        raise PermissionError(errno.EACCES, "cannot be written to", str(above))
+    return f"{what} {directory} is not there yet: it can be made in {above}"
+
+
 def fsync_dir(directory: Path, *, strict: bool = True) -> None:
     """Make renames and new names in ``directory`` durable.
 

@@ -24,6 +24,7 @@ from core.blobs.files import FileBlobStore
 from core.blobs.objects import ObjectBlobStore
 from core.db import make_engine
 from core.errors import DatabaseMissing, SchemaNotCurrent
+from core.fsio import yet_to_make
 from core.records import PlainRecord
 from core.settings import Settings
 from core.urls import hide_password
@@ -98,7 +99,9 @@ def check_database(settings: Settings) -> str:
 
 
 def check_blobs(settings: Settings) -> str:
-    engine = make_engine(settings.resolved_database_url, pool_size=1)
+    # The probe reads no index: an engine of no database (the database is checked on its
+    # own; a SQLite journal's engine makes the data dir, and a check makes nothing).
+    engine = make_engine("sqlite://", pool_size=1)
     try:
         store = blob_store_for(settings, engine)
         if isinstance(store, ObjectBlobStore):
@@ -118,8 +121,11 @@ def check_artifact_storage(settings: Settings) -> str:
 
 
 def check_artifacts(root: Path, *, what: str = "artifact directory") -> str:
-    """The directory exists (or can be created) and takes a file."""
-    root.mkdir(parents=True, exist_ok=True)
+    """The directory takes a file; or it is not there yet and can be made (a check makes
+    nothing: a mistyped data dir got the storage's folders)."""
+    missing = yet_to_make(root, what)
+    if missing is not None:
+        return missing
     probe = root / f".health-{uuid.uuid4().hex}"
     probe.write_bytes(b"ok")
     probe.unlink()

@@ -31,6 +31,7 @@ from urllib.request import url2pathname
 from core import nofollow
 from core.artifacts.paths import STAGING_DIR
 from core.errors import BadConfig, InvalidArtifactPath, StorageUnavailable
+from core.fsio import yet_to_make
 from core.settings import Settings
 from core.translate import storage_errors
 from core.urls import hide_password
@@ -213,7 +214,9 @@ class FileArtifactStorage:
 
     @storage_errors("artifacts")
     def probe(self) -> str:
-        self.root.mkdir(parents=True, exist_ok=True)
+        missing = yet_to_make(self.root, "artifact directory")  # a check makes nothing
+        if missing is not None:
+            return missing
         probe = self.root / f".health-{uuid.uuid4().hex}"
         nofollow.write_new(self.root, probe, b"ok")
         if nofollow.read_bytes(self.root, probe) != b"ok":

@@ -16,12 +16,21 @@ def health(
 ) -> None:
     """Check the database (schema current), broker, blob and artifact storage; exit 1 and
     name what failed if any check does (compose uses this as the healthcheck)."""
+    from core.fsio import yet_to_make
     from core.health import run_checks, storage_checks
-    from tasks.app import check_broker, create_app
+    from tasks.app import check_broker, create_app, embedded_broker_dir
 
     settings = load_settings()
     checks = storage_checks(settings)
-    checks["broker"] = lambda: check_broker(create_app(settings))
+
+    def broker() -> str:
+        if not settings.broker_url:  # the embedded broker: its folder is not made by a check
+            missing = yet_to_make(embedded_broker_dir(settings), "embedded broker folder")
+            if missing is not None:
+                return missing
+        return check_broker(create_app(settings))
+
+    checks["broker"] = broker
     results = run_checks(checks, timeout_s=timeout)
     failed = [r.name for r in results if not r.ok]
     if as_json:

@@ -30,7 +30,15 @@ def test_embedded_defaults_are_healthy_once_migrated(tmp_path: Path) -> None:
     code, report = _health(env)
     assert code == 1 and _failed(report) == ["database"]  # never created by a check
     assert "no database at" in report["checks"][0]["detail"]
-    assert not (tmp_path / "data" / "journal.db").exists()
+    # nor anything else: the storage and broker folders were made in the data dir
+    assert not (tmp_path / "data").exists()
+    details = {c["name"]: c["detail"] for c in report["checks"]}
+    assert details["blobs"].startswith(f"blob directory {tmp_path / 'data'}")
+    assert details["broker"].startswith(f"embedded broker folder {tmp_path / 'data'}")
+    assert all(
+        details[name].endswith(f"is not there yet: it can be made in {tmp_path}")
+        for name in ("blobs", "artifacts", "broker")
+    ), details
     assert run_cli("db", "upgrade", env={**os.environ, **env}).returncode == 0
     code, report = _health(env)
     assert (code, _failed(report)) == (0, [])

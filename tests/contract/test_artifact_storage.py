@@ -14,6 +14,7 @@ from core.artifacts.objects import ObjectArtifactStorage
 from core.artifacts.storage import (
     ArtifactStorage,
     FileArtifactStorage,
+    artifact_storage_for,
     artifact_url_of,
     check_key,
     open_artifact_storage,
@@ -231,6 +232,13 @@ def test_settings_artifact_url(tmp_path: Path, s3_bucket: str) -> None:
 
 def test_health_checks_artifact_storage(tmp_path: Path, s3_bucket: str) -> None:
     base = Settings(data_dir=tmp_path)
+    # not there yet: said so, not made by the check; there: probed with a file
+    assert "is not there yet: it can be made" in check_artifact_storage(base)
+    storage = artifact_storage_for(base)
+    assert isinstance(storage, FileArtifactStorage)
+    root = storage.root
+    assert not root.exists()
+    root.mkdir(parents=True)
     assert "writable" in check_artifact_storage(base)
     assert "answers" in check_artifact_storage(base.with_overrides(artifact_url=s3_bucket + "/p"))
 
