@@ -476,7 +476,7 @@ def _create(store: SessionStore, parsed: ParsedSession, path: Path, tenant_id: s
 
     return store.journal.create_session(
         tenant_id=tenant_id,
-        title=header.title,
+        title=header.title or None,  # "": named, then cleared
         cwd=header.cwd,
         external_id=header.external_id,
         with_row=record,
@@ -1075,14 +1075,16 @@ def _fill_row(store: SessionStore, session: Session, parsed: ParsedSession) -> N
       so the export goes back into its session as the same lines. Only a row without one
       is given it (in the statement: a concurrent ``sessions move --cwd`` stands).
     """
-    title, cwd = parsed.header.title, parsed.header.cwd
-    retitle = title is not None and title != session.title
+    title, cwd = parsed.header.title, parsed.header.cwd  # as the row holds text
+    retitle = title is not None and (title or None) != session.title
     give_cwd = bool(cwd) and session.cwd is None
     if not (retitle or give_cwd):
         return  # no write (a pass that brings nothing takes no lock)
     with write_transaction(store.engine) as conn:
         if retitle:
-            conn.execute(update(_sessions).where(_sessions.c.id == session.id).values(title=title))
+            conn.execute(
+                update(_sessions).where(_sessions.c.id == session.id).values(title=title or None)
+            )
         if give_cwd:
             conn.execute(
                 update(_sessions)

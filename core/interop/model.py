@@ -24,7 +24,9 @@ class SessionHeader:
     cwd: str | None = None
     timestamp: str | None = None  # ISO-8601 text as written
     parent_session: str | None = None  # pi ``parentSession`` (a path or an id)
-    title: str | None = None  # Claude Code ``summary`` line
+    # Claude Code's ``summary`` or custom title; pi's latest ``session_info`` name ("": that
+    # entry clears it)
+    title: str | None = None
     raw: dict[str, Any] = field(default_factory=dict)  # the header object as read
     # the parent session by its external id, not by a file's path (the session a Claude
     # Code transcript resumes)

@@ -19,12 +19,13 @@ migrated entry is pi's too.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import logging
 import math
 import re
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import IO, Any
@@ -426,13 +427,24 @@ def parse(path: Path, data: bytes, *, literal_refs: bool = True) -> ParsedSessio
             entries.append(ParsedEntry(number, value))
     return ParsedSession(
         format="pi",
-        header=header_of(header, version=version),
+        header=dataclasses.replace(header_of(header, version=version), title=session_name(values)),
         entries=entries,
         incomplete_tail=incomplete,
         consumed_bytes=consumed,
         invalid_utf8_lines=invalid_utf8(path, replaced),
         ignored_lines=ignored_lines(path, ignored),
     )
+
+
+def session_name(values: Sequence[Any]) -> str | None:
+    """The session's name as pi's ``getSessionName`` reads it: the latest ``session_info``
+    entry's ``name``, trimmed; "" when that entry clears it (an empty name), None when no
+    entry names one (or the latest holds a name that is no text, which pi cannot trim)."""
+    for value in reversed(values[1:]):
+        if isinstance(value, dict) and value.get("type") == "session_info":
+            name = value.get("name", "")
+            return name.strip(_JS_SPACE) if isinstance(name, str) else None
+    return None
 
 
 def entry_problem(value: Any) -> str | None:

@@ -837,6 +837,46 @@ def test_a_file_that_is_one_line_after_javascript_whitespace_is_read_as_pi_reads
         ), name
 
 
+def test_a_pi_session_named_with_session_info_has_that_title(
+    store: SessionStore, tmp_path: Path
+) -> None:
+    """pi names a session with ``session_info`` entries (``/name``): the latest one's name,
+    trimmed, is the session's (an empty one clears it). The import left every pi session
+    untitled (sessions list, sessions show). pi itself is the oracle; a later pass that
+    renames or clears the session is its title too."""
+    header, *entries = v3_lines()[:4]
+
+    def info(n: int, name: str) -> dict[str, Any]:
+        return {"type": "session_info", "id": f"n{n}", "parentId": None, "name": name}
+
+    cases = {
+        "none": [],
+        "one": [info(1, "  Fix the leap year\u00a0")],
+        "renamed": [info(1, "first"), info(2, "second")],
+        "cleared": [info(1, "first"), info(2, " \u3000")],
+    }
+    paths = {}
+    for name, infos in cases.items():
+        path = tmp_path / f"{name}.jsonl"
+        lines = [{**header, "id": f"named-{name}"}, *entries, *infos]
+        path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+        paths[name] = path
+    names = [opened["name"] for opened in pi_opened(list(paths.values()))]
+    assert names == [None, "Fix the leap year", "second", None]
+    for (case, path), name in zip(paths.items(), names, strict=True):
+        done = store.import_session(path, tenant_id=TENANT)
+        assert store.get_session(done.session_id).title == name, case
+    grown = paths["one"]
+    with grown.open("a") as out:
+        out.write(json.dumps(info(3, "Renamed later")) + "\n")
+    done = store.import_session(grown, tenant_id=TENANT)
+    assert store.get_session(done.session_id).title == "Renamed later"
+    with grown.open("a") as out:
+        out.write(json.dumps(info(4, "")) + "\n")
+    done = store.import_session(grown, tenant_id=TENANT)
+    assert store.get_session(done.session_id).title is None
+
+
 def test_export_of_a_session_made_here(store: SessionStore, tmp_path: Path) -> None:
     session = store.create_session(tenant_id=TENANT, cwd="/w", external_id="made-here")
     entries = v3_lines()[1:8]

@@ -8,7 +8,8 @@
 //     [{header, entries, leaf, branch}] of each FILE as "context" prints them (one node for
 //     many files: pi's import is most of a call's time)
 //   node oracle.mjs opened FILE...
-//     [{header, entries}] of each FILE as pi's SessionManager opens it (one node for many files)
+//     [{header, entries, name}] of each FILE as pi's SessionManager opens it (name: its
+//     getSessionName(); one node for many files)
 //   node oracle.mjs append FILE MESSAGE_JSON
 //     opens FILE itself and appends one message through pi's API; prints {id}
 import { copyFileSync, mkdtempSync, rmSync } from "node:fs";
@@ -47,7 +48,8 @@ if (command === "context" || command === "contexts") {
 			const copy = join(dir, `${i}.jsonl`);
 			copyFileSync(path, copy);
 			const manager = SessionManager.open(copy, dir);
-			return { header: manager.getHeader(), entries: manager.getEntries() };
+			const name = manager.getSessionName() ?? null;
+			return { header: manager.getHeader(), entries: manager.getEntries(), name };
 		});
 		process.stdout.write(JSON.stringify(out));
 	} finally {
