@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import importlib
 import io
-import logging
 import os
 import sys
 from collections.abc import Iterator
@@ -234,35 +233,33 @@ def _whole_writes() -> None:
     )
 
 
-class _StderrLog(logging.Handler):
-    """A command's log records on stderr as the CLI words its own lines: ``warning: ...``
-    (Python's last-resort handler printed the bare message, which read as output of the
-    command). ``sys.stderr`` is looked up at each record: a test swaps it."""
-
-    def emit(self, record: logging.LogRecord) -> None:
-        try:
-            sys.stderr.write(self.format(record) + "\n")
-            sys.stderr.flush()
-        except OSError:  # stderr closed, or a pipe nobody reads: the line is dropped, and
-            pass  # the command goes on (as with Python's last-resort handler)
-        except Exception:
-            self.handleError(record)
-
-
-class _CliFormat(logging.Formatter):
-    def formatMessage(self, record: logging.LogRecord) -> str:
-        return f"{record.levelname.lower()}: {record.message}"
-
-
 def _log_to_stderr(args: list[str]) -> None:
     """Warnings and errors logged while a command runs go to stderr as ``LEVEL: message``
-    (a defect's traceback after it). Not for a daemon (``worker``, ``beat``): Celery sets
-    up its own log, and this would double each line."""
+    (Python's last-resort handler printed the bare message, which read as the command's
+    output; a defect's traceback follows it). Not for a daemon (``worker``, ``beat``):
+    Celery sets up its own log, and this would double each line. Nor for help, which
+    logs nothing: ``logging`` stays unloaded there (start-up time)."""
     command = next((a for a in args if not a.startswith("-")), None)
-    if command in _DAEMONS:
+    if command is None or command in _DAEMONS or "--help" in args or "-h" in args:
         return
-    handler = _StderrLog(logging.WARNING)
-    handler.setFormatter(_CliFormat())
+    import logging
+
+    class StderrLog(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            try:  # sys.stderr looked up at each record: a test swaps it
+                sys.stderr.write(self.format(record) + "\n")
+                sys.stderr.flush()
+            except OSError:  # stderr closed, or a pipe nobody reads: the line is dropped,
+                pass  # and the command goes on (as with Python's last-resort handler)
+            except Exception:
+                self.handleError(record)
+
+    class CliFormat(logging.Formatter):
+        def formatMessage(self, record: logging.LogRecord) -> str:
+            return f"{record.levelname.lower()}: {record.message}"
+
+    handler = StderrLog(logging.WARNING)
+    handler.setFormatter(CliFormat())
     logging.getLogger().addHandler(handler)
 
 
