@@ -7,6 +7,7 @@ comes back value for value. A session made here gets a header built from its row
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Callable, Iterator, Sequence
 from datetime import datetime
 from typing import IO, TYPE_CHECKING, Any
@@ -108,7 +109,39 @@ def pi_lines(
         )
         rest = (e.payload for e in events)
         entries = rest if first is None else _chain(first.payload, rest)
+        if session.title:
+            entries = _named(entries, session)
     return header, entries
+
+
+def _named(entries: Iterator[dict[str, Any]], session: Session) -> Iterator[dict[str, Any]]:
+    """``entries``, then, unless the latest ``session_info`` among them names the session
+    so already, one that does: a session made here has its title in its row alone, which
+    the file's header cannot hold (pi names a session with such an entry, and an import of
+    the file takes its title from there)."""
+    name: str | None = None
+    ids: set[str] = set()
+    last: str | None = None
+    for entry in entries:
+        if entry.get("type") == pi.SESSION_INFO:
+            name = pi.info_name(entry)
+        if isinstance(entry.get("id"), str):
+            last = entry["id"]
+            ids.add(last)
+        yield entry
+    title = session.title or ""
+    if name == pi.info_name({"name": title}):
+        return
+    tries = 0  # an id of pi's shape (8 hex digits), no entry's, the same at each export
+    while (new_id := _digest(session.id, title, tries)[:8]) in ids:
+        tries += 1
+    yield {
+        "type": pi.SESSION_INFO,
+        "id": new_id,
+        "parentId": last,
+        "timestamp": js_iso(session.updated_at),
+        "name": title,
+    }
 
 
 def _fork_header(
@@ -174,6 +207,10 @@ def rehydrated_with_manifest(
             [full] = rehydrator.events([event], {event.position: entries}) if entries else [event]
             yield full, entries
         after = page[-1].seq
+
+
+def _digest(*parts: object) -> str:
+    return hashlib.sha256("\0".join(map(str, parts)).encode()).hexdigest()
 
 
 def js_iso(stamp: datetime) -> str:

@@ -441,10 +441,19 @@ def session_name(values: Sequence[Any]) -> str | None:
     entry's ``name``, trimmed; "" when that entry clears it (an empty name), None when no
     entry names one (or the latest holds a name that is no text, which pi cannot trim)."""
     for value in reversed(values[1:]):
-        if isinstance(value, dict) and value.get("type") == "session_info":
-            name = value.get("name", "")
-            return name.strip(_JS_SPACE) if isinstance(name, str) else None
+        if isinstance(value, dict) and value.get("type") == SESSION_INFO:
+            return info_name(value)
     return None
+
+
+def info_name(entry: Mapping[str, Any]) -> str | None:
+    """A ``session_info`` entry's name as pi reads it: trimmed ("" clears the session's);
+    None for a name that is no text."""
+    name = entry.get("name", "")
+    return name.strip(_JS_SPACE) if isinstance(name, str) else None
+
+
+SESSION_INFO = "session_info"
 
 
 def entry_problem(value: Any) -> str | None:

@@ -877,6 +877,40 @@ def test_a_pi_session_named_with_session_info_has_that_title(
     assert store.get_session(done.session_id).title is None
 
 
+def test_the_export_of_a_titled_session_made_here_names_it_as_pi_does(
+    store: SessionStore, tmp_path: Path
+) -> None:
+    """A session made here has its title in its row alone, and its export lost it: the
+    file's header holds none, and an import of the file (elsewhere) was untitled. The export
+    ends with a session_info entry naming it (pi's own way, after the last entry): pi
+    reads that name, and the import takes it. A session whose entries name it so already
+    gets no second one."""
+    session = store.create_session(tenant_id=TENANT, title="Leap years", external_id="titled")
+    entries = v3_lines()[1:6]
+    store.append(session.id, entries)
+    out = tmp_path / "titled.jsonl"
+    with out.open("w", encoding="utf-8") as f:
+        store.export_session(session.id, f)
+    lines = [json.loads(line) for line in out.read_text().splitlines()]
+    assert lines[1:-1] == entries
+    named = lines[-1]
+    assert (named["type"], named["name"], named["parentId"]) == (
+        "session_info",
+        "Leap years",
+        entries[-1]["id"],
+    )
+    assert [opened["name"] for opened in pi_opened([out])] == ["Leap years"]
+    again = store.import_session(out, tenant_id="elsewhere")
+    assert store.get_session(again.session_id).title == "Leap years"
+    again_out = tmp_path / "again.jsonl"
+    with again_out.open("w", encoding="utf-8") as f:
+        store.export_session(again.session_id, f)
+    assert again_out.read_text() == out.read_text()  # named once: no second entry
+    with out.open("w", encoding="utf-8") as f:  # the same at each export
+        store.export_session(session.id, f)
+    assert out.read_text() == again_out.read_text()
+
+
 def test_export_of_a_session_made_here(store: SessionStore, tmp_path: Path) -> None:
     session = store.create_session(tenant_id=TENANT, cwd="/w", external_id="made-here")
     entries = v3_lines()[1:8]
