@@ -68,6 +68,13 @@ def json_lines(text: str) -> list[dict[str, Any]]:
     return found
 
 
+def stored_header(store: Any, tenant_id: str, external_id: str) -> dict[str, Any]:
+    """The header (the event at seq 1) of the session of ``external_id`` in the tenant."""
+    session = store.journal.find_external(tenant_id, external_id)
+    assert session is not None, (tenant_id, external_id)
+    return dict(store.read(session.id, upto_seq=1)[0].payload)
+
+
 def wait_for(predicate: Callable[[], bool], timeout: float, what: str, step: float = 0.1) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

@@ -139,7 +139,7 @@ def parse_claude_code(path: Path, data: bytes) -> ParsedSession:
         consumed_bytes=consumed,
         invalid_utf8_lines=pi.invalid_utf8(path, replaced),
         ignored_lines=pi.ignored_lines(path, ignored),
-        header_pending=converter.started is None and converter.cwd is None,
+        header_pending=converter.started is None or converter.cwd is None,
     )
 
 

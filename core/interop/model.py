@@ -77,6 +77,7 @@ class ParsedSession:
     invalid_utf8_lines: int = 0
     # lines that hold no entry, not imported (pi skips the malformed ones too)
     ignored_lines: list[IgnoredLine] = field(default_factory=list)
-    # no line gave the header its time and working directory yet (a Claude Code file that
-    # holds only a summary or a file-history snapshot so far): a follower may wait for one
+    # no line gave the header its time or its working directory yet (a Claude Code file
+    # that holds only a summary, a file-history snapshot, a queue operation so far): a
+    # follower may wait for one
     header_pending: bool = False

@@ -212,12 +212,59 @@ def not_started(data: bytes) -> bool | None:
 
 def _object_prefix(text: bytes) -> bool:
     """Whether ``text`` is the start of a JSON object's text (RFC 8259, as pi's
-    ``JSON.parse`` reads it), not the whole of it: read token by token against the grammar,
-    with no recursion (any depth) and no value built (any number). Bytes of invalid UTF-8
-    count as characters of a string, as pi reads them (U+FFFD)."""
+    ``JSON.parse`` reads it), not the whole of it. Bytes of invalid UTF-8 count as
+    characters of a string, as pi reads them (U+FFFD).
+
+    The C decoder reads it (no value built: numbers as their length, JSON's missing NaN and
+    Infinity refused): all it read before it stopped is valid, so the text is such a start
+    when it stopped at the end, inside a string, or in a token that more text completes.
+    Too deep for it, the text is read token by token (``_grammar_prefix``)."""
     if not text.startswith(b"{"):
         return False
-    open_, expect, pos, end = [b"{"[0]], _KEY_OR_CLOSE, 1, len(text)
+    doc = text.decode("utf-8", "replace")
+    try:
+        _DECODER.raw_decode(doc)
+    except RecursionError:
+        return _grammar_prefix(text)
+    except json.JSONDecodeError as exc:
+        return _ran_out(exc)
+    except _NotJson:
+        return False
+    return False  # a whole object (whatever follows it): a line
+
+
+class _NotJson(ValueError):
+    """NaN, Infinity or -Infinity: Python's decoder reads them, JSON has none."""
+
+
+def _no_constant(name: str) -> Any:
+    raise _NotJson(name)
+
+
+_DECODER = json.JSONDecoder(parse_int=len, parse_float=len, parse_constant=_no_constant)
+
+
+def _ran_out(exc: json.JSONDecodeError) -> bool:
+    """Whether the decoder stopped only because the text ended: where a value, a name or a
+    delimiter was next; in a string; in a ``\\u`` escape, a literal or a number begun."""
+    if exc.pos == len(exc.doc) or exc.msg.startswith("Unterminated string"):
+        return True
+    if exc.msg == "Invalid \\uXXXX escape":  # at its ``u``
+        return _PARTIAL_ESCAPE.fullmatch(exc.doc, exc.pos) is not None
+    if exc.msg == "Expecting value":  # a literal begun (``tr``), or a number (``-``)
+        return _PARTIAL_VALUE_TEXT.fullmatch(exc.doc, exc.pos) is not None
+    if exc.msg == "Expecting ',' delimiter":  # a number read as far as it goes (``1.``)
+        start = exc.pos
+        while start and exc.doc[start - 1] in _NUMBER_CHARS:
+            start -= 1
+        return start < exc.pos and _PARTIAL_VALUE_TEXT.fullmatch(exc.doc, start) is not None
+    return False
+
+
+def _grammar_prefix(text: bytes) -> bool:
+    """``_object_prefix`` token by token against JSON's grammar: no recursion (any depth),
+    the open brackets a byte each."""
+    open_, expect, pos, end = bytearray(b"{"), _KEY_OR_CLOSE, 1, len(text)
     while pos < end:
         if _partial_token(text, pos, expect):
             return True  # the text ends inside a token that more text completes
@@ -227,9 +274,15 @@ def _object_prefix(text: bytes) -> bool:
         pos, kind = token.end(), text[token.start()]
         if kind in b" \t\r":
             continue
-        if kind in b"{[" and expect in _VALUE:
+        if kind == b"["[0] and expect in _VALUE:  # a run of them at once (deep text)
+            run = _OPEN_ARRAYS.match(text, pos)
+            if run is not None:
+                pos = run.end()
+            open_.extend(b"[" * (1 + (run.group().count(b"[") if run else 0)))
+            expect = _VALUE_OR_CLOSE
+        elif kind == b"{"[0] and expect in _VALUE:
             open_.append(kind)
-            expect = _KEY_OR_CLOSE if kind == b"{"[0] else _VALUE_OR_CLOSE
+            expect = _KEY_OR_CLOSE
         elif kind == b'"'[0] and expect in _KEY:
             expect = _COLON
         elif kind not in b"{}[]:," and expect in _VALUE:  # a string, a number, a literal
@@ -264,6 +317,7 @@ _VALUE = (_VALUE_OR_CLOSE, _VALUE_ONLY)
 _KEY = (_KEY_OR_CLOSE, _KEY_ONLY)
 _CLOSE = (_VALUE_OR_CLOSE, _KEY_OR_CLOSE, _NEXT)
 _OPENER = {b"}"[0]: b"{"[0], b"]"[0]: b"["[0]}
+_OPEN_ARRAYS = re.compile(rb"(?:[ \t\r]*+\[)++")
 _STRING_BODY = rb'(?:[^"\\\x00-\x1f]++|\\["\\/bfnrt]|\\u[0-9a-fA-F]{4})*+'
 # a whole token: white space, a string, a number, a literal, a bracket or a separator
 _TOKEN = re.compile(
@@ -274,10 +328,15 @@ _TOKEN = re.compile(
 )
 # a token begun, that more text completes
 _PARTIAL_STRING = re.compile(rb'"' + _STRING_BODY + rb"(?:\\(?:u[0-9a-fA-F]{0,3})?)?")
-_PARTIAL_VALUE = re.compile(
-    rb"-|-?+(?:0|[1-9][0-9]*+)(?:\.[0-9]*+)?+(?:(?<=[0-9])[eE][-+]?+[0-9]*+)?+"
-    rb"|t(?:r(?:u)?)?|f(?:a(?:l(?:s)?)?)?|n(?:u(?:l)?)?"
+_PARTIAL_VALUE_PATTERN = (
+    r"-|-?+(?:0|[1-9][0-9]*+)(?:\.[0-9]*+)?+(?:(?<=[0-9])[eE][-+]?+[0-9]*+)?+"
+    r"|t(?:r(?:u)?)?|f(?:a(?:l(?:s)?)?)?|n(?:u(?:l)?)?"
 )
+_PARTIAL_VALUE = re.compile(_PARTIAL_VALUE_PATTERN.encode())
+_PARTIAL_VALUE_TEXT = re.compile(_PARTIAL_VALUE_PATTERN)
+# from the ``u`` of a ``\\u`` escape, where the decoder says it stopped
+_PARTIAL_ESCAPE = re.compile(r"u[0-9a-fA-F]{0,4}(?:\\(?:u[0-9a-fA-F]{0,3})?)?")
+_NUMBER_CHARS = frozenset("-+.eE0123456789")
 
 
 def _whole_object(tail: bytes) -> bool:

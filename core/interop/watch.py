@@ -44,7 +44,8 @@ SUFFIX = ".jsonl"
 _DEBOUNCE_MS = 150
 _RESCAN_MS = 1000
 # how long after its last write a file whose lines give no header yet is waited on
-_HEADER_WAIT_S = 60
+_HEADER_WAIT_NS = 60 * 1_000_000_000
+_NEVER = 2**63
 # what a file that could not be looked at is recorded with: reported once, not again
 _UNREADABLE = (-1, -1)
 # what Path.is_file takes as "no file" (any other failure: kept, for the import to report)
@@ -374,6 +375,9 @@ class Follower:
         # imported again when either changes (a rewrite at the same size too)
         self._seen: dict[Path, tuple[int, int]] = {}
         self._unlisted: set[Path] = set()
+        # new files waiting for a line that gives their header (``header_pending``): each
+        # with when the wait is over (a minute after its last write)
+        self._waiting: dict[Path, int] = {}
         # the files (and directories) whose last import failed, each with its error: until
         # a pass of the file succeeds, or it is gone
         self.failing: dict[Path, SessionStoreError] = {}
@@ -434,8 +438,11 @@ class Follower:
         for directory in sorted(unlisted.keys() - self._unlisted):
             self._failed(directory, unlisted[directory])
         self._unlisted = set(unlisted)
-        for gone in self.failing.keys() - set(found.files) - self._unlisted:
+        listed = set(found.files)
+        for gone in self.failing.keys() - listed - self._unlisted:
             del self.failing[gone]
+        for gone in self._waiting.keys() - listed:
+            del self._waiting[gone]
         for path in found.files:
             try:
                 seen = _signature(path)
@@ -446,7 +453,7 @@ class Follower:
                     self._seen[path] = _UNREADABLE
                     self._failed(path, UnreadableFile(str(path), exc.strerror or str(exc)))
                 continue
-            if self._seen.get(path) != seen:
+            if self._seen.get(path) != seen or self._waiting.get(path, _NEVER) <= time.time_ns():
                 self.import_one(path)
 
     def import_one(self, path: Path) -> ImportResult | None:
@@ -458,7 +465,7 @@ class Follower:
         # yet (Claude Code writes a file-history snapshot before the prompt's line) waits for
         # the line that does: the session's header is made once, from the first pass. An
         # older one is what it is (a file of a summary alone).
-        young = time.time_ns() - seen[1] < _HEADER_WAIT_S * 1_000_000_000
+        young = 0 <= time.time_ns() - seen[1] < _HEADER_WAIT_NS  # (not a time to come)
         try:
             result = import_session(
                 self.store,
@@ -477,11 +484,12 @@ class Follower:
             log.info("file unreadable", extra={"path": str(path), "error": str(exc)})
             return None  # the file went away since the event
         except SessionStoreError as exc:
-            # not again until the file changes; a header pending: at each rescan until the
-            # file is no longer young
-            pending = isinstance(exc, SessionFileNotStarted) and exc.header_pending
-            if not (_transient(exc) or pending):
+            if not _transient(exc):  # not again until the file changes
                 self._seen[path] = seen
+            if isinstance(exc, SessionFileNotStarted) and exc.header_pending:
+                self._waiting[path] = seen[1] + _HEADER_WAIT_NS  # or until its wait is over
+            else:
+                self._waiting.pop(path, None)
             if isinstance(exc, SessionFileNotStarted):
                 # just made (empty, or its first line still being written): no format to
                 # tell yet, and no failure to report; the write that ends the line brings
@@ -497,6 +505,7 @@ class Follower:
             self._failed(path, SessionStoreError(f"{path}: {type(exc).__name__}: {exc}"))
             return None
         self._seen[path] = seen
+        self._waiting.pop(path, None)
         self.failing.pop(path, None)
         if self.on_result is not None and result.appended:
             self.on_result(result)

@@ -8,7 +8,7 @@ import logging
 import os
 import stat
 import sys
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator
 from contextlib import ExitStack, closing
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Annotated
@@ -36,7 +36,7 @@ cli = new_app()
 log = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
-    from core.errors import SessionFileNotStarted
+    from core.errors import SessionFileNotStarted, UnlistableDirectory
     from core.interop.importer import ImportResult
     from core.store import SessionStore
 
@@ -164,6 +164,8 @@ def import_files(
         [] if watch or not DEFAULT_SESSIONS_DIR.expanduser().is_dir() else [DEFAULT_SESSIONS_DIR]
     )
     files, unlisted = session_files(paths or default)
+    if watch is not None:  # what the follow lists is its own: imported, said, counted once
+        files, unlisted = _not_followed(files, unlisted, watch)
     if not files and not unlisted and watch is None:
         shown = " ".join(paths) if paths else str(DEFAULT_SESSIONS_DIR)
         err_console.print(plain(f"no session files (*.jsonl) in {shown}"))
@@ -210,15 +212,9 @@ def import_files(
                 else:
                     _report(result, as_json)
                 advance(_size(path))
+        exit_code = max((_code(exc) for exc in failed.values()), default=0)
         if watch is not None:
-            # a failed path below the directory followed is the follow's: said once, and
-            # counted while it fails (not once it has been imported, or is gone)
-            below = {path: _followed_as(path, watch) for path in failed}
-            seed = {as_: failed.pop(path) for path, as_ in below.items() if as_ is not None}
-            code = _follow(store(), watch, tenant, format, as_json, seed)
-            exit_code = max([code, *(_code(exc) for exc in failed.values())])
-        else:
-            exit_code = max((_code(exc) for exc in failed.values()), default=0)
+            exit_code = max(exit_code, _follow(store(), watch, tenant, format, as_json))
     if exit_code:
         raise typer.Exit(exit_code)
 
@@ -354,12 +350,29 @@ def _report_error(path: Path, exc: Exception, as_json: bool) -> None:
         err_console.print(plain(f"error: {message}"), highlight=False, soft_wrap=True)
 
 
-def _followed_as(path: Path, directory: Path) -> Path | None:
-    """``path`` as a follow of ``directory`` names it, when it is below it; else None."""
-    relative = os.path.relpath(os.path.abspath(path), os.path.abspath(directory))
-    if relative == os.curdir or relative.split(os.sep)[0] == os.pardir:
-        return None
-    return directory / relative
+def _not_followed(
+    files: list[Path], unlisted: list[UnlistableDirectory], directory: Path
+) -> tuple[list[Path], list[UnlistableDirectory]]:
+    """The files and unlisted directories named that a follow of ``directory`` does not
+    list (by identity: a path through a link to a file it lists is that file). Those it
+    lists are its own: its first scan imports them (a new Claude Code file waiting for its
+    header line as any other), and it says a failure once and counts it while it lasts."""
+    from core.interop.watch import session_files
+
+    def identity(path: Path | str) -> tuple[int, int] | None:
+        try:
+            found = os.stat(path)
+        except OSError:
+            return None
+        return found.st_dev, found.st_ino
+
+    followed = session_files([directory])
+    own = {identity(p) for p in followed.files} | {identity(e.path) for e in followed.unlisted}
+    own.discard(None)
+    return (
+        [p for p in files if identity(p) not in own],
+        [e for e in unlisted if identity(e.path) not in own],
+    )
 
 
 def _follow(
@@ -368,12 +381,9 @@ def _follow(
     tenant: str,
     format: str,
     as_json: bool,
-    failed: Mapping[Path, Exception],
 ) -> int:
     """Follow ``directory`` until Ctrl-C; then the highest exit code of the files whose
-    last import failed (a file imported since, or gone, no longer counts), 0 if none.
-    ``failed``: the files below it that failed before the follow (said already)."""
-    from core.errors import SessionStoreError
+    last import failed (a file imported since, or gone, no longer counts), 0 if none."""
     from core.interop.watch import Follower
     from core.store import SessionStore
 
@@ -387,9 +397,6 @@ def _follow(
         on_result=lambda r: _report(r, as_json),
         on_error=lambda p, e: _report_error(p, e, as_json),
     )
-    for path, exc in failed.items():  # not said again while they fail as they did
-        error = exc if isinstance(exc, SessionStoreError) else SessionStoreError(str(exc))
-        follower.failing[path] = error
     try:
         follower.run()
     except KeyboardInterrupt:  # how a follow ends: with the code of the files still failed

@@ -19,11 +19,12 @@ import pytest
 
 from core.interop.pi import loads_exact
 from core.store import SessionStore
-from tests.support import as_a_user, clean_env, unsearchable, wait_for
+from tests.support import as_a_user, clean_env, stored_header, unsearchable, wait_for
 
 EXE = shutil.which("sessionstore") or str(Path(sys.executable).parent / "sessionstore")
 ROOT = Path(__file__).parents[2]
 TENANT = "watch"
+CLAUDE_ID = "7d3c5e2a-91f4-4b6e-8a0d-2c1f9e8b7a60"
 
 
 def _watcher(directory: Path, settings_env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
@@ -270,6 +271,9 @@ def test_a_watched_directory_named_relatively_says_each_failure_once(
     sessions.mkdir()
     first = sessions / "a_junk.jsonl"
     first.write_text('{"no": "format"}\n')
+    claude = ROOT / "tests" / "fixtures" / "claude_code" / f"{CLAUDE_ID}.jsonl"
+    waiting = sessions / claude.name  # its summary and snapshot so far: no time nor cwd
+    waiting.write_bytes(b"".join(claude.read_bytes().splitlines(keepends=True)[:2]))
     log = tmp_path / "watch.log"
     with log.open("ab") as out:
         watcher = subprocess.Popen(
@@ -282,10 +286,12 @@ def test_a_watched_directory_named_relatively_says_each_failure_once(
     try:
         wait_for(lambda: "following s" in log.read_text(), 60, "the follow begun")
         time.sleep(2.5)  # its first scan, and a rescan
+        shutil.copyfile(claude, waiting)  # its prompt's line, with the time and the cwd
+        wait_for(lambda: len(_records(log)) >= 2, 60, "the Claude Code file imported")
         (sessions / "b_junk.jsonl").write_text('{"no": "format either"}\n')
-        wait_for(lambda: len(_records(log)) >= 2, 60, "the second file said")
+        wait_for(lambda: len(_records(log)) >= 3, 60, "the second file said")
         shutil.copyfile(ROOT / "tests" / "fixtures" / "pi" / "v1.jsonl", first)
-        wait_for(lambda: len(_records(log)) >= 3, 60, "the first file imported")
+        wait_for(lambda: len(_records(log)) >= 4, 60, "the first file imported")
         time.sleep(2.5)  # a rescan, which says nothing more
         watcher.send_signal(signal.SIGINT)
         assert watcher.wait(timeout=30) == 3, log.read_text()  # b_junk still fails
@@ -295,6 +301,14 @@ def test_a_watched_directory_named_relatively_says_each_failure_once(
     said = [(r["path"], r["status"]) for r in _records(log)]
     assert said == [
         ("s/a_junk.jsonl", "error"),
+        (f"s/{claude.name}", "created"),
         ("s/b_junk.jsonl", "error"),
         ("s/a_junk.jsonl", "created"),
     ], log.read_text()
+    # imported by the follow, which waited for the line that gives the header its time and
+    # cwd (the import before the follow made the session from the first two lines)
+    header = stored_header(store, TENANT, CLAUDE_ID)
+    assert (header["timestamp"], header["cwd"]) == (
+        "2026-01-20T09:00:00.000Z",
+        "/home/dev/dateparse",
+    )

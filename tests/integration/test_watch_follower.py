@@ -20,7 +20,7 @@ from core.errors import InvalidEvent, SessionStoreError, StorageUnavailable, Unr
 from core.interop import importer
 from core.interop.watch import Follower, session_files
 from core.store import SessionStore
-from tests.support import wait_for
+from tests.support import stored_header, wait_for
 
 TENANT = "watch"
 
@@ -396,15 +396,13 @@ def test_a_new_claude_code_file_waits_for_the_line_that_gives_its_header(
     said: list[SessionStoreError] = []
     follower = Follower(store, root, tenant_id=TENANT, on_error=lambda p, e: said.append(e))
     follower.scan()
-    follower.scan()  # tried again at each rescan while it is young, not only on a change
+    follower.scan()  # unchanged and still young: waits on (not read again)
     session_id = CLAUDE_FIXTURE.stem
     assert store.journal.find_external(TENANT, session_id) is None
     assert (said, follower.failing) == ([], {})
     path.write_bytes(CLAUDE_FIXTURE.read_bytes())
     follower.scan()
-    session = store.journal.find_external(TENANT, session_id)
-    assert session is not None
-    stored = store.read(session.id, upto_seq=1)[0].payload
+    stored = stored_header(store, TENANT, session_id)
     assert (stored["timestamp"], stored["cwd"]) == (
         "2026-01-20T09:00:00.000Z",
         "/home/dev/dateparse",
@@ -413,6 +411,50 @@ def test_a_new_claude_code_file_waits_for_the_line_that_gives_its_header(
     old.parent.mkdir()
     old.write_bytes(lines[0] + b"\n")
     os.utime(old, (time.time() - 7200, time.time() - 7200))  # last written two hours ago
+    ahead = root / "ahead" / "1c2d3e4f-5a6b-4c7d-8e9f-0a1b2c3d4e5f.jsonl"
+    ahead.parent.mkdir()
+    ahead.write_bytes(lines[0] + b"\n")
+    os.utime(ahead, (time.time() + 86400, time.time() + 86400))  # a clock ahead: no wait
+    ending = root / "ending" / "2d3e4f5a-6b7c-4d8e-9f0a-1b2c3d4e5f6a.jsonl"
+    ending.parent.mkdir()
+    ending.write_bytes(lines[0] + b"\n")
+    os.utime(ending, (time.time() - 59, time.time() - 59))  # its wait ends in a second
     follower.scan()
-    aged = store.journal.find_external(TENANT, old.stem)
-    assert aged is not None and aged.head_seq == 2, aged  # the header and the summary
+    for done in (old, ahead):
+        aged = store.journal.find_external(TENANT, done.stem)
+        assert aged is not None and aged.head_seq == 2, (done, aged)  # header and summary
+    assert store.journal.find_external(TENANT, ending.stem) is None
+    time.sleep(1.5)
+    follower.scan()  # unchanged, but its wait is over: imported as it is
+    assert store.journal.find_external(TENANT, ending.stem) is not None
+    # a line with a time and no working directory (a queue operation): still waiting
+    queued = root / "queued" / CLAUDE_FIXTURE.name
+    queued.parent.mkdir()
+    user = json.loads(lines[2])
+    operation = {"type": "queue-operation", "operation": "dequeue", "sessionId": session_id}
+    queued.write_text(json.dumps({**operation, "timestamp": user["timestamp"]}) + "\n")
+    follower.tenant_id = "queued"
+    follower.scan()
+    assert store.journal.find_external("queued", session_id) is None
+    with queued.open("a") as out:
+        out.write(json.dumps(user) + "\n")
+    follower.scan()
+    assert stored_header(store, "queued", session_id)["cwd"] == user["cwd"]
+
+
+def test_what_an_import_before_a_follow_leaves_to_it(tmp_path: Path) -> None:
+    """``import PATHS --watch DIR``: the files the follow lists are its own (its first scan
+    imports them), named there or through a link; a file it does not list (outside, or in a
+    linked directory, which a follow does not enter) is the import's. Compared as text, a
+    file named through a link to DIR was said twice and counted after it was imported, and
+    one in a linked directory was taken for the follow's, which never saw it."""
+    from tasks.cli.interop import _not_followed
+
+    root, other = tmp_path / "s", tmp_path / "other"
+    write(root / "a.jsonl", [header("a1")])
+    write(other / "b.jsonl", [header("b1")])
+    (tmp_path / "ls").symlink_to(root)
+    (root / "linked").symlink_to(other)
+    named = [tmp_path / "ls" / "a.jsonl", root / "a.jsonl", root / "linked" / "b.jsonl"]
+    files, unlisted = _not_followed([*named, other / "b.jsonl"], [], root)
+    assert (files, unlisted) == ([root / "linked" / "b.jsonl", other / "b.jsonl"], [])
