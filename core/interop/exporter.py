@@ -109,38 +109,28 @@ def pi_lines(
         )
         rest = (e.payload for e in events)
         entries = rest if first is None else _chain(first.payload, rest)
-        if session.title:
-            entries = _named(entries, session)
+        named = _title_entry(session, header) if first is not None else None
+        if named is not None:
+            entries = _chain(named, entries)
     return header, entries
 
 
-def _named(entries: Iterator[dict[str, Any]], session: Session) -> Iterator[dict[str, Any]]:
-    """``entries``, then, unless the latest ``session_info`` among them names the session
-    so already, one that does: a session made here has its title in its row alone, which
-    the file's header cannot hold (pi names a session with such an entry, and an import of
-    the file takes its title from there)."""
-    name: str | None = None
-    ids: set[str] = set()
-    last: str | None = None
-    for entry in entries:
-        if entry.get("type") == pi.SESSION_INFO:
-            name = pi.info_name(entry)
-        if isinstance(entry.get("id"), str):
-            last = entry["id"]
-            ids.add(last)
-        yield entry
-    title = session.title or ""
-    if name == pi.info_name({"name": title}):
-        return
-    tries = 0  # an id of pi's shape (8 hex digits), no entry's, the same at each export
-    while (new_id := _digest(session.id, title, tries)[:8]) in ids:
-        tries += 1
-    yield {
+def _title_entry(session: Session, header: dict[str, Any]) -> dict[str, Any] | None:
+    """A session made here has its title in its row alone, which a pi header cannot hold:
+    its file names it as pi's ``/name`` does, with a ``session_info`` entry (an import of the
+    file takes the title from there). It comes first, a root of its own, dated as the
+    header: the same at each export, and a later export extends an earlier one (an import
+    of the first then continues with the second). A later ``session_info`` among the
+    session's entries names it after, as pi reads them."""
+    name = pi.info_name({"name": session.title})
+    if not name or "\0" in name:  # nothing pi would show, or no row could hold
+        return None
+    return {
         "type": pi.SESSION_INFO,
-        "id": new_id,
-        "parentId": last,
-        "timestamp": js_iso(session.updated_at),
-        "name": title,
+        "id": f"title-{_digest(session.id)[:8]}",
+        "parentId": None,
+        "timestamp": header["timestamp"],
+        "name": name,
     }
 
 

@@ -501,14 +501,20 @@ def session_name(values: Sequence[Any]) -> str | None:
     entry names one (or the latest holds a name that is no text, which pi cannot trim)."""
     for value in reversed(values[1:]):
         if isinstance(value, dict) and value.get("type") == SESSION_INFO:
-            return info_name(value)
+            name = info_name(value)
+            # one no session row can hold (U+0000) leaves the title as it is, the file
+            # imported all the same
+            return None if name is not None and "\0" in name else name
     return None
 
 
 def info_name(entry: Mapping[str, Any]) -> str | None:
-    """A ``session_info`` entry's name as pi reads it: trimmed ("" clears the session's);
-    None for a name that is no text."""
-    name = entry.get("name", "")
+    """A ``session_info`` entry's name as pi reads it (``name?.trim() || undefined``):
+    trimmed; "" when it clears the session's (empty, missing, null); None for a name pi
+    cannot trim (a number, an object: pi throws)."""
+    name = entry.get("name")
+    if name is None:
+        return ""
     return name.strip(_JS_SPACE) if isinstance(name, str) else None
 
 

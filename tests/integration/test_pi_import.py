@@ -875,40 +875,71 @@ def test_a_pi_session_named_with_session_info_has_that_title(
         out.write(json.dumps(info(4, "")) + "\n")
     done = store.import_session(grown, tenant_id=TENANT)
     assert store.get_session(done.session_id).title is None
+    # a review's cases: null clears it too (pi: name?.trim() || undefined); a name with
+    # U+0000, which no row holds, leaves it (the file refused whole before)
+    with grown.open("a") as out:
+        out.write(json.dumps(info(5, "Named again")) + "\n")
+    store.import_session(grown, tenant_id=TENANT)
+    with grown.open("a") as out:
+        out.write(json.dumps({**info(6, ""), "name": None}) + "\n")
+    done = store.import_session(grown, tenant_id=TENANT)
+    assert store.get_session(done.session_id).title is None
+    with grown.open("a") as out:
+        out.write(json.dumps(info(7, "Kept")) + "\n" + json.dumps(info(8, "bad\0name")) + "\n")
+    done = store.import_session(grown, tenant_id=TENANT)
+    assert (done.appended, store.get_session(done.session_id).title) == (2, None)
 
 
 def test_the_export_of_a_titled_session_made_here_names_it_as_pi_does(
     store: SessionStore, tmp_path: Path
 ) -> None:
     """A session made here has its title in its row alone, and its export lost it: the
-    file's header holds none, and an import of the file (elsewhere) was untitled. The export
-    ends with a session_info entry naming it (pi's own way, after the last entry): pi
-    reads that name, and the import takes it. A session whose entries name it so already
-    gets no second one."""
-    session = store.create_session(tenant_id=TENANT, title="Leap years", external_id="titled")
+    file's header holds none, and an import of the file (elsewhere) was untitled. Its file
+    names it with a session_info entry (pi's own way), first, a root of its own, dated as
+    the header: pi reads that name, an import takes it, and each export is the same; a
+    later export (after more events) extends the earlier one, so an import of that one
+    continues (a review found an entry put last conflicted with the next export). No
+    entry with --at-seq 0 (the header alone), nor for a title of white space."""
+    session = store.create_session(tenant_id=TENANT, title=" Leap years ", external_id="titled")
     entries = v3_lines()[1:6]
-    store.append(session.id, entries)
-    out = tmp_path / "titled.jsonl"
-    with out.open("w", encoding="utf-8") as f:
-        store.export_session(session.id, f)
-    lines = [json.loads(line) for line in out.read_text().splitlines()]
-    assert lines[1:-1] == entries
-    named = lines[-1]
-    assert (named["type"], named["name"], named["parentId"]) == (
-        "session_info",
-        "Leap years",
-        entries[-1]["id"],
-    )
-    assert [opened["name"] for opened in pi_opened([out])] == ["Leap years"]
-    again = store.import_session(out, tenant_id="elsewhere")
+    store.append(session.id, entries[:3])
+
+    def exported(name: str, **options: Any) -> list[dict[str, Any]]:
+        out = tmp_path / name
+        with out.open("w", encoding="utf-8") as f:
+            store.export_session(session.id, f, **options)
+        return [json.loads(line) for line in out.read_text().splitlines()]
+
+    first = exported("first.jsonl")
+    header, named, *rest = first
+    assert rest == entries[:3]
+    assert named == {
+        "type": "session_info",
+        "id": named["id"],
+        "parentId": None,
+        "timestamp": header["timestamp"],
+        "name": "Leap years",
+    }
+    assert [opened["name"] for opened in pi_opened([tmp_path / "first.jsonl"])] == ["Leap years"]
+    again = store.import_session(tmp_path / "first.jsonl", tenant_id="elsewhere")
     assert store.get_session(again.session_id).title == "Leap years"
-    again_out = tmp_path / "again.jsonl"
-    with again_out.open("w", encoding="utf-8") as f:
-        store.export_session(again.session_id, f)
-    assert again_out.read_text() == out.read_text()  # named once: no second entry
-    with out.open("w", encoding="utf-8") as f:  # the same at each export
-        store.export_session(session.id, f)
-    assert out.read_text() == again_out.read_text()
+    store.move(session.id, tenant_id="moved")  # its row's updated_at: nothing in the file
+    assert exported("same.jsonl") == first
+    store.append(session.id, entries[3:])
+    later = exported("first.jsonl")  # over the file imported: pi's own file grows so
+    assert later[: len(first)] == first
+    grown = store.import_session(tmp_path / "first.jsonl", tenant_id="elsewhere")
+    assert (grown.session_id, grown.status, grown.appended) == (again.session_id, "appended", 2)
+    assert exported("header.jsonl", at_seq=0) == [header]
+    blank = store.create_session(tenant_id=TENANT, title=" \u3000", external_id="blank")
+    store.append(blank.id, entries[:1])
+    out = tmp_path / "blank.jsonl"
+    with out.open("w", encoding="utf-8") as f:
+        store.export_session(blank.id, f)
+    assert [json.loads(line)["type"] for line in out.read_text().splitlines()] == [
+        "session",
+        entries[0]["type"],
+    ]
 
 
 def test_export_of_a_session_made_here(store: SessionStore, tmp_path: Path) -> None:
