@@ -191,12 +191,21 @@ class SessionStore:
         tenant_id: str,
         format: str = "auto",
         blobs_dir: str | Path | None = None,
+        wait_for_header: bool = False,
     ) -> ImportResult:
         """Import or continue importing an agent's session file (pi v1-v3, oh-my-pi, Claude
         Code); idempotent, see ``core.interop.importer``. ``blobs_dir``: oh-my-pi's global
-        blob directory (default: next to its sessions directory, else ~/.omp/agent/blobs)."""
+        blob directory (default: next to its sessions directory, else ~/.omp/agent/blobs).
+        ``wait_for_header``: see ``import_session``."""
         options = {"blobs_dir": Path(blobs_dir)} if blobs_dir is not None else None
-        return import_session(self, path, tenant_id=tenant_id, format=format, options=options)
+        return import_session(
+            self,
+            path,
+            tenant_id=tenant_id,
+            format=format,
+            options=options,
+            wait_for_header=wait_for_header,
+        )
 
     @_no_nul
     def export_session(

@@ -139,7 +139,10 @@ def parse_claude_code(path: Path, data: bytes) -> ParsedSession:
         consumed_bytes=consumed,
         invalid_utf8_lines=pi.invalid_utf8(path, replaced),
         ignored_lines=pi.ignored_lines(path, ignored),
-        header_pending=converter.started is None or converter.cwd is None,
+        # only lines before the transcript's (a summary, a snapshot, a queue operation),
+        # which miss the time or the cwd the first turn brings; a file whose turns carry
+        # none is what it is
+        header_pending=not converter.turns and (converter.started is None or converter.cwd is None),
     )
 
 
@@ -199,6 +202,7 @@ class _Converter:
     custom_title: str | None = None
     timestamp: str | None = None
     skip_next: bool = False
+    turns: bool = False  # a user, assistant or system line was read
 
     # header ------------------------------------------------------------------------------
 
@@ -259,6 +263,7 @@ class _Converter:
         value = line.value
         self._note_session(value)
         kind = value.get("type")
+        self.turns = self.turns or kind in ("user", "assistant", "system")
         if _is_boundary(value):
             summary = nxt if nxt is not None and _is_compact_summary(nxt.value) else None
             self.skip_next = summary is not None

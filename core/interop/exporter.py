@@ -109,7 +109,9 @@ def pi_lines(
         )
         rest = (e.payload for e in events)
         entries = rest if first is None else _chain(first.payload, rest)
-        named = _title_entry(session, header) if first is not None else None
+        # none for an export at seq 0 of a session with events (the header alone)
+        no_events = first is None and session.head_seq > 0
+        named = None if no_events else _title_entry(session, header)
         if named is not None:
             entries = _chain(named, entries)
     return header, entries

@@ -38,6 +38,7 @@ import logging
 import math
 import os
 import stat
+import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -272,6 +273,15 @@ def import_session(
 
 # a session made by a concurrent import, then deleted before this pass found it, is rare
 _CREATE_ATTEMPTS = 3
+
+# how long after its last write a new file whose lines give no header yet is waited on
+HEADER_WAIT_NS = 60 * 1_000_000_000
+
+
+def written_lately(mtime_ns: int) -> bool:
+    """Whether a file last written at ``mtime_ns`` may still be getting its first lines
+    (within ``HEADER_WAIT_NS``; a time to come, a clock ahead, is no reason to wait)."""
+    return 0 <= time.time_ns() - mtime_ns < HEADER_WAIT_NS
 
 
 def _import_pass(

@@ -30,7 +30,7 @@ from core.errors import (
     UnlistableDirectory,
     UnreadableFile,
 )
-from core.interop.importer import ImportResult, import_session
+from core.interop.importer import HEADER_WAIT_NS, ImportResult, import_session, written_lately
 
 if TYPE_CHECKING:
     from core.store import SessionStore
@@ -43,8 +43,6 @@ SUFFIX = ".jsonl"
 # look at sizes and times too (a change notification can be coalesced or, on some filesystems, lost)
 _DEBOUNCE_MS = 150
 _RESCAN_MS = 1000
-# how long after its last write a file whose lines give no header yet is waited on
-_HEADER_WAIT_NS = 60 * 1_000_000_000
 _NEVER = 2**63
 # what a file that could not be looked at is recorded with: reported once, not again
 _UNREADABLE = (-1, -1)
@@ -465,7 +463,7 @@ class Follower:
         # yet (Claude Code writes a file-history snapshot before the prompt's line) waits for
         # the line that does: the session's header is made once, from the first pass. An
         # older one is what it is (a file of a summary alone).
-        young = 0 <= time.time_ns() - seen[1] < _HEADER_WAIT_NS  # (not a time to come)
+        young = written_lately(seen[1])
         try:
             result = import_session(
                 self.store,
@@ -487,7 +485,7 @@ class Follower:
             if not _transient(exc):  # not again until the file changes
                 self._seen[path] = seen
             if isinstance(exc, SessionFileNotStarted) and exc.header_pending:
-                self._waiting[path] = seen[1] + _HEADER_WAIT_NS  # or until its wait is over
+                self._waiting[path] = seen[1] + HEADER_WAIT_NS  # or until its wait is over
             else:
                 self._waiting.pop(path, None)
             if isinstance(exc, SessionFileNotStarted):
@@ -507,7 +505,8 @@ class Follower:
         self._seen[path] = seen
         self._waiting.pop(path, None)
         self.failing.pop(path, None)
-        if self.on_result is not None and result.appended:
+        if self.on_result is not None:  # every pass: one that appends nothing may say a line
+            # it ignored, invalid UTF-8, a blob missing (and "unchanged", the file as it was)
             self.on_result(result)
         return result
 

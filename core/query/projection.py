@@ -17,7 +17,14 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
 
-from core.interop.pi import ESCAPED_LINE, HEADER_TYPE, UNTYPED_LINE, escaped_value, js_version
+from core.interop.pi import (
+    ESCAPED_LINE,
+    HEADER_TYPE,
+    UNTYPED_LINE,
+    escaped_value,
+    info_name,
+    js_version,
+)
 from core.journal.usage import INT64_MAX, INT64_MIN, saturate
 from core.query.entry_tree import ROOT, EntryTree
 from core.records import StoredEvent
@@ -27,7 +34,9 @@ from core.records import StoredEvent
 # 6: such a line kept escaped (its ``value``) is folded as the line too, however long its
 # strings (each one its own blob), and a string the fold keeps is read back from its blob
 # under ``value`` too
-PROJECTION_VERSION = 6
+# 7: a session_info name is read as pi's getSessionName reads it (trimmed; empty, missing
+# or null clears it)
+PROJECTION_VERSION = 7
 
 # where the ids of a kept line without a string type are (``core.interop.pi.UNTYPED_LINE``)
 _UNTYPED_IDS = ("/line/id", "/line/parentId")
@@ -371,9 +380,9 @@ def _on_thinking_level(fold: Fold, payload: dict[str, Any], seq: int) -> None:
 
 def _on_session_info(fold: Fold, payload: dict[str, Any], seq: int) -> None:
     _add_entry(fold, payload, seq, "session_info")
-    name = payload.get("name")
-    if isinstance(name, str):
-        fold.name = name
+    name = info_name(payload)  # as pi's getSessionName reads it: trimmed; "" clears it
+    if name is not None:  # a name pi cannot trim (pi throws) leaves it
+        fold.name = name or None
 
 
 def _on_label(fold: Fold, payload: dict[str, Any], seq: int) -> None:

@@ -199,7 +199,13 @@ def import_files(
                 journal = store()  # outside the file's try: no database fails the command
                 try:
                     result = journal.import_session(
-                        path, tenant_id=tenant, format=format, blobs_dir=blobs_dir
+                        path,
+                        tenant_id=tenant,
+                        format=format,
+                        blobs_dir=blobs_dir,
+                        # a new file written to a moment ago whose lines give no header yet
+                        # (Claude Code's first lines): its next import makes the session
+                        wait_for_header=_written_lately(path),
                     )
                 except SessionFileNotStarted as exc:  # nothing to import yet, nothing wrong
                     _report_not_started(exc, as_json)
@@ -247,6 +253,15 @@ def _check_readable(path: Path) -> None:
         read_file(path)
 
 
+def _written_lately(path: Path) -> bool:
+    from core.interop.importer import written_lately
+
+    try:
+        return written_lately(path.stat().st_mtime_ns)
+    except OSError:
+        return False
+
+
 def _size(path: Path) -> int:
     try:
         return path.stat().st_size
@@ -287,7 +302,7 @@ def _report(result: ImportResult, as_json: bool) -> None:
 
 def _report_not_started(exc: SessionFileNotStarted, as_json: bool) -> None:
     """A file with no line yet (an agent has just opened it): said as a skip, not failed."""
-    status = "empty" if exc.empty else "unfinished"
+    status = "empty" if exc.empty else "unfinished"  # or its header's lines still to come
     if as_json:
         print_json_line(
             {
@@ -366,12 +381,21 @@ def _not_followed(
             return None
         return found.st_dev, found.st_ino
 
+    def below(path: Path | str) -> bool:  # one not there yet, named below the directory
+        inside = os.path.abspath(directory)
+        return os.path.commonpath([os.path.abspath(path), inside]) == inside
+
     followed = session_files([directory])
     own = {identity(p) for p in followed.files} | {identity(e.path) for e in followed.unlisted}
     own.discard(None)
+
+    def its_own(path: Path | str) -> bool:
+        found = identity(path)
+        return found in own if found is not None else below(path)
+
     return (
-        [p for p in files if identity(p) not in own],
-        [e for e in unlisted if identity(e.path) not in own],
+        [p for p in files if not its_own(p)],
+        [e for e in unlisted if not its_own(e.path)],
     )
 
 

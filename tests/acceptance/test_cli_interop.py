@@ -345,6 +345,48 @@ def test_a_file_with_no_line_yet_is_a_skip_not_a_failure(run: Run, tmp_path: Pat
         assert json.loads(failed.stdout)["status"] == "error", name
 
 
+def test_a_new_claude_code_file_without_its_header_lines_waits_for_them(
+    run: Run, tmp_path: Path
+) -> None:
+    """A one-shot import of a Claude Code file written to a moment ago that holds only its
+    first lines (a summary, a file-history snapshot: no time nor working directory) made
+    the session from them, its header for good "timestamp": null, "cwd": "" (a probe's
+    finding; --watch waits on such a file). It is unfinished now, nothing imported, exit 0;
+    the next import, once the prompt's line is there, makes the session with them. An old
+    such file is imported as it is."""
+    fixture = Path(__file__).parents[1] / "fixtures" / "claude_code"
+    source = fixture / "7d3c5e2a-91f4-4b6e-8a0d-2c1f9e8b7a60.jsonl"
+    d = tmp_path / "cc"
+    d.mkdir()
+    path = d / source.name
+    path.write_bytes(b"".join(source.read_bytes().splitlines(keepends=True)[:2]))
+    first = run("import", str(path), "--json")
+    assert first.returncode == 0, first.stderr
+    assert json.loads(first.stdout) == {
+        "path": str(path),
+        "session_id": None,
+        "external_id": None,
+        "appended": 0,
+        "skipped": 0,
+        "status": "unfinished",
+        "reason": "no line gives the session its time and working directory yet",
+    }
+    path.write_bytes(source.read_bytes())
+    made = json.loads(run("import", str(path), "--json").stdout)
+    assert made["status"] == "created"
+    out = tmp_path / "out.jsonl"
+    assert run("export", made["session_id"], "-o", str(out)).returncode == 0
+    header = json.loads(out.read_text().splitlines()[0])
+    assert (header["timestamp"], header["cwd"]) == (
+        "2026-01-20T09:00:00.000Z",
+        "/home/dev/dateparse",
+    )
+    old = d / "0b9e4f31-5c2d-4e8a-9f17-6a3b2c1d0e9f.jsonl"
+    old.write_bytes(source.read_bytes().splitlines(keepends=True)[0])
+    os.utime(old, (1_700_000_000, 1_700_000_000))
+    assert json.loads(run("import", str(old), "--json").stdout)["status"] == "created"
+
+
 def test_an_odd_file_fails_alone_and_the_run_goes_on(run: Run, tmp_path: Path) -> None:
     """Odd values that aborted the whole run with an untyped error: each file now gets its
     record (imported as pi or Claude Code would read it, or a typed error), and the files

@@ -866,6 +866,9 @@ def test_a_pi_session_named_with_session_info_has_that_title(
     for (case, path), name in zip(paths.items(), names, strict=True):
         done = store.import_session(path, tenant_id=TENANT)
         assert store.get_session(done.session_id).title == name, case
+        # state reads the name as pi does too (it kept "  Fix the leap year\u00a0", and
+        # "first" once cleared)
+        assert store.state(done.session_id).info.name == name, case
     grown = paths["one"]
     with grown.open("a") as out:
         out.write(json.dumps(info(3, "Renamed later")) + "\n")
@@ -884,6 +887,7 @@ def test_a_pi_session_named_with_session_info_has_that_title(
         out.write(json.dumps({**info(6, ""), "name": None}) + "\n")
     done = store.import_session(grown, tenant_id=TENANT)
     assert store.get_session(done.session_id).title is None
+    assert store.state(done.session_id).info.name is None
     with grown.open("a") as out:
         out.write(json.dumps(info(7, "Kept")) + "\n" + json.dumps(info(8, "bad\0name")) + "\n")
     done = store.import_session(grown, tenant_id=TENANT)
@@ -940,6 +944,15 @@ def test_the_export_of_a_titled_session_made_here_names_it_as_pi_does(
         "session",
         entries[0]["type"],
     ]
+    # a titled session without an event yet has its name too (a probe found it lost)
+    empty = store.create_session(tenant_id=TENANT, title="Empty", external_id="empty-titled")
+    with out.open("w", encoding="utf-8") as f:
+        store.export_session(empty.id, f)
+    kinds = [
+        (json.loads(line)["type"], json.loads(line).get("name"))
+        for line in out.read_text().splitlines()
+    ]
+    assert kinds == [("session", None), ("session_info", "Empty")]
 
 
 def test_export_of_a_session_made_here(store: SessionStore, tmp_path: Path) -> None:

@@ -18,6 +18,7 @@ import watchfiles
 
 from core.errors import InvalidEvent, SessionStoreError, StorageUnavailable, UnreadableFile
 from core.interop import importer
+from core.interop.importer import ImportResult
 from core.interop.watch import Follower, session_files
 from core.store import SessionStore
 from tests.support import stored_header, wait_for
@@ -456,5 +457,27 @@ def test_what_an_import_before_a_follow_leaves_to_it(tmp_path: Path) -> None:
     (tmp_path / "ls").symlink_to(root)
     (root / "linked").symlink_to(other)
     named = [tmp_path / "ls" / "a.jsonl", root / "a.jsonl", root / "linked" / "b.jsonl"]
-    files, unlisted = _not_followed([*named, other / "b.jsonl"], [], root)
-    assert (files, unlisted) == ([root / "linked" / "b.jsonl", other / "b.jsonl"], [])
+    # a file named below it that is not there yet is the follow's too (it imports it once
+    # it is: its "cannot read" was counted after that)
+    later, elsewhere = root / "later.jsonl", tmp_path / "nowhere.jsonl"
+    files, unlisted = _not_followed([*named, other / "b.jsonl", later, elsewhere], [], root)
+    assert (files, unlisted) == ([root / "linked" / "b.jsonl", other / "b.jsonl", elsewhere], [])
+
+
+def test_a_pass_that_appends_nothing_is_said_too(store: SessionStore, tmp_path: Path) -> None:
+    """The follower passed on only the passes that appended: a line appended that holds no
+    entry (never imported) went unsaid, as did the first pass over a file imported before
+    (no record, where a one-shot import says "unchanged"). Every pass is said."""
+    root = tmp_path / "sessions"
+    path = root / "s.jsonl"
+    write(path, [header("quiet1"), message(1, None)])
+    store.import_session(path, tenant_id=TENANT)
+    results: list[ImportResult] = []
+    follower = Follower(store, root, tenant_id=TENANT, on_result=results.append)
+    follower.scan()
+    assert [(r.status, r.appended) for r in results] == [("unchanged", 0)]
+    with path.open("a") as out:
+        out.write("not json\n")
+    follower.scan()
+    assert [(r.status, r.appended) for r in results[1:]] == [("unchanged", 0)]
+    assert [(line.line, line.reason) for line in results[1].ignored_lines] == [(3, "not JSON")]

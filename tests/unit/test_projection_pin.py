@@ -27,6 +27,7 @@ FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 PINNED = {
     5: "fcb14f4d58747719f3724b1be75af71b5b2dfc176b111a78a5496e198ab4853a",
     6: "712f0fcb24af5875f0ea7c6f026b19238f3f1f24ce92603a1716fba56cbf2ce9",
+    7: "9e4c915c918ce0a3e47c2715ac909ce19e4108b43eff5b15b5421152fe8ead5e",
 }
 
 
