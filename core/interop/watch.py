@@ -304,6 +304,19 @@ def _kind(path: str, *, unreadable: str | None = "file") -> str | None:
     return "dir" if stat.S_ISDIR(mode) else "file" if stat.S_ISREG(mode) else None
 
 
+def would_follow(directory: Path, path: Path) -> bool:
+    """Whether a follow of ``directory`` would import ``path`` once it is there: a session
+    file below it, not through a linked directory, not in a session's artifacts."""
+    inside, there = os.path.abspath(directory), os.path.abspath(path)
+    return (
+        os.path.commonpath([there, inside]) == inside
+        and there != inside
+        and there.endswith(SUFFIX)
+        and not _in_linked_dir(Path(inside), Path(there))
+        and not _in_artifacts_dir(Path(there))
+    )
+
+
 def _in_linked_dir(directory: Path, path: Path) -> bool:
     """Whether a directory between ``directory`` and ``path`` is a link. A scan does not
     follow one (``Path.rglob``); the watcher (inotify) does, and its changes there are
@@ -406,8 +419,15 @@ class Follower:
                         and _is_session_file(path)
                     ):
                         # named as a scan names it: one file, one record (of what it last
-                        # brought, of its failure: said once), one path in what is printed
-                        self.import_one(self.directory / os.path.relpath(path, watched))
+                        # brought, of its failure: said once), one path in what is printed;
+                        # not for a change of its mode alone, nor a touch to the same time
+                        named = self.directory / os.path.relpath(path, watched)
+                        try:
+                            due = self._due(named, _signature(named))
+                        except OSError:  # gone, or not to be looked at: the import says
+                            due = True
+                        if due:
+                            self.import_one(named)
                 self.scan()
         except RuntimeError as exc:
             if type(exc).__name__ != "WatchfilesRustInternalError":
@@ -451,8 +471,13 @@ class Follower:
                     self._seen[path] = _UNREADABLE
                     self._failed(path, UnreadableFile(str(path), exc.strerror or str(exc)))
                 continue
-            if self._seen.get(path) != seen or self._waiting.get(path, _NEVER) <= time.time_ns():
+            if self._due(path, seen):
                 self.import_one(path)
+
+    def _due(self, path: Path, seen: tuple[int, int]) -> bool:
+        """Whether ``path`` is to be imported: changed since it was last (its size or its
+        time), or at the end of its wait for its header's lines."""
+        return self._seen.get(path) != seen or self._waiting.get(path, _NEVER) <= time.time_ns()
 
     def import_one(self, path: Path) -> ImportResult | None:
         try:

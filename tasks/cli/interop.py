@@ -372,7 +372,7 @@ def _not_followed(
     list (by identity: a path through a link to a file it lists is that file). Those it
     lists are its own: its first scan imports them (a new Claude Code file waiting for its
     header line as any other), and it says a failure once and counts it while it lasts."""
-    from core.interop.watch import session_files
+    from core.interop.watch import session_files, would_follow
 
     def identity(path: Path | str) -> tuple[int, int] | None:
         try:
@@ -381,17 +381,14 @@ def _not_followed(
             return None
         return found.st_dev, found.st_ino
 
-    def below(path: Path | str) -> bool:  # one not there yet, named below the directory
-        inside = os.path.abspath(directory)
-        return os.path.commonpath([os.path.abspath(path), inside]) == inside
-
     followed = session_files([directory])
     own = {identity(p) for p in followed.files} | {identity(e.path) for e in followed.unlisted}
     own.discard(None)
 
     def its_own(path: Path | str) -> bool:
         found = identity(path)
-        return found in own if found is not None else below(path)
+        # one not there yet: the follow's if it would import it once it is
+        return found in own if found is not None else would_follow(directory, Path(path))
 
     return (
         [p for p in files if not its_own(p)],

@@ -59,10 +59,16 @@ def head_of(store: SessionStore, external_id: str) -> int:
 
 
 @contextmanager
-def following(store: SessionStore, directory: Path) -> Iterator[list[SessionStoreError]]:
+def following(
+    store: SessionStore, directory: Path, results: list[ImportResult] | None = None
+) -> Iterator[list[SessionStoreError]]:
     errors: list[SessionStoreError] = []
     follower = Follower(
-        store, directory, tenant_id=TENANT, on_error=lambda path, exc: errors.append(exc)
+        store,
+        directory,
+        tenant_id=TENANT,
+        on_error=lambda path, exc: errors.append(exc),
+        on_result=None if results is None else results.append,
     )
     stop = threading.Event()
     failed: list[BaseException] = []
@@ -460,8 +466,13 @@ def test_what_an_import_before_a_follow_leaves_to_it(tmp_path: Path) -> None:
     # a file named below it that is not there yet is the follow's too (it imports it once
     # it is: its "cannot read" was counted after that)
     later, elsewhere = root / "later.jsonl", tmp_path / "nowhere.jsonl"
-    files, unlisted = _not_followed([*named, other / "b.jsonl", later, elsewhere], [], root)
-    assert (files, unlisted) == ([root / "linked" / "b.jsonl", other / "b.jsonl", elsewhere], [])
+    # but one the follow would not import (no session file's name, in a linked directory,
+    # in a session's artifacts) is the import's, to say it cannot be read (a review's)
+    write(root / "a" / "keep.jsonl", [header("k1")])  # a.jsonl's artifacts directory
+    never = [root / "typo.txt", root / "linked" / "new.jsonl", root / "a" / "sub.jsonl"]
+    files, unlisted = _not_followed([*named, other / "b.jsonl", later, elsewhere, *never], [], root)
+    assert unlisted == []
+    assert files == [root / "linked" / "b.jsonl", other / "b.jsonl", elsewhere, *never]
 
 
 def test_a_pass_that_appends_nothing_is_said_too(store: SessionStore, tmp_path: Path) -> None:
@@ -481,3 +492,25 @@ def test_a_pass_that_appends_nothing_is_said_too(store: SessionStore, tmp_path: 
     follower.scan()
     assert [(r.status, r.appended) for r in results[1:]] == [("unchanged", 0)]
     assert [(line.line, line.reason) for line in results[1].ignored_lines] == [(3, "not JSON")]
+
+
+def test_a_change_of_mode_alone_is_no_pass(store: SessionStore, tmp_path: Path) -> None:
+    """Every pass is said (d62e926), and a change event brought a pass whatever changed:
+    a chmod, or a touch to the same time, printed "unchanged" records (a review's). A
+    change event imports a file whose size or time changed, as a rescan does."""
+    root = tmp_path / "sessions"
+    path = root / "s.jsonl"
+    write(path, [header("mode1"), message(1, None)])
+    results: list[ImportResult] = []
+    with following(store, root, results):
+        wait_for(lambda: len(results) == 1, 15, "the first pass said")
+        stamp = path.stat()
+        path.chmod(0o600)
+        path.chmod(0o644)
+        os.utime(path, ns=(stamp.st_atime_ns, stamp.st_mtime_ns))
+        time.sleep(2.5)  # the change events, and two rescans
+        assert len(results) == 1, results
+        with path.open("a") as out:
+            out.write(json.dumps(message(2, "m1")) + "\n")
+        wait_for(lambda: len(results) == 2, 15, "the appended line's pass said")
+    assert [(r.status, r.appended) for r in results] == [("created", 2), ("appended", 1)]
