@@ -45,7 +45,7 @@ _DEBOUNCE_MS = 150
 _RESCAN_MS = 1000
 _NEVER = 2**63
 # what a file that could not be looked at is recorded with: reported once, not again
-_UNREADABLE = (-1, -1)
+_UNREADABLE = (-1, -1, -1)
 # what Path.is_file takes as "no file" (any other failure: kept, for the import to report)
 _GONE = frozenset({errno.ENOENT, errno.ENOTDIR, errno.EBADF, errno.ELOOP})
 
@@ -308,10 +308,15 @@ def would_follow(directory: Path, path: Path) -> bool:
     """Whether a follow of ``directory`` would import ``path`` once it is there: a session
     file below it, not through a linked directory, not in a session's artifacts."""
     inside, there = os.path.abspath(directory), os.path.abspath(path)
+    if os.path.commonpath([there, inside]) != inside or there == inside:
+        return False
+    above = os.path.dirname(there)
+    while above != inside:  # no file where a directory of its path would be
+        if os.path.lexists(above) and not os.path.isdir(above):
+            return False
+        above = os.path.dirname(above)
     return (
-        os.path.commonpath([there, inside]) == inside
-        and there != inside
-        and there.endswith(SUFFIX)
+        there.endswith(SUFFIX)
         and not _in_linked_dir(Path(inside), Path(there))
         and not _in_artifacts_dir(Path(there))
     )
@@ -346,10 +351,11 @@ def _is_dir(path: Path) -> bool:
         return False
 
 
-def _signature(path: Path) -> tuple[int, int]:
-    """A file's size and modification time (ns): what tells the follower it changed."""
+def _signature(path: Path) -> tuple[int, int, int]:
+    """A file's size, modification time (ns) and inode: what tells the follower it changed
+    (a file renamed over it at its size and time too)."""
     found = path.stat()
-    return found.st_size, found.st_mtime_ns
+    return found.st_size, found.st_mtime_ns, found.st_ino
 
 
 def _transient(exc: SessionStoreError) -> bool:
@@ -384,7 +390,7 @@ class Follower:
         self.on_error = on_error
         # each file's size and modification time when last imported (or failed): a file is
         # imported again when either changes (a rewrite at the same size too)
-        self._seen: dict[Path, tuple[int, int]] = {}
+        self._seen: dict[Path, tuple[int, int, int]] = {}
         self._unlisted: set[Path] = set()
         # new files waiting for a line that gives their header (``header_pending``): each
         # with when the wait is over (a minute after its last write)
@@ -422,8 +428,8 @@ class Follower:
                         # brought, of its failure: said once), one path in what is printed;
                         # not for a change of its mode alone, nor a touch to the same time
                         named = self.directory / os.path.relpath(path, watched)
-                        try:
-                            due = self._due(named, _signature(named))
+                        try:  # a file failing: tried again (a chmod may have mended it)
+                            due = named in self.failing or self._due(named, _signature(named))
                         except OSError:  # gone, or not to be looked at: the import says
                             due = True
                         if due:
@@ -471,10 +477,12 @@ class Follower:
                     self._seen[path] = _UNREADABLE
                     self._failed(path, UnreadableFile(str(path), exc.strerror or str(exc)))
                 continue
-            if self._due(path, seen):
+            # one that could not be read is tried at each rescan: a chmod that mends it
+            # changes neither its size nor its time (and may bring no change event)
+            if self._due(path, seen) or isinstance(self.failing.get(path), UnreadableFile):
                 self.import_one(path)
 
-    def _due(self, path: Path, seen: tuple[int, int]) -> bool:
+    def _due(self, path: Path, seen: tuple[int, int, int]) -> bool:
         """Whether ``path`` is to be imported: changed since it was last (its size or its
         time), or at the end of its wait for its header's lines."""
         return self._seen.get(path) != seen or self._waiting.get(path, _NEVER) <= time.time_ns()

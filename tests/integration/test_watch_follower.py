@@ -469,7 +469,12 @@ def test_what_an_import_before_a_follow_leaves_to_it(tmp_path: Path) -> None:
     # but one the follow would not import (no session file's name, in a linked directory,
     # in a session's artifacts) is the import's, to say it cannot be read (a review's)
     write(root / "a" / "keep.jsonl", [header("k1")])  # a.jsonl's artifacts directory
-    never = [root / "typo.txt", root / "linked" / "new.jsonl", root / "a" / "sub.jsonl"]
+    never = [
+        root / "typo.txt",
+        root / "linked" / "new.jsonl",
+        root / "a" / "sub.jsonl",
+        root / "a.jsonl" / "x.jsonl",  # below a file: never there
+    ]
     files, unlisted = _not_followed([*named, other / "b.jsonl", later, elsewhere, *never], [], root)
     assert unlisted == []
     assert files == [root / "linked" / "b.jsonl", other / "b.jsonl", elsewhere, *never]
