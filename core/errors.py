@@ -524,16 +524,15 @@ class SessionFileNotStarted(ImportFormatError):
         self.blank = blank
         # lines, but none that gives the session its time and working directory yet
         self.header_pending = header_pending
-        super().__init__(
-            path,
-            "no line gives the session its time and working directory yet"
-            if header_pending
-            else "the file holds only white space"
-            if blank
-            else "the file is empty"
-            if empty
-            else "its first line is not complete (still being written, or cut short)",
-        )
+        if header_pending:
+            reason = "no line gives the session its time and working directory yet"
+        elif blank:
+            reason = "the file holds only white space"
+        elif empty:
+            reason = "the file is empty"
+        else:
+            reason = "its first line is not complete (still being written, or cut short)"
+        super().__init__(path, reason)
 
 
 class InvalidForkPoint(SessionStoreError):

@@ -129,7 +129,7 @@ def _title_entry(session: Session, header: dict[str, Any]) -> dict[str, Any] | N
         return None
     return {
         "type": pi.SESSION_INFO,
-        "id": f"title-{_digest(session.id)[:8]}",
+        "id": f"title-{hashlib.sha256(session.id.encode()).hexdigest()[:8]}",
         "parentId": None,
         "timestamp": header["timestamp"],
         "name": name,
@@ -199,10 +199,6 @@ def rehydrated_with_manifest(
             [full] = rehydrator.events([event], {event.position: entries}) if entries else [event]
             yield full, entries
         after = page[-1].seq
-
-
-def _digest(*parts: object) -> str:
-    return hashlib.sha256("\0".join(map(str, parts)).encode()).hexdigest()
 
 
 def js_iso(stamp: datetime) -> str:

@@ -40,7 +40,7 @@ log = logging.getLogger(__name__)
 DEFAULT_SESSIONS_DIR = Path("~/.pi/agent/sessions")
 SUFFIX = ".jsonl"
 # watchfiles: wait this long for a burst of writes to settle, and wake at least this often to
-# look at sizes and times too (a change notification can be coalesced or, on some filesystems, lost)
+# look at the files too (a change notification can be coalesced or, on some filesystems, lost)
 _DEBOUNCE_MS = 150
 _RESCAN_MS = 1000
 _NEVER = 2**63
@@ -388,8 +388,8 @@ class Follower:
         self.format = format
         self.on_result = on_result
         self.on_error = on_error
-        # each file's size and modification time when last imported (or failed): a file is
-        # imported again when either changes (a rewrite at the same size too)
+        # each file's signature (``_signature``) when last imported (or failed): a file is
+        # imported again when it changes (a rewrite at the same size too)
         self._seen: dict[Path, tuple[int, int, int]] = {}
         self._unlisted: set[Path] = set()
         # new files waiting for a line that gives their header (``header_pending``): each
@@ -428,12 +428,12 @@ class Follower:
                         # brought, of its failure: said once), one path in what is printed;
                         # not for a change of its mode alone, nor a touch to the same time
                         named = self.directory / os.path.relpath(path, watched)
-                        try:  # a file failing: tried again (a chmod may have mended it)
-                            due = named in self.failing or self._due(named, _signature(named))
+                        try:
+                            seen: tuple[int, int, int] | None = _signature(named)
                         except OSError:  # gone, or not to be looked at: the import says
-                            due = True
-                        if due:
-                            self.import_one(named)
+                            seen = None
+                        if seen is None or self._due(named, seen, event=True):
+                            self.import_one(named, seen)
                 self.scan()
         except RuntimeError as exc:
             if type(exc).__name__ != "WatchfilesRustInternalError":
@@ -455,8 +455,8 @@ class Follower:
             self.scan()
 
     def scan(self) -> None:
-        """Import every file whose size or time is not the one last seen; report a directory that
-        cannot be listed once (again if it could be listed in between)."""
+        """Import every file that is due (``_due``); report a directory that cannot be
+        listed once (again if it could be listed in between)."""
         found = session_files([self.directory])
         unlisted = {Path(exc.path): exc for exc in found.unlisted}
         for directory in sorted(unlisted.keys() - self._unlisted):
@@ -477,21 +477,32 @@ class Follower:
                     self._seen[path] = _UNREADABLE
                     self._failed(path, UnreadableFile(str(path), exc.strerror or str(exc)))
                 continue
-            # one that could not be read is tried at each rescan: a chmod that mends it
-            # changes neither its size nor its time (and may bring no change event)
-            if self._due(path, seen) or isinstance(self.failing.get(path), UnreadableFile):
-                self.import_one(path)
+            if self._due(path, seen):
+                self.import_one(path, seen)
 
-    def _due(self, path: Path, seen: tuple[int, int, int]) -> bool:
-        """Whether ``path`` is to be imported: changed since it was last (its size or its
-        time), or at the end of its wait for its header's lines."""
-        return self._seen.get(path) != seen or self._waiting.get(path, _NEVER) <= time.time_ns()
+    def _due(self, path: Path, seen: tuple[int, int, int], *, event: bool = False) -> bool:
+        """Whether ``path`` (``seen``: its signature now) is to be imported: changed since
+        its last pass; at the end of its wait for its header's lines; failing as one that
+        could not be read (a chmod that mends it changes no signature, and may bring no
+        change event); or, on a change event, failing at all (a chmod may have mended it)."""
+        failing = self.failing.get(path)
+        return (
+            self._seen.get(path) != seen
+            or self._waiting.get(path, _NEVER) <= time.time_ns()
+            or isinstance(failing, UnreadableFile)
+            or (event and failing is not None)
+        )
 
-    def import_one(self, path: Path) -> ImportResult | None:
-        try:
-            seen = _signature(path)
-        except OSError:  # gone between the event and now
-            return None
+    def import_one(
+        self, path: Path, seen: tuple[int, int, int] | None = None
+    ) -> ImportResult | None:
+        """One pass of ``path``; ``seen``: its signature, taken before the file is read
+        (a write after it makes the file due again), when the caller has it."""
+        if seen is None:
+            try:
+                seen = _signature(path)
+            except OSError:  # gone between the event and now
+                return None
         # A file written to a moment ago that gives its session no time nor working directory
         # yet (Claude Code writes a file-history snapshot before the prompt's line) waits for
         # the line that does: the session's header is made once, from the first pass. An
@@ -517,18 +528,17 @@ class Follower:
         except SessionStoreError as exc:
             if not _transient(exc):  # not again until the file changes
                 self._seen[path] = seen
-            if isinstance(exc, SessionFileNotStarted) and exc.header_pending:
-                self._waiting[path] = seen[1] + HEADER_WAIT_NS  # or until its wait is over
-            else:
-                self._waiting.pop(path, None)
-            if isinstance(exc, SessionFileNotStarted):
-                # just made (empty, or its first line still being written): no format to
-                # tell yet, and no failure to report; the write that ends the line brings
-                # it back
-                log.info("waiting for the file's first line", extra={"path": str(path)})
-                self.failing.pop(path, None)
+            self._waiting.pop(path, None)
+            if not isinstance(exc, SessionFileNotStarted):
+                self._failed(path, exc)
                 return None
-            self._failed(path, exc)
+            # just made (empty, or its first line still being written), or its header's
+            # lines still to come: no failure to report; the write that brings them, or the
+            # end of the wait for the header's, brings it back
+            if exc.header_pending:
+                self._waiting[path] = seen[1] + HEADER_WAIT_NS
+            log.info("waiting for the file's first lines", extra={"path": str(path)})
+            self.failing.pop(path, None)
             return None
         except Exception as exc:  # a defect of ours: this file's, the others still followed
             log.exception("import failed unexpectedly", extra={"path": str(path)})

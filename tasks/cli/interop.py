@@ -340,13 +340,12 @@ def _classified(exc: Exception) -> tuple[int, str] | None:
     return classify(exc) if isinstance(exc, SessionStoreError) else None
 
 
-def _failed(path: Path, exc: Exception, as_json: bool) -> int:
-    """Report a file's failure; its exit code (``_code``: the run goes on with the next
-    file)."""
+def _failed(path: Path, exc: Exception, as_json: bool) -> None:
+    """Report a file's failure (a defect's traceback logged): the run goes on with the next
+    file, and its exit code is ``_code``'s of the failures."""
     if _classified(exc) is None:
         log.exception("importing a file failed", extra={"path": str(path)})
     _report_error(path, exc, as_json)
-    return _code(exc)
 
 
 def _code(exc: Exception) -> int:
